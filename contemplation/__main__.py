@@ -1,0 +1,3 @@
+from contemplation.cli import main
+
+main()

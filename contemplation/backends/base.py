@@ -1,0 +1,109 @@
+"""The backend contract: one streaming call plus declared capabilities.
+
+A backend turns a :class:`~contemplation.models.ChatRequest` into an async stream of
+:class:`~contemplation.models.StreamEvent` and raises :class:`~contemplation.errors.BackendError`
+(``transient`` or not) for everything that goes wrong. Timeouts are the backend's job because
+only it knows the phases of its protocol (connect, first byte, idle between chunks, total).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import httpx
+
+from contemplation.errors import BackendError
+from contemplation.models import ChatRequest, StreamEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    thinking: bool = False
+    tools: bool = False
+    vision: bool = False
+    context_length: int | None = None
+    source: str = "default"  # "server", "family table", "config", "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of ``contemplation doctor``."""
+
+    name: str
+    ok: bool
+    detail: str
+    hints: tuple[str, ...] = field(default=())
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    label: str  # the model-side label in messages.log (OLLAMA, OPENAI, ...)
+    concurrency: int
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def capabilities(self, model: str) -> Capabilities: ...
+
+    async def check(self, model: str | None) -> list[Check]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTimeouts:
+    connect: float
+    first_byte: float
+    idle: float
+    total: float
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """``Retry-After`` as seconds (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+async def next_line(lines: AsyncIterator[str], timeout: float, what: str) -> str | None:
+    """The next line of a stream, or None at EOF; a stall becomes a transient error."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await anext(lines)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise BackendError(
+            f"{what}: no data for {timeout:g} s (stalled)", transient=True, kind="stall"
+        ) from None
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        raise BackendError(
+            f"{what}: the stream was cut ({type(exc).__name__}: {exc})", transient=True, kind="cut"
+        ) from exc
+
+
+def connection_error(exc: Exception, url: str) -> BackendError:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return BackendError(
+            f"cannot reach {url}: {exc or type(exc).__name__}", transient=True, kind="unreachable"
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return BackendError(f"timed out talking to {url}", transient=True, kind="timeout")
+    return BackendError(
+        f"connection to {url} failed: {type(exc).__name__}: {exc}",
+        transient=True,
+        kind="connection",
+    )

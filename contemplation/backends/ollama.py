@@ -1,0 +1,284 @@
+"""Ollama's native API: ``POST /api/chat`` streaming NDJSON, ``/api/show`` for capabilities.
+
+Wire facts this relies on (see docs/backends.md for sources):
+* one JSON object per line; any line may be ``{"error": "..."}`` even at HTTP 200;
+* a whole reply ends with a ``"done": true`` line carrying the metrics (durations in ns);
+  EOF without it is a failure, never a reply;
+* on a cold load no headers arrive until the model is in memory, hence the long first-byte wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from contemplation.backends.base import (
+    Capabilities,
+    Check,
+    PhaseTimeouts,
+    connection_error,
+    next_line,
+    retry_after_seconds,
+)
+from contemplation.errors import BackendError, ContextOverflow
+from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
+
+_NS_PER_MS = 1_000_000
+
+
+def _message_json(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = list(m.tool_calls)
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_name:
+        out["tool_name"] = m.tool_name
+    return out
+
+
+def _usage(chunk: dict[str, Any], first_token_ms: float | None, wall_ms: float) -> Usage:
+    def ms(key: str) -> float | None:
+        v = chunk.get(key)
+        return float(v) / _NS_PER_MS if isinstance(v, int | float) else None
+
+    return Usage(
+        prompt_eval_count=chunk.get("prompt_eval_count"),
+        eval_count=chunk.get("eval_count"),
+        total_duration_ms=ms("total_duration"),
+        load_duration_ms=ms("load_duration"),
+        prompt_eval_duration_ms=ms("prompt_eval_duration"),
+        eval_duration_ms=ms("eval_duration"),
+        first_token_ms=first_token_ms,
+        wall_ms=wall_ms,
+        done_reason=chunk.get("done_reason"),
+    )
+
+
+def _error_text(resp_body: bytes) -> str:
+    try:
+        data = json.loads(resp_body)
+    except ValueError:
+        return resp_body[:500].decode("utf-8", errors="replace").strip() or "(empty body)"
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return str(data["error"])
+    return json.dumps(data)[:500]
+
+
+def classify_status(status: int, text: str, retry_after: float | None, model: str) -> BackendError:
+    """Map an Ollama error response to a transient or permanent :class:`BackendError`."""
+    if status == 404:
+        return BackendError(
+            f"Ollama: {text} (pull it with `ollama pull {model}`)",
+            transient=False,
+            kind="model_not_found",
+            status_code=404,
+        )
+    if status == 400 and "longer than the context length" in text:
+        return ContextOverflow(f"Ollama: {text}")
+    if status == 400:
+        kind = "unsupported" if "does not support" in text else "bad_request"
+        return BackendError(f"Ollama: {text}", transient=False, kind=kind, status_code=400)
+    if status in {429, 499, 502, 503, 504} or status >= 500:
+        return BackendError(
+            f"Ollama answered {status}: {text}",
+            transient=True,
+            kind="server_busy" if status in {429, 503} else "server_error",
+            status_code=status,
+            retry_after=retry_after,
+        )
+    return BackendError(
+        f"Ollama answered {status}: {text}", transient=False, kind="http", status_code=status
+    )
+
+
+class OllamaBackend:
+    name = "ollama"
+    label = "OLLAMA"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        auth: tuple[str, str] | None = None,
+        num_ctx: int = 8192,
+        keep_alive: str | int = "10m",
+        timeouts: PhaseTimeouts,
+        concurrency: int = 1,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.num_ctx = num_ctx
+        self.keep_alive = keep_alive
+        self.timeouts = timeouts
+        self.concurrency = concurrency
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            auth=auth,
+            timeout=httpx.Timeout(connect=timeouts.connect, read=None, write=30.0, pool=None),
+            headers={"User-Agent": "contemplation"},
+        )
+        self._caps: dict[str, Capabilities] = {}
+
+    def request_body(self, request: ChatRequest) -> dict[str, Any]:
+        options = {"num_ctx": self.num_ctx, **request.options}
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": [_message_json(m) for m in request.messages],
+            "stream": True,
+            "options": options,
+            "keep_alive": self.keep_alive,
+        }
+        if request.think is not None:
+            body["think"] = request.think
+        if request.tools:
+            body["tools"] = list(request.tools)
+        return body
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        body = self.request_body(request)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeouts.total
+        req = self._client.build_request("POST", "/api/chat", json=body)
+        try:
+            async with asyncio.timeout(self.timeouts.first_byte):
+                resp = await self._client.send(req, stream=True)
+        except TimeoutError:
+            raise BackendError(
+                f"Ollama sent nothing for {self.timeouts.first_byte:g} s (model loading?)",
+                transient=True,
+                kind="timeout",
+            ) from None
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.base_url) from exc
+        try:
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                raise classify_status(
+                    resp.status_code,
+                    _error_text(raw),
+                    retry_after_seconds(resp.headers.get("retry-after")),
+                    request.model,
+                )
+            lines = resp.aiter_lines()
+            first_token_ms: float | None = None
+            got_any = False
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BackendError(
+                        f"the reply took longer than the total cap of {self.timeouts.total:g} s",
+                        transient=True,
+                        kind="timeout",
+                    )
+                wait = self.timeouts.idle if got_any else self.timeouts.first_byte
+                line = await next_line(lines, min(wait, remaining), "Ollama")
+                if line is None:
+                    raise BackendError(
+                        "Ollama's stream ended without a final done line (cut off)",
+                        transient=True,
+                        kind="cut",
+                    )
+                got_any = True
+                if not line.strip():
+                    continue
+                try:
+                    chunk = json.loads(line)
+                except ValueError:
+                    raise BackendError(
+                        f"Ollama sent a line that is not JSON: {line[:200]!r}",
+                        transient=True,
+                        kind="protocol",
+                    ) from None
+                if not isinstance(chunk, dict):
+                    raise BackendError(
+                        f"Ollama sent {line[:200]!r}", transient=True, kind="protocol"
+                    )
+                if "error" in chunk:
+                    raise BackendError(
+                        f"Ollama reported an error mid-stream: {chunk['error']}",
+                        transient=True,
+                        kind="stream_error",
+                    )
+                msg = chunk.get("message") or {}
+                thinking = msg.get("thinking") or ""
+                content = msg.get("content") or ""
+                if (thinking or content) and first_token_ms is None:
+                    first_token_ms = (time.monotonic() - t0) * 1000
+                if thinking:
+                    yield StreamEvent("thinking", text=thinking)
+                if content:
+                    yield StreamEvent("content", text=content)
+                for call in msg.get("tool_calls") or []:
+                    if isinstance(call, dict):
+                        yield StreamEvent("tool_call", tool_call=call)
+                if chunk.get("done") is True:
+                    usage = _usage(chunk, first_token_ms, (time.monotonic() - t0) * 1000)
+                    usage.context_window = int(request.options.get("num_ctx", self.num_ctx))
+                    yield StreamEvent("done", usage=usage)
+                    return
+        finally:
+            await resp.aclose()
+
+    async def capabilities(self, model: str) -> Capabilities:
+        if model in self._caps:
+            return self._caps[model]
+        try:
+            resp = await self._client.post(
+                "/api/show", json={"model": model}, timeout=self.timeouts.connect * 3
+            )
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.base_url) from exc
+        if resp.status_code != 200:
+            raise classify_status(resp.status_code, _error_text(resp.content), None, model)
+        data = resp.json()
+        caps = set(data.get("capabilities") or [])
+        info = data.get("model_info") or {}
+        arch = info.get("general.architecture")
+        ctx = info.get(f"{arch}.context_length") if arch else None
+        result = Capabilities(
+            thinking="thinking" in caps,
+            tools="tools" in caps,
+            vision="vision" in caps,
+            context_length=int(ctx) if isinstance(ctx, int) else None,
+            source="server",
+        )
+        self._caps[model] = result
+        return result
+
+    async def check(self, model: str | None) -> list[Check]:
+        checks: list[Check] = []
+        try:
+            resp = await self._client.get("/api/version", timeout=self.timeouts.connect)
+            version = resp.json().get("version", "?") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            return [
+                Check(
+                    "ollama",
+                    False,
+                    f"not reachable at {self.base_url}: {type(exc).__name__}",
+                    ("start it with `ollama serve`, or set OLLAMA_HOST",),
+                )
+            ]
+        if version is None:
+            return [
+                Check("ollama", False, f"{self.base_url}/api/version answered {resp.status_code}")
+            ]
+        checks.append(Check("ollama", True, f"Ollama {version} at {self.base_url}"))
+        if model:
+            try:
+                caps = await self.capabilities(model)
+                feats = [n for n in ("thinking", "tools", "vision") if getattr(caps, n)]
+                checks.append(
+                    Check("model", True, f"{model} is installed ({', '.join(feats) or 'chat'})")
+                )
+            except BackendError as exc:
+                checks.append(Check("model", False, str(exc)))
+        return checks
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,97 @@
+"""Pure: what a conversation needs next, derived from its parsed log alone.
+
+The log is the source of truth; ``state.json`` only journals writes and caches. A turn is
+due when the agent side spoke last (a message, or answers to every pending need) or when the
+last model reply was cut off (``=== INTERRUPTED ===``). ERROR and CANCELLED markers stop the
+retrying until the agent writes again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from contemplation.models import Block, BlockKind, MarkerKind
+
+_STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
+_UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED}
+
+
+def whole(block: Block) -> bool:
+    """A block that belongs in the history (not a cut-off, failed or cancelled reply)."""
+    if block.kind is BlockKind.AGENT:
+        return True
+    return not any(k in _UNFINISHED for k, _ in block.markers)
+
+
+def last_marker(block: Block) -> MarkerKind | None:
+    for kind, _ in reversed(block.markers):
+        if kind in _UNFINISHED or kind is MarkerKind.COMPLETE:
+            return kind
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    action: Literal["idle", "turn", "needs", "complete", "stopped"]
+    needs: tuple[str, ...] = ()  # unanswered needs (action == "needs")
+    reason: str = ""
+    rounds: int = 0  # model replies since the agent's last own message (need rounds)
+
+
+def unanswered(blocks: tuple[Block, ...]) -> tuple[Block | None, tuple[str, ...]]:
+    """The last whole model block and its needs that have no RESPONSE yet."""
+    answered: set[str] = set()
+    for b in reversed(blocks):
+        if b.kind is BlockKind.AGENT:
+            if b.response_to is None:
+                return None, ()
+            answered.add(b.response_to)
+            continue
+        if not whole(b):
+            continue
+        if b.complete:
+            return b, ()
+        seen: set[str] = set()
+        missing = []
+        for n in b.needs:
+            if n not in answered and n not in seen:
+                missing.append(n)
+                seen.add(n)
+        return b, tuple(missing)
+    return None, ()
+
+
+def need_rounds(blocks: tuple[Block, ...]) -> int:
+    rounds = 0
+    for b in reversed(blocks):
+        if b.kind is BlockKind.AGENT and b.response_to is None:
+            break
+        if b.kind is BlockKind.MODEL and whole(b) and b.needs:
+            rounds += 1
+    return rounds
+
+
+def next_action(blocks: tuple[Block, ...]) -> Next:
+    if not blocks:
+        return Next("idle", reason="empty log")
+    last = blocks[-1]
+    mark = last_marker(last)
+    if mark in _STOPPERS:
+        return Next("stopped", reason=mark.value.lower() if mark else "")
+    if last.kind is BlockKind.MODEL:
+        if mark is MarkerKind.INTERRUPTED:
+            return Next("turn", reason="the last reply was cut off", rounds=need_rounds(blocks))
+        if last.complete:
+            return Next("complete")
+        if last.needs:
+            _, missing = unanswered(blocks)
+            return Next("needs", needs=missing, rounds=need_rounds(blocks))
+        return Next("idle", reason="answered")
+    if last.truncated:
+        return Next("idle", reason="the last block is still being written")
+    if last.response_to is not None:
+        model_block, missing = unanswered(blocks)
+        if model_block is not None and missing:
+            return Next("needs", needs=missing, rounds=need_rounds(blocks))
+    return Next("turn", rounds=need_rounds(blocks))

@@ -1,0 +1,126 @@
+"""Composition root: build settings, runtime, watcher and dispatcher; run; stop on a signal.
+
+It holds no logic of its own. The lifecycle reads like a script:
+lock the home → recover and scan everything → watch → tick (rescan, watchdog) until a
+signal → stop taking work → let in-flight turns finish within the grace period → close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from contemplation import sdnotify
+from contemplation.dispatcher import Dispatcher
+from contemplation.layout import Home, list_conversations
+from contemplation.pipeline import Runtime, process_pending
+from contemplation.settings import Settings
+from contemplation.watcher import Watcher
+from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
+
+log = structlog.get_logger("contemplation.daemon")
+
+STOP_GRACE = 10.0  # seconds in-flight turns get after SIGTERM (well under TimeoutStopSec=30)
+
+Extra = Callable[[Runtime, asyncio.Event], Awaitable[None]]
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    home = Home(settings.home)
+    ensure_home(home)
+    return Runtime(settings=settings, home=home)
+
+
+async def run_once(settings: Settings) -> int:
+    """``run --once``: process whatever is pending and exit."""
+    rt = build_runtime(settings)
+    lock = DaemonLock(rt.home)
+    lock.acquire()
+    try:
+        await process_pending(rt)
+    finally:
+        await rt.aclose()
+        lock.release()
+    return 0
+
+
+async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int:
+    rt = build_runtime(settings)
+    lock = DaemonLock(rt.home)
+    lock.acquire()
+    atomic_write_json(rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            log.info("stopping", grace_s=STOP_GRACE)
+            stop.set()
+        else:  # a second signal: do not wait for in-flight turns
+            log.warning("forced_stop")
+            for t in list(dispatcher.tasks.values()):
+                t.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    dispatcher = Dispatcher(rt)
+    watcher = Watcher(rt.home.active, dispatcher.poke_threadsafe)
+    extra_tasks: list[asyncio.Task[None]] = []
+    try:
+        watcher.start()
+        for conv in list_conversations(rt.home):
+            dispatcher.poke(conv.id)
+        for extra in extras or []:
+            extra_tasks.append(asyncio.create_task(extra(rt, stop)))
+        sdnotify.notify("READY=1", f"STATUS=watching {rt.home.active}")
+        log.info("started", home=str(rt.home.root), pid=os.getpid())
+        await _tick(rt, dispatcher, watcher, stop)
+    finally:
+        sdnotify.notify("STOPPING=1")
+        watcher.stop()
+        await dispatcher.drain(STOP_GRACE)
+        for t in extra_tasks:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*extra_tasks, return_exceptions=True)
+        await rt.aclose()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        lock.release()
+        log.info("stopped")
+    return 0
+
+
+async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asyncio.Event) -> None:
+    """Rescan every conversation periodically and ping the systemd watchdog from here."""
+    interval = rt.settings.rescan_interval
+    ping = sdnotify.watchdog_interval()
+    step = min(interval, ping) if ping else interval
+    next_scan = time.monotonic() + interval
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=step)
+        if stop.is_set():
+            return
+        if ping:
+            sdnotify.notify("WATCHDOG=1")
+        if time.monotonic() >= next_scan:
+            next_scan = time.monotonic() + interval
+            watcher.ensure_alive()
+            for conv in list_conversations(rt.home):
+                if conv.id not in dispatcher.tasks and conv.id not in dispatcher.timers:
+                    dispatcher.poke(conv.id)
+
+
+def write_json_line(data: object) -> str:
+    return json.dumps(data, ensure_ascii=False)

@@ -1,0 +1,101 @@
+"""Runs :func:`~contemplation.pipeline.process` for poked conversations, one task each.
+
+* one task per conversation at a time; a poke during a run marks it to run again after;
+* the wake-up time a run returns (retry, settling file) becomes a timer;
+* a poke that finds ``.cancel`` next to a running turn cancels that task for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import structlog
+
+from contemplation.layout import Conv
+from contemplation.pipeline import Runtime, process_safely
+
+log = structlog.get_logger("contemplation.dispatcher")
+
+
+class Dispatcher:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.dirty: set[str] = set()
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.stopping = False
+        self._loop = asyncio.get_running_loop()
+
+    def poke_threadsafe(self, conv_id: str, ready: Path | None = None) -> None:
+        """Called from the watcher thread."""
+        with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+            self._loop.call_soon_threadsafe(self.poke, conv_id, ready)
+
+    def poke(self, conv_id: str, ready: Path | None = None) -> None:
+        if self.stopping:
+            return
+        if ready is not None:
+            self.rt.fast_ready.add(ready)
+        task = self.tasks.get(conv_id)
+        if task is not None:
+            self.dirty.add(conv_id)
+            conv = self.rt.home.conv(conv_id)
+            if (conv.dir / ".cancel").exists() and conv_id not in self.rt.cancelled:
+                self.rt.cancelled.add(conv_id)
+                task.cancel()
+            return
+        timer = self.timers.pop(conv_id, None)
+        if timer is not None:
+            timer.cancel()
+        self.tasks[conv_id] = asyncio.create_task(self._run(conv_id), name=f"conv:{conv_id}")
+
+    async def _run(self, conv_id: str) -> None:
+        wake: float | None = None
+        try:
+            while True:
+                self.dirty.discard(conv_id)
+                conv = Conv(self.rt.home.active / conv_id)
+                try:
+                    wake = await process_safely(conv, self.rt)
+                except asyncio.CancelledError:
+                    if conv_id in self.rt.cancelled and not self.stopping:
+                        self.rt.cancelled.discard(conv_id)
+                        self.dirty.add(conv_id)  # the next step writes the CANCELLED marker
+                        wake = None
+                    else:
+                        raise
+                if conv_id not in self.dirty or self.stopping:
+                    break
+        finally:
+            self.tasks.pop(conv_id, None)
+        if wake is not None and not self.stopping:
+            delay = max(0.0, wake - time.time())
+            self.timers[conv_id] = self._loop.call_later(delay, self._wake, conv_id)
+
+    def _wake(self, conv_id: str) -> None:
+        self.timers.pop(conv_id, None)
+        self.poke(conv_id)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.tasks)
+
+    async def drain(self, grace: float) -> None:
+        """Stop taking work; let running turns finish within ``grace``, then cancel them."""
+        self.stopping = True
+        self.rt.stopping = True
+        for t in self.timers.values():
+            t.cancel()
+        self.timers.clear()
+        tasks = list(self.tasks.values())
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for t in pending:
+            t.cancel()
+        if pending:
+            log.info("cancelling_in_flight_turns", count=len(pending))
+            await asyncio.wait(pending, timeout=10)

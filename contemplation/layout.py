@@ -1,0 +1,320 @@
+"""The folder contract: paths, listing and reading. This module never writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import tomllib
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from contemplation.errors import Ambiguous, ConfigError, NotFound
+from contemplation.models import Metadata, ParseResult, State
+from contemplation.parser import merge, parse
+
+CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+IGNORED_SUFFIXES = (".tmp", ".part", "~", ".swp")
+LOG_NAME = "messages.log"
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    root: Path
+
+    @property
+    def active(self) -> Path:
+        return self.root / "active"
+
+    @property
+    def completed(self) -> Path:
+        return self.root / "completed"
+
+    @property
+    def templates(self) -> Path:
+        return self.root / "templates"
+
+    @property
+    def daemon_lock(self) -> Path:
+        return self.root / ".daemon.lock"
+
+    @property
+    def daemon_info(self) -> Path:
+        return self.root / ".daemon.json"
+
+    def conv(self, conv_id: str, *, completed: bool = False) -> Conv:
+        if not valid_id(conv_id):
+            raise NotFound(f"not a conversation id: {conv_id!r}")
+        return Conv((self.completed if completed else self.active) / conv_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Conv:
+    dir: Path
+
+    @property
+    def id(self) -> str:
+        return self.dir.name
+
+    @property
+    def log(self) -> Path:
+        return self.dir / LOG_NAME
+
+    @property
+    def metadata(self) -> Path:
+        return self.dir / "metadata.json"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def inbox(self) -> Path:
+        return self.dir / "inbox"
+
+    @property
+    def context(self) -> Path:
+        return self.dir / "context"
+
+    @property
+    def processing(self) -> Path:
+        return self.dir / "processing"
+
+    @property
+    def failed(self) -> Path:
+        return self.dir / "failed"
+
+    @property
+    def lock(self) -> Path:
+        return self.dir / ".lock"
+
+    @property
+    def is_completed(self) -> bool:
+        return self.dir.parent.name == "completed"
+
+
+def valid_id(name: str) -> bool:
+    return bool(CONV_ID_RE.match(name)) and name not in {".", ".."}
+
+
+def slugify(topic: str, limit: int = 40) -> str:
+    text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:limit].rstrip("-") or "conversation"
+
+
+def list_conversations(home: Home, *, include_completed: bool = False) -> list[Conv]:
+    dirs = [home.active] + ([home.completed] if include_completed else [])
+    out: list[Conv] = []
+    for d in dirs:
+        try:
+            with os.scandir(d) as it:
+                out.extend(
+                    Conv(Path(e.path))
+                    for e in it
+                    if valid_id(e.name)
+                    and not e.name.startswith(".")
+                    and e.is_dir(follow_symlinks=False)
+                )
+        except FileNotFoundError:
+            continue
+    out.sort(key=lambda c: c.id)
+    return out
+
+
+def find_conversation(home: Home, name: str, *, include_completed: bool = True) -> Conv:
+    """A conversation by full id, unique id prefix, or unique topic/slug match."""
+    convs = list_conversations(home, include_completed=include_completed)
+    exact = [c for c in convs if c.id == name]
+    if exact:
+        return exact[0]
+    prefixed = [c for c in convs if c.id.startswith(name)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if not prefixed:
+        slug = slugify(name)
+        prefixed = [c for c in convs if c.id.split("_", 2)[-1].startswith(slug)]
+        if not prefixed:
+            for c in convs:
+                meta = read_metadata(c)
+                if meta is not None and meta.topic.casefold() == name.casefold():
+                    prefixed.append(c)
+        if len(prefixed) == 1:
+            return prefixed[0]
+    if not prefixed:
+        raise NotFound(f"no conversation matches {name!r}")
+    names = ", ".join(c.id for c in prefixed[:5])
+    raise Ambiguous(f"{name!r} matches {len(prefixed)} conversations: {names}")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_metadata(conv: Conv) -> Metadata | None:
+    data = read_json(conv.metadata)
+    if data is None:
+        return None
+    try:
+        return Metadata.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def read_state(conv: Conv) -> State | None:
+    data = read_json(conv.state)
+    if data is None:
+        return None
+    try:
+        return State.model_validate(data)
+    except ValidationError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    name: str
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+def ignored_name(name: str) -> bool:
+    return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
+
+
+def inbox_entries(conv: Conv) -> list[InboxEntry]:
+    """Regular files in ``inbox/`` that are messages, oldest first (ties: by name)."""
+    out: list[InboxEntry] = []
+    try:
+        with os.scandir(conv.inbox) as it:
+            for e in it:
+                if ignored_name(e.name):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append(InboxEntry(e.name, Path(e.path), st.st_size, st.st_mtime_ns))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out.sort(key=lambda x: (x.mtime_ns, x.name))
+    return out
+
+
+def processing_entries(conv: Conv) -> list[Path]:
+    try:
+        names = sorted(n for n in os.listdir(conv.processing) if not n.startswith("."))
+    except FileNotFoundError:
+        return []
+    return [conv.processing / n for n in names]
+
+
+def log_segments(conv: Conv) -> list[Path]:
+    """Rotated segments oldest first, then the live log (``messages.N.log``: higher is older)."""
+    segs: list[tuple[int, Path]] = []
+    try:
+        for name in os.listdir(conv.dir):
+            m = re.fullmatch(r"messages\.(\d+)\.log", name)
+            if m:
+                segs.append((int(m.group(1)), conv.dir / name))
+    except FileNotFoundError:
+        return []
+    segs.sort(key=lambda t: -t[0])
+    return [p for _, p in segs] + [conv.log]
+
+
+def read_log_bytes(conv: Conv) -> bytes:
+    try:
+        return conv.log.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+@dataclass
+class LogView:
+    """An incrementally refreshed parse of one conversation's live ``messages.log``."""
+
+    conv: Conv
+    agent_label: str = "CLAUDE"
+    result: ParseResult = field(default_factory=lambda: ParseResult(blocks=(), size=0))
+    ino: int = 0
+
+    def refresh(self) -> ParseResult:
+        try:
+            fd = os.open(self.conv.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self.result, self.ino = ParseResult(blocks=(), size=0), 0
+            return self.result
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            same_file = st.st_ino == self.ino and st.st_size >= self.result.size
+            if same_file and st.st_size == self.result.size:
+                return self.result
+            if same_file and self.result.blocks:
+                start = self.result.blocks[-1].offset
+                f.seek(start)
+                tail = parse(f.read(), agent_label=self.agent_label, base=start)
+                self.result = merge(self.result, tail, start)
+            else:
+                self.result = parse(f.read(), agent_label=self.agent_label)
+            self.ino = st.st_ino
+        return self.result
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    name: str
+    model: str | None = None
+    backend: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    system_prompt: str = ""
+    think: bool | str | None = None
+    archive_on_complete: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_template(home: Home, name: str) -> Template:
+    """``templates/<name>/template.toml`` (+ ``system_prompt.md``); falls back to the shipped one."""
+    if not valid_id(name):
+        raise NotFound(f"not a template name: {name!r}")
+    candidates = [home.templates / name, _shipped_templates() / name]
+    for d in candidates:
+        toml_path = d / "template.toml"
+        if toml_path.is_file():
+            try:
+                data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot parse template {toml_path}: {exc}") from exc
+            prompt_file = d / str(data.pop("system_prompt_file", "system_prompt.md"))
+            prompt = data.pop("system_prompt", None)
+            if prompt is None and prompt_file.is_file():
+                prompt = prompt_file.read_text(encoding="utf-8")
+            known = {"model", "backend", "options", "think", "archive_on_complete"}
+            return Template(
+                name=name,
+                model=data.get("model"),
+                backend=data.get("backend"),
+                options=dict(data.get("options", {})),
+                system_prompt=prompt or "",
+                think=data.get("think"),
+                archive_on_complete=data.get("archive_on_complete"),
+                extra={k: v for k, v in data.items() if k not in known},
+            )
+    raise NotFound(f"no template named {name!r} (looked in {home.templates})")
+
+
+def _shipped_templates() -> Path:
+    return Path(__file__).parent / "skeleton" / "templates"

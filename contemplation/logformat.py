@@ -1,0 +1,141 @@
+"""Pure: the textual framing of ``messages.log`` shared by the writer and the parser.
+
+Frame lines
+-----------
+* header: ``=== SENDER -> RECIPIENT [YYYY-MM-DD HH:MM:SS] ===``
+* marker: ``=== WORD ===`` or ``=== WORD: one line of text ===`` where WORD is one of
+  :class:`~contemplation.models.MarkerKind` (COMPLETE, INTERRUPTED, ERROR, ...).
+
+Stuffing
+--------
+A body line that could be taken for a frame line is written with one extra leading space:
+any line matching ``^ *===`` gains a space, and the parser removes exactly one leading space
+from such lines. This is exact and reversible (like SMTP dot-stuffing), so model text full of
+``=== X -> Y [..] ===`` lines round-trips unchanged and can never forge a header or marker.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from contemplation.models import MarkerKind
+
+HEADER_RE = re.compile(
+    rb"^=== ([A-Z][A-Z0-9_]*) -> ([A-Z][A-Z0-9_]*) \[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] ===\r?$"
+)
+_MARKER_WORDS = "|".join(re.escape(m.value) for m in MarkerKind)
+MARKER_RE = re.compile(rb"^=== (" + _MARKER_WORDS.encode() + rb")(?:: (.*?))? ===\r?$")
+# every line that starts with optional spaces then "===": candidates for frames or stuffing
+FRAME_CANDIDATE_RE = re.compile(rb"^ *===.*$", re.MULTILINE)
+LABEL_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
+NEED_PREFIX = "NEED:"
+RESPONSE_PREFIX = "RESPONSE TO NEED:"
+COMPLETE_LINE = "=== COMPLETE ==="
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def timestamp(now: datetime | None = None) -> str:
+    return (now or datetime.now()).strftime(TIME_FORMAT)
+
+
+def header(sender: str, recipient: str, ts: str | None = None) -> str:
+    if not LABEL_RE.match(sender) or not LABEL_RE.match(recipient):
+        raise ValueError(f"labels must be upper-case words: {sender!r} -> {recipient!r}")
+    return f"=== {sender} -> {recipient} [{ts or timestamp()}] ===\n"
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    flat = " ".join(text.split())
+    flat = flat.replace("===", "= = =")
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def marker(kind: MarkerKind, text: str = "") -> str:
+    return f"=== {kind.value}: {one_line(text)} ===\n" if text else f"=== {kind.value} ===\n"
+
+
+def _needs_stuffing(line: str) -> bool:
+    return line.lstrip(" ").startswith("===")
+
+
+def stuff(text: str) -> str:
+    """Escape body text so that no line of it can be read as a frame line."""
+    if "===" not in text:
+        return text
+    return "\n".join(" " + ln if _needs_stuffing(ln) else ln for ln in text.split("\n"))
+
+
+def unstuff_line(line: str) -> str:
+    return line[1:] if line.startswith(" ") and _needs_stuffing(line) else line
+
+
+def body(text: str) -> str:
+    """Stuffed text ending with exactly one newline (trailing blank lines are not kept)."""
+    return stuff(text.replace("\r\n", "\n").rstrip("\n")) + "\n"
+
+
+class StreamStuffer:
+    """Stuffs text that arrives in arbitrary pieces (streamed tokens).
+
+    Text is passed through at once except at the start of a line, where it is held back
+    only until it is clear whether the line starts with ``===``. A line that does is held
+    until its end so that a model's own ``=== COMPLETE ===`` line can be recognised and
+    written as the real marker; everything else of that shape is stuffed.
+    """
+
+    HOLD_LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._pending = ""  # undecided start of the current line
+        self._at_line_start = True
+        self.saw_complete = False
+
+    def feed(self, piece: str) -> str:
+        out: list[str] = []
+        i = 0
+        n = len(piece)
+        while i < n:
+            if not self._at_line_start:
+                j = piece.find("\n", i)
+                if j < 0:
+                    out.append(piece[i:])
+                    break
+                out.append(piece[i : j + 1])
+                i = j + 1
+                self._at_line_start = True
+                continue
+            # at a line start: accumulate until decided
+            j = piece.find("\n", i)
+            chunk = piece[i:] if j < 0 else piece[i : j + 1]
+            i = n if j < 0 else j + 1
+            self._pending += chunk
+            decided = self._decide(final=False)
+            if decided is not None:
+                out.append(decided)
+        return "".join(out)
+
+    def _decide(self, *, final: bool) -> str | None:
+        p = self._pending
+        stripped = p.lstrip(" ")
+        ended = p.endswith("\n")
+        if stripped.startswith("==="):
+            if not ended and not final and len(p) < self.HOLD_LIMIT:
+                return None
+            self._pending = ""
+            self._at_line_start = ended
+            if p.strip() == COMPLETE_LINE and (ended or final):
+                self.saw_complete = True
+                return ""  # the writer emits the real marker at the end of the block
+            return " " + p
+        if ("===".startswith(stripped) or not stripped) and not ended and not final:
+            return None  # still could become "==="
+        self._pending = ""
+        self._at_line_start = ended
+        return p
+
+    def flush(self) -> str:
+        if not self._pending:
+            return ""
+        out = self._decide(final=True)
+        return out or ""

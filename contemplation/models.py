@@ -1,0 +1,193 @@
+"""Leaf module: the data the rest of the package passes around.
+
+Pydantic models are the on-disk documents (``metadata.json``, ``state.json``);
+frozen dataclasses are in-memory values (parsed blocks, chat messages, stream events).
+Nothing here imports from the package.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STATE_VERSION = 1
+
+
+class Status(enum.StrEnum):
+    PENDING = "pending"
+    GENERATING = "generating"
+    ROUTING = "routing"
+    AWAITING_AGENT = "awaiting_agent"
+    RETRYING = "retrying"
+    CANCELLED = "cancelled"
+    COMPLETE = "complete"
+    ERROR = "error"
+    IDLE = "idle"  # the model has answered and nothing is queued
+
+
+class BlockKind(enum.StrEnum):
+    AGENT = "agent"  # written by the agent side (a message or a RESPONSE TO NEED)
+    MODEL = "model"  # written by the model side
+
+
+class MarkerKind(enum.StrEnum):
+    """System lines of the form ``=== WORD[: text] ===`` (never a header)."""
+
+    COMPLETE = "COMPLETE"
+    INTERRUPTED = "INTERRUPTED"
+    ERROR = "ERROR"
+    WARNING = "WARNING"
+    NOTE = "NOTE"
+    CANCELLED = "CANCELLED"
+    THINKING = "THINKING"
+    END_THINKING = "END THINKING"
+    CONTINUED = "CONTINUED"
+
+
+# --------------------------------------------------------------------------- on disk
+
+
+class Metadata(BaseModel):
+    """``metadata.json``: what the conversation is and how it talks to its model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    topic: str
+    created: str
+    template: str = "default"
+    backend: str = "ollama"
+    model: str = "llama3.2"
+    agent_label: str = "CLAUDE"
+    model_label: str = ""  # empty: named after the backend (OLLAMA, OPENCODE, ...)
+    options: dict[str, Any] = Field(default_factory=dict)
+    system_prompt: str | None = None
+    think: bool | str | None = None
+    labels: list[str] = Field(default_factory=list)
+    context_requirements: list[dict[str, Any]] = Field(default_factory=list)
+    archive_on_complete: bool = True
+
+    def sender_label(self) -> str:
+        return self.model_label or self.backend.upper()
+
+
+class ErrorInfo(BaseModel):
+    kind: str
+    message: str
+    time: str
+
+
+class Intent(BaseModel):
+    """A write that is about to happen to ``messages.log`` (journal for crash recovery)."""
+
+    kind: Literal["message", "reply"]
+    id: str
+    offset: int
+    length: int = 0  # known up front for messages; grows for replies
+    sha256: str = ""
+
+
+class LogIdentity(BaseModel):
+    ino: int = 0
+    size: int = 0  # bytes of messages.log accounted for (ours + adopted foreign bytes)
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    total_duration_ms: float | None = None
+    load_duration_ms: float | None = None
+    prompt_eval_duration_ms: float | None = None
+    eval_duration_ms: float | None = None
+    first_token_ms: float | None = None
+    wall_ms: float | None = None
+    done_reason: str | None = None
+    context_window: int | None = None
+    context_full: bool = False
+
+
+class State(BaseModel):
+    """``state.json``: the machine state. The log is the truth; this is journal + cache."""
+
+    model_config = ConfigDict(extra="allow")
+
+    version: int = STATE_VERSION
+    status: Status = Status.PENDING
+    messages_processed: int = 0
+    turns: int = 0
+    log: LogIdentity = Field(default_factory=LogIdentity)
+    intent: Intent | None = None
+    done_ids: list[str] = Field(default_factory=list)
+    pending_needs: list[str] = Field(default_factory=list)
+    last_error: ErrorInfo | None = None
+    retry_count: int = 0
+    next_retry_at: float | None = None
+    last_turn: Usage | None = None
+    parse_errors: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    updated: str = ""
+
+
+# --------------------------------------------------------------------------- in memory
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One block of ``messages.log``."""
+
+    sender: str
+    recipient: str
+    timestamp: str
+    kind: BlockKind
+    text: str  # body with stuffing removed; thinking sections excluded
+    offset: int  # byte offset of the header line
+    end: int  # byte offset just past the block (next header or EOF)
+    thinking: str = ""
+    needs: tuple[str, ...] = ()
+    response_to: str | None = None  # set for "RESPONSE TO NEED: ..." agent blocks
+    complete: bool = False  # the block carries a COMPLETE marker
+    interrupted: bool = False  # followed by an INTERRUPTED marker (a cut-off reply)
+    markers: tuple[tuple[MarkerKind, str], ...] = ()
+    truncated: bool = False  # the file ended in the middle of the block's last line
+
+
+@dataclass(frozen=True, slots=True)
+class ParseResult:
+    blocks: tuple[Block, ...]
+    size: int  # bytes examined
+    preamble: str = ""  # text before the first header (kept, not a message)
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    think: bool | str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    conversation_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One piece of a streamed reply. Exactly one of the fields is meaningful per kind."""
+
+    kind: Literal["content", "thinking", "tool_call", "done"]
+    text: str = ""
+    tool_call: dict[str, Any] | None = None
+    usage: Usage | None = None

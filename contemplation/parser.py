@@ -1,0 +1,188 @@
+"""Pure: bytes of ``messages.log`` → blocks, needs, markers.
+
+The parser never raises on content. Junk (invalid UTF-8, NULs, CRLF, text before the first
+header, a file that ends mid-line) is tolerated: the text is kept as it is and a description
+of the problem is returned in :attr:`ParseResult.errors` for the caller to record.
+
+It works on bytes so offsets are exact; it can start at any header offset (``base``), which
+is what incremental parsing uses: re-parse only from the start of the last, still-open block.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from contemplation.logformat import (
+    FRAME_CANDIDATE_RE,
+    HEADER_RE,
+    MARKER_RE,
+    RESPONSE_PREFIX,
+)
+from contemplation.models import Block, BlockKind, MarkerKind, ParseResult
+
+NEED_RE = re.compile(r"^NEED:[ \t]*(\S.*?)[ \t]*$", re.MULTILINE)
+_UNSTUFF_RE = re.compile(r"^ ( *===)", re.MULTILINE)
+MAX_NEED_CHARS = 1000
+
+
+def _decode(raw: bytes, at: int, errors: list[str]) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        errors.append(f"invalid UTF-8 at byte {at + exc.start} (kept in the file, read as U+FFFD)")
+        text = raw.decode("utf-8", errors="replace")
+    if "\x00" in text:
+        errors.append(f"NUL bytes in the block at byte {at} (kept in the file)")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    if "===" in text:
+        text = _UNSTUFF_RE.sub(r"\1", text)
+    return text
+
+
+class _Draft:
+    __slots__ = (
+        "body",
+        "end",
+        "markers",
+        "offset",
+        "recipient",
+        "sender",
+        "thinking",
+        "timestamp",
+        "truncated",
+    )
+
+    def __init__(self, sender: str, recipient: str, ts: str, offset: int) -> None:
+        self.sender = sender
+        self.recipient = recipient
+        self.timestamp = ts
+        self.offset = offset
+        self.end = offset
+        self.body: list[str] = []
+        self.thinking: list[str] = []
+        self.markers: list[tuple[MarkerKind, str]] = []
+        self.truncated = False
+
+
+def _finish(d: _Draft, agent_label: str) -> Block:
+    text = "".join(d.body).rstrip("\n")
+    kind = BlockKind.AGENT if d.sender == agent_label else BlockKind.MODEL
+    needs: tuple[str, ...] = ()
+    response_to: str | None = None
+    if kind is BlockKind.MODEL:
+        needs = tuple(m[:MAX_NEED_CHARS] for m in NEED_RE.findall(text))
+    elif text.startswith(RESPONSE_PREFIX):
+        first = text.split("\n", 1)[0]
+        response_to = first[len(RESPONSE_PREFIX) :].strip()
+    kinds = {m for m, _ in d.markers}
+    return Block(
+        sender=d.sender,
+        recipient=d.recipient,
+        timestamp=d.timestamp,
+        kind=kind,
+        text=text,
+        offset=d.offset,
+        end=d.end,
+        thinking="".join(d.thinking),
+        needs=needs,
+        response_to=response_to,
+        complete=MarkerKind.COMPLETE in kinds and kind is BlockKind.MODEL,
+        interrupted=MarkerKind.INTERRUPTED in kinds,
+        markers=tuple(d.markers),
+        truncated=d.truncated,
+    )
+
+
+def _frames(
+    data: bytes,
+) -> Iterable[tuple[int, int, re.Match[bytes] | None, re.Match[bytes] | None]]:
+    for m in FRAME_CANDIDATE_RE.finditer(data):
+        line = m.group(0)
+        if line.startswith(b" "):
+            continue  # stuffed body line
+        h = HEADER_RE.match(line)
+        mk = None if h else MARKER_RE.match(line)
+        if h or mk:
+            end = m.end() + 1 if m.end() < len(data) else m.end()
+            yield m.start(), end, h, mk
+
+
+def parse(data: bytes, *, agent_label: str = "CLAUDE", base: int = 0) -> ParseResult:
+    """Parse ``data`` (the log from byte ``base`` on) into blocks."""
+    errors: list[str] = []
+    blocks: list[Block] = []
+    preamble_parts: list[str] = []
+    draft: _Draft | None = None
+    in_thinking = False
+    pos = 0
+
+    def take_text(start: int, stop: int) -> None:
+        if stop <= start:
+            return
+        text = _decode(data[start:stop], base + start, errors)
+        if draft is None:
+            preamble_parts.append(text)
+        elif in_thinking:
+            draft.thinking.append(text)
+        else:
+            draft.body.append(text)
+
+    for start, end, h, mk in _frames(data):
+        take_text(pos, start)
+        pos = end
+        if h is not None:
+            if draft is not None:
+                draft.end = base + start
+                blocks.append(_finish(draft, agent_label))
+            draft = _Draft(
+                h.group(1).decode(), h.group(2).decode(), h.group(3).decode(), base + start
+            )
+            in_thinking = False
+            continue
+        assert mk is not None
+        kind = MarkerKind(mk.group(1).decode())
+        detail = (mk.group(2) or b"").decode("utf-8", errors="replace")
+        if draft is None:
+            preamble_parts.append(data[start:end].decode("utf-8", errors="replace"))
+            continue
+        if kind is MarkerKind.THINKING:
+            in_thinking = True
+        elif kind is MarkerKind.END_THINKING:
+            in_thinking = False
+        draft.markers.append((kind, detail))
+    take_text(pos, len(data))
+    if draft is not None:
+        draft.end = base + len(data)
+        draft.truncated = bool(data) and not data.endswith(b"\n")
+        blocks.append(_finish(draft, agent_label))
+        if draft.truncated:
+            errors.append(
+                f"the last block (at byte {draft.offset}) ends without a newline: "
+                "it may still be being written"
+            )
+    preamble = "".join(preamble_parts)
+    if preamble.strip():
+        errors.append(
+            f"{len(preamble.encode())} bytes before the first header at byte {base} "
+            "(kept in the file, not a message)"
+        )
+    return ParseResult(
+        blocks=tuple(blocks), size=len(data), preamble=preamble, errors=tuple(errors)
+    )
+
+
+def merge(previous: ParseResult, tail: ParseResult, tail_base: int) -> ParseResult:
+    """Combine a parse of the whole log with a re-parse that starts at ``tail_base``.
+
+    ``tail_base`` must be the offset of a header in ``previous`` (normally the last block's),
+    so every block before it is final and kept as is.
+    """
+    kept = tuple(b for b in previous.blocks if b.offset < tail_base)
+    return ParseResult(
+        blocks=kept + tail.blocks,
+        size=tail_base + tail.size,
+        preamble=previous.preamble,
+        errors=tuple(e for e in previous.errors if "ends without a newline" not in e) + tail.errors,
+    )

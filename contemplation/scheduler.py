@@ -1,0 +1,89 @@
+"""Turn slots per backend, queued per model.
+
+A backend allows ``slots`` turns at once. Waiting turns are queued by model, and a free slot
+goes to the model that ran last while it still has turns waiting, so two conversations on
+different models do not make the server swap models in and out on every turn. After
+``switch_after`` turns in a row on one model while another model waits, the longest-waiting
+other model gets the slot (no starvation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Waiter:
+    seq: int
+    future: asyncio.Future[None]
+
+
+@dataclass
+class ModelScheduler:
+    slots: int = 1
+    switch_after: int = 4
+    _free: int = field(init=False)
+    _queues: dict[str, deque[_Waiter]] = field(default_factory=dict, init=False)
+    _current: str | None = field(default=None, init=False)
+    _streak: int = field(default=0, init=False)
+    _seq: itertools.count[int] = field(default_factory=itertools.count, init=False)
+    granted: list[str] = field(default_factory=list, init=False)  # history, for tests and metrics
+
+    def __post_init__(self) -> None:
+        self._free = self.slots
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def running(self) -> int:
+        return self.slots - self._free
+
+    def _pick(self) -> str | None:
+        live = {m: q for m, q in self._queues.items() if q}
+        if not live:
+            return None
+        others = [m for m in live if m != self._current]
+        if self._current in live and (self._streak < self.switch_after or not others):
+            return self._current
+        return min(others or list(live), key=lambda m: live[m][0].seq)
+
+    def _dispatch(self) -> None:
+        while self._free > 0:
+            model = self._pick()
+            if model is None:
+                return
+            waiter = self._queues[model].popleft()
+            if waiter.future.done():  # cancelled while waiting
+                continue
+            self._free -= 1
+            if model == self._current:
+                self._streak += 1
+            else:
+                self._current, self._streak = model, 1
+            self.granted.append(model)
+            waiter.future.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, model: str) -> AsyncIterator[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(model, deque()).append(_Waiter(next(self._seq), fut))
+        self._dispatch()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._free += 1
+                self._dispatch()
+            raise
+        try:
+            yield
+        finally:
+            self._free += 1
+            self._dispatch()

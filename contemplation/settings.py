@@ -1,0 +1,199 @@
+"""Settings: a TOML file, overridden by the environment, overridden by command-line flags.
+
+* file: ``--config PATH``, else ``CONTEMPLATION_CONFIG``, else ``<platformdirs config>/config.toml``
+  (a missing default file is fine; a missing explicit file is an error).
+* environment: ``CONTEMPLATION_<KEY>`` for top-level keys and ``CONTEMPLATION_<SECTION>__<KEY>``
+  for nested ones (e.g. ``CONTEMPLATION_OLLAMA__NUM_CTX=16384``), plus the variables users of
+  each server already know (``OLLAMA_HOST``).
+* home: ``--home``, else ``CONTEMPLATION_HOME``, else ``home`` in the file, else the
+  platformdirs data dir.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from contemplation.errors import ConfigError
+
+APP = "contemplation"
+ENV_PREFIX = "CONTEMPLATION_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TimeoutSettings(_Section):
+    connect: float = Field(10.0, gt=0, description="seconds to open the connection")
+    first_byte: float = Field(600.0, gt=0, description="wait for the first byte (cold model load)")
+    idle: float = Field(120.0, gt=0, description="longest silence between two chunks")
+    total: float = Field(3600.0, gt=0, description="cap on one whole reply")
+
+
+class RetrySettings(_Section):
+    base: float = Field(2.0, gt=0, description="first backoff in seconds")
+    cap: float = Field(300.0, gt=0, description="longest backoff in seconds")
+    max_attempts: int = Field(50, ge=1, description="then the turn fails with status error")
+
+
+class OllamaSettings(_Section):
+    host: str = Field("", description="base URL; empty: OLLAMA_HOST, else http://127.0.0.1:11434")
+    num_ctx: int = Field(8192, ge=256)
+    keep_alive: str | int = "10m"
+    concurrency: int = Field(1, ge=1, le=64)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+
+class Settings(_Section):
+    home: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir(APP)))
+    config_file: Path | None = None
+    default_backend: str = "ollama"
+    default_model: str = "llama3.2"
+    default_template: str = "default"
+    rescan_interval: float = Field(5.0, gt=0)
+    settle_seconds: float = Field(1.0, ge=0, description="quiet time before a naive write counts")
+    max_message_bytes: int = Field(2 * 1024 * 1024, ge=1)
+    max_reply_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    archive_on_complete: bool = True
+    durability: Literal["fsync", "none"] = "fsync"
+    log_format: Literal["auto", "console", "json"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    model_switch_after: int = Field(
+        4, ge=1, description="turns on the loaded model before waiting turns on others get in"
+    )
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    ollama: OllamaSettings = Field(default_factory=OllamaSettings)
+
+    @field_validator("home", mode="after")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().absolute()
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        nxt = target.setdefault(key, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"environment: {'.'.join(path)} conflicts with a value for {key}")
+        target = nxt
+    target[path[-1]] = value
+
+
+def _env_layer(env: dict[str, str]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key in {"testing", "crash_at"}:
+            continue
+        _set_path(layer, key.split("__"), value)
+    return layer
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    first = exc.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    got = first.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"invalid setting {key} in {source}: {first['msg']}{shown}"
+
+
+def load(
+    *,
+    config: Path | None = None,
+    home: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> Settings:
+    """Build settings from the three layers; raise :class:`ConfigError` naming key and file."""
+    env = dict(os.environ) if env is None else env
+    explicit = config or (
+        Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None
+    )
+    path = explicit or default_config_path()
+    file_layer: dict[str, Any] = {}
+    if path.exists():
+        try:
+            file_layer = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"cannot parse {path}: {exc}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        try:
+            Settings.model_validate(file_layer)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, str(path))) from exc
+    elif explicit is not None:
+        raise ConfigError(f"config file {path} does not exist")
+    env_layer = _env_layer(env)
+    merged = _deep_merge(file_layer, env_layer)
+    if home is not None:
+        merged["home"] = str(home)
+    merged = _deep_merge(merged, overrides or {})
+    merged["config_file"] = str(path) if path.exists() else None
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        source = (
+            f"{path} or the environment ({ENV_PREFIX}*)" if path.exists() else "the environment"
+        )
+        raise ConfigError(_describe(exc, source)) from exc
+
+
+def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
+    """Normalise ``OLLAMA_HOST`` the way Ollama's own clients do.
+
+    Returns the base URL (no credentials, no trailing slash) and optional basic-auth
+    credentials taken from ``user:pass@host``. ``0.0.0.0`` (a bind address) means loopback.
+    """
+    raw = (value or "").strip()
+    if not raw:
+        return "http://127.0.0.1:11434", None
+    has_scheme = "://" in raw
+    scheme, rest = raw.split("://", 1) if has_scheme else ("http", raw)
+    if scheme not in {"http", "https"}:
+        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: scheme must be http or https")
+    parts = urlsplit(f"{scheme}://{rest}")
+    host = parts.hostname or "127.0.0.1"
+    if host in {"0.0.0.0", "::"}:  # noqa: S104 - a bind address, mapped to loopback
+        host = "127.0.0.1"
+    try:
+        explicit_port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: {exc}") from exc
+    default_port = (443 if scheme == "https" else 80) if has_scheme else 11434
+    port = explicit_port or default_port
+    if ":" in host:
+        host = f"[{host}]"
+    auth = (parts.username or "", parts.password or "") if parts.username else None
+    url = urlunsplit((scheme, f"{host}:{port}", parts.path.rstrip("/"), "", ""))
+    return url, auth
+
+
+def ollama_base(
+    settings: Settings, env: dict[str, str] | None = None
+) -> tuple[str, tuple[str, str] | None]:
+    env = dict(os.environ) if env is None else env
+    return parse_ollama_host(settings.ollama.host or env.get("OLLAMA_HOST"))

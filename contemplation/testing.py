@@ -1,0 +1,42 @@
+"""Test-only fault injection: stop the process at a named step.
+
+Honoured only when ``CONTEMPLATION_TESTING=1``. ``CONTEMPLATION_CRASH_AT=<point>:<n>`` sends
+SIGKILL to this process on the n-th time ``crashpoint(<point>)`` is reached (n defaults to 1).
+The points are listed in :data:`POINTS`; the crash tests enumerate them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "claim",  # after an inbox file was renamed into processing/
+    "intent",  # after the append intent was recorded in state.json
+    "append",  # in the middle of appending a message block (half of it written)
+    "appended",  # after the block was written, before the commit
+    "commit",  # after the commit, before processing/ was cleaned
+    "reply_header",  # after a reply's header was written
+    "reply_stream",  # after some reply tokens were written
+    "reply_done",  # after the reply was fully written, before its commit
+    "state_tmp",  # inside an atomic state write, after the temp file was written
+    "archive",  # before the conversation folder is moved to completed/
+)
+
+_enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"
+_target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
+_remaining = int(_nth or "1") if _enabled and _target else 0
+
+
+def crashpoint(name: str) -> None:
+    global _remaining  # noqa: PLW0603 - a process-wide countdown is the point
+    if not _remaining or name != _target:
+        return
+    _remaining -= 1
+    if _remaining == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def armed(name: str) -> bool:
+    """True when a crash at ``name`` is pending (lets a writer split a write to tear it)."""
+    return bool(_remaining) and name == _target

@@ -1,0 +1,98 @@
+"""watchdog as a trigger only: file events become "look at conversation X" pokes.
+
+One recursive watch on ``<home>/active``. Handlers only map a path to a conversation id and
+hand it to a thread-safe callback; correctness never depends on an event arriving (the daemon
+also rescans every few seconds), and a dead observer is restarted by :meth:`Watcher.ensure_alive`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from contemplation.layout import ignored_name, valid_id
+
+log = structlog.get_logger("contemplation.watcher")
+
+Poke = Callable[[str, Path | None], None]  # conversation id, inbox file that arrived by rename
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, active: Path, poke: Poke) -> None:
+        self.active = active
+        self.poke = poke
+
+    def _conv_of(self, path: str) -> tuple[str, Path] | None:
+        try:
+            rel = Path(path).relative_to(self.active)
+        except ValueError:
+            return None
+        if not rel.parts or not valid_id(rel.parts[0]):
+            return None
+        return rel.parts[0], rel
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        try:
+            if event.event_type in {"opened", "closed_no_write"}:
+                return
+            for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
+                if not raw:
+                    continue
+                path = raw if isinstance(raw, str) else raw.decode(errors="replace")
+                hit = self._conv_of(path)
+                if hit is None:
+                    continue
+                conv_id, rel = hit
+                renamed_in = (
+                    event.event_type == "moved"
+                    and path == (event.dest_path if isinstance(event.dest_path, str) else "")
+                    and len(rel.parts) == 3
+                    and rel.parts[1] == "inbox"
+                    and not ignored_name(rel.parts[2])
+                )
+                self.poke(conv_id, Path(path) if renamed_in else None)
+        except Exception:  # a handler exception would kill the observer thread
+            log.exception("watch_handler_failed")
+
+
+class Watcher:
+    def __init__(self, active: Path, poke: Poke) -> None:
+        self.active = active
+        self.poke = poke
+        self._observer: Observer | None = None  # type: ignore[valid-type]
+        self.restarts = 0
+
+    def start(self) -> None:
+        self.active.mkdir(parents=True, exist_ok=True)
+        obs = Observer()
+        obs.schedule(_Handler(self.active, self.poke), str(self.active), recursive=True)
+        obs.daemon = True
+        obs.start()
+        self._observer = obs
+
+    def alive(self) -> bool:
+        return self._observer is not None and self._observer.is_alive()
+
+    def ensure_alive(self) -> bool:
+        """Restart a dead observer; True when it had to."""
+        if self.alive():
+            return False
+        log.warning("watcher_restarted", restarts=self.restarts + 1)
+        self.stop()
+        try:
+            self.start()
+        except OSError as exc:  # inotify limits: the rescan still finds everything
+            log.error("watcher_unavailable", error=str(exc))
+        self.restarts += 1
+        return True
+
+    def stop(self) -> None:
+        obs, self._observer = self._observer, None
+        if obs is not None:
+            obs.stop()
+            if obs.is_alive():
+                obs.join(timeout=2)
