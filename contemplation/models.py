@@ -185,9 +185,13 @@ class ChatRequest:
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One piece of a streamed reply. Exactly one of the fields is meaningful per kind."""
+    """One piece of a streamed reply. Exactly one of the fields is meaningful per kind.
 
-    kind: Literal["content", "thinking", "tool_call", "done"]
+    ``note`` is something the log should show about how the reply was made (e.g. a fallback
+    to another backend); it is written as a ``=== NOTE: ... ===`` line.
+    """
+
+    kind: Literal["content", "thinking", "tool_call", "note", "done"]
     text: str = ""
     tool_call: dict[str, Any] | None = None
     usage: Usage | None = None

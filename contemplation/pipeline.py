@@ -384,6 +384,9 @@ def _apply(ev: StreamEvent, reply: Any, rt: Runtime, conv_id: str) -> Usage | No
     elif ev.kind == "thinking":
         reply.thinking(ev.text)
         rt.notify(conv_id, "thinking", text=ev.text)
+    elif ev.kind == "note":
+        reply.note(ev.text)
+        rt.notify(conv_id, "note", text=ev.text)
     elif ev.kind == "done":
         return ev.usage
     return None

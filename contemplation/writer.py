@@ -618,6 +618,14 @@ class ReplyStream:
         self._write(self._stuffer.feed(text))
         crashpoint("reply_stream")
 
+    def note(self, text: str) -> None:
+        """A NOTE line about how this reply is being made (e.g. a fallback backend)."""
+        if self.started:
+            self._ensure_newline()
+            self._write(logformat.marker(MarkerKind.NOTE, text))
+        else:
+            self.w.append_marker(MarkerKind.NOTE, text)
+
     @property
     def saw_complete(self) -> bool:
         return self._stuffer.saw_complete

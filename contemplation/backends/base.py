@@ -52,6 +52,10 @@ class Backend(Protocol):
 
     async def check(self, model: str | None) -> list[Check]: ...
 
+    async def forget(self, conversation_id: str) -> None:
+        """Drop server-side state kept for a conversation (called when it is archived)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

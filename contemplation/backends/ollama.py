@@ -280,5 +280,8 @@ class OllamaBackend:
                 checks.append(Check("model", False, str(exc)))
         return checks
 
+    async def forget(self, conversation_id: str) -> None:
+        return None  # Ollama keeps no per-conversation state
+
     async def aclose(self) -> None:
         await self._client.aclose()

