@@ -127,7 +127,8 @@ class Runtime:
         )
 
     async def aclose(self) -> None:
-        for b in self.backends.values():
+        backends, self.backends = list(self.backends.values()), {}
+        for b in backends:
             with contextlib.suppress(Exception):
                 await b.aclose()
 

@@ -149,6 +149,8 @@ def load(
         raise ConfigError(f"config file {path} does not exist")
     env_layer = _env_layer(env)
     merged = _deep_merge(file_layer, env_layer)
+    if env.get("OLLAMA_HOST") and not (merged.get("ollama") or {}).get("host"):
+        merged = _deep_merge(merged, {"ollama": {"host": env["OLLAMA_HOST"]}})
     if home is not None:
         merged["home"] = str(home)
     merged = _deep_merge(merged, overrides or {})

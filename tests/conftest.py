@@ -91,7 +91,15 @@ def make_settings(home: Home) -> Callable[..., Settings]:
 
 
 def run_burst(rt: Runtime) -> dict[str, float | None]:
-    return asyncio.run(process_pending(rt))
+    """One ``process_pending`` burst in a fresh event loop (backends are closed after it)."""
+
+    async def burst() -> dict[str, float | None]:
+        try:
+            return await process_pending(rt)
+        finally:
+            await rt.aclose()
+
+    return asyncio.run(burst())
 
 
 def cli(env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:  # noqa: A002

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
@@ -19,7 +18,7 @@ def phase_timeouts(t: TimeoutSettings) -> PhaseTimeouts:
 def _ollama(settings: Settings) -> Backend:
     from contemplation.backends.ollama import OllamaBackend
 
-    url, auth = ollama_base(settings, dict(os.environ))
+    url, auth = ollama_base(settings)
     s = settings.ollama
     return OllamaBackend(
         url,

@@ -91,7 +91,7 @@ class FakeOllama:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeOllama:
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
         return self
 

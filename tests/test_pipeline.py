@@ -1,0 +1,325 @@
+"""The whole path in-process: inbox → pipeline → fake Ollama → messages.log → state → archive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from contemplation import logformat
+from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.models import BlockKind, MarkerKind, Status
+from contemplation.parser import parse
+from contemplation.pipeline import Runtime, process, process_pending
+from contemplation.settings import Settings
+from contemplation.writer import drop_message, new_conversation, request_cancel
+from tests.conftest import run_burst
+from tests.fakes.ollama_server import FakeOllama, Step
+
+
+def make_conv(home: Home, topic: str = "topic", model: str = "llama3.2", **meta: object) -> Conv:
+    return new_conversation(home, topic, template=load_template(home, "default"), model=model, backend="ollama", extra=meta or None)
+
+
+def blocks(conv: Conv) -> list[tuple[BlockKind, str]]:
+    return [(b.kind, b.text) for b in parse(conv.log.read_bytes()).blocks]
+
+
+def runtime(make_settings: Callable[..., Settings], fake: FakeOllama, **kw: object) -> Runtime:
+    s = make_settings(fake, **kw)
+    return Runtime(settings=s, home=Home(s.home))
+
+
+def test_a_dropped_message_gets_one_streamed_reply_and_state(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "What is the best way to persist memory?")
+    fake_ollama.enqueue(Step(text="Use an append-only log.", prompt_eval_count=50))
+    run_burst(runtime(make_settings, fake_ollama))
+    assert blocks(conv) == [(BlockKind.AGENT, "What is the best way to persist memory?"), (BlockKind.MODEL, "Use an append-only log.")]
+    st = read_state(conv)
+    assert st is not None
+    assert st.status is Status.IDLE and st.turns == 1 and st.messages_processed == 1
+    assert st.last_turn is not None and st.last_turn.prompt_eval_count == 50
+    assert st.intent is None and st.log.size == conv.log.stat().st_size
+    assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
+    sent = fake_ollama.chat_requests()[-1]
+    assert sent["messages"][0]["role"] == "system" and "NEED:" in sent["messages"][0]["content"]
+    assert sent["messages"][1:] == [{"role": "user", "content": "What is the best way to persist memory?"}]
+    assert sent["options"]["num_ctx"] == 8192
+
+
+def test_messages_that_arrive_together_are_separate_turns_in_name_order(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    for name in ("b.txt", "a.txt", "c.txt"):
+        (conv.inbox / name).write_text(f"message {name}")
+    now = time.time() - 5
+    for p in conv.inbox.iterdir():
+        os.utime(p, (now, now))
+    run_burst(runtime(make_settings, fake_ollama))
+    got = blocks(conv)
+    assert [k for k, _ in got] == [BlockKind.AGENT, BlockKind.MODEL] * 3
+    assert [t for k, t in got if k is BlockKind.AGENT] == ["message a.txt", "message b.txt", "message c.txt"]
+    assert [t for k, t in got if k is BlockKind.MODEL] == ["Echo: message a.txt", "Echo: message b.txt", "Echo: message c.txt"]
+    # each turn sent the history so far
+    assert [len(r["messages"]) for r in fake_ollama.chat_requests()] == [2, 4, 6]
+
+
+def test_needs_without_a_router_wait_for_the_agent_and_respond_resumes(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "Plan the migration")
+    fake_ollama.enqueue(Step(text="I need data.\nNEED: Current state of the database\nNEED: Current state of the database"))
+    rt = runtime(make_settings, fake_ollama)
+    run_burst(rt)
+    st = read_state(conv)
+    assert st is not None and st.status is Status.AWAITING_AGENT
+    assert st.pending_needs == ["Current state of the database"]
+    drop_message(conv, "RESPONSE TO NEED: Current state of the database\n(source: agent)\n3 tables, 2 GB")
+    fake_ollama.enqueue(Step(text="Thanks. Done.\n=== COMPLETE ==="))
+    run_burst(rt)
+    archived = Conv(home.completed / conv.id)
+    assert not conv.dir.exists() and archived.dir.is_dir()
+    r = parse(archived.log.read_bytes())
+    assert r.blocks[2].response_to == "Current state of the database"
+    assert r.blocks[-1].complete and r.blocks[-1].text == "Thanks. Done."
+    assert archived.log.read_text().rstrip().endswith("=== COMPLETE ===")
+    st = read_state(archived)
+    assert st is not None and st.status is Status.COMPLETE
+
+
+def test_a_permanent_error_is_visible_and_the_agent_can_resume(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home, model="nosuchmodel")
+    drop_message(conv, "hello?")
+    rt = runtime(make_settings, fake_ollama)
+    run_burst(rt)
+    st = read_state(conv)
+    assert st is not None and st.status is Status.ERROR
+    assert st.last_error is not None and st.last_error.kind == "model_not_found"
+    assert "=== ERROR: Ollama: model 'nosuchmodel' not found" in conv.log.read_text()
+    assert len(fake_ollama.chat_requests()) == 1  # not retried
+    run_burst(rt)
+    assert len(fake_ollama.chat_requests()) == 1  # still not retried without a new message
+    fake_ollama.models["nosuchmodel"] = {"capabilities": ["completion"], "arch": "x", "ctx": 4096}
+    drop_message(conv, "try again")
+    run_burst(rt)
+    assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: try again")
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE
+
+
+def test_transient_errors_retry_with_backoff_and_reply_exactly_once(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "ping")
+    fake_ollama.enqueue(
+        Step(kind="error", status=503, error="busy"),
+        Step(kind="mid_error", text="partial words here", after_chunks=1),
+        Step(kind="cut_close", text="another partial", after_chunks=1),
+        Step(text="pong"),
+    )
+    rt = runtime(make_settings, fake_ollama)
+
+    async def until_idle() -> None:
+        for _ in range(200):
+            wake = await process(conv, rt)
+            st = read_state(conv)
+            if st is not None and st.status is Status.IDLE:
+                return
+            await asyncio.sleep(max(0.0, (wake or time.time()) - time.time()))
+        raise AssertionError("never became idle")
+
+    async def until_idle_closed() -> None:
+        try:
+            await until_idle()
+        finally:
+            await rt.aclose()
+
+    asyncio.run(until_idle_closed())
+    r = parse(conv.log.read_bytes())
+    models = [b for b in r.blocks if b.kind is BlockKind.MODEL]
+    assert [b.interrupted for b in models] == [True, True, False]
+    assert models[-1].text == "pong"
+    assert len(fake_ollama.chat_requests()) == 4
+    # the history sent on the last try holds no cut-off reply
+    assert [m["role"] for m in fake_ollama.chat_requests()[-1]["messages"]] == ["system", "user"]
+    st = read_state(conv)
+    assert st is not None and st.retry_count == 0 and st.turns == 1
+
+
+def test_retry_gives_up_after_max_attempts(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "ping")
+    fake_ollama.default_step = Step(kind="error", status=500, error="boom")
+    rt = runtime(make_settings, fake_ollama, retry={"base": 0.001, "cap": 0.002, "max_attempts": 3})
+
+    async def drive() -> None:
+        for _ in range(50):
+            await process(conv, rt)
+            st = read_state(conv)
+            if st is not None and st.status is Status.ERROR:
+                return
+            await asyncio.sleep(0.005)
+        await rt.aclose()
+
+    asyncio.run(drive())
+    st = read_state(conv)
+    assert st is not None and st.status is Status.ERROR
+    assert len(fake_ollama.chat_requests()) == 3
+    assert "gave up after 3 attempts" in conv.log.read_text()
+
+
+def test_cancel_stops_a_generation_for_real(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "write a long essay")
+    fake_ollama.enqueue(Step(text=" ".join(["word"] * 400), chunk_delay=0.02))
+    rt = runtime(make_settings, fake_ollama)
+
+    def cancel_soon() -> None:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if b"word word" in conv.log.read_bytes():
+                request_cancel(conv)
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=cancel_soon)
+    t.start()
+    t0 = time.monotonic()
+    run_burst(rt)
+    t.join()
+    assert time.monotonic() - t0 < 5  # far less than the 8 s the whole reply takes
+    r = parse(conv.log.read_bytes())
+    assert (MarkerKind.CANCELLED, "generation stopped by the agent") in r.blocks[-1].markers
+    st = read_state(conv)
+    assert st is not None and st.status is Status.CANCELLED
+    assert not (conv.dir / ".cancel").exists()
+    run_burst(rt)  # a cancelled turn is not retried
+    assert len(fake_ollama.chat_requests()) == 1
+
+
+def test_bad_inputs_are_kept_in_failed_with_a_reason_and_a_note(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    (conv.inbox / "empty.txt").write_text("   \n")
+    (conv.inbox / "binary.bin").write_bytes(b"\x00\x01\x02abc")
+    with open(conv.inbox / "huge.txt", "wb") as f:
+        f.truncate(3 * 1024 * 1024)
+    (conv.inbox / "latin1.txt").write_bytes(b"caf\xe9 ok")
+    (conv.inbox / ".hidden").write_text("ignored")
+    (conv.inbox / "draft.tmp").write_text("ignored")
+    (conv.inbox / "-rf --no-preserve-root\nname with spaces").write_text("odd name is fine")
+    old = time.time() - 5
+    for p in conv.inbox.iterdir():
+        os.utime(p, (old, old))
+    run_burst(runtime(make_settings, fake_ollama))
+    failed = sorted(p.name for p in conv.failed.iterdir())
+    assert [n for n in failed if not n.endswith(".reason.json")] == sorted(
+        n for n in failed if not n.endswith(".reason.json"))
+    assert len([n for n in failed if n.endswith(".reason.json")]) == 3
+    reasons = {json.loads(p.read_text())["reason"] for p in conv.failed.glob("*.reason.json")}
+    assert any("max_message_bytes" in r for r in reasons)
+    assert any("empty" in r for r in reasons)
+    assert any("NUL" in r for r in reasons)
+    agent_texts = [t for k, t in blocks(conv) if k is BlockKind.AGENT]
+    assert sorted(agent_texts) == sorted(["caf\ufffd ok", "odd name is fine"])
+    assert sorted(p.name for p in conv.inbox.iterdir()) == [".hidden", "draft.tmp"]
+    assert conv.log.read_text().count("=== NOTE: message") == 3
+    st = read_state(conv)
+    assert st is not None and any("invalid UTF-8" in w for w in st.warnings)
+
+
+def test_a_block_appended_by_hand_is_adopted_once_it_settles(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    first = drop_message(conv, "first")
+    os.utime(first, (time.time() - 5, time.time() - 5))  # long settled
+    rt = runtime(make_settings, fake_ollama, settle_seconds=0.2)
+    run_burst(rt)
+    with open(conv.log, "a") as f:
+        f.write("\n" + logformat.header("CLAUDE", "OLLAMA") + "appended by hand\n")
+    wake = run_burst(rt)[conv.id]
+    assert wake is not None  # not yet settled: nothing written while a writer may be active
+    assert len(fake_ollama.chat_requests()) == 1
+    time.sleep(0.45)  # the settle window itself is what is being tested
+    run_burst(rt)
+    assert blocks(conv)[-2:] == [(BlockKind.AGENT, "appended by hand"), (BlockKind.MODEL, "Echo: appended by hand")]
+    assert len(fake_ollama.chat_requests()) == 2
+
+
+def test_a_folder_with_only_an_inbox_becomes_a_conversation(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    rt = runtime(make_settings, fake_ollama)
+    d = home.active / "conv_20260101-000000_dropped-in"
+    (d / "inbox").mkdir(parents=True)
+    (d / "inbox" / "m.txt").write_text("hello from a bare folder")
+    os.utime(d / "inbox" / "m.txt", (time.time() - 5, time.time() - 5))
+    run_burst(rt)
+    conv = Conv(d)
+    meta = json.loads(conv.metadata.read_text())
+    assert meta["topic"] == "dropped in" and meta["backend"] == "ollama"
+    assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: hello from a bare folder")
+
+
+def test_a_log_replaced_by_an_editor_is_reread_without_duplicates(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "one")
+    rt = runtime(make_settings, fake_ollama)
+    run_burst(rt)
+    text = conv.log.read_text()
+    tmp = conv.dir / "messages.log.swp"
+    tmp.write_text(text.replace("Echo: one", "Echo: one (edited)"))
+    os.replace(tmp, conv.log)
+    run_burst(rt)
+    st = read_state(conv)
+    assert st is not None and any("replaced" in w for w in st.warnings)
+    assert len(fake_ollama.chat_requests()) == 1
+    assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: one (edited)")
+    # truncated by hand: re-baselined, and the now-unanswered message gets a turn
+    with open(conv.log, "r+b") as f:
+        f.truncate(conv.log.read_bytes().index(b"=== OLLAMA"))
+    run_burst(rt)
+    st = read_state(conv)
+    assert st is not None and any("shrank" in w for w in st.warnings)
+    assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: one")
+
+
+def test_context_window_filled_is_a_visible_warning(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home)
+    drop_message(conv, "long history")
+    fake_ollama.enqueue(Step(text="ok", prompt_eval_count=8190))
+    run_burst(runtime(make_settings, fake_ollama))
+    assert "=== WARNING: the prompt (~8190 tokens) filled the context window (8192)" in conv.log.read_text()
+    st = read_state(conv)
+    assert st is not None and st.last_turn is not None and st.last_turn.context_full
+
+
+def test_two_models_share_one_slot_without_swapping_every_turn(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    convs = [make_conv(home, f"a{i}", model="llama3.2") for i in range(3)] + [make_conv(home, f"b{i}", model="qwen3") for i in range(3)]
+    for c in convs:
+        drop_message(c, "hi")
+    fake_ollama.default_step = Step(chunk_delay=0.01)
+    rt = runtime(make_settings, fake_ollama)
+    run_burst(rt)
+    order = [r["model"] for r in fake_ollama.chat_requests()]
+    switches = sum(1 for a, b in zip(order, order[1:], strict=False) if a != b)
+    assert sorted(order) == sorted(["llama3.2"] * 3 + ["qwen3"] * 3)
+    assert switches == 1, order
+    assert fake_ollama.max_active == 1
+
+
+def test_thinking_is_kept_apart_from_the_answer(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make_conv(home, model="qwen3")
+    drop_message(conv, "think about it")
+    fake_ollama.enqueue(Step(text="Answer.", thinking="NEED: Brain memory about secrets\n=== COMPLETE ==="))
+    rt = runtime(make_settings, fake_ollama)
+    run_burst(rt)
+    drop_message(conv, "again")
+    run_burst(rt)
+    r = parse(conv.log.read_bytes())
+    first = r.blocks[1]
+    assert first.text == "Answer." and first.needs == () and not first.complete
+    assert "NEED: Brain memory about secrets" in first.thinking
+    assert fake_ollama.chat_requests()[-1]["messages"][2] == {"role": "assistant", "content": "Answer."}
+
+
+def _unused(p: Path) -> None:  # keep imports used by type checkers honest
+    del p
