@@ -43,6 +43,14 @@ class RetrySettings(_Section):
     max_attempts: int = Field(50, ge=1, description="then the turn fails with status error")
 
 
+class NotificationRule(_Section):
+    """``[[notifications]]``: run ``command`` (an argv list, never a shell line) on ``on`` events."""
+
+    on: list[Literal["reply", "need", "complete", "error"]] = Field(min_length=1)
+    command: list[str] = Field(min_length=1)
+    timeout: float = Field(30.0, gt=0, description="seconds before the command is killed")
+
+
 class OllamaSettings(_Section):
     host: str = Field("", description="base URL; empty: OLLAMA_HOST, else http://127.0.0.1:11434")
     num_ctx: int = Field(8192, ge=256)
@@ -111,6 +119,57 @@ class CapabilityOverride(_Section):
     context_length: int | None = Field(None, ge=1)
 
 
+class McpServerSettings(_Section):
+    """One ``[mcp_servers.<name>]``: the Claude Desktop ``mcpServers`` shape (or ``url``)."""
+
+    command: str = Field("", description="executable of a stdio server (absolute or on PATH)")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str = Field("", description="a streamable HTTP server instead of a command")
+    headers: dict[str, str] = Field(default_factory=dict)
+    type: Literal["stdio", "http", "streamable-http"] | None = None
+    timeout: float = Field(30.0, gt=0, description="seconds per tool call")
+    start_timeout: float = Field(30.0, gt=0, description="seconds to start and initialise")
+    roots: list[Path] = Field(
+        default_factory=list, description="MCP roots to advertise (each inside tools.allowed_roots)"
+    )
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if v and urlsplit(v).scheme not in {"http", "https"}:
+            raise ValueError("url must start with http:// or https://")
+        return v
+
+
+class ToolLimits(_Section):
+    needs_per_reply: int = Field(5, ge=1, description="needs answered per model reply")
+    calls_per_minute: float = Field(30, gt=0, description="tool calls per conversation a minute")
+    tool_timeout: float = Field(20.0, gt=0, description="seconds for one need")
+    parallel: int = Field(8, ge=1, description="tool calls in flight at once")
+
+
+class ToolSettings(_Section):
+    allowed_roots: list[Path] = Field(
+        default_factory=list, description="folders `File contents of` may read (nothing if empty)"
+    )
+    notes_vault: Path | None = Field(None, description="a folder of Markdown notes")
+    answer_budget_chars: int = Field(2000, ge=200, description="size of one answer (~500 tokens)")
+    max_file_bytes: int = Field(256 * 1024, ge=1024, description="bytes read from one file")
+    deny: list[str] = Field(default_factory=list, description="more names never read (globs)")
+    search_tool: str = Field("", description="`server:tool` for `Search results for`")
+    search_arguments: dict[str, Any] = Field(default_factory=lambda: {"query": "{query}"})
+    context_deadline: float = Field(4.0, gt=0, le=30, description="seconds to gather context")
+    context_fresh_seconds: float = Field(300.0, ge=0, description="reuse gathered context")
+    limits: ToolLimits = Field(default_factory=ToolLimits)
+
+    @field_validator("allowed_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, v: Any) -> Any:
+        return [p for p in v.split(os.pathsep) if p] if isinstance(v, str) else v
+
+
 class Settings(_Section):
     home: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir(APP)))
     config_file: Path | None = None
@@ -131,6 +190,13 @@ class Settings(_Section):
     model_switch_after: int = Field(
         4, ge=1, description="turns on the loaded model before waiting turns on others get in"
     )
+    rotate_bytes: int = Field(
+        10 * 1024 * 1024, ge=1024, description="rotate messages.log once it passes this size"
+    )
+    dashboard_enabled: bool = True
+    dashboard_port: int = Field(5556, ge=0, le=65535, description="0: any free port")
+    dashboard_host: str = Field("127.0.0.1", description="bind address (loopback by default)")
+    notifications: list[NotificationRule] = Field(default_factory=list)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     ollama: OllamaSettings = Field(default_factory=OllamaSettings)
     routes: list[dict[str, Any]] = Field(
