@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import time
@@ -26,8 +25,6 @@ from contemplation.watcher import Watcher
 from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
 
 log = structlog.get_logger("contemplation.daemon")
-
-STOP_GRACE = 10.0  # seconds in-flight turns get after SIGTERM (well under TimeoutStopSec=30)
 
 Extra = Callable[[Runtime, asyncio.Event], Awaitable[None]]
 
@@ -64,7 +61,7 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
         nonlocal signals_seen
         signals_seen += 1
         if signals_seen == 1:
-            log.info("stopping", grace_s=STOP_GRACE)
+            log.info("stopping", grace_s=settings.stop_grace)
             stop.set()
         else:  # a second signal: do not wait for in-flight turns
             log.warning("forced_stop")
@@ -88,7 +85,7 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     finally:
         sdnotify.notify("STOPPING=1")
         watcher.stop()
-        await dispatcher.drain(STOP_GRACE)
+        await dispatcher.drain(settings.stop_grace)
         for t in extra_tasks:
             t.cancel()
         with contextlib.suppress(BaseException):
@@ -120,7 +117,3 @@ async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asy
             for conv in list_conversations(rt.home):
                 if conv.id not in dispatcher.tasks and conv.id not in dispatcher.timers:
                     dispatcher.poke(conv.id)
-
-
-def write_json_line(data: object) -> str:
-    return json.dumps(data, ensure_ascii=False)

@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from contemplation.layout import (
     Home,
     Template,
     ignored_name,
+    log_segments,
     processing_entries,
     read_json,
     read_metadata,
@@ -49,6 +51,7 @@ from contemplation.models import (
     LogIdentity,
     MarkerKind,
     Metadata,
+    Rotation,
     State,
     Status,
 )
@@ -359,7 +362,7 @@ class ConvWriter:
         try:
             st = os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
-            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             os.close(fd)
             st = os.stat(self.conv.log)
             if self.state.log.size:
@@ -367,6 +370,10 @@ class ConvWriter:
             self.state.log = LogIdentity(ino=st.st_ino, size=0)
             self.save()
             return 0
+        if not stat.S_ISREG(st.st_mode):
+            raise InputRejected(
+                f"{self.conv.log} is not a regular file (a symlink?); refusing to write through it"
+            )
         ident = self.state.log
         if ident.ino and st.st_ino != ident.ino:
             self.warn("messages.log was replaced (new inode); re-read it whole")
@@ -407,8 +414,13 @@ class ConvWriter:
             os.close(fd)
 
     def _rollback(self, offset: int) -> None:
+        """Cut the log back to ``offset`` (never through a symlink)."""
         with contextlib.suppress(OSError):
-            os.truncate(self.conv.log, offset)
+            fd = os.open(self.conv.log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, offset)
+            finally:
+                os.close(fd)
 
     def append_block(self, sender: str, recipient: str, text: str, *, msg_id: str) -> int:
         """Append one whole block exactly once (intent → write → commit). Returns its offset."""
@@ -474,12 +486,69 @@ class ConvWriter:
     def reply(self, sender: str, recipient: str, reply_id: str) -> ReplyStream:
         return ReplyStream(self, sender, recipient, reply_id)
 
+    # -- rotation -----------------------------------------------------------------------
+
+    def maybe_rotate(self, limit: int) -> bool:
+        """Rotate ``messages.log`` once it is ``limit`` bytes or more. Call it between blocks:
+        it does nothing while a write is in flight or foreign bytes are not yet adopted."""
+        size = self.log_size()
+        if size < limit or self.state.intent is not None or size != self.state.log.size:
+            return False
+        self.rotate()
+        return True
+
+    def rotate(self) -> None:
+        """``messages.N.log`` → ``N+1`` (highest first), ``messages.log`` → ``messages.1.log``,
+        then a new ``messages.log``. Renames only, so ``tail -F`` follows it. Journaled in
+        state.json first; :meth:`recover` completes a rotation a crash interrupted."""
+        segs = [p.name for p in log_segments(self.conv)[:-1]]
+        top = max((int(n.split(".")[1]) for n in segs), default=0)
+        self.state.rotation = Rotation(segments=top, ino=os.stat(self.conv.log).st_ino)
+        self.save()
+        crashpoint("rotate")
+        self._complete_rotation()
+
+    def _complete_rotation(self) -> str:
+        rot = self.state.rotation
+        assert rot is not None
+        d = self.conv.dir
+        for n in range(rot.segments, 0, -1):
+            src, dst = d / f"messages.{n}.log", d / f"messages.{n + 1}.log"
+            if src.exists() and not dst.exists():
+                os.rename(src, dst)
+        first = d / "messages.1.log"
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.conv.log).st_ino == rot.ino and not first.exists():
+                os.rename(self.conv.log, first)
+                crashpoint("rotate_renamed")
+        try:
+            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                note = "earlier blocks are in messages.1.log, messages.2.log, … (higher is older)"
+                _write_all(fd, logformat.marker(MarkerKind.CONTINUED, note).encode())
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self.durable:
+            fsync_dir(d)
+        st = os.stat(self.conv.log)
+        self.state.log = LogIdentity(ino=st.st_ino, size=st.st_size)
+        self.state.rotation = None
+        self.save()
+        return f"rotated messages.log into messages.1.log ({rot.segments + 1} segments)"
+
     # -- recovery -----------------------------------------------------------------------
 
     def recover(self) -> list[str]:
         """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
         done: list[str] = []
         remove_tmp_files(self.conv)
+        if self.state.rotation is not None:
+            done.append(self._complete_rotation())
         intent = self.state.intent
         size = self.log_size()
         if intent is not None:

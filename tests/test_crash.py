@@ -1,0 +1,142 @@
+"""Crash consistency: SIGKILL at every named step, and random kill storms.
+
+After every crash and restart: no message lost, none duplicated, no torn or forged block,
+interrupted replies marked and redone, state.json consistent with the log.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from contemplation.conversation import whole
+from contemplation.layout import Conv, Home, list_conversations, load_template, read_state
+from contemplation.models import BlockKind
+from contemplation.parser import parse
+from contemplation.testing import POINTS
+from contemplation.writer import drop_message, new_conversation
+from tests.conftest import ROOT, base_env
+from tests.fakes.ollama_server import FakeOllama, Step
+
+MESSAGES = 3
+CONVS = 2
+
+
+def workload(home: Home) -> dict[str, list[str]]:
+    expected: dict[str, list[str]] = {}
+    for c in range(CONVS):
+        conv = new_conversation(home, f"crash {c}", template=load_template(home, "default"), model="llama3.2", backend="ollama")
+        texts = [f"conv {c} message {i}" for i in range(MESSAGES)]
+        for i, t in enumerate(texts):
+            drop_message(conv, t, name=f"{i:03d}.msg")
+        expected[conv.id] = texts
+    return expected
+
+
+def run_once(env: dict[str, str], crash: str | None = None, timeout: float = 60) -> int:
+    e = dict(env)
+    if crash:
+        e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
+    return subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=e, cwd=ROOT,
+                          capture_output=True, timeout=timeout).returncode
+
+
+def check_invariants(home: Home, expected: dict[str, list[str]]) -> None:
+    convs = {c.id: c for c in list_conversations(home)}
+    assert set(convs) == set(expected)
+    for conv_id, texts in expected.items():
+        conv: Conv = convs[conv_id]
+        data = conv.log.read_bytes()
+        result = parse(data)
+        assert not [e for e in result.errors if "ends without a newline" in e], result.errors
+        agent = [b.text for b in result.blocks if b.kind is BlockKind.AGENT]
+        assert agent == texts, f"{conv_id}: messages lost, duplicated or reordered: {agent}"
+        # exactly one whole reply after each message, interrupted ones marked
+        seq = [b for b in result.blocks if b.kind is BlockKind.AGENT or whole(b)]
+        kinds = [b.kind for b in seq]
+        assert kinds == [BlockKind.AGENT, BlockKind.MODEL] * len(texts), kinds
+        for msg, reply in zip(seq[::2], seq[1::2], strict=True):
+            assert reply.text == f"Echo: {msg.text}"
+        for b in result.blocks:
+            if b.kind is BlockKind.MODEL and not whole(b):
+                assert b.interrupted
+        assert list(conv.inbox.iterdir()) == []
+        assert not conv.processing.exists() or list(conv.processing.iterdir()) == []
+        st = read_state(conv)
+        assert st is not None and st.intent is None
+        assert st.log.size == len(data) and st.log.ino == conv.log.stat().st_ino
+        assert st.turns >= len(texts)
+        assert not list(conv.dir.glob(".*.tmp.*"))
+
+
+def finish(env: dict[str, str], limit: int = 10) -> None:
+    for _ in range(limit):
+        if run_once(env) == 0:
+            return
+    raise AssertionError("the daemon never finished cleanly")
+
+
+@pytest.fixture
+def crash_env(home: Home, fake_ollama: FakeOllama) -> dict[str, str]:
+    fake_ollama.default_step = Step(chunks=4)
+    return base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_DURABILITY="none")
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("nth", [1, 2, 5])
+def test_kill_at_every_named_step(home: Home, crash_env: dict[str, str], point: str, nth: int) -> None:
+    expected = workload(home)
+    rc = run_once(crash_env, f"{point}:{nth}")
+    if point != "archive":
+        assert rc in (-9, 0)
+    finish(crash_env)
+    check_invariants(home, expected)
+
+
+def test_state_json_deleted_is_rebuilt_from_the_log(home: Home, crash_env: dict[str, str]) -> None:
+    expected = workload(home)
+    assert run_once(crash_env, "commit:3") == -9
+    for conv in list_conversations(home):
+        conv.state.unlink()
+    finish(crash_env)
+    check_invariants(home, expected)
+
+
+def _storm(home: Home, env: dict[str, str], trials: int, seed: int) -> int:
+    rng = random.Random(seed)
+    kills = 0
+    for _ in range(trials):
+        proc = subprocess.Popen([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.15, 0.6))  # random kill time: this sleep is the test's dice
+        if proc.poll() is None:
+            proc.kill()
+            kills += 1
+        proc.wait()
+    return kills
+
+
+def test_random_sigkill_storm(home: Home, crash_env: dict[str, str]) -> None:
+    expected = workload(home)
+    kills = _storm(home, crash_env, trials=8, seed=7)
+    finish(crash_env)
+    check_invariants(home, expected)
+    assert kills >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10))
+def test_random_sigkill_storm_long(home: Home, crash_env: dict[str, str], seed: int) -> None:
+    expected = workload(home)
+    _storm(home, crash_env, trials=25, seed=seed)
+    finish(crash_env)
+    check_invariants(home, expected)
+
+
+def _unused(p: Path) -> None:
+    del p

@@ -1,0 +1,136 @@
+"""The real daemon process and the real CLI, end to end against the fake Ollama on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from contemplation.layout import Conv, Home, read_state
+from contemplation.models import BlockKind, MarkerKind, Status
+from contemplation.parser import parse
+from tests.conftest import ROOT, DaemonProc, base_env, cli, only_conv, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+
+
+def replies(conv: Conv) -> list[str]:
+    try:
+        data = conv.log.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [b.text for b in parse(data).blocks if b.kind is BlockKind.MODEL and not b.interrupted]
+
+
+def test_drop_daemon_backend_log_state_archive(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+    env = base_env(home, fake_ollama)
+    d = daemon_factory(env, home).wait_ready()
+    conv_id = cli(env, "new", "Memory persistence", "--message", "How should we persist memory?").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: replies(conv) == ["Echo: How should we persist memory?"], what="first reply")
+    # a file written straight into the inbox by a naive writer, in two steps
+    with open(conv.inbox / "naive.txt", "w") as f:
+        f.write("part one, ")
+        f.flush()
+        time.sleep(0.05)
+        f.write("part two")
+    wait_for(lambda: len(replies(conv)) == 2, what="second reply")
+    assert replies(conv)[1] == "Echo: part one, part two"
+    listed = json.loads(cli(env, "list", "--json").stdout)
+    assert [r["id"] for r in listed] == [conv_id] and listed[0]["status"] == "idle"
+    status = json.loads(cli(env, "status", conv_id[:20], "--json").stdout)
+    assert status["turns"] == 2 and status["messages"] == 2
+    fake_ollama.enqueue(Step(text="We are done.\n=== COMPLETE ==="))
+    cli(env, "send", "Memory", "Wrap up please")
+    wait_for(lambda: (home.completed / conv_id).is_dir(), what="archive on COMPLETE")
+    assert cli(env, "tail", conv_id).stdout.rstrip().endswith("=== COMPLETE ===")
+    assert d.stop() == 0
+
+
+def test_send_wait_streams_the_reply_to_stdout(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    conv_id = cli(env, "new", "streaming").stdout.strip()
+    fake_ollama.enqueue(Step(text="one two three four five", chunk_delay=0.02))
+    out = cli(env, "send", conv_id, "-", "--wait", "--timeout", "20", input="count for me\n").stdout
+    assert "=== CLAUDE -> OLLAMA" in out and "count for me" in out
+    assert "one two three four five" in out
+
+
+def test_a_second_daemon_on_the_same_home_refuses(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    second = cli(env, "run", check=False, timeout=20)
+    assert second.returncode == 1
+    assert "already running" in second.stderr and "Traceback" not in second.stderr
+    once = cli(env, "run", "--once", check=False, timeout=20)
+    assert once.returncode == 1 and "already running" in once.stderr
+
+
+def test_sigterm_mid_stream_marks_the_reply_and_a_restart_redoes_it_once(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+    env = base_env(home, fake_ollama, CONTEMPLATION_STOP_GRACE="0.3")
+    d = daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(Step(text=" ".join(f"w{i}" for i in range(300)), chunk_delay=0.05))
+    conv_id = cli(env, "new", "long", "--message", "write a lot").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: b"w5 " in conv.log.read_bytes(), what="streaming started")
+    t0 = time.monotonic()
+    assert d.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - t0 < 5
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert blocks[-1].interrupted
+    st = read_state(conv)
+    assert st is not None and st.intent is None
+    fake_ollama.enqueue(Step(text="short answer"))
+    d2 = daemon_factory(env, home).wait_ready()
+    wait_for(lambda: replies(conv) == ["short answer"], what="redone after restart")
+    assert d2.stop() == 0
+    assert len(fake_ollama.chat_requests()) == 2
+
+
+def test_cancel_from_the_cli_stops_the_generation(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(Step(text=" ".join(["tok"] * 1000), chunk_delay=0.02))
+    conv_id = cli(env, "new", "cancel me", "--message", "go").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: b"tok tok" in conv.log.read_bytes(), what="streaming")
+    cli(env, "cancel", conv_id)
+    wait_for(lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED, what="cancelled")
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert any(k is MarkerKind.CANCELLED for k, _ in blocks[-1].markers)
+    size = conv.log.stat().st_size
+    time.sleep(0.3)  # nothing more is written after a cancel
+    assert conv.log.stat().st_size == size
+
+
+def test_cli_errors_are_one_line(home: Home) -> None:
+    env = base_env(home)
+    for args in (["status", "nope"], ["send", "nope", "hi"], ["new", "x", "--backend", "nope"], ["tail", "nope"]):
+        proc = cli(env, *args, check=False)
+        assert proc.returncode != 0, args
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    cli(env, "new", "alpha one")
+    cli(env, "new", "alpha two")
+    amb = cli(env, "status", "conv_", check=False)
+    assert amb.returncode == 1 and "matches 2 conversations" in amb.stderr
+
+
+def test_doctor_reports_ollama_and_the_model(home: Home, fake_ollama: FakeOllama) -> None:
+    env = base_env(home, fake_ollama, CONTEMPLATION_DEFAULT_MODEL="qwen3")
+    ok = cli(env, "doctor", "--json")
+    data = json.loads(ok.stdout)
+    assert data["ok"] is True
+    assert {c["check"] for c in data["checks"]} >= {"home", "ollama", "model"}
+    bad = cli({**env, "CONTEMPLATION_DEFAULT_MODEL": "missing-model"}, "doctor", check=False)
+    assert bad.returncode == 1 and "FAIL model" in bad.stdout
+
+
+def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllama) -> None:
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    cli(env, "new", "batch", "--message", "hello")
+    proc = subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert replies(only_conv(home)) == ["Echo: hello"]

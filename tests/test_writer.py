@@ -1,0 +1,214 @@
+"""The writer: atomic state, exactly-once appends, recovery of every torn state, locks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from contemplation import logformat
+from contemplation.errors import AlreadyRunning, InputRejected
+from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.models import Intent, MarkerKind
+from contemplation.parser import parse
+from contemplation.writer import (
+    DaemonLock,
+    atomic_write_json,
+    claim,
+    daemon_alive,
+    drop_message,
+    new_conversation,
+    open_writer,
+)
+from tests.peers import executable
+
+
+def conv_in(home: Home) -> Conv:
+    return new_conversation(home, "t", template=load_template(home, "default"), model="m", backend="ollama")
+
+
+def _hammer(path: str, n: int) -> None:
+    for i in range(n):
+        atomic_write_json(Path(path), {"i": i, "pad": "x" * 50_000})
+
+
+def test_atomic_json_is_never_seen_half_written(tmp_path: Path) -> None:
+    target = tmp_path / "state.json"
+    atomic_write_json(target, {"i": -1})
+    p = multiprocessing.get_context("spawn").Process(target=_hammer, args=(str(target), 300))
+    p.start()
+    reads = 0
+    while p.is_alive() or reads < 10:
+        json.loads(target.read_bytes())  # raises on a torn file
+        reads += 1
+    p.join()
+    assert p.exitcode == 0 and reads > 10
+    assert not list(tmp_path.glob(".*.tmp.*"))
+
+
+def test_claim_is_won_by_exactly_one_of_many(home: Home) -> None:
+    conv = conv_in(home)
+    path = drop_message(conv, "x")
+    wins: list[Path] = []
+    barrier = threading.Barrier(8)
+
+    def racer() -> None:
+        barrier.wait()
+        got = claim(conv, path)
+        if got is not None:
+            wins.append(got)
+
+    ts = [threading.Thread(target=racer) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(wins) == 1 and wins[0].read_text() == "x"
+
+
+def test_append_is_exactly_once_by_id(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        assert w.append_block("CLAUDE", "OLLAMA", "hi", msg_id="m1") == 0
+        assert w.append_block("CLAUDE", "OLLAMA", "hi", msg_id="m1") == -1
+    assert len(parse(conv.log.read_bytes()).blocks) == 1
+
+
+def _intent_for(conv: Conv, data: bytes, offset: int, msg_id: str = "m9") -> None:
+    with open_writer(conv) as w:
+        w.state.intent = Intent(kind="message", id=msg_id, offset=offset, length=len(data), sha256=hashlib.sha256(data).hexdigest())
+        w.save()
+
+
+def test_recovery_rolls_a_complete_append_forward(home: Home) -> None:
+    conv = conv_in(home)
+    data = (logformat.header("CLAUDE", "OLLAMA") + "whole\n").encode()
+    _intent_for(conv, data, 0)
+    with open(conv.log, "ab") as f:
+        f.write(data)
+    (conv.processing).mkdir(exist_ok=True)
+    (conv.processing / "m9").write_text("whole")
+    with open_writer(conv) as w:
+        done = w.recover()
+    st = read_state(conv)
+    assert st is not None and st.intent is None and "m9" in st.done_ids and st.log.size == len(data)
+    assert not (conv.processing / "m9").exists()
+    assert any("committed" in d for d in done)
+
+
+def test_recovery_rolls_a_torn_append_back_and_keeps_the_message(home: Home) -> None:
+    conv = conv_in(home)
+    data = (logformat.header("CLAUDE", "OLLAMA") + "x" * 1000 + "\n").encode()
+    _intent_for(conv, data, 0)
+    with open(conv.log, "ab") as f:
+        f.write(data[:300])
+    conv.processing.mkdir(exist_ok=True)
+    (conv.processing / "m9").write_text("x" * 1000)
+    with open_writer(conv) as w:
+        w.recover()
+    assert conv.log.read_bytes() == b""
+    st = read_state(conv)
+    assert st is not None and st.intent is None and "m9" not in st.done_ids
+    assert (conv.processing / "m9").exists()  # still queued
+
+
+def test_recovery_never_truncates_bytes_it_cannot_prove_are_its_own(home: Home) -> None:
+    conv = conv_in(home)
+    data = (logformat.header("CLAUDE", "OLLAMA") + "mine\n").encode()
+    _intent_for(conv, data, 0)
+    foreign = b"someone else's text that is long enough to pass the end\n" * 3
+    with open(conv.log, "ab") as f:
+        f.write(foreign)
+    with open_writer(conv) as w:
+        w.recover()
+    assert conv.log.read_bytes() == foreign
+
+
+def test_recovery_marks_a_cut_off_reply_interrupted(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.content("half an ans")
+        # the process "dies" here: no finish(), the intent stays in state.json
+    with open_writer(conv) as w:
+        w.recover()
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert blocks[-1].interrupted and blocks[-1].text == "half an ans"
+    assert (MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone") in blocks[-1].markers
+    st = read_state(conv)
+    assert st is not None and st.intent is None and st.log.size == conv.log.stat().st_size
+
+
+def test_state_is_rebuilt_from_the_log_and_inputs_already_in_it_are_not_redone(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "already here", msg_id="x1")
+        r = w.reply("OLLAMA", "CLAUDE", "r")
+        r.content("answer")
+        r.finish()
+    conv.processing.mkdir(exist_ok=True)
+    (conv.processing / "x1").write_text("already here\n")
+    (conv.processing / "x2").write_text("new one")
+    conv.state.write_text('{"seq":')  # corrupt
+    with open_writer(conv) as w:
+        assert w.rebuilt
+        w.recover()
+        assert w.state.turns == 1 and w.state.messages_processed == 1
+    assert not (conv.processing / "x1").exists()
+    assert (conv.processing / "x2").exists()
+
+
+def test_flocked_hand_appends_never_interleave_with_daemon_appends(home: Home) -> None:
+    """The documented way to append by hand: flock <conv>/.lock -c 'cat >> messages.log'."""
+    flock = executable("flock")
+    conv = conv_in(home)
+    big = conv.dir.parent.parent / "big.txt"
+    big.write_text(("y" * 299 + "\n") * 1000)  # 300 KB: cat writes it in several write() calls
+    script = conv.dir.parent.parent / "append.sh"
+    script.write_text(
+        f'for i in $(seq 5); do {flock} "{conv.lock}" -c '
+        f'\'printf "\\n=== CLAUDE -> OLLAMA [2026-01-01 00:00:00] ===\\n" >> "{conv.log}"; cat "{big}" >> "{conv.log}"\'; done\n'
+    )
+    proc = subprocess.Popen(["bash", str(script)])
+    for i in range(40):
+        with open_writer(conv) as w:
+            w.adopt_foreign()
+            w.append_block("OLLAMA", "CLAUDE", ("z" * 99 + "\n") * 100, msg_id=f"d{i}")
+    assert proc.wait(60) == 0
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert len(blocks) == 45
+    for b in blocks:
+        chars = set(b.text.replace("\n", ""))
+        assert len(chars) == 1, "a block holds bytes of two writers"
+
+
+def test_a_second_daemon_lock_on_one_home_refuses_clearly(home: Home) -> None:
+    first = DaemonLock(home)
+    first.acquire()
+    try:
+        assert daemon_alive(home)
+        with pytest.raises(AlreadyRunning, match="already running"):
+            DaemonLock(home).acquire()
+    finally:
+        first.release()
+    assert not daemon_alive(home)
+
+
+def test_the_log_is_never_opened_through_a_symlink(home: Home, tmp_path: Path) -> None:
+    conv = conv_in(home)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("do not touch\n")
+    conv.log.unlink()
+    os.symlink(outside, conv.log)
+    with pytest.raises(InputRejected, match="not a regular file"), open_writer(conv) as w:
+        w.check_identity()
+    with pytest.raises(OSError), open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "hi", msg_id="s")
+    assert outside.read_text() == "do not touch\n"
