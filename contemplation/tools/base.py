@@ -1,0 +1,55 @@
+"""The tool contract: one async call that turns arguments into text, or raises ToolError.
+
+A tool owns its own limits (bytes read, files scanned, results returned) and says where its
+answer came from (``source``) and whether it held back more than it returned (``more``).
+The answer budget (characters per answer) is applied on top by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from contemplation.errors import ToolError
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    text: str
+    source: str  # what was read or asked: a path, a server and tool, a store
+    more: bool = False  # the tool itself left something out (a file cut at its byte cap ...)
+    note: str = ""  # one line about how the answer was made (truncation, fallbacks)
+
+
+class Refused(ToolError):
+    """A request the tool will not carry out (a path outside the roots, a denied name)."""
+
+
+class Unconfigured(ToolError):
+    """The tool is not set up (no notes vault, no search server)."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    name: str
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult: ...
+
+
+def text_arg(arguments: Mapping[str, Any], key: str, *, limit: int = 1000) -> str:
+    """A required string argument, trimmed; :class:`ToolError` when it is missing."""
+    value = arguments.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ToolError(f"missing argument {key!r}")
+    text = value if isinstance(value, str) else str(value)
+    return text.strip()[:limit]
+
+
+def trim(text: str, budget: int) -> tuple[str, int]:
+    """``text`` cut to ``budget`` characters at a line end when one is near; and what was cut."""
+    if len(text) <= budget:
+        return text, 0
+    cut = text.rfind("\n", int(budget * 0.8), budget)
+    end = cut if cut > 0 else budget
+    return text[:end].rstrip(), len(text) - end

@@ -1,0 +1,237 @@
+"""``File contents of <path>``: read a text file from the allowed roots, and nothing else.
+
+The path comes from model output, so it is hostile until proven otherwise:
+
+1. refused outright: a NUL byte, a ``..`` component, an absolute path outside the roots;
+2. ``resolve(strict=True)`` and ``is_relative_to(root)`` (never ``str.startswith``: ``/base-evil``
+   starts with ``/base``), so a symlinked file or folder that leads out is refused while a
+   link that stays inside is fine;
+3. a deny-list second layer inside the roots (``.ssh``, ``.gnupg``, ``.env*``, ``*.pem``,
+   ``id_*``, ``.netrc`` ...), compared case-insensitively on every component;
+4. ``O_NOFOLLOW | O_NONBLOCK`` on open (a FIFO cannot block us), ``fstat`` must say regular
+   file, the descriptor's real path is checked again on Linux, and at most ``max_bytes`` are
+   read (the answer says how much more there is).
+
+No ``~`` or ``$VAR`` expansion, no shell, no subprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from contemplation.errors import ToolError
+from contemplation.tools.base import Refused, ToolResult, Unconfigured, text_arg
+
+DEFAULT_DENY = (
+    ".ssh",
+    ".gnupg",
+    ".env*",
+    "*.pem",
+    "*.key",
+    "id_*",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".aws",
+    ".kube",
+    ".password-store",
+    "*.keychain",
+    "*.keychain-db",
+    ".git/config",
+)
+SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".tox"}
+_DEF_RE = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+_PROC_FD = Path("/proc/self/fd")
+
+
+def _real_roots(roots: Sequence[Path]) -> tuple[Path, ...]:
+    out: list[Path] = []
+    for r in roots:
+        try:
+            out.append(Path(r).expanduser().resolve(strict=True))
+        except OSError:
+            continue  # a root that does not exist allows nothing
+    return tuple(out)
+
+
+class FileReader:
+    """Reads files under ``roots``; also lists a folder's structure (for context assembly)."""
+
+    name = "files.read"
+
+    def __init__(
+        self, roots: Sequence[Path], *, max_bytes: int = 256 * 1024, deny: Sequence[str] = ()
+    ) -> None:
+        self.configured = tuple(Path(r) for r in roots)
+        self.roots = _real_roots(self.configured)
+        self.max_bytes = max_bytes
+        patterns = [p.casefold() for p in (*DEFAULT_DENY, *deny)]
+        self._deny_names = tuple(p for p in patterns if "/" not in p)
+        self._deny_paths = tuple(p.strip("/") for p in patterns if "/" in p)
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        path = text_arg(arguments, "path")
+        return await asyncio.to_thread(self.read, path)
+
+    # -- checks -----------------------------------------------------------------------
+
+    def _shown_roots(self) -> str:
+        return ", ".join(str(r) for r in self.roots) or "(none)"
+
+    def denied(self, parts: Sequence[str]) -> str | None:
+        """The deny pattern that ``parts`` (path components) hit, if any."""
+        folded = [p.casefold() for p in parts]
+        for name in folded:
+            for pat in self._deny_names:
+                if fnmatch.fnmatchcase(name, pat):
+                    return pat
+        joined = "/" + "/".join(folded)
+        for pat in self._deny_paths:
+            if joined.endswith("/" + pat) or f"/{pat}/" in joined:
+                return pat
+        return None
+
+    def locate(self, requested: str) -> Path:
+        """The real path of ``requested`` inside a root, or :class:`Refused` / ToolError."""
+        if not self.roots:
+            raise Unconfigured(
+                "no folders are allowed for reading: set tools.allowed_roots in the config"
+            )
+        if "\x00" in requested:
+            raise Refused("the path contains a NUL byte")
+        raw = requested.strip()
+        if not raw:
+            raise ToolError("missing argument 'path'")
+        pure = PurePosixPath(raw)
+        if ".." in pure.parts:
+            raise Refused(f"{raw!r} contains '..', which is not allowed; name the file itself")
+        hit = self.denied(pure.parts)
+        if hit:
+            raise Refused(f"{raw!r} matches the deny-list ({hit}); such files are never read")
+        if pure.is_absolute():
+            lexical = Path(os.path.normpath(raw))
+            inside = [r for r in (*self.roots, *self.configured) if lexical.is_relative_to(r)]
+            if not inside:
+                raise Refused(
+                    f"{raw!r} is outside the allowed folders ({self._shown_roots()}); "
+                    "ask for a path inside one of them"
+                )
+            candidates = [lexical]
+        else:
+            candidates = [root / pure for root in self.roots]
+        for cand in candidates:
+            try:
+                real = cand.resolve(strict=True)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:  # a link loop, a permission problem
+                raise ToolError(f"cannot open {raw!r}: {exc.strerror or exc}") from None
+            root = next((r for r in self.roots if real.is_relative_to(r)), None)
+            if root is None:
+                raise Refused(
+                    f"{raw!r} is a link that leads outside the allowed folders; it is not read"
+                )
+            hit = self.denied(real.relative_to(root).parts)
+            if hit:
+                raise Refused(f"{raw!r} leads to a denied name ({hit}); such files are never read")
+            return real
+        raise ToolError(f"no such file: {raw!r} (looked in {self._shown_roots()})")
+
+    def _open(self, real: Path, raw: str) -> tuple[int, os.stat_result]:
+        st = os.stat(real)
+        if stat.S_ISDIR(st.st_mode):
+            raise Refused(f"{raw!r} is a folder, not a file; ask for one file in it")
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{raw!r} is not a regular file (a device, FIFO or socket)")
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(real, flags)
+        except OSError as exc:
+            raise ToolError(f"cannot open {raw!r}: {exc.strerror or exc}") from None
+        try:
+            st = self._check_opened(fd, real, raw)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def _check_opened(self, fd: int, real: Path, raw: str) -> os.stat_result:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{raw!r} is not a regular file")
+        if _PROC_FD.is_dir():  # Linux: the descriptor's own idea of its path
+            opened = Path(os.readlink(_PROC_FD / str(fd)))
+            if opened != real or not any(opened.is_relative_to(r) for r in self.roots):
+                raise Refused(f"{raw!r} changed while it was being opened; not read")
+        return st
+
+    # -- reading ----------------------------------------------------------------------
+
+    def read(self, requested: str) -> ToolResult:
+        real = self.locate(requested)
+        fd, st = self._open(real, requested)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(self.max_bytes)
+        if b"\x00" in data[:8192]:
+            raise Refused(f"{requested!r} is a binary file ({st.st_size} bytes); not shown")
+        more = st.st_size > len(data)
+        note = f"showing the first {len(data)} of {st.st_size} bytes" if more else ""
+        return ToolResult(data.decode("utf-8", errors="replace"), str(real), more, note)
+
+    def read_head(self, real: Path, limit: int) -> str:
+        fd, _ = self._open(real, str(real))
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit).decode("utf-8", errors="replace")
+
+    def tree(self, requested: str, *, depth: int = 3, max_entries: int = 400) -> ToolResult:
+        """A folder's layout (and top-level Python names), within the same roots and deny-list."""
+        real = self.locate(requested)
+        if not real.is_dir():
+            raise Refused(f"{requested!r} is not a folder")
+        lines: list[str] = [f"{real.name}/"]
+        count = 0
+        more = False
+
+        def walk(d: Path, level: int) -> None:
+            nonlocal count, more
+            try:
+                entries = sorted(os.scandir(d), key=lambda e: (not e.is_dir(), e.name))
+            except OSError:
+                return
+            for e in entries:
+                if e.name.startswith(".") or e.name in SKIP_DIRS or self.denied([e.name]):
+                    continue
+                if count >= max_entries:
+                    more = True
+                    return
+                count += 1
+                pad = "  " * level
+                if e.is_symlink():
+                    lines.append(f"{pad}{e.name} (link)")
+                elif e.is_dir(follow_symlinks=False):
+                    lines.append(f"{pad}{e.name}/")
+                    if level < depth:
+                        walk(Path(e.path), level + 1)
+                elif e.name.endswith(".py"):
+                    names = self._py_names(Path(e.path))
+                    lines.append(f"{pad}{e.name}" + (f": {', '.join(names)}" if names else ""))
+                else:
+                    lines.append(f"{pad}{e.name}")
+
+        walk(real, 1)
+        note = f"stopped after {max_entries} entries" if more else ""
+        return ToolResult("\n".join(lines), str(real), more, note)
+
+    def _py_names(self, path: Path) -> list[str]:
+        try:
+            head = self.read_head(path, 64 * 1024)
+        except (ToolError, OSError):
+            return []
+        return _DEF_RE.findall(head)[:20]

@@ -1,0 +1,39 @@
+"""``Search results for <query>``: whichever MCP tool ``tools.search_tool`` names.
+
+Without one the answer says so plainly (an :class:`Unconfigured` error): there is no built-in
+web search, and nothing is fetched from the network behind the user's back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from contemplation.router import fill
+from contemplation.tools.base import ToolResult, Unconfigured, text_arg
+from contemplation.tools.mcp import McpPool
+
+NOT_CONFIGURED = (
+    'no search tool is configured: set tools.search_tool = "server:tool" (a tool of one of '
+    "the [mcp_servers]) in the config, or add a [[routes]] rule for 'Search results for'"
+)
+
+
+class ConfiguredSearch:
+    name = "web.search"
+
+    def __init__(self, pool: McpPool, target: str, arguments: Mapping[str, Any]) -> None:
+        self.pool = pool
+        self.server, _, self.tool = target.partition(":")
+        self.arguments = dict(arguments)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.server and self.tool)
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        if not self.configured:
+            raise Unconfigured(NOT_CONFIGURED)
+        query = text_arg(arguments, "query")
+        args = fill(self.arguments, {"query": query, "need": query, "rest": query})
+        return await self.pool.call(self.server, self.tool, args)
