@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import os
+from collections.abc import Callable, Iterable
 
 from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
 from contemplation.errors import ConfigError
 from contemplation.settings import Settings, TimeoutSettings, ollama_base
 
-__all__ = ["Backend", "Capabilities", "Check", "PhaseTimeouts", "available", "build"]
+__all__ = [
+    "Backend", "Capabilities", "Check", "PhaseTimeouts", "available", "build", "check_all",
+]  # fmt: skip
 
 
 def phase_timeouts(t: TimeoutSettings) -> PhaseTimeouts:
@@ -16,7 +20,7 @@ def phase_timeouts(t: TimeoutSettings) -> PhaseTimeouts:
 
 
 def _ollama(settings: Settings) -> Backend:
-    from contemplation.backends.ollama import OllamaBackend
+    from contemplation.backends.ollama import OllamaBackend  # noqa: PLC0415 - lazy: no cycle
 
     url, auth = ollama_base(settings)
     s = settings.ollama
@@ -27,11 +31,59 @@ def _ollama(settings: Settings) -> Backend:
         keep_alive=s.keep_alive,
         timeouts=phase_timeouts(s.timeouts),
         concurrency=s.concurrency,
+        overrides=settings.capabilities,
+    )
+
+
+def _openai(settings: Settings) -> Backend:
+    from contemplation.backends.openai import OpenAIBackend  # noqa: PLC0415
+
+    s = settings.openai
+    return OpenAIBackend(
+        s.base_url or os.environ.get("OPENAI_BASE_URL", ""),
+        api_key=s.api_key or os.environ.get("OPENAI_API_KEY", ""),
+        timeouts=phase_timeouts(s.timeouts),
+        concurrency=s.concurrency,
+        stream_usage=s.stream_usage,
+        overrides=settings.capabilities,
+    )
+
+
+def _opencode(settings: Settings) -> Backend:
+    from contemplation.backends.opencode import OpenCodeBackend  # noqa: PLC0415
+
+    s = settings.opencode
+    password = s.password or os.environ.get("OPENCODE_SERVER_PASSWORD", "")
+    user = s.username or os.environ.get("OPENCODE_SERVER_USERNAME", "") or "opencode"
+    return OpenCodeBackend(
+        s.url or os.environ.get("OPENCODE_SERVER_URL", ""),
+        auth=(user, password) if password else None,
+        tools=s.tools,
+        agent=s.agent,
+        timeouts=s.timeouts,
+        concurrency=s.concurrency,
+        overrides=settings.capabilities,
+    )
+
+
+def _local(settings: Settings) -> Backend:
+    from contemplation.backends.local import LocalBackend  # noqa: PLC0415
+
+    s = settings.local
+    return LocalBackend(
+        model_path=s.model_path,
+        n_ctx=s.n_ctx,
+        n_threads=s.n_threads,
+        timeouts=phase_timeouts(s.timeouts),
+        overrides=settings.capabilities,
     )
 
 
 _FACTORIES: dict[str, Callable[[Settings], Backend]] = {
     "ollama": _ollama,
+    "openai": _openai,
+    "opencode": _opencode,
+    "local": _local,
 }
 
 
@@ -44,9 +96,43 @@ def register(name: str, factory: Callable[[Settings], Backend]) -> None:
     _FACTORIES[name] = factory
 
 
-def build(name: str, settings: Settings) -> Backend:
+def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
+    """The backend ``name``, wrapped with ``settings.fallback`` when that list applies.
+
+    Fallback order: the backends listed after ``name`` (all of them when ``name`` is not
+    listed); they take a turn only when the one before is unreachable.
+    """
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ConfigError(f"unknown backend {name!r}; known: {', '.join(available())}") from None
-    return factory(settings)
+    backend = factory(settings)
+    order = settings.fallback
+    rest = order[order.index(name) + 1 :] if name in order else list(order)
+    if not fallback or not rest:
+        return backend
+    from contemplation.backends.fallback import FallbackBackend  # noqa: PLC0415
+
+    return FallbackBackend([backend, *(build(n, settings, fallback=False) for n in rest)])
+
+
+async def check_all(settings: Settings, extra: Iterable[str] = ()) -> list[Check]:
+    """``doctor``: check the default backend (with the default model), its fallbacks and
+    ``extra`` backends (e.g. those named in conversations' metadata), concurrently."""
+    names = list(dict.fromkeys([settings.default_backend, *settings.fallback, *extra]))
+
+    async def one(name: str) -> list[Check]:
+        try:
+            backend = build(name, settings, fallback=False)
+        except ConfigError as exc:
+            return [Check(name, False, str(exc))]
+        model = settings.default_model if name == settings.default_backend else None
+        try:
+            return await backend.check(model)
+        except Exception as exc:  # a broken check is a failed check, not a crashed doctor
+            return [Check(name, False, f"the check failed: {type(exc).__name__}: {exc}")]
+        finally:
+            await backend.aclose()
+
+    results = await asyncio.gather(*(one(n) for n in names))
+    return [c for checks in results for c in checks]

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 
+from contemplation.backends import capabilities
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -27,6 +28,7 @@ from contemplation.backends.base import (
 )
 from contemplation.errors import BackendError, ContextOverflow
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
+from contemplation.settings import CapabilityOverride
 
 _NS_PER_MS = 1_000_000
 
@@ -110,8 +112,10 @@ class OllamaBackend:
         keep_alive: str | int = "10m",
         timeouts: PhaseTimeouts,
         concurrency: int = 1,
+        overrides: Mapping[str, CapabilityOverride] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.overrides = dict(overrides or {})
         self.num_ctx = num_ctx
         self.keep_alive = keep_alive
         self.timeouts = timeouts
@@ -225,6 +229,11 @@ class OllamaBackend:
             await resp.aclose()
 
     async def capabilities(self, model: str) -> Capabilities:
+        """From ``/api/show`` (cached); the family table when the server lists no capabilities.
+
+        ``context_length`` is what ``/api/ps`` says is allocated when the model is loaded,
+        else the trained maximum from ``model_info``.
+        """
         if model in self._caps:
             return self._caps[model]
         try:
@@ -236,19 +245,40 @@ class OllamaBackend:
         if resp.status_code != 200:
             raise classify_status(resp.status_code, _error_text(resp.content), None, model)
         data = resp.json()
-        caps = set(data.get("capabilities") or [])
+        listed = data.get("capabilities")
+        server: Capabilities | None = None
+        if isinstance(listed, list):  # Ollama < 0.6 does not say; the family table then guesses
+            server = Capabilities(
+                thinking="thinking" in listed,
+                tools="tools" in listed,
+                vision="vision" in listed,
+                source="server",
+            )
         info = data.get("model_info") or {}
         arch = info.get("general.architecture")
-        ctx = info.get(f"{arch}.context_length") if arch else None
-        result = Capabilities(
-            thinking="thinking" in caps,
-            tools="tools" in caps,
-            vision="vision" in caps,
-            context_length=int(ctx) if isinstance(ctx, int) else None,
-            source="server",
+        trained = info.get(f"{arch}.context_length") if arch else None
+        ctx = await self._allocated_context(model)
+        if ctx is None and isinstance(trained, int):
+            ctx = trained
+        result = capabilities.resolve(
+            model, server=server, context_length=ctx, overrides=self.overrides
         )
         self._caps[model] = result
         return result
+
+    async def _allocated_context(self, model: str) -> int | None:
+        """``/api/ps`` ``context_length`` of the loaded model (None: not loaded, or no answer)."""
+        try:
+            resp = await self._client.get("/api/ps", timeout=self.timeouts.connect)
+            loaded = resp.json().get("models") or [] if resp.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        wanted = {model, f"{model}:latest"}
+        for m in loaded:
+            if isinstance(m, dict) and (m.get("name") in wanted or m.get("model") in wanted):
+                ctx = m.get("context_length")
+                return ctx if isinstance(ctx, int) and ctx > 0 else None
+        return None
 
     async def check(self, model: str | None) -> list[Check]:
         checks: list[Check] = []

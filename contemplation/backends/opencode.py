@@ -1,0 +1,516 @@
+"""``opencode serve`` through its v1 HTTP API: one OpenCode session per conversation.
+
+Wire facts this relies on (verified against OpenCode 1.18.33; docs/backends.md has sources):
+
+* ``GET /global/health`` → ``{"healthy": true, "version": "…"}``;
+* ``POST /session`` → a session ``{"id": "ses_…"}``; ``DELETE /session/{id}`` → ``true``;
+* ``POST /session/{id}/message`` blocks until the turn ends and returns ``{"info", "parts"}``;
+  the model is ``{"providerID", "modelID"}``, OpenCode's tools are switched per prompt with a
+  ``{"tool": bool}`` map, and ``system`` is appended to OpenCode's own system prompt;
+* errors: 404 ``NotFoundError`` (unknown session), 400 ``BadRequest``, 500 ``UnknownError``
+  (also for an unknown model), 401 without the Basic credentials; a model failure is a 200
+  whose ``info.error`` says what (``APIError`` after OpenCode's own retries,
+  ``MessageAbortedError`` after ``POST /session/{id}/abort``, ...).
+
+The session keeps the history, so after the first turn only the new messages are sent. The
+mapping conversation → session lives in memory only (backends never write under the home): after
+a restart, a failed turn or an unknown session, a new session gets the whole history, flattened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from contemplation.backends import capabilities
+from contemplation.backends.base import Capabilities, Check, connection_error
+from contemplation.backends.thinking import ThinkSplitter
+from contemplation.errors import BackendError, ContextOverflow
+from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
+from contemplation.settings import CapabilityOverride, OpenCodeTimeouts
+
+DEFAULT_URL = "http://127.0.0.1:4096"
+
+
+@dataclass(slots=True)
+class _Session:
+    id: str
+    history: list[tuple[str, str]] = field(default_factory=list)  # what the session holds
+
+
+class _SessionGone(Exception):
+    """404 NotFoundError for a session we thought existed."""
+
+
+def split_model(model: str) -> tuple[str, str]:
+    """``"local/smollm2"`` → ``("local", "smollm2")``; the model id may hold more slashes."""
+    provider, sep, model_id = model.partition("/")
+    if not sep or not provider or not model_id:
+        raise BackendError(
+            f"OpenCode models are named provider/model (e.g. local/qwen3); got {model!r}",
+            transient=False,
+            kind="bad_request",
+        )
+    return provider, model_id
+
+
+def _split_system(messages: Sequence[ChatMessage]) -> tuple[str, list[ChatMessage]]:
+    system = "\n\n".join(m.content for m in messages if m.role == "system")
+    return system, [m for m in messages if m.role != "system"]
+
+
+def new_messages(known: list[tuple[str, str]], history: list[ChatMessage]) -> list[ChatMessage]:
+    """The messages after what the session already holds; [] when the two have diverged.
+
+    User text must match exactly; an assistant turn only by position (what was written to the
+    log may differ from OpenCode's copy in layout). Only user or tool messages can be new.
+    """
+    if len(history) <= len(known):
+        return []
+    for (role, content), m in zip(known, history, strict=False):
+        if m.role != role or (role != "assistant" and m.content != content):
+            return []
+    fresh = history[len(known) :]
+    return fresh if all(m.role in {"user", "tool"} for m in fresh) else []
+
+
+def flatten(history: list[ChatMessage]) -> str:
+    """The whole history as one prompt, for a session that has none of it."""
+    last_reply = max((i for i, m in enumerate(history) if m.role == "assistant"), default=-1)
+    if last_reply < 0:
+        return "\n\n".join(m.content for m in history)
+    earlier = "\n\n".join(f"[{m.role}]\n{m.content}" for m in history[: last_reply + 1])
+    latest = "\n\n".join(m.content for m in history[last_reply + 1 :])
+    return (
+        "This conversation started earlier; here it is so far (you are the assistant):\n\n"
+        f"{earlier}\n\n[the new message]\n{latest}"
+    )
+
+
+def _error_message(data: Any) -> tuple[str, str]:
+    """``(name, message)`` of an OpenCode error body (``{"name", "data": {"message"}}``)."""
+    if not isinstance(data, dict):
+        return "", str(data)[:500]
+    inner = data.get("data") if isinstance(data.get("data"), dict) else {}
+    name = str(data.get("name") or data.get("_tag") or "")
+    message = str((inner or {}).get("message") or data.get("message") or data)[:500]
+    return name, message
+
+
+def info_error(error: Mapping[str, Any]) -> BackendError:
+    """A failed turn as OpenCode reports it in ``info.error`` (HTTP 200)."""
+    name, message = _error_message(error)
+    data = error.get("data") if isinstance(error.get("data"), dict) else {}
+    if name == "MessageAbortedError":
+        return BackendError(
+            f"OpenCode aborted the turn: {message}", transient=False, kind="cancelled"
+        )
+    if name == "ContextOverflowError":
+        return ContextOverflow(f"OpenCode: the prompt does not fit the model's context: {message}")
+    if name == "ProviderAuthError":
+        return BackendError(
+            f"OpenCode's provider refused its credentials: {message}",
+            transient=False,
+            kind="auth",
+        )
+    if name in {"ContentFilterError", "StructuredOutputError"}:
+        return BackendError(f"OpenCode: {name}: {message}", transient=False, kind="refused")
+    status = (data or {}).get("statusCode")
+    retryable = (data or {}).get("isRetryable")
+    if (
+        name == "APIError"
+        and retryable is False
+        and isinstance(status, int)
+        and 400 <= status < 500
+        and status not in {408, 429}
+    ):
+        return BackendError(
+            f"OpenCode: the model call was rejected ({status}): {message}",
+            transient=False,
+            kind="upstream",
+            status_code=status,
+        )
+    return BackendError(
+        f"OpenCode: the model call failed ({name or 'error'}): {message}",
+        transient=True,
+        kind="upstream",
+        status_code=status if isinstance(status, int) else None,
+    )
+
+
+class OpenCodeBackend:
+    name = "opencode"
+    label = "OPENCODE"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        auth: tuple[str, str] | None = None,
+        tools: Mapping[str, bool] | None = None,
+        agent: str = "",
+        timeouts: OpenCodeTimeouts | None = None,
+        concurrency: int = 1,
+        overrides: Mapping[str, CapabilityOverride] | None = None,
+    ) -> None:
+        self.base_url = (base_url.strip() or DEFAULT_URL).rstrip("/")
+        self.tools = dict(tools or {})
+        self.agent = agent
+        self.timeouts = timeouts or OpenCodeTimeouts.model_validate({})
+        self.concurrency = concurrency
+        self.overrides = dict(overrides or {})
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            auth=auth,
+            timeout=httpx.Timeout(connect=self.timeouts.connect, read=None, write=30.0, pool=None),
+            headers={"User-Agent": "contemplation"},
+        )
+        self._sessions: dict[str, _Session] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._providers: dict[str, Any] | None = None
+        self._caps: dict[str, Capabilities] = {}
+
+    # -- the turn ------------------------------------------------------------------------
+
+    def prompt_body(self, request: ChatRequest, text: str, system: str) -> dict[str, Any]:
+        provider, model_id = split_model(request.model)
+        body: dict[str, Any] = {
+            "parts": [{"type": "text", "text": text}],
+            "model": {"providerID": provider, "modelID": model_id},
+        }
+        if self.tools:
+            body["tools"] = dict(self.tools)
+        if system:
+            body["system"] = system
+        if self.agent:
+            body["agent"] = self.agent
+        return body
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        split_model(request.model)  # a bad name fails before anything is created
+        system, history = _split_system(request.messages)
+        if not history:
+            raise BackendError("nothing to send to OpenCode", transient=False, kind="bad_request")
+        key = request.conversation_id
+        t0 = time.monotonic()
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            session = self._sessions.get(key)
+            fresh = new_messages(session.history, history) if session else []
+            if session is None or not fresh:
+                if session is not None:  # it holds a history we no longer have
+                    await self._discard(key)
+                session = await self._create(key)
+                text = flatten(history)
+            else:
+                text = "\n\n".join(m.content for m in fresh)
+            try:
+                try:
+                    data = await self._prompt(session, self.prompt_body(request, text, system))
+                except _SessionGone:  # deleted on the server: once more with a new one
+                    self._sessions.pop(key, None)
+                    session = await self._create(key)
+                    body = self.prompt_body(request, flatten(history), system)
+                    try:
+                        data = await self._prompt(session, body)
+                    except _SessionGone:
+                        raise BackendError(
+                            "OpenCode lost a session it had just created",
+                            transient=True,
+                            kind="session_lost",
+                        ) from None
+                events, reply = self._events(data, t0, request.model)
+            except BaseException:
+                # the session may hold half a turn: never reuse it
+                await self._discard(key)
+                raise
+            session.history = [*((m.role, m.content) for m in history), ("assistant", reply)]
+            if not key:
+                await self._discard(key)  # no conversation to come back to
+        for ev in events:
+            yield ev
+
+    async def _create(self, key: str) -> _Session:
+        title = f"contemplation {key}" if key else "contemplation"
+        try:
+            async with asyncio.timeout(self.timeouts.create):
+                resp = await self._client.post("/session", json={"title": title})
+        except TimeoutError:
+            raise BackendError(
+                f"OpenCode did not create a session within {self.timeouts.create:g} s",
+                transient=True,
+                kind="timeout",
+            ) from None
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.base_url) from exc
+        if resp.status_code != 200:
+            raise await self._status_error(resp, "")
+        sid = resp.json().get("id")
+        if not isinstance(sid, str) or not sid:
+            raise BackendError(
+                f"OpenCode created a session without an id: {resp.text[:200]}",
+                transient=True,
+                kind="protocol",
+            )
+        session = self._sessions[key] = _Session(sid)
+        return session
+
+    async def _prompt(self, session: _Session, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"/session/{quote(session.id, safe='')}/message"
+        try:
+            async with asyncio.timeout(self.timeouts.prompt):
+                resp = await self._client.post(url, json=body)
+        except TimeoutError:
+            await self._abort(session.id)
+            raise BackendError(
+                f"OpenCode did not finish the turn within {self.timeouts.prompt:g} s",
+                transient=True,
+                kind="timeout",
+            ) from None
+        except asyncio.CancelledError:
+            await self._abort(session.id)
+            raise
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.base_url) from exc
+        if resp.status_code == 404:
+            raise _SessionGone
+        if resp.status_code != 200:
+            model = body["model"]
+            raise await self._status_error(resp, f"{model['providerID']}/{model['modelID']}")
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise BackendError(
+                f"OpenCode answered something that is not a message: {resp.text[:200]!r}",
+                transient=True,
+                kind="protocol",
+            )
+        return data
+
+    async def _status_error(self, resp: httpx.Response, model: str) -> BackendError:
+        try:
+            name, message = _error_message(resp.json())
+        except ValueError:
+            name, message = "", resp.text[:500]
+        status = resp.status_code
+        if status == 401:
+            return BackendError(
+                f"OpenCode at {self.base_url} wants a password (401); "
+                "set OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME if not opencode)",
+                transient=False,
+                kind="auth",
+                status_code=401,
+            )
+        if status >= 500 and model and await self._model_missing(model):
+            return BackendError(
+                f"OpenCode does not know the model {model!r} (see `opencode models`)",
+                transient=False,
+                kind="model_not_found",
+                status_code=status,
+            )
+        transient = status >= 500 or status in {408, 429}
+        return BackendError(
+            f"OpenCode answered {status} {name}: {message}".replace("  ", " "),
+            transient=transient,
+            kind="server_error" if transient else "bad_request",
+            status_code=status,
+        )
+
+    def _events(self, data: dict[str, Any], t0: float, model: str) -> tuple[list[StreamEvent], str]:
+        info = data.get("info") if isinstance(data.get("info"), dict) else {}
+        info = info or {}
+        error = info.get("error")
+        if isinstance(error, dict) and error.get("name") != "MessageOutputLengthError":
+            raise info_error(error)
+        events: list[StreamEvent] = []
+        reply: list[str] = []
+        splitter = ThinkSplitter()
+        for part in data.get("parts") or []:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            text = part.get("text") if isinstance(part.get("text"), str) else ""
+            if kind == "reasoning" and text:
+                events.append(StreamEvent("thinking", text=text))
+            elif kind == "text" and text and not part.get("synthetic") and not part.get("ignored"):
+                for k, t in [*splitter.feed(text), *splitter.flush()]:
+                    events.append(StreamEvent(k, text=t))
+                    if k == "content":
+                        reply.append(t)
+            elif kind == "tool":
+                state = part.get("state") if isinstance(part.get("state"), dict) else {}
+                status = (state or {}).get("status", "?")
+                events.append(
+                    StreamEvent("note", text=f"OpenCode ran its tool {part.get('tool')} ({status})")
+                )
+            elif kind == "retry":
+                _, why = _error_message(part.get("error"))
+                events.append(
+                    StreamEvent(
+                        "note",
+                        text=f"OpenCode retried the model (attempt {part.get('attempt')}): {why}",
+                    )
+                )
+        if isinstance(error, dict):
+            events.append(
+                StreamEvent("note", text="OpenCode stopped the reply at the output limit")
+            )
+        tokens = info.get("tokens") if isinstance(info.get("tokens"), dict) else {}
+        tokens = tokens or {}
+
+        def count(v: Any) -> int | None:
+            return int(v) if isinstance(v, int | float) else None
+
+        caps = self._caps.get(model)
+        usage = Usage(
+            prompt_eval_count=count(tokens.get("input")),
+            eval_count=count(tokens.get("output")),
+            wall_ms=(time.monotonic() - t0) * 1000,
+            done_reason=str(info["finish"]) if info.get("finish") else None,
+            context_window=caps.context_length if caps else None,
+        )
+        events.append(StreamEvent("done", usage=usage))
+        return events, "".join(reply)
+
+    # -- session housekeeping ------------------------------------------------------------
+
+    async def _abort(self, sid: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(
+                f"/session/{quote(sid, safe='')}/abort", timeout=self.timeouts.delete
+            )
+
+    async def _delete(self, sid: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.delete(
+                f"/session/{quote(sid, safe='')}", timeout=self.timeouts.delete
+            )
+
+    async def _discard(self, key: str) -> None:
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            await self._delete(session.id)
+
+    def session_id(self, conversation_id: str) -> str | None:
+        """The OpenCode session serving a conversation (None: none yet)."""
+        s = self._sessions.get(conversation_id)
+        return s.id if s else None
+
+    async def forget(self, conversation_id: str) -> None:
+        await self._discard(conversation_id)
+        self._locks.pop(conversation_id, None)
+
+    async def aclose(self) -> None:
+        keys = list(self._sessions)
+        await asyncio.gather(*(self._discard(k) for k in keys), return_exceptions=True)
+        await self._client.aclose()
+
+    # -- what the server knows -----------------------------------------------------------
+
+    async def _provider_models(self) -> dict[str, Any] | None:
+        """``{"provider/model": model info}`` from ``GET /config/providers`` (cached)."""
+        if self._providers is not None:
+            return self._providers
+        try:
+            resp = await self._client.get("/config/providers", timeout=self.timeouts.create)
+            data = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        found: dict[str, Any] = {}
+        for provider in data.get("providers") or []:
+            if not isinstance(provider, dict):
+                continue
+            for mid, info in (provider.get("models") or {}).items():
+                found[f"{provider.get('id')}/{mid}"] = info
+        self._providers = found
+        return found
+
+    async def _model_missing(self, model: str) -> bool:
+        models = await self._provider_models()
+        return models is not None and model not in models
+
+    async def capabilities(self, model: str) -> Capabilities:
+        if model in self._caps:
+            return self._caps[model]
+        info = (await self._provider_models() or {}).get(model)
+        server: Capabilities | None = None
+        ctx: int | None = None
+        if isinstance(info, dict):
+            feats = info.get("capabilities") if isinstance(info.get("capabilities"), dict) else {}
+            limit = info.get("limit") if isinstance(info.get("limit"), dict) else {}
+            raw_ctx = (limit or {}).get("context")
+            ctx = int(raw_ctx) if isinstance(raw_ctx, int | float) and raw_ctx > 0 else None
+            if feats:
+                inputs = feats.get("input") if isinstance(feats.get("input"), dict) else {}
+                server = Capabilities(
+                    thinking=bool(feats.get("reasoning")),
+                    tools=bool(feats.get("toolcall")),
+                    vision=bool((inputs or {}).get("image")),
+                    context_length=ctx,
+                    source="server",
+                )
+        result = capabilities.resolve(
+            model, server=server, context_length=ctx, overrides=self.overrides
+        )
+        self._caps[model] = result
+        return result
+
+    async def check(self, model: str | None) -> list[Check]:
+        try:
+            resp = await self._client.get("/global/health", timeout=self.timeouts.connect)
+        except httpx.HTTPError as exc:
+            return [
+                Check(
+                    "opencode",
+                    False,
+                    f"not reachable at {self.base_url}: {type(exc).__name__}",
+                    ("start it with `opencode serve`, or set OPENCODE_SERVER_URL",),
+                )
+            ]
+        if resp.status_code == 401:
+            return [
+                Check(
+                    "opencode",
+                    False,
+                    f"{self.base_url} wants a password (401)",
+                    ("set OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME)",),
+                )
+            ]
+        try:
+            health = resp.json()
+        except ValueError:
+            health = None
+        if resp.status_code != 200 or not isinstance(health, dict) or not health.get("healthy"):
+            return [
+                Check(
+                    "opencode", False, f"{self.base_url}/global/health answered {resp.status_code}"
+                )
+            ]
+        checks = [
+            Check("opencode", True, f"OpenCode {health.get('version', '?')} at {self.base_url}")
+        ]
+        if model:
+            try:
+                split_model(model)
+            except BackendError as exc:
+                return [*checks, Check("model", False, str(exc))]
+            models = await self._provider_models()
+            if models is None:
+                checks.append(Check("model", False, "OpenCode did not list its providers"))
+            elif model in models:
+                checks.append(Check("model", True, f"OpenCode knows {model}"))
+            else:
+                checks.append(
+                    Check("model", False, f"OpenCode does not know {model}", tuple(sorted(models)))
+                )
+        return checks
