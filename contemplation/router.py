@@ -38,6 +38,7 @@ BUILTIN_TOOLS: dict[str, str] = {
     "memory.search": "search the durable memory store",
     "notes.search": "full-text search of the Markdown notes vault",
     "files.read": "read a file inside the allowed folders",
+    "files.tree": "the layout of a folder inside the allowed folders",
     "web.search": "the configured search tool (tools.search_tool)",
     "state.get": "look up the recorded current state of something",
     "agent": "no tool: the agent answers",
@@ -46,6 +47,7 @@ _DEFAULT_ARG = {
     "memory.search": "query",
     "notes.search": "query",
     "files.read": "path",
+    "files.tree": "path",
     "web.search": "query",
     "state.get": "thing",
 }

@@ -246,6 +246,15 @@ def write_metadata(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
     atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
 
 
+def write_context_file(conv: Conv, name: str, data: bytes, *, durable: bool = True) -> Path:
+    """Save one assembled-context file into ``<conv>/context/`` (made if missing), atomically."""
+    if not name or "/" in name or "\x00" in name or name.startswith("."):
+        raise InputRejected(f"not a usable context file name: {name!r}")
+    conv.context.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(conv.context / name, data, durable=durable)
+    return conv.context / name
+
+
 def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
     """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place."""
     conv.inbox.mkdir(parents=True, exist_ok=True)

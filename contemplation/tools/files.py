@@ -235,3 +235,20 @@ class FileReader:
         except (ToolError, OSError):
             return []
         return _DEF_RE.findall(head)[:20]
+
+
+class FileTree:
+    """``files.tree``: a folder's layout through the same checks as :class:`FileReader`."""
+
+    name = "files.tree"
+
+    def __init__(self, reader: FileReader, *, depth: int = 3, max_entries: int = 400) -> None:
+        self.reader = reader
+        self.depth = depth
+        self.max_entries = max_entries
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        path = str(arguments.get("path") or ".")
+        return await asyncio.to_thread(
+            self.reader.tree, path, depth=self.depth, max_entries=self.max_entries
+        )
