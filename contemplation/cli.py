@@ -309,6 +309,12 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
             "active": sum(1 for c in convs if not c.is_completed),
             "completed": sum(1 for c in convs if c.is_completed),
         }
+        from contemplation.dashboard import dashboard_link, token_path
+
+        link = dashboard_link(home) if data["daemon_running"] else None
+        if link:
+            data["dashboard"] = link
+            data["dashboard_token_file"] = str(token_path(home))
         _emit(data, as_json, "\n".join(f"{k}: {v}" for k, v in data.items()))
         return
     conv = find_conversation(home, conversation)
@@ -353,14 +359,40 @@ def archive_(ctx: click.Context, conversation: str) -> None:
 
 @main.command()
 @click.option("--once", is_flag=True, help="Process whatever is pending, then exit.")
+@click.option("--dashboard-port", type=int, default=None, help="Dashboard port (default 5556; 0: any free one).")
+@click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard.")
 @click.pass_context
-def run(ctx: click.Context, once: bool) -> None:
+def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard: bool) -> None:
     """Run the daemon in the foreground."""
     from contemplation import daemon
 
+    overrides = ctx.ensure_object(dict).setdefault("overrides", {})
+    if dashboard_port is not None:
+        overrides["dashboard_port"] = dashboard_port
+    if no_dashboard:
+        overrides["dashboard_enabled"] = False
     s = _settings(ctx)
-    code = asyncio.run(daemon.run_once(s) if once else daemon.serve(s))
+    extras: list[daemon.Extra] = []
+    if s.dashboard_enabled:
+        from contemplation.dashboard import serve_dashboard
+
+        extras.append(serve_dashboard)
+    if s.notifications:
+        from contemplation.notify import run_notifications
+
+        extras.append(run_notifications)
+    code = asyncio.run(daemon.run_once(s) if once else daemon.serve(s, extras=extras))
     sys.exit(code)
+
+
+@main.command()
+@click.option("--http", "http_port", type=int, default=None, help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.")
+@click.pass_context
+def mcp(ctx: click.Context, http_port: int | None) -> None:
+    """MCP server for agents (stdio by default)."""
+    from contemplation import mcp_server
+
+    mcp_server.run(_settings(ctx), http_port=http_port)
 
 
 @main.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from contemplation.errors import Ambiguous, ConfigError, NotFound
-from contemplation.models import Metadata, ParseResult, State
+from contemplation.models import Block, Metadata, ParseResult, State
 from contemplation.parser import merge, parse
 
 CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -243,34 +244,114 @@ def read_log_bytes(conv: Conv) -> bytes:
         return b""
 
 
+_CONTINUED = b"=== CONTINUED"
+
+
+def parse_segment(data: bytes, *, agent_label: str = "CLAUDE") -> ParseResult:
+    """Parse one file of the log. The ``=== CONTINUED ... ===`` line a rotation writes at the
+    top of a new ``messages.log`` is a system line, not text before the first header."""
+    skip = 0
+    if data.startswith(_CONTINUED):
+        nl = data.find(b"\n")
+        skip = len(data) if nl < 0 else nl + 1
+    result = parse(data[skip:], agent_label=agent_label, base=skip)
+    return dataclasses.replace(result, size=result.size + skip) if skip else result
+
+
+def segment_inodes(conv: Conv) -> tuple[tuple[str, int], ...]:
+    """(name, inode) of every rotated segment: changes whenever a rotation happens."""
+    out: list[tuple[str, int]] = []
+    for p in log_segments(conv)[:-1]:
+        try:
+            out.append((p.name, os.stat(p, follow_symlinks=False).st_ino))
+        except FileNotFoundError:
+            continue
+    return tuple(out)
+
+
+def read_history(conv: Conv, agent_label: str) -> tuple[Block, ...]:
+    """Blocks of the rotated segments, oldest first (offsets are within their own segment)."""
+    blocks: list[Block] = []
+    for seg in log_segments(conv)[:-1]:
+        try:
+            data = seg.read_bytes()
+        except FileNotFoundError:
+            continue
+        blocks.extend(parse_segment(data, agent_label=agent_label).blocks)
+    return tuple(blocks)
+
+
 @dataclass
 class LogView:
-    """An incrementally refreshed parse of one conversation's live ``messages.log``."""
+    """An incrementally refreshed parse of one whole conversation.
+
+    ``live`` is the parse of ``messages.log`` (offsets in that file), ``history`` the blocks of
+    the rotated ``messages.N.log`` segments (read again only when the live file is a new one,
+    i.e. after a rotation), ``result`` both together: what the model's history is built from.
+    """
 
     conv: Conv
     agent_label: str = "CLAUDE"
     result: ParseResult = field(default_factory=lambda: ParseResult(blocks=(), size=0))
     ino: int = 0
+    live: ParseResult = field(default_factory=lambda: ParseResult(blocks=(), size=0))
+    history: tuple[Block, ...] = ()
 
     def refresh(self) -> ParseResult:
         try:
             fd = os.open(self.conv.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            self.result, self.ino = ParseResult(blocks=(), size=0), 0
-            return self.result
+            self._load_all()
+            return self._combine()
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            same_file = st.st_ino == self.ino and st.st_size >= self.result.size
-            if same_file and st.st_size == self.result.size:
+            same_file = st.st_ino == self.ino and st.st_size >= self.live.size
+            if same_file and st.st_size == self.live.size:
                 return self.result
-            if same_file and self.result.blocks:
-                start = self.result.blocks[-1].offset
-                f.seek(start)
-                tail = parse(f.read(), agent_label=self.agent_label, base=start)
-                self.result = merge(self.result, tail, start)
+            if same_file:
+                if self.live.blocks:
+                    start = self.live.blocks[-1].offset
+                    f.seek(start)
+                    tail = parse(f.read(), agent_label=self.agent_label, base=start)
+                    self.live = merge(self.live, tail, start)
+                else:
+                    self.live = parse_segment(f.read(), agent_label=self.agent_label)
+                return self._combine()
+        self._load_all()
+        return self._combine()
+
+    def _load_all(self) -> None:
+        """Parse the segments and the live log from scratch, again if a rotation ran meanwhile."""
+        data, ino = b"", 0
+        history: tuple[Block, ...] = ()
+        for _ in range(20):
+            before = segment_inodes(self.conv)
+            history = read_history(self.conv, self.agent_label)
+            try:
+                fd = os.open(self.conv.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                data, ino = b"", 0
             else:
-                self.result = parse(f.read(), agent_label=self.agent_label)
-            self.ino = st.st_ino
+                with os.fdopen(fd, "rb") as f:
+                    ino = os.fstat(f.fileno()).st_ino
+                    data = f.read()
+            if segment_inodes(self.conv) == before:
+                break
+        self.history, self.ino = history, ino
+        self.live = parse_segment(data, agent_label=self.agent_label)
+
+    def _combine(self) -> ParseResult:
+        live = self.live
+        self.result = (
+            ParseResult(
+                blocks=self.history + live.blocks,
+                size=live.size,
+                preamble=live.preamble,
+                errors=live.errors,
+            )
+            if self.history
+            else live
+        )
         return self.result
 
 

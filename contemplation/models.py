@@ -95,6 +95,13 @@ class LogIdentity(BaseModel):
     size: int = 0  # bytes of messages.log accounted for (ours + adopted foreign bytes)
 
 
+class Rotation(BaseModel):
+    """A rotation of ``messages.log`` in progress (journal: recovery completes it)."""
+
+    segments: int  # highest N of the messages.N.log segments before the rotation
+    ino: int  # inode of the messages.log being rotated
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -122,6 +129,7 @@ class State(BaseModel):
     turns: int = 0
     log: LogIdentity = Field(default_factory=LogIdentity)
     intent: Intent | None = None
+    rotation: Rotation | None = None
     done_ids: list[str] = Field(default_factory=list)
     pending_needs: list[str] = Field(default_factory=list)
     last_error: ErrorInfo | None = None

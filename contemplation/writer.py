@@ -26,7 +26,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from contemplation.errors import AlreadyRunning, InputRejected, LockBusy, NotFou
 from contemplation.layout import (
     Conv,
     Home,
+    LogView,
     Template,
     ignored_name,
     log_segments,
@@ -519,7 +520,8 @@ class ConvWriter:
 
     def _complete_rotation(self) -> str:
         rot = self.state.rotation
-        assert rot is not None
+        if rot is None:
+            return ""
         d = self.conv.dir
         for n in range(rot.segments, 0, -1):
             src, dst = d / f"messages.{n}.log", d / f"messages.{n + 1}.log"
@@ -780,7 +782,7 @@ def rebuild_state(conv: Conv, meta: Metadata) -> State:
         ino = os.stat(conv.log).st_ino
     except FileNotFoundError:
         data, ino = b"", 0
-    result = parse(data, agent_label=meta.agent_label)
+    result = LogView(conv, meta.agent_label).refresh()  # rotated segments included
     st = State(updated=now_iso())
     st.log = LogIdentity(ino=ino, size=len(data))
     st.turns = sum(1 for b in result.blocks if b.kind.value == "model" and not b.interrupted)
@@ -806,3 +808,38 @@ def request_cancel(conv: Conv) -> None:
 def clear_cancel(conv: Conv) -> None:
     with contextlib.suppress(FileNotFoundError):
         (conv.dir / ".cancel").unlink()
+
+
+def idempotent_create(
+    home: Home, key: str, ttl: float, create: Callable[[], Conv]
+) -> tuple[Conv, bool]:
+    """``create()`` once per ``key`` within ``ttl`` seconds; a repeat gets the same conversation.
+
+    The key → id map is ``<home>/.idempotency.json`` (atomic writes, under an flock, so two
+    MCP servers on one home agree). Returns the conversation and whether it is new.
+    """
+    ensure_home(home)
+    path = home.root / ".idempotency.json"
+    fd = os.open(home.root / ".idempotency.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        now = time.time()
+        raw = (read_json(path) or {}).get("keys")
+        keys = {
+            k: v
+            for k, v in (raw if isinstance(raw, dict) else {}).items()
+            if isinstance(v, dict) and float(v.get("expires", 0)) > now
+        }
+        hit = keys.get(key)
+        if hit and isinstance(hit.get("id"), str):
+            for completed in (False, True):
+                with contextlib.suppress(NotFound):
+                    conv = home.conv(hit["id"], completed=completed)
+                    if conv.dir.is_dir():
+                        return conv, False
+        conv = create()
+        keys[key] = {"id": conv.id, "expires": now + ttl}
+        atomic_write_json(path, {"keys": keys})
+        return conv, True
+    finally:
+        os.close(fd)

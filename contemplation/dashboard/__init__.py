@@ -1,0 +1,141 @@
+"""The local dashboard, served by the daemon as an Extra (see :func:`serve_dashboard`).
+
+Loopback only by default; the token for actions lives in ``<home>/.dashboard.token`` (0600)
+and ``contemplation status`` prints the URL with it. Where it listens is recorded in
+``<home>/.dashboard.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from contemplation.layout import Home, read_json
+from contemplation.writer import atomic_write_bytes, atomic_write_json
+
+if TYPE_CHECKING:
+    from contemplation.pipeline import Runtime
+
+log = structlog.get_logger("contemplation.dashboard")
+
+TOKEN_FILE = ".dashboard.token"  # noqa: S105 - a file name, not a secret
+INFO_FILE = ".dashboard.json"
+
+
+def token_path(home: Home) -> Path:
+    return home.root / TOKEN_FILE
+
+
+def read_token(home: Home) -> str | None:
+    try:
+        token = token_path(home).read_text().strip()
+    except (FileNotFoundError, PermissionError):
+        return None
+    return token or None
+
+
+def ensure_token(home: Home) -> str:
+    """The dashboard token; a new one if the file is missing, short or readable by others."""
+    path = token_path(home)
+    token = read_token(home)
+    with contextlib.suppress(FileNotFoundError):
+        if token and len(token) >= 32 and not stat.S_IMODE(path.stat().st_mode) & 0o077:
+            return token
+    token = secrets.token_urlsafe(32)
+    atomic_write_bytes(path, token.encode() + b"\n", mode=0o600)
+    return token
+
+
+def dashboard_info(home: Home) -> dict[str, Any] | None:
+    """Where the dashboard of this home listens (as its daemon last recorded it)."""
+    return read_json(home.root / INFO_FILE)
+
+
+def dashboard_link(home: Home) -> str | None:
+    """The URL of the running daemon's dashboard with the token in its fragment, or None."""
+    info, token = dashboard_info(home), read_token(home)
+    daemon = read_json(home.daemon_info) or {}
+    if not info or not token or info.get("pid") != daemon.get("pid"):
+        return None
+    return f"{info.get('url')}#token={token}"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_dashboard(rt: Runtime, stop: asyncio.Event) -> None:
+    """Extra for :func:`contemplation.daemon.serve`: the dashboard for the daemon's lifetime."""
+    import uvicorn  # noqa: PLC0415 - only the daemon pays for the web stack
+
+    from contemplation.dashboard.app import Dashboard  # noqa: PLC0415
+    from contemplation.dashboard.live import Broker  # noqa: PLC0415
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # the daemon owns the signals
+            yield
+
+    settings = rt.settings
+    home = rt.home
+    broker = Broker()
+    dash = Dashboard(settings, token=ensure_token(home), broker=broker, stop=stop)
+    try:
+        sock = _bind(settings.dashboard_host, settings.dashboard_port)
+    except OSError as exc:
+        log.error(  # noqa: TRY400 - one line for an expected condition, no traceback
+            "dashboard_unavailable",
+            error=str(exc),
+            hint="another process uses the port; set dashboard_port or run --dashboard-port N",
+        )
+        return
+    dash.port = int(sock.getsockname()[1])
+    rt.observers.append(broker.observe)
+    atomic_write_json(
+        home.root / INFO_FILE,
+        {"url": dash.url, "port": dash.port, "pid": os.getpid()},
+        durable=False,
+    )
+    config = uvicorn.Config(
+        dash.asgi(),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        log_level="warning",
+    )
+    server = Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    log.info("dashboard", url=dash.url)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        server.should_exit = True  # open event streams end on `stop` too
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=5)
+        except (TimeoutError, asyncio.CancelledError):
+            task.cancel()
+        with contextlib.suppress(ValueError):
+            rt.observers.remove(broker.observe)
+        sock.close()

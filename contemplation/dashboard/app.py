@@ -1,0 +1,337 @@
+"""The dashboard's Starlette app: a static page and the JSON API under ``/api/`` behind it.
+
+Reads go through :class:`contemplation.reading.Reader` (in a worker thread, one at a time, so
+the daemon's event loop never waits on a big log); actions go through
+:mod:`contemplation.actions` (and so through the writer). :mod:`.security` guards every route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
+
+from contemplation import actions
+from contemplation.dashboard import export
+from contemplation.dashboard.live import Broker
+from contemplation.dashboard.security import Guard, allowed_hosts
+from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
+from contemplation.layout import Conv, Home, read_metadata, read_state
+from contemplation.reading import Reader
+from contemplation.settings import Settings
+from contemplation.writer import daemon_alive
+
+STATIC = Path(__file__).parent / "static"
+HEARTBEAT = 15.0
+T = TypeVar("T")
+
+
+def _status_of(exc: ContemplationError) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Ambiguous | LockBusy):
+        return 409
+    if isinstance(exc, InputRejected):
+        return 422
+    return 400
+
+
+class Dashboard:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        token: str,
+        broker: Broker | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self.settings = settings
+        self.home = Home(settings.home)
+        self.reader = Reader(self.home)
+        self.broker = broker or Broker()
+        self.token = token
+        self.stop = stop or asyncio.Event()
+        self.host = settings.dashboard_host
+        self.port = settings.dashboard_port
+        self.started = time.time()
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        def locked() -> T:
+            with self._lock:
+                return fn()
+
+        return await anyio.to_thread.run_sync(locked)
+
+    async def _call(self, fn: Callable[[], Any]) -> Response:
+        try:
+            data = await self._run(fn)
+        except ContemplationError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=_status_of(exc))
+        except OSError as exc:
+            return JSONResponse({"error": f"{exc.strerror or exc}"}, status_code=500)
+        if isinstance(data, Response):
+            return data
+        return JSONResponse(data, headers={"cache-control": "no-store"})
+
+    def _conv(self, request: Request) -> Conv:
+        return self.reader.locate(str(request.path_params["conv_id"]))
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        try:
+            data = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            raise InputRejected("the body is not JSON") from exc
+        if not isinstance(data, dict):
+            raise InputRejected("the body must be a JSON object")
+        return data
+
+    # -- pages and reads ----------------------------------------------------------------
+
+    async def page(self, request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "ok": True,
+                "pid": os.getpid(),
+                "daemon_alive": daemon_alive(self.home),
+                "uptime_s": round(time.time() - self.started, 1),
+                "home": str(self.home.root),
+            },
+            headers={"cache-control": "no-store"},
+        )
+
+    def status_data(self) -> dict[str, Any]:
+        rows = self.reader.summaries()
+        return {
+            "home": str(self.home.root),
+            "daemon_running": daemon_alive(self.home),
+            "active": sum(1 for r in rows if not r["completed"]),
+            "completed": sum(1 for r in rows if r["completed"]),
+            "dashboard": self.url,
+        }
+
+    async def status(self, request: Request) -> Response:
+        return await self._call(self.status_data)
+
+    async def conversations(self, request: Request) -> Response:
+        q = request.query_params.get("q", "").strip().casefold()
+        status = request.query_params.get("status", "").strip()
+
+        def rows() -> dict[str, Any]:
+            out = self.reader.summaries()
+            if status == "archived":
+                out = [r for r in out if r["completed"]]
+            elif status == "active":
+                out = [r for r in out if not r["completed"]]
+            elif status:
+                out = [r for r in out if r["status"] == status]
+            if q:
+                out = [r for r in out if q in _haystack(r)]
+            return {"conversations": out, "count": len(out)}
+
+        return await self._call(rows)
+
+    async def conversation(self, request: Request) -> Response:
+        def detail() -> dict[str, Any]:
+            conv = self._conv(request)
+            meta = read_metadata(conv)
+            state = read_state(conv)
+            out = dict(self.reader.summary(conv))
+            out["pending_needs"] = (
+                self.reader.pending_needs(conv, meta) if meta and not conv.is_completed else []
+            )
+            out["template"] = meta.template if meta else ""
+            out["agent_label"] = meta.agent_label if meta else "CLAUDE"
+            if state is not None:
+                out["last_turn"] = state.last_turn.model_dump() if state.last_turn else None
+                out["warnings"] = state.warnings
+                out["parse_errors"] = state.parse_errors
+            return out
+
+        return await self._call(detail)
+
+    async def blocks(self, request: Request) -> Response:
+        try:
+            since = int(request.query_params.get("since", "0"))
+        except ValueError:
+            return JSONResponse({"error": "since must be an integer"}, status_code=400)
+
+        def read() -> dict[str, Any]:
+            got = self.reader.since(self._conv(request), since, thinking=True)
+            return {
+                "blocks": got.blocks,
+                "cursor": got.cursor,
+                "partial": got.partial,
+                "reset": got.reset,
+            }
+
+        return await self._call(read)
+
+    async def export_md(self, request: Request) -> Response:
+        return await self._export(request, "md")
+
+    async def export_json(self, request: Request) -> Response:
+        return await self._export(request, "json")
+
+    async def _export(self, request: Request, kind: str) -> Response:
+        def build() -> Response:
+            conv = self._conv(request)
+            text = export.as_markdown(conv) if kind == "md" else export.as_json(conv)
+            media = "text/markdown" if kind == "md" else "application/json"
+            return Response(
+                text,
+                media_type=f"{media}; charset=utf-8",
+                headers={
+                    "content-disposition": f'attachment; filename="{conv.id}.{kind}"',
+                    "cache-control": "no-store",
+                },
+            )
+
+        return await self._call(build)
+
+    async def metrics(self, request: Request) -> Response:
+        def build() -> dict[str, Any]:
+            rows = self.reader.summaries()
+            by_status: dict[str, int] = {}
+            for r in rows:
+                by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+            return {
+                "live": self.broker.metrics.snapshot(),
+                "conversations": len(rows),
+                "by_status": by_status,
+                "turns_total": sum(int(r["turns"]) for r in rows),
+                "errors_now": sum(1 for r in rows if r["status"] == "error"),
+                "retrying_now": sum(1 for r in rows if r["status"] == "retrying"),
+            }
+
+        return await self._call(build)
+
+    async def events(self, request: Request) -> Response:
+        conv = request.query_params.get("conv") or None
+        return StreamingResponse(
+            self._stream(conv),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
+
+    async def _stream(self, conv: str | None) -> AsyncIterator[str]:
+        sub = self.broker.subscribe(conv)
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            yield "retry: 2000\nevent: hello\ndata: {}\n\n"
+            while not self.stop.is_set():
+                getter = asyncio.ensure_future(sub.queue.get())
+                done, _ = await asyncio.wait(
+                    {getter, stopping}, timeout=HEARTBEAT, return_when=asyncio.FIRST_COMPLETED
+                )
+                if getter not in done:
+                    getter.cancel()
+                    if not done:
+                        yield ": ping\n\n"
+                    continue
+                conv_id, event, data = getter.result()
+                if sub.overflowed:
+                    sub.overflowed = False
+                    yield "event: resync\ndata: {}\n\n"
+                payload = json.dumps({"conv": conv_id, **data}, ensure_ascii=False)
+                yield f"event: {event}\ndata: {payload}\n\n"
+        finally:
+            stopping.cancel()
+            self.broker.unsubscribe(sub)
+
+    # -- actions ------------------------------------------------------------------------
+
+    async def send(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return await self._call(
+            lambda: {"queued": actions.send(self.settings, self._conv(request), _text(body))}
+        )
+
+    async def respond(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        need = body.get("need")
+        return await self._call(
+            lambda: actions.respond(
+                self.settings,
+                self.reader,
+                self._conv(request),
+                _text(body),
+                str(need) if need not in (None, "") else None,
+            )
+        )
+
+    async def archive(self, request: Request) -> Response:
+        def run() -> dict[str, Any]:
+            dest = actions.archive_conversation(self.home, self._conv(request))
+            return {"archived": True, "id": dest.id}
+
+        return await self._call(run)
+
+    # -- the app ------------------------------------------------------------------------
+
+    def asgi(self) -> ASGIApp:
+        c = "/api/conversations/{conv_id}"
+        routes = [
+            Route("/", self.page),
+            Route("/c/{conv_id}", self.page),
+            Route("/health", self.health),
+            Route("/api/status", self.status),
+            Route("/api/metrics", self.metrics),
+            Route("/api/events", self.events),
+            Route("/api/conversations", self.conversations),
+            Route(c, self.conversation),
+            Route(c + "/blocks", self.blocks),
+            Route(c + "/export.md", self.export_md),
+            Route(c + "/export.json", self.export_json),
+            Route(c + "/messages", self.send, methods=["POST"]),
+            Route(c + "/respond", self.respond, methods=["POST"]),
+            Route(c + "/archive", self.archive, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+        return Guard(
+            Starlette(routes=routes),
+            token=lambda: self.token,
+            hosts=lambda: allowed_hosts(self.host, self.port),
+        )
+
+
+def _text(body: dict[str, Any]) -> str:
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise InputRejected("the body needs a text field (a string)")
+    return text
+
+
+def _haystack(row: dict[str, Any]) -> str:
+    return " ".join(
+        str(row.get(k, "")) for k in ("id", "topic", "model", "backend", "status")
+    ).casefold()

@@ -1,0 +1,101 @@
+"""The dashboard's front door, as one ASGI middleware.
+
+* every request: the ``Host`` header must name this server (127.0.0.1 / localhost / [::1]
+  with our port): a DNS-rebinding page gets 400, whatever its address resolves to;
+* every state-changing request (anything but GET/HEAD): ``Authorization: Bearer <token>``
+  (the token from the 0600 file), ``Content-Type: application/json`` and, when the browser
+  sends one, an ``Origin`` of this server;
+* every response: a strict CSP, no framing, no sniffing, no referrer.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+]
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+SAFE_METHODS = {"GET", "HEAD"}
+
+
+def allowed_hosts(bind_host: str, port: int) -> set[str]:
+    names = set(LOOPBACK)
+    if bind_host not in {"127.0.0.1", "::1", "localhost", "0.0.0.0", "::"}:  # noqa: S104
+        names.add(f"[{bind_host}]" if ":" in bind_host else bind_host)
+    return {f"{n}:{port}" for n in names}
+
+
+class Guard:
+    def __init__(
+        self, app: ASGIApp, *, token: Callable[[], str], hosts: Callable[[], set[str]]
+    ) -> None:
+        self.app = app
+        self.token = token
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = self._refusal(scope["method"], headers)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                raw = [(k, v) for k, v in message.get("headers", []) if k not in _OURS]
+                message = {**message, "headers": raw + SECURITY_HEADERS}
+            await send(message)
+
+        if refusal is not None:
+            status, text = refusal
+            body = json.dumps({"error": text}).encode()
+            await send_with_headers(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send_with_headers)
+
+    def _refusal(self, method: str, headers: Headers) -> tuple[int, str] | None:
+        hosts = self.hosts()
+        if headers.get("host", "").lower() not in hosts:
+            return 400, "invalid Host header"
+        if method in SAFE_METHODS:
+            return None
+        origin = headers.get("origin")
+        if origin is not None and origin.lower() not in {f"http://{h}" for h in hosts}:
+            return 403, "cross-origin request refused"
+        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            return 415, "state-changing requests take Content-Type: application/json"
+        auth = headers.get("authorization", "")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not given or not hmac.compare_digest(given.encode(), self.token().encode()):
+            return 401, "missing or wrong token (see `contemplation status`)"
+        return None
+
+
+_OURS = {k for k, _ in SECURITY_HEADERS}

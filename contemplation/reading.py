@@ -1,0 +1,322 @@
+"""Read-only views of conversations for the faces (MCP server, dashboard): summaries, the
+blocks since a cursor, pending needs, exports. Nothing here writes.
+
+A *cursor* is a byte offset into the whole conversation: the rotated segments (oldest
+first) and then the live ``messages.log``, laid end to end. Rotation only renames files, so
+offsets already handed out stay valid. A cursor always points at a block boundary: it stops
+before a reply that is still being streamed, so the next read returns that block whole.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contemplation.conversation import next_action
+from contemplation.errors import NotFound
+from contemplation.layout import (
+    Conv,
+    Home,
+    LogView,
+    find_conversation,
+    inbox_entries,
+    log_segments,
+    parse_segment,
+    read_metadata,
+    read_state,
+    segment_inodes,
+    valid_id,
+)
+from contemplation.logformat import MARKER_RE, RESPONSE_PREFIX
+from contemplation.models import Block, MarkerKind, Metadata, State
+from contemplation.parser import parse
+
+_HIDDEN_MARKERS = {MarkerKind.THINKING, MarkerKind.END_THINKING}
+VIEWS_KEPT = 256
+
+
+def locate(home: Home, name: str) -> Conv:
+    """A conversation by exact id (active first, then completed), else by prefix or topic."""
+    if valid_id(name):
+        for completed in (False, True):
+            conv = home.conv(name, completed=completed)
+            if conv.dir.is_dir():
+                return conv
+    return find_conversation(home, name)
+
+
+# --------------------------------------------------------------------------- segments
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    path: Path
+    start: int  # cursor of its first byte
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+def segments(conv: Conv) -> list[Segment]:
+    """The files of the log with their place in the cursor space (stable across a rotation)."""
+    for _ in range(20):
+        before = segment_inodes(conv)
+        out: list[Segment] = []
+        start = 0
+        for p in log_segments(conv):
+            try:
+                size = os.stat(p, follow_symlinks=False).st_size
+            except FileNotFoundError:
+                size = 0
+            out.append(Segment(p, start, size))
+            start += size
+        if segment_inodes(conv) == before:
+            return out
+    return out
+
+
+def _read(path: Path, offset: int, size: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(max(0, size - offset))
+    except FileNotFoundError:
+        return b""
+
+
+def block_dict(b: Block, offset: int, *, thinking: bool = False) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "offset": offset,
+        "from": b.sender,
+        "to": b.recipient,
+        "time": b.timestamp,
+        "kind": b.kind.value,
+        "text": b.text,
+    }
+    if b.needs:
+        d["needs"] = list(b.needs)
+    if b.response_to is not None:
+        d["response_to"] = b.response_to
+    if b.complete:
+        d["complete"] = True
+    if b.interrupted:
+        d["interrupted"] = True
+    marks = [[k.value, t] for k, t in b.markers if k not in _HIDDEN_MARKERS]
+    if marks:
+        d["markers"] = marks
+    if thinking and b.thinking:
+        d["thinking"] = b.thinking
+    return d
+
+
+def _loose_markers(preamble: str, offset: int) -> list[dict[str, Any]]:
+    """System lines that follow the cursor but belong to an earlier block (e.g. an ERROR)."""
+    out: list[dict[str, Any]] = []
+    for line in preamble.splitlines():
+        m = MARKER_RE.match(line.encode())
+        if m and m.group(1) != b"CONTINUED":
+            text = (m.group(2) or b"").decode("utf-8", errors="replace")
+            out.append(
+                {"offset": offset, "kind": "marker", "marker": m.group(1).decode(), "text": text}
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Since:
+    blocks: list[dict[str, Any]]
+    cursor: int  # where the next read starts
+    total: int  # bytes of the whole conversation
+    partial: dict[str, Any] | None = None  # a reply still being written (not past the cursor)
+    reset: bool = False  # the cursor was beyond the log (it was replaced or cut): read from 0
+
+
+def blocks_since(
+    conv: Conv,
+    cursor: int,
+    *,
+    agent_label: str = "CLAUDE",
+    writing_at: int | None = None,
+    thinking: bool = False,
+) -> Since:
+    """Whole blocks after ``cursor``. ``writing_at``: offset in the live log where a write is
+    in flight (state.json's intent); a block from there on may still grow."""
+    segs = segments(conv)
+    total = segs[-1].end if segs else 0
+    reset = cursor < 0 or cursor > total
+    if reset:
+        cursor = 0
+    out: list[dict[str, Any]] = []
+    last: Block | None = None
+    for seg in segs:
+        if seg.end <= cursor:
+            continue
+        local = max(0, cursor - seg.start)
+        data = _read(seg.path, local, seg.size)
+        if not data:
+            continue
+        result = (
+            parse_segment(data, agent_label=agent_label)
+            if local == 0
+            else parse(data, agent_label=agent_label)
+        )
+        out.extend(_loose_markers(result.preamble, seg.start + local))
+        for b in result.blocks:
+            start = seg.start + local + b.offset
+            out.append(block_dict(b, start, thinking=thinking))
+            last = b
+    new_cursor = total
+    partial = None
+    growing = (
+        writing_at is not None and segs and out and out[-1]["offset"] >= segs[-1].start + writing_at
+    )
+    if last is not None and out[-1].get("kind") != "marker" and (last.truncated or growing):
+        partial = out.pop()
+        new_cursor = int(partial["offset"])
+    return Since(out, new_cursor, total, partial, reset)
+
+
+def log_text(conv: Conv) -> str:
+    """The whole conversation as text (every segment, oldest first)."""
+    parts: list[bytes] = []
+    for seg in segments(conv):
+        parts.append(_read(seg.path, 0, seg.size))
+    return b"".join(parts).decode("utf-8", errors="replace")
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+def _stat_key(*paths: Path) -> tuple[int, ...]:
+    key: list[int] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            key.extend((0, 0))
+            continue
+        key.extend((st.st_mtime_ns, st.st_size))
+    return tuple(key)
+
+
+@dataclass
+class Reader:
+    """Cached reads of one home: summaries keyed by file stats, incremental log views."""
+
+    home: Home
+    _summaries: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = field(default_factory=dict)
+    _views: OrderedDict[Path, LogView] = field(default_factory=OrderedDict)
+
+    def conversations(self, *, include_completed: bool = True) -> list[Conv]:
+        dirs = [self.home.active] + ([self.home.completed] if include_completed else [])
+        out: list[Conv] = []
+        for d in dirs:
+            try:
+                with os.scandir(d) as it:
+                    out.extend(
+                        Conv(Path(e.path))
+                        for e in it
+                        if not e.name.startswith(".")
+                        and valid_id(e.name)
+                        and e.is_dir(follow_symlinks=False)
+                    )
+            except FileNotFoundError:
+                continue
+        return out
+
+    def summary(self, conv: Conv) -> dict[str, Any]:
+        key = _stat_key(conv.state, conv.metadata, conv.log)
+        hit = self._summaries.get(conv.dir)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        meta = read_metadata(conv)
+        state = read_state(conv)
+        mtime = max(key[0], key[4]) / 1e9
+        s = _summary(conv, meta, state, mtime)
+        self._summaries[conv.dir] = (key, s)
+        return s
+
+    def summaries(self, *, include_completed: bool = True) -> list[dict[str, Any]]:
+        convs = self.conversations(include_completed=include_completed)
+        live = {c.dir for c in convs}
+        if len(self._summaries) > 2 * len(live) + 64:
+            self._summaries = {k: v for k, v in self._summaries.items() if k in live}
+        rows = [self.summary(c) for c in convs]
+        rows.sort(key=lambda r: r["last_activity_ts"], reverse=True)
+        return rows
+
+    def view(self, conv: Conv, agent_label: str) -> LogView:
+        v = self._views.get(conv.dir)
+        if v is None or v.agent_label != agent_label:
+            v = LogView(conv, agent_label)
+            self._views[conv.dir] = v
+        self._views.move_to_end(conv.dir)
+        while len(self._views) > VIEWS_KEPT:
+            self._views.popitem(last=False)
+        return v
+
+    def pending_needs(self, conv: Conv, meta: Metadata) -> list[str]:
+        """Needs the model waits for, from the log (the truth), minus answers already queued."""
+        nxt = next_action(self.view(conv, meta.agent_label).refresh().blocks)
+        if nxt.action != "needs":
+            return []
+        queued = set()
+        for e in inbox_entries(conv):
+            try:
+                head = e.path.read_bytes()[:2000].decode("utf-8", errors="replace")
+            except OSError:
+                continue
+            if head.startswith(RESPONSE_PREFIX):
+                queued.add(head.split("\n", 1)[0][len(RESPONSE_PREFIX) :].strip())
+        return [n for n in nxt.needs if n not in queued]
+
+    def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:
+        meta = read_metadata(conv)
+        state = read_state(conv)
+        intent = state.intent if state is not None else None
+        return blocks_since(
+            conv,
+            cursor,
+            agent_label=meta.agent_label if meta else "CLAUDE",
+            writing_at=intent.offset if intent is not None else None,
+            thinking=thinking,
+        )
+
+    def locate(self, name: str) -> Conv:
+        try:
+            return locate(self.home, name)
+        except NotFound:
+            raise
+        except OSError as exc:
+            raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
+
+
+def _summary(
+    conv: Conv, meta: Metadata | None, state: State | None, mtime: float
+) -> dict[str, Any]:
+    return {
+        "id": conv.id,
+        "topic": meta.topic if meta else "",
+        "status": state.status.value if state else "pending",
+        "completed": conv.is_completed,
+        "model": meta.model if meta else "",
+        "backend": meta.backend if meta else "",
+        "created": meta.created if meta else "",
+        "last_activity": _clock(mtime),
+        "last_activity_ts": mtime,
+        "turns": state.turns if state else 0,
+        "messages": state.messages_processed if state else 0,
+        "pending_needs": list(state.pending_needs) if state else [],
+        "last_error": state.last_error.model_dump() if state and state.last_error else None,
+        "retry_count": state.retry_count if state else 0,
+    }
