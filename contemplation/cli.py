@@ -14,6 +14,7 @@ import click
 
 from contemplation import __version__, backends
 from contemplation import settings as settings_mod
+from contemplation.cli_service import service_group
 from contemplation.conversation import next_action
 from contemplation.errors import ContemplationError
 from contemplation.layout import (
@@ -435,6 +436,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"{'ok ' if r['ok'] else 'FAIL'} {r['check']:<8} {r['detail']}")
     sys.exit(0 if ok else 1)
 
+
+main.add_command(service_group)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,98 @@
+"""``contemplation service install|uninstall|status|logs``: the daemon as a user service."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from contemplation import service
+from contemplation import settings as settings_mod
+from contemplation.settings import Settings
+
+MANAGERS = click.Choice(["auto", "systemd", "launchd"])
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
+    if "settings" not in obj:
+        obj["settings"] = settings_mod.load(
+            config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
+        )
+    settings: Settings = obj["settings"]
+    return settings
+
+
+def _manager(name: str) -> service.Manager:
+    return service.default_manager() if name == "auto" else name  # type: ignore[return-value]
+
+
+def _options(fn: Any) -> Any:
+    fn = click.option(
+        "--print",
+        "dry_run",
+        is_flag=True,
+        help="Show what would be written and run; change nothing.",
+    )(fn)
+    fn = click.option(
+        "--manager", type=MANAGERS, default="auto", show_default=True, help="Service manager."
+    )(fn)
+    return fn
+
+
+@click.group("service")
+def service_group() -> None:
+    """Run the daemon as a user service (systemd --user on Linux, a LaunchAgent on macOS)."""
+
+
+@service_group.command()
+@_options
+@click.pass_context
+def install(ctx: click.Context, manager: str, dry_run: bool) -> None:
+    """Write the unit (absolute paths) and start it; running it again is safe."""
+    p = service.plan(_settings(ctx), "install", _manager(manager))
+    if dry_run:
+        click.echo(p.describe(), nl=False)
+        return
+    for line in service.install(p):
+        click.echo(line)
+
+
+@service_group.command()
+@_options
+@click.pass_context
+def uninstall(ctx: click.Context, manager: str, dry_run: bool) -> None:
+    """Stop the service and remove the unit; conversations are kept."""
+    p = service.plan(_settings(ctx), "uninstall", _manager(manager))
+    if dry_run:
+        click.echo(p.describe(), nl=False)
+        return
+    for line in service.uninstall(p):
+        click.echo(line)
+
+
+@service_group.command()
+@_options
+@click.pass_context
+def status(ctx: click.Context, manager: str, dry_run: bool) -> None:
+    """The service manager's view of the daemon."""
+    p = service.plan(_settings(ctx), "status", _manager(manager))
+    if dry_run:
+        click.echo(p.describe(), nl=False)
+        return
+    sys.exit(service.passthrough(p))
+
+
+@service_group.command()
+@_options
+@click.option("-n", "--lines", type=int, default=200, show_default=True)
+@click.option("-f", "--follow", is_flag=True)
+@click.pass_context
+def logs(ctx: click.Context, manager: str, dry_run: bool, lines: int, follow: bool) -> None:
+    """The daemon's log (journalctl, or the LaunchAgent's log files)."""
+    p = service.plan(_settings(ctx), "logs", _manager(manager), lines=lines, follow=follow)
+    if dry_run:
+        click.echo(p.describe(), nl=False)
+        return
+    sys.exit(service.passthrough(p))
