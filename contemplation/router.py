@@ -212,7 +212,7 @@ def compile_rule(
     case_sensitive = raw.get("case_sensitive", False)
     if not isinstance(case_sensitive, bool):
         raise bad("'case_sensitive' must be true or false")
-    param = str(raw.get("param", "query"))
+    param = str(raw.get("param", _DEFAULT_ARG.get(tool, "query")))
     if not _IDENT_RE.match(param):
         raise bad(f"'param' must be a plain name, not {param!r}")
     pattern: re.Pattern[str] | None = None
@@ -229,7 +229,7 @@ def compile_rule(
             raise bad("'prefix' must be a non-empty string")
         prefix = prefix.strip()
         captures = {param}
-    args = raw.get("args", _default_args(tool, pattern))
+    args = raw.get("args", _default_args(tool, pattern, param))
     if not isinstance(args, Mapping):
         raise bad("'args' must be a table, e.g. args = { path = \"{path}\" }")
     allowed = captures | {"need", "rest"}
@@ -254,11 +254,15 @@ def compile_rule(
     )
 
 
-def _default_args(tool: str, pattern: re.Pattern[str] | None) -> dict[str, Any]:
+def _default_args(tool: str, pattern: re.Pattern[str] | None, param: str) -> dict[str, Any]:
+    """Arguments when a rule gives none: the built-in tool's one argument, or for an MCP tool
+    the captures under their own names (``args = {}`` in the rule means really none)."""
+    groups = list(pattern.groupindex) if pattern is not None else []
     key = _DEFAULT_ARG.get(tool)
     if key is None:
-        return {}
-    groups = list(pattern.groupindex) if pattern is not None else []
+        if tool == "agent":
+            return {}
+        return {g: "{" + g + "}" for g in groups} if pattern is not None else {param: "{rest}"}
     value = "{rest}" if pattern is None else "{" + groups[0] + "}" if len(groups) == 1 else "{need}"
     return {key: value}
 

@@ -31,7 +31,7 @@ from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import FileUrl
 
 from contemplation.errors import ConfigError, ToolError
@@ -162,7 +162,7 @@ class McpServer:
                 session = ClientSession(
                     read,
                     write,
-                    read_timeout_seconds=self.spec.timeout,
+                    read_timeout_seconds=self.spec.start_timeout,  # initialize, listings
                     list_roots_callback=_roots_callback(self.roots) if self.roots else None,
                 )
                 await stack.enter_async_context(session)
@@ -294,10 +294,14 @@ class McpServer:
         source = f"{self.name}:{tool}"
         try:
             async with asyncio.timeout(self.spec.timeout):
-                result = await session.call_tool(tool, dict(arguments))
+                result = await session.call_tool(
+                    tool, dict(arguments), read_timeout_seconds=self.spec.timeout
+                )
         except TimeoutError:
             raise ToolError(f"{source} did not answer within {self.spec.timeout:g} s") from None
         except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:  # the SDK's own clock ran out first
+                raise ToolError(f"{source} did not answer within {self.spec.timeout:g} s") from None
             if exc.code == CONNECTION_CLOSED:
                 detail = self.stderr_tail()
                 raise ServerDied(

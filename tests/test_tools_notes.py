@@ -1,0 +1,101 @@
+"""``Obsidian notes matching``: ranked search over a real folder of Markdown notes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from contemplation.errors import ToolError
+from contemplation.tools.base import Unconfigured
+from contemplation.tools.notes import NotesSearch
+
+
+@pytest.fixture
+def vault(tmp_path: Path) -> Path:
+    v = tmp_path / "vault"
+    (v / "projects").mkdir(parents=True)
+    (v / ".obsidian").mkdir()
+    (v / "projects" / "caching.md").write_text(
+        "# Caching strategy\n\nWe cache query results in Redis.\n"
+        "Cache invalidation happens on write; the TTL is five minutes.\n"
+    )
+    (v / "daily.md").write_text(
+        "# Monday\n\nLunch, then a long talk about many things. Redis came up once.\n"
+    )
+    (v / "memory-design.md").write_text(
+        "Notes on memory persistence: snapshots every hour, query patterns logged.\n"
+    )
+    (v / ".obsidian" / "workspace.md").write_text("# Caching caching caching redis\n")
+    (v / "ignored.txt").write_text("caching redis caching")
+    return v
+
+
+def test_ranked_hits_have_titles_paths_and_snippets(vault: Path) -> None:
+    hits, total = NotesSearch(vault).search("redis caching")
+    assert total == 3  # hidden folders and non-Markdown files are not notes
+    assert [h.path for h in hits] == ["projects/caching.md", "daily.md"]
+    first = hits[0]
+    assert first.title == "Caching strategy"
+    assert "Redis" in first.snippet
+    assert hits[0].score > hits[1].score
+
+
+def test_a_title_match_outranks_a_body_mention(vault: Path) -> None:
+    (vault / "redis.md").write_text("# Redis\n\nThe in-memory store we run.\n")
+    hits, _ = NotesSearch(vault).search("redis")
+    assert hits[0].path == "redis.md"
+
+
+def test_file_name_is_the_title_without_a_heading(vault: Path) -> None:
+    hits, _ = NotesSearch(vault).search("memory persistence")
+    assert hits[0].title == "memory-design"
+    assert "persistence" in hits[0].snippet
+
+
+def test_changed_notes_are_reindexed(vault: Path) -> None:
+    search = NotesSearch(vault)
+    assert search.search("kubernetes")[0] == []
+    note = vault / "daily.md"
+    note.write_text("# Monday\n\nKubernetes upgrade planned.\n")
+    st = note.stat()
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    hits, _ = search.search("kubernetes")
+    assert [h.path for h in hits] == ["daily.md"]
+
+
+def test_links_out_of_the_vault_are_ignored(vault: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.md"
+    secret.write_text("# Zanzibar\nprivate")
+    (vault / "leak.md").symlink_to(secret)
+    (vault / "same.md").symlink_to(vault / "projects" / "caching.md")  # the same note again
+    (vault / "raw").mkdir()
+    (vault / "raw" / "draft.txt").write_text("# Draft\nzanzibar is the codename")
+    (vault / "draft.md").symlink_to(vault / "raw" / "draft.txt")  # a link that stays inside
+    hits, total = NotesSearch(vault).search("zanzibar")
+    assert [h.path for h in hits] == ["raw/draft.txt"]
+    assert "private" not in " ".join(h.snippet for h in hits)
+    assert total == 4  # three notes + the inside link; the outside link and the dup are not
+
+
+def test_answer_text_and_limits(vault: Path) -> None:
+    for i in range(12):
+        (vault / f"redis-{i}.md").write_text(f"# Redis note {i}\nredis")
+    search = NotesSearch(vault, results=3)
+    result = asyncio.run(search.call({"query": "redis"}))
+    assert result.text.startswith("3 of the notes that match 'redis' (15 notes searched):")
+    assert result.text.count("\n1. ") == 1 and "\n4. " not in result.text
+    assert result.source == str(vault)
+    nothing = search.answer("zebra crossing")
+    assert nothing.text == "no notes match 'zebra crossing' (15 notes searched)"
+
+
+def test_no_vault_configured_or_missing(tmp_path: Path) -> None:
+    with pytest.raises(Unconfigured, match="notes_vault"):
+        NotesSearch(None).search("x")
+    with pytest.raises(ToolError, match="does not exist"):
+        NotesSearch(tmp_path / "nope").search("x")
+    with pytest.raises(ToolError, match="missing argument 'query'"):
+        asyncio.run(NotesSearch(tmp_path).call({"query": "  "}))
