@@ -47,9 +47,13 @@ def text_arg(arguments: Mapping[str, Any], key: str, *, limit: int = 1000) -> st
 
 
 def trim(text: str, budget: int) -> tuple[str, int]:
-    """``text`` cut to ``budget`` characters at a line end when one is near; and what was cut."""
+    """``text`` cut to ``budget`` characters at a line end (else a space) when one is near;
+    and how many characters were left out."""
     if len(text) <= budget:
         return text, 0
-    cut = text.rfind("\n", int(budget * 0.8), budget)
-    end = cut if cut > 0 else budget
-    return text[:end].rstrip(), len(text) - end
+    floor = int(budget * 0.8)
+    cut = text.rfind("\n", floor, budget)
+    if cut < 0:
+        cut = text.rfind(" ", floor, budget)
+    kept = text[: cut if cut > 0 else budget].rstrip()
+    return kept, len(text) - len(kept)
