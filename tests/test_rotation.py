@@ -1,0 +1,213 @@
+"""Log rotation: renames under the conversation lock that a real ``tail -F`` follows, crash safe,
+and the whole conversation (every segment) still reaches the model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from contemplation.layout import Conv, Home, LogView, load_template, log_segments, read_state
+from contemplation.pipeline import Runtime, process_pending
+from contemplation.reading import blocks_since, log_text, segments
+from contemplation.settings import Settings
+from contemplation.writer import new_conversation, open_writer
+from tests.conftest import ROOT, wait_for
+from tests.fakes.ollama_server import FakeOllama
+
+LIMIT = 2048
+
+
+def make_conv(home: Home) -> Conv:
+    return new_conversation(
+        home,
+        "rotation",
+        template=load_template(home, "default"),
+        model="llama3.2",
+        backend="ollama",
+    )
+
+
+def exchange(conv: Conv, i: int, limit: int = LIMIT) -> bool:
+    """One message and one reply, then a rotation if due; True when it rotated."""
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", f"question line-{i:04d} " + "q" * 150, msg_id=f"m{i}")
+        r = w.reply("OLLAMA", "CLAUDE", f"r{i}")
+        r.content(f"answer line-{i:04d} " + "a" * 150)
+        r.finish()
+        return w.maybe_rotate(limit)
+
+
+def test_rotation_renames_segments_oldest_highest_and_keeps_every_block(home: Home) -> None:
+    conv = make_conv(home)
+    rotations = sum(exchange(conv, i) for i in range(40))
+    names = [p.name for p in log_segments(conv)]
+    assert rotations >= 3
+    assert names == [f"messages.{n}.log" for n in range(rotations, 0, -1)] + ["messages.log"]
+    # oldest has the highest number: question 0 is in the last-numbered segment
+    assert b"line-0000" in (conv.dir / f"messages.{rotations}.log").read_bytes()
+    # every segment holds whole blocks only and never passes the limit by more than a block
+    for p in log_segments(conv)[:-1]:
+        data = p.read_bytes()
+        assert LIMIT <= len(data) < LIMIT + 1024
+        assert data.endswith(b"\n")
+    # the new live log starts with the CONTINUED system line, which is not a parse error
+    assert conv.log.read_bytes().startswith(b"=== CONTINUED: ")
+    result = LogView(conv).refresh()
+    assert result.errors == ()
+    texts = [b.text.split(" ")[1] for b in result.blocks]
+    assert texts == [f"line-{i // 2:04d}" for i in range(80)]
+    st = read_state(conv)
+    assert st is not None and st.rotation is None
+    assert st.log.size == conv.log.stat().st_size and st.log.ino == conv.log.stat().st_ino
+
+
+def test_no_rotation_while_a_write_is_in_flight_or_bytes_are_foreign(home: Home) -> None:
+    conv = make_conv(home)
+    for i in range(10):
+        exchange(conv, i, limit=10**9)
+    with open_writer(conv) as w:
+        with open(conv.log, "ab") as f:  # a hand append not yet adopted
+            f.write(b"\n=== CLAUDE -> OLLAMA [2026-01-01 00:00:00] ===\nby hand\n")
+        assert not w.maybe_rotate(LIMIT)
+        w.adopt_foreign()
+        r = w.reply("OLLAMA", "CLAUDE", "streaming")
+        r.content("half a reply")
+        assert not w.maybe_rotate(LIMIT)  # mid-reply: intent recorded
+        r.finish()
+        assert w.maybe_rotate(LIMIT)
+    assert [p.name for p in log_segments(conv)] == ["messages.1.log", "messages.log"]
+
+
+def test_tail_F_follows_rotation_and_sees_every_line(home: Home) -> None:
+    if shutil.which("tail") is None:
+        pytest.skip("no tail")
+    conv = make_conv(home)
+    tail = subprocess.Popen(
+        ["tail", "-F", "-n", "+1", str(conv.log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    seen = bytearray()
+    assert tail.stdout is not None
+    out = tail.stdout
+    os.set_blocking(out.fileno(), False)
+
+    def saw(marker: bytes) -> bool:
+        chunk = out.read()
+        if chunk:
+            seen.extend(chunk)
+        return marker in seen
+
+    try:
+        exchange(conv, 0)
+        wait_for(lambda: saw(b"answer line-0000"), timeout=10, what="tail -F to start following")
+        rotations = sum(exchange(conv, i) for i in range(1, 120))
+        assert rotations >= 8
+        wait_for(lambda: saw(b"answer line-0119"), timeout=20, what="tail -F to reach the end")
+    finally:
+        tail.kill()
+        tail.wait()
+    text = seen.decode()
+    for i in range(120):
+        assert f"question line-{i:04d}" in text, i
+        assert f"answer line-{i:04d}" in text, i
+    assert text.count("question line-") == 120  # nothing twice
+
+
+CRASH_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from contemplation.layout import Conv
+    from contemplation.writer import open_writer
+    conv = Conv(Path(sys.argv[1]))
+    with open_writer(conv) as w:
+        w.rotate()
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["rotate", "rotate_renamed"])
+def test_a_crash_during_rotation_is_completed_by_recovery(home: Home, point: str) -> None:
+    conv = make_conv(home)
+    for i in range(30):
+        exchange(conv, i)
+    before = LogView(conv).refresh().blocks
+    n_before = len(log_segments(conv))
+    env = dict(os.environ, CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=f"{point}:1")
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(conv.dir)], env=env, cwd=ROOT, check=False
+    )
+    assert proc.returncode == -9
+    st = read_state(conv)
+    assert st is not None and st.rotation is not None  # journaled before any rename
+    with open_writer(conv) as w:
+        done = w.recover()
+    assert any("rotated" in d for d in done)
+    st = read_state(conv)
+    assert st is not None and st.rotation is None
+    names = [p.name for p in log_segments(conv)]
+    assert names == [f"messages.{n}.log" for n in range(n_before, 0, -1)] + ["messages.log"]
+    assert conv.log.exists() and st.log.ino == conv.log.stat().st_ino
+    after = LogView(conv).refresh().blocks
+    assert [b.text for b in after] == [b.text for b in before]
+    exchange(conv, 99)  # and writing goes on
+    assert LogView(conv).refresh().blocks[-1].text.startswith("answer line-0099")
+
+
+def test_cursors_stay_valid_across_a_rotation(home: Home) -> None:
+    conv = make_conv(home)
+    for i in range(5):
+        exchange(conv, i, limit=10**9)
+    first = blocks_since(conv, 0)
+    assert len(first.blocks) == 10
+    with open_writer(conv) as w:
+        w.rotate()
+    exchange(conv, 5, limit=10**9)
+    later = blocks_since(conv, first.cursor)
+    assert [b["text"].split(" ")[1] for b in later.blocks] == ["line-0005", "line-0005"]
+    assert not later.reset
+    whole = blocks_since(conv, 0)
+    assert len(whole.blocks) == 12
+    assert segments(conv)[-1].start == first.total
+    assert log_text(conv).count("question line-") == 6
+
+
+def test_the_model_gets_history_from_rotated_segments(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings(fake_ollama)
+    conv = make_conv(home)
+    for i in range(12):
+        exchange(conv, i)
+    assert len(log_segments(conv)) > 2
+    (conv.inbox / "next.msg").write_text("what did I ask first?")
+    rt = Runtime(settings=settings, home=home)
+    asyncio.run(process_pending(rt))
+    asyncio.run(rt.aclose())
+    sent = fake_ollama.chat_requests()[-1]["messages"]
+    user = [m["content"] for m in sent if m["role"] == "user"]
+    assert user[0].startswith("question line-0000")
+    assert len(user) == 13 and user[-1] == "what did I ask first?"
+    assistant = [m["content"] for m in sent if m["role"] == "assistant"]
+    assert len(assistant) == 12 and assistant[0].startswith("answer line-0000")
+
+
+def test_state_rebuilt_after_rotation_counts_every_segment(home: Home) -> None:
+    conv = make_conv(home)
+    for i in range(20):
+        exchange(conv, i)
+    conv.state.unlink()
+    with open_writer(conv) as w:
+        assert w.rebuilt
+        assert w.state.turns == 20 and w.state.messages_processed == 20
+        assert w.state.log.size == conv.log.stat().st_size
+    assert Path(conv.log).exists()
