@@ -162,7 +162,7 @@ def test_needs_are_looked_up_concurrently(tmp_path: Path) -> None:
 
 
 def test_failures_timeouts_and_crashes_become_answers(tmp_path: Path) -> None:
-    limits = {"tools": {"limits": {"tool_timeout": 0.2}}}
+    limits: dict[str, Any] = {"tools": {"limits": {"tool_timeout": 0.2}}}
     failing = CountingTool(fail=ToolError("the store is locked"))
     slow = CountingTool(delay=5)
     crashing = CountingTool(fail=RuntimeError("bug"))
@@ -189,7 +189,7 @@ def test_rate_limit_per_conversation_with_a_fake_clock(tmp_path: Path) -> None:
         return a
 
     async def main() -> list[str]:
-        statuses = [(await ask(f"Brain memory about {i}")).status for i in range(5)]
+        statuses: list[str] = [(await ask(f"Brain memory about {i}")).status for i in range(5)]
         limited = await ask("Brain memory about 99")
         assert "at most 3 tool calls a minute" in limited.content
         assert "ask again in 20 s" in limited.content

@@ -169,7 +169,7 @@ def test_assembly_with_a_running_mcp_server_is_fast(world: dict[str, Any], tmp_p
     settings = world["settings"].model_copy(
         update={
             "mcp_servers": {
-                "time": settings_mod.McpServerSettings(command=str(time_cmd)),
+                "time": settings_mod.McpServerSettings.model_validate({"command": str(time_cmd)}),
             },
             "routes": [{"prefix": "Time in", "tool": "time:get_current_time", "param": "timezone"}],
         }

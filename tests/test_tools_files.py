@@ -198,7 +198,7 @@ def test_hostile_needs_through_the_router_get_clear_answers(tree: Path, tmp_path
     async def run() -> list[tuple[str, str]]:
         async with NeedRouter(settings) as router:
             answered = await router.answer_all(needs, conv_id="c", turn_key="t")
-        out = []
+        out: list[tuple[str, str]] = []
         for need, answer in answered:
             assert answer is not None
             out.append((answer.status, answer.render_block(need)))
