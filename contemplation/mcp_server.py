@@ -220,7 +220,16 @@ def build_server(settings: Settings) -> MCPServer[Any]:
     )
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
-    @mcp.tool(annotations=ToolAnnotations(idempotent_hint=True, open_world_hint=False))
+    def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register with the docstring folded to one line (descriptions stay brief)."""
+
+        def register(fn: Callable[P, R]) -> Callable[P, R]:
+            doc = " ".join((fn.__doc__ or "").split())
+            return mcp.tool(description=doc, annotations=annotations)(fn)
+
+        return register
+
+    @tool(ToolAnnotations(idempotent_hint=True, open_world_hint=False))
     @_errors_as_tool_errors
     def conversation_start(
         topic: Annotated[str, Field(description="short subject; names the conversation")],
@@ -258,14 +267,14 @@ def build_server(settings: Settings) -> MCPServer[Any]:
             out["hint"] = faces._hint(conv, "pending", [], alive)
         return out
 
-    @mcp.tool(annotations=read_only)
+    @tool(read_only)
     @_errors_as_tool_errors
     def conversation_check(conversation_id: Id, since: Cursor = None) -> dict[str, Any]:
         """Status, pending needs, last error and the blocks after `since`; pass the returned
         cursor next time to get only what is new."""
         return faces.check(conversation_id, since)
 
-    @mcp.tool(annotations=ToolAnnotations(open_world_hint=False))
+    @tool(ToolAnnotations(open_world_hint=False))
     @_errors_as_tool_errors
     def conversation_respond(
         conversation_id: Id,
@@ -281,7 +290,7 @@ def build_server(settings: Settings) -> MCPServer[Any]:
             settings, faces.reader, conv, response, need
         )
 
-    @mcp.tool(annotations=read_only)
+    @tool(read_only)
     @_errors_as_tool_errors
     def conversation_list(
         status: Annotated[
@@ -292,7 +301,7 @@ def build_server(settings: Settings) -> MCPServer[Any]:
         """Conversations with status, model and last activity (active ones by default)."""
         return faces.list(status)
 
-    @mcp.tool(annotations=read_only)
+    @tool(read_only)
     async def conversation_wait(
         conversation_id: Id,
         since: Cursor = None,
@@ -307,7 +316,7 @@ def build_server(settings: Settings) -> MCPServer[Any]:
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc
 
-    @mcp.tool(annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
     @_errors_as_tool_errors
     def conversation_archive(conversation_id: Id) -> dict[str, Any]:
         """Move a finished conversation to completed/ (its files are kept)."""

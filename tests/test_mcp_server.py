@@ -1,0 +1,516 @@
+"""``contemplation mcp``: the SDK client in process and over stdio, the real MCP Inspector CLI, and
+the official conformance suite over streamable HTTP, with a real daemon answering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from contemplation import mcp_server
+from contemplation import settings as settings_mod
+from contemplation.layout import Conv, Home, load_template
+from contemplation.settings import Settings
+from contemplation.writer import DaemonLock, new_conversation, open_writer
+from tests import peers
+from tests.conftest import ARTIFACTS, ROOT, DaemonProc, base_env, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+
+TOOLS = {
+    "conversation_start",
+    "conversation_check",
+    "conversation_respond",
+    "conversation_list",
+    "conversation_wait",
+    "conversation_archive",
+}
+
+
+def settings_for(home: Home) -> Settings:
+    return settings_mod.load(home=home.root, env={}, config=None)
+
+
+def run_calls(settings: Settings, script: Callable[[Client], Any]) -> Any:
+    """Run ``script(client)`` against an in-process server."""
+
+    async def main() -> Any:
+        async with Client(mcp_server.build_server(settings)) as client:
+            return await script(client)
+
+    return asyncio.run(main())
+
+
+async def tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
+    result = await client.call_tool(name, args)
+    assert not result.is_error, result.content
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def tool_error(client: Client, name: str, **args: Any) -> str:
+    result = await client.call_tool(name, args)
+    assert result.is_error
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def needs_conv(home: Home, *needs: str) -> Conv:
+    """A conversation whose model asked for context (written through the writer)."""
+    conv = new_conversation(
+        home, "needs", template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "Plan the migration.", msg_id="m1")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.content("I need context first.\n" + "".join(f"NEED: {n}\n" for n in needs))
+        r.finish()
+    return conv
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def test_tools_are_few_brief_and_typed(home: Home) -> None:
+    async def script(c: Client) -> Any:
+        return (await c.list_tools()).tools
+
+    tools = run_calls(settings_for(home), script)
+    assert {t.name for t in tools} == TOOLS
+    for t in tools:
+        assert t.description and len(t.description) < 220 and "\n" not in t.description
+        assert t.input_schema["type"] == "object"
+    start = next(t for t in tools if t.name == "conversation_start")
+    assert set(start.input_schema["required"]) == {"topic", "initial_prompt"}
+    assert {"model", "backend", "template", "context_requirements", "idempotency_key"} <= set(
+        start.input_schema["properties"]
+    )
+
+
+def test_start_is_idempotent_by_key_and_by_repeated_arguments(home: Home) -> None:
+    settings = settings_for(home)
+
+    async def script(c: Client) -> list[dict[str, Any]]:
+        args = {"topic": "Memory", "initial_prompt": "How do we persist memory?"}
+        return [
+            await tool(c, "conversation_start", **args, idempotency_key="abc"),
+            await tool(c, "conversation_start", **args, idempotency_key="abc"),
+            await tool(c, "conversation_start", **args),
+            await tool(c, "conversation_start", **args),
+            await tool(c, "conversation_start", topic="Memory", initial_prompt="Other question"),
+        ]
+
+    a, b, c, d, e = run_calls(settings, script)
+    assert a["created"] and not b["created"] and a["conversation_id"] == b["conversation_id"]
+    assert c["created"] and not d["created"] and c["conversation_id"] == d["conversation_id"]
+    assert c["conversation_id"] != a["conversation_id"]
+    assert e["created"] and e["conversation_id"] not in {a["conversation_id"], c["conversation_id"]}
+    assert len(list(home.active.iterdir())) == 3
+    # the key → id map is persisted: a new server process (here: a new server) agrees
+    saved = json.loads((home.root / ".idempotency.json").read_text())
+    assert saved["keys"]["key:abc"]["id"] == a["conversation_id"]
+
+    async def again(c: Client) -> dict[str, Any]:
+        return await tool(
+            c, "conversation_start", topic="Memory", initial_prompt="x", idempotency_key="abc"
+        )
+
+    assert run_calls(settings, again)["conversation_id"] == a["conversation_id"]
+    first = (home.active / a["conversation_id"] / "inbox").iterdir()
+    assert [p.read_text() for p in first] == ["How do we persist memory?"]
+
+
+def test_check_without_a_daemon_says_so_and_polls_by_cursor(home: Home) -> None:
+    conv = needs_conv(home, "the schema")
+
+    async def script(c: Client) -> list[dict[str, Any]]:
+        out = [await tool(c, "conversation_check", conversation_id=conv.id)]
+        out.append(
+            await tool(c, "conversation_check", conversation_id=conv.id, since=out[0]["cursor"])
+        )
+        with open_writer(conv) as w:
+            w.append_block("CLAUDE", "OLLAMA", "new question", msg_id="m2")
+            r = w.reply("OLLAMA", "CLAUDE", "r2")
+            r.content("streaming so far")  # not finished: an intent is recorded
+            out.append(
+                await tool(c, "conversation_check", conversation_id=conv.id, since=out[1]["cursor"])
+            )
+            r.finish()
+        out.append(
+            await tool(c, "conversation_check", conversation_id=conv.id, since=out[2]["cursor"])
+        )
+        return out
+
+    first, second, third, fourth = run_calls(settings_for(home), script)
+    assert first["daemon_alive"] is False and "contemplation run" in first["hint"]
+    assert [b["kind"] for b in first["blocks"]] == ["agent", "model"]
+    assert first["blocks"][1]["needs"] == ["the schema"]
+    assert first["pending_needs"] == ["the schema"]
+    assert second["blocks"] == [] and second["cursor"] == first["cursor"]
+    assert [b["text"] for b in third["blocks"]] == ["new question"]
+    assert third["in_progress"]["text"] == "streaming so far"
+    assert [b["text"] for b in fourth["blocks"]] == ["streaming so far"]  # whole, exactly once
+    assert fourth["cursor"] == conv.log.stat().st_size
+
+
+def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -> None:
+    conv = needs_conv(home, "the schema", "the row counts")
+    plain = new_conversation(
+        home, "plain", template=load_template(home, "default"), model="m", backend="ollama"
+    )
+
+    async def script(c: Client) -> list[Any]:
+        return [
+            await tool(
+                c, "conversation_respond", conversation_id=conv.id, response="42 rows", need="2"
+            ),
+            await tool(c, "conversation_check", conversation_id=conv.id),
+            await tool_error(
+                c, "conversation_respond", conversation_id=conv.id, response="x", need="nope"
+            ),
+            await tool(c, "conversation_respond", conversation_id=plain.id, response="just a note"),
+            await tool_error(c, "conversation_respond", conversation_id=plain.id, response="  "),
+        ]
+
+    answered, check, wrong, note, empty = run_calls(settings_for(home), script)
+    assert answered["answered"] == "the row counts" and answered["still_pending"] == ["the schema"]
+    body = (conv.inbox / answered["queued"]).read_text()
+    lines = body.split("\n")
+    assert lines[0] == "RESPONSE TO NEED: the row counts"
+    assert lines[1].startswith("(source: agent, ") and lines[2] == "42 rows"
+    assert check["pending_needs"] == ["the schema"]  # the queued answer is not asked again
+    assert "no pending need 'nope'" in wrong
+    assert note["answered"] is None
+    assert (plain.inbox / note["queued"]).read_text() == "just a note"
+    assert "empty" in empty
+
+
+def test_wait_is_capped_and_never_waits_without_a_daemon(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_for(home)
+
+    async def start(c: Client) -> dict[str, Any]:
+        return await tool(c, "conversation_start", topic="t", initial_prompt="hello")
+
+    cid = run_calls(settings, start)["conversation_id"]
+
+    async def wait(c: Client) -> tuple[float, dict[str, Any]]:
+        t0 = time.monotonic()
+        out = await tool(c, "conversation_wait", conversation_id=cid, timeout_s=1000)
+        return time.monotonic() - t0, out
+
+    took, out = run_calls(settings, wait)
+    assert took < 2 and out["daemon_alive"] is False and out["timed_out"] is False
+    monkeypatch.setattr(mcp_server, "WAIT_CAP", 0.6)
+    lock = DaemonLock(home)  # a daemon that holds the lock but never answers
+    lock.acquire()
+    try:
+        took, out = run_calls(settings, wait)
+    finally:
+        lock.release()
+    assert 0.5 <= took < 3, took
+    assert out["timed_out"] is True and out["queued_messages"] == 1
+
+
+def test_list_archive_and_logs_as_resources(home: Home) -> None:
+    conv = needs_conv(home, "x")
+
+    async def script(c: Client) -> list[Any]:
+        listed = await tool(c, "conversation_list")
+        resources = (await c.list_resources()).resources
+        text = (await c.read_resource(f"conversation://{conv.id}/log")).contents[0]
+        archived = await tool(c, "conversation_archive", conversation_id=conv.id)
+        after = await tool(c, "conversation_list")
+        every = await tool(c, "conversation_list", status="all")
+        check = await tool(c, "conversation_check", conversation_id=conv.id)
+        return [listed, resources, text, archived, after, every, check]
+
+    listed, resources, text, archived, after, every, check = run_calls(settings_for(home), script)
+    assert [r["id"] for r in listed["conversations"]] == [conv.id]
+    assert listed["conversations"][0]["status"] in {"pending", "idle"}
+    assert f"conversation://{conv.id}/log" in {str(r.uri) for r in resources}
+    assert "NEED: x" in text.text
+    assert archived["archived"] and (home.completed / conv.id).is_dir()
+    assert after["count"] == 0 and every["count"] == 1 and every["conversations"][0]["archived"]
+    assert check["archived"] is True and "archived" in check["hint"]
+
+
+# --------------------------------------------------------------------------- real processes
+
+
+def stdio_params(env: dict[str, str]) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "contemplation", "mcp"], env=env, cwd=str(ROOT)
+    )
+
+
+def test_stdio_server_with_a_real_daemon_answering(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(
+        Step(text="To answer I need the table.\nNEED: schema of the users table"),
+        Step(text="Thanks, with that schema: add an index.\n=== COMPLETE ==="),
+    )
+
+    async def main() -> list[dict[str, Any]]:
+        async with Client(stdio_params(env)) as c:
+            started = await tool(
+                c, "conversation_start", topic="Indexes", initial_prompt="Which index do we need?"
+            )
+            cid = started["conversation_id"]
+            first = await tool(c, "conversation_wait", conversation_id=cid, timeout_s=30)
+            answer = await tool(
+                c, "conversation_respond", conversation_id=cid, response="id, email, created"
+            )
+            second = await tool(
+                c, "conversation_wait", conversation_id=cid, since=first["cursor"], timeout_s=30
+            )
+            listed = await tool(c, "conversation_list", status="all")
+            return [started, first, answer, second, listed]
+
+    started, first, answer, second, listed = asyncio.run(main())
+    assert started["daemon_alive"] is True and started["created"]
+    assert first["timed_out"] is False and first["status"] == "awaiting_agent"
+    assert first["pending_needs"] == ["schema of the users table"]
+    assert [b["kind"] for b in first["blocks"]] == ["agent", "model"]
+    assert answer["answered"] == "schema of the users table"
+    texts = [b["text"] for b in second["blocks"]]
+    assert texts[0].startswith("RESPONSE TO NEED: schema of the users table")
+    assert "add an index" in texts[-1] and second["blocks"][-1]["complete"] is True
+    # COMPLETE archives the conversation (archive_on_complete)
+    wait_for((home.completed / started["conversation_id"]).is_dir, what="archived")
+    assert listed["count"] == 1
+
+
+def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Home) -> None:
+    env = base_env(home)
+    request = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "pytest", "version": "1"},
+        },
+    }
+    timings = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "-v", "mcp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        timings.append(time.monotonic() - t0)
+        proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}\n')
+        proc.stdin.flush()
+        second = proc.stdout.readline()
+        t_close = time.monotonic()
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+        exit_after = time.monotonic() - t_close
+        rest = proc.stdout.read()
+        stderr = proc.stderr.read() if proc.stderr else b""
+        for raw in (line, second, *rest.splitlines()):
+            msg = json.loads(raw)  # every stdout line is a JSON-RPC message
+            assert msg["jsonrpc"] == "2.0"
+        assert json.loads(line)["result"]["serverInfo"]["name"] == "contemplation"
+        assert len(json.loads(second)["result"]["tools"]) == 6
+        assert exit_after < 3
+        assert b"Traceback" not in stderr
+    best = min(timings)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "mcp-startup.json").write_text(json.dumps({"seconds": timings}))
+    assert best < 1.0, f"MCP server took {best:.2f} s to answer initialize"
+
+
+def inspector(home: Home, tmp: Path, *args: str, check: bool = True) -> tuple[int, dict[str, Any]]:
+    exe = peers.node_bin("mcp-inspector")
+    cmd = [
+        str(exe),
+        "--cli",
+        "-e",
+        f"CONTEMPLATION_HOME={home.root}",
+        "-e",
+        f"XDG_CONFIG_HOME={home.root.parent / 'xdg-config'}",
+        sys.executable,
+        "-m",
+        "contemplation",
+        "mcp",
+        *args,
+        "--format",
+        "json",
+    ]
+    env = dict(os.environ, HOME=str(tmp))
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"inspector {args} failed ({proc.returncode}): {proc.stderr}{proc.stdout}"
+        )
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def inspector_tool(home: Home, tmp: Path, name: str, **args: Any) -> dict[str, Any]:
+    _, out = inspector(
+        home,
+        tmp,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        name,
+        "--tool-args-json",
+        json.dumps(args),
+    )
+    result = out["result"]
+    assert result["isError"] is False
+    structured: dict[str, Any] = result["structuredContent"]
+    return structured
+
+
+def test_mcp_inspector_cli_drives_a_conversation(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+) -> None:
+    peers.node_bin("mcp-inspector")
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    daemon_factory(env, home).wait_ready()
+    rc, listed = inspector(home, tmp_path, "--method", "tools/list", "--strict")
+    assert rc == 0 and {t["name"] for t in listed["result"]["tools"]} == TOOLS
+    fake_ollama.enqueue(Step(text="Which environment?\nNEED: the target environment"))
+    started = inspector_tool(
+        home, tmp_path, "conversation_start", topic="Deploy", initial_prompt="Plan the deploy."
+    )
+    cid = started["conversation_id"]
+    waited = inspector_tool(home, tmp_path, "conversation_wait", conversation_id=cid, timeout_s=30)
+    assert waited["pending_needs"] == ["the target environment"]
+    checked = inspector_tool(home, tmp_path, "conversation_check", conversation_id=cid)
+    assert checked["status"] == "awaiting_agent" and checked["daemon_alive"] is True
+    answered = inspector_tool(
+        home, tmp_path, "conversation_respond", conversation_id=cid, response="staging"
+    )
+    assert answered["answered"] == "the target environment"
+    final = inspector_tool(
+        home,
+        tmp_path,
+        "conversation_wait",
+        conversation_id=cid,
+        since=checked["cursor"],
+        timeout_s=30,
+    )
+    assert final["blocks"][-1]["kind"] == "model"
+    assert final["blocks"][-1]["text"].startswith("Echo: RESPONSE TO NEED")
+    _, resource = inspector(
+        home, tmp_path, "--method", "resources/read", "--uri", f"conversation://{cid}/log"
+    )
+    assert "NEED: the target environment" in resource["result"]["contents"][0]["text"]
+    archived = inspector_tool(home, tmp_path, "conversation_archive", conversation_id=cid)
+    assert archived["archived"] and (home.completed / cid).is_dir()
+    rc, _ = inspector(
+        home,
+        tmp_path,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "conversation_check",
+        "--tool-args-json",
+        '{"conversation_id": "no-such-conversation"}',
+        check=False,
+    )
+    assert rc == 5  # the Inspector's exit code for a tool error
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_conformance_suite_over_streamable_http(home: Home, tmp_path: Path) -> None:
+    exe = peers.node_bin("conformance")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "contemplation", "mcp", "--http", str(port)],
+        env=base_env(home),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def listening() -> bool:
+            if server.poll() is not None:
+                raise AssertionError(server.stderr.read() if server.stderr else "server exited")
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(listening, timeout=15, what="the HTTP MCP server")
+        out = tmp_path / "conformance"
+        proc = subprocess.run(
+            [
+                str(exe),
+                "server",
+                "--url",
+                f"http://127.0.0.1:{port}/mcp",
+                "--expected-failures",
+                str(ROOT / "tests" / "conformance-baseline.yml"),
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            check=False,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "conformance.txt").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    results: dict[str, list[str]] = {}
+    for checks in out.glob("server-*/checks.json"):
+        m = re.match(r"^server-(.+)-\d{4}-\d\d-\d\dT", checks.parent.name)
+        assert m, checks
+        results.setdefault(m.group(1), []).extend(
+            c["status"] for c in json.loads(checks.read_text())
+        )
+    for scenario in (
+        "server-initialize",
+        "ping",
+        "tools-list",
+        "resources-list",
+        "prompts-list",
+        "server-sse-multiple-streams",
+        "dns-rebinding-protection",
+    ):
+        assert results.get(scenario) and all(s == "SUCCESS" for s in results[scenario]), (
+            scenario,
+            results.get(scenario),
+        )
