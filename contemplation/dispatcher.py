@@ -29,13 +29,25 @@ class Dispatcher:
         self.stopping = False
         self._loop = asyncio.get_running_loop()
 
-    def poke_threadsafe(self, conv_id: str, ready: Path | None = None) -> None:
+    def poke_threadsafe(self, conv_id: str, ready: Path | None = None, log_only: bool = False) -> None:
         """Called from the watcher thread."""
         with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-            self._loop.call_soon_threadsafe(self.poke, conv_id, ready)
+            self._loop.call_soon_threadsafe(self.poke, conv_id, ready, log_only)
 
-    def poke(self, conv_id: str, ready: Path | None = None) -> None:
+    def _own_write(self, conv_id: str) -> bool:
+        """True when messages.log is exactly as the daemon last left it (an echo of its write)."""
+        known = self.rt.log_sizes.get(conv_id)
+        if known is None:
+            return False
+        try:
+            return (self.rt.home.active / conv_id / "messages.log").stat().st_size == known
+        except OSError:
+            return False
+
+    def poke(self, conv_id: str, ready: Path | None = None, log_only: bool = False) -> None:
         if self.stopping:
+            return
+        if log_only and conv_id not in self.tasks and self._own_write(conv_id):
             return
         if ready is not None:
             self.rt.fast_ready.add(ready)

@@ -76,6 +76,7 @@ class Runtime:
     stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
     recovered: set[str] = field(default_factory=set)
     views: dict[str, LogView] = field(default_factory=dict)
+    log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left in each log
     templates: dict[str, Template] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.time
@@ -162,7 +163,7 @@ def _set_status(w: ConvWriter, status: Status, needs: tuple[str, ...] = ()) -> N
     if w.state.status != status or list(needs) != w.state.pending_needs:
         w.state.status = status
         w.state.pending_needs = list(needs)
-        w.save()
+        w.save(durable=False)
 
 
 def _read_message(path: Path, rt: Runtime) -> tuple[str | None, str]:
@@ -280,9 +281,6 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
     if note:
         w.warn(f"{claimed.name}: {note}")
     w.append_block(w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name)
-    w.state.next_retry_at = None
-    w.state.retry_count = 0
-    w.save()
     claimed.unlink(missing_ok=True)
     rt.notify(w.conv.id, "message", text=text)
     return _AGAIN
@@ -369,11 +367,7 @@ async def _stream_turn(conv: Conv, rt: Runtime, w: ConvWriter, backend: Backend)
         if warning:
             usage.context_full = True
             markers.append((MarkerKind.WARNING, warning))
-    reply.finish(markers=markers)
-    w.state.last_turn = usage
-    w.state.retry_count = 0
-    w.state.next_retry_at = None
-    w.save()
+    reply.finish(markers=markers, usage=usage)
     rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
     return _AGAIN
 
@@ -452,6 +446,13 @@ def _failed(
 MAX_STEPS = 10_000
 
 
+def _remember_size(conv: Conv, rt: Runtime) -> None:
+    try:
+        rt.log_sizes[conv.id] = conv.log.stat().st_size
+    except OSError:
+        rt.log_sizes.pop(conv.id, None)
+
+
 async def process(conv: Conv, rt: Runtime) -> float | None:
     """Do what is due in one conversation. Returns when to look again (None: on an event)."""
     for _ in range(MAX_STEPS):
@@ -463,10 +464,12 @@ async def process(conv: Conv, rt: Runtime) -> float | None:
             return rt.clock() + 0.2
         except NotFound:
             return None
+        _remember_size(conv, rt)
         if decision is _AGAIN:
             continue
         if isinstance(decision, _Turn):
             outcome = await _turn(conv, rt, decision.meta)
+            _remember_size(conv, rt)
             if outcome is _AGAIN:
                 continue
             assert isinstance(outcome, _Wait)

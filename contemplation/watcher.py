@@ -18,7 +18,22 @@ from contemplation.layout import ignored_name, valid_id
 
 log = structlog.get_logger("contemplation.watcher")
 
-Poke = Callable[[str, Path | None], None]  # conversation id, inbox file that arrived by rename
+# watchdog holds an inotify IN_MOVED_FROM for up to 0.5 s to pair it with its IN_MOVED_TO, and
+# its reader sleeps that whole time whenever it sees the MOVED_FROM first, even if the pair
+# arrives a microsecond later. Every atomic write (tmp + rename) in the tree then delays all
+# events behind it (measured: ~400 ms pickup). The kernel queues both halves of a rename
+# together, so a few milliseconds pair them; an unpaired move still reaches us as
+# deleted + created, and the rescan covers anything else.
+MOVE_PAIRING_DELAY = 0.003
+try:
+    from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
+
+    InotifyMoveEventGrouper.delay = MOVE_PAIRING_DELAY
+except ImportError:  # pragma: no cover - not Linux
+    pass
+
+# conversation id, an inbox file that arrived by rename, and whether only messages.log changed
+Poke = Callable[[str, Path | None, bool], None]
 
 
 class _Handler(FileSystemEventHandler):
@@ -39,7 +54,8 @@ class _Handler(FileSystemEventHandler):
         try:
             if event.event_type in {"opened", "closed_no_write"}:
                 return
-            for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
+            dest = event.dest_path if event.event_type == "moved" else ""
+            for raw in (event.src_path, dest):
                 if not raw:
                     continue
                 path = raw if isinstance(raw, str) else raw.decode(errors="replace")
@@ -47,16 +63,29 @@ class _Handler(FileSystemEventHandler):
                 if hit is None:
                     continue
                 conv_id, rel = hit
-                renamed_in = (
-                    event.event_type == "moved"
-                    and path == (event.dest_path if isinstance(event.dest_path, str) else "")
-                    and len(rel.parts) == 3
-                    and rel.parts[1] == "inbox"
-                    and not ignored_name(rel.parts[2])
-                )
-                self.poke(conv_id, Path(path) if renamed_in else None)
+                if not relevant(rel, event.event_type):
+                    continue
+                renamed_in = bool(dest) and path == dest and len(rel.parts) == 3
+                log_only = rel.parts[1:] == ("messages.log",)
+                self.poke(conv_id, Path(path) if renamed_in else None, log_only)
         except Exception:  # a handler exception would kill the observer thread
             log.exception("watch_handler_failed")
+
+
+def relevant(rel: Path, event_type: str) -> bool:
+    """Events that can mean new work; the daemon's own state writes are not among them.
+
+    A folder's own "modified" event only says an entry in it changed; the entry's event is
+    the one that matters, so those are dropped.
+    """
+    parts = rel.parts
+    if len(parts) <= 2 and event_type == "modified" and parts[-1] != "messages.log":
+        return False
+    if len(parts) == 1:
+        return True  # a conversation folder appeared, moved or went away
+    if len(parts) == 2:
+        return parts[1] in {"messages.log", ".cancel", "metadata.json", "inbox"}
+    return len(parts) == 3 and parts[1] == "inbox" and not ignored_name(parts[2])
 
 
 class Watcher:

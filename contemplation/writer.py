@@ -55,11 +55,12 @@ from contemplation.models import (
     Rotation,
     State,
     Status,
+    Usage,
 )
 from contemplation.parser import parse
 from contemplation.testing import armed, crashpoint
 
-DONE_IDS_KEPT = 2000
+DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
 _FSYNC = {"fsync": True, "none": False}
 
 
@@ -198,33 +199,46 @@ def new_conversation(
         raise InputRejected("a conversation needs a topic")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = f"conv_{stamp}_{slugify(topic)}"
-    for n in range(1000):
-        name = base if n == 0 else f"{base}-{n + 1}"
-        try:
-            (home.active / name).mkdir()
-        except FileExistsError:
-            continue
-        break
-    else:  # pragma: no cover - a thousand conversations in one second with one topic
+    # Build the folder under a dot-name (never listed, never watched as a conversation), then
+    # rename it into place whole: the daemon never sees a half-made conversation.
+    staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        for n in range(1000):
+            name = base if n == 0 else f"{base}-{n + 1}"
+            if (home.active / name).exists():
+                continue
+            meta = Metadata(
+                id=name,
+                topic=topic.strip(),
+                created=now_iso(),
+                template=template.name,
+                backend=backend,
+                model=model,
+                options=dict(template.options),
+                system_prompt=None,
+                think=template.think,
+                archive_on_complete=(
+                    template.archive_on_complete
+                    if template.archive_on_complete is not None
+                    else True
+                ),
+                **(extra or {}),
+            )
+            ensure_conversation_files(Conv(staging), meta, durable=durable)
+            try:
+                os.rename(staging, home.active / name)
+            except OSError as exc:
+                if exc.errno in {errno.EEXIST, errno.ENOTEMPTY}:
+                    continue
+                raise
+            if durable:
+                fsync_dir(home.active)
+            return Conv(home.active / name)
         raise InputRejected(f"too many conversations named {base}")
-    conv = Conv(home.active / name)
-    meta = Metadata(
-        id=name,
-        topic=topic.strip(),
-        created=now_iso(),
-        template=template.name,
-        backend=backend,
-        model=model,
-        options=dict(template.options),
-        system_prompt=None,
-        think=template.think,
-        archive_on_complete=(
-            template.archive_on_complete if template.archive_on_complete is not None else True
-        ),
-        **(extra or {}),
-    )
-    ensure_conversation_files(conv, meta, durable=durable)
-    return conv
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
@@ -314,10 +328,33 @@ def archive(home: Home, conv: Conv) -> Conv:
     return Conv(dest)
 
 
-def remove_tmp_files(conv: Conv) -> None:
+def remove_tmp_files(conv: Conv, *, older_than: float = 3600.0) -> None:
+    """Delete temp files left by a crashed writer (``.<name>.tmp.<pid>.<rand>``).
+
+    A temp file is only stale when its writer is gone (or it is very old): another process
+    (the CLI, the MCP server) may be writing one right now.
+    """
+    now = time.time()
     for p in conv.dir.glob(".*.tmp.*"):
+        try:
+            pid = int(p.name.rsplit(".", 2)[-2])
+        except (ValueError, IndexError):
+            pid = 0
         with contextlib.suppress(OSError):
-            p.unlink()
+            if (pid and not _pid_alive(pid)) or now - p.stat().st_mtime > older_than:
+                p.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers from before a restart cannot be in flight
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # --------------------------------------------------------------------------- the session
@@ -336,9 +373,15 @@ class ConvWriter:
 
     # -- state ------------------------------------------------------------------------
 
-    def save(self) -> None:
+    def save(self, *, durable: bool = True) -> None:
+        """Write state.json atomically; ``durable=False`` skips fsync for informational changes
+        (a status) that are rebuilt from the log after a power loss anyway."""
         self.state.updated = now_iso()
-        atomic_write_json(self.conv.state, self.state.model_dump(mode="json"), durable=self.durable)
+        atomic_write_bytes(
+            self.conv.state,
+            self.state.model_dump_json(indent=2).encode() + b"\n",
+            durable=self.durable and durable,
+        )
 
     def set_status(self, status: Status, *, save: bool = True) -> None:
         self.state.status = status
@@ -481,6 +524,8 @@ class ConvWriter:
         self.state.log.size = end
         self.state.done_ids = [*self.state.done_ids, msg_id][-DONE_IDS_KEPT:]
         self.state.messages_processed += 1
+        self.state.retry_count = 0  # a new message from the agent resets any backoff
+        self.state.next_retry_at = None
         self.save()
         crashpoint("commit")
 
@@ -710,7 +755,9 @@ class ReplyStream:
     def saw_complete(self) -> bool:
         return self._stuffer.saw_complete
 
-    def finish(self, *, markers: list[tuple[MarkerKind, str]] | None = None) -> int:
+    def finish(
+        self, *, markers: list[tuple[MarkerKind, str]] | None = None, usage: Usage | None = None
+    ) -> int:
         """Close the block (and any markers), fsync, and commit. Returns bytes written."""
         if not self.started:
             self._start()
@@ -731,6 +778,9 @@ class ReplyStream:
         self.w.state.intent = None
         self.w.state.log.size = self.w.log_size()
         self.w.state.turns += 1
+        self.w.state.last_turn = usage
+        self.w.state.retry_count = 0
+        self.w.state.next_retry_at = None
         self.w.save()
         return self.bytes_written
 
