@@ -149,3 +149,13 @@ def test_stream_stuffer_matches_whole_text_stuffing(text: str, cuts: list[int]) 
         assert "=== COMPLETE ===" in text
     else:
         assert streamed == logformat.stuff(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(["NEED:", "N", "E", "D", ":", " ", "\t", "\n", "x", "ü"]), max_size=80))
+def test_find_needs_is_the_line_start_rule(text: str) -> None:
+    import re
+
+    from contemplation.parser import find_needs
+
+    assert find_needs(text) == tuple(re.findall(r"^NEED:[ \t]*(\S.*?)[ \t]*$", text, re.MULTILINE))
