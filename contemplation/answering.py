@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -401,18 +402,12 @@ class NeedRouter:
             log.exception("tool_crashed", tool=tool_name, conv=conv_id)
             status, detail = "failed", f"{tool_name} failed: {type(exc).__name__}: {exc}"
         ms = round((time.monotonic() - started) * 1000, 1)
+        audit = {"conv": conv_id, "tool": tool_name, "args": _shown(arguments), "ms": ms}
         if status != "ok":
-            log.info("need_answered", conv=conv_id, tool=tool_name, status=status, ms=ms)
+            log.info("need_answered", status=status, detail=one_line(detail, 200), **audit)
             return self._plain(tool_name, status, detail, asked)
         text, held = trim(result.text, self.budget)
-        log.info(
-            "need_answered",
-            conv=conv_id,
-            tool=tool_name,
-            status="ok",
-            ms=ms,
-            chars=len(result.text),
-        )
+        log.info("need_answered", status="ok", chars=len(result.text), **audit)
         return Answer(
             tool=tool_name,
             time=self.now(),
@@ -494,6 +489,10 @@ class NeedRouter:
     def describe(self, *, template: str | None = None) -> list[str]:
         """One line per rule, in matching order (for ``contemplation routes``)."""
         return [r.describe() for r in self.rules(template).rules]
+
+
+def _shown(arguments: Mapping[str, Any]) -> str:
+    return one_line(json.dumps(dict(arguments), ensure_ascii=False, default=str), 300)
 
 
 def _again(earlier: Answer) -> Answer:
