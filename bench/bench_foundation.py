@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from contemplation import backends, logformat  # noqa: E402
 from contemplation.backends.base import Capabilities, Check  # noqa: E402
-from contemplation.layout import Conv, Home, LogView, load_template  # noqa: E402
+from contemplation.layout import Home, LogView, load_template  # noqa: E402
 from contemplation.models import ChatRequest, StreamEvent, Usage  # noqa: E402
 from contemplation.parser import parse  # noqa: E402
 from contemplation.pipeline import Runtime, process_pending  # noqa: E402
@@ -63,7 +63,7 @@ class InstantBackend:
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def row(name: str, value: str, target: str, ok: bool | None) -> dict[str, object]:
@@ -74,14 +74,24 @@ def row(name: str, value: str, target: str, ok: bool | None) -> dict[str, object
 
 def env_for(home: Home, fake: FakeOllama) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "OLLAMA_"))}
-    env.update(CONTEMPLATION_HOME=str(home.root), OLLAMA_HOST=fake.url, CONTEMPLATION_LOG_FORMAT="json",
-               CONTEMPLATION_LOG_LEVEL="warning", XDG_CONFIG_HOME=str(home.root.parent / "xdg"))
+    env.update(
+        CONTEMPLATION_HOME=str(home.root),
+        OLLAMA_HOST=fake.url,
+        CONTEMPLATION_LOG_FORMAT="json",
+        CONTEMPLATION_LOG_LEVEL="warning",
+        XDG_CONFIG_HOME=str(home.root.parent / "xdg"),
+    )
     return env
 
 
 def start_daemon(env: dict[str, str], home: Home) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "contemplation", "run"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "contemplation", "run"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 30
     while not home.daemon_info.exists():
         if time.time() > deadline or proc.poll() is not None:
@@ -96,7 +106,10 @@ def bench_pickup(n: int) -> list[dict[str, object]]:
     home = Home(tmp / "home")
     fake = FakeOllama().start()
     tpl = load_template(home, "default")
-    convs = [new_conversation(home, f"pickup {i}", template=tpl, model="llama3.2", backend="ollama") for i in range(n)]
+    convs = [
+        new_conversation(home, f"pickup {i}", template=tpl, model="llama3.2", backend="ollama")
+        for i in range(n)
+    ]
     proc = start_daemon(env_for(home, fake), home)
     lat: list[float] = []
     try:
@@ -126,18 +139,33 @@ def bench_turns(n: int, durability: str) -> tuple[dict[str, object], Home]:
     home = Home(tmp / "home")
     tpl = load_template(home, "default")
     for i in range(n):
-        conv = new_conversation(home, f"load {i}", template=tpl, model="m", backend="instant", durable=False)
+        conv = new_conversation(
+            home, f"load {i}", template=tpl, model="m", backend="instant", durable=False
+        )
         drop_message(conv, f"message {i}")
-    settings = load(home=home.root, env={}, config=None,
-                    overrides={"settle_seconds": 0, "durability": durability, "log_level": "warning"})
+    settings = load(
+        home=home.root,
+        env={},
+        config=None,
+        overrides={"settle_seconds": 0, "durability": durability, "log_level": "warning"},
+    )
     rt = Runtime(settings=settings, home=home)
     t0 = time.perf_counter()
     asyncio.run(process_pending(rt))
     dt = time.perf_counter() - t0
-    done = sum(1 for c in home.active.iterdir() if b"=== INSTANT -> CLAUDE" in (c / "messages.log").read_bytes())
+    done = sum(
+        1
+        for c in home.active.iterdir()
+        if b"=== INSTANT -> CLAUDE" in (c / "messages.log").read_bytes()
+    )
     assert done == n, f"only {done}/{n} conversations got their turn"
     rate = n / dt
-    return row(f"turns/s, {n} conversations, durability={durability}", f"{rate:.0f} /s", "≥ 1000 /s", rate >= 1000), home
+    return row(
+        f"turns/s, {n} conversations, durability={durability}",
+        f"{rate:.0f} /s",
+        "≥ 1000 /s",
+        rate >= 1000,
+    ), home
 
 
 def bench_parse() -> list[dict[str, object]]:
@@ -145,8 +173,14 @@ def bench_parse() -> list[dict[str, object]]:
     size, i = 0, 0
     while size < 10 * 1024 * 1024:
         agent = i % 2 == 0
-        text = (f"line {i} of the conversation with some words NEED: maybe\n" * 20) + "=== tricky === line\n"
-        chunk = ("\n" if parts else "") + logformat.header("CLAUDE" if agent else "OLLAMA", "OLLAMA" if agent else "CLAUDE") + logformat.body(text)
+        text = (
+            f"line {i} of the conversation with some words NEED: maybe\n" * 20
+        ) + "=== tricky === line\n"
+        chunk = (
+            ("\n" if parts else "")
+            + logformat.header("CLAUDE" if agent else "OLLAMA", "OLLAMA" if agent else "CLAUDE")
+            + logformat.body(text)
+        )
         parts.append(chunk)
         size += len(chunk)
         i += 1
@@ -159,7 +193,9 @@ def bench_parse() -> list[dict[str, object]]:
     full = min(times)
     tmp = Path(tempfile.mkdtemp())
     home = Home(tmp / "home")
-    conv = new_conversation(home, "parse", template=load_template(home, "default"), model="m", backend="ollama")
+    conv = new_conversation(
+        home, "parse", template=load_template(home, "default"), model="m", backend="ollama"
+    )
     conv.log.write_bytes(data)
     view = LogView(conv)
     view.refresh()
@@ -173,8 +209,18 @@ def bench_parse() -> list[dict[str, object]]:
             inc.append((time.perf_counter() - t0) * 1000)
     assert len(r.blocks) == len(result.blocks) + 50
     return [
-        row(f"full parse, {len(data) / 1e6:.1f} MB log ({len(result.blocks)} blocks)", f"{full:.1f} ms", "< 100 ms", full < 100),
-        row("incremental parse, one appended block (p50)", f"{statistics.median(inc):.3f} ms", "(no target)", None),
+        row(
+            f"full parse, {len(data) / 1e6:.1f} MB log ({len(result.blocks)} blocks)",
+            f"{full:.1f} ms",
+            "< 100 ms",
+            full < 100,
+        ),
+        row(
+            "incremental parse, one appended block (p50)",
+            f"{statistics.median(inc):.3f} ms",
+            "(no target)",
+            None,
+        ),
     ]
 
 
@@ -198,8 +244,18 @@ def bench_rss(home: Home) -> list[dict[str, object]]:
         fake.stop()
     n = sum(1 for _ in home.active.iterdir())
     return [
-        row(f"daemon RSS with {n} conversations", f"{rss_kb / 1024:.1f} MB", "≤ 100 MB", rss_kb / 1024 <= 100),
-        row(f"daemon open fds / threads with {n} conversations", f"{fds} / {threads}", "(flat)", None),
+        row(
+            f"daemon RSS with {n} conversations",
+            f"{rss_kb / 1024:.1f} MB",
+            "≤ 100 MB",
+            rss_kb / 1024 <= 100,
+        ),
+        row(
+            f"daemon open fds / threads with {n} conversations",
+            f"{fds} / {threads}",
+            "(flat)",
+            None,
+        ),
     ]
 
 
@@ -209,7 +265,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = ap.parse_args()
     n_conv = 200 if args.quick else 1000
-    print(f"contemplation foundation benchmarks — {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"contemplation foundation benchmarks — {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     rows = bench_pickup(50 if args.quick else 200)
     r, _ = bench_turns(n_conv, "none")
     rows.append(r)

@@ -88,12 +88,26 @@ def _emit(data: Any, as_json: bool, human: str) -> None:
 
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="contemplation")
-@click.option("--home", type=click.Path(path_type=Path), help="Conversation home (default: CONTEMPLATION_HOME or the platform data dir).")
+@click.option(
+    "--home",
+    type=click.Path(path_type=Path),
+    help="Conversation home (default: CONTEMPLATION_HOME or the platform data dir).",
+)
 @click.option("--config", type=click.Path(path_type=Path), help="TOML settings file.")
-@click.option("--log-format", type=click.Choice(["auto", "console", "json"]), help="Diagnostic log format (stderr).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "console", "json"]),
+    help="Diagnostic log format (stderr).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.pass_context
-def main(ctx: click.Context, home: Path | None, config: Path | None, log_format: str | None, verbose: bool) -> None:
+def main(
+    ctx: click.Context,
+    home: Path | None,
+    config: Path | None,
+    log_format: str | None,
+    verbose: bool,
+) -> None:
     """contemplation: a folder that is an asynchronous conversation queue with local LLMs."""
     overrides: dict[str, Any] = {}
     if log_format:
@@ -114,8 +128,15 @@ def main(ctx: click.Context, home: Path | None, config: Path | None, log_format:
 @click.option("--message", "message", help="First message (TEXT, or - for stdin).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def new(ctx: click.Context, topic: str, model: str | None, backend: str | None, template: str | None,
-        message: str | None, as_json: bool) -> None:
+def new(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    topic: str,
+    model: str | None,
+    backend: str | None,
+    template: str | None,
+    message: str | None,
+    as_json: bool,
+) -> None:
     """Start a conversation; prints its id."""
     s = _settings(ctx)
     home = Home(s.home)
@@ -123,9 +144,15 @@ def new(ctx: click.Context, topic: str, model: str | None, backend: str | None, 
     tpl = load_template(home, template or s.default_template)
     backend_name = backend or tpl.backend or s.default_backend
     if backend_name not in backends.available():
-        raise ContemplationError(f"unknown backend {backend_name!r}; known: {', '.join(backends.available())}")
+        raise ContemplationError(
+            f"unknown backend {backend_name!r}; known: {', '.join(backends.available())}"
+        )
     conv = new_conversation(
-        home, topic, template=tpl, model=model or tpl.model or s.default_model, backend=backend_name,
+        home,
+        topic,
+        template=tpl,
+        model=model or tpl.model or s.default_model,
+        backend=backend_name,
         durable=s.durability == "fsync",
     )
     if message is not None:
@@ -140,7 +167,12 @@ def new(ctx: click.Context, topic: str, model: str | None, backend: str | None, 
 @click.argument("conversation")
 @click.argument("text")
 @click.option("--wait", is_flag=True, help="Stream the reply to stdout and return when it is done.")
-@click.option("--timeout", type=float, default=0, help="With --wait: give up after this many seconds (0: never).")
+@click.option(
+    "--timeout",
+    type=float,
+    default=0,
+    help="With --wait: give up after this many seconds (0: never).",
+)
 @click.pass_context
 def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: float) -> None:
     """Send TEXT (or - for stdin) to a conversation's inbox."""
@@ -151,7 +183,9 @@ def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: 
         raise ContemplationError("the message is empty")
     limit = _settings(ctx).max_message_bytes
     if len(body.encode()) > limit:
-        raise ContemplationError(f"the message is {len(body.encode())} bytes; the limit is {limit} (max_message_bytes)")
+        raise ContemplationError(
+            f"the message is {len(body.encode())} bytes; the limit is {limit} (max_message_bytes)"
+        )
     state = read_state(conv)
     before = state.messages_processed if state else 0
     offset = conv.log.stat().st_size if conv.log.exists() else 0
@@ -160,7 +194,9 @@ def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: 
         click.echo(path.name)
         return
     if not daemon_alive(home):
-        click.echo("note: no daemon is running on this home; start one with `contemplation run`", err=True)
+        click.echo(
+            "note: no daemon is running on this home; start one with `contemplation run`", err=True
+        )
     _follow_reply(home, conv, before, offset, timeout)
 
 
@@ -176,7 +212,9 @@ def _follow_reply(home: Home, conv: Conv, before: int, offset: int, timeout: flo
             offset = len(data)
         state = read_state(current)
         if state and state.messages_processed > before and state.intent is None:
-            blocks = parse(data, agent_label=(read_metadata(current) or _meta_stub()).agent_label).blocks
+            blocks = parse(
+                data, agent_label=(read_metadata(current) or _meta_stub()).agent_label
+            ).blocks
             if state.status in WAIT_DONE and next_action(blocks).action != "turn":
                 if state.status is Status.ERROR and state.last_error:
                     fail(state.last_error.message)
@@ -215,7 +253,11 @@ def respond(ctx: click.Context, conversation: str, text: str, need: str | None) 
         else:
             raise ContemplationError(f"no pending need {need!r}; pending: {pending}")
     body = _text_arg(text)
-    drop_message(conv, f"RESPONSE TO NEED: {chosen}\n(source: agent, {time.strftime('%Y-%m-%d %H:%M:%S')})\n{body}")
+    drop_message(
+        conv,
+        f"RESPONSE TO NEED: {chosen}\n"
+        f"(source: agent, {time.strftime('%Y-%m-%d %H:%M:%S')})\n{body}",
+    )
     rest = [n for n in pending if n != chosen]
     click.echo(f"answered: {chosen}" + (f"\nstill pending: {len(rest)}" if rest else ""))
 
@@ -266,7 +308,9 @@ def _summary(conv: Conv) -> dict[str, Any]:
     return {
         "id": conv.id,
         "topic": meta.topic if meta else "",
-        "status": (state.status.value if state else "pending") if not conv.is_completed or not state else state.status.value,
+        "status": (state.status.value if state else "pending")
+        if not conv.is_completed or not state
+        else state.status.value,
         "completed": conv.is_completed,
         "model": meta.model if meta else "",
         "backend": meta.backend if meta else "",
@@ -292,7 +336,9 @@ def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         click.echo("no conversations")
         return
     for r in rows:
-        click.echo(f"{r['id']:<52} {r['status']:<15} {r['backend']}/{r['model']:<20} {r['last_activity']}")
+        click.echo(
+            f"{r['id']:<52} {r['status']:<15} {r['backend']}/{r['model']:<20} {r['last_activity']}"
+        )
 
 
 @main.command()
@@ -340,7 +386,10 @@ def cancel(ctx: click.Context, conversation: str) -> None:
     conv = find_conversation(home, conversation, include_completed=False)
     request_cancel(conv)
     if not daemon_alive(home):
-        click.echo("note: no daemon is running; the turn will be marked cancelled when one starts", err=True)
+        click.echo(
+            "note: no daemon is running; the turn will be marked cancelled when one starts",
+            err=True,
+        )
     click.echo(f"cancel requested for {conv.id}")
 
 
@@ -360,7 +409,12 @@ def archive_(ctx: click.Context, conversation: str) -> None:
 
 @main.command()
 @click.option("--once", is_flag=True, help="Process whatever is pending, then exit.")
-@click.option("--dashboard-port", type=int, default=None, help="Dashboard port (default 5556; 0: any free one).")
+@click.option(
+    "--dashboard-port",
+    type=int,
+    default=None,
+    help="Dashboard port (default 5556; 0: any free one).",
+)
 @click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard.")
 @click.pass_context
 def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard: bool) -> None:
@@ -387,7 +441,13 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
 
 
 @main.command()
-@click.option("--http", "http_port", type=int, default=None, help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.")
+@click.option(
+    "--http",
+    "http_port",
+    type=int,
+    default=None,
+    help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.",
+)
 @click.pass_context
 def mcp(ctx: click.Context, http_port: int | None) -> None:
     """MCP server for agents (stdio by default)."""
@@ -417,7 +477,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("home", True, f"{home.root} is writable")
     except OSError as exc:
         add("home", False, f"{home.root}: {exc}")
-    add("daemon", True, "running" if daemon_alive(home) else "not running (start: contemplation run)")
+    add(
+        "daemon",
+        True,
+        "running" if daemon_alive(home) else "not running (start: contemplation run)",
+    )
 
     async def probe_backends() -> None:
         b = backends.build(s.default_backend, s)

@@ -12,7 +12,8 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -26,7 +27,7 @@ from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
 
 log = structlog.get_logger("contemplation.daemon")
 
-Extra = Callable[[Runtime, asyncio.Event], Awaitable[None]]
+Extra = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def build_runtime(settings: Settings) -> Runtime:
@@ -52,7 +53,9 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     rt = build_runtime(settings)
     lock = DaemonLock(rt.home)
     lock.acquire()
-    atomic_write_json(rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False)
+    atomic_write_json(
+        rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0

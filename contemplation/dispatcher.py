@@ -29,7 +29,9 @@ class Dispatcher:
         self.stopping = False
         self._loop = asyncio.get_running_loop()
 
-    def poke_threadsafe(self, conv_id: str, ready: Path | None = None, log_only: bool = False) -> None:
+    def poke_threadsafe(
+        self, conv_id: str, ready: Path | None = None, log_only: bool = False
+    ) -> None:
         """Called from the watcher thread."""
         with contextlib.suppress(RuntimeError):  # loop closed during shutdown
             self._loop.call_soon_threadsafe(self.poke, conv_id, ready, log_only)
@@ -99,15 +101,15 @@ class Dispatcher:
         """Stop taking work; let running turns finish within ``grace``, then cancel them."""
         self.stopping = True
         self.rt.stopping = True
-        for t in self.timers.values():
-            t.cancel()
+        for timer in self.timers.values():
+            timer.cancel()
         self.timers.clear()
         tasks = list(self.tasks.values())
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=grace)
-        for t in pending:
-            t.cancel()
+        for task in pending:
+            task.cancel()
         if pending:
             log.info("cancelling_in_flight_turns", count=len(pending))
             await asyncio.wait(pending, timeout=10)

@@ -368,7 +368,7 @@ class Template:
 
 
 def load_template(home: Home, name: str) -> Template:
-    """``templates/<name>/template.toml`` (+ ``system_prompt.md``); falls back to the shipped one."""
+    """``templates/<name>/template.toml`` (+ ``system_prompt.md``), else the shipped one."""
     if not valid_id(name):
         raise NotFound(f"not a template name: {name!r}")
     candidates = [home.templates / name, _shipped_templates() / name]

@@ -395,7 +395,8 @@ def _context_warning(usage: Usage, estimate: int) -> str:
     if used >= 0.98 * window or estimate > window:
         return (
             f"the prompt (~{max(used, estimate)} tokens) filled the context window ({window}); "
-            "the server may have dropped the oldest messages — raise num_ctx or start a new conversation"
+            "the server may have dropped the oldest messages — raise num_ctx or start a new "
+            "conversation"
         )
     return ""
 
@@ -486,7 +487,9 @@ async def process_safely(conv: Conv, rt: Runtime) -> float | None:
     except asyncio.CancelledError:
         raise
     except (ContemplationError, OSError) as exc:
-        log.error("conversation_failed", conv=conv.id, error=f"{type(exc).__name__}: {exc}")
+        log.error(  # noqa: TRY400 - an expected failure: one line, no traceback
+            "conversation_failed", conv=conv.id, error=f"{type(exc).__name__}: {exc}"
+        )
         return rt.clock() + rt.settings.rescan_interval
     except Exception:
         log.exception("conversation_crashed", conv=conv.id)

@@ -115,7 +115,7 @@ class Watcher:
         try:
             self.start()
         except OSError as exc:  # inotify limits: the rescan still finds everything
-            log.error("watcher_unavailable", error=str(exc))
+            log.error("watcher_unavailable", error=str(exc))  # noqa: TRY400 - expected, one line
         self.restarts += 1
         return True
 

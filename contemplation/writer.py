@@ -2,7 +2,8 @@
 
 Every change to a conversation's ``messages.log`` and ``state.json`` happens while holding
 ``flock(<conv>/.lock)`` (an advisory lock on a separate file, so it survives log rotation).
-People who append by hand take the same lock: ``flock <conv>/.lock -c 'cat msg >> <conv>/messages.log'``.
+People who append by hand take the same lock:
+``flock <conv>/.lock -c 'cat msg >> <conv>/messages.log'``.
 
 Crash safety:
 

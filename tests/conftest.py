@@ -38,7 +38,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
+def wait_for(
+    pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> Any:
     """Poll until ``pred()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -102,13 +104,26 @@ def run_burst(rt: Runtime) -> dict[str, float | None]:
     return asyncio.run(burst())
 
 
-def cli(env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:  # noqa: A002
+def cli(
+    env: dict[str, str],
+    *args: str,
+    input: str | None = None,
+    timeout: float = 60,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "contemplation", *args],
-        env=env, input=input, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"contemplation {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+        raise AssertionError(
+            f"contemplation {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
+        )
     return proc
 
 
@@ -118,13 +133,19 @@ class DaemonProc:
         self.home = home
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "contemplation", "run", *args],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
         )
 
     def wait_ready(self, timeout: float = 15) -> DaemonProc:
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited early: {self.proc.stderr.read() if self.proc.stderr else ''}")
+                raise AssertionError(
+                    f"daemon exited early: {self.proc.stderr.read() if self.proc.stderr else ''}"
+                )
             return self.home.daemon_info.exists()
 
         wait_for(ready, timeout, what="daemon start")

@@ -30,7 +30,13 @@ CONVS = 2
 def workload(home: Home) -> dict[str, list[str]]:
     expected: dict[str, list[str]] = {}
     for c in range(CONVS):
-        conv = new_conversation(home, f"crash {c}", template=load_template(home, "default"), model="llama3.2", backend="ollama")
+        conv = new_conversation(
+            home,
+            f"crash {c}",
+            template=load_template(home, "default"),
+            model="llama3.2",
+            backend="ollama",
+        )
         texts = [f"conv {c} message {i}" for i in range(MESSAGES)]
         for i, t in enumerate(texts):
             drop_message(conv, t, name=f"{i:03d}.msg")
@@ -42,8 +48,13 @@ def run_once(env: dict[str, str], crash: str | None = None, timeout: float = 60)
     e = dict(env)
     if crash:
         e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
-    return subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=e, cwd=ROOT,
-                          capture_output=True, timeout=timeout).returncode
+    return subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=e,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=timeout,
+    ).returncode
 
 
 def check_invariants(home: Home, expected: dict[str, list[str]]) -> None:
@@ -84,12 +95,16 @@ def finish(env: dict[str, str], limit: int = 10) -> None:
 @pytest.fixture
 def crash_env(home: Home, fake_ollama: FakeOllama) -> dict[str, str]:
     fake_ollama.default_step = Step(chunks=4)
-    return base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_DURABILITY="none")
+    return base_env(
+        home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_DURABILITY="none"
+    )
 
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("nth", [1, 2, 5])
-def test_kill_at_every_named_step(home: Home, crash_env: dict[str, str], point: str, nth: int) -> None:
+def test_kill_at_every_named_step(
+    home: Home, crash_env: dict[str, str], point: str, nth: int
+) -> None:
     expected = workload(home)
     rc = run_once(crash_env, f"{point}:{nth}")
     if point != "archive":
@@ -111,8 +126,13 @@ def _storm(home: Home, env: dict[str, str], trials: int, seed: int) -> int:
     rng = random.Random(seed)
     kills = 0
     for _ in range(trials):
-        proc = subprocess.Popen([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "run", "--once"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.15, 0.6))  # random kill time: this sleep is the test's dice
         if proc.poll() is None:
             proc.kill()

@@ -24,10 +24,14 @@ def replies(conv: Conv) -> list[str]:
     return [b.text for b in parse(data).blocks if b.kind is BlockKind.MODEL and not b.interrupted]
 
 
-def test_drop_daemon_backend_log_state_archive(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+def test_drop_daemon_backend_log_state_archive(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
     env = base_env(home, fake_ollama)
     d = daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "Memory persistence", "--message", "How should we persist memory?").stdout.strip()
+    conv_id = cli(
+        env, "new", "Memory persistence", "--message", "How should we persist memory?"
+    ).stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(lambda: replies(conv) == ["Echo: How should we persist memory?"], what="first reply")
     # a file written straight into the inbox by a naive writer, in two steps
@@ -49,7 +53,9 @@ def test_drop_daemon_backend_log_state_archive(home: Home, fake_ollama: FakeOlla
     assert d.stop() == 0
 
 
-def test_send_wait_streams_the_reply_to_stdout(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+def test_send_wait_streams_the_reply_to_stdout(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     conv_id = cli(env, "new", "streaming").stdout.strip()
@@ -59,7 +65,9 @@ def test_send_wait_streams_the_reply_to_stdout(home: Home, fake_ollama: FakeOlla
     assert "one two three four five" in out
 
 
-def test_a_second_daemon_on_the_same_home_refuses(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+def test_a_second_daemon_on_the_same_home_refuses(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     second = cli(env, "run", check=False, timeout=20)
@@ -69,7 +77,9 @@ def test_a_second_daemon_on_the_same_home_refuses(home: Home, fake_ollama: FakeO
     assert once.returncode == 1 and "already running" in once.stderr
 
 
-def test_sigterm_mid_stream_marks_the_reply_and_a_restart_redoes_it_once(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+def test_sigterm_mid_stream_marks_the_reply_and_a_restart_redoes_it_once(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_STOP_GRACE="0.3")
     d = daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(text=" ".join(f"w{i}" for i in range(300)), chunk_delay=0.05))
@@ -90,7 +100,9 @@ def test_sigterm_mid_stream_marks_the_reply_and_a_restart_redoes_it_once(home: H
     assert len(fake_ollama.chat_requests()) == 2
 
 
-def test_cancel_from_the_cli_stops_the_generation(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+def test_cancel_from_the_cli_stops_the_generation(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(text=" ".join(["tok"] * 1000), chunk_delay=0.02))
@@ -98,7 +110,10 @@ def test_cancel_from_the_cli_stops_the_generation(home: Home, fake_ollama: FakeO
     conv = Conv(home.active / conv_id)
     wait_for(lambda: b"tok tok" in conv.log.read_bytes(), what="streaming")
     cli(env, "cancel", conv_id)
-    wait_for(lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED, what="cancelled")
+    wait_for(
+        lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED,
+        what="cancelled",
+    )
     blocks = parse(conv.log.read_bytes()).blocks
     assert any(k is MarkerKind.CANCELLED for k, _ in blocks[-1].markers)
     size = conv.log.stat().st_size
@@ -108,7 +123,12 @@ def test_cancel_from_the_cli_stops_the_generation(home: Home, fake_ollama: FakeO
 
 def test_cli_errors_are_one_line(home: Home) -> None:
     env = base_env(home)
-    for args in (["status", "nope"], ["send", "nope", "hi"], ["new", "x", "--backend", "nope"], ["tail", "nope"]):
+    for args in (
+        ["status", "nope"],
+        ["send", "nope", "hi"],
+        ["new", "x", "--backend", "nope"],
+        ["tail", "nope"],
+    ):
         proc = cli(env, *args, check=False)
         assert proc.returncode != 0, args
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
@@ -131,6 +151,13 @@ def test_doctor_reports_ollama_and_the_model(home: Home, fake_ollama: FakeOllama
 def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllama) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     cli(env, "new", "batch", "--message", "hello")
-    proc = subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     assert replies(only_conv(home)) == ["Echo: hello"]

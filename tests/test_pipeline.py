@@ -14,7 +14,7 @@ from contemplation import logformat
 from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
-from contemplation.pipeline import Runtime, process, process_pending
+from contemplation.pipeline import Runtime, process
 from contemplation.settings import Settings
 from contemplation.writer import drop_message, new_conversation, request_cancel
 from tests.conftest import run_burst
@@ -22,7 +22,14 @@ from tests.fakes.ollama_server import FakeOllama, Step
 
 
 def make_conv(home: Home, topic: str = "topic", model: str = "llama3.2", **meta: object) -> Conv:
-    return new_conversation(home, topic, template=load_template(home, "default"), model=model, backend="ollama", extra=meta or None)
+    return new_conversation(
+        home,
+        topic,
+        template=load_template(home, "default"),
+        model=model,
+        backend="ollama",
+        extra=meta or None,
+    )
 
 
 def blocks(conv: Conv) -> list[tuple[BlockKind, str]]:
@@ -34,12 +41,17 @@ def runtime(make_settings: Callable[..., Settings], fake: FakeOllama, **kw: obje
     return Runtime(settings=s, home=Home(s.home))
 
 
-def test_a_dropped_message_gets_one_streamed_reply_and_state(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_dropped_message_gets_one_streamed_reply_and_state(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "What is the best way to persist memory?")
     fake_ollama.enqueue(Step(text="Use an append-only log.", prompt_eval_count=50))
     run_burst(runtime(make_settings, fake_ollama))
-    assert blocks(conv) == [(BlockKind.AGENT, "What is the best way to persist memory?"), (BlockKind.MODEL, "Use an append-only log.")]
+    assert blocks(conv) == [
+        (BlockKind.AGENT, "What is the best way to persist memory?"),
+        (BlockKind.MODEL, "Use an append-only log."),
+    ]
     st = read_state(conv)
     assert st is not None
     assert st.status is Status.IDLE and st.turns == 1 and st.messages_processed == 1
@@ -48,11 +60,15 @@ def test_a_dropped_message_gets_one_streamed_reply_and_state(home: Home, fake_ol
     assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
     sent = fake_ollama.chat_requests()[-1]
     assert sent["messages"][0]["role"] == "system" and "NEED:" in sent["messages"][0]["content"]
-    assert sent["messages"][1:] == [{"role": "user", "content": "What is the best way to persist memory?"}]
+    assert sent["messages"][1:] == [
+        {"role": "user", "content": "What is the best way to persist memory?"}
+    ]
     assert sent["options"]["num_ctx"] == 8192
 
 
-def test_messages_that_arrive_together_are_separate_turns_in_name_order(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_messages_that_arrive_together_are_separate_turns_in_name_order(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     for name in ("b.txt", "a.txt", "c.txt"):
         (conv.inbox / name).write_text(f"message {name}")
@@ -62,22 +78,38 @@ def test_messages_that_arrive_together_are_separate_turns_in_name_order(home: Ho
     run_burst(runtime(make_settings, fake_ollama))
     got = blocks(conv)
     assert [k for k, _ in got] == [BlockKind.AGENT, BlockKind.MODEL] * 3
-    assert [t for k, t in got if k is BlockKind.AGENT] == ["message a.txt", "message b.txt", "message c.txt"]
-    assert [t for k, t in got if k is BlockKind.MODEL] == ["Echo: message a.txt", "Echo: message b.txt", "Echo: message c.txt"]
+    assert [t for k, t in got if k is BlockKind.AGENT] == [
+        "message a.txt",
+        "message b.txt",
+        "message c.txt",
+    ]
+    assert [t for k, t in got if k is BlockKind.MODEL] == [
+        "Echo: message a.txt",
+        "Echo: message b.txt",
+        "Echo: message c.txt",
+    ]
     # each turn sent the history so far
     assert [len(r["messages"]) for r in fake_ollama.chat_requests()] == [2, 4, 6]
 
 
-def test_needs_without_a_router_wait_for_the_agent_and_respond_resumes(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_needs_without_a_router_wait_for_the_agent_and_respond_resumes(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "Plan the migration")
-    fake_ollama.enqueue(Step(text="I need data.\nNEED: Current state of the database\nNEED: Current state of the database"))
+    fake_ollama.enqueue(
+        Step(
+            text="I need data.\nNEED: Current state of the database\nNEED: Current state of the database"
+        )
+    )
     rt = runtime(make_settings, fake_ollama)
     run_burst(rt)
     st = read_state(conv)
     assert st is not None and st.status is Status.AWAITING_AGENT
     assert st.pending_needs == ["Current state of the database"]
-    drop_message(conv, "RESPONSE TO NEED: Current state of the database\n(source: agent)\n3 tables, 2 GB")
+    drop_message(
+        conv, "RESPONSE TO NEED: Current state of the database\n(source: agent)\n3 tables, 2 GB"
+    )
     fake_ollama.enqueue(Step(text="Thanks. Done.\n=== COMPLETE ==="))
     run_burst(rt)
     archived = Conv(home.completed / conv.id)
@@ -90,7 +122,9 @@ def test_needs_without_a_router_wait_for_the_agent_and_respond_resumes(home: Hom
     assert st is not None and st.status is Status.COMPLETE
 
 
-def test_a_permanent_error_is_visible_and_the_agent_can_resume(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_permanent_error_is_visible_and_the_agent_can_resume(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home, model="nosuchmodel")
     drop_message(conv, "hello?")
     rt = runtime(make_settings, fake_ollama)
@@ -110,7 +144,9 @@ def test_a_permanent_error_is_visible_and_the_agent_can_resume(home: Home, fake_
     assert st is not None and st.status is Status.IDLE
 
 
-def test_transient_errors_retry_with_backoff_and_reply_exactly_once(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_transient_errors_retry_with_backoff_and_reply_exactly_once(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "ping")
     fake_ollama.enqueue(
@@ -148,7 +184,9 @@ def test_transient_errors_retry_with_backoff_and_reply_exactly_once(home: Home, 
     assert st is not None and st.retry_count == 0 and st.turns == 1
 
 
-def test_retry_gives_up_after_max_attempts(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_retry_gives_up_after_max_attempts(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "ping")
     fake_ollama.default_step = Step(kind="error", status=500, error="boom")
@@ -170,7 +208,9 @@ def test_retry_gives_up_after_max_attempts(home: Home, fake_ollama: FakeOllama, 
     assert "gave up after 3 attempts" in conv.log.read_text()
 
 
-def test_cancel_stops_a_generation_for_real(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_cancel_stops_a_generation_for_real(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "write a long essay")
     fake_ollama.enqueue(Step(text=" ".join(["word"] * 400), chunk_delay=0.02))
@@ -199,7 +239,9 @@ def test_cancel_stops_a_generation_for_real(home: Home, fake_ollama: FakeOllama,
     assert len(fake_ollama.chat_requests()) == 1
 
 
-def test_bad_inputs_are_kept_in_failed_with_a_reason_and_a_note(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_bad_inputs_are_kept_in_failed_with_a_reason_and_a_note(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     (conv.inbox / "empty.txt").write_text("   \n")
     (conv.inbox / "binary.bin").write_bytes(b"\x00\x01\x02abc")
@@ -215,7 +257,8 @@ def test_bad_inputs_are_kept_in_failed_with_a_reason_and_a_note(home: Home, fake
     run_burst(runtime(make_settings, fake_ollama))
     failed = sorted(p.name for p in conv.failed.iterdir())
     assert [n for n in failed if not n.endswith(".reason.json")] == sorted(
-        n for n in failed if not n.endswith(".reason.json"))
+        n for n in failed if not n.endswith(".reason.json")
+    )
     assert len([n for n in failed if n.endswith(".reason.json")]) == 3
     reasons = {json.loads(p.read_text())["reason"] for p in conv.failed.glob("*.reason.json")}
     assert any("max_message_bytes" in r for r in reasons)
@@ -229,7 +272,9 @@ def test_bad_inputs_are_kept_in_failed_with_a_reason_and_a_note(home: Home, fake
     assert st is not None and any("invalid UTF-8" in w for w in st.warnings)
 
 
-def test_a_block_appended_by_hand_is_adopted_once_it_settles(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_block_appended_by_hand_is_adopted_once_it_settles(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     first = drop_message(conv, "first")
     os.utime(first, (time.time() - 5, time.time() - 5))  # long settled
@@ -242,11 +287,16 @@ def test_a_block_appended_by_hand_is_adopted_once_it_settles(home: Home, fake_ol
     assert len(fake_ollama.chat_requests()) == 1
     time.sleep(0.45)  # the settle window itself is what is being tested
     run_burst(rt)
-    assert blocks(conv)[-2:] == [(BlockKind.AGENT, "appended by hand"), (BlockKind.MODEL, "Echo: appended by hand")]
+    assert blocks(conv)[-2:] == [
+        (BlockKind.AGENT, "appended by hand"),
+        (BlockKind.MODEL, "Echo: appended by hand"),
+    ]
     assert len(fake_ollama.chat_requests()) == 2
 
 
-def test_a_folder_with_only_an_inbox_becomes_a_conversation(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_folder_with_only_an_inbox_becomes_a_conversation(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     rt = runtime(make_settings, fake_ollama)
     d = home.active / "conv_20260101-000000_dropped-in"
     (d / "inbox").mkdir(parents=True)
@@ -259,7 +309,9 @@ def test_a_folder_with_only_an_inbox_becomes_a_conversation(home: Home, fake_oll
     assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: hello from a bare folder")
 
 
-def test_a_log_replaced_by_an_editor_is_reread_without_duplicates(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_log_replaced_by_an_editor_is_reread_without_duplicates(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "one")
     rt = runtime(make_settings, fake_ollama)
@@ -282,18 +334,27 @@ def test_a_log_replaced_by_an_editor_is_reread_without_duplicates(home: Home, fa
     assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: one")
 
 
-def test_context_window_filled_is_a_visible_warning(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_context_window_filled_is_a_visible_warning(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home)
     drop_message(conv, "long history")
     fake_ollama.enqueue(Step(text="ok", prompt_eval_count=8190))
     run_burst(runtime(make_settings, fake_ollama))
-    assert "=== WARNING: the prompt (~8190 tokens) filled the context window (8192)" in conv.log.read_text()
+    assert (
+        "=== WARNING: the prompt (~8190 tokens) filled the context window (8192)"
+        in conv.log.read_text()
+    )
     st = read_state(conv)
     assert st is not None and st.last_turn is not None and st.last_turn.context_full
 
 
-def test_two_models_share_one_slot_without_swapping_every_turn(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
-    convs = [make_conv(home, f"a{i}", model="llama3.2") for i in range(3)] + [make_conv(home, f"b{i}", model="qwen3") for i in range(3)]
+def test_two_models_share_one_slot_without_swapping_every_turn(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    convs = [make_conv(home, f"a{i}", model="llama3.2") for i in range(3)] + [
+        make_conv(home, f"b{i}", model="qwen3") for i in range(3)
+    ]
     for c in convs:
         drop_message(c, "hi")
     fake_ollama.default_step = Step(chunk_delay=0.01)
@@ -306,10 +367,14 @@ def test_two_models_share_one_slot_without_swapping_every_turn(home: Home, fake_
     assert fake_ollama.max_active == 1
 
 
-def test_thinking_is_kept_apart_from_the_answer(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_thinking_is_kept_apart_from_the_answer(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make_conv(home, model="qwen3")
     drop_message(conv, "think about it")
-    fake_ollama.enqueue(Step(text="Answer.", thinking="NEED: Brain memory about secrets\n=== COMPLETE ==="))
+    fake_ollama.enqueue(
+        Step(text="Answer.", thinking="NEED: Brain memory about secrets\n=== COMPLETE ===")
+    )
     rt = runtime(make_settings, fake_ollama)
     run_burst(rt)
     drop_message(conv, "again")
@@ -318,7 +383,10 @@ def test_thinking_is_kept_apart_from_the_answer(home: Home, fake_ollama: FakeOll
     first = r.blocks[1]
     assert first.text == "Answer." and first.needs == () and not first.complete
     assert "NEED: Brain memory about secrets" in first.thinking
-    assert fake_ollama.chat_requests()[-1]["messages"][2] == {"role": "assistant", "content": "Answer."}
+    assert fake_ollama.chat_requests()[-1]["messages"][2] == {
+        "role": "assistant",
+        "content": "Answer.",
+    }
 
 
 def _unused(p: Path) -> None:  # keep imports used by type checkers honest

@@ -15,8 +15,12 @@ from tests.conftest import base_env, cli
 def test_file_then_env_then_flags(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('default_model = "from-file"\nrescan_interval = 9\n[ollama]\nnum_ctx = 4096\n')
-    s = S.load(config=cfg, env={"CONTEMPLATION_DEFAULT_MODEL": "from-env", "CONTEMPLATION_OLLAMA__NUM_CTX": "16384"},
-               overrides={"default_model": "from-flag"}, home=tmp_path / "h")
+    s = S.load(
+        config=cfg,
+        env={"CONTEMPLATION_DEFAULT_MODEL": "from-env", "CONTEMPLATION_OLLAMA__NUM_CTX": "16384"},
+        overrides={"default_model": "from-flag"},
+        home=tmp_path / "h",
+    )
     assert s.default_model == "from-flag"
     assert s.ollama.num_ctx == 16384
     assert s.rescan_interval == 9
@@ -27,8 +31,16 @@ def test_home_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'home = "{tmp_path / "file-home"}"\n')
     assert S.load(config=cfg, env={}).home == tmp_path / "file-home"
-    assert S.load(config=cfg, env={"CONTEMPLATION_HOME": str(tmp_path / "env-home")}).home == tmp_path / "env-home"
-    assert S.load(config=cfg, env={"CONTEMPLATION_HOME": str(tmp_path / "e")}, home=tmp_path / "flag").home == tmp_path / "flag"
+    assert (
+        S.load(config=cfg, env={"CONTEMPLATION_HOME": str(tmp_path / "env-home")}).home
+        == tmp_path / "env-home"
+    )
+    assert (
+        S.load(
+            config=cfg, env={"CONTEMPLATION_HOME": str(tmp_path / "e")}, home=tmp_path / "flag"
+        ).home
+        == tmp_path / "flag"
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,9 @@ from tests.peers import executable
 
 
 def conv_in(home: Home) -> Conv:
-    return new_conversation(home, "t", template=load_template(home, "default"), model="m", backend="ollama")
+    return new_conversation(
+        home, "t", template=load_template(home, "default"), model="m", backend="ollama"
+    )
 
 
 def _hammer(path: str, n: int) -> None:
@@ -82,7 +84,13 @@ def test_append_is_exactly_once_by_id(home: Home) -> None:
 
 def _intent_for(conv: Conv, data: bytes, offset: int, msg_id: str = "m9") -> None:
     with open_writer(conv) as w:
-        w.state.intent = Intent(kind="message", id=msg_id, offset=offset, length=len(data), sha256=hashlib.sha256(data).hexdigest())
+        w.state.intent = Intent(
+            kind="message",
+            id=msg_id,
+            offset=offset,
+            length=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
         w.save()
 
 
@@ -141,7 +149,9 @@ def test_recovery_marks_a_cut_off_reply_interrupted(home: Home) -> None:
         w.recover()
     blocks = parse(conv.log.read_bytes()).blocks
     assert blocks[-1].interrupted and blocks[-1].text == "half an ans"
-    assert (MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone") in blocks[-1].markers
+    assert (MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone") in blocks[
+        -1
+    ].markers
     st = read_state(conv)
     assert st is not None and st.intent is None and st.log.size == conv.log.stat().st_size
 

@@ -65,7 +65,11 @@ class FakeOllama:
         self.request_times: list[float] = []
         self.models: dict[str, dict[str, Any]] = {
             "llama3.2": {"capabilities": ["completion", "tools"], "arch": "llama", "ctx": 131072},
-            "qwen3": {"capabilities": ["completion", "tools", "thinking"], "arch": "qwen3", "ctx": 40960},
+            "qwen3": {
+                "capabilities": ["completion", "tools", "thinking"],
+                "arch": "qwen3",
+                "ctx": 40960,
+            },
             "gemma": {"capabilities": ["completion"], "arch": "gemma", "ctx": 8192},
         }
         self.default_step = Step()
@@ -91,7 +95,9 @@ class FakeOllama:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeOllama:
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
         return self
 
@@ -121,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_fake: FakeOllama
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         return
 
     # -- plumbing -----------------------------------------------------------------------
@@ -168,7 +174,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/api/version":
             self._json(200, {"version": "0.33.0-fake"})
         elif self.path == "/api/tags":
-            self._json(200, {"models": [{"name": f"{m}:latest", "model": f"{m}:latest"} for m in fake.models]})
+            self._json(
+                200,
+                {"models": [{"name": f"{m}:latest", "model": f"{m}:latest"} for m in fake.models]},
+            )
         elif self.path == "/api/ps":
             self._json(200, {"models": []})
         elif self.path == "/_requests":
@@ -217,13 +226,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"model '{body.get('model')}' not found"})
             return
         arch = info["arch"]
-        self._json(200, {
-            "modelfile": "", "parameters": "", "template": "",
-            "details": {"format": "gguf", "family": arch, "families": [arch]},
-            "model_info": {"general.architecture": arch, f"{arch}.context_length": info["ctx"]},
-            "capabilities": info["capabilities"],
-            "modified_at": _now(),
-        })
+        self._json(
+            200,
+            {
+                "modelfile": "",
+                "parameters": "",
+                "template": "",
+                "details": {"format": "gguf", "family": arch, "families": [arch]},
+                "model_info": {"general.architecture": arch, f"{arch}.context_length": info["ctx"]},
+                "capabilities": info["capabilities"],
+                "modified_at": _now(),
+            },
+        )
 
     def _chat(self, body: dict[str, Any]) -> None:
         fake = self.server_fake
@@ -231,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not model:
             self._json(400, {"error": "model is required"})
             return
-        name = model.split(":")[0]
+        name = model.split(":", maxsplit=1)[0]
         info = fake.models.get(name)
         if info is None:
             self._json(404, {"error": f"model '{model}' not found"})
@@ -243,15 +257,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": f"registry.ollama.ai/library/{model} does not support tools"})
             return
         step = fake.next_step(name)
-        if step.first_byte_delay:
-            if fake.stop_event.wait(step.first_byte_delay):
-                return
+        if step.first_byte_delay and fake.stop_event.wait(step.first_byte_delay):
+            return
         if step.kind == "error":
             headers = {"Retry-After": step.retry_after} if step.retry_after else None
             self._json(step.status, {"error": step.error}, headers)
             return
         messages = body.get("messages") or []
-        last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
+        last_user = next(
+            (m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), ""
+        )
         text = step.text or f"Echo: {last_user[:60]}"
         pieces = _split(text, step.chunks)
         close_delimited = step.kind == "cut_close"
@@ -271,8 +286,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(obj)
 
         def base(content: str = "", **extra: Any) -> dict[str, Any]:
-            return {"model": model, "created_at": _now(),
-                    "message": {"role": "assistant", "content": content, **extra}, "done": False}
+            return {
+                "model": model,
+                "created_at": _now(),
+                "message": {"role": "assistant", "content": content, **extra},
+                "done": False,
+            }
 
         try:
             for t in _split(step.thinking, 0) if step.thinking else []:
@@ -281,7 +300,10 @@ class _Handler(BaseHTTPRequestHandler):
                     time.sleep(step.chunk_delay)
             sent = 0
             for piece in pieces:
-                if step.kind in {"mid_error", "cut_chunked", "cut_close", "hang", "garbage"} and sent >= step.after_chunks:
+                if (
+                    step.kind in {"mid_error", "cut_chunked", "cut_close", "hang", "garbage"}
+                    and sent >= step.after_chunks
+                ):
                     break
                 emit(base(piece))
                 sent += 1
@@ -310,21 +332,31 @@ class _Handler(BaseHTTPRequestHandler):
                 fn = {"index": i, "name": call["name"], "arguments": call.get("arguments", {})}
                 tc: dict[str, Any] = {"function": fn}
                 if call.get("id", "auto") is not None:
-                    tc["id"] = call.get("id") if call.get("id", "auto") != "auto" else f"call_{i:08d}"
+                    tc["id"] = (
+                        call.get("id") if call.get("id", "auto") != "auto" else f"call_{i:08d}"
+                    )
                 emit(base("", tool_calls=[tc]))
             if step.kind == "no_done":
                 self._end_chunks()
                 return
             chars = sum(len(m.get("content") or "") for m in messages)
-            emit({
-                "model": model, "created_at": _now(),
-                "message": {"role": "assistant", "content": ""},
-                "done": True, "done_reason": "stop",
-                "total_duration": 4_883_583_458, "load_duration": 1_334_875,
-                "prompt_eval_count": step.prompt_eval_count if step.prompt_eval_count is not None else chars // 4 + 1,
-                "prompt_eval_duration": 342_546_000,
-                "eval_count": max(1, len(pieces)), "eval_duration": 4_535_599_000,
-            })
+            emit(
+                {
+                    "model": model,
+                    "created_at": _now(),
+                    "message": {"role": "assistant", "content": ""},
+                    "done": True,
+                    "done_reason": "stop",
+                    "total_duration": 4_883_583_458,
+                    "load_duration": 1_334_875,
+                    "prompt_eval_count": step.prompt_eval_count
+                    if step.prompt_eval_count is not None
+                    else chars // 4 + 1,
+                    "prompt_eval_duration": 342_546_000,
+                    "eval_count": max(1, len(pieces)),
+                    "eval_duration": 4_535_599_000,
+                }
+            )
             self._end_chunks()
         except (BrokenPipeError, ConnectionResetError):
             return
@@ -347,7 +379,7 @@ def main() -> None:
     args = ap.parse_args()
     fake = FakeOllama(port=args.port)
     if args.print_port:
-        print(fake.port, flush=True)  # noqa: T201
+        print(fake.port, flush=True)
     try:
         fake.httpd.serve_forever()
     except KeyboardInterrupt:
