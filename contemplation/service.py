@@ -84,9 +84,12 @@ def _template(name: str) -> str:
         ) from exc
 
 
-def systemd_quote(arg: str) -> str:
-    """One argument of an ExecStart= line (systemd.service(5) quoting, specifiers escaped)."""
-    arg = arg.replace("%", "%%").replace("$", "$$")
+def systemd_quote(arg: str, *, expand: bool = True) -> str:
+    """One word of an ExecStart= (``expand``: ``$`` is special there) or Environment= line:
+    specifiers escaped, quoted when it has blanks, quotes or backslashes (systemd.service(5))."""
+    arg = arg.replace("%", "%%")
+    if expand:
+        arg = arg.replace("$", "$$")
     if arg and not any(c in arg for c in " \t\"'\\;"):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -95,11 +98,11 @@ def systemd_quote(arg: str) -> str:
 def render_systemd(ctx: Context) -> str:
     argv = [str(ctx.python), "-m", "contemplation", *ctx.args, "run"]
     env = {"PYTHONUNBUFFERED": "1", "OLLAMA_HOST": ctx.ollama_host}
-    lines = [f"Environment={systemd_quote(f'{k}={v}')}" for k, v in env.items()]
+    lines = [f"Environment={systemd_quote(f'{k}={v}', expand=False)}" for k, v in env.items()]
     return (
         _template(UNIT)
         .replace("@EXEC_START@", " ".join(systemd_quote(a) for a in argv))
-        .replace("@WORKDIR@", systemd_quote(str(ctx.home)))
+        .replace("@WORKDIR@", str(ctx.home).replace("%", "%%"))  # a path: no quotes, no $
         .replace("@ENVIRONMENT@", "\n".join(lines))
     )
 
