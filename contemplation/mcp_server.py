@@ -344,7 +344,7 @@ def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.
     if http_port is None:
         anyio.run(server.run_stdio_async)
         return
-    import uvicorn  # noqa: PLC0415 - only HTTP needs it; stdio starts faster without
+    import uvicorn
 
     app = server.streamable_http_app(host=host)
     config = uvicorn.Config(

@@ -9,9 +9,12 @@ before a reply that is still being streamed, so the next read returns that block
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,10 +214,12 @@ def _stat_key(*paths: Path) -> tuple[int, ...]:
 
 @dataclass
 class Reader:
-    """Cached reads of one home: summaries keyed by file stats, incremental log views."""
+    """Cached reads of one home: summaries keyed by folder stats, incremental log views."""
 
     home: Home
-    _summaries: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = field(default_factory=dict)
+    _summaries: dict[str, tuple[tuple[int, int], dict[str, Any], bytes]] = field(
+        default_factory=dict
+    )
     _views: OrderedDict[Path, LogView] = field(default_factory=OrderedDict)
 
     def conversations(self, *, include_completed: bool = True) -> list[Conv]:
@@ -235,25 +240,60 @@ class Reader:
         return out
 
     def summary(self, conv: Conv) -> dict[str, Any]:
+        """One conversation's summary (read fresh)."""
         key = _stat_key(conv.state, conv.metadata, conv.log)
-        hit = self._summaries.get(conv.dir)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        meta = read_metadata(conv)
-        state = read_state(conv)
         mtime = max(key[0], key[4]) / 1e9
-        s = _summary(conv, meta, state, mtime)
-        self._summaries[conv.dir] = (key, s)
-        return s
+        return _summary(conv, read_metadata(conv), read_state(conv), mtime)
+
+    def _rows(self, include_completed: bool) -> list[tuple[dict[str, Any], bytes]]:
+        """Summaries with their JSON, newest activity first. One ``stat`` of the folder per
+        conversation decides whether the cached row is current: the writer replaces
+        state.json and metadata.json by rename, and every rename changes the folder's mtime."""
+        dirs = [(self.home.active, False)] + (
+            [(self.home.completed, True)] if include_completed else []
+        )
+        rows: list[tuple[float, dict[str, Any], bytes]] = []
+        cache = self._summaries
+        seen: set[str] = set()
+        for d, _ in dirs:
+            try:
+                it = os.scandir(d)
+            except FileNotFoundError:
+                continue
+            with it:
+                for e in it:
+                    if e.name.startswith(".") or not valid_id(e.name):
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISDIR(st.st_mode):
+                        continue
+                    seen.add(e.path)
+                    key = (st.st_mtime_ns, st.st_ino)
+                    hit = cache.get(e.path)
+                    if hit is None or hit[0] != key:
+                        conv = Conv(Path(e.path))
+                        row = _summary(conv, read_metadata(conv), read_state(conv), st.st_mtime)
+                        hit = cache[e.path] = (
+                            key,
+                            row,
+                            json.dumps(row, ensure_ascii=False).encode(),
+                        )
+                    rows.append((hit[1]["last_activity_ts"], hit[1], hit[2]))
+        if len(cache) > len(seen) + 64:
+            self._summaries = {k: v for k, v in cache.items() if k in seen}
+        rows.sort(key=lambda r: r[0], reverse=True)
+        return [(row, raw) for _, row, raw in rows]
 
     def summaries(self, *, include_completed: bool = True) -> list[dict[str, Any]]:
-        convs = self.conversations(include_completed=include_completed)
-        live = {c.dir for c in convs}
-        if len(self._summaries) > 2 * len(live) + 64:
-            self._summaries = {k: v for k, v in self._summaries.items() if k in live}
-        rows = [self.summary(c) for c in convs]
-        rows.sort(key=lambda r: r["last_activity_ts"], reverse=True)
-        return rows
+        return [row for row, _ in self._rows(include_completed)]
+
+    def summaries_json(self, keep: Callable[[dict[str, Any]], bool] | None = None) -> bytes:
+        """``{"conversations": [...], "count": n}`` encoded, from the cached rows."""
+        parts = [raw for row, raw in self._rows(True) if keep is None or keep(row)]
+        return b'{"conversations":[' + b",".join(parts) + b'],"count":%d}' % len(parts)
 
     def view(self, conv: Conv, agent_label: str) -> LogView:
         v = self._views.get(conv.dir)

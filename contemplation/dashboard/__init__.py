@@ -85,10 +85,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 async def serve_dashboard(rt: Runtime, stop: asyncio.Event) -> None:
     """Extra for :func:`contemplation.daemon.serve`: the dashboard for the daemon's lifetime."""
-    import uvicorn  # noqa: PLC0415 - only the daemon pays for the web stack
+    import uvicorn  # lazily: only the daemon pays for the web stack
 
-    from contemplation.dashboard.app import Dashboard  # noqa: PLC0415
-    from contemplation.dashboard.live import Broker  # noqa: PLC0415
+    from contemplation.dashboard.app import Dashboard
+    from contemplation.dashboard.live import Broker
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

@@ -140,17 +140,20 @@ class Dashboard:
         q = request.query_params.get("q", "").strip().casefold()
         status = request.query_params.get("status", "").strip()
 
-        def rows() -> dict[str, Any]:
-            out = self.reader.summaries()
-            if status == "archived":
-                out = [r for r in out if r["completed"]]
-            elif status == "active":
-                out = [r for r in out if not r["completed"]]
-            elif status:
-                out = [r for r in out if r["status"] == status]
-            if q:
-                out = [r for r in out if q in _haystack(r)]
-            return {"conversations": out, "count": len(out)}
+        def keep(r: dict[str, Any]) -> bool:
+            if status == "archived" and not r["completed"]:
+                return False
+            if status == "active" and r["completed"]:
+                return False
+            if status not in {"", "archived", "active"} and r["status"] != status:
+                return False
+            return not q or q in _haystack(r)
+
+        def rows() -> Response:
+            body = self.reader.summaries_json(keep if q or status else None)
+            return Response(
+                body, media_type="application/json", headers={"cache-control": "no-store"}
+            )
 
         return await self._call(rows)
 
