@@ -14,6 +14,7 @@ import click
 
 from contemplation import __version__, backends
 from contemplation import settings as settings_mod
+from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
 from contemplation.conversation import next_action
 from contemplation.errors import ContemplationError
@@ -484,12 +485,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     )
 
     async def probe_backends() -> None:
-        b = backends.build(s.default_backend, s)
-        try:
-            for c in await b.check(s.default_model):
-                add(c.name, c.ok, c.detail + ("".join(f"\n    hint: {h}" for h in c.hints)))
-        finally:
-            await b.aclose()
+        for c in await backends.check_all(s):
+            add(c.name, c.ok, c.detail + "".join(f"\n    hint: {h}" for h in c.hints))
 
     asyncio.run(probe_backends())
     ok = all(r["ok"] for r in results)
@@ -502,6 +499,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
 
 
 main.add_command(service_group)
+main.add_command(routes)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -62,6 +62,14 @@ def unanswered(blocks: tuple[Block, ...]) -> tuple[Block | None, tuple[str, ...]
     return None, ()
 
 
+def turn_start(blocks: tuple[Block, ...]) -> int:
+    """Offset of the agent's own message that began the current turn (0 when none)."""
+    for b in reversed(blocks):
+        if b.kind is BlockKind.AGENT and b.response_to is None:
+            return b.offset
+    return 0
+
+
 def need_rounds(blocks: tuple[Block, ...]) -> int:
     rounds = 0
     for b in reversed(blocks):

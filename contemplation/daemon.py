@@ -20,7 +20,8 @@ import structlog
 from contemplation import sdnotify
 from contemplation.dispatcher import Dispatcher
 from contemplation.layout import Home, list_conversations
-from contemplation.pipeline import Runtime, process_pending
+from contemplation.pipeline import process_pending
+from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.watcher import Watcher
 from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
@@ -31,9 +32,12 @@ Extra = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def build_runtime(settings: Settings) -> Runtime:
+    """The runtime, with the routing rules checked now: a bad rule stops the start."""
     home = Home(settings.home)
     ensure_home(home)
-    return Runtime(settings=settings, home=home)
+    rt = Runtime(settings=settings, home=home)
+    rt.need_router().check_templates()  # raises ConfigError naming the file, rule and line
+    return rt
 
 
 async def run_once(settings: Settings) -> int:

@@ -15,7 +15,8 @@ from pathlib import Path
 import structlog
 
 from contemplation.layout import Conv
-from contemplation.pipeline import Runtime, process_safely
+from contemplation.pipeline import process_safely
+from contemplation.runtime import Runtime
 
 log = structlog.get_logger("contemplation.dispatcher")
 

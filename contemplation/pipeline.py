@@ -4,166 +4,36 @@
 done right now, with the time it wants to be looked at again (a retry, a file still settling).
 Start-up, the watcher, the periodic rescan, ``run --once`` and the tests all go through here.
 
-A step, under the conversation's lock:
+A step, under the conversation's lock (:func:`_step`):
   recover a crash → adopt bytes appended by hand → honour a cancel → decide from the log:
-  a model turn is due / needs wait / complete / nothing → else take the next inbox message.
-A model turn streams the reply into the log while holding the lock.
+  a model turn is due (:mod:`contemplation.turn`) / needs to look up (:mod:`contemplation.needs`)
+  / complete → archive / else take the next inbox message (exactly once).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import random
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import structlog
-
-from contemplation import backends as backend_registry
-from contemplation.backends.base import Backend
+from contemplation import needs as needs_mod
 from contemplation.conversation import Next, next_action
-from contemplation.errors import BackendError, ContemplationError, LockBusy, NotFound
-from contemplation.layout import (
-    Conv,
-    Home,
-    LogView,
-    Template,
-    inbox_entries,
-    list_conversations,
-    load_template,
-    processing_entries,
-)
-from contemplation.models import MarkerKind, Metadata, Status, StreamEvent, Usage
-from contemplation.prompts import build_request, estimate_tokens
-from contemplation.scheduler import ModelScheduler
-from contemplation.settings import Settings
+from contemplation.errors import ContemplationError, LockBusy, NotFound
+from contemplation.layout import Conv, inbox_entries, list_conversations, processing_entries
+from contemplation.models import Block, MarkerKind, Status
+from contemplation.needs import NeedsDue
+from contemplation.runtime import AGAIN, Runtime, TurnDue, Wait, log, set_status
+from contemplation.turn import run_turn
 from contemplation.writer import (
     ConvWriter,
     archive,
     claim,
     clear_cancel,
-    now_iso,
     open_writer,
     reject_input,
 )
 
-log = structlog.get_logger("contemplation.pipeline")
-
-Observer = Callable[[str, str, dict[str, Any]], None]
-CANCEL_CHECK_INTERVAL = 0.2
-
-
-class _Cancelled(Exception):
-    """The agent asked to cancel the in-flight generation."""
-
-
-@dataclass
-class Runtime:
-    """Everything ``process`` needs, built once by the daemon (or a test)."""
-
-    settings: Settings
-    home: Home
-    backends: dict[str, Backend] = field(default_factory=dict)
-    schedulers: dict[str, ModelScheduler] = field(default_factory=dict)
-    fast_ready: set[Path] = field(default_factory=set)  # inbox files that arrived by rename
-    observers: list[Observer] = field(default_factory=list)
-    cancelled: set[str] = field(default_factory=set)
-    stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
-    recovered: set[str] = field(default_factory=set)
-    views: dict[str, LogView] = field(default_factory=dict)
-    log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left in each log
-    templates: dict[str, Template] = field(default_factory=dict)
-    rng: random.Random = field(default_factory=random.Random)
-    clock: Callable[[], float] = time.time
-
-    def backend(self, name: str) -> Backend:
-        if name not in self.backends:
-            self.backends[name] = backend_registry.build(name, self.settings)
-        return self.backends[name]
-
-    def scheduler(self, name: str) -> ModelScheduler:
-        if name not in self.schedulers:
-            self.schedulers[name] = ModelScheduler(
-                slots=self.backend(name).concurrency, switch_after=self.settings.model_switch_after
-            )
-        return self.schedulers[name]
-
-    def template(self, name: str) -> Template:
-        if name not in self.templates:
-            self.templates[name] = load_template(self.home, name)
-        return self.templates[name]
-
-    def view(self, conv: Conv, agent_label: str) -> LogView:
-        v = self.views.get(conv.id)
-        if v is None or v.conv != conv or v.agent_label != agent_label:
-            v = self.views[conv.id] = LogView(conv, agent_label)
-        return v
-
-    def notify(self, conv_id: str, event: str, **data: Any) -> None:
-        for obs in list(self.observers):
-            try:
-                obs(conv_id, event, data)
-            except Exception:  # an observer must never break a turn
-                log.exception("observer_failed", event=event)
-
-    def default_metadata(self, conv: Conv) -> Metadata:
-        tpl = self.template(self.settings.default_template)
-        topic = (
-            conv.id.split("_", 2)[-1].replace("-", " ") if conv.id.startswith("conv_") else conv.id
-        )
-        return Metadata(
-            id=conv.id,
-            topic=topic,
-            created=now_iso(),
-            template=tpl.name,
-            backend=tpl.backend or self.settings.default_backend,
-            model=tpl.model or self.settings.default_model,
-            options=dict(tpl.options),
-            think=tpl.think,
-        )
-
-    async def aclose(self) -> None:
-        backends, self.backends = list(self.backends.values()), {}
-        for b in backends:
-            with contextlib.suppress(Exception):
-                await b.aclose()
-
-
-# --------------------------------------------------------------------------- decisions
-
-
-@dataclass(frozen=True, slots=True)
-class _Turn:
-    meta: Metadata
-
-
-@dataclass(frozen=True, slots=True)
-class _Wait:
-    at: float | None  # wall-clock time to look again; None: only on a new event
-
-
-_AGAIN = object()  # a message was taken in; decide again
-
-
-def _backoff(rt: Runtime, attempt: int, retry_after: float | None) -> float:
-    r = rt.settings.retry
-    ceiling = min(r.cap, r.base * (2 ** max(0, attempt - 1)))
-    delay = rt.rng.uniform(ceiling / 2, ceiling)  # "equal jitter": never hammer, never stall
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, r.cap))
-    return delay
-
-
-def _set_status(w: ConvWriter, status: Status, needs: tuple[str, ...] = ()) -> None:
-    if w.state.status != status or list(needs) != w.state.pending_needs:
-        w.state.status = status
-        w.state.pending_needs = list(needs)
-        w.save(durable=False)
+ROUND_LIMIT_NOTE = "need rounds limit reached"
 
 
 def _read_message(path: Path, rt: Runtime) -> tuple[str | None, str]:
@@ -190,7 +60,7 @@ def _settled(mtime_ns: int, now: float, window: float) -> bool:
     return now - mtime_ns / 1e9 >= window
 
 
-def _step(conv: Conv, rt: Runtime) -> _Turn | _Wait | object:
+def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
     """One decision under the lock (see the module docstring)."""
     s = rt.settings
     now = rt.clock()
@@ -207,7 +77,7 @@ def _step(conv: Conv, rt: Runtime) -> _Turn | _Wait | object:
             st = os.stat(conv.log)
             window = 2 * s.settle_seconds
             if not _settled(st.st_mtime_ns, now, window):
-                return _Wait(st.st_mtime_ns / 1e9 + window)
+                return Wait(st.st_mtime_ns / 1e9 + window)
             w.adopt_foreign()
             log.info("adopted_append", conv=conv.id, bytes=foreign)
         for warning in w.warnings:
@@ -224,24 +94,30 @@ def _step(conv: Conv, rt: Runtime) -> _Turn | _Wait | object:
             clear_cancel(conv)
             if nxt.action == "turn":
                 w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
-                _set_status(w, Status.CANCELLED)
+                set_status(w, Status.CANCELLED)
                 rt.notify(conv.id, "cancelled")
-                return _AGAIN
+                return AGAIN
         # 2. a model turn is due
         if nxt.action == "turn":
             retry_at = w.state.next_retry_at
             if retry_at is not None and retry_at > now:
-                _set_status(w, Status.RETRYING)
-                return _Wait(retry_at)
-            return _Turn(w.meta)
+                set_status(w, Status.RETRYING)
+                return Wait(retry_at)
+            return TurnDue(w.meta)
         if nxt.action == "complete":
-            _set_status(w, Status.COMPLETE)
+            set_status(w, Status.COMPLETE)
             if w.meta.archive_on_complete and s.archive_on_complete:
                 dest = archive(rt.home, conv)
                 rt.notify(conv.id, "archived", path=str(dest.dir))
                 log.info("archived", conv=conv.id)
-                return _Wait(None)
-        # 3. the next message: claimed ones first (recovery), then the inbox in arrival order
+                return Wait(None)
+        # 3. needs a rule can answer are looked up (outside the lock), unless the model loops
+        if nxt.action == "needs":
+            due = _needs(w, rt, parsed.blocks, nxt)
+            if due is not None:
+                set_status(w, Status.ROUTING, nxt.needs)
+                return due
+        # 4. the next message: claimed ones first (recovery), then the inbox in arrival order
         wake: float | None = None
         for claimed in processing_entries(conv):
             return _take(w, rt, claimed)
@@ -254,14 +130,28 @@ def _step(conv: Conv, rt: Runtime) -> _Turn | _Wait | object:
                 return _take(w, rt, claimed_path)
             at = entry.mtime_ns / 1e9 + s.settle_seconds
             wake = at if wake is None else min(wake, at)
-        # 4. nothing to do: make the status say why
+        # 5. nothing to do: make the status say why
         if nxt.action == "needs":
-            _set_status(w, Status.AWAITING_AGENT, nxt.needs)
+            set_status(w, Status.AWAITING_AGENT, nxt.needs)
         elif nxt.action == "stopped":
-            _set_status(w, Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
+            set_status(w, Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
         elif nxt.action == "idle" and w.state.status not in {Status.COMPLETE}:
-            _set_status(w, Status.IDLE if parsed.blocks else Status.PENDING)
-        return _Wait(wake)
+            set_status(w, Status.IDLE if parsed.blocks else Status.PENDING)
+        return Wait(wake)
+
+
+def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> NeedsDue | None:
+    """Needs to look up now; None leaves them to the agent (no rule, or too many rounds)."""
+    limit = rt.settings.max_need_rounds
+    if nxt.rounds > limit:
+        if not any(t.startswith(ROUND_LIMIT_NOTE) for _, t in blocks[-1].markers):
+            w.append_marker(
+                MarkerKind.NOTE,
+                f"{ROUND_LIMIT_NOTE}: {nxt.rounds} replies with NEEDs since the agent's last "
+                f"message (max_need_rounds = {limit}); the agent can answer or send a message",
+            )
+        return None
+    return needs_mod.plan(rt, w.meta, blocks, nxt.needs)
 
 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
@@ -269,7 +159,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
     try:
         text, note = _read_message(claimed, rt)
     except FileNotFoundError:
-        return _AGAIN
+        return AGAIN
     if text is None:
         dest = reject_input(w.conv, claimed, note)
         w.append_marker(
@@ -277,169 +167,13 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
             f"message {claimed.name} was not taken: {note}; kept in failed/{dest.name}",
         )
         rt.notify(w.conv.id, "rejected", reason=note)
-        return _AGAIN
+        return AGAIN
     if note:
         w.warn(f"{claimed.name}: {note}")
     w.append_block(w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name)
     claimed.unlink(missing_ok=True)
     rt.notify(w.conv.id, "message", text=text)
-    return _AGAIN
-
-
-# --------------------------------------------------------------------------- the model turn
-
-
-async def _lock(conv: Conv, rt: Runtime, meta: Metadata) -> tuple[contextlib.ExitStack, ConvWriter]:
-    """Take the conversation's lock without blocking the event loop."""
-    while True:
-        stack = contextlib.ExitStack()
-        try:
-            w = stack.enter_context(
-                open_writer(
-                    conv, durable=rt.settings.durability == "fsync", default_meta=meta, wait=False
-                )
-            )
-        except LockBusy:
-            stack.close()
-            await asyncio.sleep(0.1)
-            continue
-        return stack, w
-
-
-async def _turn(conv: Conv, rt: Runtime, meta: Metadata) -> _Wait | object:
-    backend = rt.backend(meta.backend)
-    sched = rt.scheduler(meta.backend)
-    async with sched.slot(meta.model):
-        stack, w = await _lock(conv, rt, meta)
-        with stack:
-            return await _stream_turn(conv, rt, w, backend)
-
-
-async def _stream_turn(conv: Conv, rt: Runtime, w: ConvWriter, backend: Backend) -> _Wait | object:
-    meta = w.meta
-    parsed = rt.view(conv, meta.agent_label).refresh()
-    if next_action(parsed.blocks).action != "turn":
-        return _AGAIN
-    tpl = rt.template(meta.template) if meta.template else None
-    request = build_request(meta, parsed.blocks, template_prompt=tpl.system_prompt if tpl else "")
-    _set_status(w, Status.GENERATING)
-    rt.notify(conv.id, "generating", model=meta.model)
-    reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
-    usage: Usage | None = None
-    limit = rt.settings.max_reply_bytes
-    truncated = False
-    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    cancel_path = conv.dir / ".cancel"
-    try:
-        stream = backend.stream(request)
-        try:
-            async for ev in stream:
-                usage = _apply(ev, reply, rt, conv.id) or usage
-                if reply.bytes_written > limit:
-                    truncated = True
-                    break
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-                    if cancel_path.exists():
-                        raise _Cancelled
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-    except _Cancelled:
-        return _cancelled(conv, rt, w, reply)
-    except asyncio.CancelledError:
-        if conv.id in rt.cancelled:
-            rt.cancelled.discard(conv.id)
-            return _cancelled(conv, rt, w, reply)
-        reply.abort(
-            MarkerKind.INTERRUPTED, "the daemon stopped during this reply; it will be redone"
-        )
-        _set_status(w, Status.PENDING)
-        raise
-    except BackendError as exc:
-        return _failed(conv, rt, w, reply, exc)
-    markers: list[tuple[MarkerKind, str]] = []
-    if truncated:
-        markers.append(
-            (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
-        )
-    if usage is not None:
-        warning = _context_warning(usage, estimate_tokens(request))
-        if warning:
-            usage.context_full = True
-            markers.append((MarkerKind.WARNING, warning))
-    reply.finish(markers=markers, usage=usage)
-    rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
-    return _AGAIN
-
-
-def _apply(ev: StreamEvent, reply: Any, rt: Runtime, conv_id: str) -> Usage | None:
-    if ev.kind == "content":
-        reply.content(ev.text)
-        rt.notify(conv_id, "token", text=ev.text)
-    elif ev.kind == "thinking":
-        reply.thinking(ev.text)
-        rt.notify(conv_id, "thinking", text=ev.text)
-    elif ev.kind == "note":
-        reply.note(ev.text)
-        rt.notify(conv_id, "note", text=ev.text)
-    elif ev.kind == "done":
-        return ev.usage
-    return None
-
-
-def _context_warning(usage: Usage, estimate: int) -> str:
-    window = usage.context_window
-    if not window:
-        return ""
-    used = usage.prompt_eval_count or 0
-    if used >= 0.98 * window or estimate > window:
-        return (
-            f"the prompt (~{max(used, estimate)} tokens) filled the context window ({window}); "
-            "the server may have dropped the oldest messages — raise num_ctx or start a new "
-            "conversation"
-        )
-    return ""
-
-
-def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: Any) -> object:
-    clear_cancel(conv)
-    if reply.started:
-        reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent")
-    else:
-        w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
-    _set_status(w, Status.CANCELLED)
-    rt.notify(conv.id, "cancelled")
-    return _AGAIN
-
-
-def _failed(
-    conv: Conv, rt: Runtime, w: ConvWriter, reply: Any, exc: BackendError
-) -> _Wait | object:
-    attempt = w.state.retry_count + 1
-    transient = exc.transient and attempt < rt.settings.retry.max_attempts
-    if transient:
-        delay = _backoff(rt, attempt, exc.retry_after)
-        if reply.started:
-            reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {delay:.0f} s")
-        w.state.retry_count = attempt
-        w.state.next_retry_at = rt.clock() + delay
-        w.record_error(exc.kind, str(exc), status=Status.RETRYING)
-        log.warning(
-            "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
-        )
-        rt.notify(conv.id, "retrying", error=str(exc), attempt=attempt, delay=delay)
-        return _Wait(w.state.next_retry_at)
-    message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
-    if reply.started:
-        reply.abort(MarkerKind.ERROR, message)
-    else:
-        w.append_marker(MarkerKind.ERROR, message)
-    w.state.retry_count = 0
-    w.state.next_retry_at = None
-    w.record_error(exc.kind, message, status=Status.ERROR)
-    log.error("turn_failed", conv=conv.id, error=message)
-    rt.notify(conv.id, "error", error=message)
-    return _Wait(None)
+    return AGAIN
 
 
 # --------------------------------------------------------------------------- entry points
@@ -466,16 +200,19 @@ async def process(conv: Conv, rt: Runtime) -> float | None:
         except NotFound:
             return None
         _remember_size(conv, rt)
-        if decision is _AGAIN:
+        if decision is AGAIN:
             continue
-        if isinstance(decision, _Turn):
-            outcome = await _turn(conv, rt, decision.meta)
+        if isinstance(decision, TurnDue | NeedsDue):
+            if isinstance(decision, TurnDue):
+                outcome = await run_turn(conv, rt, decision.meta)
+            else:
+                outcome = await needs_mod.answer(conv, rt, decision)
             _remember_size(conv, rt)
-            if outcome is _AGAIN:
+            if outcome is AGAIN:
                 continue
-            assert isinstance(outcome, _Wait)
+            assert isinstance(outcome, Wait)
             return outcome.at
-        assert isinstance(decision, _Wait)
+        assert isinstance(decision, Wait)
         return decision.at
     return rt.clock() + 1.0
 
@@ -487,7 +224,7 @@ async def process_safely(conv: Conv, rt: Runtime) -> float | None:
     except asyncio.CancelledError:
         raise
     except (ContemplationError, OSError) as exc:
-        log.error(  # noqa: TRY400 - an expected failure: one line, no traceback
+        log.error(
             "conversation_failed", conv=conv.id, error=f"{type(exc).__name__}: {exc}"
         )
         return rt.clock() + rt.settings.rescan_interval
@@ -508,3 +245,6 @@ async def process_pending(rt: Runtime, *, parallel: int = 256) -> dict[str, floa
 
     await asyncio.gather(*(one(c) for c in convs))
     return results
+
+
+__all__ = ["Runtime", "process", "process_pending", "process_safely"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
 from contemplation.conversation import whole
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata
 
@@ -25,16 +29,52 @@ def system_prompt(meta: Metadata, template_prompt: str) -> str:
     return base.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
 
+TOOL_CALL_RE = re.compile(r"^\(tool call (\S+): (\S+) (.*)\)\nNEED: (.*)$", re.MULTILINE)
+
+
+def split_tool_calls(text: str) -> tuple[str, list[tuple[str, str, Any, str]]]:
+    """A model block's text without its recorded native tool calls, and those calls.
+
+    The turn writes each call as ``(tool call <id>: <name> <json arguments>)`` followed by
+    the equivalent ``NEED:`` line; each call is (id, name, arguments, need).
+    """
+    if "(tool call " not in text:
+        return text, []
+    calls = []
+    for m in TOOL_CALL_RE.finditer(text):
+        try:
+            args: Any = json.loads(m.group(3))
+        except ValueError:
+            args = m.group(3)
+        calls.append((m.group(1), m.group(2), args, m.group(4).strip()))
+    return TOOL_CALL_RE.sub("", text).strip("\n"), calls
+
+
 def history(blocks: tuple[Block, ...]) -> list[ChatMessage]:
+    """The log as chat messages; native tool calls go back as tool_calls + tool messages."""
     out: list[ChatMessage] = []
+    calls_by_need: dict[str, tuple[str, str]] = {}
     for b in blocks:
         if not whole(b):
             continue
         text = b.text.strip("\n")
         if b.kind is BlockKind.AGENT:
-            out.append(ChatMessage("user", text))
-        elif text:
-            out.append(ChatMessage("assistant", text))
+            call = calls_by_need.pop(b.response_to, None) if b.response_to else None
+            if call is not None:
+                out.append(ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1]))
+            else:
+                out.append(ChatMessage("user", text))
+            continue
+        content, calls = split_tool_calls(text)
+        calls_by_need = {need: (cid, name) for cid, name, _, need in calls}
+        if calls:
+            tool_calls = tuple(
+                {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                for cid, name, args, _ in calls
+            )
+            out.append(ChatMessage("assistant", content, tool_calls=tool_calls))
+        elif content:
+            out.append(ChatMessage("assistant", content))
     return out
 
 

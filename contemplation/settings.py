@@ -44,7 +44,7 @@ class RetrySettings(_Section):
 
 
 class NotificationRule(_Section):
-    """``[[notifications]]``: run ``command`` (an argv list, never a shell line) on ``on`` events."""
+    """``[[notifications]]``: run ``command`` (an argv list, never a shell line) on events."""
 
     on: list[Literal["reply", "need", "complete", "error"]] = Field(min_length=1)
     command: list[str] = Field(min_length=1)
@@ -187,6 +187,12 @@ class Settings(_Section):
     durability: Literal["fsync", "none"] = "fsync"
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    native_tools: bool = Field(
+        True, description="offer the routes as native tools to models that can call tools"
+    )
+    max_need_rounds: int = Field(
+        5, ge=1, description="model replies with NEEDs per agent message before a pause"
+    )
     model_switch_after: int = Field(
         4, ge=1, description="turns on the loaded model before waiting turns on others get in"
     )

@@ -92,30 +92,30 @@ def test_messages_that_arrive_together_are_separate_turns_in_name_order(
     assert [len(r["messages"]) for r in fake_ollama.chat_requests()] == [2, 4, 6]
 
 
-def test_needs_without_a_router_wait_for_the_agent_and_respond_resumes(
+def test_a_need_no_rule_matches_waits_for_the_agent_and_respond_resumes(
     home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:
     conv = make_conv(home)
     drop_message(conv, "Plan the migration")
     fake_ollama.enqueue(
         Step(
-            text="I need data.\nNEED: Current state of the database\nNEED: Current state of the database"
+            text="I need data.\nNEED: The size of the production database\nNEED: The size of the production database"
         )
     )
     rt = runtime(make_settings, fake_ollama)
     run_burst(rt)
     st = read_state(conv)
     assert st is not None and st.status is Status.AWAITING_AGENT
-    assert st.pending_needs == ["Current state of the database"]
+    assert st.pending_needs == ["The size of the production database"]
     drop_message(
-        conv, "RESPONSE TO NEED: Current state of the database\n(source: agent)\n3 tables, 2 GB"
+        conv, "RESPONSE TO NEED: The size of the production database\n(source: agent)\n3 tables, 2 GB"
     )
     fake_ollama.enqueue(Step(text="Thanks. Done.\n=== COMPLETE ==="))
     run_burst(rt)
     archived = Conv(home.completed / conv.id)
     assert not conv.dir.exists() and archived.dir.is_dir()
     r = parse(archived.log.read_bytes())
-    assert r.blocks[2].response_to == "Current state of the database"
+    assert r.blocks[2].response_to == "The size of the production database"
     assert r.blocks[-1].complete and r.blocks[-1].text == "Thanks. Done."
     assert archived.log.read_text().rstrip().endswith("=== COMPLETE ===")
     st = read_state(archived)

@@ -1,0 +1,172 @@
+"""What every step of the pipeline shares: the :class:`Runtime` and the step results."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from contemplation import backends as backend_registry
+from contemplation.answering import NeedRouter
+from contemplation.backends.base import Backend
+from contemplation.budget import Calibration
+from contemplation.context import ContextAssembler
+from contemplation.errors import LockBusy
+from contemplation.layout import Conv, Home, LogView, Template, load_template
+from contemplation.models import Metadata, Status
+from contemplation.scheduler import ModelScheduler
+from contemplation.settings import Settings
+from contemplation.writer import ConvWriter, now_iso, open_writer
+
+log = structlog.get_logger("contemplation.pipeline")
+
+Observer = Callable[[str, str, dict[str, Any]], None]
+
+
+@dataclass
+class Runtime:
+    """Everything ``process`` needs, built once by the daemon (or a test)."""
+
+    settings: Settings
+    home: Home
+    backends: dict[str, Backend] = field(default_factory=dict)
+    schedulers: dict[str, ModelScheduler] = field(default_factory=dict)
+    fast_ready: set[Path] = field(default_factory=set)  # inbox files that arrived by rename
+    observers: list[Observer] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)
+    stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
+    recovered: set[str] = field(default_factory=set)
+    views: dict[str, LogView] = field(default_factory=dict)
+    log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left in each log
+    templates: dict[str, Template] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], float] = time.time
+    router: NeedRouter | None = None
+    assembler: ContextAssembler | None = None
+    calibration: Calibration = field(default_factory=Calibration)
+
+    def backend(self, name: str) -> Backend:
+        if name not in self.backends:
+            self.backends[name] = backend_registry.build(name, self.settings)
+        return self.backends[name]
+
+    def scheduler(self, name: str) -> ModelScheduler:
+        if name not in self.schedulers:
+            self.schedulers[name] = ModelScheduler(
+                slots=self.backend(name).concurrency, switch_after=self.settings.model_switch_after
+            )
+        return self.schedulers[name]
+
+    def template(self, name: str) -> Template:
+        if name not in self.templates:
+            self.templates[name] = load_template(self.home, name)
+        return self.templates[name]
+
+    def view(self, conv: Conv, agent_label: str) -> LogView:
+        v = self.views.get(conv.id)
+        if v is None or v.conv != conv or v.agent_label != agent_label:
+            v = self.views[conv.id] = LogView(conv, agent_label)
+        return v
+
+    def notify(self, conv_id: str, event: str, **data: Any) -> None:
+        for obs in list(self.observers):
+            try:
+                obs(conv_id, event, data)
+            except Exception:  # an observer must never break a turn
+                log.exception("observer_failed", event=event)
+
+    def default_metadata(self, conv: Conv) -> Metadata:
+        tpl = self.template(self.settings.default_template)
+        topic = (
+            conv.id.split("_", 2)[-1].replace("-", " ") if conv.id.startswith("conv_") else conv.id
+        )
+        return Metadata(
+            id=conv.id,
+            topic=topic,
+            created=now_iso(),
+            template=tpl.name,
+            backend=tpl.backend or self.settings.default_backend,
+            model=tpl.model or self.settings.default_model,
+            options=dict(tpl.options),
+            think=tpl.think,
+        )
+
+    def need_router(self) -> NeedRouter:
+        """The NEED router (built on first use; a bad rule raises ConfigError here)."""
+        if self.router is None:
+            self.router = NeedRouter(self.settings)
+        return self.router
+
+    def context_assembler(self) -> ContextAssembler:
+        if self.assembler is None:
+            self.assembler = ContextAssembler(
+                self.need_router(), durable=self.settings.durability == "fsync"
+            )
+        return self.assembler
+
+    async def aclose(self) -> None:
+        """Close clients and tool servers (they belong to the running event loop)."""
+        backends, self.backends = list(self.backends.values()), {}
+        for b in backends:
+            with contextlib.suppress(Exception):
+                await b.aclose()
+        router, self.router, self.assembler = self.router, None, None
+        if router is not None:
+            with contextlib.suppress(Exception):
+                await router.aclose()
+
+
+# --------------------------------------------------------------------------- step results
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDue:
+    meta: Metadata
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    at: float | None  # wall-clock time to look again; None: only on a new event
+
+
+AGAIN = object()  # a message was taken in; decide again
+
+
+def backoff(rt: Runtime, attempt: int, retry_after: float | None) -> float:
+    r = rt.settings.retry
+    ceiling = min(r.cap, r.base * (2 ** max(0, attempt - 1)))
+    delay = rt.rng.uniform(ceiling / 2, ceiling)  # "equal jitter": never hammer, never stall
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, r.cap))
+    return delay
+
+
+def set_status(w: ConvWriter, status: Status, needs: tuple[str, ...] = ()) -> None:
+    if w.state.status != status or list(needs) != w.state.pending_needs:
+        w.state.status = status
+        w.state.pending_needs = list(needs)
+        w.save(durable=False)
+
+
+async def lock(conv: Conv, rt: Runtime, meta: Metadata) -> tuple[contextlib.ExitStack, ConvWriter]:
+    """Take the conversation's lock without blocking the event loop."""
+    while True:
+        stack = contextlib.ExitStack()
+        try:
+            w = stack.enter_context(
+                open_writer(
+                    conv, durable=rt.settings.durability == "fsync", default_meta=meta, wait=False
+                )
+            )
+        except LockBusy:
+            stack.close()
+            await asyncio.sleep(0.1)
+            continue
+        return stack, w

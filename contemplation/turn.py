@@ -1,0 +1,266 @@
+"""One model turn: build the request, stream the reply into the log, record how it went.
+
+Before the lock: the context requirements are gathered (first turn only) and a backend slot
+is awaited (queued per model). Under the lock: the history is fitted to the model's window,
+the reply streams into ``messages.log`` as it arrives, and a failure becomes either a retry
+(transient) or a visible ERROR (permanent). Native tool calls are written into the reply as
+``NEED:`` lines under a ``(tool call …)`` line, so the ordinary answer cycle answers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+from contemplation import budget, router
+from contemplation.backends.base import Backend
+from contemplation.context import saved_context
+from contemplation.conversation import next_action
+from contemplation.errors import BackendError, ContemplationError
+from contemplation.layout import Conv
+from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
+from contemplation.prompts import build_request
+from contemplation.runtime import AGAIN, Runtime, Wait, backoff, lock, log, set_status
+from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
+
+CANCEL_CHECK_INTERVAL = 0.2
+TOOL_CALL_PREFIX = "(tool call "
+
+
+class _Cancelled(Exception):
+    """The agent asked to cancel the in-flight generation."""
+
+
+async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
+    backend = rt.backend(meta.backend)
+    context = await _context(conv, rt, meta)
+    tools = await _tools(rt, backend, meta)
+    async with rt.scheduler(meta.backend).slot(meta.model):
+        stack, w = await lock(conv, rt, meta)
+        with stack:
+            return await _stream(conv, rt, w, backend, context=context, tools=tools)
+
+
+async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
+    """The context sections for the system prompt (gathered once, then read from context/)."""
+    if not meta.context_requirements:
+        return ""
+    saved = saved_context(conv)
+    if saved:
+        return saved
+    try:
+        _, text = await rt.context_assembler().assemble(conv, meta.context_requirements)
+    except (ContemplationError, OSError) as exc:
+        log.warning("context_failed", conv=conv.id, error=str(exc))
+        return ""
+    return text
+
+
+async def _tools(rt: Runtime, backend: Backend, meta: Metadata) -> tuple[dict[str, Any], ...]:
+    """The routes as native tools, when the model can call tools (else the text protocol)."""
+    if not rt.settings.native_tools:
+        return ()
+    try:
+        caps = await backend.capabilities(meta.model)
+    except BackendError:
+        return ()  # the turn itself will report what is wrong
+    if not caps.tools:
+        return ()
+    try:
+        return tuple(rt.need_router().tool_specs(template=meta.template))
+    except ContemplationError:
+        return ()
+
+
+def _window(rt: Runtime, backend: Backend, request: ChatRequest) -> int:
+    configured = request.options.get("num_ctx") or getattr(backend, "num_ctx", 0)
+    return int(configured or rt.settings.ollama.num_ctx)
+
+
+async def _stream(
+    conv: Conv,
+    rt: Runtime,
+    w: ConvWriter,
+    backend: Backend,
+    *,
+    context: str,
+    tools: tuple[dict[str, Any], ...],
+) -> Wait | object:
+    meta = w.meta
+    parsed = rt.view(conv, meta.agent_label).refresh()
+    if next_action(parsed.blocks).action != "turn":
+        return AGAIN
+    tpl = rt.template(meta.template) if meta.template else None
+    request = build_request(
+        meta, parsed.blocks, template_prompt=tpl.system_prompt if tpl else "", context=context
+    )
+    request = replace(request, tools=tools)
+    window = _window(rt, backend, request)
+    ratio = rt.calibration.ratio(meta.model)
+    request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
+    set_status(w, Status.GENERATING)
+    rt.notify(conv.id, "generating", model=meta.model)
+    reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
+    if dropped:
+        reply.note(fit_note)
+    usage: Usage | None = None
+    calls: list[dict[str, Any]] = []
+    limit = rt.settings.max_reply_bytes
+    truncated = False
+    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+    cancel_path = conv.dir / ".cancel"
+    try:
+        stream = backend.stream(request)
+        try:
+            async for ev in stream:
+                if ev.kind == "tool_call" and ev.tool_call is not None:
+                    calls.append(ev.tool_call)
+                usage = _apply(ev, reply, rt, conv.id) or usage
+                if reply.bytes_written > limit:
+                    truncated = True
+                    break
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+                    if cancel_path.exists():
+                        raise _Cancelled
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+    except _Cancelled:
+        return _cancelled(conv, rt, w, reply)
+    except asyncio.CancelledError:
+        if conv.id in rt.cancelled:
+            rt.cancelled.discard(conv.id)
+            return _cancelled(conv, rt, w, reply)
+        reply.abort(
+            MarkerKind.INTERRUPTED, "the daemon stopped during this reply; it will be redone"
+        )
+        set_status(w, Status.PENDING)
+        raise
+    except BackendError as exc:
+        return _failed(conv, rt, w, reply, exc)
+    _write_tool_calls(rt, reply, meta, calls)
+    markers: list[tuple[MarkerKind, str]] = []
+    if truncated:
+        markers.append(
+            (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
+        )
+    if usage is not None:
+        usage.context_window = window
+        warning = _context_warning(usage, budget.estimate_request(request, ratio))
+        if warning:
+            usage.context_full = True
+            markers.append((MarkerKind.WARNING, warning))
+        if usage.prompt_eval_count:
+            rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
+    reply.finish(markers=markers, usage=usage)
+    rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
+    return AGAIN
+
+
+def _apply(ev: StreamEvent, reply: ReplyStream, rt: Runtime, conv_id: str) -> Usage | None:
+    if ev.kind == "content":
+        reply.content(ev.text)
+        rt.notify(conv_id, "token", text=ev.text)
+    elif ev.kind == "thinking":
+        reply.thinking(ev.text)
+        rt.notify(conv_id, "thinking", text=ev.text)
+    elif ev.kind == "note":
+        reply.note(ev.text)
+        rt.notify(conv_id, "note", text=ev.text)
+    elif ev.kind == "done":
+        return ev.usage
+    return None
+
+
+def _write_tool_calls(
+    rt: Runtime, reply: ReplyStream, meta: Metadata, calls: list[dict[str, Any]]
+) -> None:
+    """Record native tool calls (or tool-call JSON the model wrote as text) as NEED lines."""
+    written_as_text = False
+    if not calls:
+        text = "".join(reply.content_parts)
+        if "NEED:" in text or '"name"' not in text:
+            return
+        try:
+            found = rt.need_router().parse_text_tool_call(text, template=meta.template)
+        except ContemplationError:
+            return
+        calls = [{"function": {"name": n, "arguments": a}} for n, a in found]
+        written_as_text = bool(calls)
+    if not calls:
+        return
+    try:
+        functions = rt.need_router().rules(meta.template).functions()
+    except ContemplationError:
+        functions = {}
+    lines: list[str] = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") or {}
+        name = str(fn.get("name") or "?")
+        call_id = str(call.get("id") or f"call_{i}")
+        rule = functions.get(name)
+        args = router.heal_arguments(fn.get("arguments"), rule.params if rule else ())
+        need = router.route_call(rule, args).need if rule else f"{name} {json.dumps(args)}"
+        shown = json.dumps(args, ensure_ascii=False)
+        lines.append(f"{TOOL_CALL_PREFIX}{call_id}: {name} {shown})\nNEED: {need}\n")
+    if written_as_text:
+        reply.note("tool calls written as JSON text were read as NEED lines")
+    reply.content(("\n" if reply.content_parts else "") + "".join(lines))
+
+
+def _context_warning(usage: Usage, estimate: int) -> str:
+    window = usage.context_window
+    if not window:
+        return ""
+    used = usage.prompt_eval_count or 0
+    if used >= 0.98 * window or estimate > window:
+        return (
+            f"the prompt (~{max(used, estimate)} tokens) filled the context window ({window}); "
+            "the server may have dropped the oldest messages — raise num_ctx or start a new "
+            "conversation"
+        )
+    return ""
+
+
+def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream) -> object:
+    clear_cancel(conv)
+    if reply.started:
+        reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent")
+    else:
+        w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
+    set_status(w, Status.CANCELLED)
+    rt.notify(conv.id, "cancelled")
+    return AGAIN
+
+
+def _failed(
+    conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream, exc: BackendError
+) -> Wait | object:
+    attempt = w.state.retry_count + 1
+    transient = exc.transient and attempt < rt.settings.retry.max_attempts
+    if transient:
+        delay = backoff(rt, attempt, exc.retry_after)
+        if reply.started:
+            reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {delay:.0f} s")
+        w.state.retry_count = attempt
+        w.state.next_retry_at = rt.clock() + delay
+        w.record_error(exc.kind, str(exc), status=Status.RETRYING)
+        log.warning(
+            "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
+        )
+        rt.notify(conv.id, "retrying", error=str(exc), attempt=attempt, delay=delay)
+        return Wait(w.state.next_retry_at)
+    message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
+    if reply.started:
+        reply.abort(MarkerKind.ERROR, message)
+    else:
+        w.append_marker(MarkerKind.ERROR, message)
+    w.state.retry_count = 0
+    w.state.next_retry_at = None
+    w.record_error(exc.kind, message, status=Status.ERROR)
+    log.error("turn_failed", conv=conv.id, error=message)
+    rt.notify(conv.id, "error", error=message)
+    return Wait(None)
