@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from contemplation import budget, router
-from contemplation.backends.base import Backend
+from contemplation.backends.base import Backend, Capabilities
+from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
 from contemplation.conversation import next_action
 from contemplation.errors import BackendError, ContemplationError
@@ -34,14 +35,50 @@ class _Cancelled(Exception):
     """The agent asked to cancel the in-flight generation."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """What is settled before the lock: context text, tools offered, the think value."""
+
+    context: str = ""
+    tools: tuple[dict[str, Any], ...] = ()
+    think: bool | str | None = None
+    note: str | None = None  # a downgrade to record in the log
+    error: BackendError | None = None  # a request the model cannot serve
+
+
 async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
     backend = rt.backend(meta.backend)
-    context = await _context(conv, rt, meta)
-    tools = await _tools(rt, backend, meta)
+    prepared = await _prepare(conv, rt, backend, meta)
     async with rt.scheduler(meta.backend).slot(meta.model):
         stack, w = await lock(conv, rt, meta)
         with stack:
-            return await _stream(conv, rt, w, backend, context=context, tools=tools)
+            return await _stream(conv, rt, w, backend, prepared)
+
+
+async def _prepare(conv: Conv, rt: Runtime, backend: Backend, meta: Metadata) -> _Prepared:
+    context = await _context(conv, rt, meta)
+    caps: Capabilities | None = None
+    if meta.think is not None or rt.settings.native_tools:
+        try:
+            caps = await backend.capabilities(meta.model)
+        except BackendError:
+            caps = None  # the turn itself reports what is wrong with the server or model
+    think: bool | str | None = meta.think
+    note: str | None = None
+    if caps is not None and meta.think is not None:
+        try:
+            think, note = resolve_think(
+                caps, meta.think, rt.settings.think_unsupported, model=meta.model
+            )
+        except BackendError as exc:
+            return _Prepared(context=context, error=exc)
+    tools: tuple[dict[str, Any], ...] = ()
+    if caps is not None and caps.tools and rt.settings.native_tools:
+        try:
+            tools = tuple(rt.need_router().tool_specs(template=meta.template))
+        except ContemplationError:
+            tools = ()
+    return _Prepared(context=context, tools=tools, think=think, note=note)
 
 
 async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
@@ -59,22 +96,6 @@ async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
     return text
 
 
-async def _tools(rt: Runtime, backend: Backend, meta: Metadata) -> tuple[dict[str, Any], ...]:
-    """The routes as native tools, when the model can call tools (else the text protocol)."""
-    if not rt.settings.native_tools:
-        return ()
-    try:
-        caps = await backend.capabilities(meta.model)
-    except BackendError:
-        return ()  # the turn itself will report what is wrong
-    if not caps.tools:
-        return ()
-    try:
-        return tuple(rt.need_router().tool_specs(template=meta.template))
-    except ContemplationError:
-        return ()
-
-
 def _window(rt: Runtime, backend: Backend, request: ChatRequest) -> int:
     configured = request.options.get("num_ctx") or getattr(backend, "num_ctx", 0)
     return int(configured or rt.settings.ollama.num_ctx)
@@ -85,9 +106,7 @@ async def _stream(
     rt: Runtime,
     w: ConvWriter,
     backend: Backend,
-    *,
-    context: str,
-    tools: tuple[dict[str, Any], ...],
+    prepared: _Prepared,
 ) -> Wait | object:
     meta = w.meta
     parsed = rt.view(conv, meta.agent_label).refresh()
@@ -95,15 +114,22 @@ async def _stream(
         return AGAIN
     tpl = rt.template(meta.template) if meta.template else None
     request = build_request(
-        meta, parsed.blocks, template_prompt=tpl.system_prompt if tpl else "", context=context
+        meta,
+        parsed.blocks,
+        template_prompt=tpl.system_prompt if tpl else "",
+        context=prepared.context,
     )
-    request = replace(request, tools=tools)
+    request = replace(request, tools=prepared.tools, think=prepared.think)
     window = _window(rt, backend, request)
     ratio = rt.calibration.ratio(meta.model)
     request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
     set_status(w, Status.GENERATING)
     rt.notify(conv.id, "generating", model=meta.model)
     reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
+    if prepared.error is not None:
+        return _failed(conv, rt, w, reply, prepared.error)
+    if prepared.note:
+        reply.note(prepared.note)
     if dropped:
         reply.note(fit_note)
     usage: Usage | None = None
