@@ -394,16 +394,24 @@ def _unused(p: Path) -> None:  # keep imports used by type checkers honest
 
 
 def test_think_on_a_model_that_cannot_think_follows_the_policy(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
-    strict = make_conv(home, "strict", model="gemma", think=True)
+    strict = make_conv(home, "strict", model="gemma")
+    _set_meta(strict, think=True)
     drop_message(strict, "think hard")
     run_burst(runtime(make_settings, fake_ollama, think_unsupported="error"))
     st = read_state(strict)
     assert st is not None and st.status is Status.ERROR and st.last_error is not None
     assert "gemma cannot think" in st.last_error.message
     assert fake_ollama.chat_requests() == []  # refused before calling the model
-    lenient = make_conv(home, "lenient", model="gemma", think="high")
+    lenient = make_conv(home, "lenient", model="gemma")
+    _set_meta(lenient, think="high")
     drop_message(lenient, "think hard")
     run_burst(runtime(make_settings, fake_ollama, think_unsupported="downgrade"))
     assert "think" not in fake_ollama.chat_requests()[-1]
     assert "=== NOTE: gemma cannot think" in lenient.log.read_text()
     assert blocks(lenient)[-1] == (BlockKind.MODEL, "Echo: think hard")
+
+
+def _set_meta(conv: Conv, **fields: object) -> None:
+    meta = json.loads(conv.metadata.read_text())
+    meta.update(fields)
+    conv.metadata.write_text(json.dumps(meta))
