@@ -209,23 +209,24 @@ def new_conversation(
             name = base if n == 0 else f"{base}-{n + 1}"
             if (home.active / name).exists():
                 continue
-            meta = Metadata(
-                id=name,
-                topic=topic.strip(),
-                created=now_iso(),
-                template=template.name,
-                backend=backend,
-                model=model,
-                options=dict(template.options),
-                system_prompt=None,
-                think=template.think,
-                archive_on_complete=(
-                    template.archive_on_complete
-                    if template.archive_on_complete is not None
-                    else True
+            fields: dict[str, Any] = {
+                "id": name,
+                "topic": topic.strip(),
+                "created": now_iso(),
+                "template": template.name,
+                "backend": backend,
+                "model": model,
+                "options": dict(template.options),
+                "think": template.think,
+                "archive_on_complete": (
+                    True
+                    if template.archive_on_complete is None
+                    else template.archive_on_complete
                 ),
-                **(extra or {}),
-            )
+            }
+            fields.update(extra or {})  # caller's values (e.g. think, labels) win
+            fields["id"] = name
+            meta = Metadata.model_validate(fields)
             ensure_conversation_files(Conv(staging), meta, durable=durable)
             try:
                 os.rename(staging, home.active / name)
