@@ -33,11 +33,12 @@ from contemplation.reading import blocks_since, segments
 from contemplation.settings import NotificationRule
 
 if TYPE_CHECKING:
-    from contemplation.pipeline import Runtime
+    from contemplation.runtime import Runtime
 
 log = structlog.get_logger("contemplation.notify")
 
 EXCERPT_CHARS = 2000
+WATCHED = {"reply", "error", "awaiting_agent"}  # pipeline events that can notify
 QUEUE_SIZE = 1000
 OUTPUT_KEPT = 500
 
@@ -67,7 +68,7 @@ def _last_model_block(conv: Conv, agent_label: str) -> dict[str, Any] | None:
 
 def derive(home: Home, conv_id: str, event: str, data: dict[str, Any]) -> list[Event]:
     """Pipeline events → notification events (reading the folder for what they imply)."""
-    if event not in {"reply", "error", "needs", "awaiting"}:
+    if event not in WATCHED:
         return []
     conv = _find(home, conv_id)
     if conv is None:
@@ -90,10 +91,11 @@ def derive(home: Home, conv_id: str, event: str, data: dict[str, Any]) -> list[E
         out.append(Event("reply", conv_id, base | {"reply": excerpt, "usage": data.get("usage")}))
         if block.get("complete"):
             out.append(Event("complete", conv_id, base | {"reply": excerpt}))
-    needs = list(state.pending_needs) if state else []
-    waiting = state is not None and state.status is Status.AWAITING_AGENT and needs
-    if waiting or (event in {"needs", "awaiting"} and data.get("needs")):
-        out.append(Event("need", conv_id, base | {"needs": needs or list(data.get("needs", []))}))
+    needs = [str(n) for n in data.get("needs") or []] if event == "awaiting_agent" else []
+    if not needs and state is not None and state.status is Status.AWAITING_AGENT:
+        needs = list(state.pending_needs)  # set right after the reply, with no event of its own
+    if needs:
+        out.append(Event("need", conv_id, base | {"needs": needs}))
     return out
 
 
@@ -151,7 +153,7 @@ class Notifier:
 
     def observe(self, conv_id: str, event: str, data: dict[str, Any]) -> None:
         """Observer (runs inside the pipeline): only queues, never blocks."""
-        if event in {"reply", "error", "needs", "awaiting"}:
+        if event in WATCHED:
             with contextlib.suppress(asyncio.QueueFull):
                 self.queue.put_nowait((conv_id, event, dict(data)))
 

@@ -23,7 +23,7 @@ from contemplation.layout import Home, read_json
 from contemplation.writer import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:
-    from contemplation.pipeline import Runtime
+    from contemplation.runtime import Runtime
 
 log = structlog.get_logger("contemplation.dashboard")
 
