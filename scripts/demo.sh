@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The main job, end to end, on a fresh machine: install contemplation, start the daemon, open a
+# conversation, send a message and watch a real model's reply stream in.
+# The model: Ollama when one answers at $OLLAMA_HOST (model $DEMO_MODEL, default: the first one
+# it has), else the embedded llama.cpp backend with SmolLM2-135M (no server needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --main
+. .venv/bin/activate
+
+export CONTEMPLATION_HOME=${CONTEMPLATION_HOME:-$(mktemp -d)/contemplation}
+host=$(python -c 'from contemplation.settings import parse_ollama_host as p; import os; print(p(os.environ.get("OLLAMA_HOST"))[0])')
+backend=local
+model=${DEMO_MODEL:-}
+if curl -fsS --max-time 2 "$host/api/tags" >/tmp/contemplation-demo-tags.json 2>/dev/null; then
+  first=$(python -c 'import json; m=json.load(open("/tmp/contemplation-demo-tags.json"))["models"]; print(m[0]["name"] if m else "")')
+  if [ -n "${model:-$first}" ]; then backend=ollama; model=${model:-$first}; fi
+fi
+[ "$backend" = local ] && model=smollm2
+echo "== home: $CONTEMPLATION_HOME   backend: $backend   model: $model"
+
+contemplation run --no-dashboard 2>"$CONTEMPLATION_HOME.daemon.log" &
+daemon=$!
+trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
+for _ in $(seq 100); do contemplation status --json 2>/dev/null | grep -q '"daemon_running": true' && break; sleep 0.1; done
+
+id=$(contemplation new "Folder queues" --backend "$backend" --model "$model")
+echo "== conversation $id  (follow it with: contemplation tail -f $id)"
+contemplation send "$id" "In two sentences: why is a folder of plain-text files a good queue for talking to a local model?" --wait --timeout 900
+echo
+echo "== the log: $CONTEMPLATION_HOME/active/$id/messages.log"
+contemplation status "$id"
