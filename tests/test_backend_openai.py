@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,9 +12,14 @@ import pytest
 from contemplation.backends.base import PhaseTimeouts
 from contemplation.backends.openai import OpenAIBackend, normalize_base_url
 from contemplation.errors import BackendError, ContextOverflow
-from contemplation.models import ChatMessage, ChatRequest, StreamEvent
-from contemplation.settings import CapabilityOverride
+from contemplation.layout import Home, load_template
+from contemplation.models import BlockKind, ChatMessage, ChatRequest, StreamEvent
+from contemplation.parser import parse
+from contemplation.pipeline import Runtime
+from contemplation.settings import CapabilityOverride, Settings
+from contemplation.writer import drop_message, new_conversation
 from tests import realpeers
+from tests.conftest import run_burst
 from tests.fakes.openai_server import FakeOpenAI, Step
 
 FAST = PhaseTimeouts(connect=2, first_byte=5, idle=5, total=30)
@@ -421,3 +426,31 @@ def test_real_llama_cpp_check_lists_its_model(llama: realpeers.LlamaServer) -> N
 
     checks = asyncio.run(go())
     assert all(c.ok for c in checks) and "smollm2" in checks[0].detail
+
+
+# --------------------------------------------------------------------------- the daemon path
+
+
+def test_through_the_pipeline_a_fallback_reply_is_logged_with_its_note_and_thinking(
+    fake: FakeOpenAI, home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    """Ollama is down; the turn goes to the OpenAI-compatible server, and the log says so."""
+    down = f"http://127.0.0.1:{realpeers.free_port()}"
+    settings = make_settings(
+        fallback=["ollama", "openai"],
+        ollama={"host": down},
+        openai={"base_url": fake.url},
+    )
+    conv = new_conversation(
+        home, "fallback", template=load_template(home, "default"), model="m", backend="ollama"
+    )
+    drop_message(conv, "Why?")
+    fake.enqueue(Step(reasoning=["pondering"], pieces=["Because."]))
+    run_burst(Runtime(settings=settings, home=home))
+    log = conv.log.read_text()
+    assert f"=== NOTE: ollama unreachable (cannot reach {down}" in log
+    assert "this reply comes from openai ===" in log
+    assert "=== THINKING ===\npondering\n=== END THINKING ===" in log
+    (_agent, model) = parse(conv.log.read_bytes()).blocks
+    assert model.kind is BlockKind.MODEL and model.text.strip() == "Because."
+    assert model.thinking.strip() == "pondering"

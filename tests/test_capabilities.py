@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from contemplation import backends
 from contemplation import settings as settings_mod
-from contemplation.backends.base import Backend, Capabilities, Check
+from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
 from contemplation.backends.capabilities import (
     base_name,
     family_of,
@@ -19,6 +22,7 @@ from contemplation.backends.capabilities import (
     resolve_think,
 )
 from contemplation.backends.fallback import FallbackBackend
+from contemplation.backends.ollama import OllamaBackend
 from contemplation.errors import BackendError, ConfigError
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent
 from contemplation.settings import CapabilityOverride, Settings
@@ -258,3 +262,60 @@ def test_check_all_covers_the_default_backend_and_its_fallbacks(
         ("scripted_down", False),
         ("nosuch", False),
     ]
+
+
+# --------------------------------------------------------------------------- Ollama
+
+
+class _OldOllama(BaseHTTPRequestHandler):
+    """An Ollama that predates ``capabilities`` in /api/show, with a model loaded."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _json(self, data: Any) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        loaded = {"name": "llama3.2:latest", "model": "llama3.2:latest", "context_length": 8192}
+        self._json({"models": [loaded]})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        info = {"general.architecture": "llama", "llama.context_length": 131072}
+        self._json({"details": {"family": "llama"}, "model_info": info})
+
+
+@pytest.fixture
+def old_ollama() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _OldOllama)
+    threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_ollama_without_capabilities_falls_back_to_the_table_and_ps_context(
+    old_ollama: str,
+) -> None:
+    async def go() -> tuple[Capabilities, Capabilities]:
+        timeouts = PhaseTimeouts(connect=2, first_byte=5, idle=5, total=10)
+        plain = OllamaBackend(old_ollama, timeouts=timeouts)
+        over = OllamaBackend(
+            old_ollama, timeouts=timeouts, overrides={"llama3.2": CapabilityOverride(vision=True)}
+        )
+        try:
+            return await plain.capabilities("llama3.2"), await over.capabilities("llama3.2")
+        finally:
+            await plain.aclose()
+            await over.aclose()
+
+    plain, over = asyncio.run(go())
+    assert plain.tools and not plain.thinking and plain.source == "family table"
+    assert plain.context_length == 8192  # what /api/ps says is allocated, not the trained 131072
+    assert over.vision and over.tools and over.source == "config"
