@@ -16,6 +16,7 @@ import structlog
 from contemplation import backends as backend_registry
 from contemplation.answering import NeedRouter
 from contemplation.backends.base import Backend
+from contemplation.breaker import Breaker
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import LockBusy
@@ -51,6 +52,7 @@ class Runtime:
     router: NeedRouter | None = None
     assembler: ContextAssembler | None = None
     calibration: Calibration = field(default_factory=Calibration)
+    breakers: dict[str, Breaker] = field(default_factory=dict)
 
     def backend(self, name: str) -> Backend:
         if name not in self.backends:
@@ -63,6 +65,14 @@ class Runtime:
                 slots=self.backend(name).concurrency, switch_after=self.settings.model_switch_after
             )
         return self.schedulers[name]
+
+    def breaker(self, name: str) -> Breaker:
+        if name not in self.breakers:
+            s = self.settings
+            self.breakers[name] = Breaker(
+                threshold=s.breaker_threshold, cooldown=s.breaker_cooldown, clock=self.clock
+            )
+        return self.breakers[name]
 
     def template(self, name: str) -> Template:
         if name not in self.templates:

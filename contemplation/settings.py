@@ -190,6 +190,10 @@ class Settings(_Section):
     native_tools: bool = Field(
         True, description="offer the routes as native tools to models that can call tools"
     )
+    breaker_threshold: int = Field(
+        5, ge=1, description="transient failures in a row before a backend is left alone"
+    )
+    breaker_cooldown: float = Field(10.0, gt=0, description="seconds a failing backend rests")
     max_need_rounds: int = Field(
         5, ge=1, description="model replies with NEEDs per agent message before a pause"
     )

@@ -49,11 +49,39 @@ class _Prepared:
 
 async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
     backend = rt.backend(meta.backend)
+    breaker = rt.breaker(meta.backend)
+    until = breaker.resting()
+    if until is not None:
+        return await _rest(conv, rt, meta, until)
     prepared = await _prepare(conv, rt, backend, meta)
     async with rt.scheduler(meta.backend).slot(meta.model):
-        stack, w = await lock(conv, rt, meta)
-        with stack:
-            return await _stream(conv, rt, w, backend, prepared)
+        # checked again with the slot held: the turns queued behind a failing one must not
+        # each try the server once more
+        if not breaker.allow():
+            until = breaker.resting() or rt.clock() + 0.5
+        else:
+            try:
+                stack, w = await lock(conv, rt, meta)
+                with stack:
+                    return await _stream(conv, rt, w, backend, prepared)
+            finally:
+                breaker.release()  # a probe that ended without a verdict lets another try
+    return await _rest(conv, rt, meta, until)
+
+
+async def _rest(conv: Conv, rt: Runtime, meta: Metadata, until: float) -> Wait:
+    """The backend keeps failing: wait for the breaker instead of calling it again."""
+    stack, w = await lock(conv, rt, meta)
+    with stack:
+        if w.state.next_retry_at is None or w.state.next_retry_at < until:
+            w.state.next_retry_at = until
+            w.record_error(
+                "circuit_open",
+                f"{meta.backend} failed {rt.breaker(meta.backend).failures} times in a row; "
+                f"resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
+                status=Status.RETRYING,
+            )
+    return Wait(until)
 
 
 async def _prepare(conv: Conv, rt: Runtime, backend: Backend, meta: Metadata) -> _Prepared:
@@ -190,6 +218,7 @@ async def _stream(
         if usage.prompt_eval_count:
             rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
     reply.finish(markers=markers, usage=usage)
+    rt.breaker(meta.backend).success()
     rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
     return AGAIN
 
@@ -275,6 +304,11 @@ def _failed(
 ) -> Wait | object:
     attempt = w.state.retry_count + 1
     transient = exc.transient and attempt < rt.settings.retry.max_attempts
+    breaker = rt.breaker(w.meta.backend)
+    if exc.transient:
+        breaker.failure()
+    elif exc.status_code is not None:
+        breaker.success()  # the server answered: it is up, the request was wrong
     if transient:
         delay = backoff(rt, attempt, exc.retry_after)
         if reply.started:

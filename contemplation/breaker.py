@@ -1,0 +1,68 @@
+"""A circuit breaker per backend: stop hammering a server that keeps failing.
+
+After ``threshold`` transient failures in a row (from any conversation) the breaker opens for
+``cooldown`` seconds: turns on that backend wait instead of calling it. Then one turn may
+probe (half-open); its success closes the breaker, its failure opens it again for twice as
+long (up to ``max_cooldown``). Permanent errors (a missing model, a bad request) say nothing
+about the server's health and do not count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Breaker:
+    threshold: int = 5
+    cooldown: float = 10.0
+    max_cooldown: float = 300.0
+    clock: Callable[[], float] = field(default=lambda: 0.0)
+    failures: int = 0
+    opened_at: float | None = None
+    current_cooldown: float = 0.0
+    probing: bool = False
+
+    @property
+    def open_until(self) -> float | None:
+        if self.opened_at is None:
+            return None
+        return self.opened_at + self.current_cooldown
+
+    def resting(self) -> float | None:
+        """When the backend may be tried again, if it may not be now (nothing changes)."""
+        until = self.open_until
+        if until is None or (self.clock() >= until and not self.probing):
+            return None
+        return max(until, self.clock() + 0.5) if self.probing else until
+
+    def allow(self) -> bool:
+        """May a turn call the backend now? (At most one probe while half-open.)"""
+        until = self.open_until
+        if until is None:
+            return True
+        if self.clock() < until or self.probing:
+            return False
+        self.probing = True
+        return True
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+        self.current_cooldown = 0.0
+        self.probing = False
+
+    def failure(self) -> None:
+        self.failures += 1
+        if self.probing:
+            self.probing = False
+            self.current_cooldown = min(self.max_cooldown, self.current_cooldown * 2)
+            self.opened_at = self.clock()
+        elif self.failures >= self.threshold and self.opened_at is None:
+            self.current_cooldown = self.cooldown
+            self.opened_at = self.clock()
+
+    def release(self) -> None:
+        """A probe that ended without a verdict (cancelled): let another one try."""
+        self.probing = False
