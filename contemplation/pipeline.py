@@ -80,6 +80,9 @@ def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
                 return Wait(st.st_mtime_ns / 1e9 + window)
             w.adopt_foreign()
             log.info("adopted_append", conv=conv.id, bytes=foreign)
+        # 2. a log past rotate_bytes is rotated between blocks (tail -F follows the rename)
+        if w.maybe_rotate(s.rotate_bytes):
+            log.info("rotated", conv=conv.id)
         for warning in w.warnings:
             log.warning("log_warning", conv=conv.id, warning=warning)
         w.warnings.clear()
@@ -97,7 +100,7 @@ def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
                 set_status(w, Status.CANCELLED)
                 rt.notify(conv.id, "cancelled")
                 return AGAIN
-        # 2. a model turn is due
+        # 3. a model turn is due
         if nxt.action == "turn":
             retry_at = w.state.next_retry_at
             if retry_at is not None and retry_at > now:
@@ -111,13 +114,13 @@ def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
                 rt.notify(conv.id, "archived", path=str(dest.dir))
                 log.info("archived", conv=conv.id)
                 return Wait(None)
-        # 3. needs a rule can answer are looked up (outside the lock), unless the model loops
+        # 4. needs a rule can answer are looked up (outside the lock), unless the model loops
         if nxt.action == "needs":
             due = _needs(w, rt, parsed.blocks, nxt)
             if due is not None:
                 set_status(w, Status.ROUTING, nxt.needs)
                 return due
-        # 4. the next message: claimed ones first (recovery), then the inbox in arrival order
+        # 5. the next message: claimed ones first (recovery), then the inbox in arrival order
         wake: float | None = None
         for claimed in processing_entries(conv):
             return _take(w, rt, claimed)
@@ -130,7 +133,7 @@ def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
                 return _take(w, rt, claimed_path)
             at = entry.mtime_ns / 1e9 + s.settle_seconds
             wake = at if wake is None else min(wake, at)
-        # 5. nothing to do: make the status say why
+        # 6. nothing to do: make the status say why
         if nxt.action == "needs":
             set_status(w, Status.AWAITING_AGENT, nxt.needs)
         elif nxt.action == "stopped":

@@ -21,6 +21,8 @@ POINTS = (
     "reply_done",  # after the reply was fully written, before its commit
     "state_tmp",  # inside an atomic state write, after the temp file was written
     "archive",  # before the conversation folder is moved to completed/
+    "rotate",  # after a rotation was journaled in state.json, before any rename
+    "rotate_renamed",  # after messages.log became messages.1.log, before the new log exists
 )
 
 _enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"

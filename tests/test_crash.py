@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from contemplation.conversation import whole
-from contemplation.layout import Conv, Home, list_conversations, load_template, read_state
+from contemplation.layout import Conv, Home, LogView, list_conversations, load_template, read_state
 from contemplation.models import BlockKind
 from contemplation.parser import parse
 from contemplation.testing import POINTS
@@ -37,7 +37,7 @@ def workload(home: Home) -> dict[str, list[str]]:
             model="llama3.2",
             backend="ollama",
         )
-        texts = [f"conv {c} message {i}" for i in range(MESSAGES)]
+        texts = [f"conv {c} message {i} " + "padding " * 60 for i in range(MESSAGES)]
         for i, t in enumerate(texts):
             drop_message(conv, t, name=f"{i:03d}.msg")
         expected[conv.id] = texts
@@ -63,7 +63,7 @@ def check_invariants(home: Home, expected: dict[str, list[str]]) -> None:
     for conv_id, texts in expected.items():
         conv: Conv = convs[conv_id]
         data = conv.log.read_bytes()
-        result = parse(data)
+        result = LogView(conv).refresh()  # every rotated segment, then the live log
         assert not [e for e in result.errors if "ends without a newline" in e], result.errors
         agent = [b.text for b in result.blocks if b.kind is BlockKind.AGENT]
         assert agent == texts, f"{conv_id}: messages lost, duplicated or reordered: {agent}"
@@ -72,7 +72,7 @@ def check_invariants(home: Home, expected: dict[str, list[str]]) -> None:
         kinds = [b.kind for b in seq]
         assert kinds == [BlockKind.AGENT, BlockKind.MODEL] * len(texts), kinds
         for msg, reply in zip(seq[::2], seq[1::2], strict=True):
-            assert reply.text == f"Echo: {msg.text}"
+            assert reply.text == f"Echo: {msg.text[:60]}"
         for b in result.blocks:
             if b.kind is BlockKind.MODEL and not whole(b):
                 assert b.interrupted
@@ -95,8 +95,14 @@ def finish(env: dict[str, str], limit: int = 10) -> None:
 @pytest.fixture
 def crash_env(home: Home, fake_ollama: FakeOllama) -> dict[str, str]:
     fake_ollama.default_step = Step(chunks=4)
+    # long echo replies + the smallest rotate_bytes: logs rotate several times per workload
+    fake_ollama.default_step = Step(chunks=4, text="")
     return base_env(
-        home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_DURABILITY="none"
+        home,
+        fake_ollama,
+        CONTEMPLATION_SETTLE_SECONDS="0",
+        CONTEMPLATION_DURABILITY="none",
+        CONTEMPLATION_ROTATE_BYTES="1024",
     )
 
 
