@@ -17,7 +17,6 @@ import pytest
 from contemplation.conversation import whole
 from contemplation.layout import Conv, Home, LogView, list_conversations, load_template, read_state
 from contemplation.models import BlockKind
-from contemplation.parser import parse
 from contemplation.testing import POINTS
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env
