@@ -1,0 +1,84 @@
+"""Run every benchmark and write BENCHMARKS.md.  Usage: .venv/bin/python bench/run_all.py [--quick]
+
+Each benchmark is its own script (it can be run alone); this one runs them one after another
+on an otherwise idle machine and records the machine, the exact commands and their output,
+where every figure is printed next to its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BENCHES = [
+    ("Foundation: pickup, turns/s, parse, daemon RSS (issue 2)", "bench/bench_foundation.py", []),
+    ("Routing: per-need overhead, context assembly (issue 3)", "bench/bench_routing.py", []),
+    ("Overhead vs a direct call to the real llama.cpp server (issue 4)", "bench/bench_overhead.py", []),
+    ("Faces: conversation_check, /api/conversations, MCP start (issue 5)", "bench/bench_faces.py", []),
+]
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")))
+        mem = f"{kb / 1024 / 1024:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return (f"{platform.system()} {platform.release()}, {os.cpu_count()} cores ({cpu}), {mem} RAM, "
+            f"Python {platform.python_version()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks that have it")
+    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = ap.parse_args()
+    parts = [
+        "# Benchmarks",
+        "",
+        f"Written by `python bench/run_all.py{' --quick' if args.quick else ''}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M')} — {machine()}.",
+        "",
+        "Each section is one script, run alone on an idle machine; every figure is printed next to",
+        "its target. Run any script by itself to reproduce its section.",
+    ]
+    failed = 0
+    for title, script, extra in BENCHES:
+        cmd = [sys.executable, script, *extra]
+        if args.quick and "--quick" in (ROOT / script).read_text():
+            cmd.append("--quick")
+        shown = " ".join(["python", *cmd[1:]])
+        print(f"== {shown}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+        took = time.monotonic() - t0
+        out = proc.stdout.strip() or "(no output)"
+        print(out, flush=True)
+        parts += ["", f"## {title}", "", f"`{shown}` ({took:.0f} s)", "", "```", out, "```"]
+        if proc.returncode != 0:
+            failed += 1
+            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            parts += ["", f"**The script failed (exit {proc.returncode}):**", "", "```", tail, "```"]
+    args.out.write_text("\n".join(parts) + "\n")
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
