@@ -121,6 +121,4 @@ async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asy
         if time.monotonic() >= next_scan:
             next_scan = time.monotonic() + interval
             watcher.ensure_alive()
-            for conv in list_conversations(rt.home):
-                if conv.id not in dispatcher.tasks and conv.id not in dispatcher.timers:
-                    dispatcher.poke(conv.id)
+            dispatcher.rescan(list_conversations(rt.home))

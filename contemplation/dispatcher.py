@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -89,6 +90,40 @@ class Dispatcher:
         if wake is not None and not self.stopping:
             delay = max(0.0, wake - time.time())
             self.timers[conv_id] = self._loop.call_later(delay, self._wake, conv_id)
+
+    def rescan(self, convs: list[Conv]) -> int:
+        """The periodic safety net: poke every conversation that shows a sign of new work.
+
+        A few stats per conversation (log size against what the daemon last left, inbox and
+        processing entries, a cancel flag), so an idle home of 1,000 conversations costs
+        milliseconds, not a full step each, every few seconds.
+        """
+        poked = 0
+        for conv in convs:
+            if conv.id in self.tasks or conv.id in self.timers:
+                continue
+            if self._worth_a_look(conv):
+                self.poke(conv.id)
+                poked += 1
+        return poked
+
+    def _worth_a_look(self, conv: Conv) -> bool:
+        known = self.rt.log_sizes.get(conv.id)
+        try:
+            if known is None or conv.log.stat().st_size != known:
+                return True
+        except OSError:
+            return True
+        if (conv.dir / ".cancel").exists():
+            return True
+        for folder in (conv.inbox, conv.processing):
+            try:
+                with os.scandir(folder) as it:
+                    if any(not e.name.startswith(".") for e in it):
+                        return True
+            except OSError:
+                continue
+        return False
 
     def _wake(self, conv_id: str) -> None:
         self.timers.pop(conv_id, None)
