@@ -10,10 +10,11 @@ stderr).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 from mcp.server.mcpserver import MCPServer
@@ -71,6 +72,14 @@ def _errors_as_tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return inner
 
 
+def _locked(fn: Callable[Concatenate[Faces, P], R]) -> Callable[Concatenate[Faces, P], R]:
+    def inner(self: Faces, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.lock:
+            return fn(self, *args, **kwargs)
+
+    return inner
+
+
 class Faces:
     """The tool bodies, kept apart from the SDK so they are plain, testable functions."""
 
@@ -78,6 +87,7 @@ class Faces:
         self.settings = settings
         self.home = Home(settings.home)
         self.reader = Reader(self.home)
+        self.lock = threading.RLock()  # sync tools run in worker threads; the caches are shared
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -97,6 +107,7 @@ class Faces:
             return "The last turn failed: send a message with conversation_respond to try again."
         return ""
 
+    @_locked
     def check(self, conversation_id: str, since: int | None = None) -> dict[str, Any]:
         conv = self.reader.locate(conversation_id)
         meta = read_metadata(conv)
@@ -131,6 +142,7 @@ class Faces:
             out["hint"] = hint
         return out
 
+    @_locked
     def settled(self, conv: Conv) -> bool:
         """Nothing queued, nothing being written, and no model turn due."""
         if conv.is_completed:
@@ -144,6 +156,7 @@ class Faces:
         view = self.reader.view(conv, meta.agent_label).refresh()
         return next_action(view.blocks).action != "turn"
 
+    @_locked
     def last_exchange(self, conv: Conv) -> int:
         """Cursor of the agent's latest block (what "new" means when no cursor is given)."""
         meta = read_metadata(conv)
@@ -153,6 +166,7 @@ class Faces:
         agent = [b for b in view.live.blocks if b.kind.value == "agent"]
         return live_start + (agent[-1].offset if agent else 0)
 
+    @_locked
     def replied_since(self, conv: Conv, since: int) -> bool:
         got = self.reader.since(conv, since)
         return any(b.get("kind") == "model" for b in got.blocks)
@@ -182,6 +196,7 @@ class Faces:
             out["hint"] = "Still working: call conversation_wait again with the returned cursor."
         return out
 
+    @_locked
     def list(self, status: str | None = None) -> dict[str, Any]:
         want = (status or "").strip().lower()
         with_completed = want in {"all", "complete", "completed", "archived"}
@@ -202,7 +217,8 @@ def build_server(settings: Settings) -> MCPServer[Any]:
 
     class Server(MCPServer[Any]):
         async def list_resources(self) -> list[MCPResource]:
-            rows = faces.reader.summaries(include_completed=False)
+            with faces.lock:
+                rows = faces.reader.summaries(include_completed=False)
             extra = [
                 MCPResource(
                     uri=f"conversation://{r['id']}/log",
@@ -285,10 +301,10 @@ def build_server(settings: Settings) -> MCPServer[Any]:
     ) -> dict[str, Any]:
         """Answer the need the model waits for (the first, or `need`); when nothing is pending,
         send `response` as a plain message."""
-        conv = faces.reader.locate(conversation_id)
-        return {"conversation_id": conv.id} | actions.respond(
-            settings, faces.reader, conv, response, need
-        )
+        with faces.lock:
+            conv = faces.reader.locate(conversation_id)
+            done = actions.respond(settings, faces.reader, conv, response, need)
+        return {"conversation_id": conv.id} | done
 
     @tool(read_only)
     @_errors_as_tool_errors

@@ -143,6 +143,20 @@ def test_api_reads_exports_and_actions(home: Home, client: TestClient) -> None:
     assert health["ok"] is True and health["daemon_alive"] is False
 
 
+def test_respond_to_a_need_through_the_api(home: Home, client: TestClient) -> None:
+    conv = make_conv(home, reply="Need two things.\nNEED: the schema\nNEED: the counts")
+    detail = client.get(f"/api/conversations/{conv.id}").json()
+    assert detail["pending_needs"] == ["the schema", "the counts"]
+    url = f"/api/conversations/{conv.id}/respond"
+    r = client.post(url, content=json.dumps({"text": "12 rows", "need": "2"}), headers=auth())
+    assert r.status_code == 200 and r.json()["answered"] == "the counts"
+    body = (conv.inbox / r.json()["queued"]).read_text().split("\n")
+    assert body[0] == "RESPONSE TO NEED: the counts" and body[2] == "12 rows"
+    assert client.get(f"/api/conversations/{conv.id}").json()["pending_needs"] == ["the schema"]
+    bad = client.post(url, content=json.dumps({"text": "x", "need": "nope"}), headers=auth())
+    assert bad.status_code == 422 and "no pending need" in bad.json()["error"]
+
+
 def test_metrics_percentiles() -> None:
     assert percentile([], 50) is None
     values = [float(v) for v in range(1, 101)]
