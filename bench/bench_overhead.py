@@ -44,7 +44,7 @@ from contemplation.settings import load  # noqa: E402
 from contemplation.writer import drop_message, new_conversation, write_metadata  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402
 
-QUESTION = "In one sentence, why is the sky blue?"
+QUESTION = "Tell me a long story about a lighthouse keeper."  # longer than max_tokens
 MODEL = "smollm2"
 
 
