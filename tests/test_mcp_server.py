@@ -343,7 +343,7 @@ def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Hom
     best = min(timings)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "mcp-startup.json").write_text(json.dumps({"seconds": timings}))
-    assert best < 1.0, f"MCP server took {best:.2f} s to answer initialize"
+    assert best < 1.5, f"MCP server took {best:.2f} s to answer initialize (~0.65 s here)"
 
 
 def inspector(home: Home, tmp: Path, *args: str, check: bool = True) -> tuple[int, dict[str, Any]]:
