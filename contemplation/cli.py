@@ -484,8 +484,10 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         "running" if daemon_alive(home) else "not running (start: contemplation run)",
     )
 
+    in_use = {m.backend for c in list_conversations(home) if (m := read_metadata(c)) is not None}
+
     async def probe_backends() -> None:
-        for c in await backends.check_all(s):
+        for c in await backends.check_all(s, extra=sorted(in_use)):
             add(c.name, c.ok, c.detail + "".join(f"\n    hint: {h}" for h in c.hints))
 
     asyncio.run(probe_backends())

@@ -113,7 +113,7 @@ def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
                 dest = archive(rt.home, conv)
                 rt.notify(conv.id, "archived", path=str(dest.dir))
                 log.info("archived", conv=conv.id)
-                return Wait(None)
+                return AGAIN  # the next round sees the folder gone and lets backends forget it
         # 4. needs a rule can answer are looked up (outside the lock), unless the model loops
         if nxt.action == "needs":
             due = _needs(w, rt, parsed.blocks, nxt)
@@ -184,6 +184,17 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
 MAX_STEPS = 10_000
 
 
+async def _forget(conv: Conv, rt: Runtime) -> None:
+    """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions)."""
+    rt.views.pop(conv.id, None)
+    rt.log_sizes.pop(conv.id, None)
+    for backend in list(rt.backends.values()):
+        try:
+            await backend.forget(conv.id)
+        except (ContemplationError, OSError) as exc:
+            log.warning("forget_failed", conv=conv.id, error=str(exc))
+
+
 def _remember_size(conv: Conv, rt: Runtime) -> None:
     try:
         rt.log_sizes[conv.id] = conv.log.stat().st_size
@@ -194,7 +205,10 @@ def _remember_size(conv: Conv, rt: Runtime) -> None:
 async def process(conv: Conv, rt: Runtime) -> float | None:
     """Do what is due in one conversation. Returns when to look again (None: on an event)."""
     for _ in range(MAX_STEPS):
-        if rt.stopping or not conv.dir.is_dir():
+        if not conv.dir.is_dir():  # archived (by us, the CLI or the MCP server) or deleted
+            await _forget(conv, rt)
+            return None
+        if rt.stopping:
             return None
         try:
             decision = _step(conv, rt)

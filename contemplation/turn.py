@@ -202,6 +202,8 @@ async def _stream(
         set_status(w, Status.PENDING)
         raise
     except BackendError as exc:
+        if exc.kind == "cancelled":  # the server aborted the turn at our request
+            return _cancelled(conv, rt, w, reply)
         return _failed(conv, rt, w, reply, exc)
     _write_tool_calls(rt, reply, meta, calls)
     markers: list[tuple[MarkerKind, str]] = []

@@ -82,16 +82,16 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def next_line(lines: AsyncIterator[str], timeout: float, what: str) -> str | None:
+async def next_line(lines: AsyncIterator[str], wait_s: float, what: str) -> str | None:
     """The next line of a stream, or None at EOF; a stall becomes a transient error."""
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait_s):
             return await anext(lines)
     except StopAsyncIteration:
         return None
     except TimeoutError:
         raise BackendError(
-            f"{what}: no data for {timeout:g} s (stalled)", transient=True, kind="stall"
+            f"{what}: no data for {wait_s:g} s (stalled)", transient=True, kind="stall"
         ) from None
     except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
         raise BackendError(

@@ -237,7 +237,7 @@ class McpServer:
             raise ToolError(f"MCP server {self.name!r} is shut down")
         async with self._lock:
             if self.running:
-                assert self._session is not None  # noqa: S101 - narrowed by running
+                assert self._session is not None
                 return self._session
             if self._task is not None:
                 await self._shutdown()  # the old task ended on its own: clean it up first
