@@ -14,6 +14,7 @@ import click
 
 from contemplation import __version__, backends
 from contemplation import settings as settings_mod
+from contemplation.actions import archive_conversation
 from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
 from contemplation.conversation import next_action
@@ -33,7 +34,6 @@ from contemplation.models import Status
 from contemplation.parser import parse
 from contemplation.settings import Settings
 from contemplation.writer import (
-    archive,
     daemon_alive,
     drop_message,
     ensure_home,
@@ -401,7 +401,7 @@ def archive_(ctx: click.Context, conversation: str) -> None:
     """Move a conversation to completed/."""
     home = _home(ctx)
     conv = find_conversation(home, conversation, include_completed=False)
-    dest = archive(home, conv)
+    dest = archive_conversation(home, conv)
     click.echo(str(dest.dir))
 
 

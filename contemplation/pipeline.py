@@ -184,6 +184,11 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
 MAX_STEPS = 10_000
 
 
+def _looks_like_a_conversation(conv: Conv) -> bool:
+    """A folder being made (an empty name reservation) is left alone: nothing is created in it."""
+    return conv.metadata.exists() or conv.inbox.is_dir() or conv.log.exists()
+
+
 async def _forget(conv: Conv, rt: Runtime) -> None:
     """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions)."""
     rt.views.pop(conv.id, None)
@@ -208,7 +213,7 @@ async def process(conv: Conv, rt: Runtime) -> float | None:
         if not conv.dir.is_dir():  # archived (by us, the CLI or the MCP server) or deleted
             await _forget(conv, rt)
             return None
-        if rt.stopping:
+        if rt.stopping or not _looks_like_a_conversation(conv):
             return None
         try:
             decision = _step(conv, rt)

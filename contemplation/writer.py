@@ -200,47 +200,47 @@ def new_conversation(
         raise InputRejected("a conversation needs a topic")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = f"conv_{stamp}_{slugify(topic)}"
-    # Build the folder under a dot-name (never listed, never watched as a conversation), then
-    # rename it into place whole: the daemon never sees a half-made conversation.
-    staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
-    staging.mkdir()
-    try:
-        for n in range(1000):
-            name = base if n == 0 else f"{base}-{n + 1}"
-            if (home.active / name).exists():
-                continue
-            fields: dict[str, Any] = {
-                "id": name,
-                "topic": topic.strip(),
-                "created": now_iso(),
-                "template": template.name,
-                "backend": backend,
-                "model": model,
-                "options": dict(template.options),
-                "think": template.think,
-                "archive_on_complete": (
-                    True
-                    if template.archive_on_complete is None
-                    else template.archive_on_complete
-                ),
-            }
-            fields.update(extra or {})  # caller's values (e.g. think, labels) win
-            fields["id"] = name
-            meta = Metadata.model_validate(fields)
-            ensure_conversation_files(Conv(staging), meta, durable=durable)
-            try:
-                os.rename(staging, home.active / name)
-            except OSError as exc:
-                if exc.errno in {errno.EEXIST, errno.ENOTEMPTY}:
-                    continue
-                raise
-            if durable:
-                fsync_dir(home.active)
-            return Conv(home.active / name)
-        raise InputRejected(f"too many conversations named {base}")
-    finally:
-        if staging.exists():
+    # The name is reserved with mkdir (atomic; an empty folder is never adopted as a
+    # conversation), the files are built under a dot-name (never listed, never watched), then
+    # renamed over the empty reservation: the daemon never sees a half-made conversation.
+    for n in range(1000):
+        name = base if n == 0 else f"{base}-{n + 1}"
+        target = home.active / name
+        try:
+            target.mkdir()
+        except FileExistsError:
+            continue
+        fields: dict[str, Any] = {
+            "id": name,
+            "topic": topic.strip(),
+            "created": now_iso(),
+            "template": template.name,
+            "backend": backend,
+            "model": model,
+            "options": dict(template.options),
+            "think": template.think,
+            "archive_on_complete": (
+                True if template.archive_on_complete is None else template.archive_on_complete
+            ),
+        }
+        fields.update(extra or {})  # caller's values (e.g. think, labels) win
+        fields["id"] = name
+        staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            staging.mkdir()
+            ensure_conversation_files(
+                Conv(staging), Metadata.model_validate(fields), durable=durable
+            )
+            os.rename(staging, target)
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                target.rmdir()
+            raise
+        if durable:
+            fsync_dir(home.active)
+        return Conv(target)
+    raise InputRejected(f"too many conversations named {base}")
 
 
 def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
@@ -813,7 +813,8 @@ def open_writer(
             raise LockBusy(f"{conv.id} is locked by another writer")
         meta = read_metadata(conv)
         if meta is None:
-            if default_meta is None:
+            dropped_in = conv.inbox.is_dir() or conv.log.exists()
+            if default_meta is None or not dropped_in:
                 raise NotFound(f"{conv.id} has no readable metadata.json")
             meta = default_meta
             ensure_conversation_files(conv, meta, durable=durable)

@@ -73,6 +73,7 @@ def base_env(home: Home, fake: FakeOllama | None = None, **extra: str) -> dict[s
         CONTEMPLATION_LOG_FORMAT="json",
         CONTEMPLATION_RETRY__BASE="0.05",
         CONTEMPLATION_RETRY__CAP="0.2",
+        CONTEMPLATION_DASHBOARD_PORT="0",
         PYTHONUNBUFFERED="1",
     )
     if fake is not None:
