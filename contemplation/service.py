@@ -29,7 +29,7 @@ from contemplation.writer import atomic_write_bytes
 Manager = Literal["systemd", "launchd"]
 UNIT = "contemplation.service"
 LABEL = "com.contemplation.daemon"
-TEMPLATES = Path(__file__).resolve().parent.parent / "service"
+TEMPLATES = Path(__file__).parent / "service_templates"  # a link to service/ in the repo
 DEFAULT_OLLAMA = "http://127.0.0.1:11434"
 MAC_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 BOOTOUT_WAIT = 10.0
