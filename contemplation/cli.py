@@ -32,6 +32,7 @@ from contemplation.layout import (
 from contemplation.logs import configure
 from contemplation.models import Status
 from contemplation.parser import parse
+from contemplation.reading import log_text
 from contemplation.settings import Settings
 from contemplation.writer import (
     daemon_alive,
@@ -273,7 +274,7 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int) -> Non
     home = _home(ctx)
     conv = find_conversation(home, conversation)
     data = read_log_bytes(conv)
-    text = data.decode("utf-8", errors="replace")
+    text = log_text(conv)  # rotated segments (oldest first) and the live log
     if lines:
         text = "".join(text.splitlines(keepends=True)[-lines:])
     sys.stdout.write(text)

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from contemplation import settings as settings_mod
-from contemplation.answering import NeedRouter
 from contemplation.logformat import NEED_PREFIX
 from contemplation.logs import configure
 from contemplation.settings import Settings
+
+if TYPE_CHECKING:  # the router pulls in the MCP SDK: only load it when a routes command runs
+    from contemplation.answering import NeedRouter
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -43,6 +45,8 @@ def routes(ctx: click.Context, template: str | None, as_json: bool) -> None:
     ctx.ensure_object(dict)["routes_template"] = template
     if ctx.invoked_subcommand is not None:
         return
+    from contemplation.answering import NeedRouter
+
     router = NeedRouter(_settings(ctx))
     table = router.rules(template)
     if as_json:
@@ -74,6 +78,8 @@ def test_route(ctx: click.Context, need: str, call: bool, as_json: bool) -> None
     if text.upper().startswith(NEED_PREFIX):
         text = text[len(NEED_PREFIX) :].strip()
     template = ctx.ensure_object(dict).get("routes_template")
+    from contemplation.answering import NeedRouter
+
     router = NeedRouter(_settings(ctx))
     found = router.route(text, template=template)
     data: dict[str, Any] = {"need": text, "matched": found is not None}
