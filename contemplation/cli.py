@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
-from contemplation import __version__, backends
+from contemplation import __version__, actions, backends
 from contemplation import settings as settings_mod
 from contemplation.actions import archive_conversation
 from contemplation.cli_routes import routes
@@ -32,7 +32,7 @@ from contemplation.layout import (
 from contemplation.logs import configure
 from contemplation.models import Status
 from contemplation.parser import parse
-from contemplation.reading import log_text
+from contemplation.reading import Reader, log_text
 from contemplation.settings import Settings
 from contemplation.writer import (
     daemon_alive,
@@ -240,28 +240,15 @@ def _meta_stub() -> Any:
 @click.pass_context
 def respond(ctx: click.Context, conversation: str, text: str, need: str | None) -> None:
     """Answer a need the model is waiting for (TEXT, or - for stdin)."""
-    home = _home(ctx)
+    s = _settings(ctx)
+    home = Home(s.home)
     conv = find_conversation(home, conversation, include_completed=False)
     state = read_state(conv)
-    pending = state.pending_needs if state else []
-    if not pending:
+    if not (state.pending_needs if state else []):
         raise ContemplationError(f"{conv.id} is not waiting for an answer to a need")
-    chosen = pending[0]
-    if need:
-        if need.isdigit() and 1 <= int(need) <= len(pending):
-            chosen = pending[int(need) - 1]
-        elif need in pending:
-            chosen = need
-        else:
-            raise ContemplationError(f"no pending need {need!r}; pending: {pending}")
-    body = _text_arg(text)
-    drop_message(
-        conv,
-        f"RESPONSE TO NEED: {chosen}\n"
-        f"(source: agent, {time.strftime('%Y-%m-%d %H:%M:%S')})\n{body}",
-    )
-    rest = [n for n in pending if n != chosen]
-    click.echo(f"answered: {chosen}" + (f"\nstill pending: {len(rest)}" if rest else ""))
+    done = actions.respond(s, Reader(home), conv, _text_arg(text), need)
+    rest = done["still_pending"]
+    click.echo(f"answered: {done['answered']}" + (f"\nstill pending: {len(rest)}" if rest else ""))
 
 
 @main.command()

@@ -27,6 +27,7 @@ from contemplation.layout import (
     LogView,
     find_conversation,
     inbox_entries,
+    list_conversations,
     log_segments,
     parse_segment,
     read_metadata,
@@ -223,21 +224,7 @@ class Reader:
     _views: OrderedDict[Path, LogView] = field(default_factory=OrderedDict)
 
     def conversations(self, *, include_completed: bool = True) -> list[Conv]:
-        dirs = [self.home.active] + ([self.home.completed] if include_completed else [])
-        out: list[Conv] = []
-        for d in dirs:
-            try:
-                with os.scandir(d) as it:
-                    out.extend(
-                        Conv(Path(e.path))
-                        for e in it
-                        if not e.name.startswith(".")
-                        and valid_id(e.name)
-                        and e.is_dir(follow_symlinks=False)
-                    )
-            except FileNotFoundError:
-                continue
-        return out
+        return list_conversations(self.home, include_completed=include_completed)
 
     def summary(self, conv: Conv) -> dict[str, Any]:
         """One conversation's summary (read fresh)."""
