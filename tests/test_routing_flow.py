@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -140,24 +142,73 @@ def test_tool_call_json_written_as_text_is_recognised(home: Home, fake_ollama: F
     assert "gamma" in blocks[2].text and blocks[-1].text == "it says gamma"
 
 
-def test_a_real_mcp_server_answers_a_need_in_the_real_daemon(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path) -> None:
+def test_four_real_mcp_servers_answer_needs_in_the_real_daemon(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path) -> None:
+    """mcp-server-time, mcp-server-git, server-filesystem and server-memory, each reached
+    through a rule from a NEED line of one reply, answered concurrently by the real daemon."""
     time_cmd = peers.python_peer("mcp-server-time")
+    git_cmd = peers.python_peer("mcp-server-git")
+    node = peers.executable("node")
+    fs = peers.node_module("@modelcontextprotocol", "server-filesystem", "dist", "index.js")
+    mem = peers.node_module("@modelcontextprotocol", "server-memory", "dist", "index.js")
+    git = peers.executable("git")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    genv = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e.x", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@e.x"}
+    subprocess.run([git, "init", "-q", str(repo)], check=True, env=genv)
+    (repo / "plan.md").write_text("ship the queue\n")
+    subprocess.run([git, "-C", str(repo), "add", "."], check=True, env=genv)
+    subprocess.run([git, "-C", str(repo), "commit", "-qm", "Write the plan"], check=True, env=genv)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "notes.txt").write_text("the shared note says hello\n")
+    graph = tmp_path / "graph.jsonl"
+    graph.write_text(json.dumps({"type": "entity", "name": "QueryPlanner", "entityType": "component", "observations": ["caches plans for 10 minutes"]}) + "\n")
     cfg = tmp_path / "config.toml"
     cfg.write_text(textwrap.dedent(f"""
         [mcp_servers.time]
         command = "{time_cmd}"
+        [mcp_servers.git]
+        command = "{git_cmd}"
+        args = ["--repository", "{repo}"]
+        [mcp_servers.fs]
+        command = "{node}"
+        args = ["{fs}", "{shared}"]
+        [mcp_servers.memory]
+        command = "{node}"
+        args = ["{mem}"]
+        env = {{ MEMORY_FILE_PATH = "{graph}" }}
 
         [[routes]]
         match = '(?:the )?current time in (?P<tz>[A-Za-z_]+/[A-Za-z_]+)'
         tool = "time:get_current_time"
         args = {{ timezone = "{{tz}}" }}
+        [[routes]]
+        prefix = "Recent commits"
+        tool = "git:git_log"
+        args = {{ repo_path = "{repo}", max_count = 5 }}
+        [[routes]]
+        prefix = "Shared file"
+        tool = "fs:read_text_file"
+        param = "path"
+        [[routes]]
+        prefix = "Brain memory about"
+        tool = "memory:search_nodes"
     """))
     env = base_env(home, fake_ollama, CONTEMPLATION_CONFIG=str(cfg))
-    fake_ollama.enqueue(Step(text="NEED: Current time in Asia/Tokyo"), Step(text="It is evening in Tokyo."))
+    needs = [
+        "NEED: Current time in Asia/Tokyo",
+        "NEED: Recent commits",
+        f"NEED: Shared file {shared / 'notes.txt'}",
+        "NEED: Brain memory about QueryPlanner",
+    ]
+    fake_ollama.enqueue(Step(text="\n".join(needs)), Step(text="All four answered."))
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "time", "--message", "What time is it in Tokyo?").stdout.strip()
+    conv_id = cli(env, "new", "four servers", "--message", "Gather everything").stdout.strip()
     conv = Conv(home.active / conv_id)
-    wait_for(lambda: b"It is evening in Tokyo." in conv.log.read_bytes(), timeout=60, what="answer after the MCP tool")
-    response = parse(conv.log.read_bytes()).blocks[2]
-    assert response.response_to == "Current time in Asia/Tokyo"
-    assert "(source: time:get_current_time," in response.text and "+09:00" in response.text
+    wait_for(lambda: b"All four answered." in conv.log.read_bytes(), timeout=90, what="answers from four MCP servers")
+    responses = {b.response_to: b.text for b in parse(conv.log.read_bytes()).blocks if b.response_to}
+    assert "+09:00" in responses["Current time in Asia/Tokyo"]
+    assert "Write the plan" in responses["Recent commits"]
+    assert "the shared note says hello" in responses[f"Shared file {shared / 'notes.txt'}"]
+    assert "caches plans for 10 minutes" in responses["Brain memory about QueryPlanner"]
+    assert all("(source: " in t and "NOT ANSWERED" not in t for t in responses.values())
