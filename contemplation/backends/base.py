@@ -99,6 +99,22 @@ async def next_line(lines: AsyncIterator[str], wait_s: float, what: str) -> str 
         ) from exc
 
 
+async def open_stream(
+    client: httpx.AsyncClient, req: httpx.Request, *, first_byte: float, url: str, silent: str
+) -> httpx.Response:
+    """Send a streaming request, waiting at most ``first_byte`` s for the response headers
+    (a cold model load sends none until it is loaded). ``silent`` explains a timeout."""
+    try:
+        async with asyncio.timeout(first_byte):
+            return await client.send(req, stream=True)
+    except TimeoutError:
+        raise BackendError(
+            f"{silent} sent nothing for {first_byte:g} s", transient=True, kind="timeout"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise connection_error(exc, url) from exc
+
+
 def connection_error(exc: Exception, url: str) -> BackendError:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return BackendError(

@@ -9,7 +9,6 @@ Wire facts this relies on (see docs/backends.md for sources):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -24,6 +23,7 @@ from contemplation.backends.base import (
     PhaseTimeouts,
     connection_error,
     next_line,
+    open_stream,
     retry_after_seconds,
 )
 from contemplation.errors import BackendError, ContextOverflow
@@ -148,17 +148,13 @@ class OllamaBackend:
         t0 = time.monotonic()
         deadline = t0 + self.timeouts.total
         req = self._client.build_request("POST", "/api/chat", json=body)
-        try:
-            async with asyncio.timeout(self.timeouts.first_byte):
-                resp = await self._client.send(req, stream=True)
-        except TimeoutError:
-            raise BackendError(
-                f"Ollama sent nothing for {self.timeouts.first_byte:g} s (model loading?)",
-                transient=True,
-                kind="timeout",
-            ) from None
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
+        resp = await open_stream(
+            self._client,
+            req,
+            first_byte=self.timeouts.first_byte,
+            url=self.base_url,
+            silent="Ollama (loading the model?)",
+        )
         try:
             if resp.status_code != 200:
                 raw = await resp.aread()

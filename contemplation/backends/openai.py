@@ -21,7 +21,6 @@ Ollama's ``/v1`` and hosted APIs. Wire facts this relies on (docs/backends.md ha
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -39,6 +38,7 @@ from contemplation.backends.base import (
     PhaseTimeouts,
     connection_error,
     next_line,
+    open_stream,
     retry_after_seconds,
 )
 from contemplation.backends.thinking import ThinkSplitter
@@ -449,17 +449,13 @@ class OpenAIBackend:
         turn = _Turn(t0=time.monotonic())
         deadline = turn.t0 + self.timeouts.total
         req = self._client.build_request("POST", "chat/completions", json=body)
-        try:
-            async with asyncio.timeout(self.timeouts.first_byte):
-                resp = await self._client.send(req, stream=True)
-        except TimeoutError:
-            raise BackendError(
-                f"{self.base_url} sent nothing for {self.timeouts.first_byte:g} s",
-                transient=True,
-                kind="timeout",
-            ) from None
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
+        resp = await open_stream(
+            self._client,
+            req,
+            first_byte=self.timeouts.first_byte,
+            url=self.base_url,
+            silent=self.base_url,
+        )
         try:
             if resp.status_code != 200:
                 raise classify_status(
