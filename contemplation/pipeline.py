@@ -157,7 +157,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
     return needs_mod.plan(rt, w.meta, blocks, nxt.needs)
 
 
-def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
+def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | object:
     """Append a claimed message as an agent block, exactly once, then drop the claim."""
     try:
         text, note = _read_message(claimed, rt)
@@ -176,7 +176,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> object:
     w.append_block(w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name)
     claimed.unlink(missing_ok=True)
     rt.notify(w.conv.id, "message", text=text)
-    return AGAIN
+    return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again
 
 
 # --------------------------------------------------------------------------- entry points

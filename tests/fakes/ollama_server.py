@@ -77,6 +77,7 @@ class FakeOllama:
         self.active = 0
         self.max_active = 0
         self.stop_event = threading.Event()
+        self.chat_arrived = threading.Event()  # set when a /api/chat request has been read
         fake = self
 
         class Handler(_Handler):
@@ -126,6 +127,13 @@ class FakeOllama:
 class _Handler(BaseHTTPRequestHandler):
     server_fake: FakeOllama
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like Go's net/http (Ollama): no 40 ms Nagle stalls
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ConnectionResetError, BrokenPipeError):
+            return  # the client went away (a cancel, a timeout test): not an error here
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -205,6 +213,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with fake.lock:
             fake.requests.append({**body, "_path": self.path, "_time": time.time()})
+        if self.path == "/api/chat":
+            fake.chat_arrived.set()
         if self.path == "/api/show":
             self._show(body)
         elif self.path == "/api/chat":

@@ -103,6 +103,7 @@ class FakeOpenAI:
 class _Handler(BaseHTTPRequestHandler):
     server_fake: FakeOpenAI
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like real servers: no 40 ms Nagle stalls
 
     def log_message(self, format: str, *args: Any) -> None:
         return

@@ -99,6 +99,7 @@ def _not_found(sid: str) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     server_fake: FakeOpenCode
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like real servers: no 40 ms Nagle stalls
 
     def log_message(self, format: str, *args: Any) -> None:
         return
