@@ -58,7 +58,7 @@ from contemplation.models import (
     Status,
     Usage,
 )
-from contemplation.parser import parse
+from contemplation.parser import find_needs, parse
 from contemplation.testing import armed, crashpoint
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
@@ -785,6 +785,8 @@ class ReplyStream:
         self.w.state.last_turn = usage
         self.w.state.retry_count = 0
         self.w.state.next_retry_at = None
+        if not self.saw_complete and not find_needs("".join(self.content_parts)):
+            self.w.state.status = Status.IDLE  # what the next step would decide; saves a write
         self.w.save()
         return self.bytes_written
 
