@@ -303,3 +303,31 @@ def test_soak_ten_thousand_messages_keeps_fds_threads_and_memory_flat(home: Home
 
 def _unused() -> None:
     wait_for(lambda: True)
+
+
+def test_429_retry_after_is_honoured(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make(home)
+    drop_message(conv, "hi")
+    fake_ollama.enqueue(Step(kind="error", status=429, error="slow down", retry_after="30"))
+    s = make_settings(fake_ollama, retry={"base": 0.01, "cap": 120})
+    before = time.time()
+    run_burst(Runtime(settings=s, home=Home(s.home)))
+    st = read_state(conv)
+    assert st is not None and st.status is Status.RETRYING and st.next_retry_at is not None
+    assert st.next_retry_at >= before + 30  # not the 10 ms backoff: the server's wish
+    run_burst(Runtime(settings=s, home=Home(s.home)))
+    assert len(fake_ollama.chat_requests()) == 1  # nothing sent before the time is up
+
+
+def test_a_gigantic_reply_is_cut_at_max_reply_bytes(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+    conv = make(home)
+    drop_message(conv, "say everything")
+    fake_ollama.enqueue(Step(text="word " * 400_000, chunks=2000))  # 2 MB
+    s = make_settings(fake_ollama, max_reply_bytes=64 * 1024)
+    run_burst(Runtime(settings=s, home=Home(s.home)))
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert 64 * 1024 <= len(blocks[-1].text) < 64 * 1024 + 4096
+    assert any("max_reply_bytes" in t for _, t in blocks[-1].markers)
+    assert conv.log.stat().st_size < 80 * 1024
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE and st.turns == 1
