@@ -9,6 +9,7 @@ only it knows the phases of its protocol (connect, first byte, idle between chun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import time
 from collections.abc import AsyncIterator
@@ -97,6 +98,16 @@ async def next_line(lines: AsyncIterator[str], wait_s: float, what: str) -> str 
         raise BackendError(
             f"{what}: the stream was cut ({type(exc).__name__}: {exc})", transient=True, kind="cut"
         ) from exc
+
+
+async def finish_body(lines: AsyncIterator[str], wait_s: float = 1.0) -> None:
+    """Read what is left of a finished reply (normally only the end of the chunked body) so
+    the keep-alive connection goes back to the pool instead of being closed: without it every
+    turn opened a new TCP connection. Gives up quickly; closing is always safe."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(wait_s):
+            async for _ in lines:
+                pass
 
 
 async def open_stream(

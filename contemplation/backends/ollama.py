@@ -22,6 +22,7 @@ from contemplation.backends.base import (
     Check,
     PhaseTimeouts,
     connection_error,
+    finish_body,
     next_line,
     open_stream,
     retry_after_seconds,
@@ -220,6 +221,7 @@ class OllamaBackend:
                     usage = _usage(chunk, first_token_ms, (time.monotonic() - t0) * 1000)
                     usage.context_window = int(request.options.get("num_ctx", self.num_ctx))
                     yield StreamEvent("done", usage=usage)
+                    await finish_body(lines)
                     return
         finally:
             await resp.aclose()

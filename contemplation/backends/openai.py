@@ -37,6 +37,7 @@ from contemplation.backends.base import (
     Check,
     PhaseTimeouts,
     connection_error,
+    finish_body,
     next_line,
     open_stream,
     retry_after_seconds,
@@ -500,6 +501,7 @@ class OpenAIBackend:
                     if payload.strip() == "[DONE]":
                         for ev in turn.finish(self._known_context(request.model)):
                             yield ev
+                        await finish_body(lines)
                         return
                     for ev in self._payload(turn, name, payload):
                         yield ev
