@@ -25,6 +25,28 @@ BENCHES = [
 ]
 
 
+NOTES = """
+## Targets missed, and what limits them
+
+* **Pickup p50 ≤ 5 ms** (measured ~8 ms from the rename into `inbox/` to the request reaching
+  the server). The path is: inotify event (watchdog reader thread) → claim by rename →
+  durable intent in `state.json` (write, fsync, rename, fsync of the folder) → append + fsync
+  → commit → build the request from the parsed log → HTTP. fsync is about 1 ms of it
+  (`durability = "none"` gives the same p50 within noise); the rest is Python work per step
+  (two locked state loads, two JSON state writes, the parse refresh, httpx). Fixed on the way:
+  watchdog's 0.5 s move-pairing sleep (was ~400 ms), Nagle stalls in the fake servers, a new
+  TCP connection per turn, one redundant decision step and one fsync.
+* **≥ 1,000 turns/s with 1,000 conversations** (measured ~420/s with `durability = "none"`,
+  ~220/s with fsync, on 2 cores). Each turn is crash safe on its own: claim, intent, append,
+  commit, reply intent, reply, commit — five atomic `state.json` replacements and two log
+  writes per turn. A rename of `state.json` costs ~0.17 ms on this ext4 volume and the daemon
+  is one Python process; batching several conversations' commits into one write would trade
+  away the per-conversation journal that makes every crash point recoverable, so it was not
+  done. The profile (cProfile of `process_pending`) is dominated by `os.replace`, JSON state
+  encoding and pathlib.
+"""
+
+
 def machine() -> str:
     cpu = "?"
     try:
@@ -75,7 +97,7 @@ def main() -> int:
             failed += 1
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
             parts += ["", f"**The script failed (exit {proc.returncode}):**", "", "```", tail, "```"]
-    args.out.write_text("\n".join(parts) + "\n")
+    args.out.write_text("\n".join(parts) + "\n" + NOTES)
     print(f"wrote {args.out}")
     return 1 if failed else 0
 
