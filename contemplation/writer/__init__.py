@@ -1,0 +1,65 @@
+"""The only code that writes under the home.
+
+* :mod:`.files` — atomic file replacement and the flocks (conversation, daemon);
+* :mod:`.folders` — creating conversations, the inbox (drop, claim, reject), archive, flags;
+* :mod:`.session` — :func:`open_writer`: appends, state, rotation and crash recovery under the
+  conversation's lock;
+* :mod:`.reply` — a reply streamed into the log as it arrives.
+
+People who append by hand take the same lock:
+``flock <conv>/.lock -c 'cat msg >> <conv>/messages.log'``.
+"""
+
+from contemplation.writer.files import (
+    DaemonLock,
+    atomic_write_bytes,
+    atomic_write_json,
+    conv_lock,
+    daemon_alive,
+    fsync_dir,
+    now_iso,
+)
+from contemplation.writer.folders import (
+    archive,
+    claim,
+    clear_cancel,
+    drop_message,
+    ensure_conversation_files,
+    ensure_home,
+    idempotent_create,
+    new_conversation,
+    reject_input,
+    remove_tmp_files,
+    request_cancel,
+    write_context_file,
+    write_metadata,
+)
+from contemplation.writer.reply import ReplyStream
+from contemplation.writer.session import ConvWriter, open_writer, rebuild_state
+
+__all__ = [
+    "ConvWriter",
+    "DaemonLock",
+    "ReplyStream",
+    "archive",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "claim",
+    "clear_cancel",
+    "conv_lock",
+    "daemon_alive",
+    "drop_message",
+    "ensure_conversation_files",
+    "ensure_home",
+    "fsync_dir",
+    "idempotent_create",
+    "new_conversation",
+    "now_iso",
+    "open_writer",
+    "rebuild_state",
+    "reject_input",
+    "remove_tmp_files",
+    "request_cancel",
+    "write_context_file",
+    "write_metadata",
+]

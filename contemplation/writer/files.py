@@ -1,0 +1,136 @@
+"""Atomic files and locks: the two primitives every write under the home is made of.
+
+* temp file in the same folder, fsync, ``os.replace``, fsync of the folder: a reader sees the
+  old or the new file, never half of one;
+* ``flock`` (never POSIX ``lockf``: it does not exclude our own threads and any close drops it)
+  on ``<conv>/.lock`` for every change to a conversation, and on ``<home>/.daemon.lock`` for
+  the one daemon per home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from contemplation.errors import AlreadyRunning
+from contemplation.layout import Conv, Home, read_json
+from contemplation.testing import crashpoint
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        write_all(fd, data)
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    crashpoint("state_tmp")
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, data: Any, *, durable: bool = True) -> None:
+    atomic_write_bytes(
+        path, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode(), durable=durable
+    )
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+# --------------------------------------------------------------------------- locks
+
+
+class DaemonLock:
+    """One daemon per home: an exclusive ``flock`` held for the daemon's lifetime."""
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.home.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.home.daemon_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = read_json(self.home.daemon_info) or {}
+            os.close(fd)
+            who = f" (pid {info['pid']})" if "pid" in info else ""
+            raise AlreadyRunning(
+                f"another contemplation daemon is already running on {self.home.root}{who}; "
+                "stop it first or use a different --home"
+            ) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.home.daemon_info)
+            os.close(self._fd)
+            self._fd = None
+
+
+def daemon_alive(home: Home) -> bool:
+    """True when some process holds the daemon lock of ``home``."""
+    try:
+        fd = os.open(home.daemon_lock, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def conv_lock(conv: Conv, *, blocking: bool = True) -> Iterator[bool]:
+    """Hold ``flock(<conv>/.lock)``. Yields False (lock not taken) only when non-blocking."""
+    fd = os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

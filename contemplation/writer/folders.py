@@ -1,0 +1,260 @@
+"""Conversation folders: create, drop into the inbox, claim, reject, archive, flag."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from contemplation.errors import InputRejected, NotFound
+from contemplation.layout import (
+    Conv,
+    Home,
+    Template,
+    ignored_name,
+    read_json,
+    read_metadata,
+    read_state,
+    slugify,
+)
+from contemplation.models import LogIdentity, Metadata, State
+from contemplation.testing import crashpoint
+from contemplation.writer.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    fsync_dir,
+    now_iso,
+    write_all,
+)
+
+# --------------------------------------------------------------------------- creation
+
+
+def ensure_home(home: Home) -> None:
+    for d in (home.active, home.completed, home.templates):
+        d.mkdir(parents=True, exist_ok=True)
+
+
+def new_conversation(
+    home: Home,
+    topic: str,
+    *,
+    template: Template,
+    model: str,
+    backend: str,
+    extra: dict[str, Any] | None = None,
+    durable: bool = True,
+) -> Conv:
+    ensure_home(home)
+    if not topic.strip():
+        raise InputRejected("a conversation needs a topic")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"conv_{stamp}_{slugify(topic)}"
+    # The name is reserved with mkdir (atomic; an empty folder is never adopted as a
+    # conversation), the files are built under a dot-name (never listed, never watched), then
+    # renamed over the empty reservation: the daemon never sees a half-made conversation.
+    for n in range(1000):
+        name = base if n == 0 else f"{base}-{n + 1}"
+        target = home.active / name
+        try:
+            target.mkdir()
+        except FileExistsError:
+            continue
+        fields: dict[str, Any] = {
+            "id": name,
+            "topic": topic.strip(),
+            "created": now_iso(),
+            "template": template.name,
+            "backend": backend,
+            "model": model,
+            "options": dict(template.options),
+            "think": template.think,
+            "archive_on_complete": (
+                True if template.archive_on_complete is None else template.archive_on_complete
+            ),
+        }
+        fields.update(extra or {})  # caller's values (e.g. think, labels) win
+        fields["id"] = name
+        staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            staging.mkdir()
+            ensure_conversation_files(
+                Conv(staging), Metadata.model_validate(fields), durable=durable
+            )
+            os.rename(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                target.rmdir()
+            raise
+        if durable:
+            fsync_dir(home.active)
+        return Conv(target)
+    raise InputRejected(f"too many conversations named {base}")
+
+
+def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
+    """Create what a conversation folder is missing (folders, metadata, state, empty log)."""
+    for d in (conv.inbox, conv.context):
+        d.mkdir(parents=True, exist_ok=True)
+    if read_metadata(conv) is None:
+        atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
+    if not conv.log.exists():
+        fd = os.open(conv.log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.close(fd)
+    if read_state(conv) is None and not conv.state.exists():
+        st = State(updated=now_iso())
+        info = os.stat(conv.log)
+        st.log = LogIdentity(ino=info.st_ino, size=0)
+        atomic_write_json(conv.state, st.model_dump(mode="json"), durable=durable)
+
+
+def write_metadata(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
+    atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
+
+
+def write_context_file(conv: Conv, name: str, data: bytes, *, durable: bool = True) -> Path:
+    """Save one assembled-context file into ``<conv>/context/`` (made if missing), atomically."""
+    if not name or "/" in name or "\x00" in name or name.startswith("."):
+        raise InputRejected(f"not a usable context file name: {name!r}")
+    conv.context.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(conv.context / name, data, durable=durable)
+    return conv.context / name
+
+
+def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
+    """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place."""
+    conv.inbox.mkdir(parents=True, exist_ok=True)
+    final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
+    if ignored_name(final) or "/" in final or final in {".", ".."}:
+        raise InputRejected(f"not a usable inbox file name: {final!r}")
+    tmp = conv.inbox / f".{final}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        write_all(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, conv.inbox / final)
+    return conv.inbox / final
+
+
+def claim(conv: Conv, inbox_file: Path) -> Path | None:
+    """Take an inbox file by renaming it into ``processing/``; None if someone else won."""
+    conv.processing.mkdir(exist_ok=True)
+    claimed = (
+        conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{inbox_file.name[:80]}"
+    )
+    try:
+        os.rename(inbox_file, claimed)
+    except FileNotFoundError:
+        return None
+    crashpoint("claim")
+    return claimed
+
+
+def reject_input(conv: Conv, path: Path, reason: str) -> Path:
+    """Move an unusable input to ``failed/`` with a reason file (input is never deleted)."""
+    conv.failed.mkdir(exist_ok=True)
+    dest = conv.failed / path.name
+    os.replace(path, dest)
+    atomic_write_json(
+        dest.with_name(dest.name + ".reason.json"), {"reason": reason, "time": now_iso()}
+    )
+    return dest
+
+
+def archive(home: Home, conv: Conv) -> Conv:
+    """Move the folder whole into ``completed/`` (one atomic rename)."""
+    if conv.is_completed:
+        return conv
+    if not conv.dir.is_dir():
+        raise NotFound(f"no conversation {conv.id}")
+    home.completed.mkdir(parents=True, exist_ok=True)
+    dest = home.completed / conv.id
+    if dest.exists():
+        dest = home.completed / f"{conv.id}-{secrets.token_hex(3)}"
+    crashpoint("archive")
+    os.rename(conv.dir, dest)
+    fsync_dir(home.completed)
+    return Conv(dest)
+
+
+def remove_tmp_files(conv: Conv, *, older_than: float = 3600.0) -> None:
+    """Delete temp files left by a crashed writer (``.<name>.tmp.<pid>.<rand>``).
+
+    A temp file is only stale when its writer is gone (or it is very old): another process
+    (the CLI, the MCP server) may be writing one right now.
+    """
+    now = time.time()
+    for p in conv.dir.glob(".*.tmp.*"):
+        try:
+            pid = int(p.name.rsplit(".", 2)[-2])
+        except (ValueError, IndexError):
+            pid = 0
+        with contextlib.suppress(OSError):
+            if (pid and not _pid_alive(pid)) or now - p.stat().st_mtime > older_than:
+                p.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers from before a restart cannot be in flight
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def request_cancel(conv: Conv) -> None:
+    """Ask the daemon to stop the conversation's in-flight generation (``.cancel`` flag file)."""
+    atomic_write_bytes(conv.dir / ".cancel", now_iso().encode(), durable=False)
+
+
+def clear_cancel(conv: Conv) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (conv.dir / ".cancel").unlink()
+
+
+def idempotent_create(
+    home: Home, key: str, ttl: float, create: Callable[[], Conv]
+) -> tuple[Conv, bool]:
+    """``create()`` once per ``key`` within ``ttl`` seconds; a repeat gets the same conversation.
+
+    The key → id map is ``<home>/.idempotency.json`` (atomic writes, under an flock, so two
+    MCP servers on one home agree). Returns the conversation and whether it is new.
+    """
+    ensure_home(home)
+    path = home.root / ".idempotency.json"
+    fd = os.open(home.root / ".idempotency.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        now = time.time()
+        raw = (read_json(path) or {}).get("keys")
+        keys = {
+            k: v
+            for k, v in (raw if isinstance(raw, dict) else {}).items()
+            if isinstance(v, dict) and float(v.get("expires", 0)) > now
+        }
+        hit = keys.get(key)
+        if hit and isinstance(hit.get("id"), str):
+            for completed in (False, True):
+                with contextlib.suppress(NotFound):
+                    conv = home.conv(hit["id"], completed=completed)
+                    if conv.dir.is_dir():
+                        return conv, False
+        conv = create()
+        keys[key] = {"id": conv.id, "expires": now + ttl}
+        atomic_write_json(path, {"keys": keys})
+        return conv, True
+    finally:
+        os.close(fd)

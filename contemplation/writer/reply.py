@@ -1,0 +1,139 @@
+"""A model reply streamed into the log as it arrives (see :class:`ReplyStream`)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from contemplation import logformat
+from contemplation.models import Intent, MarkerKind, Status, Usage
+from contemplation.parser import find_needs
+from contemplation.testing import crashpoint
+
+if TYPE_CHECKING:
+    from contemplation.writer.session import ConvWriter
+
+
+class ReplyStream:
+    """A model reply streamed into the log as it arrives.
+
+    The header is written with the first text, so a call that fails before any output leaves
+    no empty block. Text is stuffed line by line (see :mod:`contemplation.logformat`), thinking
+    goes into a ``=== THINKING === … === END THINKING ===`` section.
+    """
+
+    def __init__(self, w: ConvWriter, sender: str, recipient: str, reply_id: str) -> None:
+        self.w = w
+        self.sender = sender
+        self.recipient = recipient
+        self.reply_id = reply_id
+        self.started = False
+        self.bytes_written = 0
+        self._stuffer = logformat.StreamStuffer()
+        self._think_stuffer = logformat.StreamStuffer()
+        self._in_thinking = False
+        self._last_char = "\n"
+        self.content_parts: list[str] = []
+
+    def _start(self) -> None:
+        offset = self.w.log_size()
+        prefix = self.w._separator(offset).decode()
+        self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
+        self.w.save()
+        self.started = True
+        self._write(prefix + logformat.header(self.sender, self.recipient))
+        crashpoint("reply_header")
+
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        data = text.encode("utf-8")
+        self.w._append_raw(data, sync=False)
+        self.bytes_written += len(data)
+        self._last_char = text[-1]
+
+    def _ensure_newline(self) -> None:
+        if self._last_char != "\n":
+            self._write("\n")
+
+    def thinking(self, text: str) -> None:
+        if not text:
+            return
+        if not self.started:
+            self._start()
+        if not self._in_thinking:
+            self._ensure_newline()
+            self._write(logformat.marker(MarkerKind.THINKING))
+            self._in_thinking = True
+        self._write(self._think_stuffer.feed(text))
+
+    def _end_thinking(self) -> None:
+        if self._in_thinking:
+            self._write(self._think_stuffer.flush())
+            self._ensure_newline()
+            self._write(logformat.marker(MarkerKind.END_THINKING))
+            self._in_thinking = False
+
+    def content(self, text: str) -> None:
+        if not text:
+            return
+        if not self.started:
+            self._start()
+        self._end_thinking()
+        self.content_parts.append(text)
+        self._write(self._stuffer.feed(text))
+        crashpoint("reply_stream")
+
+    def note(self, text: str) -> None:
+        """A NOTE line about how this reply is being made (e.g. a fallback backend)."""
+        if self.started:
+            self._ensure_newline()
+            self._write(logformat.marker(MarkerKind.NOTE, text))
+        else:
+            self.w.append_marker(MarkerKind.NOTE, text)
+
+    @property
+    def saw_complete(self) -> bool:
+        return self._stuffer.saw_complete
+
+    def finish(
+        self, *, markers: list[tuple[MarkerKind, str]] | None = None, usage: Usage | None = None
+    ) -> int:
+        """Close the block (and any markers), fsync, and commit. Returns bytes written."""
+        if not self.started:
+            self._start()
+        self._end_thinking()
+        self._write(self._stuffer.flush())
+        self._ensure_newline()
+        for kind, text in markers or []:
+            self._write(logformat.marker(kind, text))
+        if self.saw_complete:
+            self._write(logformat.marker(MarkerKind.COMPLETE))
+        crashpoint("reply_done")
+        if self.w.durable:
+            fd = os.open(self.w.conv.log, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self.w.state.intent = None
+        self.w.state.log.size = self.w.log_size()
+        self.w.state.turns += 1
+        self.w.state.last_turn = usage
+        self.w.state.retry_count = 0
+        self.w.state.next_retry_at = None
+        if not self.saw_complete and not find_needs("".join(self.content_parts)):
+            self.w.state.status = Status.IDLE  # what the next step would decide; saves a write
+        self.w.save()
+        return self.bytes_written
+
+    def abort(self, kind: MarkerKind, reason: str) -> None:
+        """End a reply that did not finish: mark it so it is never taken for a whole answer."""
+        if self.started:
+            self._end_thinking()
+            self._write(self._stuffer.flush())
+            self._ensure_newline()
+            self._write(logformat.marker(kind, reason))
+            self.w.state.intent = None
+            self.w.state.log.size = self.w.log_size()
+            self.w.save()

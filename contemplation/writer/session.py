@@ -1,0 +1,410 @@
+"""A locked session on one conversation: appends, state, rotation and crash recovery.
+
+Every change to ``messages.log`` and ``state.json`` happens in a :class:`ConvWriter` opened by
+:func:`open_writer`, i.e. while holding ``flock(<conv>/.lock)``. An append first records an
+*intent* (offset, length, sha256) in ``state.json``; :meth:`ConvWriter.recover` rolls a complete
+append forward, rolls a torn one back (only bytes proven ours), completes an interrupted
+rotation, and marks a cut-off streamed reply ``=== INTERRUPTED ===`` so the turn is redone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contemplation import logformat
+from contemplation.errors import InputRejected, LockBusy, NotFound
+from contemplation.layout import (
+    Conv,
+    LogView,
+    log_segments,
+    processing_entries,
+    read_metadata,
+    read_state,
+)
+from contemplation.models import (
+    ErrorInfo,
+    Intent,
+    LogIdentity,
+    MarkerKind,
+    Metadata,
+    Rotation,
+    State,
+    Status,
+)
+from contemplation.parser import parse
+from contemplation.testing import armed, crashpoint
+from contemplation.writer.files import atomic_write_bytes, conv_lock, fsync_dir, now_iso, write_all
+from contemplation.writer.folders import ensure_conversation_files, remove_tmp_files
+from contemplation.writer.reply import ReplyStream
+
+DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
+
+
+# --------------------------------------------------------------------------- the session
+
+
+@dataclass
+class ConvWriter:
+    """Writes to one conversation while its lock is held (see :func:`open_writer`)."""
+
+    conv: Conv
+    meta: Metadata
+    state: State
+    durable: bool = True
+    rebuilt: bool = False  # state.json was lost and derived from the log
+    warnings: list[str] = field(default_factory=list)
+
+    # -- state ------------------------------------------------------------------------
+
+    def save(self, *, durable: bool = True) -> None:
+        """Write state.json atomically; ``durable=False`` skips fsync for informational changes
+        (a status) that are rebuilt from the log after a power loss anyway."""
+        self.state.updated = now_iso()
+        atomic_write_bytes(
+            self.conv.state,
+            self.state.model_dump_json(indent=2).encode() + b"\n",
+            durable=self.durable and durable,
+        )
+
+    def set_status(self, status: Status, *, save: bool = True) -> None:
+        self.state.status = status
+        if save:
+            self.save()
+
+    def record_error(self, kind: str, message: str, *, status: Status = Status.ERROR) -> None:
+        self.state.last_error = ErrorInfo(kind=kind, message=message, time=now_iso())
+        self.state.status = status
+        self.save()
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self.state.warnings = ([*self.state.warnings, text])[-20:]
+
+    # -- the log ------------------------------------------------------------------------
+
+    def log_size(self) -> int:
+        try:
+            st = os.stat(self.conv.log, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0
+        return st.st_size
+
+    def check_identity(self) -> int:
+        """Compare the log with what state.json accounted for; return the foreign byte count.
+
+        A replaced file (new inode: an editor saved it) or a shrunk one (truncated by hand) is
+        re-baselined with a warning: offsets recorded before that point are not trusted.
+        """
+        try:
+            st = os.stat(self.conv.log, follow_symlinks=False)
+        except FileNotFoundError:
+            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            os.close(fd)
+            st = os.stat(self.conv.log)
+            if self.state.log.size:
+                self.warn("messages.log was deleted; started a new one")
+            self.state.log = LogIdentity(ino=st.st_ino, size=0)
+            self.save()
+            return 0
+        if not stat.S_ISREG(st.st_mode):
+            raise InputRejected(
+                f"{self.conv.log} is not a regular file (a symlink?); refusing to write through it"
+            )
+        ident = self.state.log
+        if ident.ino and st.st_ino != ident.ino:
+            self.warn("messages.log was replaced (new inode); re-read it whole")
+            self.state.log = LogIdentity(ino=st.st_ino, size=st.st_size)
+            self.save()
+            return 0
+        if st.st_size < ident.size:
+            self.warn(
+                f"messages.log shrank from {ident.size} to {st.st_size} bytes; re-read it whole"
+            )
+            self.state.log = LogIdentity(ino=st.st_ino, size=st.st_size)
+            self.save()
+            return 0
+        if not ident.ino:
+            self.state.log.ino = st.st_ino
+        return st.st_size - ident.size
+
+    def adopt_foreign(self) -> int:
+        """Account for bytes someone appended by hand (they stay in the log as written)."""
+        size = self.log_size()
+        n = size - self.state.log.size
+        if n > 0:
+            self.state.log.size = size
+            self.save()
+        return n
+
+    def _append_raw(self, data: bytes, *, sync: bool) -> None:
+        fd = os.open(
+            self.conv.log,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o644,
+        )
+        try:
+            write_all(fd, data)
+            if sync and self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _rollback(self, offset: int) -> None:
+        """Cut the log back to ``offset`` (never through a symlink)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(self.conv.log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, offset)
+            finally:
+                os.close(fd)
+
+    def append_block(self, sender: str, recipient: str, text: str, *, msg_id: str) -> int:
+        """Append one whole block exactly once (intent → write → commit). Returns its offset."""
+        if msg_id in self.state.done_ids:
+            return -1
+        data = (logformat.header(sender, recipient) + logformat.body(text)).encode("utf-8")
+        offset = self.log_size()
+        data = self._separator(offset) + data
+        self.state.intent = Intent(
+            kind="message",
+            id=msg_id,
+            offset=offset,
+            length=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        self.save()
+        crashpoint("intent")
+        try:
+            if armed("append"):
+                self._append_raw(data[: len(data) // 2], sync=False)
+                crashpoint("append")
+                self._append_raw(data[len(data) // 2 :], sync=True)
+            else:
+                self._append_raw(data, sync=True)
+        except OSError:
+            self._rollback(offset)
+            self.state.intent = None
+            with contextlib.suppress(OSError):
+                self.save()
+            raise
+        crashpoint("appended")
+        self._commit_message(msg_id, offset + len(data))
+        return offset
+
+    def _separator(self, offset: int) -> bytes:
+        """A blank line before a new header (as in the documented format)."""
+        if offset == 0:
+            return b""
+        return b"\n" if self._ends_with_newline(offset) else b"\n\n"
+
+    def _ends_with_newline(self, size: int) -> bool:
+        with open(self.conv.log, "rb") as f:
+            f.seek(size - 1)
+            return f.read(1) == b"\n"
+
+    def _commit_message(self, msg_id: str, end: int) -> None:
+        self.state.intent = None
+        self.state.log.size = end
+        self.state.done_ids = [*self.state.done_ids, msg_id][-DONE_IDS_KEPT:]
+        self.state.messages_processed += 1
+        self.state.retry_count = 0  # a new message from the agent resets any backoff
+        self.state.next_retry_at = None
+        # No fsync needed here: the intent and the block are already durable, so after a power
+        # loss recovery finds the intent, the bytes and their hash, and commits again.
+        self.save(durable=False)
+        crashpoint("commit")
+
+    def append_marker(self, kind: MarkerKind, text: str = "") -> None:
+        offset = self.log_size()
+        data = logformat.marker(kind, text).encode("utf-8")
+        if offset and not self._ends_with_newline(offset):
+            data = b"\n" + data
+        self._append_raw(data, sync=True)
+        self.state.log.size = offset + len(data)
+        self.save()
+
+    def reply(self, sender: str, recipient: str, reply_id: str) -> ReplyStream:
+        return ReplyStream(self, sender, recipient, reply_id)
+
+    # -- rotation -----------------------------------------------------------------------
+
+    def maybe_rotate(self, limit: int) -> bool:
+        """Rotate ``messages.log`` once it is ``limit`` bytes or more. Call it between blocks:
+        it does nothing while a write is in flight or foreign bytes are not yet adopted."""
+        size = self.log_size()
+        if size < limit or self.state.intent is not None or size != self.state.log.size:
+            return False
+        self.rotate()
+        return True
+
+    def rotate(self) -> None:
+        """``messages.N.log`` → ``N+1`` (highest first), ``messages.log`` → ``messages.1.log``,
+        then a new ``messages.log``. Renames only, so ``tail -F`` follows it. Journaled in
+        state.json first; :meth:`recover` completes a rotation a crash interrupted."""
+        segs = [p.name for p in log_segments(self.conv)[:-1]]
+        top = max((int(n.split(".")[1]) for n in segs), default=0)
+        self.state.rotation = Rotation(segments=top, ino=os.stat(self.conv.log).st_ino)
+        self.save()
+        crashpoint("rotate")
+        self._complete_rotation()
+
+    def _complete_rotation(self) -> str:
+        rot = self.state.rotation
+        if rot is None:
+            return ""
+        d = self.conv.dir
+        for n in range(rot.segments, 0, -1):
+            src, dst = d / f"messages.{n}.log", d / f"messages.{n + 1}.log"
+            if src.exists() and not dst.exists():
+                os.rename(src, dst)
+        first = d / "messages.1.log"
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.conv.log).st_ino == rot.ino and not first.exists():
+                os.rename(self.conv.log, first)
+                crashpoint("rotate_renamed")
+        try:
+            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                note = "earlier blocks are in messages.1.log, messages.2.log, … (higher is older)"
+                write_all(fd, logformat.marker(MarkerKind.CONTINUED, note).encode())
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self.durable:
+            fsync_dir(d)
+        st = os.stat(self.conv.log)
+        self.state.log = LogIdentity(ino=st.st_ino, size=st.st_size)
+        self.state.rotation = None
+        self.save()
+        return f"rotated messages.log into messages.1.log ({rot.segments + 1} segments)"
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
+        done: list[str] = []
+        remove_tmp_files(self.conv)
+        if self.state.rotation is not None:
+            done.append(self._complete_rotation())
+        intent = self.state.intent
+        size = self.log_size()
+        if intent is not None:
+            if intent.kind == "message":
+                end = intent.offset + intent.length
+                data = b""
+                if size >= end:
+                    with open(self.conv.log, "rb") as f:
+                        f.seek(intent.offset)
+                        data = f.read(intent.length)
+                if size >= end and hashlib.sha256(data).hexdigest() == intent.sha256:
+                    self._commit_message(intent.id, end)
+                    done.append(f"committed message {intent.id} found whole in the log")
+                elif intent.offset < size < end or size >= end:
+                    if size < end and self._starts_with_header(intent.offset):
+                        self._rollback(intent.offset)
+                        done.append(f"rolled back a torn append of {intent.id}")
+                    else:
+                        self.warn(f"bytes at {intent.offset} are not the intended block; kept")
+                    self.state.intent = None
+                    self.state.log.size = self.log_size()
+                    self.save()
+                else:
+                    self.state.intent = None
+                    self.save()
+            else:  # a streamed reply was cut off
+                self.state.intent = None
+                if size > intent.offset:
+                    self.state.log.size = size
+                    self.append_marker(
+                        MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone"
+                    )
+                    done.append(f"marked the interrupted reply at byte {intent.offset}")
+                else:
+                    self.save()
+        # inputs already in the log are cleaned; the rest stay queued in processing/
+        recent: set[str] = set()
+        if self.rebuilt:
+            result = parse(
+                self.conv.log.read_bytes() if self.conv.log.exists() else b"",
+                agent_label=self.meta.agent_label,
+            )
+            recent = {b.text.strip() for b in result.blocks[-100:] if b.kind.value == "agent"}
+        for p in processing_entries(self.conv):
+            if p.name in self.state.done_ids:
+                p.unlink(missing_ok=True)
+                done.append(f"removed {p.name} (already in the log)")
+            elif self.rebuilt and _read_text(p).strip() in recent:
+                p.unlink(missing_ok=True)
+                done.append(f"removed {p.name} (its text is already in the log)")
+        if done:
+            self.save()
+        return done
+
+    def _starts_with_header(self, offset: int) -> bool:
+        with open(self.conv.log, "rb") as f:
+            f.seek(offset)
+            head = f.read(200).lstrip(b"\n")
+        return head.startswith(b"=== ")
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def open_writer(
+    conv: Conv, *, durable: bool = True, default_meta: Metadata | None = None, wait: bool = True
+) -> Iterator[ConvWriter]:
+    """Lock the conversation, load (or rebuild) its state, and yield a writer.
+
+    With ``wait=False`` a lock held by someone else raises :class:`LockBusy` at once.
+    """
+    if not conv.dir.is_dir():
+        raise NotFound(f"no conversation folder {conv.dir}")
+    with conv_lock(conv, blocking=wait) as got:
+        if not got:
+            raise LockBusy(f"{conv.id} is locked by another writer")
+        meta = read_metadata(conv)
+        if meta is None:
+            dropped_in = conv.inbox.is_dir() or conv.log.exists()
+            if default_meta is None or not dropped_in:
+                raise NotFound(f"{conv.id} has no readable metadata.json")
+            meta = default_meta
+            ensure_conversation_files(conv, meta, durable=durable)
+        state = read_state(conv)
+        rebuilt = state is None
+        if state is None:
+            state = rebuild_state(conv, meta)
+        w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt)
+        if rebuilt:
+            w.warn("state.json was missing or unreadable; rebuilt it from messages.log")
+        yield w
+
+
+def rebuild_state(conv: Conv, meta: Metadata) -> State:
+    """A state derived from the log alone (when state.json is lost or corrupt)."""
+    try:
+        data = conv.log.read_bytes()
+        ino = os.stat(conv.log).st_ino
+    except FileNotFoundError:
+        data, ino = b"", 0
+    result = LogView(conv, meta.agent_label).refresh()  # rotated segments included
+    st = State(updated=now_iso())
+    st.log = LogIdentity(ino=ino, size=len(data))
+    st.turns = sum(1 for b in result.blocks if b.kind.value == "model" and not b.interrupted)
+    st.messages_processed = sum(1 for b in result.blocks if b.kind.value == "agent")
+    st.parse_errors = list(result.errors)[:20]
+    return st
