@@ -23,8 +23,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.fakes.http import JsonHandler
 
 
 @dataclass
@@ -124,40 +126,11 @@ class FakeOllama:
             return [r for r in self.requests if r.get("_path") == "/api/chat"]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server_fake: FakeOllama
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # like Go's net/http (Ollama): no 40 ms Nagle stalls
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except (ConnectionResetError, BrokenPipeError):
-            return  # the client went away (a cancel, a timeout test): not an error here
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-    # -- plumbing -----------------------------------------------------------------------
-
-    def _json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
 
     def _chunk(self, obj: Any) -> None:
-        data = (json.dumps(obj) + "\n").encode() if not isinstance(obj, bytes) else obj
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
-    def _end_chunks(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self._write_chunk((json.dumps(obj) + "\n").encode() if not isinstance(obj, bytes) else obj)
 
     def _body(self) -> dict[str, Any]:
         n = int(self.headers.get("Content-Length") or 0)

@@ -17,8 +17,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.fakes.http import JsonHandler
 
 
 @dataclass
@@ -96,23 +98,8 @@ def _not_found(sid: str) -> dict[str, Any]:
     return {"name": "NotFoundError", "data": {"message": f"Session not found: {sid}"}}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server_fake: FakeOpenCode
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # like real servers: no 40 ms Nagle stalls
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-    def _json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
 
     def _authorized(self) -> bool:
         fake = self.server_fake
