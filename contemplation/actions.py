@@ -64,7 +64,7 @@ def start(
         known = ", ".join(backends.available())
         raise InputRejected(f"unknown backend {backend_name!r}; known: {known}")
     model_name = model or tpl.model or settings.default_model
-    reqs = [{"need": r} for r in (context_requirements or []) if r.strip()]
+    reqs = [{"type": "need", "need": r} for r in (context_requirements or []) if r.strip()]
     if idempotency_key:
         key, ttl = "key:" + idempotency_key, KEY_TTL
     else:

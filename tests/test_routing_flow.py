@@ -212,3 +212,25 @@ def test_four_real_mcp_servers_answer_needs_in_the_real_daemon(home: Home, fake_
     assert "the shared note says hello" in responses[f"Shared file {shared / 'notes.txt'}"]
     assert "caches plans for 10 minutes" in responses["Brain memory about QueryPlanner"]
     assert all("(source: " in t and "NOT ANSWERED" not in t for t in responses.values())
+
+
+def test_context_requirements_are_gathered_before_the_first_prompt(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    from contemplation import actions
+
+    rt = rt_for(make_settings, fake_ollama, tmp_path)
+    (tmp_path / "notes" / "plan.md").write_text("the plan: ship on Friday\n")
+    conv, created = actions.start(
+        rt.settings, "release", "Are we on track?", model="gemma",
+        context_requirements=[f"File contents of {tmp_path / 'notes' / 'plan.md'}"],
+    )
+    assert created
+    import os as _os
+    for p in conv.inbox.iterdir():
+        _os.utime(p, (0, 0))  # long settled
+    run_burst(rt)
+    system = fake_ollama.chat_requests()[0]["messages"][0]["content"]
+    assert "ship on Friday" in system and "BEGIN CONTEXT" in system
+    assert "ship on Friday" in (conv.context / "context.md").read_text()
+    drop_message(conv, "and now?")
+    run_burst(rt)
+    assert "ship on Friday" in fake_ollama.chat_requests()[1]["messages"][0]["content"]  # reused
