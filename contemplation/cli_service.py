@@ -28,6 +28,17 @@ def _manager(name: str) -> service.Manager:
     return service.default_manager() if name == "auto" else name  # type: ignore[return-value]
 
 
+def _plan(
+    ctx: click.Context, action: str, manager: str, dry_run: bool, **kw: Any
+) -> service.Plan | None:
+    """The plan for ``action``; with ``--print`` it is shown and None is returned (do nothing)."""
+    p = service.plan(_settings(ctx), action, _manager(manager), **kw)
+    if dry_run:
+        click.echo(p.describe(), nl=False)
+        return None
+    return p
+
+
 def _options(fn: Any) -> Any:
     fn = click.option(
         "--print",
@@ -51,12 +62,10 @@ def service_group() -> None:
 @click.pass_context
 def install(ctx: click.Context, manager: str, dry_run: bool) -> None:
     """Write the unit (absolute paths) and start it; running it again is safe."""
-    p = service.plan(_settings(ctx), "install", _manager(manager))
-    if dry_run:
-        click.echo(p.describe(), nl=False)
-        return
-    for line in service.install(p):
-        click.echo(line)
+    p = _plan(ctx, "install", manager, dry_run)
+    if p is not None:
+        for line in service.install(p):
+            click.echo(line)
 
 
 @service_group.command()
@@ -64,12 +73,10 @@ def install(ctx: click.Context, manager: str, dry_run: bool) -> None:
 @click.pass_context
 def uninstall(ctx: click.Context, manager: str, dry_run: bool) -> None:
     """Stop the service and remove the unit; conversations are kept."""
-    p = service.plan(_settings(ctx), "uninstall", _manager(manager))
-    if dry_run:
-        click.echo(p.describe(), nl=False)
-        return
-    for line in service.uninstall(p):
-        click.echo(line)
+    p = _plan(ctx, "uninstall", manager, dry_run)
+    if p is not None:
+        for line in service.uninstall(p):
+            click.echo(line)
 
 
 @service_group.command()
@@ -77,11 +84,9 @@ def uninstall(ctx: click.Context, manager: str, dry_run: bool) -> None:
 @click.pass_context
 def status(ctx: click.Context, manager: str, dry_run: bool) -> None:
     """The service manager's view of the daemon."""
-    p = service.plan(_settings(ctx), "status", _manager(manager))
-    if dry_run:
-        click.echo(p.describe(), nl=False)
-        return
-    sys.exit(service.passthrough(p))
+    p = _plan(ctx, "status", manager, dry_run)
+    if p is not None:
+        sys.exit(service.passthrough(p))
 
 
 @service_group.command()
@@ -91,8 +96,6 @@ def status(ctx: click.Context, manager: str, dry_run: bool) -> None:
 @click.pass_context
 def logs(ctx: click.Context, manager: str, dry_run: bool, lines: int, follow: bool) -> None:
     """The daemon's log (journalctl, or the LaunchAgent's log files)."""
-    p = service.plan(_settings(ctx), "logs", _manager(manager), lines=lines, follow=follow)
-    if dry_run:
-        click.echo(p.describe(), nl=False)
-        return
-    sys.exit(service.passthrough(p))
+    p = _plan(ctx, "logs", manager, dry_run, lines=lines, follow=follow)
+    if p is not None:
+        sys.exit(service.passthrough(p))

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -98,6 +99,21 @@ async def next_line(lines: AsyncIterator[str], wait_s: float, what: str) -> str 
         raise BackendError(
             f"{what}: the stream was cut ({type(exc).__name__}: {exc})", transient=True, kind="cut"
         ) from exc
+
+
+def json_object(text: str, source: str) -> dict[str, Any]:
+    """One JSON object from a stream line or event; anything else is a transient protocol error."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise BackendError(
+            f"{source} sent something that is not JSON: {text[:200]!r}",
+            transient=True,
+            kind="protocol",
+        ) from None
+    if not isinstance(data, dict):
+        raise BackendError(f"{source} sent {text[:200]!r}", transient=True, kind="protocol")
+    return data
 
 
 async def finish_body(lines: AsyncIterator[str], wait_s: float = 1.0) -> None:

@@ -23,6 +23,7 @@ from contemplation.backends.base import (
     PhaseTimeouts,
     connection_error,
     finish_body,
+    json_object,
     next_line,
     open_stream,
     retry_after_seconds,
@@ -187,18 +188,7 @@ class OllamaBackend:
                 got_any = True
                 if not line.strip():
                     continue
-                try:
-                    chunk = json.loads(line)
-                except ValueError:
-                    raise BackendError(
-                        f"Ollama sent a line that is not JSON: {line[:200]!r}",
-                        transient=True,
-                        kind="protocol",
-                    ) from None
-                if not isinstance(chunk, dict):
-                    raise BackendError(
-                        f"Ollama sent {line[:200]!r}", transient=True, kind="protocol"
-                    )
+                chunk = json_object(line, "Ollama")
                 if "error" in chunk:
                     raise BackendError(
                         f"Ollama reported an error mid-stream: {chunk['error']}",

@@ -38,6 +38,7 @@ from contemplation.backends.base import (
     PhaseTimeouts,
     connection_error,
     finish_body,
+    json_object,
     next_line,
     open_stream,
     retry_after_seconds,
@@ -522,18 +523,7 @@ class OpenAIBackend:
             await resp.aclose()
 
     def _payload(self, turn: _Turn, name: str, payload: str) -> list[StreamEvent]:
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            raise BackendError(
-                f"{self.base_url} sent an event that is not JSON: {payload[:200]!r}",
-                transient=True,
-                kind="protocol",
-            ) from None
-        if not isinstance(chunk, dict):
-            raise BackendError(
-                f"{self.base_url} sent {payload[:200]!r}", transient=True, kind="protocol"
-            )
+        chunk = json_object(payload, self.base_url)
         if "error" in chunk or name == "error":
             raise _stream_error(chunk.get("error", chunk))
         return turn.chunk(chunk)
