@@ -33,7 +33,7 @@ import structlog
 from contemplation import router as rt
 from contemplation.errors import ConfigError, ToolError
 from contemplation.layout import Home, load_template
-from contemplation.logformat import RESPONSE_PREFIX, one_line, timestamp
+from contemplation.logformat import RESPONSE_PREFIX, canonical_need, one_line, timestamp
 from contemplation.settings import Settings
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
 from contemplation.tools.files import FileReader, FileTree
@@ -71,10 +71,11 @@ class Answer:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def render_block(self, need: str) -> str:
-        """The whole text of the agent block that answers ``need``."""
-        first = " ".join(need.split())
-        lines = [f"{RESPONSE_PREFIX} {first}", f"(source: {self.tool}, {self.time})"]
+    def render_block(self, *needs: str) -> str:
+        """The whole text of the agent block that answers ``needs`` (usually one; the needs
+        past a reply's limit share one block)."""
+        lines = [f"{RESPONSE_PREFIX} {canonical_need(n)}" for n in needs]
+        lines.append(f"(source: {self.tool}, {self.time})")
         if not self.ok:
             lines.append(f"NOT ANSWERED ({self.status}): {one_line(self.content, 600)}")
         else:
@@ -149,10 +150,6 @@ class TokenBucket:
 class _Turn:
     key: str
     answers: dict[str, Answer] = field(default_factory=dict)
-
-
-def _norm(need: str) -> str:
-    return " ".join(need.casefold().split())
 
 
 # --------------------------------------------------------------------------- tools
@@ -283,6 +280,13 @@ class NeedRouter:
             return None
         return found
 
+    def plan_routes(
+        self, needs: Sequence[str], *, template: str | None = None
+    ) -> list[rt.Route | None]:
+        """The route of each of the first ``needs_per_reply`` needs (None: the agent answers).
+        Needs past the limit are never routed: they get one "limit reached" answer together."""
+        return [self.route(n, template=template) for n in needs[: self.limits.needs_per_reply]]
+
     # -- the answer cycle -------------------------------------------------------------
 
     def _bucket(self, conv_id: str) -> TokenBucket:
@@ -315,20 +319,26 @@ class NeedRouter:
         conv_id: str,
         turn_key: str,
         template: str | None = None,
+        routes: Sequence[rt.Route | None] | None = None,
     ) -> list[Answered]:
-        """One :class:`Answered` per need, in order; needs are looked up concurrently."""
+        """One :class:`Answered` per need, in order; needs are looked up concurrently.
+
+        ``routes`` (from :meth:`plan_routes`) saves routing the head again."""
         cap = self.limits.needs_per_reply
         head = list(needs[:cap])
         turn = self._turn(conv_id, turn_key)
         out: list[Answer | None] = [None] * len(head)
         jobs: dict[str, tuple[rt.Route, list[int]]] = {}
-        try:
-            table = self.rules(template)
-        except ConfigError as exc:
-            bad = self._plain("router", "unconfigured", f"the routing rules are broken: {exc}", "")
-            return [Answered(n, replace(bad, asked=n)) for n in needs]
-        for i, need in enumerate(head):
-            key = _norm(need)
+        if routes is None:
+            try:
+                routes = self.plan_routes(head, template=template)
+            except ConfigError as exc:
+                bad = self._plain(
+                    "router", "unconfigured", f"the routing rules are broken: {exc}", ""
+                )
+                return [Answered(n, replace(bad, asked=n)) for n in needs]
+        for i, (need, found) in enumerate(zip(head, routes, strict=True)):
+            key = canonical_need(need)  # exact but for spacing: A.txt is not a.txt
             earlier = turn.answers.get(key)
             if earlier is not None:
                 out[i] = _again(earlier)
@@ -336,8 +346,7 @@ class NeedRouter:
             if key in jobs:
                 jobs[key][1].append(i)
                 continue
-            found = table.route(need)
-            if found is None or found.tool == "agent":
+            if found is None:
                 continue
             jobs[key] = (found, [i])
         runs = [(key, r, idx) for key, (r, idx) in jobs.items()]
@@ -477,7 +486,7 @@ class NeedRouter:
             )
         found = rt.route_call(rule, args)
         turn = self._turn(conv_id, turn_key)
-        key = _norm(found.need)
+        key = canonical_need(found.need)
         earlier = turn.answers.get(key)
         if earlier is not None:
             return _again(earlier)

@@ -46,7 +46,7 @@ def unanswered(blocks: tuple[Block, ...]) -> tuple[Block | None, tuple[str, ...]
         if b.kind is BlockKind.AGENT:
             if b.response_to is None:
                 return None, ()
-            answered.add(b.response_to)
+            answered.update(b.responds)
             continue
         if not whole(b):
             continue

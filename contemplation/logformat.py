@@ -45,6 +45,13 @@ def header(sender: str, recipient: str, ts: str | None = None) -> str:
     return f"=== {sender} -> {recipient} [{ts or timestamp()}] ===\n"
 
 
+def canonical_need(text: str) -> str:
+    """The one form a need is compared, keyed and echoed in: runs of any Unicode whitespace
+    (tabs, NBSP, U+2028 ...) become one space, ends trimmed. A RESPONSE header carries this
+    form, so a need matches its answer however the model spaced it."""
+    return " ".join(text.split())
+
+
 def one_line(text: str, limit: int = 500) -> str:
     flat = " ".join(text.split())
     flat = flat.replace("===", "= = =")

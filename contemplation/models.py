@@ -158,6 +158,7 @@ class Block:
     thinking: str = ""
     needs: tuple[str, ...] = ()
     response_to: str | None = None  # set for "RESPONSE TO NEED: ..." agent blocks
+    responds: tuple[str, ...] = ()  # every need the block answers (response_to is the first)
     complete: bool = False  # the block carries a COMPLETE marker
     interrupted: bool = False  # followed by an INTERRUPTED marker (a cut-off reply)
     markers: tuple[tuple[MarkerKind, str], ...] = ()

@@ -3,15 +3,21 @@
 Tools run outside the conversation's lock (a tool may take seconds, and people appending by
 hand must not wait on it); the lock is taken again to append the answers, after checking the
 needs are still unanswered. A need no rule matches is left to the agent (``awaiting_agent``).
+Each need is routed once, when the step plans the lookups; the needs past a reply's
+``needs_per_reply`` are never routed and share one "limit reached" block, so a reply with
+20,000 NEED lines costs a handful of appends, not 20,000.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from contemplation.conversation import next_action, turn_start, unanswered
+from contemplation.errors import ConfigError
 from contemplation.layout import Conv
 from contemplation.models import Block, Metadata, Status
+from contemplation.router import Route
 from contemplation.runtime import AGAIN, Runtime, Wait, lock, log, set_status
 
 
@@ -20,32 +26,31 @@ class NeedsDue:
     meta: Metadata
     needs: tuple[str, ...]
     turn_key: str
-
-
-def routable(rt: Runtime, meta: Metadata, needs: tuple[str, ...]) -> tuple[str, ...]:
-    """The needs some rule (other than "ask the agent") can answer."""
-    r = rt.need_router()
-    out = []
-    for n in needs:
-        found = r.route(n, template=meta.template)
-        if found is not None and found.tool != "agent":
-            out.append(n)
-    return tuple(out)
+    routes: tuple[Route | None, ...] = ()  # of the first needs_per_reply needs
 
 
 def plan(
     rt: Runtime, meta: Metadata, blocks: tuple[Block, ...], needs: tuple[str, ...]
 ) -> NeedsDue | None:
     """What to look up now, or None when only the agent can answer."""
-    if not routable(rt, meta, needs):
+    try:
+        routes = tuple(rt.need_router().plan_routes(needs, template=meta.template))
+    except ConfigError as exc:
+        log.error("routing_rules_broken", conv=meta.id, error=str(exc))
         return None
-    return NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}")
+    if all(r is None for r in routes) and len(needs) <= len(routes):
+        return None
+    return NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}", routes)
 
 
 async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Wait | object:
     meta = due.meta
     answered = await rt.need_router().answer_all(
-        due.needs, conv_id=conv.id, turn_key=due.turn_key, template=meta.template
+        due.needs,
+        conv_id=conv.id,
+        turn_key=due.turn_key,
+        template=meta.template,
+        routes=due.routes,
     )
     stack, w = await lock(conv, rt, meta)
     with stack:
@@ -53,22 +58,46 @@ async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Wait | object:
         nxt = next_action(parsed.blocks)
         if nxt.action != "needs":
             return AGAIN
+        still = set(nxt.needs)
         model_block, _ = unanswered(parsed.blocks)
-        base = model_block.offset if model_block is not None else 0
+        # unique across rotated segments: offsets restart in each messages.log, inodes do not
+        base = f"need-{w.state.log.ino}-{model_block.offset if model_block is not None else 0}"
+        cap = len(due.routes)
         left: list[str] = []
-        for i, (need, ans) in enumerate(answered):
-            if need not in nxt.needs:
+        for i, (need, ans) in enumerate(answered[:cap]):
+            if need not in still:
                 continue
             if ans is None:
                 left.append(need)
                 continue
             w.append_block(
-                meta.agent_label,
-                meta.sender_label(),
-                ans.render_block(need),
-                msg_id=f"need-{base}-{i}",
+                meta.agent_label, meta.sender_label(), ans.render_block(need), msg_id=f"{base}-{i}"
             )
             rt.notify(conv.id, "need_answered", need=need, tool=ans.tool, status=ans.status)
+            await asyncio.sleep(0)  # a batch of appends never holds the loop
+        over = [need for need, _ in answered[cap:] if need in still]
+        limit = answered[cap].answer if len(answered) > cap else None
+        if over and limit is not None:
+            w.append_block(
+                meta.agent_label,
+                meta.sender_label(),
+                limit.render_block(*over),
+                msg_id=f"{base}-over",
+            )
+            rt.notify(conv.id, "need_answered", need=f"{len(over)} needs", tool=limit.tool,
+                      status=limit.status)
+        # a need the log still shows unanswered would be looked up again forever: stop instead
+        after = next_action(rt.view(conv, meta.agent_label).refresh().blocks)
+        stuck = still.difference(left).intersection(after.needs if after.action == "needs" else ())
+        if stuck:
+            log.error("answer_not_matched", conv=conv.id, needs=len(stuck))
+            w.record_error(
+                "internal",
+                f"{len(stuck)} answers were written but do not match their NEED lines; "
+                "answer them with `contemplation respond`",
+                status=Status.AWAITING_AGENT,
+            )
+            return Wait(None)
         if left:
             set_status(w, Status.AWAITING_AGENT, tuple(left))
             log.info("awaiting_agent", conv=conv.id, needs=len(left))

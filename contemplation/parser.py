@@ -17,6 +17,7 @@ from contemplation.logformat import (
     HEADER_RE,
     MARKER_RE,
     RESPONSE_PREFIX,
+    canonical_need,
 )
 from contemplation.models import Block, BlockKind, MarkerKind, ParseResult
 
@@ -44,21 +45,34 @@ def _unstuff(text: str) -> str:
 
 
 def find_needs(text: str) -> tuple[str, ...]:
-    """``NEED:`` lines (at a line start) of a model block's text."""
+    """``NEED:`` lines (at a line start) of a model block's text, in canonical form."""
     if "NEED:" not in text:
         return ()
     out: list[str] = []
     i = 0 if text.startswith("NEED:") else text.find("\nNEED:") + 1
     while i > 0 or (i == 0 and text.startswith("NEED:")):
         end = text.find("\n", i)
-        need = text[i + 5 : end if end >= 0 else len(text)].strip(" \t")
+        need = canonical_need(text[i + 5 : end if end >= 0 else len(text)])[:MAX_NEED_CHARS]
         if need:
-            out.append(need[:MAX_NEED_CHARS])
+            out.append(need)
         if end < 0:
             break
         i = text.find("\nNEED:", end) + 1
         if i == 0:
             break
+    return tuple(out)
+
+
+def find_responses(text: str) -> tuple[str, ...]:
+    """The needs an agent block answers: its leading ``RESPONSE TO NEED:`` lines (one block
+    may answer many, e.g. the needs past a reply's limit), in canonical form."""
+    out: list[str] = []
+    pos = 0
+    while text.startswith(RESPONSE_PREFIX, pos):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        out.append(canonical_need(text[pos + len(RESPONSE_PREFIX) : end])[:MAX_NEED_CHARS])
+        pos = end + 1
     return tuple(out)
 
 
@@ -116,12 +130,11 @@ def _finish(d: _Draft, agent_label: str) -> Block:
     text = "".join(d.body).rstrip("\n")
     kind = BlockKind.AGENT if d.sender == agent_label else BlockKind.MODEL
     needs: tuple[str, ...] = ()
-    response_to: str | None = None
+    responds: tuple[str, ...] = ()
     if kind is BlockKind.MODEL:
         needs = find_needs(text)
     elif text.startswith(RESPONSE_PREFIX):
-        first = text.split("\n", 1)[0]
-        response_to = first[len(RESPONSE_PREFIX) :].strip()
+        responds = find_responses(text)
     kinds = {m for m, _ in d.markers}
     return Block(
         sender=d.sender,
@@ -133,7 +146,8 @@ def _finish(d: _Draft, agent_label: str) -> Block:
         end=d.end,
         thinking="".join(d.thinking),
         needs=needs,
-        response_to=response_to,
+        response_to=responds[0] if responds else None,
+        responds=responds,
         complete=MarkerKind.COMPLETE in kinds and kind is BlockKind.MODEL,
         interrupted=MarkerKind.INTERRUPTED in kinds,
         markers=tuple(d.markers),

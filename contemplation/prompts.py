@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from contemplation.conversation import whole
+from contemplation.logformat import canonical_need
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata
 
 PROTOCOL = """\
@@ -46,7 +47,7 @@ def split_tool_calls(text: str) -> tuple[str, list[tuple[str, str, Any, str]]]:
             args: Any = json.loads(m.group(3))
         except ValueError:
             args = m.group(3)
-        calls.append((m.group(1), m.group(2), args, m.group(4).strip()))
+        calls.append((m.group(1), m.group(2), args, canonical_need(m.group(4))))
     return TOOL_CALL_RE.sub("", text).strip("\n"), calls
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contemplation.errors import ConfigError
+from contemplation.logformat import canonical_need
 
 MAX_NEED_CHARS = 1000
 MAX_ARG_CHARS = 1000
@@ -296,9 +297,8 @@ def compile_rules(
 
 
 def clean_need(need: str) -> str:
-    """The need as matched: one line, trimmed, capped at :data:`MAX_NEED_CHARS`."""
-    flat = need.replace("\r", " ").replace("\n", " ").strip()
-    return flat[:MAX_NEED_CHARS]
+    """The need as matched: its canonical one-line form, capped at :data:`MAX_NEED_CHARS`."""
+    return canonical_need(need)[:MAX_NEED_CHARS]
 
 
 def clean_value(text: str) -> str:

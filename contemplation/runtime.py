@@ -158,10 +158,14 @@ def backoff(rt: Runtime, attempt: int, retry_after: float | None) -> float:
     return delay
 
 
+PENDING_NEEDS_KEPT = 50  # state.json shows the first ones; the log holds them all
+
+
 def set_status(w: ConvWriter, status: Status, needs: tuple[str, ...] = ()) -> None:
-    if w.state.status != status or list(needs) != w.state.pending_needs:
+    shown = list(needs[:PENDING_NEEDS_KEPT])
+    if w.state.status != status or shown != w.state.pending_needs:
         w.state.status = status
-        w.state.pending_needs = list(needs)
+        w.state.pending_needs = shown
         w.save(durable=False)
 
 

@@ -212,7 +212,7 @@ def test_a_need_asked_again_in_the_same_turn_is_answered_from_the_first_result(
 
     async def main() -> tuple[list[Answered], list[Answered], list[Answered]]:
         first = await router.answer_all(
-            ["Brain memory about x", "brain memory  about X"], conv_id="c", turn_key="turn-1"
+            ["Brain memory about x", "Brain memory \t about\u00a0x"], conv_id="c", turn_key="turn-1"
         )
         again = await router.answer_all(["Brain memory about x"], conv_id="c", turn_key="turn-1")
         later = await router.answer_all(["Brain memory about x"], conv_id="c", turn_key="turn-2")
@@ -225,7 +225,7 @@ def test_a_need_asked_again_in_the_same_turn_is_answered_from_the_first_result(
     assert dup is not None and repeat is not None
     assert repeat.content == first[0].answer.content  # type: ignore[union-attr]
     assert "asked again in this turn" in repeat.render_block("Brain memory about x")
-    assert "asked again in this turn" in dup.render_block("brain memory  about X")
+    assert "asked again in this turn" in dup.render_block("Brain memory \t about\u00a0x")
     assert later[0].answer is not None and "asked again" not in later[0].answer.render_block("x")
 
 

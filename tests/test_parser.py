@@ -180,4 +180,5 @@ def test_find_needs_is_the_line_start_rule(text: str) -> None:
 
     from contemplation.parser import find_needs
 
-    assert find_needs(text) == tuple(re.findall(r"^NEED:[ \t]*(\S.*?)[ \t]*$", text, re.MULTILINE))
+    lines = re.findall(r"^NEED:[ \t]*(\S.*?)[ \t]*$", text, re.MULTILINE)
+    assert find_needs(text) == tuple(" ".join(n.split()) for n in lines)

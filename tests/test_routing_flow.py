@@ -94,7 +94,9 @@ def test_a_thousand_needs_are_capped(home: Home, fake_ollama: FakeOllama, make_s
     fake_ollama.enqueue(Step(text="\n".join(f"NEED: Current state of item {i}" for i in range(1000))), Step(text="done"))
     run_burst(rt)
     log = conv.log.read_text()
-    assert log.count("limit reached: the reply asked for 1000 things") == 995
+    assert log.count("limit reached: the reply asked for 1000 things") == 1  # one block for 995
+    assert log.count("RESPONSE TO NEED: Current state of item") == 1000
+    assert log.count("=== CLAUDE -> OLLAMA") == 1 + 5 + 1
     assert len(fake_ollama.chat_requests()) == 2
 
 

@@ -1,0 +1,168 @@
+"""Liveness: no model reply, client or workload can wedge, spin or kill the daemon.
+
+Each test here reproduces one way the daemon was stopped from serving anyone (issue 9) and
+checks the behaviour that must hold instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.models import BlockKind, Status
+from contemplation.parser import parse
+from contemplation.runtime import Runtime
+from contemplation.settings import Settings
+from contemplation.writer import drop_message, new_conversation
+from tests.conftest import base_env, run_burst, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+
+
+def make(home: Home, model: str = "gemma") -> Conv:
+    return new_conversation(
+        home, "liveness", template=load_template(home, "default"), model=model, backend="ollama"
+    )
+
+
+def runtime(
+    make_settings: Callable[..., Settings], fake: FakeOllama, root: Path, **kw: object
+) -> Runtime:
+    tools = {"allowed_roots": [str(root)], **kw.pop("tools", {})}  # type: ignore[dict-item]
+    s = make_settings(fake, tools=tools, **kw)
+    return Runtime(settings=s, home=Home(s.home))
+
+
+def whole_log(conv: Conv) -> str:
+    """Every segment, oldest first (rotated segments have higher numbers)."""
+    segs = sorted(conv.dir.glob("messages.*.log"), key=lambda p: -int(p.name.split(".")[1]))
+    return "".join(p.read_text() for p in [*segs, conv.log])
+
+
+# ------------------------------------------------------------------ 1. spacing of a NEED
+
+
+@pytest.mark.parametrize("gap", ["  ", "\t", "\u00a0", "\u2028", " \t\u00a0 "])
+def test_a_need_is_matched_to_its_answer_however_it_is_spaced(
+    gap: str, home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings],
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "plan.md").write_text("step one\n")
+    rt = runtime(make_settings, fake_ollama, tmp_path)
+    conv = make(home)
+    drop_message(conv, "what is the plan?")
+    fake_ollama.enqueue(
+        Step(text=f"Let me look.\nNEED: File contents of{gap}{tmp_path / 'plan.md'}{gap}"),
+        Step(text="The plan has one step."),
+    )
+    run_burst(rt)
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert [b.kind for b in blocks] == [
+        BlockKind.AGENT, BlockKind.MODEL, BlockKind.AGENT, BlockKind.MODEL
+    ]
+    assert blocks[2].response_to == f"File contents of {tmp_path / 'plan.md'}"
+    assert "step one" in blocks[2].text
+    assert len(fake_ollama.chat_requests()) == 2  # the conversation moved on, once
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE
+
+
+def test_many_oddly_spaced_needs_are_each_answered_exactly_once(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """More needs than any window of remembered ids: no answer may ever be appended twice."""
+    limits = {"needs_per_reply": 100, "calls_per_minute": 1000}
+    rt = runtime(make_settings, fake_ollama, tmp_path, tools={"limits": limits})
+    conv = make(home)
+    drop_message(conv, "look up a lot")
+    needs = [f"NEED: Current state of\u00a0item  {i}" for i in range(80)]
+    fake_ollama.enqueue(Step(text="\n".join(needs), chunks=4), Step(text="done"))
+    started = time.monotonic()
+    run_burst(rt)
+    assert time.monotonic() - started < 30
+    log = conv.log.read_text()
+    for i in range(80):
+        assert log.count(f"RESPONSE TO NEED: Current state of item {i}\n") == 1
+    assert len(fake_ollama.chat_requests()) == 2
+
+
+# ------------------------------------------------------------------ 2. ids across rotation
+
+
+def test_answer_ids_are_unique_across_rotated_segments(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    rt = runtime(make_settings, fake_ollama, tmp_path, rotate_bytes=1024)
+    conv = make(home)
+    pad = "x" * 1100  # every turn pushes the log past rotate_bytes
+    for i in range(4):
+        drop_message(conv, f"round {i} {pad}", name=f"{i}.msg")
+        fake_ollama.enqueue(
+            Step(text=f"NEED: Current state of round {i}"), Step(text=f"answer {i} {pad}")
+        )
+        run_burst(rt)
+    assert len(list(conv.dir.glob("messages.*.log"))) >= 3
+    log = whole_log(conv)
+    for i in range(4):
+        assert log.count(f"RESPONSE TO NEED: Current state of round {i}\n") == 1
+        assert f"answer {i} " in log
+    assert len(fake_ollama.chat_requests()) == 8
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE
+
+
+# ------------------------------------------------------------------ 3. a NEED flood
+
+
+def test_a_need_flood_gets_one_limit_block_and_does_not_hold_the_loop(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object], tmp_path: Path
+) -> None:
+    """20,000 NEED lines in one reply: the needs past the limit share one block, and a
+    second conversation dropped meanwhile is answered within a second."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    flood = "\n".join(f"NEED: File contents of nothing-{i}.md" for i in range(20_000))
+    fake_ollama.enqueue(Step(text=flood, chunks=200, model="gemma"))
+    a = make(home, model="gemma")
+    b = make(home, model="llama3.2")
+    d = daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
+    drop_message(a, "ask for everything")
+    wait_for(lambda: a.log.exists() and a.log.read_text().count("\nNEED: ") >= 20_000,
+             60, what="the flood in the log")
+    dropped = time.monotonic()
+    drop_message(b, "are you there?")
+    wait_for(lambda: "=== OLLAMA -> CLAUDE" in b.log.read_text(), 10, what="b's reply")
+    took = time.monotonic() - dropped
+    wait_for(lambda: (read_state(a) or read_state(b)) and read_state(a).status  # type: ignore[union-attr]
+             is Status.IDLE, 60, what="the flood answered")
+    log = a.log.read_text()
+    assert log.count("limit reached: the reply asked for 20000 things") == 1
+    assert log.count("=== CLAUDE -> OLLAMA") == 1 + 5 + 1
+    assert took < 1.0, f"the second conversation waited {took:.2f} s"
+    assert d.proc.poll() is None  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ 13. the repeat cache
+
+
+def test_the_turn_cache_tells_needs_apart_by_case(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    (tmp_path / "A.txt").write_text("upper\n")
+    (tmp_path / "a.txt").write_text("lower\n")
+    rt = runtime(make_settings, fake_ollama, tmp_path)
+    conv = make(home)
+    drop_message(conv, "read both")
+    fake_ollama.enqueue(
+        Step(text=f"NEED: File contents of {tmp_path / 'A.txt'}\n"
+             f"NEED: File contents of {tmp_path / 'a.txt'}"),
+        Step(text="done"),
+    )
+    run_burst(rt)
+    blocks = [b for b in parse(conv.log.read_bytes()).blocks if b.response_to]
+    by_need = {b.response_to: b.text for b in blocks}
+    assert "upper" in by_need[f"File contents of {tmp_path / 'A.txt'}"]
+    assert "lower" in by_need[f"File contents of {tmp_path / 'a.txt'}"]
+    assert "asked again" not in conv.log.read_text()
