@@ -136,6 +136,7 @@ class State(BaseModel):
     retry_count: int = 0
     next_retry_at: float | None = None
     last_turn: Usage | None = None
+    generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     parse_errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     updated: str = ""

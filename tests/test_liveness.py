@@ -166,3 +166,105 @@ def test_the_turn_cache_tells_needs_apart_by_case(
     assert "upper" in by_need[f"File contents of {tmp_path / 'A.txt'}"]
     assert "lower" in by_need[f"File contents of {tmp_path / 'a.txt'}"]
     assert "asked again" not in conv.log.read_text()
+
+
+# ------------------------------------------------------------------ 6. a line that never ends
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_line_without_a_newline_is_bounded_and_fails_the_turn(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object]
+) -> None:
+    env = base_env(home, fake_ollama, CONTEMPLATION_MAX_REPLY_BYTES=str(1024 * 1024))
+    fake_ollama.enqueue(Step(kind="endless_line", after_chunks=1, text="start of a reply",
+                             endless_bytes=300 * 1024 * 1024))
+    conv = make(home)
+    d = daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
+    drop_message(conv, "say something")
+    wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.ERROR, 60,
+             what="the turn failed")
+    st = read_state(conv)
+    assert st is not None and st.last_error is not None and st.last_error.kind == "too_large"
+    assert "without a newline" in conv.log.read_text()
+    assert _peak_rss_mb(d.proc.pid) < 200  # type: ignore[attr-defined]
+    assert d.proc.poll() is None  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ 7. a reply that drips
+
+
+def test_a_reply_that_drips_cannot_hold_the_slot_for_long(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object]
+) -> None:
+    from contemplation.settings import Settings as S
+
+    assert S().ollama.timeouts.total <= 1800  # the default is well under an hour
+    env = base_env(home, fake_ollama, CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL="2",
+                   CONTEMPLATION_RETRY__BASE="30", CONTEMPLATION_RETRY__CAP="60")
+    fake_ollama.enqueue(Step(text="drip " * 200, chunks=200, chunk_delay=0.2, model="gemma"))
+    drip, bystander = make(home, "gemma"), make(home, "llama3.2")
+    daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
+    drop_message(drip, "talk slowly")
+    wait_for(lambda: (st := read_state(drip)) is not None and st.status is Status.GENERATING,
+             10, what="the drip generating")
+    st = read_state(drip)
+    assert st is not None and st.generating_since is not None
+    assert abs(st.generating_since - time.time()) < 5
+    dropped = time.monotonic()
+    drop_message(bystander, "me too")
+    wait_for(lambda: "=== OLLAMA -> CLAUDE" in bystander.log.read_text(), 15,
+             what="the bystander's reply")
+    assert time.monotonic() - dropped < 2 + 3  # the drip's cap, plus margin
+    assert "retrying in" in drip.log.read_text()
+
+
+# ------------------------------------------------------------------ 8. disk full mid-reply
+
+
+def test_a_reply_cut_by_a_full_disk_is_interrupted_and_redone(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    conv = make(home)
+    drop_message(conv, "write a lot")
+    big = "".join(f"line {i} of a long answer\n" for i in range(8000))  # ~200 KB
+    fake_ollama.enqueue(Step(text=big, chunks=100))
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0",
+                   CONTEMPLATION_RESCAN_INTERVAL="0.3")
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    proc = subprocess.Popen([sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=limit)
+    try:
+        wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.ERROR
+                 and st.last_error is not None and st.last_error.kind == "write_failed", 30,
+                 what="the write error in state.json")
+        cut = conv.log.stat().st_size
+        assert 60 * 1024 < cut <= 64 * 1024
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE,
+                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.IDLE, 30,
+                 what="the turn redone")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert [b.kind for b in blocks] == [BlockKind.AGENT, BlockKind.MODEL, BlockKind.MODEL]
+    assert blocks[1].interrupted and not blocks[2].interrupted
+    assert blocks[2].text.startswith("Echo: write a lot")

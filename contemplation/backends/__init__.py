@@ -15,8 +15,10 @@ __all__ = [
 ]  # fmt: skip
 
 
-def phase_timeouts(t: TimeoutSettings) -> PhaseTimeouts:
-    return PhaseTimeouts(connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total)
+def phase_timeouts(t: TimeoutSettings, max_line: int = 4 * 1024 * 1024) -> PhaseTimeouts:
+    return PhaseTimeouts(
+        connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total, max_line=max_line
+    )
 
 
 def _ollama(settings: Settings) -> Backend:
@@ -29,7 +31,7 @@ def _ollama(settings: Settings) -> Backend:
         auth=auth,
         num_ctx=s.num_ctx,
         keep_alive=s.keep_alive,
-        timeouts=phase_timeouts(s.timeouts),
+        timeouts=phase_timeouts(s.timeouts, settings.max_reply_bytes),
         concurrency=s.concurrency,
         overrides=settings.capabilities,
     )
@@ -42,7 +44,7 @@ def _openai(settings: Settings) -> Backend:
     return OpenAIBackend(
         s.base_url or os.environ.get("OPENAI_BASE_URL", ""),
         api_key=s.api_key or os.environ.get("OPENAI_API_KEY", ""),
-        timeouts=phase_timeouts(s.timeouts),
+        timeouts=phase_timeouts(s.timeouts, settings.max_reply_bytes),
         concurrency=s.concurrency,
         stream_usage=s.stream_usage,
         overrides=settings.capabilities,
@@ -73,6 +75,7 @@ def _local(settings: Settings) -> Backend:
     return LocalBackend(
         model_path=s.model_path,
         n_ctx=s.n_ctx,
+        n_parallel=s.n_parallel,
         n_threads=s.n_threads,
         timeouts=phase_timeouts(s.timeouts),
         overrides=settings.capabilities,

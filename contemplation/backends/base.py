@@ -63,10 +63,13 @@ class Backend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PhaseTimeouts:
+    """The phases of one streamed reply, and the longest line a server may send in it."""
+
     connect: float
     first_byte: float
     idle: float
     total: float
+    max_line: int = 4 * 1024 * 1024  # max_reply_bytes: a line never grows past it
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -84,23 +87,6 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def next_line(lines: AsyncIterator[str], wait_s: float, what: str) -> str | None:
-    """The next line of a stream, or None at EOF; a stall becomes a transient error."""
-    try:
-        async with asyncio.timeout(wait_s):
-            return await anext(lines)
-    except StopAsyncIteration:
-        return None
-    except TimeoutError:
-        raise BackendError(
-            f"{what}: no data for {wait_s:g} s (stalled)", transient=True, kind="stall"
-        ) from None
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        raise BackendError(
-            f"{what}: the stream was cut ({type(exc).__name__}: {exc})", transient=True, kind="cut"
-        ) from exc
-
-
 def json_object(text: str, source: str) -> dict[str, Any]:
     """One JSON object from a stream line or event; anything else is a transient protocol error."""
     try:
@@ -116,14 +102,92 @@ def json_object(text: str, source: str) -> dict[str, Any]:
     return data
 
 
-async def finish_body(lines: AsyncIterator[str], wait_s: float = 1.0) -> None:
-    """Read what is left of a finished reply (normally only the end of the chunked body) so
-    the keep-alive connection goes back to the pool instead of being closed: without it every
-    turn opened a new TCP connection. Gives up quickly; closing is always safe."""
-    with contextlib.suppress(TimeoutError, httpx.HTTPError):
-        async with asyncio.timeout(wait_s):
-            async for _ in lines:
-                pass
+class TimedLines:
+    """The lines of a streamed body, under the phase timeouts and a cap on a line's length.
+
+    ``first_byte`` applies until the caller reports :meth:`progress`, then ``idle`` between
+    two progress reports (a keep-alive ping is a line but not progress), and ``total`` caps
+    the whole reply. A line longer than ``max_line`` bytes fails the turn at once instead of
+    growing in memory: a server that never sends a newline cannot exhaust it.
+    """
+
+    def __init__(self, resp: httpx.Response, t: PhaseTimeouts, what: str, *, t0: float) -> None:
+        self._chunks = resp.aiter_bytes()
+        self._buf = bytearray()
+        self._pos = 0  # start of the first unread line in _buf
+        self._eof = False
+        self.t = t
+        self.what = what
+        self.deadline = t0 + t.total
+        self.last_progress = t0
+        self.started = False
+
+    def progress(self) -> None:
+        self.started = True
+        self.last_progress = time.monotonic()
+
+    async def next(self) -> str | None:
+        """The next line (without its end), or None at the end of the body."""
+        limit = self.t.idle if self.started else self.t.first_byte
+        now = time.monotonic()
+        wait = min(self.last_progress + limit, self.deadline) - now
+        try:
+            async with asyncio.timeout(max(wait, 0.0)):
+                return await self._line()
+        except TimeoutError:
+            if time.monotonic() >= self.deadline - 0.001:
+                raise BackendError(
+                    f"the reply took longer than the total cap of {self.t.total:g} s",
+                    transient=True,
+                    kind="timeout",
+                ) from None
+            raise BackendError(
+                f"{self.what}: no data for {limit:g} s (stalled)", transient=True, kind="stall"
+            ) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise BackendError(
+                f"{self.what}: the stream was cut ({type(exc).__name__}: {exc})",
+                transient=True,
+                kind="cut",
+            ) from exc
+
+    async def _line(self) -> str | None:
+        while True:
+            end = self._buf.find(b"\n", self._pos)
+            if end >= 0:
+                return self._take(end, end + 1)
+            if len(self._buf) - self._pos > self.t.max_line:
+                raise BackendError(
+                    f"{self.what} sent a line longer than {self.t.max_line} bytes "
+                    "(max_reply_bytes) without a newline; the reply was dropped",
+                    transient=False,
+                    kind="too_large",
+                )
+            if self._eof:
+                end = len(self._buf)
+                return self._take(end, end) if self._pos < end else None
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            chunk = await anext(self._chunks, None)
+            if chunk is None:
+                self._eof = True
+            else:
+                self._buf += chunk
+
+    def _take(self, end: int, after: int) -> str:
+        line = self._buf[self._pos : end].decode("utf-8", errors="replace")
+        self._pos = after
+        return line[:-1] if line.endswith("\r") else line
+
+    async def drain(self, wait_s: float = 1.0) -> None:
+        """Read what is left of a finished reply (normally only the end of the chunked body)
+        so the keep-alive connection goes back to the pool instead of being closed: without
+        it every turn opened a new TCP connection. Gives up quickly; closing is always safe."""
+        with contextlib.suppress(TimeoutError, httpx.HTTPError):
+            async with asyncio.timeout(wait_s):
+                async for _ in self._chunks:
+                    pass
 
 
 async def open_stream(

@@ -21,10 +21,9 @@ from contemplation.backends.base import (
     Capabilities,
     Check,
     PhaseTimeouts,
+    TimedLines,
     connection_error,
-    finish_body,
     json_object,
-    next_line,
     open_stream,
     retry_after_seconds,
 )
@@ -148,7 +147,6 @@ class OllamaBackend:
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         body = self.request_body(request)
         t0 = time.monotonic()
-        deadline = t0 + self.timeouts.total
         req = self._client.build_request("POST", "/api/chat", json=body)
         resp = await open_stream(
             self._client,
@@ -166,26 +164,17 @@ class OllamaBackend:
                     retry_after_seconds(resp.headers.get("retry-after")),
                     request.model,
                 )
-            lines = resp.aiter_lines()
+            lines = TimedLines(resp, self.timeouts, "Ollama", t0=t0)
             first_token_ms: float | None = None
-            got_any = False
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise BackendError(
-                        f"the reply took longer than the total cap of {self.timeouts.total:g} s",
-                        transient=True,
-                        kind="timeout",
-                    )
-                wait = self.timeouts.idle if got_any else self.timeouts.first_byte
-                line = await next_line(lines, min(wait, remaining), "Ollama")
+                line = await lines.next()
                 if line is None:
                     raise BackendError(
                         "Ollama's stream ended without a final done line (cut off)",
                         transient=True,
                         kind="cut",
                     )
-                got_any = True
+                lines.progress()
                 if not line.strip():
                     continue
                 chunk = json_object(line, "Ollama")
@@ -211,7 +200,7 @@ class OllamaBackend:
                     usage = _usage(chunk, first_token_ms, (time.monotonic() - t0) * 1000)
                     usage.context_window = int(request.options.get("num_ctx", self.num_ctx))
                     yield StreamEvent("done", usage=usage)
-                    await finish_body(lines)
+                    await lines.drain()
                     return
         finally:
             await resp.aclose()

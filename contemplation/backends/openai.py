@@ -36,10 +36,9 @@ from contemplation.backends.base import (
     Capabilities,
     Check,
     PhaseTimeouts,
+    TimedLines,
     connection_error,
-    finish_body,
     json_object,
-    next_line,
     open_stream,
     retry_after_seconds,
 )
@@ -191,8 +190,8 @@ def classify_status(
     )
 
 
-def _stream_error(err: Any) -> BackendError:
-    """An error event inside a stream that had started."""
+def stream_error(err: Any) -> BackendError:
+    """An error event inside a stream that had started (also the local backend's errors)."""
     info = err if isinstance(err, dict) else {}
     text = str(info.get("message") or err)
     overflow = context_overflow(text, info)
@@ -306,7 +305,10 @@ class ToolCalls:
 
 
 @dataclass(slots=True)
-class _Turn:
+class ChunkTurn:
+    """One reply read from OpenAI ``chat.completion.chunk`` objects (over SSE here, in-process
+    in the local backend): events as they come, then usage from ``usage`` and ``timings``."""
+
     t0: float
     splitter: ThinkSplitter = field(default_factory=ThinkSplitter)
     tools: ToolCalls = field(default_factory=ToolCalls)
@@ -394,6 +396,31 @@ def _message_json(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
+def chat_body(request: ChatRequest, *, stream_usage: bool = True) -> dict[str, Any]:
+    """The streamed ``/v1/chat/completions`` body for a request (also the local backend's)."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": [_message_json(m) for m in request.messages],
+        "stream": True,
+    }
+    if stream_usage:
+        body["stream_options"] = {"include_usage": True}
+    for key, value in request.options.items():
+        if key in _DROPPED_OPTIONS:
+            continue
+        if key == "num_predict" and isinstance(value, int) and value < 0:
+            continue  # Ollama's "unlimited"
+        body[_RENAMED_OPTIONS.get(key, key)] = value
+    think = request.think
+    if think is False:
+        body.setdefault("reasoning_effort", "none")
+    elif isinstance(think, str):
+        body.setdefault("reasoning_effort", "high" if think == "max" else think)
+    if request.tools:
+        body["tools"] = list(request.tools)
+    return body
+
+
 class OpenAIBackend:
     name = "openai"
     label = "OPENAI"
@@ -424,32 +451,11 @@ class OpenAIBackend:
         self._caps: dict[str, Capabilities] = {}
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": request.model,
-            "messages": [_message_json(m) for m in request.messages],
-            "stream": True,
-        }
-        if self.stream_usage:
-            body["stream_options"] = {"include_usage": True}
-        for key, value in request.options.items():
-            if key in _DROPPED_OPTIONS:
-                continue
-            if key == "num_predict" and isinstance(value, int) and value < 0:
-                continue  # Ollama's "unlimited"
-            body[_RENAMED_OPTIONS.get(key, key)] = value
-        think = request.think
-        if think is False:
-            body.setdefault("reasoning_effort", "none")
-        elif isinstance(think, str):
-            body.setdefault("reasoning_effort", "high" if think == "max" else think)
-        if request.tools:
-            body["tools"] = list(request.tools)
-        return body
+        return chat_body(request, stream_usage=self.stream_usage)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         body = self.request_body(request)
-        turn = _Turn(t0=time.monotonic())
-        deadline = turn.t0 + self.timeouts.total
+        turn = ChunkTurn(t0=time.monotonic())
         req = self._client.build_request("POST", "chat/completions", json=body)
         resp = await open_stream(
             self._client,
@@ -467,42 +473,23 @@ class OpenAIBackend:
                     model=request.model,
                     url=self.base_url,
                 )
-            lines = resp.aiter_lines()
+            lines = TimedLines(resp, self.timeouts, self.base_url, t0=turn.t0)
             sse = SSEDecoder()
-            last_progress = turn.t0
             while True:
-                limit = self.timeouts.idle if turn.events_seen else self.timeouts.first_byte
-                now = time.monotonic()
-                if now >= deadline:
-                    raise BackendError(
-                        f"the reply took longer than the total cap of {self.timeouts.total:g} s",
-                        transient=True,
-                        kind="timeout",
-                    )
-                wait = min(last_progress + limit, deadline) - now
-                try:
-                    line = await next_line(lines, max(wait, 0.001), self.base_url)
-                except BackendError as exc:
-                    if exc.kind == "stall":  # pings do not count as progress
-                        raise BackendError(
-                            f"{self.base_url}: no data for {limit:g} s (stalled)",
-                            transient=True,
-                            kind="stall",
-                        ) from None
-                    raise
+                line = await lines.next()  # pings are lines, but not progress
                 event = sse.flush() if line is None else sse.line(line)
                 if event is None:
                     if line is None:
                         break
                     continue
-                last_progress = time.monotonic()
+                lines.progress()
                 turn.events_seen += 1
                 name, data = event
                 for payload in _payloads(data):
                     if payload.strip() == "[DONE]":
                         for ev in turn.finish(self._known_context(request.model)):
                             yield ev
-                        await finish_body(lines)
+                        await lines.drain()
                         return
                     for ev in self._payload(turn, name, payload):
                         yield ev
@@ -522,10 +509,10 @@ class OpenAIBackend:
         finally:
             await resp.aclose()
 
-    def _payload(self, turn: _Turn, name: str, payload: str) -> list[StreamEvent]:
+    def _payload(self, turn: ChunkTurn, name: str, payload: str) -> list[StreamEvent]:
         chunk = json_object(payload, self.base_url)
         if "error" in chunk or name == "error":
-            raise _stream_error(chunk.get("error", chunk))
+            raise stream_error(chunk.get("error", chunk))
         return turn.chunk(chunk)
 
     async def _diagnose_empty_stream(self, body: dict[str, Any], model: str) -> None:

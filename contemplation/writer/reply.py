@@ -9,6 +9,7 @@ from contemplation import logformat
 from contemplation.models import Intent, MarkerKind, Status, Usage
 from contemplation.parser import find_needs
 from contemplation.testing import crashpoint
+from contemplation.writer.files import write_all
 
 if TYPE_CHECKING:
     from contemplation.writer.session import ConvWriter
@@ -33,6 +34,7 @@ class ReplyStream:
         self._think_stuffer = logformat.StreamStuffer()
         self._in_thinking = False
         self._last_char = "\n"
+        self._fd: int | None = None  # messages.log, open for the reply's whole life
         self.content_parts: list[str] = []
 
     def _start(self) -> None:
@@ -41,6 +43,10 @@ class ReplyStream:
         self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
         self.w.save()
         self.started = True
+        self._fd = os.open(
+            self.w.conv.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o644,
+        )
         self._write(prefix + logformat.header(self.sender, self.recipient))
         crashpoint("reply_header")
 
@@ -48,7 +54,8 @@ class ReplyStream:
         if not text:
             return
         data = text.encode("utf-8")
-        self.w._append_raw(data, sync=False)
+        assert self._fd is not None, "a reply writes only after its header"
+        write_all(self._fd, data)
         self.bytes_written += len(data)
         self._last_char = text[-1]
 
@@ -110,12 +117,9 @@ class ReplyStream:
         if self.saw_complete:
             self._write(logformat.marker(MarkerKind.COMPLETE))
         crashpoint("reply_done")
-        if self.w.durable:
-            fd = os.open(self.w.conv.log, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        if self.w.durable and self._fd is not None:
+            os.fsync(self._fd)
+        self.close()
         self.w.state.intent = None
         self.w.state.log.size = self.w.log_size()
         self.w.state.turns += 1
@@ -127,6 +131,12 @@ class ReplyStream:
         self.w.save()
         return self.bytes_written
 
+    def close(self) -> None:
+        """Let go of messages.log (idempotent; every path out of a turn calls it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
     def abort(self, kind: MarkerKind, reason: str) -> None:
         """End a reply that did not finish: mark it so it is never taken for a whole answer."""
         if self.started:
@@ -134,6 +144,7 @@ class ReplyStream:
             self._write(self._stuffer.flush())
             self._ensure_newline()
             self._write(logformat.marker(kind, reason))
+            self.close()
             self.w.state.intent = None
             self.w.state.log.size = self.w.log_size()
             self.w.save()

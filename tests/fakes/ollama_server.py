@@ -33,7 +33,8 @@ from tests.fakes.http import JsonHandler
 class Step:
     """What the server does for one /api/chat call.
 
-    kind: reply | error | mid_error | cut_chunked | cut_close | hang | garbage | no_done
+    kind: reply | error | mid_error | cut_chunked | cut_close | hang | garbage | no_done |
+    endless_line (``endless_bytes`` of a JSON string that never ends, in 64 KB chunks)
     """
 
     kind: str = "reply"
@@ -50,6 +51,7 @@ class Step:
     prompt_eval_count: int | None = None
     hang_seconds: float = 3600.0
     model: str | None = None  # only for calls to this model (None: any)
+    endless_bytes: int = 0
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Step:
@@ -284,7 +286,8 @@ class _Handler(JsonHandler):
             sent = 0
             for piece in pieces:
                 if (
-                    step.kind in {"mid_error", "cut_chunked", "cut_close", "hang", "garbage"}
+                    step.kind
+                    in {"mid_error", "cut_chunked", "cut_close", "hang", "garbage", "endless_line"}
                     and sent >= step.after_chunks
                 ):
                     break
@@ -294,6 +297,13 @@ class _Handler(JsonHandler):
                     return
             if step.kind == "mid_error":
                 emit({"error": step.error})
+                self._end_chunks()
+                return
+            if step.kind == "endless_line":
+                emit(b'{"message": {"role": "assistant", "content": "')
+                block = b"x" * 65536
+                for _ in range(step.endless_bytes // len(block)):
+                    emit(block)
                 self._end_chunks()
                 return
             if step.kind == "garbage":
