@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contemplation.errors import Ambiguous, ConfigError, NotFound
+from contemplation.errors import Ambiguous, ConfigError, InputRejected, NotFound
 from contemplation.models import Block, Metadata, ParseResult, State
 from contemplation.parser import merge, parse
 
@@ -153,12 +154,48 @@ def find_conversation(home: Home, name: str, *, include_completed: bool = True) 
     raise Ambiguous(f"{name!r} matches {len(prefixed)} conversations: {names}")
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+_KINDS = {
+    stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+}  # fmt: skip
+_SAFE_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_regular(path: Path) -> int:
+    """A read descriptor on ``path`` if it is a regular file: a symlink is never followed and
+    a FIFO never blocks. Anything else raises :class:`InputRejected` saying what it is."""
     try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
+        fd = os.open(path, _SAFE_OPEN)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise InputRejected(f"{path.name} is a symbolic link (never followed)") from None
+        if exc.errno == errno.ENXIO:  # a socket
+            raise InputRejected(f"{path.name} is not a regular file") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise InputRejected(f"{path.name} is {kind}, not a regular file")
+    return fd
+
+
+def read_regular(path: Path, limit: int | None = None, limit_name: str = "the limit") -> bytes:
+    """The bytes of a regular file (see :func:`open_regular`), at most ``limit`` of them:
+    a larger file raises :class:`InputRejected` before anything is read."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if limit is not None and size > limit:
+            raise InputRejected(f"{size} bytes is larger than {limit_name} ({limit})")
+        return f.read()
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a regular file; None for a missing, unreadable or odd file."""
+    try:
+        data = json.loads(read_regular(path))
+    except (OSError, ValueError, InputRejected):
         return None
     return data if isinstance(data, dict) else None
 
@@ -196,7 +233,8 @@ def ignored_name(name: str) -> bool:
 
 
 def inbox_entries(conv: Conv) -> list[InboxEntry]:
-    """Regular files in ``inbox/`` that are messages, oldest first (ties: by name)."""
+    """Entries of ``inbox/`` that are messages, oldest first (ties: by name). A link, FIFO or
+    folder is listed too: it is claimed like a message and then refused into ``failed/``."""
     out: list[InboxEntry] = []
     try:
         with os.scandir(conv.inbox) as it:
@@ -207,8 +245,7 @@ def inbox_entries(conv: Conv) -> list[InboxEntry]:
                     st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append(InboxEntry(e.name, Path(e.path), st.st_size, st.st_mtime_ns))
+                out.append(InboxEntry(e.name, Path(e.path), st.st_size, st.st_mtime_ns))
     except (FileNotFoundError, NotADirectoryError):
         return []
     out.sort(key=lambda x: (x.mtime_ns, x.name))
@@ -239,8 +276,8 @@ def log_segments(conv: Conv) -> list[Path]:
 
 def read_log_bytes(conv: Conv) -> bytes:
     try:
-        return conv.log.read_bytes()
-    except FileNotFoundError:
+        return read_regular(conv.log)
+    except (FileNotFoundError, InputRejected):
         return b""
 
 
@@ -274,8 +311,8 @@ def read_history(conv: Conv, agent_label: str) -> tuple[Block, ...]:
     blocks: list[Block] = []
     for seg in log_segments(conv)[:-1]:
         try:
-            data = seg.read_bytes()
-        except FileNotFoundError:
+            data = read_regular(seg)
+        except (FileNotFoundError, InputRejected):
             continue
         blocks.extend(parse_segment(data, agent_label=agent_label).blocks)
     return tuple(blocks)
@@ -299,7 +336,7 @@ class LogView:
 
     def refresh(self) -> ParseResult:
         try:
-            fd = os.open(self.conv.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_regular(self.conv.log)
         except FileNotFoundError:
             self._load_all()
             return self._combine()
@@ -328,7 +365,7 @@ class LogView:
             before = segment_inodes(self.conv)
             history = read_history(self.conv, self.agent_label)
             try:
-                fd = os.open(self.conv.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = open_regular(self.conv.log)
             except FileNotFoundError:
                 data, ino = b"", 0
             else:

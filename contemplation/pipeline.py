@@ -18,8 +18,14 @@ from pathlib import Path
 
 from contemplation import needs as needs_mod
 from contemplation.conversation import Next, next_action
-from contemplation.errors import ContemplationError, LockBusy, NotFound
-from contemplation.layout import Conv, inbox_entries, list_conversations, processing_entries
+from contemplation.errors import ContemplationError, InputRejected, LockBusy, NotFound
+from contemplation.layout import (
+    Conv,
+    inbox_entries,
+    list_conversations,
+    processing_entries,
+    read_regular,
+)
 from contemplation.models import Block, MarkerKind, Status
 from contemplation.needs import NeedsDue
 from contemplation.runtime import AGAIN, Runtime, TurnDue, Wait, log, set_status
@@ -37,12 +43,13 @@ ROUND_LIMIT_NOTE = "need rounds limit reached"
 
 
 def _read_message(path: Path, rt: Runtime) -> tuple[str | None, str]:
-    """The text of a claimed file, or None and why it cannot be a message."""
-    size = path.stat().st_size
+    """The text of a claimed file, or None and why it cannot be a message (a link, a FIFO, a
+    folder, too large, empty, binary): never followed, never blocking."""
     limit = rt.settings.max_message_bytes
-    if size > limit:
-        return None, f"{size} bytes is larger than max_message_bytes ({limit})"
-    data = path.read_bytes()
+    try:
+        data = read_regular(path, limit, "max_message_bytes")
+    except InputRejected as exc:
+        return None, str(exc)
     if not data.strip():
         return None, "the file is empty"
     if b"\x00" in data:

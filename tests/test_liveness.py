@@ -268,3 +268,40 @@ def test_a_reply_cut_by_a_full_disk_is_interrupted_and_redone(
     assert [b.kind for b in blocks] == [BlockKind.AGENT, BlockKind.MODEL, BlockKind.MODEL]
     assert blocks[1].interrupted and not blocks[2].interrupted
     assert blocks[2].text.startswith("Echo: write a lot")
+
+
+# ------------------------------------------------------------------ 9. links, FIFOs, folders
+
+
+def test_odd_files_are_refused_without_following_or_blocking(
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    import os
+
+    from tests.conftest import cli
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET\n")
+    conv = make(home)
+    conv.processing.mkdir(exist_ok=True)
+    (conv.processing / "0001-link").symlink_to(secret)
+    os.mkfifo(conv.processing / "0002-fifo")
+    (conv.processing / "0003-folder").mkdir()
+    (conv.inbox / "link.msg").symlink_to(secret)
+    os.mkfifo(conv.inbox / "pipe.msg")
+    other = make(home, "llama3.2")
+    other.state.unlink()
+    os.mkfifo(other.state)  # state.json as a FIFO: read as missing, rebuilt from the log
+    drop_message(other, "hello")
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    cli(env, "run", "--once", timeout=30)
+    assert "TOP SECRET" not in conv.log.read_text()
+    assert "TOP SECRET" not in str(fake_ollama.chat_requests())
+    failed = sorted(p.name for p in conv.failed.iterdir() if not p.name.endswith(".json"))
+    assert len(failed) == 5 and not list(conv.processing.iterdir())
+    reasons = " ".join(p.read_text() for p in conv.failed.glob("*.reason.json"))
+    for kind in ("symbolic link", "a FIFO", "a folder"):
+        assert kind in reasons
+    assert secret.read_text() == "TOP SECRET\n"  # the target is untouched
+    assert "=== OLLAMA -> CLAUDE" in other.log.read_text()
+    assert other.state.is_file()
