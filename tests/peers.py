@@ -36,9 +36,10 @@ def smollm2_gguf() -> Path:
     raise AssertionError  # unreachable
 
 
-def llama_cpp_available() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        missing("llama-cpp-python")
+def xllamacpp_available() -> None:
+    """llama.cpp for the embedded backend and the test server (prebuilt wheels)."""
+    if importlib.util.find_spec("xllamacpp") is None:
+        missing("xllamacpp (llama.cpp)")
 
 
 def node_bin(name: str) -> Path:

@@ -1,4 +1,4 @@
-"""Real servers for tests and benchmarks: llama-cpp-python's server and ``opencode serve``.
+"""Real servers for tests and benchmarks: upstream llama-server (xllamacpp) and ``opencode serve``.
 
 Each is a real process on loopback with its log in a temp dir (shown when it fails to start).
 :func:`shared_llama_server` starts one SmolLM2 server per test session (several test modules
@@ -85,11 +85,15 @@ class _Proc:
 
 
 class LlamaServer(_Proc):
-    """``python -m llama_cpp.server`` serving SmolLM2 as ``alias``."""
+    """Upstream llama-server (xllamacpp's build, ``tests/llama_server.py``) serving SmolLM2 as
+    ``alias``, with ``n_parallel`` slots of ``n_ctx`` tokens."""
 
-    def __init__(self, gguf: Path, *, n_ctx: int = 8192, alias: str = "smollm2") -> None:
+    def __init__(
+        self, gguf: Path, *, n_ctx: int = 8192, n_parallel: int = 1, alias: str = "smollm2"
+    ) -> None:
         self.gguf = gguf
         self.n_ctx = n_ctx
+        self.n_parallel = n_parallel
         self.alias = alias
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="llama-server-"))
@@ -101,16 +105,16 @@ class LlamaServer(_Proc):
 
     def start(self, timeout: float = 120) -> LlamaServer:
         argv = [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf),
-            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-            "--model_alias", self.alias,
+            sys.executable, str(Path(__file__).with_name("llama_server.py")), str(self.gguf),
+            "--port", str(self.port), "--n-ctx", str(self.n_ctx),
+            "--n-parallel", str(self.n_parallel), "--alias", self.alias,
         ]  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
-        _poll(f"{self.url}/v1/models", self.proc, self.log, timeout)
+        _poll(f"{self.url}/health", self.proc, self.log, timeout)
         return self
 
 
@@ -186,8 +190,8 @@ _shared: dict[str, LlamaServer] = {}
 
 def shared_llama_server() -> LlamaServer:
     """One SmolLM2 server (n_ctx 8192, alias ``smollm2``) per process; skipped or failed
-    (under CI) through :mod:`tests.peers` when llama-cpp-python or the model is missing."""
-    peers.llama_cpp_available()
+    (under CI) through :mod:`tests.peers` when xllamacpp or the model is missing."""
+    peers.xllamacpp_available()
     gguf = peers.smollm2_gguf()
     if "llama" not in _shared:
         server = LlamaServer(gguf).start()

