@@ -18,7 +18,7 @@ from contemplation.actions import archive_conversation
 from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
 from contemplation.conversation import next_action
-from contemplation.errors import ContemplationError
+from contemplation.errors import ConfigError, ContemplationError
 from contemplation.layout import (
     Conv,
     Home,
@@ -457,7 +457,13 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     def add(name: str, ok: bool, detail: str) -> None:
         results.append({"check": name, "ok": ok, "detail": detail})
 
-    add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
+    from contemplation.validate import validate
+
+    try:
+        validate(s)  # the very check `run` makes at start
+        add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
+    except ConfigError as exc:
+        add("config", False, str(exc))
     try:
         ensure_home(home)
         probe = home.root / f".doctor.{os.getpid()}"

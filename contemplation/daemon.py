@@ -23,6 +23,7 @@ from contemplation.layout import Home, list_conversations
 from contemplation.pipeline import process_pending
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.validate import validate
 from contemplation.watcher import Watcher
 from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
 
@@ -32,12 +33,11 @@ Extra = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def build_runtime(settings: Settings) -> Runtime:
-    """The runtime, with the routing rules checked now: a bad rule stops the start."""
+    """The runtime, with the configuration checked now: a bad value stops the start with one
+    line naming the key and its source (the same check ``doctor`` runs)."""
     home = Home(settings.home)
     ensure_home(home)
-    rt = Runtime(settings=settings, home=home)
-    rt.need_router().check_templates()  # raises ConfigError naming the file, rule and line
-    return rt
+    return Runtime(settings=settings, home=home, router=validate(settings))
 
 
 async def run_once(settings: Settings) -> int:

@@ -404,6 +404,12 @@ class Template:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+TEMPLATE_KEYS = frozenset({
+    "model", "backend", "options", "think", "archive_on_complete", "system_prompt",
+    "system_prompt_file", "routes", "description",
+})  # fmt: skip
+
+
 def load_template(home: Home, name: str) -> Template:
     """``templates/<name>/template.toml`` (+ ``system_prompt.md``), else the shipped one."""
     if not valid_id(name):
@@ -416,6 +422,12 @@ def load_template(home: Home, name: str) -> Template:
                 data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
             except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"cannot parse template {toml_path}: {exc}") from exc
+            unknown = sorted(set(data) - TEMPLATE_KEYS)
+            if unknown:
+                raise ConfigError(
+                    f"unknown key {unknown[0]!r} in template {toml_path}; known keys: "
+                    f"{', '.join(sorted(TEMPLATE_KEYS))}"
+                )
             prompt_file = d / str(data.pop("system_prompt_file", "system_prompt.md"))
             prompt = data.pop("system_prompt", None)
             if prompt is None and prompt_file.is_file():

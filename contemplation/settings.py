@@ -18,7 +18,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from contemplation.errors import ConfigError
 
@@ -56,12 +56,35 @@ class NotificationRule(_Section):
     timeout: float = Field(30.0, gt=0, description="seconds before the command is killed")
 
 
+def _check_url(v: str) -> str:
+    """An http(s) URL with a host and a valid port, or empty (the default)."""
+    if not v:
+        return v
+    try:
+        parts = urlsplit(v)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError as exc:
+        raise ValueError(f"not a usable URL: {exc}") from None
+    if parts.scheme not in {"http", "https"} or not parts.hostname or not port_ok:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return v
+
+
 class OllamaSettings(_Section):
     host: str = Field("", description="base URL; empty: OLLAMA_HOST, else http://127.0.0.1:11434")
     num_ctx: int = Field(8192, ge=256)
     keep_alive: str | int = "10m"
     concurrency: int = Field(1, ge=1, le=64)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+    @field_validator("host", mode="after")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        try:
+            parse_ollama_host(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return v
 
 
 class OpenAISettings(_Section):
@@ -74,6 +97,8 @@ class OpenAISettings(_Section):
     stream_usage: bool = Field(True, description="send stream_options.include_usage")
     concurrency: int = Field(1, ge=1, le=64)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+    _url = field_validator("base_url", mode="after")(_check_url)
 
 
 # OpenCode 1.18's built-in tools (agent "build"); all off by default: we want a conversation,
@@ -104,6 +129,8 @@ class OpenCodeSettings(_Section):
     )
     concurrency: int = Field(1, ge=1, le=64)
     timeouts: OpenCodeTimeouts = Field(default_factory=OpenCodeTimeouts)
+
+    _url = field_validator("url", mode="after")(_check_url)
 
 
 class LocalSettings(_Section):
@@ -241,6 +268,13 @@ class Settings(_Section):
         default_factory=dict, description="per-model overrides, keyed by model name"
     )
 
+    _sources: Any = PrivateAttr(default=None)
+
+    def source(self, key: str) -> str:
+        """Where a setting's value came from (for errors found after loading)."""
+        layers = self._sources
+        return layers.source(tuple(key.split("."))) if layers is not None else "the settings"
+
     @field_validator("fallback", mode="before")
     @classmethod
     def _comma_list(cls, v: Any) -> Any:
@@ -256,43 +290,64 @@ def default_config_path() -> Path:
     return Path(platformdirs.user_config_dir(APP)) / "config.toml"
 
 
-def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
-    for key in path[:-1]:
-        nxt = target.setdefault(key, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"environment: {'.'.join(path)} conflicts with a value for {key}")
-        target = nxt
-    target[path[-1]] = value
+# the variables users of each server already know; a value in the file or in
+# CONTEMPLATION_* wins over them
+SERVER_ENV = {
+    "OLLAMA_HOST": ("ollama", "host"),
+    "OPENAI_BASE_URL": ("openai", "base_url"),
+    "OPENAI_API_KEY": ("openai", "api_key"),
+    "OPENCODE_SERVER_URL": ("opencode", "url"),
+    "OPENCODE_SERVER_USERNAME": ("opencode", "username"),
+    "OPENCODE_SERVER_PASSWORD": ("opencode", "password"),
+}
 
 
-def _env_layer(env: dict[str, str]) -> dict[str, Any]:
-    layer: dict[str, Any] = {}
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
-            continue
-        key = name[len(ENV_PREFIX) :].lower()
-        if key in {"testing", "crash_at"}:
-            continue
-        _set_path(layer, key.split("__"), value)
-    return layer
+class _Layers:
+    """The merged layers, and for every key the source its value came from."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.sources: dict[tuple[str, ...], str] = {}
+
+    def put(self, path: tuple[str, ...], value: Any, source: str) -> None:
+        target = self.values
+        for i, key in enumerate(path[:-1]):
+            nxt = target.setdefault(key, {})
+            if not isinstance(nxt, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"{source}: {'.'.join(path)} conflicts with a value for {where}")
+            target = nxt
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                self.put((*path, str(k)), v, source)
+            return
+        target[path[-1]] = value
+        self.sources[path] = source
+
+    def has(self, path: tuple[str, ...]) -> bool:
+        return path in self.sources
+
+    def source(self, loc: tuple[str | int, ...]) -> str:
+        """Where the value at ``loc`` (or the nearest enclosing key) was set."""
+        key = tuple(str(p) for p in loc)
+        for n in range(len(key), 0, -1):
+            found = self.sources.get(key[:n])
+            if found:
+                return found
+        for path, found in self.sources.items():  # a section given whole, e.g. a bad table
+            if path[: len(key)] == key:
+                return found
+        return "the defaults"
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _describe(exc: ValidationError, source: str) -> str:
+def _describe(exc: ValidationError, layers: _Layers) -> str:
     first = exc.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = first["loc"]
+    key = ".".join(str(p) for p in loc) or "(top level)"
     got = first.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
-    return f"invalid setting {key} in {source}: {first['msg']}{shown}"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"invalid setting {key} in {layers.source(loc)}: {msg}{shown}"
 
 
 def load(
@@ -302,13 +357,14 @@ def load(
     overrides: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
 ) -> Settings:
-    """Build settings from the three layers; raise :class:`ConfigError` naming key and file."""
+    """Build settings from the layers; a bad value raises :class:`ConfigError` naming the key
+    and where it was set: the file, the environment variable, or the command-line flag."""
     env = dict(os.environ) if env is None else env
     explicit = config or (
         Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None
     )
     path = explicit or default_config_path()
-    file_layer: dict[str, Any] = {}
+    layers = _Layers()
     if path.exists():
         try:
             file_layer = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -316,27 +372,31 @@ def load(
             raise ConfigError(f"cannot parse {path}: {exc}") from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
-        try:
-            Settings.model_validate(file_layer)
-        except ValidationError as exc:
-            raise ConfigError(_describe(exc, str(path))) from exc
+        for k, v in file_layer.items():
+            layers.put((k,), v, str(path))
     elif explicit is not None:
         raise ConfigError(f"config file {path} does not exist")
-    env_layer = _env_layer(env)
-    merged = _deep_merge(file_layer, env_layer)
-    if env.get("OLLAMA_HOST") and not (merged.get("ollama") or {}).get("host"):
-        merged = _deep_merge(merged, {"ollama": {"host": env["OLLAMA_HOST"]}})
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key in {"testing", "crash_at"}:
+            continue
+        layers.put(tuple(key.split("__")), value, f"the environment ({name})")
+    for name, where in SERVER_ENV.items():
+        if env.get(name) and not layers.has(where):
+            layers.put(where, env[name], f"the environment ({name})")
     if home is not None:
-        merged["home"] = str(home)
-    merged = _deep_merge(merged, overrides or {})
-    merged["config_file"] = str(path) if path.exists() else None
+        layers.put(("home",), str(home), "the command line (--home)")
+    for k, v in (overrides or {}).items():
+        layers.put((k,), v, f"the command line (--{k.replace('_', '-')})")
+    layers.values["config_file"] = str(path) if path.exists() else None
     try:
-        return Settings.model_validate(merged)
+        settings = Settings.model_validate(layers.values)
     except ValidationError as exc:
-        source = (
-            f"{path} or the environment ({ENV_PREFIX}*)" if path.exists() else "the environment"
-        )
-        raise ConfigError(_describe(exc, source)) from exc
+        raise ConfigError(_describe(exc, layers)) from exc
+    settings._sources = layers
+    return settings
 
 
 def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
@@ -352,7 +412,10 @@ def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
     scheme, rest = raw.split("://", 1) if has_scheme else ("http", raw)
     if scheme not in {"http", "https"}:
         raise ConfigError(f"invalid OLLAMA_HOST {value!r}: scheme must be http or https")
-    parts = urlsplit(f"{scheme}://{rest}")
+    try:
+        parts = urlsplit(f"{scheme}://{rest}")
+    except ValueError as exc:
+        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: {exc}") from None
     host = parts.hostname or "127.0.0.1"
     if host in {"0.0.0.0", "::"}:  # noqa: S104 - a bind address, mapped to loopback
         host = "127.0.0.1"
@@ -369,8 +432,5 @@ def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
     return url, auth
 
 
-def ollama_base(
-    settings: Settings, env: dict[str, str] | None = None
-) -> tuple[str, tuple[str, str] | None]:
-    env = dict(os.environ) if env is None else env
-    return parse_ollama_host(settings.ollama.host or env.get("OLLAMA_HOST"))
+def ollama_base(settings: Settings) -> tuple[str, tuple[str, str] | None]:
+    return parse_ollama_host(settings.ollama.host)

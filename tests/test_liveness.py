@@ -305,3 +305,46 @@ def test_odd_files_are_refused_without_following_or_blocking(
     assert secret.read_text() == "TOP SECRET\n"  # the target is untouched
     assert "=== OLLAMA -> CLAUDE" in other.log.read_text()
     assert other.state.is_file()
+
+
+# ------------------------------------------------------------------ 10. one validation
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "flags", "expect"),
+    [
+        ("", {"OLLAMA_HOST": "http://[::1"}, (), "ollama.host in the environment (OLLAMA_HOST)"),
+        ("", {"OLLAMA_HOST": "http://127.0.0.1:notaport"}, (), "(OLLAMA_HOST)"),
+        ('default_backend = "olama"\n', {}, (), "default_backend in {cfg}: unknown backend 'olama'"),
+        ('fallback = ["ollama", "nope"]\n', {}, (), "fallback in {cfg}: unknown backend 'nope'"),
+        ("[[routes]]\nmatch = '(unclosed'\ntool = 'files.read'\n", {}, (), "{cfg}"),
+        ("[[routes]]\nprefix = 'Weather in'\ntool = 'no.such.tool'\n", {}, (), "no.such.tool"),
+        ("", {"CONTEMPLATION_OPENAI__BASE_URL": "ftp://x"}, (),
+         "openai.base_url in the environment (CONTEMPLATION_OPENAI__BASE_URL)"),
+        ("", {}, ("--dashboard-port", "99999"), "the command line (--dashboard-port)"),
+        ("TEMPLATE", {}, (), "unknown key 'modle' in template"),
+    ],
+)
+def test_a_bad_configuration_stops_the_start_and_doctor_says_the_same(
+    config: str, env: dict[str, str], flags: tuple[str, ...], expect: str, home: Home,
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import cli
+
+    cfg = tmp_path / "config.toml"
+    if config == "TEMPLATE":
+        (home.templates / "broken").mkdir(parents=True)
+        (home.templates / "broken" / "template.toml").write_text('modle = "llama3.2"\n')
+        config = ""
+    cfg.write_text(config)
+    e = base_env(home, CONTEMPLATION_CONFIG=str(cfg), **env)
+    expect = expect.format(cfg=cfg)
+    run = cli(e, "run", "--once", *flags, check=False, timeout=30)
+    assert run.returncode != 0
+    assert expect in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    if flags:
+        return  # --dashboard-port belongs to run only
+    doctor = cli(e, "doctor", check=False, timeout=60)
+    assert doctor.returncode != 0 and "Traceback" not in doctor.stderr
+    assert expect in doctor.stdout + doctor.stderr

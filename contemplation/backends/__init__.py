@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Iterable
 
 from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
@@ -42,8 +41,8 @@ def _openai(settings: Settings) -> Backend:
 
     s = settings.openai
     return OpenAIBackend(
-        s.base_url or os.environ.get("OPENAI_BASE_URL", ""),
-        api_key=s.api_key or os.environ.get("OPENAI_API_KEY", ""),
+        s.base_url,
+        api_key=s.api_key,
         timeouts=phase_timeouts(s.timeouts, settings.max_reply_bytes),
         concurrency=s.concurrency,
         stream_usage=s.stream_usage,
@@ -55,11 +54,9 @@ def _opencode(settings: Settings) -> Backend:
     from contemplation.backends.opencode import OpenCodeBackend
 
     s = settings.opencode
-    password = s.password or os.environ.get("OPENCODE_SERVER_PASSWORD", "")
-    user = s.username or os.environ.get("OPENCODE_SERVER_USERNAME", "") or "opencode"
     return OpenCodeBackend(
-        s.url or os.environ.get("OPENCODE_SERVER_URL", ""),
-        auth=(user, password) if password else None,
+        s.url,
+        auth=(s.username or "opencode", s.password) if s.password else None,
         tools=s.tools,
         agent=s.agent,
         timeouts=s.timeouts,
