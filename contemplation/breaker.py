@@ -1,4 +1,9 @@
-"""A circuit breaker per backend: stop hammering a server that keeps failing.
+"""Circuit breakers: stop hammering a server (or a model) that keeps failing.
+
+A turn passes two (:class:`Guard`): its server's, which counts only what says the server is
+down (refused connections, 5xx), and its model's, which counts the other transient failures
+(a model that errors mid-stream, stalls, sends garbage). So one broken model cannot make
+every other conversation on the same server wait.
 
 After ``threshold`` transient failures in a row (from any conversation) the breaker opens for
 ``cooldown`` seconds: turns on that backend wait instead of calling it. Then one turn may
@@ -11,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from contemplation.errors import BackendError
 
 
 @dataclass
@@ -66,3 +73,38 @@ class Breaker:
     def release(self) -> None:
         """A probe that ended without a verdict (cancelled): let another one try."""
         self.probing = False
+
+
+@dataclass
+class Guard:
+    """The server's and the model's breaker, passed together by one turn."""
+
+    server: Breaker
+    model: Breaker
+
+    def resting(self) -> float | None:
+        times = [t for t in (self.server.resting(), self.model.resting()) if t is not None]
+        return max(times) if times else None
+
+    def allow(self) -> bool:
+        if not self.server.allow():
+            return False
+        if not self.model.allow():
+            self.server.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        self.server.release()
+        self.model.release()
+
+    def success(self) -> None:
+        self.server.success()
+        self.model.success()
+
+    def failure(self, exc: BackendError) -> None:
+        (self.server if exc.server_down else self.model).failure()
+
+    @property
+    def failures(self) -> int:
+        return max(self.server.failures, self.model.failures)

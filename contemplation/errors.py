@@ -61,6 +61,11 @@ class BackendError(ContemplationError):
         self.status_code = status_code
         self.retry_after = retry_after
 
+    @property
+    def server_down(self) -> bool:
+        """The failure says the server itself is unwell (not this model or this request)."""
+        return self.kind in {"unreachable", "connection"} or (self.status_code or 0) >= 500
+
 
 class ContextOverflow(BackendError):
     """The prompt does not fit the model's context window."""

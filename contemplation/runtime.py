@@ -16,7 +16,7 @@ import structlog
 from contemplation import backends as backend_registry
 from contemplation.answering import NeedRouter
 from contemplation.backends.base import Backend
-from contemplation.breaker import Breaker
+from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import LockBusy
@@ -73,6 +73,10 @@ class Runtime:
                 threshold=s.breaker_threshold, cooldown=s.breaker_cooldown, clock=self.clock
             )
         return self.breakers[name]
+
+    def guard(self, meta: Metadata) -> Guard:
+        """The breakers a turn of ``meta``'s model passes: its server's and its own."""
+        return Guard(self.breaker(meta.backend), self.breaker(f"{meta.backend}:{meta.model}"))
 
     def template(self, name: str) -> Template:
         if name not in self.templates:

@@ -50,7 +50,7 @@ class _Prepared:
 
 async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
     backend = rt.backend(meta.backend)
-    breaker = rt.breaker(meta.backend)
+    breaker = rt.guard(meta)
     until = breaker.resting()
     if until is not None:
         return await _rest(conv, rt, meta, until)
@@ -78,7 +78,7 @@ async def _rest(conv: Conv, rt: Runtime, meta: Metadata, until: float) -> Wait:
             w.state.next_retry_at = until
             w.record_error(
                 "circuit_open",
-                f"{meta.backend} failed {rt.breaker(meta.backend).failures} times in a row; "
+                f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times in a row; "
                 f"resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
                 status=Status.RETRYING,
             )
@@ -279,9 +279,13 @@ def _finish(
         if usage.prompt_eval_count:
             rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
     reply.finish(markers=markers, usage=usage)
-    rt.breaker(meta.backend).success()
+    rt.guard(meta).success()
     rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
     return AGAIN
+
+
+def _seconds(delay: float) -> str:
+    return f"{delay:.1f} s" if delay < 10 else f"{delay:.0f} s"
 
 
 def _write_failed(conv: Conv, rt: Runtime, w: ConvWriter, exc: OSError) -> Wait:
@@ -380,15 +384,18 @@ def _failed(
 ) -> Wait | object:
     attempt = w.state.retry_count + 1
     transient = exc.transient and attempt < rt.settings.retry.max_attempts
-    breaker = rt.breaker(w.meta.backend)
+    guard = rt.guard(w.meta)
     if exc.transient:
-        breaker.failure()
+        guard.failure(exc)
     elif exc.status_code is not None:
-        breaker.success()  # the server answered: it is up, the request was wrong
+        guard.server.success()  # the server answered: it is up, the request was wrong
     if transient:
         delay = backoff(rt, attempt, exc.retry_after)
+        resting = guard.resting()
+        if resting is not None:  # the breaker just opened: that is when the retry comes
+            delay = max(delay, resting - rt.clock())
         if reply.started:
-            reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {delay:.0f} s")
+            reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
         w.state.retry_count = attempt
         w.state.next_retry_at = rt.clock() + delay
         w.record_error(exc.kind, str(exc), status=Status.RETRYING)

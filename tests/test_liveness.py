@@ -348,3 +348,42 @@ def test_a_bad_configuration_stops_the_start_and_doctor_says_the_same(
     doctor = cli(e, "doctor", check=False, timeout=60)
     assert doctor.returncode != 0 and "Traceback" not in doctor.stderr
     assert expect in doctor.stdout + doctor.stderr
+
+
+# ------------------------------------------------------------------ 11. breakers
+
+
+def test_a_failing_model_does_not_open_the_breaker_for_the_whole_server(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object]
+) -> None:
+    import re
+
+    env = base_env(home, fake_ollama, CONTEMPLATION_BREAKER_THRESHOLD="2",
+                   CONTEMPLATION_BREAKER_COOLDOWN="1.5", CONTEMPLATION_RETRY__BASE="0.3",
+                   CONTEMPLATION_RETRY__CAP="0.6")
+    for _ in range(3):
+        fake_ollama.enqueue(Step(kind="mid_error", text="half a reply", chunks=2,
+                                 after_chunks=1, model="gemma"))
+    broken, fine = make(home, "gemma"), make(home, "llama3.2")
+    daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
+    drop_message(broken, "fail for me")
+
+    def tries() -> list[float]:
+        return [r["_time"] for r in fake_ollama.chat_requests() if r["model"] == "gemma"]
+
+    wait_for(lambda: len(tries()) >= 2 and broken.log.read_text().count("INTERRUPTED") >= 2,
+             10, what="two failures of the broken model")
+    dropped = time.monotonic()
+    drop_message(fine, "and me?")
+    wait_for(lambda: "=== OLLAMA -> CLAUDE" in fine.log.read_text()
+             and "Echo: and me?" in fine.log.read_text(), 10, what="the other model's reply")
+    assert time.monotonic() - dropped < 1.0  # the server's breaker stayed closed
+    wait_for(lambda: (st := read_state(broken)) is not None and st.status is Status.IDLE, 20,
+             what="the broken model recovers")
+    # every "retrying in N s" told the truth: the next try came N s later
+    said = [float(x) for x in re.findall(r"retrying in ([\d.]+) s", broken.log.read_text())]
+    times = tries()
+    assert len(said) == 3 and len(times) == 4
+    for claim, (a, b) in zip(said, zip(times, times[1:])):
+        assert claim - 0.15 <= b - a <= claim + 1.0, (claim, b - a)
+    assert said[1] >= 1.4  # the model's breaker opened: the marker says so
