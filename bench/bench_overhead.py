@@ -2,8 +2,8 @@
 
 Run: .venv/bin/python bench/bench_overhead.py [--reps 20] [--max-tokens 32] [--url URL]
 
-Both paths talk to the same real llama-cpp-python server (SmolLM2-135M; started here unless
-``--url`` names one) with the same JSON body (temperature 0, a fixed max_tokens), interleaved
+Both paths talk to the same real llama.cpp server (upstream llama-server from xllamacpp's
+wheel, SmolLM2-135M; started here unless ``--url`` names one) with the same JSON body (temperature 0, a fixed max_tokens), interleaved
 (A B, B A, ...) so the server's prompt cache and the machine's load treat them alike:
 
   contemplation  a message dropped into a fresh conversation of a temp home, then

@@ -22,6 +22,7 @@ BENCHES = [
     ("Routing: per-need overhead, context assembly (issue 3)", "bench/bench_routing.py", []),
     ("Overhead vs a direct call to the real llama.cpp server (issue 4)", "bench/bench_overhead.py", []),
     ("Faces: conversation_check, /api/conversations, MCP start (issue 5)", "bench/bench_faces.py", []),
+    ("Embedded model: parallel slots, N conversations at once (issue 10)", "bench/bench_local_parallel.py", []),
 ]
 
 

@@ -72,8 +72,8 @@ def test_backends_with_the_same_settings_share_one_server_per_model_file(gguf: P
     a, b = LocalBackend(timeouts=TIMEOUTS), LocalBackend(timeouts=TIMEOUTS)
     collect(a, req("Hi.", num_predict=2))
     collect(b, req("Hi.", num_predict=2))
-    first = local.shared_server(gguf, 4096, 1, None)
-    assert local.shared_server(gguf, 4096, 1, None) is first
+    first = local.shared_server(gguf, a.n_ctx, a.n_parallel, None)
+    assert local.shared_server(gguf, b.n_ctx, b.n_parallel, None) is first
     other = local.shared_server(gguf, 1024, 1, None)  # other settings replace it
     assert other is not first and local.shared_server(gguf, 1024, 1, None) is other
 
@@ -161,8 +161,8 @@ def test_one_slot_runs_two_turns_one_after_the_other(gguf: Path) -> None:
 
 
 def test_two_slots_generate_two_turns_at_once(gguf: Path) -> None:
-    b = LocalBackend(n_parallel=2, timeouts=TIMEOUTS)
-    assert b.concurrency == 2  # the scheduler lets two turns of this model run
+    b = LocalBackend(timeouts=TIMEOUTS)
+    assert b.n_parallel == b.concurrency == 2  # the default; the scheduler runs two turns
     timeline = interleaving(2)
     first_done = next(i for i, (_, kind) in enumerate(timeline) if kind == "done")
     assert {name for name, kind in timeline[:first_done] if kind == "content"} == {"a cat", "a dog"}

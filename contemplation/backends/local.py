@@ -181,7 +181,7 @@ class LocalBackend:
         *,
         model_path: str = "",
         n_ctx: int = 4096,
-        n_parallel: int = 1,
+        n_parallel: int = 2,
         n_threads: int | None = None,
         timeouts: PhaseTimeouts,
         overrides: Mapping[str, CapabilityOverride] | None = None,
