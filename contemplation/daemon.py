@@ -24,7 +24,7 @@ from contemplation.pipeline import process_pending
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.validate import validate
-from contemplation.watcher import Watcher
+from contemplation.watcher import Watcher, make_watcher
 from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
 
 log = structlog.get_logger("contemplation.daemon")
@@ -78,7 +78,11 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     dispatcher = Dispatcher(rt)
-    watcher = Watcher(rt.home.active, dispatcher.poke_threadsafe)
+
+    def resync() -> None:  # events were lost: one rescan (from the watcher's thread)
+        loop.call_soon_threadsafe(lambda: dispatcher.rescan(list_conversations(rt.home)))
+
+    watcher = make_watcher(rt.home.active, dispatcher.poke_threadsafe, resync)
     extra_tasks: list[asyncio.Task[None]] = []
     try:
         watcher.start()
@@ -121,4 +125,5 @@ async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asy
         if time.monotonic() >= next_scan:
             next_scan = time.monotonic() + interval
             watcher.ensure_alive()
+            watcher.watch_all()  # folders whose creation event was lost
             dispatcher.rescan(list_conversations(rt.home))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any, Literal
 
 import structlog
 
@@ -16,6 +18,38 @@ _LEVELS = {
 }
 
 
+class RateLimit:
+    """A structlog processor: at most ``burst`` lines of one event (same level, name and
+    conversation) per ``window`` seconds; the next line that gets through says how many were
+    dropped. A storm of one repeated failure costs a few lines, not megabytes of stderr."""
+
+    def __init__(
+        self, burst: int = 20, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.burst = burst
+        self.window = window
+        self.clock = clock
+        self._seen: dict[tuple[str, str, str], tuple[float, int, int]] = {}  # start, n, dropped
+
+    def __call__(
+        self, _logger: Any, method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        key = (method, str(event.get("event", "")), str(event.get("conv", "")))
+        now = self.clock()
+        start, count, dropped = self._seen.get(key, (now, 0, 0))
+        if now - start >= self.window:
+            start, count = now, 0
+        if count >= self.burst:
+            self._seen[key] = (start, count, dropped + 1)
+            raise structlog.DropEvent
+        if dropped:
+            event["repeats_dropped"] = dropped
+        if len(self._seen) > 10_000:  # bounded: forget every event name at once
+            self._seen.clear()
+        self._seen[key] = (start, count + 1, 0)
+        return event
+
+
 def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "info") -> None:
     json_out = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
@@ -25,6 +59,7 @@ def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "in
     )
     structlog.configure(
         processors=[
+            RateLimit(),
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=False),
@@ -37,3 +72,5 @@ def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "in
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # libraries log through the standard library: only their errors, one line each
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr, format="%(name)s: %(message)s")

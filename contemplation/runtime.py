@@ -15,11 +15,11 @@ import structlog
 
 from contemplation import backends as backend_registry
 from contemplation.answering import NeedRouter
-from contemplation.backends.base import Backend
+from contemplation.backends.base import Backend, Capabilities
 from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
-from contemplation.errors import LockBusy
+from contemplation.errors import BackendError, LockBusy
 from contemplation.layout import Conv, Home, LogView, Template, load_template
 from contemplation.models import Metadata, Status
 from contemplation.scheduler import ModelScheduler
@@ -29,6 +29,7 @@ from contemplation.writer import ConvWriter, now_iso, open_writer
 log = structlog.get_logger("contemplation.pipeline")
 
 Observer = Callable[[str, str, dict[str, Any]], None]
+CAPS_RETRY = 30.0  # seconds before a failed capability lookup is tried again
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Runtime:
     assembler: ContextAssembler | None = None
     calibration: Calibration = field(default_factory=Calibration)
     breakers: dict[str, Breaker] = field(default_factory=dict)
+    _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def backend(self, name: str) -> Backend:
         if name not in self.backends:
@@ -73,6 +76,23 @@ class Runtime:
                 threshold=s.breaker_threshold, cooldown=s.breaker_cooldown, clock=self.clock
             )
         return self.breakers[name]
+
+    async def capabilities(self, backend_name: str, model: str) -> Capabilities | None:
+        """What a model can do, asked of its server once however many turns ask at once
+        (2,000 conversations starting together make one /api/show, not 2,000); a failed
+        lookup is not repeated for CAPS_RETRY seconds (the turn reports the real error)."""
+        key = (backend_name, model)
+        async with self._cap_locks.setdefault(key, asyncio.Lock()):
+            failed = self._cap_failed.get(key)
+            if failed is not None and self.clock() - failed < CAPS_RETRY:
+                return None
+            try:
+                caps = await self.backend(backend_name).capabilities(model)
+            except BackendError:
+                self._cap_failed[key] = self.clock()
+                return None
+            self._cap_failed.pop(key, None)
+            return caps
 
     def guard(self, meta: Metadata) -> Guard:
         """The breakers a turn of ``meta``'s model passes: its server's and its own."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contemplation import budget, router
-from contemplation.backends.base import Backend, Capabilities
+from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
 from contemplation.conversation import next_action
@@ -54,7 +54,7 @@ async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
     until = breaker.resting()
     if until is not None:
         return await _rest(conv, rt, meta, until)
-    prepared = await _prepare(conv, rt, backend, meta)
+    prepared = await _prepare(conv, rt, meta)
     async with rt.scheduler(meta.backend).slot(meta.model):
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more
@@ -85,13 +85,9 @@ async def _rest(conv: Conv, rt: Runtime, meta: Metadata, until: float) -> Wait:
     return Wait(until)
 
 
-async def _prepare(conv: Conv, rt: Runtime, backend: Backend, meta: Metadata) -> _Prepared:
+async def _prepare(conv: Conv, rt: Runtime, meta: Metadata) -> _Prepared:
     context = await _context(conv, rt, meta)
-    caps: Capabilities | None = None
-    try:  # cached per model by every backend
-        caps = await backend.capabilities(meta.model)
-    except BackendError:
-        caps = None  # the turn itself reports what is wrong with the server or model
+    caps = await rt.capabilities(meta.backend, meta.model)  # None: the turn reports the error
     think: bool | str | None = meta.think
     note: str | None = None
     if caps is not None and meta.think is not None:

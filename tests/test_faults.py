@@ -170,8 +170,8 @@ def test_a_broken_conversation_does_not_block_the_others(home: Home, fake_ollama
 def test_the_rescan_finds_work_when_no_event_arrives(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
     from contemplation import daemon, watcher
 
-    monkeypatch.setattr(watcher.Watcher, "start", lambda self: None)  # a dead observer
-    monkeypatch.setattr(watcher.Watcher, "ensure_alive", lambda self: False)
+    monkeypatch.setattr(watcher.InotifyWatcher, "start", lambda self: None)  # a dead watcher
+    monkeypatch.setattr(watcher.InotifyWatcher, "ensure_alive", lambda self: False)
     s = make_settings(fake_ollama, rescan_interval=0.3, settle_seconds=0.1)
 
     async def go() -> None:
