@@ -79,8 +79,9 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
         loop.add_signal_handler(sig, on_signal)
     dispatcher = Dispatcher(rt)
 
-    def resync() -> None:  # events were lost: one rescan (from the watcher's thread)
-        loop.call_soon_threadsafe(lambda: dispatcher.rescan(list_conversations(rt.home)))
+    def resync() -> None:  # events were lost (from the watcher's thread): catch up
+        watcher.watch_all()  # folders whose creation event was lost
+        loop.call_soon_threadsafe(dispatcher.rescan)
 
     watcher = make_watcher(rt.home.active, dispatcher.poke_threadsafe, resync)
     extra_tasks: list[asyncio.Task[None]] = []
@@ -125,5 +126,4 @@ async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asy
         if time.monotonic() >= next_scan:
             next_scan = time.monotonic() + interval
             watcher.ensure_alive()
-            watcher.watch_all()  # folders whose creation event was lost
-            dispatcher.rescan(list_conversations(rt.home))
+            dispatcher.rescan()
