@@ -387,3 +387,70 @@ def test_a_failing_model_does_not_open_the_breaker_for_the_whole_server(
     for claim, (a, b) in zip(said, zip(times, times[1:])):
         assert claim - 0.15 <= b - a <= claim + 1.0, (claim, b - a)
     assert said[1] >= 1.4  # the model's breaker opened: the marker says so
+
+
+# ------------------------------------------------------------------ 5. scale, overflow
+
+
+def _cpu_seconds(pid: int) -> float:
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_overflowing_event_queue_costs_one_rescan_not_a_loop(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object], tmp_path: Path
+) -> None:
+    """The daemon's inotify queue is made tiny (the limit is read when the queue is made) and
+    300 messages arrive while the daemon is stopped (SIGSTOP), so the queue overflows: every
+    conversation is still answered once, the daemon idles afterwards, stderr stays small."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    knob = Path("/proc/sys/fs/inotify/max_queued_events")
+    if not os.access(knob, os.W_OK):
+        if os.environ.get("CI"):
+            pytest.fail(f"{knob} is not writable: the overflow cannot be forced")
+        pytest.skip(f"{knob} is not writable (needs root)")
+    convs = [make(home, "llama3.2") for _ in range(300)]
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    err = tmp_path / "stderr"
+    saved = knob.read_text()
+    knob.write_text("32")
+    try:
+        with err.open("wb") as f:
+            d = subprocess.Popen([sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
+                                 env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f)
+            try:
+                wait_for(lambda: b'"started"' in err.read_bytes(), 15, what="daemon start")
+                knob.write_text(saved)  # the daemon's queue was made with the tiny limit
+                wait_for(lambda: all(read_state(c) is not None for c in convs), 15,
+                         what="the start-up scan")
+                d.send_signal(signal.SIGSTOP)
+                for c in convs:
+                    drop_message(c, f"hello {c.id}")
+                d.send_signal(signal.SIGCONT)
+                wait_for(lambda: all("=== OLLAMA -> CLAUDE" in c.log.read_text() for c in convs),
+                         120, interval=0.2, what="every conversation answered")
+                wait_for(lambda: all((st := read_state(c)) is not None and st.status is
+                                     Status.IDLE for c in convs), 30, what="all idle")
+                cpu0, t0 = _cpu_seconds(d.pid), time.monotonic()
+                time.sleep(3)  # measuring idle CPU needs an interval of wall time
+                idle = (_cpu_seconds(d.pid) - cpu0) / (time.monotonic() - t0)
+                assert d.poll() is None
+            finally:
+                d.terminate()
+                d.wait(30)
+    finally:
+        knob.write_text(saved)
+    for c in convs:
+        assert c.log.read_text().count("=== OLLAMA -> CLAUDE") == 1
+    text = err.read_text()
+    assert "events_lost" in text  # the overflow really happened
+    assert len(text) < 100_000, len(text)
+    assert idle < 0.05, f"idle CPU {idle:.1%}"
