@@ -11,22 +11,13 @@ Each need is routed once, when the step plans the lookups; the needs past a repl
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from contemplation.conversation import next_action, turn_start, unanswered
 from contemplation.errors import ConfigError
 from contemplation.layout import Conv
 from contemplation.models import Block, Metadata, Status
-from contemplation.router import Route
-from contemplation.runtime import AGAIN, Runtime, Wait, lock, log, set_status
-
-
-@dataclass(frozen=True, slots=True)
-class NeedsDue:
-    meta: Metadata
-    needs: tuple[str, ...]
-    turn_key: str
-    routes: tuple[Route | None, ...] = ()  # of the first needs_per_reply needs
+from contemplation.runtime import Runtime, lock, log, set_status
+from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
 
 
 def plan(
@@ -43,7 +34,7 @@ def plan(
     return NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}", routes)
 
 
-async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Wait | object:
+async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Outcome:
     meta = due.meta
     answered = await rt.need_router().answer_all(
         due.needs,

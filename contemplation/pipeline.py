@@ -27,8 +27,8 @@ from contemplation.layout import (
     read_regular,
 )
 from contemplation.models import Block, MarkerKind, Status
-from contemplation.needs import NeedsDue
-from contemplation.runtime import AGAIN, Runtime, TurnDue, Wait, log, set_status
+from contemplation.runtime import Runtime, log, set_status
+from contemplation.steps import AGAIN, Again, Decision, NeedsDue, TurnDue, Wait
 from contemplation.turn import run_turn
 from contemplation.writer import (
     ConvWriter,
@@ -67,7 +67,7 @@ def _settled(mtime_ns: int, now: float, window: float) -> bool:
     return now - mtime_ns / 1e9 >= window
 
 
-def _step(conv: Conv, rt: Runtime) -> TurnDue | NeedsDue | Wait | object:
+def _step(conv: Conv, rt: Runtime) -> Decision:
     """One decision under the lock (see the module docstring)."""
     s = rt.settings
     now = rt.clock()
@@ -166,7 +166,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
     return needs_mod.plan(rt, w.meta, blocks, nxt.needs)
 
 
-def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | object:
+def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     """Append a claimed message as an agent block, exactly once, then drop the claim."""
     try:
         text, note = _read_message(claimed, rt)
@@ -231,20 +231,18 @@ async def process(conv: Conv, rt: Runtime) -> float | None:
         except NotFound:
             return None
         _remember_size(conv, rt)
-        if decision is AGAIN:
-            continue
-        if isinstance(decision, TurnDue | NeedsDue):
-            if isinstance(decision, TurnDue):
-                outcome = await run_turn(conv, rt, decision.meta)
-            else:
-                outcome = await needs_mod.answer(conv, rt, decision)
-            _remember_size(conv, rt)
-            if outcome is AGAIN:
+        match decision:
+            case Wait(at=at):
+                return at
+            case Again():
                 continue
-            assert isinstance(outcome, Wait)
+            case TurnDue(meta=meta):
+                outcome = await run_turn(conv, rt, meta)
+            case NeedsDue():
+                outcome = await needs_mod.answer(conv, rt, decision)
+        _remember_size(conv, rt)
+        if isinstance(outcome, Wait):
             return outcome.at
-        assert isinstance(decision, Wait)
-        return decision.at
     return rt.clock() + 1.0
 
 

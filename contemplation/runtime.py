@@ -157,22 +157,6 @@ class Runtime:
                 await router.aclose()
 
 
-# --------------------------------------------------------------------------- step results
-
-
-@dataclass(frozen=True, slots=True)
-class TurnDue:
-    meta: Metadata
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    at: float | None  # wall-clock time to look again; None: only on a new event
-
-
-AGAIN = object()  # a message was taken in; decide again
-
-
 def backoff(rt: Runtime, attempt: int, retry_after: float | None) -> float:
     r = rt.settings.retry
     ceiling = min(r.cap, r.base * (2 ** max(0, attempt - 1)))

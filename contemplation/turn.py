@@ -25,7 +25,8 @@ from contemplation.errors import BackendError, ContemplationError
 from contemplation.layout import Conv
 from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
 from contemplation.prompts import build_request
-from contemplation.runtime import AGAIN, Runtime, Wait, backoff, lock, log, set_status
+from contemplation.runtime import Runtime, backoff, lock, log, set_status
+from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
 
 CANCEL_CHECK_INTERVAL = 0.2
@@ -48,7 +49,7 @@ class _Prepared:
     context_length: int | None = None  # the model's window, when the backend knows it
 
 
-async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Wait | object:
+async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Outcome:
     backend = rt.backend(meta.backend)
     breaker = rt.guard(meta)
     until = breaker.resting()
@@ -140,7 +141,7 @@ async def _stream(
     w: ConvWriter,
     backend: Backend,
     prepared: _Prepared,
-) -> Wait | object:
+) -> Outcome:
     meta = w.meta
     parsed = rt.view(conv, meta.agent_label).refresh()
     if next_action(parsed.blocks).action != "turn":
@@ -184,7 +185,7 @@ async def _run_reply(
     request: ChatRequest,
     window: int,
     ratio: float,
-) -> Wait | object:
+) -> Outcome:
     """Stream the reply and end it one of five ways: finished, cancelled, interrupted by a
     stop, failed (retry or error), or cut by a failed write (redone once the disk has room)."""
     try:
@@ -257,7 +258,7 @@ def _finish(
     request: ChatRequest,
     window: int,
     ratio: float,
-) -> object:
+) -> Outcome:
     meta, usage = w.meta, got.usage
     _write_tool_calls(rt, reply, meta, got.calls)
     markers: list[tuple[MarkerKind, str]] = []
@@ -364,7 +365,7 @@ def _context_warning(usage: Usage, estimate: int) -> str:
     return ""
 
 
-def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream) -> object:
+def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream) -> Outcome:
     clear_cancel(conv)
     if reply.started:
         reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent")
@@ -377,7 +378,7 @@ def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream) -> ob
 
 def _failed(
     conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream, exc: BackendError
-) -> Wait | object:
+) -> Outcome:
     attempt = w.state.retry_count + 1
     transient = exc.transient and attempt < rt.settings.retry.max_attempts
     guard = rt.guard(w.meta)
