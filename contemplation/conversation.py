@@ -103,3 +103,9 @@ def next_action(blocks: tuple[Block, ...]) -> Next:
         if model_block is not None and missing:
             return Next("needs", needs=missing, rounds=need_rounds(blocks))
     return Next("turn", rounds=need_rounds(blocks))
+
+
+def still_due(blocks: tuple[Block, ...]) -> bool:
+    """A turn decided by the step is still due once the lock is taken again (nobody answered
+    or cancelled meanwhile)."""
+    return next_action(blocks).action == "turn"

@@ -38,20 +38,22 @@ class Dispatcher:
         with contextlib.suppress(RuntimeError):  # loop closed during shutdown
             self._loop.call_soon_threadsafe(self.poke, conv_id, ready, log_only)
 
-    def _own_write(self, conv_id: str) -> bool:
-        """True when messages.log is exactly as the daemon last left it (an echo of its write)."""
+    def _log_moved(self, conv_id: str) -> bool | None:
+        """Has messages.log changed since the daemon last left it? None: never seen it."""
         known = self.rt.log_sizes.get(conv_id)
         if known is None:
-            return False
+            return None
         try:
-            return (self.rt.home.active / conv_id / "messages.log").stat().st_size == known
+            return (self.rt.home.active / conv_id / "messages.log").stat().st_size != known
         except OSError:
-            return False
+            return True
 
     def poke(self, conv_id: str, ready: Path | None = None, log_only: bool = False) -> None:
         if self.stopping:
             return
-        if log_only and conv_id not in self.tasks and self._own_write(conv_id):
+        if log_only and (conv_id in self.tasks or self._log_moved(conv_id) is False):
+            # the echo of the daemon's own appends; a hand append during a run is found when
+            # the run ends (the log is not as the daemon left it)
             return
         if ready is not None:
             self.rt.fast_ready.add(ready)
@@ -83,8 +85,10 @@ class Dispatcher:
                         wake = None
                     else:
                         raise
-                if conv_id not in self.dirty or self.stopping:
+                if self.stopping:
                     break
+                if conv_id not in self.dirty and (wake is not None or not self._log_moved(conv_id)):
+                    break  # (a wake time means a timer looks again: never spin here)
         finally:
             self.tasks.pop(conv_id, None)
         if wake is not None and not self.stopping:

@@ -20,10 +20,11 @@ from contemplation import budget, router
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
-from contemplation.conversation import next_action
+from contemplation.conversation import still_due
 from contemplation.errors import BackendError, ContemplationError
 from contemplation.layout import Conv
 from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
+from contemplation.parser import find_needs
 from contemplation.prompts import build_request
 from contemplation.runtime import Runtime, backoff, lock, log, set_status
 from contemplation.steps import AGAIN, Outcome, Wait
@@ -144,7 +145,7 @@ async def _stream(
 ) -> Outcome:
     meta = w.meta
     parsed = rt.view(conv, meta.agent_label).refresh()
-    if next_action(parsed.blocks).action != "turn":
+    if not still_due(parsed.blocks):
         return AGAIN
     tpl = rt.template(meta.template) if meta.template else None
     request = build_request(
@@ -275,7 +276,10 @@ def _finish(
             markers.append((MarkerKind.WARNING, warning))
         if usage.prompt_eval_count:
             rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
-    reply.finish(markers=markers, usage=usage)
+    # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
+    # state write that commits the reply
+    done = not reply.saw_complete and not find_needs("".join(reply.content_parts))
+    reply.finish(markers=markers, usage=usage, status=Status.IDLE if done else None)
     rt.guard(meta).success()
     rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
     return AGAIN

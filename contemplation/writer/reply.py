@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from contemplation import logformat
 from contemplation.models import Intent, MarkerKind, Status, Usage
-from contemplation.parser import find_needs
 from contemplation.testing import crashpoint
 from contemplation.writer.files import write_all
 
@@ -104,9 +103,14 @@ class ReplyStream:
         return self._stuffer.saw_complete
 
     def finish(
-        self, *, markers: list[tuple[MarkerKind, str]] | None = None, usage: Usage | None = None
+        self,
+        *,
+        markers: list[tuple[MarkerKind, str]] | None = None,
+        usage: Usage | None = None,
+        status: Status | None = None,
     ) -> int:
-        """Close the block (and any markers), fsync, and commit. Returns bytes written."""
+        """Close the block (and any markers), fsync, and commit (with ``status``, decided by
+        the caller, in the same state write). Returns bytes written."""
         if not self.started:
             self._start()
         self._end_thinking()
@@ -126,8 +130,8 @@ class ReplyStream:
         self.w.state.last_turn = usage
         self.w.state.retry_count = 0
         self.w.state.next_retry_at = None
-        if not self.saw_complete and not find_needs("".join(self.content_parts)):
-            self.w.state.status = Status.IDLE  # what the next step would decide; saves a write
+        if status is not None:
+            self.w.state.status = status
         self.w.save()
         return self.bytes_written
 
