@@ -74,6 +74,63 @@ class _Job:
     arguments: Mapping[str, Any]
 
 
+_Spec = tuple[str, str, dict[str, Any]]  # title, tool, arguments
+
+
+def _text(req: Mapping[str, Any], *keys: str) -> str:
+    return next((str(req[k]).strip() for k in keys if req.get(k)), "")
+
+
+def _code_structure(req: Mapping[str, Any]) -> list[_Spec] | str:
+    path = str(req.get("path") or ".")
+    return [(f"code structure: {path}", "files.tree", {"path": path})]
+
+
+def _files(req: Mapping[str, Any]) -> list[_Spec] | str:
+    paths = req.get("paths") or ([req["path"]] if req.get("path") else [])
+    if not isinstance(paths, list) or not paths:
+        return "has no 'paths' list"
+    return [(f"file: {p}", "files.read", {"path": str(p)}) for p in paths[:MAX_FILES]]
+
+
+def _search(kind: str) -> Callable[[Mapping[str, Any]], list[_Spec] | str]:
+    def spec(req: Mapping[str, Any]) -> list[_Spec] | str:
+        query = _text(req, "query")
+        return [(f"{kind}: {query}", f"{kind}.search", {"query": query})] if query else (
+            "has no 'query'"
+        )
+
+    return spec
+
+
+def _state(req: Mapping[str, Any]) -> list[_Spec] | str:
+    thing = _text(req, "thing", "query")
+    return [(f"state of {thing}", "state.get", {"thing": thing})] if thing else "has no 'thing'"
+
+
+def _constraints(req: Mapping[str, Any]) -> list[_Spec] | str:
+    items = req.get("items")
+    text = "\n".join(f"- {i}" for i in items) if isinstance(items, list) else ""
+    text = text or _text(req, "text")
+    return [("constraints", "", {"text": text})] if text else "is empty"
+
+
+def _need(req: Mapping[str, Any]) -> list[_Spec] | str:
+    need = _text(req, "need")
+    return [(need, "need", {"need": need})] if need else "has no 'need'"
+
+
+_KINDS: dict[str, Callable[[Mapping[str, Any]], list[_Spec] | str]] = {
+    "code_structure": _code_structure,
+    "files": _files,
+    "notes": _search("notes"),
+    "memory": _search("memory"),
+    "state": _state,
+    "constraints": _constraints,
+    "need": _need,
+}
+
+
 def _jobs(requirements: Sequence[Mapping[str, Any]]) -> tuple[list[_Job], list[str]]:
     """Requirements → tool jobs; and the problems with ones that cannot be used."""
     jobs: list[_Job] = []
@@ -83,52 +140,19 @@ def _jobs(requirements: Sequence[Mapping[str, Any]]) -> tuple[list[_Job], list[s
             problems.append(f"requirement {n} is not an object")
             continue
         kind = str(req.get("type", ""))
+        make = _KINDS.get(kind)
+        if make is None:
+            problems.append(f"requirement {n} has an unknown type {kind!r}")
+            continue
+        specs = make(req)
+        if isinstance(specs, str):
+            problems.append(f"requirement {n} ({kind}) {specs}")
+            continue
         label = str(req.get("label") or TYPE_LABEL.get(kind, "background"))
-        if label not in LABELS:
-            label = "background"
-
-        def add(title: str, tool: str, args: Mapping[str, Any], label: str = label) -> None:
+        label = label if label in LABELS else "background"
+        for title, tool, args in specs:
             key = tool + " " + json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
             jobs.append(_Job(key, label, title, tool, args))
-
-        if kind == "code_structure":
-            path = str(req.get("path") or ".")
-            add(f"code structure: {path}", "files.tree", {"path": path})
-        elif kind == "files":
-            paths = req.get("paths") or ([req["path"]] if req.get("path") else [])
-            if not isinstance(paths, list) or not paths:
-                problems.append(f"requirement {n} (files) has no 'paths' list")
-                continue
-            for p in paths[:MAX_FILES]:
-                add(f"file: {p}", "files.read", {"path": str(p)})
-        elif kind in {"notes", "memory"}:
-            query = str(req.get("query") or "").strip()
-            if not query:
-                problems.append(f"requirement {n} ({kind}) has no 'query'")
-                continue
-            add(f"{kind}: {query}", f"{kind}.search", {"query": query})
-        elif kind == "state":
-            thing = str(req.get("thing") or req.get("query") or "").strip()
-            if not thing:
-                problems.append(f"requirement {n} (state) has no 'thing'")
-                continue
-            add(f"state of {thing}", "state.get", {"thing": thing})
-        elif kind == "constraints":
-            items = req.get("items")
-            text = "\n".join(f"- {i}" for i in items) if isinstance(items, list) else ""
-            text = text or str(req.get("text") or "").strip()
-            if not text:
-                problems.append(f"requirement {n} (constraints) is empty")
-                continue
-            add("constraints", "", {"text": text})
-        elif kind == "need":
-            need = str(req.get("need") or "").strip()
-            if not need:
-                problems.append(f"requirement {n} (need) has no 'need'")
-                continue
-            add(need, "need", {"need": need})
-        else:
-            problems.append(f"requirement {n} has an unknown type {kind!r}")
     return jobs, problems
 
 

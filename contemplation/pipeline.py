@@ -68,88 +68,115 @@ def _settled(mtime_ns: int, now: float, window: float) -> bool:
 
 
 def _step(conv: Conv, rt: Runtime) -> Decision:
-    """One decision under the lock (see the module docstring)."""
+    """One decision under the lock: tidy up the folder, then decide from the log, then take
+    the next message, and make the status say why when there is nothing to do."""
     s = rt.settings
     now = rt.clock()
     with open_writer(
         conv, durable=s.durability == "fsync", default_meta=rt.default_metadata(conv), wait=False
     ) as w:
-        # an intent or rotation left in state.json is a write that did not finish (a crash, a
-        # full disk): nobody else writes while we hold the lock, so it is recovered now
-        if conv.id not in rt.recovered or w.state.intent is not None or w.state.rotation:
-            for what in w.recover():
-                log.warning("recovered", conv=conv.id, what=what)
-            rt.recovered.add(conv.id)
-        # 1. bytes appended by hand: adopt them once they have settled
-        foreign = w.check_identity()
-        if foreign > 0:
-            st = os.stat(conv.log)
-            window = 2 * s.settle_seconds
-            if not _settled(st.st_mtime_ns, now, window):
-                return Wait(st.st_mtime_ns / 1e9 + window)
-            w.adopt_foreign()
-            log.info("adopted_append", conv=conv.id, bytes=foreign)
-        # 2. a log past rotate_bytes is rotated between blocks (tail -F follows the rename)
-        if w.maybe_rotate(s.rotate_bytes):
-            log.info("rotated", conv=conv.id)
-        for warning in w.warnings:
-            log.warning("log_warning", conv=conv.id, warning=warning)
-        w.warnings.clear()
-        view = rt.view(conv, w.meta.agent_label)
-        parsed = view.refresh()
+        unsettled = _tidy(conv, rt, w, now)
+        if unsettled is not None:
+            return unsettled
+        parsed = rt.view(conv, w.meta.agent_label).refresh()
         if list(parsed.errors[:20]) != w.state.parse_errors:
             w.state.parse_errors = list(parsed.errors[:20])
             w.save()
-        nxt: Next = next_action(parsed.blocks)
-        cancel_flag = (conv.dir / ".cancel").exists()
-        if cancel_flag:
-            clear_cancel(conv)
-            if nxt.action == "turn":
-                w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
-                set_status(w, Status.CANCELLED)
-                rt.notify(conv.id, "cancelled")
-                return AGAIN
-        # 3. a model turn is due
+        nxt = next_action(parsed.blocks)
+        decided = _decide(conv, rt, w, parsed.blocks, nxt=nxt, now=now)
+        if decided is not None:
+            return decided
+        taken = _next_message(w, rt, now)
+        if isinstance(taken, Wait):
+            _say_why(w, nxt, has_blocks=bool(parsed.blocks))
+        return taken
+
+
+def _tidy(conv: Conv, rt: Runtime, w: ConvWriter, now: float) -> Wait | None:
+    """Recover unfinished writes, adopt settled hand appends, rotate a long log. Returns a
+    Wait while bytes appended by hand are still settling."""
+    # an intent or rotation left in state.json is a write that did not finish (a crash, a
+    # full disk): nobody else writes while we hold the lock, so it is recovered now
+    if conv.id not in rt.recovered or w.state.intent is not None or w.state.rotation:
+        for what in w.recover():
+            log.warning("recovered", conv=conv.id, what=what)
+        rt.recovered.add(conv.id)
+    foreign = w.check_identity()
+    if foreign > 0:
+        st = os.stat(conv.log)
+        window = 2 * rt.settings.settle_seconds
+        if not _settled(st.st_mtime_ns, now, window):
+            return Wait(st.st_mtime_ns / 1e9 + window)
+        w.adopt_foreign()
+        log.info("adopted_append", conv=conv.id, bytes=foreign)
+    if w.maybe_rotate(rt.settings.rotate_bytes):  # between blocks; tail -F follows the rename
+        log.info("rotated", conv=conv.id)
+    for warning in w.warnings:
+        log.warning("log_warning", conv=conv.id, warning=warning)
+    w.warnings.clear()
+    return None
+
+
+def _decide(
+    conv: Conv, rt: Runtime, w: ConvWriter, blocks: tuple[Block, ...], *, nxt: Next, now: float
+) -> Decision | None:
+    """What the log says is due: a cancel, a turn, an archive, needs to look up. None: take
+    the next message."""
+    if (conv.dir / ".cancel").exists():  # honoured once, never left for a future turn
+        clear_cancel(conv)
         if nxt.action == "turn":
-            retry_at = w.state.next_retry_at
-            if retry_at is not None and retry_at > now:
-                set_status(w, Status.RETRYING)
-                return Wait(retry_at)
-            return TurnDue(w.meta)
-        if nxt.action == "complete":
-            set_status(w, Status.COMPLETE)
-            if w.meta.archive_on_complete and s.archive_on_complete:
-                dest = archive(rt.home, conv)
-                rt.notify(conv.id, "archived", path=str(dest.dir))
-                log.info("archived", conv=conv.id)
-                return AGAIN  # the next round sees the folder gone and lets backends forget it
-        # 4. needs a rule can answer are looked up (outside the lock), unless the model loops
-        if nxt.action == "needs":
-            due = _needs(w, rt, parsed.blocks, nxt)
-            if due is not None:
-                set_status(w, Status.ROUTING, nxt.needs)
-                return due
-        # 5. the next message: claimed ones first (recovery), then the inbox in arrival order
-        wake: float | None = None
-        for claimed in processing_entries(conv):
-            return _take(w, rt, claimed)
-        for entry in inbox_entries(conv):
-            if entry.path in rt.fast_ready or _settled(entry.mtime_ns, now, s.settle_seconds):
-                rt.fast_ready.discard(entry.path)
-                claimed_path = claim(conv, entry.path)
-                if claimed_path is None:
-                    continue
-                return _take(w, rt, claimed_path)
-            at = entry.mtime_ns / 1e9 + s.settle_seconds
-            wake = at if wake is None else min(wake, at)
-        # 6. nothing to do: make the status say why
-        if nxt.action == "needs":
-            set_status(w, Status.AWAITING_AGENT, nxt.needs)
-        elif nxt.action == "stopped":
-            set_status(w, Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
-        elif nxt.action == "idle" and w.state.status not in {Status.COMPLETE}:
-            set_status(w, Status.IDLE if parsed.blocks else Status.PENDING)
-        return Wait(wake)
+            w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
+            set_status(w, Status.CANCELLED)
+            rt.notify(conv.id, "cancelled")
+            return AGAIN
+    if nxt.action == "turn":
+        retry_at = w.state.next_retry_at
+        if retry_at is not None and retry_at > now:
+            set_status(w, Status.RETRYING)
+            return Wait(retry_at)
+        return TurnDue(w.meta)
+    if nxt.action == "complete":
+        set_status(w, Status.COMPLETE)
+        if w.meta.archive_on_complete and rt.settings.archive_on_complete:
+            dest = archive(rt.home, conv)
+            rt.notify(conv.id, "archived", path=str(dest.dir))
+            log.info("archived", conv=conv.id)
+            return AGAIN  # the next round sees the folder gone and lets backends forget it
+    if nxt.action == "needs":  # looked up outside the lock, unless the model loops
+        due = _needs(w, rt, blocks, nxt)
+        if due is not None:
+            set_status(w, Status.ROUTING, nxt.needs)
+            return due
+    return None
+
+
+def _next_message(w: ConvWriter, rt: Runtime, now: float) -> TurnDue | Again | Wait:
+    """Claimed messages first (recovery), then the inbox in arrival order; a file written in
+    place is taken once it has settled (Wait until then)."""
+    conv = w.conv
+    for claimed in processing_entries(conv):
+        return _take(w, rt, claimed)
+    wake: float | None = None
+    for entry in inbox_entries(conv):
+        if entry.path in rt.fast_ready or _settled(entry.mtime_ns, now, rt.settings.settle_seconds):
+            rt.fast_ready.discard(entry.path)
+            claimed_path = claim(conv, entry.path)
+            if claimed_path is None:
+                continue
+            return _take(w, rt, claimed_path)
+        at = entry.mtime_ns / 1e9 + rt.settings.settle_seconds
+        wake = at if wake is None else min(wake, at)
+    return Wait(wake)
+
+
+def _say_why(w: ConvWriter, nxt: Next, *, has_blocks: bool) -> None:
+    """Nothing to do: the status says why."""
+    if nxt.action == "needs":
+        set_status(w, Status.AWAITING_AGENT, nxt.needs)
+    elif nxt.action == "stopped":
+        set_status(w, Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
+    elif nxt.action == "idle" and w.state.status is not Status.COMPLETE:
+        set_status(w, Status.IDLE if has_blocks else Status.PENDING)
 
 
 def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> NeedsDue | None:

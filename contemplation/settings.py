@@ -350,6 +350,19 @@ def _describe(exc: ValidationError, layers: _Layers) -> str:
     return f"invalid setting {key} in {layers.source(loc)}: {msg}{shown}"
 
 
+def _file_layer(path: Path, *, explicit: bool) -> dict[str, Any]:
+    if not path.exists():
+        if explicit:
+            raise ConfigError(f"config file {path} does not exist")
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot parse {path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+
+
 def load(
     *,
     config: Path | None = None,
@@ -365,17 +378,8 @@ def load(
     )
     path = explicit or default_config_path()
     layers = _Layers()
-    if path.exists():
-        try:
-            file_layer = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"cannot parse {path}: {exc}") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from exc
-        for k, v in file_layer.items():
-            layers.put((k,), v, str(path))
-    elif explicit is not None:
-        raise ConfigError(f"config file {path} does not exist")
+    for k, v in _file_layer(path, explicit=explicit is not None).items():
+        layers.put((k,), v, str(path))
     for name, value in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue

@@ -25,6 +25,7 @@ from contemplation.layout import (
     log_segments,
     processing_entries,
     read_metadata,
+    read_regular,
     read_state,
 )
 from contemplation.models import (
@@ -297,41 +298,55 @@ class ConvWriter:
         if self.state.rotation is not None:
             done.append(self._complete_rotation())
         intent = self.state.intent
-        size = self.log_size()
         if intent is not None:
-            if intent.kind == "message":
-                end = intent.offset + intent.length
-                data = b""
-                if size >= end:
-                    with open(self.conv.log, "rb") as f:
-                        f.seek(intent.offset)
-                        data = f.read(intent.length)
-                if size >= end and hashlib.sha256(data).hexdigest() == intent.sha256:
-                    self._commit_message(intent.id, end)
-                    done.append(f"committed message {intent.id} found whole in the log")
-                elif intent.offset < size < end or size >= end:
-                    if size < end and self._starts_with_header(intent.offset):
-                        self._rollback(intent.offset)
-                        done.append(f"rolled back a torn append of {intent.id}")
-                    else:
-                        self.warn(f"bytes at {intent.offset} are not the intended block; kept")
-                    self.state.intent = None
-                    self.state.log.size = self.log_size()
-                    self.save()
-                else:
-                    self.state.intent = None
-                    self.save()
-            else:  # a streamed reply was cut off
-                self.state.intent = None
-                if size > intent.offset:
-                    self.state.log.size = size
-                    self.append_marker(
-                        MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone"
-                    )
-                    done.append(f"marked the interrupted reply at byte {intent.offset}")
-                else:
-                    self.save()
-        # inputs already in the log are cleaned; the rest stay queued in processing/
+            what = (
+                self._recover_message(intent)
+                if intent.kind == "message"
+                else self._recover_reply(intent)
+            )
+            done.extend([what] if what else [])
+        done.extend(self._clean_processing())
+        if done:
+            self.save()
+        return done
+
+    def _recover_message(self, intent: Intent) -> str:
+        """A whole block is committed (roll forward); a torn one proven ours is cut away."""
+        size = self.log_size()
+        end = intent.offset + intent.length
+        data = b""
+        if size >= end:
+            with open(self.conv.log, "rb") as f:
+                f.seek(intent.offset)
+                data = f.read(intent.length)
+        if size >= end and hashlib.sha256(data).hexdigest() == intent.sha256:
+            self._commit_message(intent.id, end)
+            return f"committed message {intent.id} found whole in the log"
+        what = ""
+        if size > intent.offset:
+            if size < end and self._starts_with_header(intent.offset):
+                self._rollback(intent.offset)
+                what = f"rolled back a torn append of {intent.id}"
+            else:
+                self.warn(f"bytes at {intent.offset} are not the intended block; kept")
+            self.state.log.size = self.log_size()
+        self.state.intent = None
+        self.save()
+        return what
+
+    def _recover_reply(self, intent: Intent) -> str:
+        """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone."""
+        self.state.intent = None
+        size = self.log_size()
+        if size <= intent.offset:
+            self.save()
+            return ""
+        self.state.log.size = size
+        self.append_marker(MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone")
+        return f"marked the interrupted reply at byte {intent.offset}"
+
+    def _clean_processing(self) -> list[str]:
+        """Inputs already in the log are removed; the rest stay queued in processing/."""
         recent: set[str] = set()
         if self.rebuilt:
             result = parse(
@@ -339,6 +354,7 @@ class ConvWriter:
                 agent_label=self.meta.agent_label,
             )
             recent = {b.text.strip() for b in result.blocks[-100:] if b.kind.value == "agent"}
+        done: list[str] = []
         for p in processing_entries(self.conv):
             if p.name in self.state.done_ids:
                 p.unlink(missing_ok=True)
@@ -346,8 +362,6 @@ class ConvWriter:
             elif self.rebuilt and _read_text(p).strip() in recent:
                 p.unlink(missing_ok=True)
                 done.append(f"removed {p.name} (its text is already in the log)")
-        if done:
-            self.save()
         return done
 
     def _starts_with_header(self, offset: int) -> bool:
@@ -359,8 +373,8 @@ class ConvWriter:
 
 def _read_text(p: Path) -> str:
     try:
-        return p.read_bytes().decode("utf-8", errors="replace")
-    except OSError:
+        return read_regular(p).decode("utf-8", errors="replace")
+    except (OSError, InputRejected):
         return ""
 
 
