@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,43 +193,8 @@ def compile_rule(
     def bad(reason: str) -> ConfigError:
         return ConfigError(f"{where}: {reason}")
 
-    if not isinstance(raw, Mapping):
-        raise bad(f"a rule must be a table, not {type(raw).__name__}")
-    unknown = sorted(set(raw) - RULE_KEYS)
-    if unknown:
-        raise bad(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(RULE_KEYS))})")
-    tool = raw.get("tool")
-    if not isinstance(tool, str) or not tool:
-        raise bad("missing field 'tool'")
-    why = _tool_ok(tool, servers)
-    if why:
-        raise bad(why)
-    prefix, match = raw.get("prefix"), raw.get("match")
-    if (prefix is None) == (match is None):
-        raise bad("a rule needs exactly one of 'prefix' or 'match'")
-    for key in ("name", "description", "param"):
-        if key in raw and not isinstance(raw[key], str):
-            raise bad(f"'{key}' must be a string")
-    case_sensitive = raw.get("case_sensitive", False)
-    if not isinstance(case_sensitive, bool):
-        raise bad("'case_sensitive' must be true or false")
-    param = str(raw.get("param", _DEFAULT_ARG.get(tool, "query")))
-    if not _IDENT_RE.match(param):
-        raise bad(f"'param' must be a plain name, not {param!r}")
-    pattern: re.Pattern[str] | None = None
-    if match is not None:
-        if not isinstance(match, str) or not match:
-            raise bad("'match' must be a non-empty regular expression")
-        try:
-            pattern = re.compile(match, 0 if case_sensitive else re.IGNORECASE)
-        except re.error as exc:
-            raise bad(f"bad regular expression {match!r}: {exc}") from None
-        captures = set(pattern.groupindex)
-    else:
-        if not isinstance(prefix, str) or not prefix.strip():
-            raise bad("'prefix' must be a non-empty string")
-        prefix = prefix.strip()
-        captures = {param}
+    tool, param, case_sensitive = _checked_fields(raw, servers, bad)
+    pattern, prefix, captures = _matcher(raw, param, case_sensitive, bad)
     args = raw.get("args", _default_args(tool, pattern, param))
     if not isinstance(args, Mapping):
         raise bad("'args' must be a table, e.g. args = { path = \"{path}\" }")
@@ -247,12 +212,60 @@ def compile_rule(
         name=name,
         tool=tool,
         args=dict(args),
-        prefix=str(prefix) if pattern is None else "",
+        prefix=prefix,
         pattern=pattern,
         param=param,
         description=str(raw.get("description", "")),
         source=where,
     )
+
+
+def _checked_fields(
+    raw: Any, servers: Iterable[str], bad: Callable[[str], ConfigError]
+) -> tuple[str, str, bool]:
+    """The rule's table, field by field: (tool, param, case_sensitive)."""
+    if not isinstance(raw, Mapping):
+        raise bad(f"a rule must be a table, not {type(raw).__name__}")
+    unknown = sorted(set(raw) - RULE_KEYS)
+    if unknown:
+        raise bad(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(RULE_KEYS))})")
+    tool = raw.get("tool")
+    if not isinstance(tool, str) or not tool:
+        raise bad("missing field 'tool'")
+    why = _tool_ok(tool, servers)
+    if why:
+        raise bad(why)
+    if (raw.get("prefix") is None) == (raw.get("match") is None):
+        raise bad("a rule needs exactly one of 'prefix' or 'match'")
+    for key in ("name", "description", "param"):
+        if key in raw and not isinstance(raw[key], str):
+            raise bad(f"'{key}' must be a string")
+    case_sensitive = raw.get("case_sensitive", False)
+    if not isinstance(case_sensitive, bool):
+        raise bad("'case_sensitive' must be true or false")
+    param = str(raw.get("param", _DEFAULT_ARG.get(tool, "query")))
+    if not _IDENT_RE.match(param):
+        raise bad(f"'param' must be a plain name, not {param!r}")
+    return tool, param, case_sensitive
+
+
+def _matcher(
+    raw: Mapping[str, Any], param: str, case_sensitive: bool, bad: Callable[[str], ConfigError]
+) -> tuple[re.Pattern[str] | None, str, set[str]]:
+    """(pattern, prefix, names it captures) of a rule with ``match`` or ``prefix``."""
+    match = raw.get("match")
+    if match is not None:
+        if not isinstance(match, str) or not match:
+            raise bad("'match' must be a non-empty regular expression")
+        try:
+            pattern = re.compile(match, 0 if case_sensitive else re.IGNORECASE)
+        except re.error as exc:
+            raise bad(f"bad regular expression {match!r}: {exc}") from None
+        return pattern, "", set(pattern.groupindex)
+    prefix = raw.get("prefix")
+    if not isinstance(prefix, str) or not prefix.strip():
+        raise bad("'prefix' must be a non-empty string")
+    return None, prefix.strip(), {param}
 
 
 def _default_args(tool: str, pattern: re.Pattern[str] | None, param: str) -> dict[str, Any]:

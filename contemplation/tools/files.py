@@ -115,18 +115,7 @@ class FileReader:
         hit = self.denied(pure.parts)
         if hit:
             raise Refused(f"{raw!r} matches the deny-list ({hit}); such files are never read")
-        if pure.is_absolute():
-            lexical = Path(os.path.normpath(raw))
-            inside = [r for r in (*self.roots, *self.configured) if lexical.is_relative_to(r)]
-            if not inside:
-                raise Refused(
-                    f"{raw!r} is outside the allowed folders ({self._shown_roots()}); "
-                    "ask for a path inside one of them"
-                )
-            candidates = [lexical]
-        else:
-            candidates = [root / pure for root in self.roots]
-        for cand in candidates:
+        for cand in self._candidates(raw, pure):
             try:
                 real = cand.resolve(strict=True)
             except (FileNotFoundError, NotADirectoryError):
@@ -143,6 +132,18 @@ class FileReader:
                 raise Refused(f"{raw!r} leads to a denied name ({hit}); such files are never read")
             return real
         raise ToolError(f"no such file: {raw!r} (looked in {self._shown_roots()})")
+
+    def _candidates(self, raw: str, pure: PurePosixPath) -> list[Path]:
+        """Where ``raw`` may be: itself if absolute (inside a root), else under each root."""
+        if not pure.is_absolute():
+            return [root / pure for root in self.roots]
+        lexical = Path(os.path.normpath(raw))
+        if not any(lexical.is_relative_to(r) for r in (*self.roots, *self.configured)):
+            raise Refused(
+                f"{raw!r} is outside the allowed folders ({self._shown_roots()}); "
+                "ask for a path inside one of them"
+            )
+        return [lexical]
 
     def _open(self, real: Path, raw: str) -> tuple[int, os.stat_result]:
         st = os.stat(real)
