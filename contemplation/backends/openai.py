@@ -421,6 +421,22 @@ def chat_body(request: ChatRequest, *, stream_usage: bool = True) -> dict[str, A
     return body
 
 
+async def _sse_payloads(lines: TimedLines) -> AsyncIterator[tuple[str, str]]:
+    """(event name, data payload) of each SSE event until the body ends; a ping is a line but
+    not progress, so only events keep the idle timeout from firing."""
+    sse = SSEDecoder()
+    while True:
+        line = await lines.next()
+        event = sse.flush() if line is None else sse.line(line)
+        if event is not None:
+            lines.progress()
+            name, data = event
+            for payload in _payloads(data):
+                yield name, payload
+        if line is None:
+            return
+
+
 class OpenAIBackend:
     name = "openai"
     label = "OPENAI"
@@ -474,27 +490,15 @@ class OpenAIBackend:
                     url=self.base_url,
                 )
             lines = TimedLines(resp, self.timeouts, self.base_url, t0=turn.t0)
-            sse = SSEDecoder()
-            while True:
-                line = await lines.next()  # pings are lines, but not progress
-                event = sse.flush() if line is None else sse.line(line)
-                if event is None:
-                    if line is None:
-                        break
-                    continue
-                lines.progress()
+            async for name, payload in _sse_payloads(lines):
                 turn.events_seen += 1
-                name, data = event
-                for payload in _payloads(data):
-                    if payload.strip() == "[DONE]":
-                        for ev in turn.finish(self._known_context(request.model)):
-                            yield ev
-                        await lines.drain()
-                        return
-                    for ev in self._payload(turn, name, payload):
+                if payload.strip() == "[DONE]":
+                    for ev in turn.finish(self._known_context(request.model)):
                         yield ev
-                if line is None:
-                    break
+                    await lines.drain()
+                    return
+                for ev in self._payload(turn, name, payload):
+                    yield ev
             if turn.finish_reason is not None:  # servers that never send [DONE]
                 for ev in turn.finish(self._known_context(request.model)):
                     yield ev
