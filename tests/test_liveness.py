@@ -385,7 +385,7 @@ def test_a_failing_model_does_not_open_the_breaker_for_the_whole_server(
     said = [float(x) for x in re.findall(r"retrying in ([\d.]+) s", broken.log.read_text())]
     times = tries()
     assert len(said) == 3 and len(times) == 4
-    for claim, (a, b) in zip(said, zip(times, times[1:])):
+    for claim, (a, b) in zip(said, zip(times, times[1:], strict=False), strict=True):
         assert claim - 0.15 <= b - a <= claim + 1.0, (claim, b - a)
     assert said[1] >= 1.4  # the model's breaker opened: the marker says so
 
