@@ -47,7 +47,7 @@ class _Prepared:
     think: bool | str | None = None
     note: str | None = None  # a downgrade to record in the log
     error: BackendError | None = None  # a request the model cannot serve
-    context_length: int | None = None  # the model's window, when the backend knows it
+    window: int | None = None  # the tokens a request gets, when the backend knows
 
 
 async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Outcome:
@@ -110,7 +110,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata) -> _Prepared:
         tools=tools,
         think=think,
         note=note,
-        context_length=caps.context_length if caps is not None else None,
+        window=(caps.request_window or caps.context_length) if caps is not None else None,
     )
 
 
@@ -129,11 +129,10 @@ async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
     return text
 
 
-def _window(backend: Backend, request: ChatRequest, known: int | None) -> int:
-    """The context window this request gets: what we ask Ollama for (num_ctx), else what the
-    backend reports for the model, else a conservative 4096."""
-    asked = request.options.get("num_ctx") or getattr(backend, "num_ctx", 0)
-    return int(asked or known or 4096)
+def _window(request: ChatRequest, known: int | None) -> int:
+    """The context window this request gets: its own num_ctx option, else what the backend
+    says (Ollama: the num_ctx it sends; others: the model's), else a conservative 4096."""
+    return int(request.options.get("num_ctx") or known or 4096)
 
 
 async def _stream(
@@ -155,7 +154,7 @@ async def _stream(
         context=prepared.context,
     )
     request = replace(request, tools=prepared.tools, think=prepared.think)
-    window = _window(backend, request, prepared.context_length)
+    window = _window(request, prepared.window)
     ratio = rt.calibration.ratio(meta.model)
     request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
@@ -245,7 +244,7 @@ async def _pump(
                 if cancel_path.exists():
                     raise _Cancelled
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
     return got
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 import pytest
@@ -230,7 +230,7 @@ class CountingBackend:
         self.max_active = 0
         self.calls = 0
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         self.active += 1
         self.calls += 1
         self.max_active = max(self.max_active, self.active)

@@ -13,7 +13,7 @@ import contextlib
 import email.utils
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,8 +28,10 @@ class Capabilities:
     thinking: bool = False
     tools: bool = False
     vision: bool = False
-    context_length: int | None = None
+    context_length: int | None = None  # what the model can hold (allocated, else trained)
     source: str = "default"  # "server", "family table", "config", "default"
+    request_window: int | None = None  # what each request is given, when the backend sets it
+    # (Ollama's num_ctx, always sent: Ollama otherwise truncates silently)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,7 @@ class Backend(Protocol):
     label: str  # the model-side label in messages.log (OLLAMA, OPENAI, ...)
     concurrency: int
 
-    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...
+    def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]: ...
 
     async def capabilities(self, model: str) -> Capabilities: ...
 

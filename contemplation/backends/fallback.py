@@ -12,7 +12,7 @@ Every backend in the chain gets the same request, model name included; single-mo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from contemplation.backends.base import Backend, Capabilities, Check
 from contemplation.errors import BackendError
@@ -29,7 +29,7 @@ class FallbackBackend:
         self.label = primary.label
         self.concurrency = primary.concurrency
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         skipped: list[tuple[str, BackendError]] = []
         for backend in self.chain:
             events = backend.stream(request)
@@ -51,7 +51,7 @@ class FallbackBackend:
                     yield ev
                 return
             finally:
-                await events.aclose()  # type: ignore[attr-defined]
+                await events.aclose()
         first_error = skipped[0][1]
         others = ", ".join(n for n, _ in skipped[1:])
         raise BackendError(

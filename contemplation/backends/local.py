@@ -27,7 +27,7 @@ import importlib.util
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,7 +225,7 @@ class LocalBackend:
         finally:
             self._workers.discard(threading.current_thread())
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         _require_xllamacpp()
         path = self.resolve_model()
         handoff = _Handoff(asyncio.get_running_loop())

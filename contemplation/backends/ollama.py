@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -144,7 +145,7 @@ class OllamaBackend:
             body["tools"] = list(request.tools)
         return body
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         body = self.request_body(request)
         t0 = time.monotonic()
         req = self._client.build_request("POST", "/api/chat", json=body)
@@ -237,9 +238,10 @@ class OllamaBackend:
         ctx = await self._allocated_context(model)
         if ctx is None and isinstance(trained, int):
             ctx = trained
-        result = capabilities.resolve(
+        found = capabilities.resolve(
             model, server=server, context_length=ctx, overrides=self.overrides
         )
+        result = replace(found, request_window=self.num_ctx)
         self._caps[model] = result
         return result
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -469,7 +469,7 @@ class OpenAIBackend:
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         return chat_body(request, stream_usage=self.stream_usage)
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         body = self.request_body(request)
         turn = ChunkTurn(t0=time.monotonic())
         req = self._client.build_request("POST", "chat/completions", json=body)
