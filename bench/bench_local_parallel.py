@@ -10,8 +10,10 @@ grants ``n_parallel`` turns at once, each streams into its messages.log and comm
 with ``ignore_eos``). Settings are interleaved: each round runs every setting once, a
 warm-up burst (it loads that setting's server) then a timed one.
 
-Prints per setting: turns/s; the latency of a turn from the burst's start to its reply being
-committed (queueing included), p50 and p90; and generated tokens/s over all slots.
+Prints per setting: turns/s (the median over the bursts, so a burst slowed by other work on the
+machine does not decide it); the latency of a turn from the burst's start to its reply being
+committed (queueing included), p50 and p90 over all turns; and generated tokens/s over all
+slots (median over the bursts).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -109,17 +112,17 @@ class Setting:
 
 @dataclass
 class Totals:
-    elapsed: float = 0.0
     turns: int = 0
-    tokens: int = 0
+    turns_s: list[float] = field(default_factory=list)  # per burst
+    tokens_s: list[float] = field(default_factory=list)  # per burst
     latencies: list[float] = field(default_factory=list)
 
     def row(self, n_parallel: int) -> str:
         lat = self.latencies
         return (
-            f"{n_parallel:>10}{self.turns:>7}{self.turns / self.elapsed:>10.2f}"
+            f"{n_parallel:>10}{self.turns:>7}{statistics.median(self.turns_s):>10.2f}"
             f"{percentile(lat, 0.5):>9.2f}{percentile(lat, 0.9):>9.2f}"
-            f"{self.tokens / self.elapsed:>10.0f}"
+            f"{statistics.median(self.tokens_s):>10.0f}"
         )
 
 
@@ -135,9 +138,9 @@ async def bench(slots: list[int], n: int, rounds: int, max_tokens: int) -> dict[
                 await setting.burst(n)
                 elapsed, lat, turns, tokens = await setting.burst(n)
                 t = totals[k]
-                t.elapsed += elapsed
                 t.turns += turns
-                t.tokens += tokens
+                t.turns_s.append(turns / elapsed)
+                t.tokens_s.append(tokens / elapsed)
                 t.latencies += lat
     finally:
         for setting in settings.values():
