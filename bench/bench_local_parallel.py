@@ -24,74 +24,37 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from turnbench import TurnHome, percentile
 
-from contemplation.backends import local  # noqa: E402
-from contemplation.layout import Conv, Home, list_conversations, load_template, read_state  # noqa: E402
-from contemplation.pipeline import Runtime, process_safely  # noqa: E402
-from contemplation.settings import load  # noqa: E402
-from contemplation.writer import drop_message, new_conversation, write_metadata  # noqa: E402
+from contemplation.backends import local
+from contemplation.layout import Conv, list_conversations, read_state
+from contemplation.pipeline import process_safely
 
 TOPICS = ["a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper", "a cartographer",
           "a glassblower", "a night baker", "a bell ringer"]  # fmt: skip
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 class Setting:
     """One n_parallel value: its own temp home and runtime, one shared embedded server."""
 
     def __init__(self, n_parallel: int, max_tokens: int) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="bench-local-parallel-"))
-        self.home = Home(self.tmp / "home")
-        settings = load(
-            home=self.home.root,
-            env={},
-            config=None,
-            overrides={
-                "settle_seconds": 0,
-                "log_level": "warning",
-                "default_backend": "local",
-                "default_model": "smollm2",
-                "local": {"n_parallel": n_parallel},
-            },
-        )
-        self.rt = Runtime(settings=settings, home=self.home)
-        self.template = load_template(self.home, "default")
-        self.options = {"temperature": 0, "num_predict": max_tokens, "ignore_eos": True}
-
-    def _conversation(self, i: int) -> Conv:
-        conv = new_conversation(
-            self.home, f"story {i}", template=self.template, model="smollm2", backend="local"
-        )
-        meta = self.rt.default_metadata(conv).model_copy(
-            update={"id": conv.id, "backend": "local", "model": "smollm2", "options": self.options}
-        )
-        write_metadata(conv, meta)
-        drop_message(conv, f"Tell me a story about {TOPICS[i % len(TOPICS)]}.")
-        return conv
+        options = {"temperature": 0, "num_predict": max_tokens, "ignore_eos": True}
+        self.th = TurnHome("local", "smollm2", options, {"n_parallel": n_parallel})
 
     async def burst(self, n: int) -> tuple[float, list[float], int, int]:
         """N conversations at once: (elapsed s, each one's latency s, turns, tokens)."""
-        for conv in list_conversations(self.home):
+        for conv in list_conversations(self.th.home):
             shutil.rmtree(conv.dir)
-        convs = [self._conversation(i) for i in range(n)]
+        topics = [TOPICS[i % len(TOPICS)] for i in range(n)]
+        convs = [self.th.conversation(t, f"Tell me a story about {t}.")[0] for t in topics]
         latencies: list[float] = []
         t0 = time.perf_counter()
 
         async def one(conv: Conv) -> None:
-            await process_safely(conv, self.rt)
+            await process_safely(conv, self.th.rt)
             latencies.append(time.perf_counter() - t0)
 
         await asyncio.gather(*(one(c) for c in convs))
@@ -106,8 +69,7 @@ class Setting:
         return elapsed, latencies, turns, tokens
 
     async def aclose(self) -> None:
-        await self.rt.aclose()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        await self.th.aclose()
 
 
 @dataclass
@@ -171,6 +133,7 @@ def main() -> None:
     for k, totals in asyncio.run(bench(slots, n, rounds, args.max_tokens)).items():
         print(totals.row(k))
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine skews it)")
+
 
 if __name__ == "__main__":
     main()

@@ -23,82 +23,44 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import httpx
+from turnbench import TurnHome, percentile
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from contemplation.backends.base import PhaseTimeouts  # noqa: E402
-from contemplation.backends.local import default_model_path  # noqa: E402
-from contemplation.backends.openai import OpenAIBackend  # noqa: E402
-from contemplation.layout import Home, LogView, load_template, read_state  # noqa: E402
-from contemplation.pipeline import Runtime, process_pending  # noqa: E402
-from contemplation.prompts import build_request  # noqa: E402
-from contemplation.settings import load  # noqa: E402
-from contemplation.writer import drop_message, new_conversation, write_metadata  # noqa: E402
-from tests.realpeers import LlamaServer  # noqa: E402
+from contemplation.backends.base import PhaseTimeouts
+from contemplation.backends.local import default_model_path
+from contemplation.backends.openai import OpenAIBackend
+from contemplation.layout import LogView, read_state
+from contemplation.pipeline import process_pending
+from contemplation.prompts import build_request
+from tests.realpeers import LlamaServer
 
 QUESTION = "Tell me a long story about a lighthouse keeper."  # longer than max_tokens
 MODEL = "smollm2"
 
 
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 class Bench:
     def __init__(self, url: str, max_tokens: int) -> None:
         self.url = url
-        self.tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-        self.home = Home(self.tmp / "home")
-        self.options = {"temperature": 0, "num_predict": max_tokens}
-        settings = load(
-            home=self.home.root,
-            env={},
-            config=None,
-            overrides={
-                "settle_seconds": 0,
-                "log_level": "warning",
-                "default_backend": "openai",
-                "default_model": MODEL,
-                "openai": {"base_url": url},
-            },
-        )
-        self.rt = Runtime(settings=settings, home=self.home)
-        self.template = load_template(self.home, "default")
+        options = {"temperature": 0, "num_predict": max_tokens}
+        self.th = TurnHome("openai", MODEL, options, {"base_url": url})
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
         self.body: dict[str, Any] | None = None
 
-    def _conversation(self) -> Any:
-        conv = new_conversation(
-            self.home, "bench", template=self.template, model=MODEL, backend="openai"
-        )
-        meta = self.rt.default_metadata(conv).model_copy(
-            update={"id": conv.id, "backend": "openai", "model": MODEL, "options": self.options}
-        )
-        write_metadata(conv, meta)
-        drop_message(conv, QUESTION)
-        return conv, meta
-
     async def via_contemplation(self) -> tuple[float, int | None]:
-        conv, meta = self._conversation()
+        conv, meta = self.th.conversation("bench", QUESTION)
         t0 = time.perf_counter()
-        await process_pending(self.rt)
+        await process_pending(self.th.rt)
         dt = time.perf_counter() - t0
         state = read_state(conv)
         tokens = state.last_turn.eval_count if state and state.last_turn else None
         if self.body is None:  # the exact body the backend sent, for the direct path
             blocks = LogView(conv, meta.agent_label).refresh().blocks
-            request = build_request(meta, blocks, template_prompt=self.template.system_prompt)
+            prompt = self.th.template.system_prompt
+            request = build_request(meta, blocks, template_prompt=prompt)
             request = replace(request, messages=request.messages[:-1])  # without the reply
             assert [m.role for m in request.messages] == ["system", "user"], request.messages
             timeouts = PhaseTimeouts(10, 600, 120, 3600)
@@ -145,8 +107,7 @@ class Bench:
                     tokens.update({("contemplation", na), ("direct", nb)})
         finally:
             await self.client.aclose()
-            await self.rt.aclose()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            await self.th.aclose()
         return {"contemplation": a, "direct": b, "tokens": sorted(tokens, key=str)}
 
 
