@@ -119,12 +119,12 @@ def main() -> None:
             fake.terminate()
             fake.wait(10)
     stderr = err_path.read_bytes()
-    overflows = stderr.count(b"overflow")
+    overflows = stderr.count(b"events_lost")
     print(f"answered            {done}/{args.convs} in {took:.1f} s ({done / took:.0f} turns/s)")
     print(f"daemon RSS          peak {peak:.0f} MB, after {rss:.0f} MB   (target ≤ 150 MB)")
     print(f"idle CPU            {idle:.2f} % over {args.idle:.0f} s   (target < 2 %)")
     print(f"stderr              {len(stderr) / 1e6:.2f} MB   (target < 1 MB)")
-    print(f"overflow lines      {overflows}")
+    print(f"events lost (inotify overflows, each one rescan)   {overflows}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ BENCHES = [
     ("Overhead vs a direct call to the real llama.cpp server (issue 4)", "bench/bench_overhead.py", []),
     ("Faces: conversation_check, /api/conversations, MCP start (issue 5)", "bench/bench_faces.py", []),
     ("Embedded model: parallel slots, N conversations at once (issue 10)", "bench/bench_local_parallel.py", []),
+    ("Scale: 2,000 conversations made with `new`, daemon and server as processes (issue 9)", "bench/bench_scale.py", ["--convs", "2000"]),
+    ("Scale: 2,000 conversation folders made by hand (issue 9)", "bench/bench_scale.py", ["--convs", "2000", "--hand"]),
+    ("File-system operations per turn (issue 11)", "bench/bench_turn_counts.py", []),
 ]
 
 
