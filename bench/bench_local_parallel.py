@@ -32,6 +32,7 @@ from turnbench import TurnHome, percentile
 from contemplation.backends import local
 from contemplation.layout import Conv, list_conversations, read_state
 from contemplation.pipeline import process_safely
+from contemplation.tracking import Tracked
 
 TOPICS = ["a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper", "a cartographer",
           "a glassblower", "a night baker", "a bell ringer"]  # fmt: skip
@@ -43,6 +44,7 @@ class Setting:
     def __init__(self, n_parallel: int, max_tokens: int) -> None:
         options = {"temperature": 0, "num_predict": max_tokens, "ignore_eos": True}
         self.th = TurnHome("local", "smollm2", options, {"n_parallel": n_parallel})
+        self.seen = Tracked()
 
     async def burst(self, n: int) -> tuple[float, list[float], int, int]:
         """N conversations at once: (elapsed s, each one's latency s, turns, tokens)."""
@@ -54,7 +56,7 @@ class Setting:
         t0 = time.perf_counter()
 
         async def one(conv: Conv) -> None:
-            await process_safely(conv, self.th.rt)
+            await process_safely(conv, self.th.rt, self.seen)
             latencies.append(time.perf_counter() - t0)
 
         await asyncio.gather(*(one(c) for c in convs))

@@ -1,6 +1,6 @@
 """What one turn costs in file-system operations (issue 11). Run: .venv/bin/python bench/bench_turn_counts.py
 
-N conversations × 1 message through process_pending with an instant in-process backend,
+N conversations x 1 message through process_pending with an instant in-process backend,
 durability = fsync. Every os.replace of state.json, fsync, flock and open of messages.log is
 counted, then divided by N, and printed with what each is for.
 """
@@ -67,7 +67,7 @@ def main() -> None:
     wrap(fcntl, "flock", lambda fd, op: "locks" if op & fcntl.LOCK_EX else None)
     wrap(os, "open", lambda path, *a, **kw: "log opens" if str(path).endswith("messages.log") else None)
     asyncio.run(process_pending(rt))
-    print(f"per turn ({args.convs} conversations × 1 message, durability = fsync):")
+    print(f"per turn ({args.convs} conversations x 1 message, durability = fsync):")
     for k, what in WHAT.items():
         print(f"  {k:<13} {counts[k] / args.convs:5.1f}   {what}")
 

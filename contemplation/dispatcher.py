@@ -18,6 +18,7 @@ import structlog
 from contemplation.layout import Conv, valid_id
 from contemplation.pipeline import process_safely
 from contemplation.runtime import Runtime
+from contemplation.tracking import Tracked
 
 log = structlog.get_logger("contemplation.dispatcher")
 
@@ -29,6 +30,7 @@ class Dispatcher:
         self.dirty: set[str] = set()
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.stopping = False
+        self.seen = Tracked()  # what is remembered about each conversation
         self._loop = asyncio.get_running_loop()
 
     def poke_threadsafe(
@@ -40,7 +42,7 @@ class Dispatcher:
 
     def _log_moved(self, conv_id: str) -> bool | None:
         """Has messages.log changed since the daemon last left it? None: never seen it."""
-        known = self.rt.log_sizes.get(conv_id)
+        known = self.seen.log_sizes.get(conv_id)
         if known is None:
             return None
         try:
@@ -56,13 +58,13 @@ class Dispatcher:
             # the run ends (the log is not as the daemon left it)
             return
         if ready is not None:
-            self.rt.fast_ready.add(ready)
+            self.seen.fast_ready.add(ready)
         task = self.tasks.get(conv_id)
         if task is not None:
             self.dirty.add(conv_id)
             conv = self.rt.home.conv(conv_id)
-            if (conv.dir / ".cancel").exists() and conv_id not in self.rt.cancelled:
-                self.rt.cancelled.add(conv_id)
+            if (conv.dir / ".cancel").exists() and conv_id not in self.seen.cancelled:
+                self.seen.cancelled.add(conv_id)
                 task.cancel()
             return
         timer = self.timers.pop(conv_id, None)
@@ -77,10 +79,10 @@ class Dispatcher:
                 self.dirty.discard(conv_id)
                 conv = Conv(self.rt.home.active / conv_id)
                 try:
-                    wake = await process_safely(conv, self.rt)
+                    wake = await process_safely(conv, self.rt, self.seen)
                 except asyncio.CancelledError:
-                    if conv_id in self.rt.cancelled and not self.stopping:
-                        self.rt.cancelled.discard(conv_id)
+                    if conv_id in self.seen.cancelled and not self.stopping:
+                        self.seen.cancelled.discard(conv_id)
                         self.dirty.add(conv_id)  # the next step writes the CANCELLED marker
                         wake = None
                     else:
@@ -120,7 +122,7 @@ class Dispatcher:
         return poked
 
     def _worth_a_look(self, conv_id: str, d: str) -> bool:
-        known = self.rt.log_sizes.get(conv_id)
+        known = self.seen.log_sizes.get(conv_id)
         try:
             if known is None or os.stat(f"{d}/messages.log").st_size != known:
                 return True
@@ -146,7 +148,7 @@ class Dispatcher:
     async def drain(self, grace: float) -> None:
         """Stop taking work; let running turns finish within ``grace``, then cancel them."""
         self.stopping = True
-        self.rt.stopping = True
+        self.seen.stopping = True
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()

@@ -18,6 +18,7 @@ from contemplation.layout import Conv
 from contemplation.models import Block, Metadata, Status
 from contemplation.runtime import Runtime, lock, log, set_status
 from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
+from contemplation.tracking import Tracked
 
 
 def plan(
@@ -34,7 +35,7 @@ def plan(
     return NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}", routes)
 
 
-async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Outcome:
+async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outcome:
     meta = due.meta
     answered = await rt.need_router().answer_all(
         due.needs,
@@ -45,7 +46,7 @@ async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Outcome:
     )
     stack, w = await lock(conv, rt, meta)
     with stack:
-        parsed = rt.view(conv, meta.agent_label).refresh()
+        parsed = seen.view(conv, meta.agent_label).refresh()
         nxt = next_action(parsed.blocks)
         if nxt.action != "needs":
             return AGAIN
@@ -78,7 +79,7 @@ async def answer(conv: Conv, rt: Runtime, due: NeedsDue) -> Outcome:
             rt.notify(conv.id, "need_answered", need=f"{len(over)} needs", tool=limit.tool,
                       status=limit.status)
         # a need the log still shows unanswered would be looked up again forever: stop instead
-        after = next_action(rt.view(conv, meta.agent_label).refresh().blocks)
+        after = next_action(seen.view(conv, meta.agent_label).refresh().blocks)
         stuck = still.difference(left).intersection(after.needs if after.action == "needs" else ())
         if stuck:
             log.error("answer_not_matched", conv=conv.id, needs=len(stuck))

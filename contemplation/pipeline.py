@@ -29,6 +29,7 @@ from contemplation.layout import (
 from contemplation.models import Block, MarkerKind, Status
 from contemplation.runtime import Runtime, log, set_status
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, TurnDue, Wait
+from contemplation.tracking import Tracked
 from contemplation.turn import run_turn
 from contemplation.writer import (
     ConvWriter,
@@ -67,7 +68,7 @@ def _settled(mtime_ns: int, now: float, window: float) -> bool:
     return now - mtime_ns / 1e9 >= window
 
 
-def _step(conv: Conv, rt: Runtime) -> Decision:
+def _step(conv: Conv, rt: Runtime, seen: Tracked) -> Decision:
     """One decision under the lock: tidy up the folder, then decide from the log, then take
     the next message, and make the status say why when there is nothing to do."""
     s = rt.settings
@@ -75,10 +76,10 @@ def _step(conv: Conv, rt: Runtime) -> Decision:
     with open_writer(
         conv, durable=s.durability == "fsync", default_meta=rt.default_metadata(conv), wait=False
     ) as w:
-        unsettled = _tidy(conv, rt, w, now)
+        unsettled = _tidy(conv, rt, seen, w, now)
         if unsettled is not None:
             return unsettled
-        parsed = rt.view(conv, w.meta.agent_label).refresh()
+        parsed = seen.view(conv, w.meta.agent_label).refresh()
         if list(parsed.errors[:20]) != w.state.parse_errors:
             w.state.parse_errors = list(parsed.errors[:20])
             w.save()
@@ -86,21 +87,21 @@ def _step(conv: Conv, rt: Runtime) -> Decision:
         decided = _decide(conv, rt, w, parsed.blocks, nxt=nxt, now=now)
         if decided is not None:
             return decided
-        taken = _next_message(w, rt, now)
+        taken = _next_message(w, rt, seen, now)
         if isinstance(taken, Wait):
             _say_why(w, nxt, has_blocks=bool(parsed.blocks))
         return taken
 
 
-def _tidy(conv: Conv, rt: Runtime, w: ConvWriter, now: float) -> Wait | None:
+def _tidy(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, now: float) -> Wait | None:
     """Recover unfinished writes, adopt settled hand appends, rotate a long log. Returns a
     Wait while bytes appended by hand are still settling."""
     # an intent or rotation left in state.json is a write that did not finish (a crash, a
     # full disk): nobody else writes while we hold the lock, so it is recovered now
-    if conv.id not in rt.recovered or w.state.intent is not None or w.state.rotation:
+    if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
         for what in w.recover():
             log.warning("recovered", conv=conv.id, what=what)
-        rt.recovered.add(conv.id)
+        seen.recovered.add(conv.id)
     foreign = w.check_identity()
     if foreign > 0:
         st = os.stat(conv.log)
@@ -150,7 +151,9 @@ def _decide(
     return None
 
 
-def _next_message(w: ConvWriter, rt: Runtime, now: float) -> TurnDue | Again | Wait:
+def _next_message(
+    w: ConvWriter, rt: Runtime, seen: Tracked, now: float
+) -> TurnDue | Again | Wait:
     """Claimed messages first (recovery), then the inbox in arrival order; a file written in
     place is taken once it has settled (Wait until then)."""
     conv = w.conv
@@ -158,8 +161,10 @@ def _next_message(w: ConvWriter, rt: Runtime, now: float) -> TurnDue | Again | W
         return _take(w, rt, claimed)
     wake: float | None = None
     for entry in inbox_entries(conv):
-        if entry.path in rt.fast_ready or _settled(entry.mtime_ns, now, rt.settings.settle_seconds):
-            rt.fast_ready.discard(entry.path)
+        if entry.path in seen.fast_ready or _settled(
+            entry.mtime_ns, now, rt.settings.settle_seconds
+        ):
+            seen.fast_ready.discard(entry.path)
             claimed_path = claim(conv, entry.path)
             if claimed_path is None:
                 continue
@@ -225,10 +230,9 @@ def _looks_like_a_conversation(conv: Conv) -> bool:
     return conv.metadata.exists() or conv.inbox.is_dir() or conv.log.exists()
 
 
-async def _forget(conv: Conv, rt: Runtime) -> None:
+async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
     """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions)."""
-    rt.views.pop(conv.id, None)
-    rt.log_sizes.pop(conv.id, None)
+    seen.forget(conv.id)
     for backend in list(rt.backends.values()):
         try:
             await backend.forget(conv.id)
@@ -236,47 +240,40 @@ async def _forget(conv: Conv, rt: Runtime) -> None:
             log.warning("forget_failed", conv=conv.id, error=str(exc))
 
 
-def _remember_size(conv: Conv, rt: Runtime) -> None:
-    try:
-        rt.log_sizes[conv.id] = conv.log.stat().st_size
-    except OSError:
-        rt.log_sizes.pop(conv.id, None)
-
-
-async def process(conv: Conv, rt: Runtime) -> float | None:
+async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
     """Do what is due in one conversation. Returns when to look again (None: on an event)."""
     for _ in range(MAX_STEPS):
         if not conv.dir.is_dir():  # archived (by us, the CLI or the MCP server) or deleted
-            await _forget(conv, rt)
+            await _forget(conv, rt, seen)
             return None
-        if rt.stopping or not _looks_like_a_conversation(conv):
+        if seen.stopping or not _looks_like_a_conversation(conv):
             return None
         try:
-            decision = _step(conv, rt)
+            decision = _step(conv, rt, seen)
         except LockBusy:
             return rt.clock() + 0.2
         except NotFound:
             return None
-        _remember_size(conv, rt)
+        seen.remember_size(conv)
         match decision:
             case Wait(at=at):
                 return at
             case Again():
                 continue
             case TurnDue(meta=meta):
-                outcome = await run_turn(conv, rt, meta)
+                outcome = await run_turn(conv, rt, seen, meta)
             case NeedsDue():
-                outcome = await needs_mod.answer(conv, rt, decision)
-        _remember_size(conv, rt)
+                outcome = await needs_mod.answer(conv, rt, seen, decision)
+        seen.remember_size(conv)
         if isinstance(outcome, Wait):
             return outcome.at
     return rt.clock() + 1.0
 
 
-async def process_safely(conv: Conv, rt: Runtime) -> float | None:
+async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
     """:func:`process` for the daemon: one broken conversation never stops the others."""
     try:
-        return await process(conv, rt)
+        return await process(conv, rt, seen)
     except asyncio.CancelledError:
         raise
     except (ContemplationError, OSError) as exc:
@@ -292,12 +289,13 @@ async def process_safely(conv: Conv, rt: Runtime) -> float | None:
 async def process_pending(rt: Runtime, *, parallel: int = 256) -> dict[str, float | None]:
     """The burst: handle whatever is waiting in every active conversation, then return."""
     convs = list_conversations(rt.home)
+    seen = Tracked()
     gate = asyncio.Semaphore(parallel)
     results: dict[str, float | None] = {}
 
     async def one(c: Conv) -> None:
         async with gate:
-            results[c.id] = await process_safely(c, rt)
+            results[c.id] = await process_safely(c, rt, seen)
 
     await asyncio.gather(*(one(c) for c in convs))
     return results

@@ -8,7 +8,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -20,7 +19,7 @@ from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import BackendError, LockBusy
-from contemplation.layout import Conv, Home, LogView, Template, load_template
+from contemplation.layout import Conv, Home, Template, load_template
 from contemplation.models import Metadata, Status
 from contemplation.scheduler import ModelScheduler
 from contemplation.settings import Settings
@@ -34,19 +33,14 @@ CAPS_RETRY = 30.0  # seconds before a failed capability lookup is tried again
 
 @dataclass
 class Runtime:
-    """Everything ``process`` needs, built once by the daemon (or a test)."""
+    """The services a step uses, built once by the daemon (or a test). What is remembered
+    about each conversation lives in :class:`~contemplation.tracking.Tracked`."""
 
     settings: Settings
     home: Home
     backends: dict[str, Backend] = field(default_factory=dict)
     schedulers: dict[str, ModelScheduler] = field(default_factory=dict)
-    fast_ready: set[Path] = field(default_factory=set)  # inbox files that arrived by rename
     observers: list[Observer] = field(default_factory=list)
-    cancelled: set[str] = field(default_factory=set)
-    stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
-    recovered: set[str] = field(default_factory=set)
-    views: dict[str, LogView] = field(default_factory=dict)
-    log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left in each log
     templates: dict[str, Template] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.time
@@ -102,12 +96,6 @@ class Runtime:
         if name not in self.templates:
             self.templates[name] = load_template(self.home, name)
         return self.templates[name]
-
-    def view(self, conv: Conv, agent_label: str) -> LogView:
-        v = self.views.get(conv.id)
-        if v is None or v.conv != conv or v.agent_label != agent_label:
-            v = self.views[conv.id] = LogView(conv, agent_label)
-        return v
 
     def notify(self, conv_id: str, event: str, **data: Any) -> None:
         for obs in list(self.observers):

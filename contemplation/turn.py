@@ -28,6 +28,7 @@ from contemplation.parser import find_needs
 from contemplation.prompts import build_request
 from contemplation.runtime import Runtime, backoff, lock, log, set_status
 from contemplation.steps import AGAIN, Outcome, Wait
+from contemplation.tracking import Tracked
 from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
 
 CANCEL_CHECK_INTERVAL = 0.2
@@ -50,7 +51,7 @@ class _Prepared:
     window: int | None = None  # the tokens a request gets, when the backend knows
 
 
-async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Outcome:
+async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, meta: Metadata) -> Outcome:
     backend = rt.backend(meta.backend)
     breaker = rt.guard(meta)
     until = breaker.resting()
@@ -66,7 +67,7 @@ async def run_turn(conv: Conv, rt: Runtime, meta: Metadata) -> Outcome:
             try:
                 stack, w = await lock(conv, rt, meta)
                 with stack:
-                    return await _stream(conv, rt, w, backend, prepared)
+                    return await _stream(conv, rt, seen, w, backend=backend, prepared=prepared)
             finally:
                 breaker.release()  # a probe that ended without a verdict lets another try
     return await _rest(conv, rt, meta, until)
@@ -138,12 +139,14 @@ def _window(request: ChatRequest, known: int | None) -> int:
 async def _stream(
     conv: Conv,
     rt: Runtime,
+    seen: Tracked,
     w: ConvWriter,
+    *,
     backend: Backend,
     prepared: _Prepared,
 ) -> Outcome:
     meta = w.meta
-    parsed = rt.view(conv, meta.agent_label).refresh()
+    parsed = seen.view(conv, meta.agent_label).refresh()
     if not still_due(parsed.blocks):
         return AGAIN
     tpl = rt.template(meta.template) if meta.template else None
@@ -169,7 +172,8 @@ async def _stream(
         reply.note(fit_note)
     try:
         return await _run_reply(
-            conv, rt, w, backend=backend, reply=reply, request=request, window=window, ratio=ratio
+            conv, rt, w, seen=seen, backend=backend, reply=reply, request=request, window=window,
+            ratio=ratio,
         )
     finally:
         reply.close()
@@ -180,6 +184,7 @@ async def _run_reply(
     rt: Runtime,
     w: ConvWriter,
     *,
+    seen: Tracked,
     backend: Backend,
     reply: ReplyStream,
     request: ChatRequest,
@@ -193,8 +198,8 @@ async def _run_reply(
     except _Cancelled:
         return _cancelled(conv, rt, w, reply)
     except asyncio.CancelledError:
-        if conv.id in rt.cancelled:
-            rt.cancelled.discard(conv.id)
+        if conv.id in seen.cancelled:
+            seen.cancelled.discard(conv.id)
             return _cancelled(conv, rt, w, reply)
         reply.abort(
             MarkerKind.INTERRUPTED, "the daemon stopped during this reply; it will be redone"

@@ -24,6 +24,7 @@ from contemplation.parser import parse
 from contemplation.pipeline import process
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -66,11 +67,12 @@ def test_a_500_storm_does_not_hammer_the_server(home: Home, fake_ollama: FakeOll
     fake_ollama.default_step = Step(kind="error", status=500, error="model runner crashed")
     s = make_settings(fake_ollama, retry={"base": 0.01, "cap": 0.02}, breaker_threshold=3, breaker_cooldown=30)
     rt = Runtime(settings=s, home=Home(s.home))
+    seen = Tracked()
 
     async def storm() -> None:
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
-            await asyncio.gather(*(process(c, rt) for c in convs))
+            await asyncio.gather(*(process(c, rt, seen) for c in convs))
             await asyncio.sleep(0.02)
         await rt.aclose()
 
@@ -89,12 +91,13 @@ def test_the_server_coming_back_answers_every_message_once(home: Home, fake_olla
     fake_ollama.default_step = Step(kind="error", status=503, error="busy")
     s = make_settings(fake_ollama, retry={"base": 0.01, "cap": 0.02}, breaker_threshold=2, breaker_cooldown=0.2)
     rt = Runtime(settings=s, home=Home(s.home))
+    seen = Tracked()
 
     async def go() -> None:
         for i in range(200):
             if i == 20:
                 fake_ollama.default_step = Step()
-            await asyncio.gather(*(process(c, rt) for c in convs))
+            await asyncio.gather(*(process(c, rt, seen) for c in convs))
             if all(replies(c) for c in convs):
                 break
             await asyncio.sleep(0.02)

@@ -16,6 +16,7 @@ from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
 from contemplation.pipeline import Runtime, process
 from contemplation.settings import Settings
+from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation, request_cancel
 from tests.conftest import run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -159,7 +160,7 @@ def test_transient_errors_retry_with_backoff_and_reply_exactly_once(
 
     async def until_idle() -> None:
         for _ in range(200):
-            wake = await process(conv, rt)
+            wake = await process(conv, rt, Tracked())
             st = read_state(conv)
             if st is not None and st.status is Status.IDLE:
                 return
@@ -194,7 +195,7 @@ def test_retry_gives_up_after_max_attempts(
 
     async def drive() -> None:
         for _ in range(50):
-            await process(conv, rt)
+            await process(conv, rt, Tracked())
             st = read_state(conv)
             if st is not None and st.status is Status.ERROR:
                 return

@@ -1,0 +1,41 @@
+"""What the daemon remembers about each conversation between steps.
+
+One :class:`Tracked` is owned by the dispatcher (or by one burst of ``process_pending``) and
+passed explicitly to every step, turn and answer round; the :class:`~contemplation.runtime.
+Runtime` holds only services. Everything here is a cache or a hint: losing it (a restart)
+costs a re-read, never correctness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contemplation.layout import Conv, LogView
+
+
+@dataclass
+class Tracked:
+    fast_ready: set[Path] = field(default_factory=set)  # inbox files that arrived by rename
+    cancelled: set[str] = field(default_factory=set)  # tasks cancelled at the agent's request
+    recovered: set[str] = field(default_factory=set)  # conversations recovered since start
+    views: dict[str, LogView] = field(default_factory=dict)  # incremental parses of the logs
+    log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left
+    stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
+
+    def view(self, conv: Conv, agent_label: str) -> LogView:
+        v = self.views.get(conv.id)
+        if v is None or v.conv != conv or v.agent_label != agent_label:
+            v = self.views[conv.id] = LogView(conv, agent_label)
+        return v
+
+    def remember_size(self, conv: Conv) -> None:
+        try:
+            self.log_sizes[conv.id] = conv.log.stat().st_size
+        except OSError:
+            self.log_sizes.pop(conv.id, None)
+
+    def forget(self, conv_id: str) -> None:
+        self.views.pop(conv_id, None)
+        self.log_sizes.pop(conv_id, None)
+        self.recovered.discard(conv_id)
