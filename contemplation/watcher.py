@@ -69,6 +69,34 @@ def relevant(rel: Path, event_type: str) -> bool:
     return len(parts) == 3 and parts[1] == "inbox" and not ignored_name(parts[2])
 
 
+class _Restarts:
+    """A watcher whose thread can die: :meth:`ensure_alive` starts it again."""
+
+    restarts: int = 0
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def ensure_alive(self) -> bool:
+        """Restart a dead watcher; True when it had to."""
+        if self.alive():
+            return False
+        log.warning("watcher_restarted", restarts=self.restarts + 1)
+        self.stop()
+        try:
+            self.start()
+        except OSError as exc:  # inotify limits: the rescan still finds everything
+            log.error("watcher_unavailable", error=str(exc))  # noqa: TRY400 - one line
+        self.restarts += 1
+        return True
+
+
 class _Watch:
     """What one inotify watch is: the active folder, a conversation folder or an inbox."""
 
@@ -94,7 +122,7 @@ class _Watch:
             self.owner.overflowed()
 
 
-class InotifyWatcher:
+class InotifyWatcher(_Restarts):
     """Linux: one inotify descriptor, three kinds of watches (see the module docstring)."""
 
     def __init__(self, active: Path, poke: Poke, resync: Callable[[], None]) -> None:
@@ -123,19 +151,6 @@ class InotifyWatcher:
 
     def alive(self) -> bool:
         return self._fd is not None and self._fd.is_alive()
-
-    def ensure_alive(self) -> bool:
-        """Restart a dead reader; True when it had to."""
-        if self.alive():
-            return False
-        log.warning("watcher_restarted", restarts=self.restarts + 1)
-        self.stop()
-        try:
-            self.start()
-        except OSError as exc:  # inotify limits: the rescan still finds everything
-            log.error("watcher_unavailable", error=str(exc))  # noqa: TRY400 - one line
-        self.restarts += 1
-        return True
 
     def stop(self) -> None:
         fd, self._fd = self._fd, None
@@ -260,7 +275,7 @@ class _Handler(FileSystemEventHandler):
             log.exception("watch_handler_failed")
 
 
-class ObserverWatcher:
+class ObserverWatcher(_Restarts):
     """Elsewhere: watchdog's recursive observer (FSEvents on macOS) mapped by :func:`relevant`."""
 
     def __init__(self, active: Path, poke: Poke, resync: Callable[[], None]) -> None:
@@ -281,18 +296,6 @@ class ObserverWatcher:
 
     def alive(self) -> bool:
         return self._observer is not None and self._observer.is_alive()
-
-    def ensure_alive(self) -> bool:
-        if self.alive():
-            return False
-        log.warning("watcher_restarted", restarts=self.restarts + 1)
-        self.stop()
-        try:
-            self.start()
-        except OSError as exc:
-            log.error("watcher_unavailable", error=str(exc))  # noqa: TRY400 - one line
-        self.restarts += 1
-        return True
 
     def watch_all(self) -> int:
         return 0  # recursive: new folders are watched by the observer itself
