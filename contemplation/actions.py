@@ -14,7 +14,16 @@ from typing import Any
 
 from contemplation import backends
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
-from contemplation.layout import Conv, Home, load_template, read_metadata
+from contemplation.layout import (
+    Conv,
+    Home,
+    inbox_entries,
+    load_template,
+    processing_entries,
+    read_metadata,
+    read_state,
+)
+from contemplation.models import Status
 from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.writer import (
@@ -22,8 +31,10 @@ from contemplation.writer import (
     conv_lock,
     drop_message,
     ensure_home,
+    faces_lock,
     idempotent_create,
     new_conversation,
+    request_cancel,
 )
 
 KEY_TTL = 24 * 3600.0  # a client-supplied idempotency key is remembered this long
@@ -101,6 +112,13 @@ def respond(
     """Answer what the model waits for (a RESPONSE TO NEED block), else send a plain message."""
     _active(conv)
     _check_text(text, settings, "the response")
+    with faces_lock(conv):  # two responders at once: the second sees the first's answer
+        return _respond(settings, reader, conv, text, need)
+
+
+def _respond(
+    settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None
+) -> dict[str, Any]:
     meta = read_metadata(conv)
     pending = reader.pending_needs(conv, meta) if meta else []
     if not pending:
@@ -129,7 +147,8 @@ def respond(
 
 
 def archive_conversation(home: Home, conv: Conv) -> Conv:
-    """Move to ``completed/`` unless the daemon is writing to it right now."""
+    """Move to ``completed/`` unless the daemon is writing to it right now or a message is
+    still queued (in completed/ it would never be answered)."""
     if conv.is_completed:
         return conv
     with conv_lock(conv, blocking=False) as got:
@@ -137,7 +156,28 @@ def archive_conversation(home: Home, conv: Conv) -> Conv:
             raise LockBusy(
                 f"{conv.id} is busy (a reply is being written); cancel it or try again shortly"
             )
+        queued = len(inbox_entries(conv)) + len(processing_entries(conv))
+        if queued:
+            raise InputRejected(
+                f"{conv.id} has {queued} queued message(s) that would never be answered in "
+                "completed/; wait for the reply (send --wait) and archive it then"
+            )
         return archive(home, conv)
+
+
+CANCELLABLE = frozenset({Status.GENERATING, Status.ROUTING, Status.RETRYING})
+
+
+def cancel(conv: Conv) -> Status | None:
+    """Ask the daemon to stop the turn in flight (or its retries). Returns the status that is
+    being cancelled, or None when nothing runs: then no flag is written, so no future turn
+    can be cancelled by mistake."""
+    _active(conv)
+    state = read_state(conv)
+    if state is None or state.status not in CANCELLABLE:
+        return None
+    request_cancel(conv)
+    return state.status
 
 
 def _active(conv: Conv) -> None:

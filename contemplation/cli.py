@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import os
 import sys
@@ -34,12 +35,12 @@ from contemplation.models import Status
 from contemplation.parser import parse
 from contemplation.reading import Reader, log_text
 from contemplation.settings import Settings
+from contemplation.terminal import safe
 from contemplation.writer import (
     daemon_alive,
     drop_message,
     ensure_home,
     new_conversation,
-    request_cancel,
 )
 
 WAIT_DONE = {Status.IDLE, Status.AWAITING_AGENT, Status.COMPLETE, Status.ERROR, Status.CANCELLED}
@@ -85,7 +86,10 @@ def _text_arg(text: str) -> str:
 
 
 def _emit(data: Any, as_json: bool, human: str) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str) if as_json else human)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    else:
+        click.echo(safe(human))  # model text never drives the terminal
 
 
 @click.group(cls=_Group)
@@ -205,11 +209,12 @@ def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: 
 def _follow_reply(home: Home, conv: Conv, before: int, offset: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout if timeout else None
     out = sys.stdout
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     while True:
         current = conv if conv.dir.exists() else Conv(home.completed / conv.id)
         data = read_log_bytes(current)
         if len(data) > offset:
-            out.write(data[offset:].decode("utf-8", errors="replace"))
+            out.write(safe(decoder.decode(data[offset:])))
             out.flush()
             offset = len(data)
         state = read_state(current)
@@ -264,10 +269,11 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int) -> Non
     text = log_text(conv)  # rotated segments (oldest first) and the live log
     if lines:
         text = "".join(text.splitlines(keepends=True)[-lines:])
-    sys.stdout.write(text)
+    sys.stdout.write(safe(text))
     sys.stdout.flush()
     offset = len(data)
     ino = conv.log.stat().st_ino if conv.log.exists() else 0
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
     while follow:
         time.sleep(0.1)
         if not conv.dir.exists():
@@ -283,7 +289,7 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int) -> Non
                 f.seek(offset)
                 chunk = f.read()
             offset += len(chunk)
-            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            sys.stdout.write(safe(decoder.decode(chunk)))
             sys.stdout.flush()
 
 
@@ -326,7 +332,10 @@ def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         return
     for r in rows:
         click.echo(
-            f"{r['id']:<52} {r['status']:<15} {r['backend']}/{r['model']:<20} {r['last_activity']}"
+            safe(
+                f"{r['id']:<52} {r['status']:<15} {r['backend']}/{r['model']:<20} "
+                f"{r['last_activity']}"
+            )
         )
 
 
@@ -373,7 +382,11 @@ def cancel(ctx: click.Context, conversation: str) -> None:
     """Stop the in-flight generation and mark the turn cancelled."""
     home = _home(ctx)
     conv = find_conversation(home, conversation, include_completed=False)
-    request_cancel(conv)
+    state = read_state(conv)
+    if actions.cancel(conv) is None:
+        now = state.status.value if state else "pending"
+        click.echo(f"nothing to cancel: {conv.id} is {now} (no turn is running or retrying)")
+        return
     if not daemon_alive(home):
         click.echo(
             "note: no daemon is running; the turn will be marked cancelled when one starts",

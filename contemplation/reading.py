@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from contemplation.conversation import next_action
-from contemplation.errors import NotFound
+from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
     Home,
@@ -30,14 +30,16 @@ from contemplation.layout import (
     list_conversations,
     log_segments,
     parse_segment,
+    processing_entries,
     read_metadata,
+    read_regular,
     read_state,
     segment_inodes,
     valid_id,
 )
-from contemplation.logformat import MARKER_RE, RESPONSE_PREFIX
+from contemplation.logformat import MARKER_RE
 from contemplation.models import Block, MarkerKind, Metadata, State
-from contemplation.parser import parse
+from contemplation.parser import find_responses, parse
 
 _HIDDEN_MARKERS = {MarkerKind.THINKING, MarkerKind.END_THINKING}
 VIEWS_KEPT = 256
@@ -293,18 +295,20 @@ class Reader:
         return v
 
     def pending_needs(self, conv: Conv, meta: Metadata) -> list[str]:
-        """Needs the model waits for, from the log (the truth), minus answers already queued."""
+        """Needs the model waits for, from the log (the truth), minus answers already queued
+        in inbox/ or claimed in processing/. Read in the order a message moves (inbox →
+        processing → log), so an answer on its way is seen in one of the three."""
+        queued: set[str] = set()
+        paths = [e.path for e in inbox_entries(conv)] + processing_entries(conv)
+        for path in paths:
+            try:
+                head = read_regular(path, 1 << 20).decode("utf-8", errors="replace")
+            except (OSError, InputRejected):
+                continue
+            queued.update(find_responses(head))
         nxt = next_action(self.view(conv, meta.agent_label).refresh().blocks)
         if nxt.action != "needs":
             return []
-        queued = set()
-        for e in inbox_entries(conv):
-            try:
-                head = e.path.read_bytes()[:2000].decode("utf-8", errors="replace")
-            except OSError:
-                continue
-            if head.startswith(RESPONSE_PREFIX):
-                queued.add(head.split("\n", 1)[0][len(RESPONSE_PREFIX) :].strip())
         return [n for n in nxt.needs if n not in queued]
 
     def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:

@@ -455,3 +455,127 @@ def test_an_overflowing_event_queue_costs_one_rescan_not_a_loop(
     assert "events_lost" in text  # the overflow really happened
     assert len(text) < 100_000, len(text)
     assert idle < 0.05, f"idle CPU {idle:.1%}"
+
+
+# ------------------------------------------------------------------ 11. what the agent relies on
+
+
+def _waiting_for(home: Home, need: str) -> Conv:
+    """A conversation whose model asked for something no rule answers (no daemon running)."""
+    from contemplation import logformat
+
+    conv = make(home)
+    log = (logformat.header("CLAUDE", "OLLAMA") + "question\n\n" + logformat.header(
+        "OLLAMA", "CLAUDE") + f"I need this.\nNEED: {need}\n")
+    conv.log.write_text(log)
+    return conv
+
+
+def test_two_responds_at_once_answer_a_need_once(home: Home, make_settings: Callable[..., Settings]) -> None:
+    import threading
+
+    from contemplation import actions
+    from contemplation.parser import find_responses
+    from contemplation.reading import Reader
+
+    settings = make_settings()
+    for trial in range(10):
+        conv = _waiting_for(home, f"the secret number {trial}")
+        gate = threading.Barrier(2)
+        results: list[dict[str, object]] = []
+
+        def respond(text: str, conv: Conv = conv, gate: threading.Barrier = gate,
+                    results: list[dict[str, object]] = results) -> None:
+            gate.wait()
+            results.append(actions.respond(settings, Reader(home), conv, text))
+
+        threads = [threading.Thread(target=respond, args=(t,)) for t in ("42", "43")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        answers = [p for p in conv.inbox.iterdir() if find_responses(p.read_text())]
+        assert len(answers) == 1, [p.read_text() for p in conv.inbox.iterdir()]
+        assert sorted(str(r["answered"]) for r in results) == [
+            "None", f"the secret number {trial}"]
+
+
+def test_archive_refuses_a_conversation_with_queued_messages(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    from contemplation import actions
+    from contemplation.errors import InputRejected
+
+    conv = make(home)
+    drop_message(conv, "still waiting for an answer")
+    with pytest.raises(InputRejected, match="1 queued message"):
+        actions.archive_conversation(home, conv)
+    assert conv.dir.is_dir() and not (home.completed / conv.id).exists()
+    next(conv.inbox.iterdir()).unlink()
+    assert actions.archive_conversation(home, conv).is_completed
+
+
+def test_cancel_with_nothing_running_says_so_and_leaves_no_flag(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    from tests.conftest import cli
+
+    conv = make(home)
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    out = cli(env, "cancel", conv.id)
+    assert "nothing to cancel" in out.stdout
+    assert not (conv.dir / ".cancel").exists()
+    drop_message(conv, "now answer me")
+    cli(env, "run", "--once")
+    assert "Echo: now answer me" in conv.log.read_text()
+    assert "CANCELLED" not in conv.log.read_text()
+
+
+# ------------------------------------------------------------------ 12. terminal safety
+
+HOSTILE = (
+    "clipboard \x1b]52;c;ZWNobyBwd25lZA==\x07 title \x1b]0;owned\x1b\\ cursor \x1b[2J\x1b[H "
+    "c1 \x9b31m bell \x07 overwrite \rshown \u202eevil\u202c done é"
+)
+
+
+def test_tail_and_status_never_pass_terminal_controls_through(
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, cli
+
+    conv = make(home)
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    fake_ollama.enqueue(Step(text=HOSTILE, chunks=7))
+    drop_message(conv, "say something nasty")
+    cli(env, "run", "--once")
+    assert "\x1b]52;" in conv.log.read_text()  # the log keeps the bytes
+    for out in (cli(env, "tail", conv.id).stdout, cli(env, "list").stdout,
+                cli(env, "status", conv.id).stdout):
+        assert not any(ch in out for ch in "\x1b\x07\x9b\r\u202e"), repr(out)
+    assert "^[]52;c;" in cli(env, "tail", conv.id).stdout  # shown, not obeyed
+    # tail -f: a sequence and a character split across two writes
+    follow = subprocess.Popen([sys.executable, "-m", "contemplation", "tail", "-f", conv.id],
+                              env=env, cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert follow.stdout is not None
+        first = follow.stdout.read1(65536)  # tail -f has printed the log: it now follows
+        assert b"say something nasty" in first
+        with conv.log.open("ab") as f:
+            f.write(b"more \x1b]0;ti")
+            f.flush()
+            time.sleep(0.3)  # two separate reads by tail -f need time between the writes
+            f.write("tle\x07 caf\u00e9".encode()[:-1])
+            f.flush()
+            time.sleep(0.3)
+            f.write("\u00e9".encode()[-1:] + b"\n")
+    finally:
+        time.sleep(0.5)
+        follow.terminate()
+        out, _ = follow.communicate(10)
+    text = (first + out).decode()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "more ^[]0;title^G café" in text

@@ -16,6 +16,7 @@ from contemplation.writer.files import (
     atomic_write_json,
     conv_lock,
     daemon_alive,
+    faces_lock,
     fsync_dir,
     now_iso,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "drop_message",
     "ensure_conversation_files",
     "ensure_home",
+    "faces_lock",
     "fsync_dir",
     "idempotent_create",
     "new_conversation",

@@ -122,6 +122,20 @@ def daemon_alive(home: Home) -> bool:
 
 
 @contextlib.contextmanager
+def faces_lock(conv: Conv) -> Iterator[None]:
+    """Serialise the faces' read-then-write actions on one conversation (two ``respond``
+    calls at once). A lock of its own, ``<conv>/.faces.lock``: the daemon holds the
+    conversation's lock for a whole reply, and an agent must not wait for that."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(conv.dir / ".faces.lock", flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def conv_lock(conv: Conv, *, blocking: bool = True) -> Iterator[bool]:
     """Hold ``flock(<conv>/.lock)``. Yields False (lock not taken) only when non-blocking."""
     fd = os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
