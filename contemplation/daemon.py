@@ -20,6 +20,7 @@ import structlog
 from contemplation import sdnotify
 from contemplation.dispatcher import Dispatcher
 from contemplation.layout import Home, list_conversations
+from contemplation.limits import raise_fd_limit
 from contemplation.pipeline import process_pending
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
@@ -57,6 +58,7 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     rt = build_runtime(settings)
     lock = DaemonLock(rt.home)
     lock.acquire()
+    raise_fd_limit()
     atomic_write_json(
         rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False
     )

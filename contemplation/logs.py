@@ -50,6 +50,22 @@ class RateLimit:
         return event
 
 
+class _StdlibRateLimit(logging.Filter):
+    """The same :class:`RateLimit` for standard-library records (asyncio's "accept() out of
+    system resource" repeats every few milliseconds while file descriptors run out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit = RateLimit(burst=5)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            self.limit(None, record.levelname, {"event": f"{record.name}:{record.msg}"})
+        except structlog.DropEvent:
+            return False
+        return True
+
+
 def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "info") -> None:
     json_out = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
@@ -72,5 +88,8 @@ def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "in
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    # libraries log through the standard library: only their errors, one line each
+    # libraries log through the standard library: only their errors, rate-limited too
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr, format="%(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _StdlibRateLimit) for f in handler.filters):
+            handler.addFilter(_StdlibRateLimit())

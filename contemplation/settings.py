@@ -245,6 +245,15 @@ class Settings(_Section):
     dashboard_enabled: bool = True
     dashboard_port: int = Field(5556, ge=0, le=65535, description="0: any free port")
     dashboard_host: str = Field("127.0.0.1", description="bind address (loopback by default)")
+    dashboard_allow_remote: bool = Field(
+        False, description="allow a non-loopback dashboard_host; then reads need the token too"
+    )
+    dashboard_max_connections: int = Field(
+        256, ge=8, le=10_000, description="open dashboard connections; more get a quick 503"
+    )
+    dashboard_max_subscribers: int = Field(
+        64, ge=1, le=10_000, description="live event streams at once; more get a quick 503"
+    )
     notifications: list[NotificationRule] = Field(default_factory=list)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     ollama: OllamaSettings = Field(default_factory=OllamaSettings)

@@ -9,6 +9,7 @@ the route table and every template's rules compile, and templates hold only know
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 
 from contemplation import backends
 from contemplation.answering import NeedRouter
@@ -25,12 +26,32 @@ def _backend_name(settings: Settings, key: str, name: str) -> None:
         )
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _dashboard_host(settings: Settings) -> None:
+    host = settings.dashboard_host
+    if settings.dashboard_enabled and not is_loopback(host) and not settings.dashboard_allow_remote:
+        raise ConfigError(
+            f"invalid setting dashboard_host in {settings.source('dashboard_host')}: {host!r} is "
+            "not a loopback address; set dashboard_allow_remote = true to serve other machines "
+            "(every read then needs the token too)"
+        )
+
+
 def validate(settings: Settings) -> NeedRouter:
     """Raise :class:`ConfigError` (one line: key and source) on the first bad value; returns
     the checked need router, ready for the daemon to use."""
     _backend_name(settings, "default_backend", settings.default_backend)
     for name in settings.fallback:
         _backend_name(settings, "fallback", name)
+    _dashboard_host(settings)
     router = NeedRouter(settings)  # the [[routes]] table and the search tool
     home = Home(settings.home)
     names: list[str] = []

@@ -579,3 +579,87 @@ def test_tail_and_status_never_pass_terminal_controls_through(
     text = (first + out).decode()
     assert "\x1b" not in text and "\x07" not in text
     assert "more ^[]0;title^G café" in text
+
+
+# ------------------------------------------------------------------ 4. idle dashboard clients
+
+
+def test_idle_dashboard_clients_cannot_starve_the_daemon_of_file_descriptors(
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """1,100 idle clients (half of them on the live event stream) against a daemon whose
+    open-file limit is 1,024 and cannot be raised: conversations are still answered."""
+    import json
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0",
+                   CONTEMPLATION_RESCAN_INTERVAL="0.5")
+    err = tmp_path / "stderr"
+    socks: list[socket.socket] = []
+    with err.open("wb") as f:
+        d = subprocess.Popen([sys.executable, "-m", "contemplation", "run"], env=env, cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=f, preexec_fn=limit)
+        try:
+            info = home.root / ".dashboard.json"
+            wait_for(lambda: info.exists() and b'"dashboard"' in err.read_bytes(), 15,
+                     what="the dashboard")
+            port = json.loads(info.read_text())["port"]
+            for i in range(1100):
+                s = socket.create_connection(("127.0.0.1", port))
+                if i % 2:
+                    s.sendall(b"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+                socks.append(s)
+            conv = make(home)
+            dropped = time.monotonic()
+            drop_message(conv, "still there?")
+            wait_for(lambda: "Echo: still there?" in conv.log.read_text(), 20,
+                     what="a reply while 1,100 clients sit idle")
+            took = time.monotonic() - dropped
+            assert d.poll() is None
+        finally:
+            for s in socks:
+                s.close()
+            d.terminate()
+            d.wait(30)
+    assert took < 10
+    assert len(err.read_bytes()) < 200_000
+
+
+def test_a_dashboard_beyond_loopback_needs_the_setting_and_then_the_token(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from contemplation.dashboard.app import Dashboard
+    from contemplation.dashboard.live import Broker
+    from contemplation.errors import ConfigError
+    from contemplation.validate import validate
+
+    with pytest.raises(ConfigError, match="dashboard_host .* not a loopback address"):
+        validate(make_settings(dashboard_host="0.0.0.0"))  # noqa: S104
+    s = make_settings(dashboard_host="0.0.0.0", dashboard_allow_remote=True)  # noqa: S104
+    validate(s)
+    dash = Dashboard(s, token="sekrit", broker=Broker(), stop=asyncio.Event())
+    dash.port = 5556
+
+    async def go() -> tuple[int, int, int, int]:
+        transport = httpx.ASGITransport(app=dash.asgi())
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:5556") as c:
+            bare = (await c.get("/api/conversations")).status_code
+            header = (await c.get("/api/conversations",
+                                  headers={"authorization": "Bearer sekrit"})).status_code
+            query = (await c.get("/api/status?token=sekrit")).status_code
+            page = (await c.get("/health")).status_code
+        return bare, header, query, page
+
+    assert asyncio.run(go()) == (401, 200, 200, 200)

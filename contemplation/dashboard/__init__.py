@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import secrets
 import socket
 import stat
@@ -83,6 +84,45 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+FIRST_REQUEST_TIMEOUT = 10.0  # seconds a new connection may stay silent
+
+
+def _bounded_protocol(max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with two bounds it lacks: a connection past ``max_connections``
+    is closed as soon as it is accepted (uvicorn's own limit only answers requests, so idle
+    sockets would pile up to the open-file limit), and one that sends no request within
+    FIRST_REQUEST_TIMEOUT is closed (uvicorn's keep-alive timer starts after a response)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Bounded(H11Protocol):
+        _silent: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._silent = self.loop.call_later(FIRST_REQUEST_TIMEOUT, self._drop_if_silent)
+
+        def _drop_if_silent(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._silent is not None:
+                self._silent.cancel()
+            super().connection_lost(exc)
+
+    return Bounded
+
+
+def _fd_budget() -> int:
+    """Connections the dashboard may hold: a quarter of the open-file limit (accept() takes up
+    to a listen backlog of sockets at once before any is refused), the rest for the work."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(8, soft // 4 - 32)
+
+
 async def serve_dashboard(rt: Runtime, stop: asyncio.Event) -> None:
     """Extra for :func:`contemplation.daemon.serve`: the dashboard for the daemon's lifetime."""
     import uvicorn  # lazily: only the daemon pays for the web stack
@@ -120,6 +160,10 @@ async def serve_dashboard(rt: Runtime, stop: asyncio.Event) -> None:
         log_config=None,
         access_log=False,
         lifespan="off",
+        # more connections get a quick 503; always well inside the open-file limit, so idle
+        # clients can never starve the conversations of file descriptors
+        http=_bounded_protocol(min(settings.dashboard_max_connections, _fd_budget())),
+        timeout_keep_alive=5,
         timeout_graceful_shutdown=2,
         log_level="warning",
     )

@@ -234,6 +234,12 @@ class Dashboard:
 
     async def events(self, request: Request) -> Response:
         conv = request.query_params.get("conv") or None
+        if len(self.broker.subs) >= self.settings.dashboard_max_subscribers:
+            return JSONResponse(  # an idle client cannot hold more than its share
+                {"error": "too many live event streams; try again later"},
+                status_code=503,
+                headers={"retry-after": "5"},
+            )
         return StreamingResponse(
             self._stream(conv),
             media_type="text/event-stream",
@@ -324,6 +330,7 @@ class Dashboard:
             Starlette(routes=routes),
             token=lambda: self.token,
             hosts=lambda: allowed_hosts(self.host, self.port),
+            reads_need_token=self.settings.dashboard_allow_remote,
         )
 
 

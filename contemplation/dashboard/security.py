@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Callable
+from urllib.parse import parse_qs
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,11 +44,17 @@ def allowed_hosts(bind_host: str, port: int) -> set[str]:
 
 class Guard:
     def __init__(
-        self, app: ASGIApp, *, token: Callable[[], str], hosts: Callable[[], set[str]]
+        self,
+        app: ASGIApp,
+        *,
+        token: Callable[[], str],
+        hosts: Callable[[], set[str]],
+        reads_need_token: bool = False,
     ) -> None:
         self.app = app
         self.token = token
         self.hosts = hosts
+        self.reads_need_token = reads_need_token  # served beyond loopback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,6 +62,10 @@ class Guard:
             return
         headers = Headers(scope=scope)
         refusal = self._refusal(scope["method"], headers)
+        if refusal is None and self.reads_need_token and _holds_data(scope["path"]):
+            given = _bearer(headers) or _query_token(scope.get("query_string", b""))
+            if not given or not hmac.compare_digest(given.encode(), self.token().encode()):
+                refusal = 401, "this dashboard is served beyond loopback: reads need the token"
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -91,11 +102,26 @@ class Guard:
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             return 415, "state-changing requests take Content-Type: application/json"
-        auth = headers.get("authorization", "")
-        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        given = _bearer(headers)
         if not given or not hmac.compare_digest(given.encode(), self.token().encode()):
             return 401, "missing or wrong token (see `contemplation status`)"
         return None
 
 
 _OURS = {k for k, _ in SECURITY_HEADERS}
+
+
+def _bearer(headers: Headers) -> str:
+    auth = headers.get("authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+
+
+def _query_token(query: bytes) -> str:
+    """``?token=`` for the event stream (a browser's EventSource cannot send headers)."""
+    values = parse_qs(query.decode("latin-1")).get("token") or [""]
+    return values[0]
+
+
+def _holds_data(path: str) -> bool:
+    """Everything but the page shell, its static files and /health shows conversation data."""
+    return path.startswith("/api/")

@@ -28,7 +28,7 @@ function flash(text, bad) {
 }
 
 async function getJSON(url) {
-  const r = await fetch(url, { headers: { Accept: "application/json" } });
+  const r = await fetch(url, { headers: { Accept: "application/json", Authorization: "Bearer " + token() } });
   if (!r.ok) throw new Error((await r.json().catch(() => ({}))).error || r.statusText);
   return r.json();
 }
@@ -123,7 +123,7 @@ function listPage() {
     clearTimeout(timer);
     timer = setTimeout(() => { loadList().catch(() => {}); loadMetrics().catch(() => {}); }, 150);
   };
-  const es = new EventSource("/api/events");
+  const es = new EventSource("/api/events?token=" + encodeURIComponent(token()));
   for (const ev of ["message", "reply", "generating", "error", "retrying", "cancelled", "archived", "rejected", "resync"]) {
     es.addEventListener(ev, refresh);
   }
@@ -244,7 +244,7 @@ function convPage(id) {
       flash("refused: " + err.message, true);
     }
   });
-  const es = new EventSource("/api/events?conv=" + encodeURIComponent(id));
+  const es = new EventSource("/api/events?conv=" + encodeURIComponent(id) + "&token=" + encodeURIComponent(token()));
   es.addEventListener("token", (e) => streamToken(JSON.parse(e.data).text || ""));
   es.addEventListener("generating", () => { $("live").replaceChildren(); streamToken(""); });
   for (const ev of ["message", "reply", "error", "retrying", "cancelled", "note", "archived", "rejected", "resync", "hello"]) {
