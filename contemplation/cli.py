@@ -354,6 +354,17 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
             "active": sum(1 for c in convs if not c.is_completed),
             "completed": sum(1 for c in convs if c.is_completed),
         }
+        generating = [
+            f"{c.id} since {time.strftime('%H:%M:%S', time.localtime(st.generating_since))} "
+            f"({time.time() - st.generating_since:.0f} s)"
+            for c in convs
+            if not c.is_completed
+            and (st := read_state(c)) is not None
+            and st.status is Status.GENERATING
+            and st.generating_since is not None
+        ]
+        if generating:
+            data["generating"] = generating  # the conversations holding backend slots
         from contemplation.dashboard import dashboard_link, token_path
 
         link = dashboard_link(home) if data["daemon_running"] else None
@@ -367,6 +378,9 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     state = read_state(conv)
     if state:
         data["last_turn"] = state.last_turn.model_dump() if state.last_turn else None
+        data["generating_since"] = (
+            state.generating_since if state.status is Status.GENERATING else None
+        )
         data["retry_count"] = state.retry_count
         data["next_retry_at"] = state.next_retry_at
         data["parse_errors"] = state.parse_errors

@@ -216,6 +216,10 @@ def test_a_reply_that_drips_cannot_hold_the_slot_for_long(
     st = read_state(drip)
     assert st is not None and st.generating_since is not None
     assert abs(st.generating_since - time.time()) < 5
+    from tests.conftest import cli
+
+    shown = cli(env, "status").stdout  # who holds the slot, and since when
+    assert f"generating: ['{drip.id} since" in shown, shown
     dropped = time.monotonic()
     drop_message(bystander, "me too")
     wait_for(lambda: "=== OLLAMA -> CLAUDE" in bystander.log.read_text(), 15,
@@ -645,11 +649,11 @@ def test_a_dashboard_beyond_loopback_needs_the_setting_and_then_the_token(
     from contemplation.errors import ConfigError
     from contemplation.validate import validate
 
-    with pytest.raises(ConfigError, match="dashboard_host .* not a loopback address"):
-        validate(make_settings(dashboard_host="0.0.0.0"))  # noqa: S104
-    s = make_settings(dashboard_host="0.0.0.0", dashboard_allow_remote=True)  # noqa: S104
+    with pytest.raises(ConfigError, match=r"dashboard_host .* not a loopback address"):
+        validate(make_settings(dashboard_host="0.0.0.0"))
+    s = make_settings(dashboard_host="0.0.0.0", dashboard_allow_remote=True)
     validate(s)
-    dash = Dashboard(s, token="sekrit", broker=Broker(), stop=asyncio.Event())
+    dash = Dashboard(s, token="sekrit", broker=Broker(), stop=asyncio.Event())  # noqa: S106
     dash.port = 5556
 
     async def go() -> tuple[int, int, int, int]:
