@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-from contemplation import __version__, actions, backends
+from contemplation import __version__, actions, backends, show
 from contemplation import settings as settings_mod
 from contemplation.actions import archive_conversation
 from contemplation.cli_routes import routes
@@ -330,13 +330,16 @@ def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     if not rows:
         click.echo("no conversations")
         return
-    for r in rows:
-        click.echo(
-            safe(
-                f"{r['id']:<52} {r['status']:<15} {r['backend']}/{r['model']:<20} "
-                f"{r['last_activity']}"
-            )
+    click.echo(
+        show.table(
+            [
+                (r["id"], r["status"] + (" (archived)" if r["completed"] else ""),
+                 f"{r['backend']}/{r['model']}", r["last_activity"])
+                for r in rows
+            ],
+            ("ID", "STATUS", "MODEL", "LAST ACTIVITY"),
         )
+    )
 
 
 @main.command()
@@ -385,8 +388,11 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         data["next_retry_at"] = state.next_retry_at
         data["parse_errors"] = state.parse_errors
         data["warnings"] = state.warnings
-    lines = [f"{k}: {v}" for k, v in data.items() if v not in (None, [], "")]
-    _emit(data, as_json, "\n".join(lines))
+    try:
+        mtime: float | None = conv.log.stat().st_mtime
+    except OSError:
+        mtime = None
+    _emit(data, as_json, show.conversation(data, state, mtime))
 
 
 @main.command()

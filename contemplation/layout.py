@@ -229,7 +229,13 @@ class InboxEntry:
 
 
 def ignored_name(name: str) -> bool:
-    return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
+    """Names being written, not messages: dot-files (``.#name`` too), ``*.tmp``, ``*.part``
+    and editor temporaries (``name~``, ``*.swp``, Emacs' ``#name#``)."""
+    return (
+        name.startswith(".")
+        or name.endswith(IGNORED_SUFFIXES)
+        or (len(name) > 1 and name.startswith("#") and name.endswith("#"))
+    )
 
 
 def inbox_entries(conv: Conv) -> list[InboxEntry]:
