@@ -126,8 +126,18 @@ def bench_pickup(n: int, durability: str) -> list[dict[str, object]]:
         proc.wait(30)
         fake.stop()
     return [
-        row(f"pickup p50, durability={durability} (n={n})", f"{pct(lat, 50):.2f} ms", "≤ 5 ms", pct(lat, 50) <= 5),
-        row(f"pickup p99, durability={durability} (n={n})", f"{pct(lat, 99):.2f} ms", "≤ 50 ms", pct(lat, 99) <= 50),
+        row(
+            f"pickup p50, durability={durability} (n={n})",
+            f"{pct(lat, 50):.2f} ms",
+            "≤ 5 ms",
+            pct(lat, 50) <= 5,
+        ),
+        row(
+            f"pickup p99, durability={durability} (n={n})",
+            f"{pct(lat, 99):.2f} ms",
+            "≤ 50 ms",
+            pct(lat, 99) <= 50,
+        ),
     ]
 
 

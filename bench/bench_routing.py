@@ -24,11 +24,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation import router as rt  # noqa: E402
 from contemplation import settings as settings_mod  # noqa: E402
-from contemplation.answering import MEMORY_FILE, STATE_FILE, NeedRouter  # noqa: E402
 from contemplation.context import ContextAssembler  # noqa: E402
 from contemplation.layout import Conv, Home  # noqa: E402
+from contemplation.needs import rules as needrules  # noqa: E402
+from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter  # noqa: E402
 from contemplation.tools.base import ToolResult  # noqa: E402
 from contemplation.tools.memory import JsonStore  # noqa: E402
 
@@ -82,7 +82,7 @@ NEEDS = [
 
 
 def bench_lookup(n: int) -> None:
-    table = rt.table(rt.compile_rules(config_rules(), source="bench"))
+    table = needrules.table(needrules.compile_rules(config_rules(), source="bench"))
     samples = []
     for i in range(n):
         need = NEEDS[i % len(NEEDS)].format(i=i)

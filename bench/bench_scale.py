@@ -80,7 +80,9 @@ def main() -> None:
     make_folders(home, args.convs, by_hand=args.hand)
     fake = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.ollama_server", "--port", "0", "--print-port"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert fake.stdout is not None
     port = int(fake.stdout.readline())
@@ -96,8 +98,11 @@ def main() -> None:
     with err_path.open("wb") as err:
         t0 = time.monotonic()
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "contemplation", "run"], env=env, cwd=ROOT,
-            stdout=subprocess.DEVNULL, stderr=err,
+            [sys.executable, "-m", "contemplation", "run"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
         )
         try:
             done, deadline = 0, t0 + 900

@@ -46,8 +46,9 @@ def main() -> None:
     for i in range(args.convs):
         conv = new_conversation(home, f"c {i}", template=tpl, model="m", backend="instant")
         drop_message(conv, f"message {i}")
-    settings = load(home=home.root, env={}, config=None,
-                    overrides={"settle_seconds": 0, "log_level": "warning"})
+    settings = load(
+        home=home.root, env={}, config=None, overrides={"settle_seconds": 0, "log_level": "warning"}
+    )
     rt = Runtime(settings=settings, home=home)
     counts: Counter[str] = Counter()
 
@@ -62,10 +63,18 @@ def main() -> None:
 
         setattr(mod, name, counted)
 
-    wrap(os, "replace", lambda src, dst, **_: "state writes" if str(dst).endswith("state.json") else None)
+    wrap(
+        os,
+        "replace",
+        lambda src, dst, **_: "state writes" if str(dst).endswith("state.json") else None,
+    )
     wrap(os, "fsync", lambda fd: "fsyncs")
     wrap(fcntl, "flock", lambda fd, op: "locks" if op & fcntl.LOCK_EX else None)
-    wrap(os, "open", lambda path, *a, **kw: "log opens" if str(path).endswith("messages.log") else None)
+    wrap(
+        os,
+        "open",
+        lambda path, *a, **kw: "log opens" if str(path).endswith("messages.log") else None,
+    )
     asyncio.run(process_pending(rt))
     print(f"per turn ({args.convs} conversations x 1 message, durability = fsync):")
     for k, what in WHAT.items():

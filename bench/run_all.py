@@ -20,11 +20,31 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHES = [
     ("Foundation: pickup, turns/s, parse, daemon RSS (issue 2)", "bench/bench_foundation.py", []),
     ("Routing: per-need overhead, context assembly (issue 3)", "bench/bench_routing.py", []),
-    ("Overhead vs a direct call to the real llama.cpp server (issue 4)", "bench/bench_overhead.py", []),
-    ("Faces: conversation_check, /api/conversations, MCP start (issue 5)", "bench/bench_faces.py", []),
-    ("Embedded model: parallel slots, N conversations at once (issue 10)", "bench/bench_local_parallel.py", []),
-    ("Scale: 2,000 conversations made with `new`, daemon and server as processes (issue 9)", "bench/bench_scale.py", ["--convs", "2000"]),
-    ("Scale: 2,000 conversation folders made by hand (issue 9)", "bench/bench_scale.py", ["--convs", "2000", "--hand"]),
+    (
+        "Overhead vs a direct call to the real llama.cpp server (issue 4)",
+        "bench/bench_overhead.py",
+        [],
+    ),
+    (
+        "Faces: conversation_check, /api/conversations, MCP start (issue 5)",
+        "bench/bench_faces.py",
+        [],
+    ),
+    (
+        "Embedded model: parallel slots, N conversations at once (issue 10)",
+        "bench/bench_local_parallel.py",
+        [],
+    ),
+    (
+        "Scale: 2,000 conversations made with `new`, daemon and server as processes (issue 9)",
+        "bench/bench_scale.py",
+        ["--convs", "2000"],
+    ),
+    (
+        "Scale: 2,000 conversation folders made by hand (issue 9)",
+        "bench/bench_scale.py",
+        ["--convs", "2000", "--hand"],
+    ),
     ("File-system operations per turn (issue 11)", "bench/bench_turn_counts.py", []),
 ]
 
@@ -62,17 +82,27 @@ def machine() -> str:
         pass
     mem = "?"
     try:
-        kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")))
+        kb = int(
+            next(
+                ln.split()[1]
+                for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith("MemTotal")
+            )
+        )
         mem = f"{kb / 1024 / 1024:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         pass
-    return (f"{platform.system()} {platform.release()}, {os.cpu_count()} cores ({cpu}), {mem} RAM, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{platform.system()} {platform.release()}, {os.cpu_count()} cores ({cpu}), {mem} RAM, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks that have it")
+    ap.add_argument(
+        "--quick", action="store_true", help="pass --quick to the benchmarks that have it"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     args = ap.parse_args()
     parts = [
@@ -92,7 +122,9 @@ def main() -> int:
         shown = " ".join(["python", *cmd[1:]])
         print(f"== {shown}", flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False
+        )
         took = time.monotonic() - t0
         out = proc.stdout.strip() or "(no output)"
         print(out, flush=True)
@@ -100,7 +132,14 @@ def main() -> int:
         if proc.returncode != 0:
             failed += 1
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            parts += ["", f"**The script failed (exit {proc.returncode}):**", "", "```", tail, "```"]
+            parts += [
+                "",
+                f"**The script failed (exit {proc.returncode}):**",
+                "",
+                "```",
+                tail,
+                "```",
+            ]
     args.out.write_text("\n".join(parts) + "\n" + NOTES)
     print(f"wrote {args.out}")
     return 1 if failed else 0

@@ -333,8 +333,12 @@ def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     click.echo(
         show.table(
             [
-                (r["id"], r["status"] + (" (archived)" if r["completed"] else ""),
-                 f"{r['backend']}/{r['model']}", r["last_activity"])
+                (
+                    r["id"],
+                    r["status"] + (" (archived)" if r["completed"] else ""),
+                    f"{r['backend']}/{r['model']}",
+                    r["last_activity"],
+                )
                 for r in rows
             ],
             ("ID", "STATUS", "MODEL", "LAST ACTIVITY"),

@@ -21,7 +21,7 @@ from contemplation.logs import configure
 from contemplation.settings import Settings
 
 if TYPE_CHECKING:  # the router pulls in the MCP SDK: only load it when a routes command runs
-    from contemplation.answering import NeedRouter
+    from contemplation.needs.router import NeedRouter
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -45,7 +45,7 @@ def routes(ctx: click.Context, template: str | None, as_json: bool) -> None:
     ctx.ensure_object(dict)["routes_template"] = template
     if ctx.invoked_subcommand is not None:
         return
-    from contemplation.answering import NeedRouter
+    from contemplation.needs.router import NeedRouter
 
     router = NeedRouter(_settings(ctx))
     table = router.rules(template)
@@ -78,7 +78,7 @@ def test_route(ctx: click.Context, need: str, call: bool, as_json: bool) -> None
     if text.upper().startswith(NEED_PREFIX):
         text = text[len(NEED_PREFIX) :].strip()
     template = ctx.ensure_object(dict).get("routes_template")
-    from contemplation.answering import NeedRouter
+    from contemplation.needs.router import NeedRouter
 
     router = NeedRouter(_settings(ctx))
     found = router.route(text, template=template)

@@ -28,9 +28,9 @@ from typing import Any
 
 import structlog
 
-from contemplation.answering import Answer, NeedRouter, neutralise
 from contemplation.layout import Conv
 from contemplation.logformat import one_line
+from contemplation.needs.router import Answer, NeedRouter, neutralise
 from contemplation.writer import write_context_file
 
 log = structlog.get_logger("contemplation.context")
@@ -96,8 +96,10 @@ def _files(req: Mapping[str, Any]) -> list[_Spec] | str:
 def _search(kind: str) -> Callable[[Mapping[str, Any]], list[_Spec] | str]:
     def spec(req: Mapping[str, Any]) -> list[_Spec] | str:
         query = _text(req, "query")
-        return [(f"{kind}: {query}", f"{kind}.search", {"query": query})] if query else (
-            "has no 'query'"
+        return (
+            [(f"{kind}: {query}", f"{kind}.search", {"query": query})]
+            if query
+            else ("has no 'query'")
         )
 
     return spec

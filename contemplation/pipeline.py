@@ -16,7 +16,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from contemplation import needs as needs_mod
+import structlog
+
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
@@ -27,7 +28,8 @@ from contemplation.layout import (
     read_regular,
 )
 from contemplation.models import Block, MarkerKind, Status
-from contemplation.runtime import Runtime, log, set_status
+from contemplation.needs import cycle
+from contemplation.runtime import Runtime, set_status
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, TurnDue, Wait
 from contemplation.tracking import Tracked
 from contemplation.turn import run_turn
@@ -39,6 +41,8 @@ from contemplation.writer import (
     open_writer,
     reject_input,
 )
+
+log = structlog.get_logger("contemplation.pipeline")
 
 ROUND_LIMIT_NOTE = "need rounds limit reached"
 
@@ -151,9 +155,7 @@ def _decide(
     return None
 
 
-def _next_message(
-    w: ConvWriter, rt: Runtime, seen: Tracked, now: float
-) -> TurnDue | Again | Wait:
+def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> TurnDue | Again | Wait:
     """Claimed messages first (recovery), then the inbox in arrival order; a file written in
     place is taken once it has settled (Wait until then)."""
     conv = w.conv
@@ -195,7 +197,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
                 f"message (max_need_rounds = {limit}); the agent can answer or send a message",
             )
         return None
-    return needs_mod.plan(rt, w.meta, blocks, nxt.needs)
+    return cycle.plan(rt, w.meta, blocks, nxt.needs)
 
 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
@@ -263,7 +265,7 @@ async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
             case TurnDue(meta=meta):
                 outcome = await run_turn(conv, rt, seen, meta)
             case NeedsDue():
-                outcome = await needs_mod.answer(conv, rt, seen, decision)
+                outcome = await cycle.answer(conv, rt, seen, decision)
         seen.remember_size(conv)
         if isinstance(outcome, Wait):
             return outcome.at
@@ -277,9 +279,7 @@ async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None
     except asyncio.CancelledError:
         raise
     except (ContemplationError, OSError) as exc:
-        log.error(
-            "conversation_failed", conv=conv.id, error=f"{type(exc).__name__}: {exc}"
-        )
+        log.error("conversation_failed", conv=conv.id, error=f"{type(exc).__name__}: {exc}")  # noqa: TRY400 - expected failure, one line
         return rt.clock() + rt.settings.rescan_interval
     except Exception:
         log.exception("conversation_crashed", conv=conv.id)

@@ -13,7 +13,6 @@ from typing import Any
 import structlog
 
 from contemplation import backends as backend_registry
-from contemplation.answering import NeedRouter
 from contemplation.backends.base import Backend, Capabilities
 from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
@@ -21,6 +20,7 @@ from contemplation.context import ContextAssembler
 from contemplation.errors import BackendError, LockBusy
 from contemplation.layout import Conv, Home, Template, load_template
 from contemplation.models import Metadata, Status
+from contemplation.needs.router import NeedRouter
 from contemplation.scheduler import ModelScheduler
 from contemplation.settings import Settings
 from contemplation.writer import ConvWriter, now_iso, open_writer

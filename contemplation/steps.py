@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contemplation.models import Metadata
-from contemplation.router import Route
+from contemplation.needs.rules import Route
 
 
 @dataclass(frozen=True, slots=True)

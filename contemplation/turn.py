@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from contemplation import budget, router
+import structlog
+
+from contemplation import budget
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
@@ -24,12 +26,15 @@ from contemplation.conversation import still_due
 from contemplation.errors import BackendError, ContemplationError
 from contemplation.layout import Conv
 from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
+from contemplation.needs import rules
 from contemplation.parser import find_needs
 from contemplation.prompts import build_request
-from contemplation.runtime import Runtime, backoff, lock, log, set_status
+from contemplation.runtime import Runtime, backoff, lock, set_status
 from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.tracking import Tracked
 from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
+
+log = structlog.get_logger("contemplation.turn")
 
 CANCEL_CHECK_INTERVAL = 0.2
 TOOL_CALL_PREFIX = "(tool call "
@@ -172,7 +177,14 @@ async def _stream(
         reply.note(fit_note)
     try:
         return await _run_reply(
-            conv, rt, w, seen=seen, backend=backend, reply=reply, request=request, window=window,
+            conv,
+            rt,
+            w,
+            seen=seen,
+            backend=backend,
+            reply=reply,
+            request=request,
+            window=window,
             ratio=ratio,
         )
     finally:
@@ -350,8 +362,8 @@ def _write_tool_calls(
         name = str(fn.get("name") or "?")
         call_id = str(call.get("id") or f"call_{i}")
         rule = functions.get(name)
-        args = router.heal_arguments(fn.get("arguments"), rule.params if rule else ())
-        need = router.route_call(rule, args).need if rule else f"{name} {json.dumps(args)}"
+        args = rules.heal_arguments(fn.get("arguments"), rule.params if rule else ())
+        need = rules.route_call(rule, args).need if rule else f"{name} {json.dumps(args)}"
         shown = json.dumps(args, ensure_ascii=False)
         lines.append(f"{TOOL_CALL_PREFIX}{call_id}: {name} {shown})\nNEED: {need}\n")
     if written_as_text:

@@ -12,9 +12,9 @@ import contextlib
 import ipaddress
 
 from contemplation import backends
-from contemplation.answering import NeedRouter
 from contemplation.errors import ConfigError, NotFound
 from contemplation.layout import Home, load_template
+from contemplation.needs.router import NeedRouter
 from contemplation.settings import Settings
 
 

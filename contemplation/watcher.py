@@ -264,8 +264,10 @@ class _Handler(FileSystemEventHandler):
                     rel = Path(path).relative_to(self.active)
                 except ValueError:
                     continue
-                if not rel.parts or not valid_id(rel.parts[0]) or not relevant(
-                    rel, event.event_type
+                if (
+                    not rel.parts
+                    or not valid_id(rel.parts[0])
+                    or not relevant(rel, event.event_type)
                 ):
                     continue
                 renamed_in = bool(dest) and path == dest and len(rel.parts) == 3

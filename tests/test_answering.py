@@ -12,9 +12,9 @@ import pytest
 
 from contemplation import logformat
 from contemplation import settings as settings_mod
-from contemplation.answering import Answer, Answered, NeedRouter, TokenBucket
 from contemplation.conversation import next_action
 from contemplation.errors import ToolError
+from contemplation.needs.router import Answer, Answered, NeedRouter, TokenBucket
 from contemplation.parser import parse
 from contemplation.settings import Settings
 from contemplation.tools.base import ToolResult

@@ -150,12 +150,14 @@ def test_fallback_list_from_the_environment_is_comma_separated(make: Any) -> Non
 def test_backend_settings_come_from_the_sdk_environment_variables(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = make(env={
-        "OPENAI_BASE_URL": "http://10.1.2.3:8000",
-        "OPENAI_API_KEY": "sk-test",
-        "OPENCODE_SERVER_URL": "http://127.0.0.1:4999",
-        "OPENCODE_SERVER_PASSWORD": "pw",
-    })
+    s = make(
+        env={
+            "OPENAI_BASE_URL": "http://10.1.2.3:8000",
+            "OPENAI_API_KEY": "sk-test",
+            "OPENCODE_SERVER_URL": "http://127.0.0.1:4999",
+            "OPENCODE_SERVER_PASSWORD": "pw",
+        }
+    )
     oa: Any = backends.build("openai", s)
     oc: Any = backends.build("opencode", s)
     try:

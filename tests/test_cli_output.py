@@ -13,8 +13,9 @@ from tests.fakes.ollama_server import FakeOllama, Step
 
 
 def make(home: Home, topic: str = "output") -> Conv:
-    return new_conversation(home, topic, template=load_template(home, "default"), model="llama3.2",
-                            backend="ollama")
+    return new_conversation(
+        home, topic, template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
 
 
 def test_status_reads_like_systemctl_status(home: Home, fake_ollama: FakeOllama) -> None:
@@ -45,7 +46,8 @@ def test_list_has_a_header_aligned_columns_and_marks_archived(home: Home) -> Non
     assert all(line[col - 3 : col] == "   " for line in lines[1:])  # one column start
     archived = next(line for line in lines if b.id in line)
     assert "(archived)" in archived and "(archived)" not in next(
-        line for line in lines if a.id in line)
+        line for line in lines if a.id in line
+    )
 
 
 def test_editor_temporaries_in_the_inbox_are_not_messages(home: Home) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.answering import MEMORY_FILE, STATE_FILE, NeedRouter
 from contemplation.context import ContextAssembler, Section, render, saved_context
 from contemplation.layout import Conv, Home
+from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter
 from contemplation.tools.base import ToolResult
 from contemplation.tools.memory import JsonStore
 from tests import peers

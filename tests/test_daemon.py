@@ -163,17 +163,27 @@ def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllam
     assert replies(only_conv(home)) == ["Echo: hello"]
 
 
-def test_respond_from_the_cli_answers_a_waiting_need(home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]) -> None:
+def test_respond_from_the_cli_answers_a_waiting_need(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
-    fake_ollama.enqueue(Step(text="NEED: The name of the release manager"), Step(text="Thanks, Ada it is."))
+    fake_ollama.enqueue(
+        Step(text="NEED: The name of the release manager"), Step(text="Thanks, Ada it is.")
+    )
     conv_id = cli(env, "new", "release", "--message", "Who signs off?").stdout.strip()
     conv = Conv(home.active / conv_id)
-    wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.AWAITING_AGENT, what="awaiting agent")
+    wait_for(
+        lambda: (st := read_state(conv)) is not None and st.status is Status.AWAITING_AGENT,
+        what="awaiting agent",
+    )
     out = cli(env, "respond", conv_id, "Ada Lovelace").stdout
     assert "answered: The name of the release manager" in out
     wait_for(lambda: replies(conv)[-1:] == ["Thanks, Ada it is."], what="the model carries on")
     response = parse(conv.log.read_bytes()).blocks[2]
-    assert response.response_to == "The name of the release manager" and "Ada Lovelace" in response.text
+    assert (
+        response.response_to == "The name of the release manager"
+        and "Ada Lovelace" in response.text
+    )
     nothing = cli(env, "respond", conv_id, "again", check=False)
     assert nothing.returncode == 1 and "not waiting" in nothing.stderr

@@ -31,11 +31,17 @@ from tests.fakes.ollama_server import FakeOllama, Step
 
 
 def make(home: Home, topic: str = "t", model: str = "llama3.2", backend: str = "ollama") -> Conv:
-    return new_conversation(home, topic, template=load_template(home, "default"), model=model, backend=backend)
+    return new_conversation(
+        home, topic, template=load_template(home, "default"), model=model, backend=backend
+    )
 
 
 def replies(conv: Conv) -> list[str]:
-    return [b.text for b in parse(conv.log.read_bytes()).blocks if b.kind is BlockKind.MODEL and not b.interrupted and not b.markers]
+    return [
+        b.text
+        for b in parse(conv.log.read_bytes()).blocks
+        if b.kind is BlockKind.MODEL and not b.interrupted and not b.markers
+    ]
 
 
 # --------------------------------------------------------------------------- backend faults
@@ -60,12 +66,16 @@ def test_breaker_opens_probes_once_and_backs_off() -> None:
     assert b.allow() and b.allow()
 
 
-def test_a_500_storm_does_not_hammer_the_server(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_500_storm_does_not_hammer_the_server(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     convs = [make(home, f"storm {i}") for i in range(10)]
     for c in convs:
         drop_message(c, "hello?")
     fake_ollama.default_step = Step(kind="error", status=500, error="model runner crashed")
-    s = make_settings(fake_ollama, retry={"base": 0.01, "cap": 0.02}, breaker_threshold=3, breaker_cooldown=30)
+    s = make_settings(
+        fake_ollama, retry={"base": 0.01, "cap": 0.02}, breaker_threshold=3, breaker_cooldown=30
+    )
     rt = Runtime(settings=s, home=Home(s.home))
     seen = Tracked()
 
@@ -84,12 +94,16 @@ def test_a_500_storm_does_not_hammer_the_server(home: Home, fake_ollama: FakeOll
     assert st.last_error is not None and st.last_error.kind in {"circuit_open", "server_error"}
 
 
-def test_the_server_coming_back_answers_every_message_once(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_the_server_coming_back_answers_every_message_once(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     convs = [make(home, f"back {i}") for i in range(4)]
     for c in convs:
         drop_message(c, "still there?")
     fake_ollama.default_step = Step(kind="error", status=503, error="busy")
-    s = make_settings(fake_ollama, retry={"base": 0.01, "cap": 0.02}, breaker_threshold=2, breaker_cooldown=0.2)
+    s = make_settings(
+        fake_ollama, retry={"base": 0.01, "cap": 0.02}, breaker_threshold=2, breaker_cooldown=0.2
+    )
     rt = Runtime(settings=s, home=Home(s.home))
     seen = Tracked()
 
@@ -118,41 +132,74 @@ def _limit_file_size(limit: int) -> Callable[[], None]:
     return apply
 
 
-def test_disk_full_during_append_keeps_the_message_and_resumes(home: Home, fake_ollama: FakeOllama) -> None:
+def test_disk_full_during_append_keeps_the_message_and_resumes(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
     conv = make(home)
     drop_message(conv, "x" * 50_000, name="big.msg")
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    proc = subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, preexec_fn=_limit_file_size(20_000))
+    proc = subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limit_file_size(20_000),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "File too large" in proc.stderr  # a clear error, and the daemon survived
     assert conv.log.read_bytes() == b""  # the torn append was rolled back
     assert [p.name.endswith("big.msg") for p in conv.processing.iterdir()] == [True]
     st = read_state(conv)
     assert st is not None and st.intent is None
-    proc = subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     blocks = parse(conv.log.read_bytes()).blocks
     assert [b.kind for b in blocks] == [BlockKind.AGENT, BlockKind.MODEL]
     assert blocks[0].text == "x" * 50_000
 
 
-def test_disk_full_during_a_state_write_leaves_the_old_state(home: Home, fake_ollama: FakeOllama) -> None:
+def test_disk_full_during_a_state_write_leaves_the_old_state(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
     conv = make(home)
     drop_message(conv, "hello")
     before = conv.state.read_bytes()
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    proc = subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, preexec_fn=_limit_file_size(300))
+    proc = subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limit_file_size(300),
+    )
     assert proc.returncode == 0, proc.stderr
     assert conv.state.read_bytes() == before  # never a torn state.json
     assert not list(conv.dir.glob(".state.json.tmp.*"))
-    subprocess.run([sys.executable, "-m", "contemplation", "run", "--once"], env=env, cwd=ROOT, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert replies(conv) == ["Echo: hello"]
 
 
-def test_a_broken_conversation_does_not_block_the_others(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_broken_conversation_does_not_block_the_others(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     broken, fine = make(home, "broken"), make(home, "fine")
     broken.lock.unlink(missing_ok=True)
     broken.lock.mkdir()  # cannot be opened for locking
@@ -170,7 +217,12 @@ def test_a_broken_conversation_does_not_block_the_others(home: Home, fake_ollama
     assert replies(broken) == []
 
 
-def test_the_rescan_finds_work_when_no_event_arrives(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rescan_finds_work_when_no_event_arrives(
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from contemplation import daemon, watcher
 
     monkeypatch.setattr(watcher.InotifyWatcher, "start", lambda self: None)  # a dead watcher
@@ -193,7 +245,9 @@ def test_the_rescan_finds_work_when_no_event_arrives(home: Home, fake_ollama: Fa
     asyncio.run(go())
 
 
-def test_a_100_mb_message_is_refused_without_reading_it(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_100_mb_message_is_refused_without_reading_it(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make(home)
     with open(conv.inbox / "huge.txt", "wb") as f:
         f.truncate(100 * 1024 * 1024)
@@ -212,7 +266,9 @@ def test_a_100_mb_message_is_refused_without_reading_it(home: Home, fake_ollama:
 # --------------------------------------------------------------------------- load
 
 
-def test_the_concurrency_limit_holds_and_every_conversation_gets_its_turn(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_the_concurrency_limit_holds_and_every_conversation_gets_its_turn(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     convs = [make(home, f"c{i}") for i in range(12)]
     for c in convs:
         drop_message(c, "hello")
@@ -257,12 +313,16 @@ class CountingBackend:
         return None
 
 
-def test_a_thousand_conversations_each_get_exactly_one_reply(home: Home, make_settings: Callable[..., Settings]) -> None:
+def test_a_thousand_conversations_each_get_exactly_one_reply(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
     counting = CountingBackend()
     backends.register("counting", lambda s: counting)
     tpl = load_template(home, "default")
     for i in range(1000):
-        conv = new_conversation(home, f"load {i}", template=tpl, model="m", backend="counting", durable=False)
+        conv = new_conversation(
+            home, f"load {i}", template=tpl, model="m", backend="counting", durable=False
+        )
         drop_message(conv, f"m{i}")
     s = make_settings(durability="none")
     t0 = time.monotonic()
@@ -276,11 +336,18 @@ def test_a_thousand_conversations_each_get_exactly_one_reply(home: Home, make_se
 
 
 @pytest.mark.slow
-def test_soak_ten_thousand_messages_keeps_fds_threads_and_memory_flat(home: Home, make_settings: Callable[..., Settings]) -> None:
+def test_soak_ten_thousand_messages_keeps_fds_threads_and_memory_flat(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
     counting = CountingBackend()
     backends.register("counting", lambda s: counting)
     tpl = load_template(home, "default")
-    convs = [new_conversation(home, f"soak {i}", template=tpl, model="m", backend="counting", durable=False) for i in range(100)]
+    convs = [
+        new_conversation(
+            home, f"soak {i}", template=tpl, model="m", backend="counting", durable=False
+        )
+        for i in range(100)
+    ]
     s = make_settings(durability="none")
     rt = Runtime(settings=s, home=Home(s.home))
     samples = []
@@ -293,7 +360,13 @@ def test_soak_ten_thousand_messages_keeps_fds_threads_and_memory_flat(home: Home
 
             gc.collect()
             fds = len(os.listdir("/proc/self/fd"))
-            rss = int(next(ln.split()[1] for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmRSS")))
+            rss = int(
+                next(
+                    ln.split()[1]
+                    for ln in Path("/proc/self/status").read_text().splitlines()
+                    if ln.startswith("VmRSS")
+                )
+            )
             import threading
 
             samples.append((fds, threading.active_count(), rss))
@@ -308,7 +381,9 @@ def _unused() -> None:
     wait_for(lambda: True)
 
 
-def test_429_retry_after_is_honoured(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_429_retry_after_is_honoured(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make(home)
     drop_message(conv, "hi")
     fake_ollama.enqueue(Step(kind="error", status=429, error="slow down", retry_after="30"))
@@ -322,7 +397,9 @@ def test_429_retry_after_is_honoured(home: Home, fake_ollama: FakeOllama, make_s
     assert len(fake_ollama.chat_requests()) == 1  # nothing sent before the time is up
 
 
-def test_a_gigantic_reply_is_cut_at_max_reply_bytes(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_a_gigantic_reply_is_cut_at_max_reply_bytes(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     conv = make(home)
     drop_message(conv, "say everything")
     fake_ollama.enqueue(Step(text="word " * 400_000, chunks=2000))  # 2 MB

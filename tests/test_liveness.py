@@ -47,7 +47,10 @@ def whole_log(conv: Conv) -> str:
 
 @pytest.mark.parametrize("gap", ["  ", "\t", "\u00a0", "\u2028", " \t\u00a0 "])
 def test_a_need_is_matched_to_its_answer_however_it_is_spaced(
-    gap: str, home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings],
+    gap: str,
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
     tmp_path: Path,
 ) -> None:
     (tmp_path / "plan.md").write_text("step one\n")
@@ -61,7 +64,10 @@ def test_a_need_is_matched_to_its_answer_however_it_is_spaced(
     run_burst(rt)
     blocks = parse(conv.log.read_bytes()).blocks
     assert [b.kind for b in blocks] == [
-        BlockKind.AGENT, BlockKind.MODEL, BlockKind.AGENT, BlockKind.MODEL
+        BlockKind.AGENT,
+        BlockKind.MODEL,
+        BlockKind.AGENT,
+        BlockKind.MODEL,
     ]
     assert blocks[2].response_to == f"File contents of {tmp_path / 'plan.md'}"
     assert "step one" in blocks[2].text
@@ -129,14 +135,24 @@ def test_a_need_flood_gets_one_limit_block_and_does_not_hold_the_loop(
     b = make(home, model="llama3.2")
     d = daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
     drop_message(a, "ask for everything")
-    wait_for(lambda: a.log.exists() and a.log.read_text().count("\nNEED: ") >= 20_000,
-             60, what="the flood in the log")
+    wait_for(
+        lambda: a.log.exists() and a.log.read_text().count("\nNEED: ") >= 20_000,
+        60,
+        what="the flood in the log",
+    )
     dropped = time.monotonic()
     drop_message(b, "are you there?")
     wait_for(lambda: "=== OLLAMA -> CLAUDE" in b.log.read_text(), 10, what="b's reply")
     took = time.monotonic() - dropped
-    wait_for(lambda: (read_state(a) or read_state(b)) and read_state(a).status  # type: ignore[union-attr]
-             is Status.IDLE, 60, what="the flood answered")
+    wait_for(
+        lambda: (
+            (read_state(a) or read_state(b))
+            and read_state(a).status  # type: ignore[union-attr]
+            is Status.IDLE
+        ),
+        60,
+        what="the flood answered",
+    )
     log = a.log.read_text()
     assert log.count("limit reached: the reply asked for 20000 things") == 1
     assert log.count("=== CLAUDE -> OLLAMA") == 1 + 5 + 1
@@ -156,8 +172,10 @@ def test_the_turn_cache_tells_needs_apart_by_case(
     conv = make(home)
     drop_message(conv, "read both")
     fake_ollama.enqueue(
-        Step(text=f"NEED: File contents of {tmp_path / 'A.txt'}\n"
-             f"NEED: File contents of {tmp_path / 'a.txt'}"),
+        Step(
+            text=f"NEED: File contents of {tmp_path / 'A.txt'}\n"
+            f"NEED: File contents of {tmp_path / 'a.txt'}"
+        ),
         Step(text="done"),
     )
     run_burst(rt)
@@ -182,13 +200,22 @@ def test_a_line_without_a_newline_is_bounded_and_fails_the_turn(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object]
 ) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_MAX_REPLY_BYTES=str(1024 * 1024))
-    fake_ollama.enqueue(Step(kind="endless_line", after_chunks=1, text="start of a reply",
-                             endless_bytes=300 * 1024 * 1024))
+    fake_ollama.enqueue(
+        Step(
+            kind="endless_line",
+            after_chunks=1,
+            text="start of a reply",
+            endless_bytes=300 * 1024 * 1024,
+        )
+    )
     conv = make(home)
     d = daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
     drop_message(conv, "say something")
-    wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.ERROR, 60,
-             what="the turn failed")
+    wait_for(
+        lambda: (st := read_state(conv)) is not None and st.status is Status.ERROR,
+        60,
+        what="the turn failed",
+    )
     st = read_state(conv)
     assert st is not None and st.last_error is not None and st.last_error.kind == "too_large"
     assert "without a newline" in conv.log.read_text()
@@ -205,14 +232,22 @@ def test_a_reply_that_drips_cannot_hold_the_slot_for_long(
     from contemplation.settings import Settings as S
 
     assert S().ollama.timeouts.total <= 1800  # the default is well under an hour
-    env = base_env(home, fake_ollama, CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL="2",
-                   CONTEMPLATION_RETRY__BASE="30", CONTEMPLATION_RETRY__CAP="60")
+    env = base_env(
+        home,
+        fake_ollama,
+        CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL="2",
+        CONTEMPLATION_RETRY__BASE="30",
+        CONTEMPLATION_RETRY__CAP="60",
+    )
     fake_ollama.enqueue(Step(text="drip " * 200, chunks=200, chunk_delay=0.2, model="gemma"))
     drip, bystander = make(home, "gemma"), make(home, "llama3.2")
     daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
     drop_message(drip, "talk slowly")
-    wait_for(lambda: (st := read_state(drip)) is not None and st.status is Status.GENERATING,
-             10, what="the drip generating")
+    wait_for(
+        lambda: (st := read_state(drip)) is not None and st.status is Status.GENERATING,
+        10,
+        what="the drip generating",
+    )
     st = read_state(drip)
     assert st is not None and st.generating_since is not None
     assert abs(st.generating_since - time.time()) < 5
@@ -222,8 +257,11 @@ def test_a_reply_that_drips_cannot_hold_the_slot_for_long(
     assert f"generating: ['{drip.id} since" in shown, shown
     dropped = time.monotonic()
     drop_message(bystander, "me too")
-    wait_for(lambda: "=== OLLAMA -> CLAUDE" in bystander.log.read_text(), 15,
-             what="the bystander's reply")
+    wait_for(
+        lambda: "=== OLLAMA -> CLAUDE" in bystander.log.read_text(),
+        15,
+        what="the bystander's reply",
+    )
     assert time.monotonic() - dropped < 2 + 3  # the drip's cap, plus margin
     assert "retrying in" in drip.log.read_text()
 
@@ -245,26 +283,43 @@ def test_a_reply_cut_by_a_full_disk_is_interrupted_and_redone(
     drop_message(conv, "write a lot")
     big = "".join(f"line {i} of a long answer\n" for i in range(8000))  # ~200 KB
     fake_ollama.enqueue(Step(text=big, chunks=100))
-    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0",
-                   CONTEMPLATION_RESCAN_INTERVAL="0.3")
+    env = base_env(
+        home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_RESCAN_INTERVAL="0.3"
+    )
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 
-    proc = subprocess.Popen([sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, preexec_fn=limit)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=limit,
+    )
     try:
-        wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.ERROR
-                 and st.last_error is not None and st.last_error.kind == "write_failed", 30,
-                 what="the write error in state.json")
+        wait_for(
+            lambda: (
+                (st := read_state(conv)) is not None
+                and st.status is Status.ERROR
+                and st.last_error is not None
+                and st.last_error.kind == "write_failed"
+            ),
+            30,
+            what="the write error in state.json",
+        )
         cut = conv.log.stat().st_size
         assert 60 * 1024 < cut <= 64 * 1024
-        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE,
-                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-        wait_for(lambda: (st := read_state(conv)) is not None and st.status is Status.IDLE, 30,
-                 what="the turn redone")
+        resource.prlimit(
+            proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        )
+        wait_for(
+            lambda: (st := read_state(conv)) is not None and st.status is Status.IDLE,
+            30,
+            what="the turn redone",
+        )
     finally:
         proc.terminate()
         proc.wait(30)
@@ -319,19 +374,36 @@ def test_odd_files_are_refused_without_following_or_blocking(
     [
         ("", {"OLLAMA_HOST": "http://[::1"}, (), "ollama.host in the environment (OLLAMA_HOST)"),
         ("", {"OLLAMA_HOST": "http://127.0.0.1:notaport"}, (), "(OLLAMA_HOST)"),
-        ('default_backend = "olama"\n', {}, (), "default_backend in {cfg}: unknown backend 'olama'"),
+        (
+            'default_backend = "olama"\n',
+            {},
+            (),
+            "default_backend in {cfg}: unknown backend 'olama'",
+        ),
         ('fallback = ["ollama", "nope"]\n', {}, (), "fallback in {cfg}: unknown backend 'nope'"),
-        ("[[routes]]\nmatch = '(unclosed'\ntool = 'files.read'\n", {}, (),
-         "{cfg}: [[routes]] #1 (line 1): bad regular expression"),
+        (
+            "[[routes]]\nmatch = '(unclosed'\ntool = 'files.read'\n",
+            {},
+            (),
+            "{cfg}: [[routes]] #1 (line 1): bad regular expression",
+        ),
         ("[[routes]]\nprefix = 'Weather in'\ntool = 'no.such.tool'\n", {}, (), "no.such.tool"),
-        ("", {"CONTEMPLATION_OPENAI__BASE_URL": "ftp://x"}, (),
-         "openai.base_url in the environment (CONTEMPLATION_OPENAI__BASE_URL)"),
+        (
+            "",
+            {"CONTEMPLATION_OPENAI__BASE_URL": "ftp://x"},
+            (),
+            "openai.base_url in the environment (CONTEMPLATION_OPENAI__BASE_URL)",
+        ),
         ("", {}, ("--dashboard-port", "99999"), "the command line (--dashboard-port)"),
         ("TEMPLATE", {}, (), "unknown key 'modle' in template"),
     ],
 )
 def test_a_bad_configuration_stops_the_start_and_doctor_says_the_same(
-    config: str, env: dict[str, str], flags: tuple[str, ...], expect: str, home: Home,
+    config: str,
+    env: dict[str, str],
+    flags: tuple[str, ...],
+    expect: str,
+    home: Home,
     tmp_path: Path,
 ) -> None:
     from tests.conftest import cli
@@ -363,12 +435,18 @@ def test_a_failing_model_does_not_open_the_breaker_for_the_whole_server(
 ) -> None:
     import re
 
-    env = base_env(home, fake_ollama, CONTEMPLATION_BREAKER_THRESHOLD="2",
-                   CONTEMPLATION_BREAKER_COOLDOWN="1.5", CONTEMPLATION_RETRY__BASE="0.3",
-                   CONTEMPLATION_RETRY__CAP="0.6")
+    env = base_env(
+        home,
+        fake_ollama,
+        CONTEMPLATION_BREAKER_THRESHOLD="2",
+        CONTEMPLATION_BREAKER_COOLDOWN="1.5",
+        CONTEMPLATION_RETRY__BASE="0.3",
+        CONTEMPLATION_RETRY__CAP="0.6",
+    )
     for _ in range(3):
-        fake_ollama.enqueue(Step(kind="mid_error", text="half a reply", chunks=2,
-                                 after_chunks=1, model="gemma"))
+        fake_ollama.enqueue(
+            Step(kind="mid_error", text="half a reply", chunks=2, after_chunks=1, model="gemma")
+        )
     broken, fine = make(home, "gemma"), make(home, "llama3.2")
     daemon_factory(env, home).wait_ready()  # type: ignore[attr-defined]
     drop_message(broken, "fail for me")
@@ -376,15 +454,27 @@ def test_a_failing_model_does_not_open_the_breaker_for_the_whole_server(
     def tries() -> list[float]:
         return [r["_time"] for r in fake_ollama.chat_requests() if r["model"] == "gemma"]
 
-    wait_for(lambda: len(tries()) >= 2 and broken.log.read_text().count("INTERRUPTED") >= 2,
-             10, what="two failures of the broken model")
+    wait_for(
+        lambda: len(tries()) >= 2 and broken.log.read_text().count("INTERRUPTED") >= 2,
+        10,
+        what="two failures of the broken model",
+    )
     dropped = time.monotonic()
     drop_message(fine, "and me?")
-    wait_for(lambda: "=== OLLAMA -> CLAUDE" in fine.log.read_text()
-             and "Echo: and me?" in fine.log.read_text(), 10, what="the other model's reply")
+    wait_for(
+        lambda: (
+            "=== OLLAMA -> CLAUDE" in fine.log.read_text()
+            and "Echo: and me?" in fine.log.read_text()
+        ),
+        10,
+        what="the other model's reply",
+    )
     assert time.monotonic() - dropped < 1.0  # the server's breaker stayed closed
-    wait_for(lambda: (st := read_state(broken)) is not None and st.status is Status.IDLE, 20,
-             what="the broken model recovers")
+    wait_for(
+        lambda: (st := read_state(broken)) is not None and st.status is Status.IDLE,
+        20,
+        what="the broken model recovers",
+    )
     # every "retrying in N s" told the truth: the next try came N s later
     said = [float(x) for x in re.findall(r"retrying in ([\d.]+) s", broken.log.read_text())]
     times = tries()
@@ -429,21 +519,39 @@ def test_an_overflowing_event_queue_costs_one_rescan_not_a_loop(
     knob.write_text("32")
     try:
         with err.open("wb") as f:
-            d = subprocess.Popen([sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
-                                 env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f)
+            d = subprocess.Popen(
+                [sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=f,
+            )
             try:
                 wait_for(lambda: b'"started"' in err.read_bytes(), 15, what="daemon start")
                 knob.write_text(saved)  # the daemon's queue was made with the tiny limit
-                wait_for(lambda: all(read_state(c) is not None for c in convs), 15,
-                         what="the start-up scan")
+                wait_for(
+                    lambda: all(read_state(c) is not None for c in convs),
+                    15,
+                    what="the start-up scan",
+                )
                 d.send_signal(signal.SIGSTOP)
                 for c in convs:
                     drop_message(c, f"hello {c.id}")
                 d.send_signal(signal.SIGCONT)
-                wait_for(lambda: all("=== OLLAMA -> CLAUDE" in c.log.read_text() for c in convs),
-                         120, interval=0.2, what="every conversation answered")
-                wait_for(lambda: all((st := read_state(c)) is not None and st.status is
-                                     Status.IDLE for c in convs), 30, what="all idle")
+                wait_for(
+                    lambda: all("=== OLLAMA -> CLAUDE" in c.log.read_text() for c in convs),
+                    120,
+                    interval=0.2,
+                    what="every conversation answered",
+                )
+                wait_for(
+                    lambda: all(
+                        (st := read_state(c)) is not None and st.status is Status.IDLE
+                        for c in convs
+                    ),
+                    30,
+                    what="all idle",
+                )
                 cpu0, t0 = _cpu_seconds(d.pid), time.monotonic()
                 time.sleep(3)  # measuring idle CPU needs an interval of wall time
                 idle = (_cpu_seconds(d.pid) - cpu0) / (time.monotonic() - t0)
@@ -469,13 +577,19 @@ def _waiting_for(home: Home, need: str) -> Conv:
     from contemplation import logformat
 
     conv = make(home)
-    log = (logformat.header("CLAUDE", "OLLAMA") + "question\n\n" + logformat.header(
-        "OLLAMA", "CLAUDE") + f"I need this.\nNEED: {need}\n")
+    log = (
+        logformat.header("CLAUDE", "OLLAMA")
+        + "question\n\n"
+        + logformat.header("OLLAMA", "CLAUDE")
+        + f"I need this.\nNEED: {need}\n"
+    )
     conv.log.write_text(log)
     return conv
 
 
-def test_two_responds_at_once_answer_a_need_once(home: Home, make_settings: Callable[..., Settings]) -> None:
+def test_two_responds_at_once_answer_a_need_once(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
     import threading
 
     from contemplation import actions
@@ -488,8 +602,12 @@ def test_two_responds_at_once_answer_a_need_once(home: Home, make_settings: Call
         gate = threading.Barrier(2)
         results: list[dict[str, object]] = []
 
-        def respond(text: str, conv: Conv = conv, gate: threading.Barrier = gate,
-                    results: list[dict[str, object]] = results) -> None:
+        def respond(
+            text: str,
+            conv: Conv = conv,
+            gate: threading.Barrier = gate,
+            results: list[dict[str, object]] = results,
+        ) -> None:
             gate.wait()
             results.append(actions.respond(settings, Reader(home), conv, text))
 
@@ -500,8 +618,7 @@ def test_two_responds_at_once_answer_a_need_once(home: Home, make_settings: Call
             t.join(10)
         answers = [p for p in conv.inbox.iterdir() if find_responses(p.read_text())]
         assert len(answers) == 1, [p.read_text() for p in conv.inbox.iterdir()]
-        assert sorted(str(r["answered"]) for r in results) == [
-            "None", f"the secret number {trial}"]
+        assert sorted(str(r["answered"]) for r in results) == ["None", f"the secret number {trial}"]
 
 
 def test_archive_refuses_a_conversation_with_queued_messages(
@@ -557,13 +674,20 @@ def test_tail_and_status_never_pass_terminal_controls_through(
     drop_message(conv, "say something nasty")
     cli(env, "run", "--once")
     assert "\x1b]52;" in conv.log.read_text()  # the log keeps the bytes
-    for out in (cli(env, "tail", conv.id).stdout, cli(env, "list").stdout,
-                cli(env, "status", conv.id).stdout):
+    for out in (
+        cli(env, "tail", conv.id).stdout,
+        cli(env, "list").stdout,
+        cli(env, "status", conv.id).stdout,
+    ):
         assert not any(ch in out for ch in "\x1b\x07\x9b\r\u202e"), repr(out)
     assert "^[]52;c;" in cli(env, "tail", conv.id).stdout  # shown, not obeyed
     # tail -f: a sequence and a character split across two writes
-    follow = subprocess.Popen([sys.executable, "-m", "contemplation", "tail", "-f", conv.id],
-                              env=env, cwd=ROOT, stdout=subprocess.PIPE)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "contemplation", "tail", "-f", conv.id],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert follow.stdout is not None
         first = follow.stdout.read1(65536)  # tail -f has printed the log: it now follows
@@ -604,17 +728,27 @@ def test_idle_dashboard_clients_cannot_starve_the_daemon_of_file_descriptors(
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
-    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0",
-                   CONTEMPLATION_RESCAN_INTERVAL="0.5")
+    env = base_env(
+        home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_RESCAN_INTERVAL="0.5"
+    )
     err = tmp_path / "stderr"
     socks: list[socket.socket] = []
     with err.open("wb") as f:
-        d = subprocess.Popen([sys.executable, "-m", "contemplation", "run"], env=env, cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=f, preexec_fn=limit)
+        d = subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "run"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            preexec_fn=limit,
+        )
         try:
             info = home.root / ".dashboard.json"
-            wait_for(lambda: info.exists() and b'"dashboard"' in err.read_bytes(), 15,
-                     what="the dashboard")
+            wait_for(
+                lambda: info.exists() and b'"dashboard"' in err.read_bytes(),
+                15,
+                what="the dashboard",
+            )
             port = json.loads(info.read_text())["port"]
             for i in range(1100):
                 s = socket.create_connection(("127.0.0.1", port))
@@ -624,8 +758,11 @@ def test_idle_dashboard_clients_cannot_starve_the_daemon_of_file_descriptors(
             conv = make(home)
             dropped = time.monotonic()
             drop_message(conv, "still there?")
-            wait_for(lambda: "Echo: still there?" in conv.log.read_text(), 20,
-                     what="a reply while 1,100 clients sit idle")
+            wait_for(
+                lambda: "Echo: still there?" in conv.log.read_text(),
+                20,
+                what="a reply while 1,100 clients sit idle",
+            )
             took = time.monotonic() - dropped
             assert d.poll() is None
         finally:
@@ -660,8 +797,9 @@ def test_a_dashboard_beyond_loopback_needs_the_setting_and_then_the_token(
         transport = httpx.ASGITransport(app=dash.asgi())
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:5556") as c:
             bare = (await c.get("/api/conversations")).status_code
-            header = (await c.get("/api/conversations",
-                                  headers={"authorization": "Bearer sekrit"})).status_code
+            header = (
+                await c.get("/api/conversations", headers={"authorization": "Bearer sekrit"})
+            ).status_code
             query = (await c.get("/api/status?token=sekrit")).status_code
             page = (await c.get("/health")).status_code
         return bare, header, query, page

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.answering import Answer, NeedRouter
 from contemplation.errors import ConfigError
+from contemplation.needs.router import Answer, NeedRouter
 from contemplation.settings import Settings
 from tests import peers
 from tests.conftest import wait_for

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.answering import MEMORY_FILE, STATE_FILE, NeedRouter
 from contemplation.errors import ToolError
 from contemplation.layout import Home
+from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter
 from contemplation.tools.memory import JsonStore, MemorySearch
 from contemplation.tools.state import StateLookup
 

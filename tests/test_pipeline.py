@@ -109,7 +109,8 @@ def test_a_need_no_rule_matches_waits_for_the_agent_and_respond_resumes(
     assert st is not None and st.status is Status.AWAITING_AGENT
     assert st.pending_needs == ["The size of the production database"]
     drop_message(
-        conv, "RESPONSE TO NEED: The size of the production database\n(source: agent)\n3 tables, 2 GB"
+        conv,
+        "RESPONSE TO NEED: The size of the production database\n(source: agent)\n3 tables, 2 GB",
     )
     fake_ollama.enqueue(Step(text="Thanks. Done.\n=== COMPLETE ==="))
     run_burst(rt)
@@ -394,7 +395,9 @@ def _unused(p: Path) -> None:  # keep imports used by type checkers honest
     del p
 
 
-def test_think_on_a_model_that_cannot_think_follows_the_policy(home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]) -> None:
+def test_think_on_a_model_that_cannot_think_follows_the_policy(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
     strict = make_conv(home, "strict", model="gemma")
     _set_meta(strict, think=True)
     drop_message(strict, "think hard")

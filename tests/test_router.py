@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contemplation import router as rt
 from contemplation import settings as settings_mod
-from contemplation.answering import NeedRouter
 from contemplation.errors import ConfigError
+from contemplation.needs import rules as needrules
+from contemplation.needs.router import NeedRouter
 
-DEFAULTS = rt.table()
+DEFAULTS = needrules.table()
 
 
 @pytest.mark.parametrize(
@@ -54,12 +54,12 @@ def test_prefix_must_end_at_a_word_boundary_and_unknown_needs_match_nothing() ->
 def test_need_text_is_capped() -> None:
     found = DEFAULTS.route("File contents of " + "a" * 5000)
     assert found is not None
-    assert len(found.need) == rt.MAX_NEED_CHARS
-    assert len(found.arguments["path"]) <= rt.MAX_ARG_CHARS
+    assert len(found.need) == needrules.MAX_NEED_CHARS
+    assert len(found.arguments["path"]) <= needrules.MAX_ARG_CHARS
 
 
 def test_regex_rule_fills_named_captures_need_and_literal_braces() -> None:
-    rules = rt.compile_rules(
+    rules = needrules.compile_rules(
         [
             {
                 "name": "ticket",
@@ -70,7 +70,7 @@ def test_regex_rule_fills_named_captures_need_and_literal_braces() -> None:
         ],
         source="test.toml",
     )
-    found = rt.table(rules).route("ticket 42 in CORE")
+    found = needrules.table(rules).route("ticket 42 in CORE")
     assert found is not None
     assert found.rule.name == "ticket"
     assert found.arguments == {
@@ -78,17 +78,17 @@ def test_regex_rule_fills_named_captures_need_and_literal_braces() -> None:
         "raw": "{need}=ticket 42 in CORE",
         "n": 3,
     }
-    assert rt.table(rules).route("ticket 42 in CORE and more junk") is None  # whole need
+    assert needrules.table(rules).route("ticket 42 in CORE and more junk") is None  # whole need
 
 
 def test_first_match_wins_config_before_defaults_and_template_before_config() -> None:
-    config = rt.compile_rules(
+    config = needrules.compile_rules(
         [{"prefix": "File contents of", "tool": "agent"}], source="config.toml"
     )
-    template = rt.compile_rules(
+    template = needrules.compile_rules(
         [{"prefix": "File contents of secret", "tool": "state.get"}], source="tpl.toml"
     )
-    table = rt.table(config, template)
+    table = needrules.table(config, template)
     a = table.route("File contents of secret plans")
     b = table.route("File contents of README")
     assert a is not None and a.tool == "state.get"
@@ -188,12 +188,12 @@ def test_template_rules_come_first_and_a_bad_one_names_the_template_file(tmp_pat
     ],
 )
 def test_arguments_are_healed_from_every_shape_small_models_send(raw: object) -> None:
-    assert rt.heal_arguments(raw, ["path"]) == {"path": "a.txt"}
+    assert needrules.heal_arguments(raw, ["path"]) == {"path": "a.txt"}
 
 
 @pytest.mark.parametrize("raw", [None, "", "{not json", "[1, 2]", 42.5])
 def test_unusable_arguments_become_an_empty_dict(raw: object) -> None:
-    assert rt.heal_arguments(raw, ["a", "b"]) == {}
+    assert needrules.heal_arguments(raw, ["a", "b"]) == {}
 
 
 def test_tool_calls_written_as_text_are_recognised() -> None:
@@ -205,18 +205,18 @@ def test_tool_calls_written_as_text_are_recognised() -> None:
         '{"tool_calls": [{"function": {"name": "current_state", "arguments": {"thing": "db"}}}]}\n'
         '{"name": "rm_rf", "arguments": {}} and {"unrelated": true}'
     )
-    calls = rt.parse_text_tool_calls(text, known=DEFAULTS.functions())
+    calls = needrules.parse_text_tool_calls(text, known=DEFAULTS.functions())
     assert calls == [
         ("read_file", {"path": "src/a.py"}),
         ("brain_memory", {"topic": "x"}),
         ("web_search", {"query": "q"}),
         ("current_state", {"thing": "db"}),
     ]
-    assert rt.parse_text_tool_calls("no json here {at all") == []
+    assert needrules.parse_text_tool_calls("no json here {at all") == []
 
 
 def test_rules_are_offered_as_tools_in_the_ollama_openai_format() -> None:
-    specs = [rt.tool_spec(r) for r in DEFAULTS.functions().values()]
+    specs = [needrules.tool_spec(r) for r in DEFAULTS.functions().values()]
     names = [s["function"]["name"] for s in specs]
     assert names == ["brain_memory", "search_notes", "read_file", "web_search", "current_state"]
     read = specs[2]
@@ -230,10 +230,10 @@ def test_rules_are_offered_as_tools_in_the_ollama_openai_format() -> None:
 
 def test_a_native_call_is_routed_like_the_need_it_stands_for() -> None:
     rule = DEFAULTS.functions()["read_file"]
-    found = rt.route_call(rule, {"path": " docs/x.md "})
+    found = needrules.route_call(rule, {"path": " docs/x.md "})
     assert found.need == "File contents of docs/x.md"
     assert found.arguments == {"path": "docs/x.md"}
-    assert rt.missing_params(rule, {}) == ["path"]
+    assert needrules.missing_params(rule, {}) == ["path"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -241,5 +241,5 @@ def test_a_native_call_is_routed_like_the_need_it_stands_for() -> None:
 def test_routing_never_raises_and_never_returns_a_long_need(text: str) -> None:
     found = DEFAULTS.route(text)
     if found is not None:
-        assert len(found.need) <= rt.MAX_NEED_CHARS
+        assert len(found.need) <= needrules.MAX_NEED_CHARS
         assert "\n" not in found.need

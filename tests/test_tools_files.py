@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.answering import NeedRouter
 from contemplation.errors import ToolError
+from contemplation.needs.router import NeedRouter
 from contemplation.tools.base import Refused, Unconfigured
 from contemplation.tools.files import FileReader
 

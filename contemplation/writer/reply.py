@@ -43,7 +43,8 @@ class ReplyStream:
         self.w.save()
         self.started = True
         self._fd = os.open(
-            self.w.conv.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            self.w.conv.log,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
             0o644,
         )
         self._write(prefix + logformat.header(self.sender, self.recipient))

@@ -30,10 +30,10 @@ from typing import Any, Literal, NamedTuple
 
 import structlog
 
-from contemplation import router as rt
 from contemplation.errors import ConfigError, ToolError
 from contemplation.layout import Home, load_template
 from contemplation.logformat import RESPONSE_PREFIX, canonical_need, one_line, timestamp
+from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
 from contemplation.tools.files import FileReader, FileTree
@@ -43,7 +43,7 @@ from contemplation.tools.notes import NotesSearch
 from contemplation.tools.search import ConfiguredSearch
 from contemplation.tools.state import StateLookup
 
-log = structlog.get_logger("contemplation.answering")
+log = structlog.get_logger("contemplation.needs.router")
 
 Status = Literal["ok", "refused", "failed", "timeout", "limited", "unconfigured"]
 BEGIN = "BEGIN TOOL OUTPUT"
@@ -212,20 +212,20 @@ class NeedRouter:
         self.now = now
         servers = list(settings.mcp_servers)
         source = str(settings.config_file) if settings.config_file else "the settings"
-        self.config_rules = rt.compile_rules(
+        self.config_rules = needrules.compile_rules(
             settings.routes,
             source=source,
             text=_config_text(settings.config_file),
             servers=servers,
         )
         _check_search(settings)
-        self.table = rt.table(self.config_rules)
+        self.table = needrules.table(self.config_rules)
         self.pool = McpPool(
             settings.mcp_servers, allowed_roots=settings.tools.allowed_roots, clock=clock
         )
         self.tools: dict[str, Tool] = build_tools(settings, self.pool)
         self.tools.update(tools or {})
-        self._templates: dict[str, rt.RuleTable] = {}
+        self._templates: dict[str, needrules.RuleTable] = {}
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
         self._gate = asyncio.Semaphore(self.limits.parallel)
@@ -241,7 +241,7 @@ class NeedRouter:
 
     # -- rules ------------------------------------------------------------------------
 
-    def rules(self, template: str | None = None) -> rt.RuleTable:
+    def rules(self, template: str | None = None) -> needrules.RuleTable:
         """The table for a conversation's template (template rules come first)."""
         if not template:
             return self.table
@@ -252,7 +252,7 @@ class NeedRouter:
             )
         return cached
 
-    def _template_rules(self, name: str) -> tuple[rt.Rule, ...]:
+    def _template_rules(self, name: str) -> tuple[needrules.Rule, ...]:
         tpl = load_template(self.home, name)
         raws = tpl.extra.get("routes")
         if not raws:
@@ -260,7 +260,7 @@ class NeedRouter:
         path = self.home.templates / name / "template.toml"
         if not path.is_file():
             path = Path(__file__).parent / "skeleton" / "templates" / name / "template.toml"
-        return rt.compile_rules(
+        return needrules.compile_rules(
             raws, source=str(path), text=_config_text(path), servers=list(self.settings.mcp_servers)
         )
 
@@ -273,7 +273,7 @@ class NeedRouter:
             self.rules(name)
         return names
 
-    def route(self, need: str, *, template: str | None = None) -> rt.Route | None:
+    def route(self, need: str, *, template: str | None = None) -> needrules.Route | None:
         """Pure lookup: the rule and arguments for ``need``; None when no rule matches."""
         found = self.rules(template).route(need)
         if found is None or found.tool == "agent":
@@ -282,7 +282,7 @@ class NeedRouter:
 
     def plan_routes(
         self, needs: Sequence[str], *, template: str | None = None
-    ) -> list[rt.Route | None]:
+    ) -> list[needrules.Route | None]:
         """The route of each of the first ``needs_per_reply`` needs (None: the agent answers).
         Needs past the limit are never routed: they get one "limit reached" answer together."""
         return [self.route(n, template=template) for n in needs[: self.limits.needs_per_reply]]
@@ -319,7 +319,7 @@ class NeedRouter:
         conv_id: str,
         turn_key: str,
         template: str | None = None,
-        routes: Sequence[rt.Route | None] | None = None,
+        routes: Sequence[needrules.Route | None] | None = None,
     ) -> list[Answered]:
         """One :class:`Answered` per need, in order; needs are looked up concurrently.
 
@@ -328,7 +328,7 @@ class NeedRouter:
         head = list(needs[:cap])
         turn = self._turn(conv_id, turn_key)
         out: list[Answer | None] = [None] * len(head)
-        jobs: dict[str, tuple[rt.Route, list[int]]] = {}
+        jobs: dict[str, tuple[needrules.Route, list[int]]] = {}
         if routes is None:
             try:
                 routes = self.plan_routes(head, template=template)
@@ -371,7 +371,7 @@ class NeedRouter:
             log.warning("need_limit", conv=conv_id, asked=len(needs), cap=cap)
         return answered
 
-    async def _answer(self, found: rt.Route, conv_id: str) -> Answer:
+    async def _answer(self, found: needrules.Route, conv_id: str) -> Answer:
         """One routed need under the conversation's rate limit; never raises."""
         bucket = self._bucket(conv_id)
         if not bucket.take():
@@ -439,7 +439,7 @@ class NeedRouter:
 
     # -- native tool calls ------------------------------------------------------------
 
-    def _usable(self, rule: rt.Rule) -> bool:
+    def _usable(self, rule: needrules.Rule) -> bool:
         tool = self.tools.get(rule.tool)
         if isinstance(tool, ConfiguredSearch):
             return tool.configured
@@ -453,7 +453,7 @@ class NeedRouter:
     def tool_specs(self, *, template: str | None = None) -> list[dict[str, Any]]:
         """The rules offered as native tools (Ollama/OpenAI ``tools`` format)."""
         return [
-            rt.tool_spec(rule)
+            needrules.tool_spec(rule)
             for rule in self.rules(template).functions().values()
             if self._usable(rule)
         ]
@@ -462,7 +462,7 @@ class NeedRouter:
         self, text: str, *, template: str | None = None
     ) -> list[tuple[str, dict[str, Any]]]:
         """Tool calls a model wrote as JSON text, limited to the offered tool names."""
-        return rt.parse_text_tool_calls(text, known=self.rules(template).functions())
+        return needrules.parse_text_tool_calls(text, known=self.rules(template).functions())
 
     async def call_tool(
         self,
@@ -478,13 +478,13 @@ class NeedRouter:
         if rule is None:
             known = ", ".join(self.rules(template).functions()) or "none"
             return self._plain(name, "failed", f"unknown tool {name!r}; tools: {known}", name)
-        args = rt.heal_arguments(arguments, rule.params)
-        missing = rt.missing_params(rule, args)
+        args = needrules.heal_arguments(arguments, rule.params)
+        missing = needrules.missing_params(rule, args)
         if missing:
             return self._plain(
                 rule.tool, "failed", f"missing argument(s): {', '.join(missing)}", name
             )
-        found = rt.route_call(rule, args)
+        found = needrules.route_call(rule, args)
         turn = self._turn(conv_id, turn_key)
         key = canonical_need(found.need)
         earlier = turn.answers.get(key)

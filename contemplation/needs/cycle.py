@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 
+import structlog
+
 from contemplation.conversation import next_action, turn_start, unanswered
 from contemplation.errors import ConfigError
 from contemplation.layout import Conv
 from contemplation.models import Block, Metadata, Status
-from contemplation.runtime import Runtime, lock, log, set_status
+from contemplation.runtime import Runtime, lock, set_status
 from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
 from contemplation.tracking import Tracked
+
+log = structlog.get_logger("contemplation.needs.cycle")
 
 
 def plan(
@@ -28,7 +32,7 @@ def plan(
     try:
         routes = tuple(rt.need_router().plan_routes(needs, template=meta.template))
     except ConfigError as exc:
-        log.error("routing_rules_broken", conv=meta.id, error=str(exc))
+        log.error("routing_rules_broken", conv=meta.id, error=str(exc))  # noqa: TRY400 - the message is the whole story
         return None
     if all(r is None for r in routes) and len(needs) <= len(routes):
         return None
@@ -76,8 +80,13 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 limit.render_block(*over),
                 msg_id=f"{base}-over",
             )
-            rt.notify(conv.id, "need_answered", need=f"{len(over)} needs", tool=limit.tool,
-                      status=limit.status)
+            rt.notify(
+                conv.id,
+                "need_answered",
+                need=f"{len(over)} needs",
+                tool=limit.tool,
+                status=limit.status,
+            )
         # a need the log still shows unanswered would be looked up again forever: stop instead
         after = next_action(seen.view(conv, meta.agent_label).refresh().blocks)
         stuck = still.difference(left).intersection(after.needs if after.action == "needs" else ())
