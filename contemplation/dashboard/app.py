@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 
 from contemplation import actions
 from contemplation.dashboard import export
+from contemplation.dashboard import search as full_text
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
 from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
@@ -36,7 +37,10 @@ from contemplation.writer import daemon_alive
 
 STATIC = Path(__file__).parent / "static"
 HEARTBEAT = 15.0
+SEARCHES_AT_ONCE = 4  # running or waiting; more get 429 (each one is bounded in time)
+BODY_SLACK = 64 * 1024  # a JSON body may exceed max_message_bytes by its escaping and fields
 T = TypeVar("T")
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _status_of(exc: ContemplationError) -> int:
@@ -68,6 +72,9 @@ class Dashboard:
         self.port = settings.dashboard_port
         self.started = time.time()
         self._lock = threading.Lock()
+        self.search_limits = full_text.Limits()
+        self._search_lock = asyncio.Lock()
+        self._searches = 0
 
     @property
     def url(self) -> str:
@@ -110,6 +117,13 @@ class Dashboard:
 
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    async def favicon(self, request: Request) -> Response:
+        return FileResponse(
+            STATIC / "favicon.svg",
+            media_type="image/svg+xml",
+            headers={"cache-control": "max-age=86400"},
+        )
 
     async def health(self, request: Request) -> Response:
         return JSONResponse(
@@ -157,6 +171,33 @@ class Dashboard:
 
         return await self._call(rows)
 
+    async def search(self, request: Request) -> Response:
+        """``GET /api/search?q=TEXT``: the logs' full text (see :mod:`.search` for the bounds).
+        The scan runs in a worker thread, outside the reads' lock, a few at a time."""
+        limits = self.search_limits
+        try:
+            query = full_text.check_query(request.query_params.get("q", ""), limits)
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        if self._searches >= SEARCHES_AT_ONCE:
+            return JSONResponse(
+                {"error": "too many searches at once; try again in a moment"},
+                status_code=429,
+                headers={"retry-after": "1"},
+            )
+        self._searches += 1
+        try:
+            rows = await self._run(self.reader.summaries)
+            async with self._search_lock:
+                data = await anyio.to_thread.run_sync(
+                    lambda: full_text.search(self.home, rows, query, limits)
+                )
+        except OSError as exc:
+            return JSONResponse({"error": f"{exc.strerror or exc}"}, status_code=500)
+        finally:
+            self._searches -= 1
+        return JSONResponse(data, headers={"cache-control": "no-store"})
+
     async def conversation(self, request: Request) -> Response:
         def detail() -> dict[str, Any]:
             conv = self._conv(request)
@@ -167,6 +208,8 @@ class Dashboard:
                 self.reader.pending_needs(conv, meta) if meta and not conv.is_completed else []
             )
             out["template"] = meta.template if meta else ""
+            out["cancel_requested"] = os.path.lexists(conv.dir / ".cancel")
+            out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
             if state is not None:
                 out["last_turn"] = state.last_turn.model_dump() if state.last_turn else None
@@ -298,6 +341,23 @@ class Dashboard:
             )
         )
 
+    async def cancel(self, request: Request) -> Response:
+        def run() -> Response:
+            conv = self._conv(request)
+            stopping = actions.cancel(conv)
+            if stopping is None:
+                state = read_state(conv)
+                now = state.status.value if state else "pending"
+                return JSONResponse(
+                    {"error": f"nothing is running in {conv.id} (status {now}); nothing to cancel"},
+                    status_code=409,
+                )
+            return JSONResponse(
+                {"cancelling": stopping.value}, headers={"cache-control": "no-store"}
+            )
+
+        return await self._call(run)
+
     async def archive(self, request: Request) -> Response:
         def run() -> dict[str, Any]:
             dest = actions.archive_conversation(self.home, self._conv(request))
@@ -307,23 +367,34 @@ class Dashboard:
 
     # -- the app ------------------------------------------------------------------------
 
+    def actions(self) -> dict[str, Handler]:
+        """The write endpoints: ``POST /api/conversations/{id}/<name>``, each behind the
+        Guard's token, Origin, content-type and body-size rules. A new action (``approve``
+        for awaiting_approval) is one entry here and one case in :func:`available_actions`."""
+        return {
+            "messages": self.send,
+            "respond": self.respond,
+            "cancel": self.cancel,
+            "archive": self.archive,
+        }
+
     def asgi(self) -> ASGIApp:
         c = "/api/conversations/{conv_id}"
         routes = [
             Route("/", self.page),
             Route("/c/{conv_id}", self.page),
+            Route("/favicon.ico", self.favicon),
             Route("/health", self.health),
             Route("/api/status", self.status),
             Route("/api/metrics", self.metrics),
             Route("/api/events", self.events),
+            Route("/api/search", self.search),
             Route("/api/conversations", self.conversations),
             Route(c, self.conversation),
             Route(c + "/blocks", self.blocks),
             Route(c + "/export.md", self.export_md),
             Route(c + "/export.json", self.export_json),
-            Route(c + "/messages", self.send, methods=["POST"]),
-            Route(c + "/respond", self.respond, methods=["POST"]),
-            Route(c + "/archive", self.archive, methods=["POST"]),
+            *(Route(f"{c}/{name}", fn, methods=["POST"]) for name, fn in self.actions().items()),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
         return Guard(
@@ -331,7 +402,21 @@ class Dashboard:
             token=lambda: self.token,
             hosts=lambda: allowed_hosts(self.host, self.port),
             reads_need_token=self.settings.dashboard_allow_remote,
+            max_body=2 * self.settings.max_message_bytes + BODY_SLACK,
         )
+
+
+def available_actions(detail: dict[str, Any]) -> list[str]:
+    """What the page may offer for a conversation now (the endpoints still check)."""
+    if detail.get("completed"):
+        return []
+    out = ["messages"]
+    if detail.get("pending_needs"):
+        out.append("respond")
+    if detail.get("status") in actions.CANCELLABLE:
+        out.append("cancel")
+    out.append("archive")
+    return out
 
 
 def _text(body: dict[str, Any]) -> str:

@@ -4,7 +4,8 @@
   with our port): a DNS-rebinding page gets 400, whatever its address resolves to;
 * every state-changing request (anything but GET/HEAD): ``Authorization: Bearer <token>``
   (the token from the 0600 file), ``Content-Type: application/json`` and, when the browser
-  sends one, an ``Origin`` of this server;
+  sends one, an ``Origin`` of this server; and a body of at most ``max_body`` bytes (413
+  beyond, by ``Content-Length`` before anything is read, else as the chunks arrive);
 * every response: a strict CSP, no framing, no sniffing, no referrer.
 """
 
@@ -50,11 +51,13 @@ class Guard:
         token: Callable[[], str],
         hosts: Callable[[], set[str]],
         reads_need_token: bool = False,
+        max_body: int = 1 << 20,
     ) -> None:
         self.app = app
         self.token = token
         self.hosts = hosts
         self.reads_need_token = reads_need_token  # served beyond loopback
+        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,6 +76,8 @@ class Guard:
                 message = {**message, "headers": raw + SECURITY_HEADERS}
             await send(message)
 
+        if refusal is None and scope["method"] not in SAFE_METHODS:
+            refusal, receive = await self._bounded_body(headers, receive)
         if refusal is not None:
             status, text = refusal
             body = json.dumps({"error": text}).encode()
@@ -89,6 +94,39 @@ class Guard:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send_with_headers)
+
+    async def _bounded_body(
+        self, headers: Headers, receive: Receive
+    ) -> tuple[tuple[int, str] | None, Receive]:
+        """The request body read whole, at most ``max_body`` bytes, and a ``receive`` that
+        replays it to the app; or the 413 refusal (a 400 for a body that ends early)."""
+        too_big = 413, f"the request body is larger than {self.max_body} bytes"
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            return too_big, receive
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return (400, "the client went away before the body was sent"), receive
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return too_big, receive
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        return None, replay
 
     def _refusal(self, method: str, headers: Headers) -> tuple[int, str] | None:
         hosts = self.hosts()

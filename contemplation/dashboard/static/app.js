@@ -27,8 +27,8 @@ function flash(text, bad) {
   f.className = bad ? "bad" : "ok";
 }
 
-async function getJSON(url) {
-  const r = await fetch(url, { headers: { Accept: "application/json", Authorization: "Bearer " + token() } });
+async function getJSON(url, signal) {
+  const r = await fetch(url, { signal, headers: { Accept: "application/json", Authorization: "Bearer " + token() } });
   if (!r.ok) throw new Error((await r.json().catch(() => ({}))).error || r.statusText);
   return r.json();
 }
@@ -114,9 +114,57 @@ async function loadMetrics() {
   for (const [k, v] of items) dl.append(el("dt", null, k), el("dd", null, v));
 }
 
+// -- full-text search over the logs (bounded on the server; see /api/search) --------------
+let searching = null;
+let searchTimer = null;
+
+function renderHit(h) {
+  const li = el("li", "hit");
+  li.dataset.id = h.id;
+  const a = el("a", null, h.topic || h.id);
+  const first = h.snippets[0];
+  a.href = "/c/" + encodeURIComponent(h.id) + (first ? "#at=" + first.offset : "");
+  const counted = h.hits + (h.more_hits ? "+" : "");
+  const where = [h.hits ? counted + " in the log" : "", h.fields.length ? "in " + h.fields.join(", ") : "",
+    h.partial ? "log searched in part" : ""].filter(Boolean).join(" · ");
+  li.append(a, el("span", "where", " " + where + " · " + h.status));
+  for (const sn of h.snippets) {
+    const d = el("div", "snippet");
+    d.append(el("span", null, sn.before), el("mark", null, sn.match), el("span", null, sn.after));
+    li.append(d);
+  }
+  return li;
+}
+
+function renderHits(data) {
+  const s = data.scanned;
+  const bound = { results: "the result limit", bytes: "the byte limit", time: "the time limit" }[data.stopped];
+  $("text-note").textContent = data.count + " conversation" + (data.count === 1 ? "" : "s") +
+    " · searched " + s.conversations + " of " + s.of + " (" + Math.round(s.bytes / 1024) + " KiB)" +
+    (bound ? " · stopped at " + bound : "");
+  $("text-hits").replaceChildren(...data.results.map(renderHit));
+  $("text-results").hidden = false;
+}
+
+async function fullText() {
+  const q = $("search").value.trim();
+  if (searching) searching.abort();
+  if (q.length < 2) { $("text-results").hidden = true; return; }
+  searching = new AbortController();
+  try {
+    renderHits(await getJSON("/api/search?q=" + encodeURIComponent(q), searching.signal));
+  } catch (e) {
+    if (e.name !== "AbortError") flash("search: " + e.message, true);
+  }
+}
+
 function listPage() {
   $("list-page").hidden = false;
   $("search").addEventListener("input", renderList);
+  $("search").addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(fullText, 250);
+  });
   $("status-filter").addEventListener("change", renderList);
   let timer = null;
   const refresh = () => {
@@ -124,7 +172,8 @@ function listPage() {
     timer = setTimeout(() => { loadList().catch(() => {}); loadMetrics().catch(() => {}); }, 150);
   };
   const es = new EventSource("/api/events?token=" + encodeURIComponent(token()));
-  for (const ev of ["message", "reply", "generating", "error", "retrying", "cancelled", "archived", "rejected", "resync"]) {
+  for (const ev of ["message", "reply", "generating", "error", "retrying", "cancelled", "archived",
+    "rejected", "awaiting_agent", "need_answered", "resync"]) {
     es.addEventListener(ev, refresh);
   }
   loadList().catch((e) => flash(e.message, true));
@@ -165,6 +214,7 @@ async function loadBlocks() {
       if (d.reset) log.replaceChildren();
       for (const b of d.blocks) log.append(renderBlock(b));
       cursor = d.cursor;
+      showHit();
       const live = $("live");
       if (d.partial) {
         live.hidden = false;
@@ -178,6 +228,22 @@ async function loadBlocks() {
   } finally {
     loading = false;
   }
+}
+
+// a search result links to #at=<byte offset>: mark the block that holds it, once
+let hitShown = false;
+function showHit() {
+  const m = location.hash.match(/at=(\d+)/);
+  if (hitShown || !m) return;
+  const at = Number(m[1]);
+  let found = null;
+  for (const b of document.querySelectorAll("#log article[data-offset]")) {
+    if (Number(b.dataset.offset) <= at) found = b;
+  }
+  if (!found) return;
+  hitShown = true;
+  found.classList.add("hit");
+  found.scrollIntoView({ block: "center" });
 }
 
 function streamToken(text) {
@@ -199,18 +265,69 @@ async function loadDetail() {
   $("conv-meta").textContent = [c.id, c.backend + "/" + c.model, "status: " + c.status,
     "turns: " + c.turns, c.completed ? "archived" : ""].filter(Boolean).join(" · ");
   $("conv-meta").dataset.status = c.status;
-  const sel = $("need-select");
-  sel.replaceChildren(el("option", null, "(plain message)"));
-  sel.firstChild.value = "";
-  (c.pending_needs || []).forEach((n, i) => {
-    const o = el("option", null, n);
-    o.value = String(i + 1);
-    sel.append(o);
+  const can = new Set(c.actions || []);
+  renderNeeds(can.has("respond") ? c.pending_needs : []);
+  const cancel = $("cancel");
+  cancel.hidden = !can.has("cancel");
+  cancel.disabled = !!c.cancel_requested;
+  cancel.textContent = c.cancel_requested ? "cancelling…" : "cancel the turn";
+  $("send-form").hidden = !can.has("messages");
+  $("archive").hidden = !can.has("archive");
+}
+
+// one form per pending need; kept as they are (with what is typed) while the list is unchanged
+let shownNeeds = "[]";
+function renderNeeds(needs) {
+  const key = JSON.stringify(needs);
+  $("needs").hidden = needs.length === 0;
+  if (key === shownNeeds) return;
+  shownNeeds = key;
+  $("need-forms").replaceChildren(...needs.map(needForm));
+}
+
+function needForm(need) {
+  const f = el("form", "need-form");
+  f.dataset.need = need;
+  const box = el("textarea", "need-answer");
+  box.rows = 3;
+  box.setAttribute("aria-label", "answer to: " + need);
+  box.placeholder = "your answer";
+  const button = el("button", null, "answer");
+  button.type = "submit";
+  f.append(el("div", "need", "NEED: " + need), box, button);
+  f.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    button.disabled = true;
+    try {
+      const r = await post(convBase() + "/respond", { need, text: box.value });
+      flash("answered: " + r.answered);
+      f.classList.add("sent");
+      await loadDetail();
+    } catch (err) {
+      flash("refused: " + err.message, true);
+    } finally {
+      button.disabled = false;
+    }
   });
-  if (c.pending_needs && c.pending_needs.length) sel.value = "1";
-  $("needs").hidden = !(c.pending_needs && c.pending_needs.length);
-  $("send-form").hidden = !!c.completed;
-  $("archive").hidden = !!c.completed;
+  return f;
+}
+
+function convBase() {
+  return "/api/conversations/" + encodeURIComponent(convId);
+}
+
+async function cancelTurn() {
+  const b = $("cancel");
+  b.disabled = true;
+  try {
+    const r = await post(convBase() + "/cancel", {});
+    flash("cancel requested (it was " + r.cancelling + ")");
+    b.textContent = "cancelling…";
+  } catch (err) {
+    flash("refused: " + err.message, true);
+    b.disabled = false;
+  }
+  loadDetail().catch(() => {});
 }
 
 function convPage(id) {
@@ -223,18 +340,15 @@ function convPage(id) {
   $("export-json").setAttribute("download", id + ".json");
   $("send-form").addEventListener("submit", async (e) => {
     e.preventDefault();
-    const text = $("message").value;
-    const need = $("needs").hidden ? "" : $("need-select").value;
     try {
-      const r = need
-        ? await post(base + "/respond", { text, need })
-        : await post(base + "/messages", { text });
+      await post(base + "/messages", { text: $("message").value });
       $("message").value = "";
-      flash(r.answered ? "answered: " + r.answered : "queued");
+      flash("queued");
     } catch (err) {
       flash("refused: " + err.message, true);
     }
   });
+  $("cancel").addEventListener("click", cancelTurn);
   $("archive").addEventListener("click", async () => {
     try {
       await post(base + "/archive", {});
@@ -246,8 +360,13 @@ function convPage(id) {
   });
   const es = new EventSource("/api/events?conv=" + encodeURIComponent(id) + "&token=" + encodeURIComponent(token()));
   es.addEventListener("token", (e) => streamToken(JSON.parse(e.data).text || ""));
-  es.addEventListener("generating", () => { $("live").replaceChildren(); streamToken(""); });
-  for (const ev of ["message", "reply", "error", "retrying", "cancelled", "note", "archived", "rejected", "resync", "hello"]) {
+  es.addEventListener("generating", () => {
+    $("live").replaceChildren();
+    streamToken("");
+    loadDetail().catch(() => {});
+  });
+  for (const ev of ["message", "reply", "error", "retrying", "cancelled", "note", "archived", "rejected",
+    "awaiting_agent", "need_answered", "resync", "hello"]) {
     es.addEventListener(ev, () => { loadBlocks().catch(() => {}); loadDetail().catch(() => {}); });
   }
   loadDetail().catch((e) => flash(e.message, true));
