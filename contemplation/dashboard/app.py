@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -41,6 +42,8 @@ SEARCHES_AT_ONCE = 4  # running or waiting; more get 429 (each one is bounded in
 BODY_SLACK = 64 * 1024  # a JSON body may exceed max_message_bytes by its escaping and fields
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
+# where the cancel button shows: the statuses actions.cancel stops (it decides; 409 otherwise)
+CANCEL_SHOWN = frozenset({"generating", "routing", "retrying"})
 
 
 def _status_of(exc: ContemplationError) -> int:
@@ -398,12 +401,18 @@ class Dashboard:
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
         return Guard(
-            Starlette(routes=routes),
+            Starlette(routes=routes, exception_handlers={HTTPException: _http_error}),
             token=lambda: self.token,
             hosts=lambda: allowed_hosts(self.host, self.port),
             reads_need_token=self.settings.dashboard_allow_remote,
             max_body=2 * self.settings.max_message_bytes + BODY_SLACK,
         )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route: 404, wrong method: 405) as JSON too."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def available_actions(detail: dict[str, Any]) -> list[str]:
@@ -413,7 +422,7 @@ def available_actions(detail: dict[str, Any]) -> list[str]:
     out = ["messages"]
     if detail.get("pending_needs"):
         out.append("respond")
-    if detail.get("status") in actions.CANCELLABLE:
+    if detail.get("status") in CANCEL_SHOWN:
         out.append("cancel")
     out.append("archive")
     return out

@@ -1,0 +1,258 @@
+"""The dashboard's write endpoints, full-text search and favicon over real HTTP on loopback
+(uvicorn serving a real home, no daemon, so what an action writes stays on disk to be seen)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from contemplation import settings as settings_mod
+from contemplation.dashboard import search as full_text
+from contemplation.layout import Conv, Home, read_state
+from contemplation.models import Status
+from contemplation.reading import Reader
+from contemplation.writer import open_writer
+from tests.dashboard_served import Served, make_conv, serve
+
+ACTIONS = ["messages", "respond", "cancel", "archive"]
+MAX_MESSAGE = 4000
+
+
+@pytest.fixture
+def served(home: Home) -> Iterator[Served]:
+    settings = settings_mod.load(
+        home=home.root, env={}, config=None, overrides={"max_message_bytes": MAX_MESSAGE}
+    )
+    with serve(settings) as s:
+        yield s
+
+
+@pytest.fixture
+def web(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.base, timeout=10) as c:
+        yield c
+
+
+def auth(served: Served, **extra: str) -> dict[str, str]:
+    return {
+        "Authorization": f"Bearer {served.token}",
+        "Content-Type": "application/json",
+        **extra,
+    }
+
+
+def generating(home: Home, reply: str = "Need it.\nNEED: the schema") -> Conv:
+    """A conversation whose turn is running (as the daemon marks it) with a pending need."""
+    conv = make_conv(home, "busy", "Question", reply)
+    with open_writer(conv) as w:
+        w.set_status(Status.GENERATING)
+    return conv
+
+
+def untouched(home: Home, conv: Conv) -> None:
+    assert list(conv.inbox.iterdir()) == []
+    assert not (conv.dir / ".cancel").exists()
+    assert (home.active / conv.id).is_dir()
+
+
+BODIES: dict[str, dict[str, Any]] = {
+    "messages": {"text": "hi"},
+    "respond": {"text": "the answer", "need": "the schema"},
+    "cancel": {},
+    "archive": {},
+}
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_every_write_endpoint_needs_the_token_and_our_origin(
+    home: Home, served: Served, web: httpx.Client, action: str
+) -> None:
+    conv = generating(home)
+    url = f"/api/conversations/{conv.id}/{action}"
+    body = json.dumps(BODIES[action])
+    json_only = {"Content-Type": "application/json"}
+    r = web.post(url, content=body, headers=json_only)
+    assert r.status_code == 401 and "token" in r.json()["error"]
+    wrong = {**json_only, "Authorization": "Bearer " + "x" * 43}
+    assert web.post(url, content=body, headers=wrong).status_code == 401
+    for origin in ("http://evil.example", "null", f"http://127.0.0.1:{served.port + 1}"):
+        r = web.post(url, content=body, headers=auth(served, Origin=origin))
+        assert r.status_code == 403 and r.json()["error"] == "cross-origin request refused"
+    assert web.get(url, headers=auth(served)).status_code == 405  # reads cannot act
+    untouched(home, conv)
+    ok = web.post(url, content=body, headers=auth(served, Origin=served.base))
+    assert ok.status_code == 200, ok.text
+
+
+def test_an_unknown_action_is_404_and_still_needs_the_token(
+    home: Home, served: Served, web: httpx.Client
+) -> None:
+    conv = generating(home)
+    url = f"/api/conversations/{conv.id}/approve"  # comes later, with per-route permissions
+    assert (
+        web.post(url, content=b"{}", headers={"Content-Type": "application/json"}).status_code
+        == 401
+    )
+    assert web.post(url, content=b"{}", headers=auth(served)).status_code == 404
+    untouched(home, conv)
+
+
+def test_oversized_bodies_are_refused_with_413(home: Home, served: Served) -> None:
+    conv = make_conv(home, "sizes", "Q", "A")
+    limit = 2 * MAX_MESSAGE + 64 * 1024
+    path = f"/api/conversations/{conv.id}/messages"
+
+    def post(body: bytes | Iterator[bytes], headers: dict[str, str]) -> tuple[int, Any]:
+        c = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        try:
+            c.request(
+                "POST", path, body=body, headers=headers, encode_chunked=not isinstance(body, bytes)
+            )
+            r = c.getresponse()
+            return r.status, json.loads(r.read())
+        finally:
+            c.close()
+
+    headers = auth(served)
+    big = json.dumps({"text": "x" * (limit + 10)}).encode()
+    status, data = post(big, headers)  # refused by Content-Length, before any is read
+    assert status == 413 and str(limit) in data["error"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as the chunks arrive
+        yield b'{"text": "'
+        for _ in range(limit // 8192 + 2):
+            yield b"y" * 8192
+        yield b'"}'
+
+    status, data = post(chunks(), headers)
+    assert status == 413 and str(limit) in data["error"]
+    # without the token, the body is never read: 401 whatever its size
+    status, _ = post(big, {"Content-Type": "application/json"})
+    assert status == 401
+    # within the body limit but over max_message_bytes: the action says which limit
+    status, data = post(json.dumps({"text": "z" * (MAX_MESSAGE + 1)}).encode(), headers)
+    assert status == 422 and "max_message_bytes" in data["error"]
+    assert list(conv.inbox.iterdir()) == []
+    status, data = post(json.dumps({"text": "fits"}).encode(), headers)
+    assert status == 200 and (conv.inbox / data["queued"]).read_text() == "fits"
+
+
+def test_cancel_writes_the_flag_only_while_a_turn_runs(
+    home: Home, served: Served, web: httpx.Client
+) -> None:
+    idle = make_conv(home, "idle one", "Q", "A")
+    r = web.post(f"/api/conversations/{idle.id}/cancel", content=b"{}", headers=auth(served))
+    assert r.status_code == 409 and "nothing is running" in r.json()["error"]
+    assert not (idle.dir / ".cancel").exists()
+    assert "cancel" not in web.get(f"/api/conversations/{idle.id}").json()["actions"]
+
+    busy = generating(home)
+    detail = web.get(f"/api/conversations/{busy.id}").json()
+    assert "cancel" in detail["actions"] and detail["cancel_requested"] is False
+    r = web.post(f"/api/conversations/{busy.id}/cancel", content=b"{}", headers=auth(served))
+    assert r.status_code == 200 and r.json() == {"cancelling": "generating"}
+    assert (busy.dir / ".cancel").is_file()  # the flag the daemon honours once
+    assert web.get(f"/api/conversations/{busy.id}").json()["cancel_requested"] is True
+    state = read_state(busy)
+    assert state is not None and state.status is Status.GENERATING  # the daemon decides
+
+
+def test_detail_offers_the_actions_that_fit_the_status(
+    home: Home, served: Served, web: httpx.Client
+) -> None:
+    waiting = make_conv(home, "waiting", "Q", "Two things.\nNEED: the schema\nNEED: the counts")
+    d = web.get(f"/api/conversations/{waiting.id}").json()
+    assert d["pending_needs"] == ["the schema", "the counts"]
+    assert d["actions"] == ["messages", "respond", "archive"]
+    r = web.post(
+        f"/api/conversations/{waiting.id}/respond",
+        content=json.dumps({"need": "the counts", "text": "12 rows"}),
+        headers=auth(served),
+    )
+    assert r.status_code == 200 and r.json()["still_pending"] == ["the schema"]
+    done = make_conv(home, "done", "Q", "A")
+    assert (
+        web.post(
+            f"/api/conversations/{done.id}/archive", content=b"{}", headers=auth(served)
+        ).status_code
+        == 200
+    )
+    assert web.get(f"/api/conversations/{done.id}").json()["actions"] == []
+
+
+# --------------------------------------------------------------------------- search
+
+
+def test_full_text_search_finds_log_text_case_insensitively(home: Home, web: httpx.Client) -> None:
+    a = make_conv(home, "Animals", "Where do QUOKKAS live?", "On Rottnest Island, mostly.")
+    b = make_conv(home, "Islands", "Name one island", "Rottnest — home of the quokka.")
+    make_conv(home, "Unrelated", "What is 2+2?", "4")
+    r = web.get("/api/search", params={"q": "quokka"})
+    assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+    data = r.json()
+    assert {h["id"] for h in data["results"]} == {a.id, b.id}
+    assert data["scanned"]["conversations"] == 3 and data["stopped"] is None
+    by_id = {h["id"]: h for h in data["results"]}
+    snip = by_id[a.id]["snippets"][0]
+    assert snip["match"] == "QUOKKA" and snip["after"].startswith("S live?")
+    assert by_id[b.id]["snippets"][0]["match"] == "quokka"
+    log = b.log.read_bytes()
+    off = by_id[b.id]["snippets"][0]["offset"]  # a byte offset into the log (after "—")
+    assert log[off : off + 6] == b"quokka"
+    topic = web.get("/api/search", params={"q": "unrelat"}).json()["results"]
+    assert [(h["fields"], h["hits"]) for h in topic] == [
+        (["id", "topic"], 0)
+    ]  # the id holds the topic slug
+
+
+@pytest.mark.parametrize(
+    "params,expect",
+    [({}, "needs a query"), ({"q": "  "}, "needs a query"), ({"q": "x" * 201}, "limit is 200")],
+)
+def test_a_bad_search_is_400(web: httpx.Client, params: dict[str, str], expect: str) -> None:
+    r = web.get("/api/search", params=params)
+    assert r.status_code == 400 and expect in r.json()["error"]
+
+
+def test_search_bounds_bytes_results_and_snippets(home: Home) -> None:
+    convs = [make_conv(home, f"c{i}", "needle " * 50, "A " + "filler " * 200) for i in range(6)]
+    rows = Reader(home).summaries()
+    small = full_text.Limits(per_conv_bytes=200, snippets_per_conv=2, hits_counted=10)
+    got = full_text.search(home, rows, "NEEDLE", small)
+    assert got["count"] == 6 and got["scanned"]["bytes"] <= 6 * 200
+    for h in got["results"]:
+        assert len(h["snippets"]) == 2 and h["partial"] is True and h["hits"] <= 10
+    capped = full_text.search(home, rows, "needle", full_text.Limits(max_results=2))
+    assert capped["count"] == 2 and capped["stopped"] == "results"
+    total = full_text.search(home, rows, "needle", full_text.Limits(total_bytes=1500))
+    assert total["stopped"] == "bytes" and total["scanned"]["bytes"] <= 1500
+    assert total["scanned"]["conversations"] < len(convs)
+    ticks = iter(range(100))
+    slow = full_text.search(
+        home, rows, "needle", full_text.Limits(deadline_s=2.5), clock=lambda: float(next(ticks))
+    )
+    assert slow["stopped"] == "time" and slow["scanned"]["conversations"] == 2
+
+
+def test_search_never_follows_a_link_out_of_the_home(
+    home: Home, web: httpx.Client, tmp_path: Any
+) -> None:
+    conv = make_conv(home, "linked", "Q", "A")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("zebra-password\n")
+    (conv.dir / "messages.1.log").symlink_to(secret)
+    data = web.get("/api/search", params={"q": "zebra-password"}).json()
+    assert data["results"] == []
+
+
+def test_favicon_is_served(web: httpx.Client) -> None:
+    r = web.get("/favicon.ico")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    assert r.text.startswith("<svg") and "</svg>" in r.text
+    assert web.get("/static/favicon.svg").status_code == 200
+    assert 'rel="icon" href="/static/favicon.svg"' in web.get("/").text
