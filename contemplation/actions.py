@@ -1,4 +1,5 @@
-"""What the faces (MCP server, dashboard) may change: start, send, respond, archive.
+"""What the faces (CLI, MCP server, dashboard) may change: create, start, send, respond,
+cancel, archive.
 
 Each action validates its input, then writes into the conversation folder through
 :mod:`contemplation.writer` only. None of them waits for the model: the daemon (if one runs)
@@ -17,13 +18,14 @@ from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
     Home,
+    Template,
     inbox_entries,
     load_template,
     processing_entries,
     read_metadata,
     read_state,
 )
-from contemplation.models import Status
+from contemplation.models import CANCELLABLE, Status
 from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.writer import (
@@ -41,8 +43,14 @@ KEY_TTL = 24 * 3600.0  # a client-supplied idempotency key is remembered this lo
 SAME_ARGS_WINDOW = 120.0  # identical start calls within this window are one conversation
 INITIAL_NAME = "0000-initial.msg"
 
+__all__ = [
+    "CANCELLABLE", "archive_conversation", "cancel", "check_text", "create", "require_active",
+    "respond", "send", "start",
+]  # fmt: skip
 
-def _check_text(text: str, settings: Settings, what: str = "the message") -> None:
+
+def check_text(text: str, settings: Settings, what: str = "the message") -> None:
+    """Refuse an empty or oversized message with one line that says which limit."""
     if not text.strip():
         raise InputRejected(f"{what} is empty")
     size = len(text.encode("utf-8"))
@@ -50,6 +58,61 @@ def _check_text(text: str, settings: Settings, what: str = "the message") -> Non
         raise InputRejected(
             f"{what} is {size} bytes; the limit is {settings.max_message_bytes} (max_message_bytes)"
         )
+
+
+def _resolve(
+    settings: Settings,
+    home: Home,
+    topic: str,
+    *,
+    model: str | None,
+    backend: str | None,
+    template: str | None,
+) -> tuple[Template, str, str]:
+    """The template, backend and model a new conversation gets (flag, template, config)."""
+    if not topic.strip():
+        raise InputRejected("a conversation needs a topic")
+    tpl = load_template(home, template or settings.default_template)
+    backend_name = backend or tpl.backend or settings.default_backend
+    if backend_name not in backends.available():
+        known = ", ".join(backends.available())
+        raise InputRejected(f"unknown backend {backend_name!r}; known: {known}")
+    return tpl, backend_name, model or tpl.model or settings.default_model
+
+
+def _extra(reqs: list[dict[str, str]], think: bool | str | None) -> dict[str, Any] | None:
+    extra: dict[str, Any] = {}
+    if reqs:
+        extra["context_requirements"] = reqs
+    if think is not None:
+        extra["think"] = think  # the caller's choice wins over the template's
+    return extra or None
+
+
+def create(
+    settings: Settings,
+    topic: str,
+    *,
+    model: str | None = None,
+    backend: str | None = None,
+    template: str | None = None,
+    think: bool | str | None = None,
+) -> Conv:
+    """A new conversation with nothing queued (``contemplation new`` without a message)."""
+    home = Home(settings.home)
+    ensure_home(home)
+    tpl, backend_name, model_name = _resolve(
+        settings, home, topic, model=model, backend=backend, template=template
+    )
+    return new_conversation(
+        home,
+        topic,
+        template=tpl,
+        model=model_name,
+        backend=backend_name,
+        extra=_extra([], think),
+        durable=settings.durability == "fsync",
+    )
 
 
 def start(
@@ -62,56 +125,55 @@ def start(
     template: str | None = None,
     context_requirements: list[str] | None = None,
     idempotency_key: str | None = None,
+    think: bool | str | None = None,
 ) -> tuple[Conv, bool]:
     """A new conversation with its first message queued. Returns it and whether it is new."""
     home = Home(settings.home)
     ensure_home(home)
-    if not topic.strip():
-        raise InputRejected("a conversation needs a topic")
-    _check_text(initial_prompt, settings, "the initial prompt")
-    tpl = load_template(home, template or settings.default_template)
-    backend_name = backend or tpl.backend or settings.default_backend
-    if backend_name not in backends.available():
-        known = ", ".join(backends.available())
-        raise InputRejected(f"unknown backend {backend_name!r}; known: {known}")
-    model_name = model or tpl.model or settings.default_model
+    tpl, backend_name, model_name = _resolve(
+        settings, home, topic, model=model, backend=backend, template=template
+    )
+    check_text(initial_prompt, settings, "the initial prompt")
     reqs = [{"type": "need", "need": r} for r in (context_requirements or []) if r.strip()]
     if idempotency_key:
         key, ttl = "key:" + idempotency_key, KEY_TTL
     else:
-        args = [topic, initial_prompt, model_name, backend_name, tpl.name, reqs]
+        args = [topic, initial_prompt, model_name, backend_name, tpl.name, reqs, think]
         digest = hashlib.sha256(json.dumps(args, ensure_ascii=False).encode()).hexdigest()
         key, ttl = "args:" + digest, SAME_ARGS_WINDOW
 
-    def create() -> Conv:
+    def make() -> Conv:
         conv = new_conversation(
             home,
             topic,
             template=tpl,
             model=model_name,
             backend=backend_name,
-            extra={"context_requirements": reqs} if reqs else None,
+            extra=_extra(reqs, think),
             durable=settings.durability == "fsync",
         )
         drop_message(conv, initial_prompt, name=INITIAL_NAME)
         return conv
 
-    return idempotent_create(home, key, ttl, create)
+    return idempotent_create(home, key, ttl, make)
 
 
 def send(settings: Settings, conv: Conv, text: str) -> str:
     """Queue a plain message; returns the inbox file name."""
-    _active(conv)
-    _check_text(text, settings)
+    require_active(conv)
+    check_text(text, settings)
     return drop_message(conv, text).name
 
 
 def respond(
     settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None = None
 ) -> dict[str, Any]:
-    """Answer what the model waits for (a RESPONSE TO NEED block), else send a plain message."""
-    _active(conv)
-    _check_text(text, settings, "the response")
+    """Answer what the model waits for (a RESPONSE TO NEED block), else send a plain message.
+
+    Returns ``answered`` (the need, or None for a plain message), ``need_number`` (its place
+    among the pending needs, 1-based), ``queued`` (the inbox file) and ``still_pending``."""
+    require_active(conv)
+    check_text(text, settings, "the response")
     with faces_lock(conv):  # two responders at once: the second sees the first's answer
         return _respond(settings, reader, conv, text, need)
 
@@ -127,7 +189,12 @@ def _respond(
                 f"{conv.id} is not waiting for {need!r} (nothing is pending); "
                 "leave out the need to send a plain message"
             )
-        return {"answered": None, "queued": send(settings, conv, text), "still_pending": []}
+        return {
+            "answered": None,
+            "need_number": None,
+            "queued": send(settings, conv, text),
+            "still_pending": [],
+        }
     chosen = pending[0]
     if need:
         if need.isdigit() and 1 <= int(need) <= len(pending):
@@ -141,6 +208,7 @@ def _respond(
     name = drop_message(conv, body).name
     return {
         "answered": chosen,
+        "need_number": pending.index(chosen) + 1,
         "queued": name,
         "still_pending": [n for n in pending if n != chosen],
     }
@@ -165,14 +233,11 @@ def archive_conversation(home: Home, conv: Conv) -> Conv:
         return archive(home, conv)
 
 
-CANCELLABLE = frozenset({Status.GENERATING, Status.ROUTING, Status.RETRYING})
-
-
 def cancel(conv: Conv) -> Status | None:
     """Ask the daemon to stop the turn in flight (or its retries). Returns the status that is
     being cancelled, or None when nothing runs: then no flag is written, so no future turn
     can be cancelled by mistake."""
-    _active(conv)
+    require_active(conv)
     state = read_state(conv)
     if state is None or state.status not in CANCELLABLE:
         return None
@@ -180,6 +245,7 @@ def cancel(conv: Conv) -> Status | None:
     return state.status
 
 
-def _active(conv: Conv) -> None:
+def require_active(conv: Conv) -> None:
+    """Refuse to change an archived conversation, saying where it is (every face's wording)."""
     if conv.is_completed:
         raise ContemplationError(f"{conv.id} is archived (in completed/); start a new conversation")

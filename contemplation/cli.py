@@ -1,4 +1,7 @@
-"""The command line: thin over the library. Errors are one line and a non-zero exit."""
+"""The command line: thin over the library. Changes go through :mod:`contemplation.actions`
+and reads through :mod:`contemplation.reading`, as in the MCP server and the dashboard; the
+human wording is in :mod:`contemplation.show`. Errors are one line on stderr and a non-zero
+exit (the codes are in :data:`contemplation.cli_common.EXIT_CODES`)."""
 
 from __future__ import annotations
 
@@ -9,13 +12,30 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
+from click.shell_completion import get_completion_class
 
 from contemplation import __version__, actions, backends, show
-from contemplation import settings as settings_mod
-from contemplation.actions import archive_conversation
+from contemplation.cli_common import (
+    CONVERSATION,
+    EXIT_CODES,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NEEDS_AGENT,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    TEMPLATE,
+    ctx_home,
+    ctx_settings,
+    emit,
+    fail,
+    json_option,
+    lookup,
+    text_arg,
+)
+from contemplation.cli_models import models
 from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
 from contemplation.conversation import next_action
@@ -23,32 +43,21 @@ from contemplation.errors import ConfigError, ContemplationError
 from contemplation.layout import (
     Conv,
     Home,
-    find_conversation,
+    inbox_entries,
     list_conversations,
-    load_template,
+    open_regular,
+    processing_entries,
     read_log_bytes,
     read_metadata,
     read_state,
 )
-from contemplation.logs import configure
-from contemplation.models import Status
-from contemplation.parser import parse
-from contemplation.reading import Reader, log_text
-from contemplation.settings import Settings
+from contemplation.models import SETTLED, State, Status
+from contemplation.reading import Reader, log_text, summary
 from contemplation.terminal import safe
-from contemplation.writer import (
-    daemon_alive,
-    drop_message,
-    ensure_home,
-    new_conversation,
-)
+from contemplation.writer import daemon_alive, ensure_home
 
-WAIT_DONE = {Status.IDLE, Status.AWAITING_AGENT, Status.COMPLETE, Status.ERROR, Status.CANCELLED}
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+POLL = 0.1  # seconds between looks at the folder while following or waiting
+PROG = "contemplation"
 
 
 class _Group(click.Group):
@@ -60,40 +69,11 @@ class _Group(click.Group):
         except OSError as exc:
             fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         except KeyboardInterrupt:
-            sys.exit(130)
+            sys.exit(EXIT_INTERRUPTED)
 
 
-def _settings(ctx: click.Context) -> Settings:
-    obj: dict[str, Any] = ctx.ensure_object(dict)
-    if "settings" not in obj:
-        s = settings_mod.load(
-            config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
-        )
-        configure(s.log_format, s.log_level)
-        obj["settings"] = s
-    settings: Settings = obj["settings"]
-    return settings
-
-
-def _home(ctx: click.Context) -> Home:
-    return Home(_settings(ctx).home)
-
-
-def _text_arg(text: str) -> str:
-    if text == "-":
-        return sys.stdin.read()
-    return text
-
-
-def _emit(data: Any, as_json: bool, human: str) -> None:
-    if as_json:
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
-    else:
-        click.echo(safe(human))  # model text never drives the terminal
-
-
-@click.group(cls=_Group)
-@click.version_option(__version__, prog_name="contemplation")
+@click.group(cls=_Group, epilog=EXIT_CODES)
+@click.version_option(__version__, prog_name=PROG)
 @click.option(
     "--home",
     type=click.Path(path_type=Path),
@@ -105,7 +85,7 @@ def _emit(data: Any, as_json: bool, human: str) -> None:
     type=click.Choice(["auto", "console", "json"]),
     help="Diagnostic log format (stderr).",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging (stderr).")
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -130,9 +110,14 @@ def main(
 @click.argument("topic")
 @click.option("--model", "-m", help="Model name (default: template, then config).")
 @click.option("--backend", "-b", help=f"Backend ({', '.join(backends.available())}).")
-@click.option("--template", "-t", default=None, help="Template name (default: default).")
+@click.option("--template", "-t", type=TEMPLATE, help="Template name (default: default).")
+@click.option(
+    "--think/--no-think",
+    default=None,
+    help="Ask the model to think before it answers, or not (default: the template's choice).",
+)
 @click.option("--message", "message", help="First message (TEXT, or - for stdin).")
-@click.option("--json", "as_json", is_flag=True)
+@json_option('Print {"id", "path", "queued"} as JSON.')
 @click.pass_context
 def new(  # noqa: PLR0917 - click passes every option positionally
     ctx: click.Context,
@@ -140,192 +125,240 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     model: str | None,
     backend: str | None,
     template: str | None,
+    think: bool | None,
     message: str | None,
     as_json: bool,
 ) -> None:
     """Start a conversation; prints its id."""
-    s = _settings(ctx)
-    home = Home(s.home)
-    ensure_home(home)
-    tpl = load_template(home, template or s.default_template)
-    backend_name = backend or tpl.backend or s.default_backend
-    if backend_name not in backends.available():
-        raise ContemplationError(
-            f"unknown backend {backend_name!r}; known: {', '.join(backends.available())}"
-        )
-    conv = new_conversation(
-        home,
-        topic,
-        template=tpl,
-        model=model or tpl.model or s.default_model,
-        backend=backend_name,
-        durable=s.durability == "fsync",
-    )
+    s = ctx_settings(ctx)
+    text = None
     if message is not None:
-        text = _text_arg(message)
-        if not text.strip():
-            raise ContemplationError("the message is empty")
-        drop_message(conv, text)
-    _emit({"id": conv.id, "path": str(conv.dir)}, as_json, conv.id)
+        text = text_arg(message)
+        actions.check_text(text, s)  # before anything is created
+    conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
+    queued = actions.send(s, conv, text) if text is not None else None
+    emit({"id": conv.id, "path": str(conv.dir), "queued": queued}, as_json, conv.id)
 
 
-@main.command()
-@click.argument("conversation")
+@main.command(epilog=EXIT_CODES)
+@click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
 @click.option("--wait", is_flag=True, help="Stream the reply to stdout and return when it is done.")
 @click.option(
     "--timeout",
-    type=float,
+    type=click.FloatRange(min=0),
     default=0,
-    help="With --wait: give up after this many seconds (0: never).",
+    help="With --wait: give up after this many seconds (0: never); exit code 4.",
 )
 @click.pass_context
 def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: float) -> None:
-    """Send TEXT (or - for stdin) to a conversation's inbox."""
-    home = _home(ctx)
-    conv = find_conversation(home, conversation, include_completed=False)
-    body = _text_arg(text)
-    if not body.strip():
-        raise ContemplationError("the message is empty")
-    limit = _settings(ctx).max_message_bytes
-    if len(body.encode()) > limit:
-        raise ContemplationError(
-            f"the message is {len(body.encode())} bytes; the limit is {limit} (max_message_bytes)"
-        )
+    """Send TEXT (or - for stdin) to a conversation's inbox.
+
+    With --wait, the reply streams to stdout. When the model stops at a NEED no rule can
+    answer, each need and the `contemplation respond` command that answers it go to stderr
+    and the exit code is 3."""
+    s = ctx_settings(ctx)
+    home = Home(s.home)
+    conv = lookup(ctx, conversation)
     state = read_state(conv)
     before = state.messages_processed if state else 0
-    offset = conv.log.stat().st_size if conv.log.exists() else 0
-    path = drop_message(conv, body)
+    follower = _Follower(home, conv)  # from the end of the log as it is now
+    name = actions.send(s, conv, text_arg(text))
     if not wait:
-        click.echo(path.name)
+        click.echo(name)
         return
     if not daemon_alive(home):
         click.echo(
             "note: no daemon is running on this home; start one with `contemplation run`", err=True
         )
-    _follow_reply(home, conv, before, offset, timeout)
+    sys.exit(_wait_for_reply(Reader(home), conv, before, follower, timeout))
 
 
-def _follow_reply(home: Home, conv: Conv, before: int, offset: int, timeout: float) -> None:
+class _Follower:
+    """What is appended to a conversation's live log, as text safe for a terminal: across a
+    rotation (a new file) and an archive (the folder moves); a character split between two
+    reads is decoded whole."""
+
+    CHUNK = 1 << 20  # bytes read at a time
+
+    def __init__(self, home: Home, conv: Conv, offset: int | None = None) -> None:
+        self.home = home
+        self.conv = conv
+        st = _stat(conv.log)
+        self.ino = st.st_ino if st else 0
+        self.offset = (st.st_size if st else 0) if offset is None else offset
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read(self) -> str:
+        self.conv = _current(self.home, self.conv)
+        st = _stat(self.conv.log)
+        if st is None:
+            return ""
+        if st.st_ino != self.ino or st.st_size < self.offset:
+            self.ino, self.offset = st.st_ino, 0  # rotated or replaced: follow the new file
+        if st.st_size <= self.offset:
+            return ""
+        with os.fdopen(open_regular(self.conv.log), "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(self.CHUNK)
+        self.offset += len(chunk)
+        return safe(self.decoder.decode(chunk))
+
+    def drain(self) -> None:
+        """Print everything appended so far."""
+        while text := self.read():
+            sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _current(home: Home, conv: Conv) -> Conv:
+    """The conversation where it is now (it moves to completed/ when archived)."""
+    return conv if conv.dir.exists() else Conv(home.completed / conv.id)
+
+
+def _wait_for_reply(
+    reader: Reader, conv: Conv, before: int, follower: _Follower, timeout: float
+) -> int:
+    """Stream the reply until the daemon is done with the message; the exit code."""
     deadline = time.monotonic() + timeout if timeout else None
-    out = sys.stdout
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     while True:
-        current = conv if conv.dir.exists() else Conv(home.completed / conv.id)
-        data = read_log_bytes(current)
-        if len(data) > offset:
-            out.write(safe(decoder.decode(data[offset:])))
-            out.flush()
-            offset = len(data)
-        state = read_state(current)
-        if state and state.messages_processed > before and state.intent is None:
-            blocks = parse(
-                data, agent_label=(read_metadata(current) or _meta_stub()).agent_label
-            ).blocks
-            if state.status in WAIT_DONE and next_action(blocks).action != "turn":
-                if state.status is Status.ERROR and state.last_error:
-                    fail(state.last_error.message)
-                return
+        follower.drain()
+        conv = follower.conv
+        code = _settled(reader, conv, before)
+        if code is not None:
+            follower.drain()
+            return code
         if deadline is not None and time.monotonic() > deadline:
-            fail("timed out waiting for the reply (it is still queued)", code=3)
-        time.sleep(0.05)
+            return _timed_out(reader.home, conv, timeout)
+        time.sleep(POLL)
 
 
-def _meta_stub() -> Any:
-    class _M:
-        agent_label = "CLAUDE"
+def _settled(reader: Reader, conv: Conv, before: int) -> int | None:
+    """None while the daemon still works on the message; else the exit code."""
+    state = read_state(conv)
+    if (
+        state is None
+        or state.messages_processed <= before
+        or state.intent is not None
+        or state.status not in SETTLED
+    ):
+        return None
+    meta = read_metadata(conv)
+    if meta is None:
+        return None
+    if next_action(reader.view(conv, meta.agent_label).refresh().blocks).action == "turn":
+        return None  # a NEED was answered: the model's next turn is due
+    if state.status is Status.AWAITING_AGENT:
+        needs = reader.pending_needs(conv, meta) or list(state.pending_needs)
+        click.echo(show.waiting_for_agent(conv.id, needs), err=True)
+        return EXIT_NEEDS_AGENT
+    if state.status in (Status.ERROR, Status.CANCELLED):
+        why = state.last_error.message if state.last_error else f"the turn was {state.status}"
+        click.echo(safe(f"error: {why}"), err=True)
+        return EXIT_ERROR
+    return EXIT_OK
 
-    return _M()
+
+def _timed_out(home: Home, conv: Conv, waited: float) -> int:
+    state = read_state(conv)
+    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
+    line = show.still_running(
+        conv.id, state, waited=waited, queued=queued, daemon=daemon_alive(home)
+    )
+    click.echo(f"error: {line}", err=True)
+    return EXIT_TIMEOUT
 
 
 @main.command()
-@click.argument("conversation")
+@click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
 @click.option("--need", help="Which pending need this answers (its text or its number, 1-based).")
+@json_option('Print {"answered", "need_number", "queued", "still_pending"} as JSON.')
 @click.pass_context
-def respond(ctx: click.Context, conversation: str, text: str, need: str | None) -> None:
-    """Answer a need the model is waiting for (TEXT, or - for stdin)."""
-    s = _settings(ctx)
-    home = Home(s.home)
-    conv = find_conversation(home, conversation, include_completed=False)
-    state = read_state(conv)
-    if not (state.pending_needs if state else []):
-        raise ContemplationError(f"{conv.id} is not waiting for an answer to a need")
-    done = actions.respond(s, Reader(home), conv, _text_arg(text), need)
-    rest = done["still_pending"]
-    click.echo(f"answered: {done['answered']}" + (f"\nstill pending: {len(rest)}" if rest else ""))
+def respond(
+    ctx: click.Context, conversation: str, text: str, need: str | None, as_json: bool
+) -> None:
+    """Answer a need the model is waiting for (TEXT, or - for stdin).
+
+    Without --need the first pending need is answered; when the model waits for none, TEXT
+    is queued as a plain message."""
+    s = ctx_settings(ctx)
+    conv = lookup(ctx, conversation)
+    done = actions.respond(s, Reader(Home(s.home)), conv, text_arg(text), need)
+    emit(done, as_json, show.responded(done))
 
 
 @main.command()
-@click.argument("conversation")
+@click.argument("conversation", type=CONVERSATION)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
-@click.option("-n", "--lines", type=int, default=0, help="Only the last N lines (0: all).")
+@click.option(
+    "-n",
+    "--lines",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Only the last N lines (with --json: the last N blocks; 0: all).",
+)
+@json_option(
+    "One JSON object per block, one a line (offset, from, to, time, kind, text, needs, ...); "
+    "with -f each block is printed once it is complete."
+)
 @click.pass_context
-def tail(ctx: click.Context, conversation: str, follow: bool, lines: int) -> None:
+def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_json: bool) -> None:
     """Print a conversation's messages.log."""
-    home = _home(ctx)
-    conv = find_conversation(home, conversation)
-    data = read_log_bytes(conv)
+    home = ctx_home(ctx)
+    conv = lookup(ctx, conversation)
+    if as_json:
+        _tail_json(Reader(home), conv, lines, follow)
+        return
+    live = read_log_bytes(conv)
     text = log_text(conv)  # rotated segments (oldest first) and the live log
     if lines:
         text = "".join(text.splitlines(keepends=True)[-lines:])
     sys.stdout.write(safe(text))
     sys.stdout.flush()
-    offset = len(data)
-    ino = conv.log.stat().st_ino if conv.log.exists() else 0
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
+    follower = _Follower(home, conv, offset=len(live))
     while follow:
-        time.sleep(0.1)
-        if not conv.dir.exists():
-            conv = Conv(home.completed / conv.id)
-        try:
-            st = conv.log.stat()
-        except FileNotFoundError:
-            continue
-        if st.st_ino != ino or st.st_size < offset:
-            ino, offset = st.st_ino, 0  # rotated or replaced: follow the new file
-        if st.st_size > offset:
-            with open(conv.log, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            offset += len(chunk)
-            sys.stdout.write(safe(decoder.decode(chunk)))
-            sys.stdout.flush()
+        time.sleep(POLL)
+        follower.drain()
 
 
-def _summary(conv: Conv) -> dict[str, Any]:
-    meta = read_metadata(conv)
-    state = read_state(conv)
-    try:
-        activity = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(conv.log.stat().st_mtime))
-    except FileNotFoundError:
-        activity = ""
-    return {
-        "id": conv.id,
-        "topic": meta.topic if meta else "",
-        "status": (state.status.value if state else "pending")
-        if not conv.is_completed or not state
-        else state.status.value,
-        "completed": conv.is_completed,
-        "model": meta.model if meta else "",
-        "backend": meta.backend if meta else "",
-        "last_activity": activity,
-        "turns": state.turns if state else 0,
-        "messages": state.messages_processed if state else 0,
-        "pending_needs": state.pending_needs if state else [],
-        "last_error": state.last_error.model_dump() if state and state.last_error else None,
-    }
+def _print_blocks(blocks: list[dict[str, Any]]) -> None:
+    for b in blocks:  # ASCII JSON: model text cannot reach the terminal as controls
+        sys.stdout.write(json.dumps(b) + "\n")
+    sys.stdout.flush()
+
+
+def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
+    got = reader.since(conv, 0)
+    blocks = got.blocks[-lines:] if lines else got.blocks
+    if got.partial is not None and not follow:
+        blocks.append({**got.partial, "in_progress": True})
+    _print_blocks(blocks)
+    cursor = got.cursor
+    while follow:
+        time.sleep(POLL)
+        conv = _current(reader.home, conv)
+        got = reader.since(conv, cursor)
+        _print_blocks(got.blocks)
+        cursor = got.cursor
 
 
 @main.command("list")
 @click.option("--all", "show_all", is_flag=True, help="Include completed conversations.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option("Print the conversations' summaries as a JSON array.")
 @click.pass_context
 def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
-    """List conversations."""
-    rows = [_summary(c) for c in list_conversations(_home(ctx), include_completed=show_all)]
+    """List conversations, the latest activity first."""
+    rows = Reader(ctx_home(ctx)).summaries(include_completed=show_all)
     if as_json:
-        _emit(rows, True, "")
+        emit(rows, True, "")
         return
     if not rows:
         click.echo("no conversations")
@@ -347,65 +380,77 @@ def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("conversation", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@click.argument("conversation", required=False, type=CONVERSATION)
+@json_option("Print the status as a JSON object.")
 @click.pass_context
 def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     """A conversation's status; without one, the daemon's."""
-    home = _home(ctx)
+    home = ctx_home(ctx)
     if conversation is None:
-        convs = list_conversations(home, include_completed=True)
-        data = {
-            "home": str(home.root),
-            "daemon_running": daemon_alive(home),
-            "active": sum(1 for c in convs if not c.is_completed),
-            "completed": sum(1 for c in convs if c.is_completed),
-        }
-        generating = [
-            f"{c.id} since {time.strftime('%H:%M:%S', time.localtime(st.generating_since))} "
-            f"({time.time() - st.generating_since:.0f} s)"
-            for c in convs
-            if not c.is_completed
-            and (st := read_state(c)) is not None
-            and st.status is Status.GENERATING
-            and st.generating_since is not None
-        ]
-        if generating:
-            data["generating"] = generating  # the conversations holding backend slots
-        from contemplation.dashboard import dashboard_link, token_path
-
-        link = dashboard_link(home) if data["daemon_running"] else None
-        if link:
-            data["dashboard"] = link
-            data["dashboard_token_file"] = str(token_path(home))
-        _emit(data, as_json, "\n".join(f"{k}: {v}" for k, v in data.items()))
+        data = _daemon_status(home)
+        _emit_lines(data, as_json)
         return
-    conv = find_conversation(home, conversation)
-    data = _summary(conv)
+    conv = lookup(ctx, conversation)
+    data = summary(conv)
     state = read_state(conv)
     if state:
-        data["last_turn"] = state.last_turn.model_dump() if state.last_turn else None
-        data["generating_since"] = (
-            state.generating_since if state.status is Status.GENERATING else None
-        )
-        data["retry_count"] = state.retry_count
-        data["next_retry_at"] = state.next_retry_at
-        data["parse_errors"] = state.parse_errors
-        data["warnings"] = state.warnings
-    try:
-        mtime: float | None = conv.log.stat().st_mtime
-    except OSError:
-        mtime = None
-    _emit(data, as_json, show.conversation(data, state, mtime))
+        data.update(_state_details(state))
+    st = _stat(conv.log)
+    _emit_lines(data, as_json, show.conversation(data, state, st.st_mtime if st else None))
+
+
+def _emit_lines(data: dict[str, Any], as_json: bool, human: str | None = None) -> None:
+    if human is None:
+        human = "\n".join(f"{k}: {v}" for k, v in data.items())
+    emit(data, as_json, human)
+
+
+def _state_details(state: State) -> dict[str, Any]:
+    return {
+        "last_turn": state.last_turn.model_dump() if state.last_turn else None,
+        "generating_since": state.generating_since if state.status is Status.GENERATING else None,
+        "retry_count": state.retry_count,
+        "next_retry_at": state.next_retry_at,
+        "parse_errors": state.parse_errors,
+        "warnings": state.warnings,
+    }
+
+
+def _daemon_status(home: Home) -> dict[str, Any]:
+    convs = list_conversations(home, include_completed=True)
+    data: dict[str, Any] = {
+        "home": str(home.root),
+        "daemon_running": daemon_alive(home),
+        "active": sum(1 for c in convs if not c.is_completed),
+        "completed": sum(1 for c in convs if c.is_completed),
+    }
+    generating = [
+        f"{c.id} since {time.strftime('%H:%M:%S', time.localtime(st.generating_since))} "
+        f"({time.time() - st.generating_since:.0f} s)"
+        for c in convs
+        if not c.is_completed
+        and (st := read_state(c)) is not None
+        and st.status is Status.GENERATING
+        and st.generating_since is not None
+    ]
+    if generating:
+        data["generating"] = generating  # the conversations holding backend slots
+    from contemplation.dashboard import dashboard_link, token_path
+
+    link = dashboard_link(home) if data["daemon_running"] else None
+    if link:
+        data["dashboard"] = link
+        data["dashboard_token_file"] = str(token_path(home))
+    return data
 
 
 @main.command()
-@click.argument("conversation")
+@click.argument("conversation", type=CONVERSATION)
 @click.pass_context
 def cancel(ctx: click.Context, conversation: str) -> None:
     """Stop the in-flight generation and mark the turn cancelled."""
-    home = _home(ctx)
-    conv = find_conversation(home, conversation, include_completed=False)
+    home = ctx_home(ctx)
+    conv = lookup(ctx, conversation)
     state = read_state(conv)
     if actions.cancel(conv) is None:
         now = state.status.value if state else "pending"
@@ -420,14 +465,16 @@ def cancel(ctx: click.Context, conversation: str) -> None:
 
 
 @main.command("archive")
-@click.argument("conversation")
+@click.argument("conversation", type=CONVERSATION)
 @click.pass_context
 def archive_(ctx: click.Context, conversation: str) -> None:
-    """Move a conversation to completed/."""
-    home = _home(ctx)
-    conv = find_conversation(home, conversation, include_completed=False)
-    dest = archive_conversation(home, conv)
-    click.echo(str(dest.dir))
+    """Move a conversation to completed/; prints where it is now."""
+    conv = lookup(ctx, conversation)
+    if conv.is_completed:
+        click.echo(f"note: {conv.id} is already archived (in completed/)", err=True)
+    else:
+        conv = actions.archive_conversation(ctx_home(ctx), conv)
+    click.echo(str(conv.dir))
 
 
 # --------------------------------------------------------------------------- daemon
@@ -444,7 +491,10 @@ def archive_(ctx: click.Context, conversation: str) -> None:
 @click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard.")
 @click.pass_context
 def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard: bool) -> None:
-    """Run the daemon in the foreground."""
+    """Run the daemon in the foreground.
+
+    Ctrl-C lets the turns in flight finish (stop_grace seconds, said on stderr); a second
+    Ctrl-C stops at once (the cut reply is marked and redone on the next start)."""
     from contemplation import daemon
 
     overrides = ctx.ensure_object(dict).setdefault("overrides", {})
@@ -452,7 +502,7 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
         overrides["dashboard_port"] = dashboard_port
     if no_dashboard:
         overrides["dashboard_enabled"] = False
-    s = _settings(ctx)
+    s = ctx_settings(ctx)
     extras: list[daemon.Extra] = []
     if s.dashboard_enabled:
         from contemplation.dashboard import serve_dashboard
@@ -479,15 +529,15 @@ def mcp(ctx: click.Context, http_port: int | None) -> None:
     """MCP server for agents (stdio by default)."""
     from contemplation import mcp_server
 
-    mcp_server.run(_settings(ctx), http_port=http_port)
+    mcp_server.run(ctx_settings(ctx), http_port=http_port)
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@json_option('Print {"ok", "checks": [{"check", "ok", "detail"}]} as JSON.')
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check the home, the config and every configured backend."""
-    s = _settings(ctx)
+    s = ctx_settings(ctx)
     home = Home(s.home)
     results: list[dict[str, Any]] = []
 
@@ -524,15 +574,33 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     asyncio.run(probe_backends())
     ok = all(r["ok"] for r in results)
     if as_json:
-        _emit({"ok": ok, "checks": results}, True, "")
+        emit({"ok": ok, "checks": results}, True, "")
     else:
         for r in results:
             click.echo(f"{'ok ' if r['ok'] else 'FAIL'} {r['check']:<8} {r['detail']}")
-    sys.exit(0 if ok else 1)
+    sys.exit(EXIT_OK if ok else EXIT_ERROR)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the completion script for SHELL: commands, options, conversation ids (active
+    and completed) and template names.
+
+    \b
+    bash:  eval "$(contemplation completion bash)"      (in ~/.bashrc)
+    zsh:   eval "$(contemplation completion zsh)"       (in ~/.zshrc)
+    fish:  contemplation completion fish > ~/.config/fish/completions/contemplation.fish
+    """
+    cls = get_completion_class(shell)
+    if cls is None:  # pragma: no cover - click knows the three
+        fail(f"no completion for {shell}")
+    click.echo(cls(main, {}, PROG, f"_{PROG.upper()}_COMPLETE").source())
 
 
 main.add_command(service_group)
 main.add_command(routes)
+main.add_command(models)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -11,95 +11,117 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from contemplation import settings as settings_mod
+from contemplation import show
+from contemplation.cli_common import (
+    TEMPLATE,
+    ctx_settings,
+    json_option,
+    quiet_logs_unless_verbose,
+)
 from contemplation.logformat import NEED_PREFIX
-from contemplation.logs import configure
-from contemplation.settings import Settings
+from contemplation.terminal import safe
 
 if TYPE_CHECKING:  # the router pulls in the MCP SDK: only load it when a routes command runs
     from contemplation.needs.router import NeedRouter
-
-
-def _settings(ctx: click.Context) -> Settings:
-    obj: dict[str, Any] = ctx.ensure_object(dict)
-    if "settings" not in obj:
-        s = settings_mod.load(
-            config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
-        )
-        configure(s.log_format, s.log_level)  # diagnostics on stderr, never in the output
-        obj["settings"] = s
-    settings: Settings = obj["settings"]
-    return settings
+    from contemplation.needs.rules import Rule
 
 
 @click.group(invoke_without_command=True)
-@click.option("--template", "-t", default=None, help="Include this template's own rules.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--template", "-t", type=TEMPLATE, default=None, help="Include this template's own rules."
+)
+@json_option('Print the rules as a JSON array of {"name", "prefix", "match", "tool", "args", ...}.')
 @click.pass_context
 def routes(ctx: click.Context, template: str | None, as_json: bool) -> None:
-    """The NEED routing rules, in the order they are tried (first match wins)."""
+    """The NEED routing rules, in the order they are tried (first match wins).
+
+    Patterns are shown as they are written in the config (a TOML literal string needs no
+    doubled backslashes); a match is case-insensitive unless the rule says otherwise."""
     ctx.ensure_object(dict)["routes_template"] = template
     if ctx.invoked_subcommand is not None:
         return
     from contemplation.needs.router import NeedRouter
 
-    router = NeedRouter(_settings(ctx))
-    table = router.rules(template)
+    table = NeedRouter(ctx_settings(ctx)).rules(template)
     if as_json:
-        rows = [
-            {
-                "name": r.name,
-                "prefix": r.prefix or None,
-                "match": r.pattern.pattern if r.pattern is not None else None,
-                "tool": r.tool,
-                "args": dict(r.args),
-                "source": r.source,
-            }
-            for r in table.rules
-        ]
-        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        click.echo(json.dumps([_rule_dict(r) for r in table.rules], indent=2, ensure_ascii=False))
         return
-    for n, line in enumerate(router.describe(template=template), 1):
-        click.echo(f"{n:>2}. {line}")
+    rows = [
+        (f"{n}.", r.name, _how(r), r.tool, json.dumps(dict(r.args), ensure_ascii=False), r.source)
+        for n, r in enumerate(table.rules, 1)
+    ]
+    click.echo(show.table(rows, ("#", "NAME", "NEED", "TOOL", "ARGUMENTS", "FROM")))
+
+
+def _how(rule: Rule) -> str:
+    """What a need must look like for the rule, in the words of the config."""
+    if rule.pattern is None:
+        return f"starts with {rule.prefix}"
+    sensitive = "" if rule.pattern.flags & re.IGNORECASE else " (case-sensitive)"
+    return f"matches {rule.pattern.pattern}{sensitive}"
+
+
+def _rule_dict(rule: Rule) -> dict[str, Any]:
+    return {
+        "name": rule.name,
+        "prefix": rule.prefix or None,
+        "match": rule.pattern.pattern if rule.pattern is not None else None,
+        "case_sensitive": (
+            not rule.pattern.flags & re.IGNORECASE if rule.pattern is not None else False
+        ),
+        "tool": rule.tool,
+        "args": dict(rule.args),
+        "source": rule.source,
+    }
 
 
 @routes.command("test")
 @click.argument("need")
-@click.option("--call", "call", is_flag=True, help="Also run the tool and print the answer.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--call",
+    "call",
+    is_flag=True,
+    help="Also run the tool: only its answer goes to stdout (the rule to stderr).",
+)
+@json_option('Print {"need", "matched", "rule", "tool", "arguments", "answer"} as JSON.')
 @click.pass_context
 def test_route(ctx: click.Context, need: str, call: bool, as_json: bool) -> None:
-    """Which rule answers NEED (with or without the leading "NEED:"), and with what."""
+    """Which rule answers NEED (with or without the leading "NEED:"), and with what.
+
+    Diagnostic logs (the tool call) go to stderr, and only with `contemplation -v`."""
     text = need.strip()
     if text.upper().startswith(NEED_PREFIX):
         text = text[len(NEED_PREFIX) :].strip()
     template = ctx.ensure_object(dict).get("routes_template")
     from contemplation.needs.router import NeedRouter
 
-    router = NeedRouter(_settings(ctx))
+    quiet_logs_unless_verbose(ctx)
+    router = NeedRouter(ctx_settings(ctx))
     found = router.route(text, template=template)
     data: dict[str, Any] = {"need": text, "matched": found is not None}
     if found is not None:
         data.update(rule=found.rule.name, tool=found.tool, arguments=found.arguments)
-    if found is not None and call:
-        answer = asyncio.run(_call(router, text, template))
-        data["answer"] = answer
+        if call:
+            data["answer"] = asyncio.run(_call(router, text, template))
     if as_json:
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
         return
     if found is None:
-        click.echo(f"no rule matches {text!r}: the agent answers it")
+        click.echo(safe(f"no rule matches {text!r}: the agent answers it"), err=call)
         return
-    click.echo(f"rule:      {found.rule.name} ({found.rule.source})")
-    click.echo(f"tool:      {found.tool}")
-    click.echo(f"arguments: {json.dumps(found.arguments, ensure_ascii=False)}")
+    described = [
+        f"rule:      {found.rule.name} ({found.rule.source})",
+        f"tool:      {found.tool}",
+        f"arguments: {json.dumps(found.arguments, ensure_ascii=False)}",
+    ]
+    click.echo(safe("\n".join(described)), err=call)  # with --call stdout is the answer only
     if call:
-        click.echo("")
-        click.echo(data["answer"], nl=False)
+        click.echo(safe(data["answer"]), nl=False)
 
 
 async def _call(router: NeedRouter, need: str, template: str | None) -> str:

@@ -8,20 +8,9 @@ from typing import Any
 import click
 
 from contemplation import service
-from contemplation import settings as settings_mod
-from contemplation.settings import Settings
+from contemplation.cli_common import ctx_settings
 
 MANAGERS = click.Choice(["auto", "systemd", "launchd"])
-
-
-def _settings(ctx: click.Context) -> Settings:
-    obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
-    if "settings" not in obj:
-        obj["settings"] = settings_mod.load(
-            config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
-        )
-    settings: Settings = obj["settings"]
-    return settings
 
 
 def _manager(name: str) -> service.Manager:
@@ -32,7 +21,7 @@ def _plan(
     ctx: click.Context, action: str, manager: str, dry_run: bool, **kw: Any
 ) -> service.Plan | None:
     """The plan for ``action``; with ``--print`` it is shown and None is returned (do nothing)."""
-    p = service.plan(_settings(ctx), action, _manager(manager), **kw)
+    p = service.plan(ctx_settings(ctx), action, _manager(manager), **kw)
     if dry_run:
         click.echo(p.describe(), nl=False)
         return None
@@ -91,8 +80,10 @@ def status(ctx: click.Context, manager: str, dry_run: bool) -> None:
 
 @service_group.command()
 @_options
-@click.option("-n", "--lines", type=int, default=200, show_default=True)
-@click.option("-f", "--follow", is_flag=True)
+@click.option(
+    "-n", "--lines", type=click.IntRange(min=1), default=200, show_default=True, help="How many."
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
 @click.pass_context
 def logs(ctx: click.Context, manager: str, dry_run: bool, lines: int, follow: bool) -> None:
     """The daemon's log (journalctl, or the LaunchAgent's log files)."""

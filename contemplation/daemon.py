@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -66,19 +67,23 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
-    def on_signal() -> None:
+    def on_signal(sig: int) -> None:
         nonlocal signals_seen
         signals_seen += 1
         if signals_seen == 1:
             log.info("stopping", grace_s=settings.stop_grace)
+            if sig == signal.SIGINT and dispatcher.busy:  # a person at a terminal: say so
+                _say(_finishing(len(dispatcher.tasks), settings.stop_grace))
             stop.set()
         else:  # a second signal: do not wait for in-flight turns
             log.warning("forced_stop")
+            if sig == signal.SIGINT:
+                _say("stopping now")
             for t in list(dispatcher.tasks.values()):
                 t.cancel()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(sig, on_signal, sig)
     dispatcher = Dispatcher(rt)
 
     def resync() -> None:  # events were lost (from the watcher's thread): catch up
@@ -110,6 +115,18 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
         lock.release()
         log.info("stopped")
     return 0
+
+
+def _finishing(turns: int, grace: float) -> str:
+    what = "the turn" if turns == 1 else f"{turns} turns"
+    return f"finishing {what} ({grace:g} s); Ctrl-C again to stop now"
+
+
+def _say(line: str) -> None:
+    """A line for the person at the terminal (stderr, beside the logs)."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asyncio.Event) -> None:

@@ -28,6 +28,17 @@ class Status(enum.StrEnum):
     IDLE = "idle"  # the model has answered and nothing is queued
 
 
+# Statuses the faces group by (the daemon sets them; see docs/format.md):
+#: the daemon is done for now; the next move is the agent's (``send --wait`` returns here)
+SETTLED = frozenset(
+    {Status.IDLE, Status.AWAITING_AGENT, Status.COMPLETE, Status.ERROR, Status.CANCELLED}
+)
+#: a turn is queued, running, looking up needs or waiting to retry
+BUSY = frozenset({Status.PENDING, Status.GENERATING, Status.ROUTING, Status.RETRYING})
+#: what ``cancel`` can stop (a pending message has no turn yet)
+CANCELLABLE = frozenset({Status.GENERATING, Status.ROUTING, Status.RETRYING})
+
+
 class BlockKind(enum.StrEnum):
     AGENT = "agent"  # written by the agent side (a message or a RESPONSE TO NEED)
     MODEL = "model"  # written by the model side

@@ -46,13 +46,20 @@ VIEWS_KEPT = 256
 
 
 def locate(home: Home, name: str) -> Conv:
-    """A conversation by exact id (active first, then completed), else by prefix or topic."""
-    if valid_id(name):
-        for completed in (False, True):
-            conv = home.conv(name, completed=completed)
-            if conv.dir.is_dir():
-                return conv
-    return find_conversation(home, name)
+    """The one conversation lookup of every face: an exact id (active first, then completed),
+    else a unique id prefix or topic among active and completed conversations.
+
+    An archived conversation is found like any other (reading it is fine); the actions that
+    would change it refuse with "archived (in completed/)" (:func:`actions.require_active`)."""
+    try:
+        if valid_id(name):
+            for completed in (False, True):
+                conv = home.conv(name, completed=completed)
+                if conv.dir.is_dir():
+                    return conv
+        return find_conversation(home, name)
+    except OSError as exc:
+        raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------- segments
@@ -230,9 +237,7 @@ class Reader:
 
     def summary(self, conv: Conv) -> dict[str, Any]:
         """One conversation's summary (read fresh)."""
-        key = _stat_key(conv.state, conv.metadata, conv.log)
-        mtime = max(key[0], key[4]) / 1e9
-        return _summary(conv, read_metadata(conv), read_state(conv), mtime)
+        return summary(conv)
 
     def _rows(self, include_completed: bool) -> list[tuple[dict[str, Any], bytes]]:
         """Summaries with their JSON, newest activity first. One ``stat`` of the folder per
@@ -324,17 +329,21 @@ class Reader:
         )
 
     def locate(self, name: str) -> Conv:
-        try:
-            return locate(self.home, name)
-        except NotFound:
-            raise
-        except OSError as exc:
-            raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
+        return locate(self.home, name)
+
+
+def summary(conv: Conv) -> dict[str, Any]:
+    """One conversation's summary, read fresh (``status``, ``list``, the MCP and dashboard
+    rows all come from :func:`_summary`). Its activity is the newer of state.json and the log."""
+    key = _stat_key(conv.state, conv.metadata, conv.log)
+    mtime = max(key[0], key[4]) / 1e9
+    return _summary(conv, read_metadata(conv), read_state(conv), mtime)
 
 
 def _summary(
     conv: Conv, meta: Metadata | None, state: State | None, mtime: float
 ) -> dict[str, Any]:
+    """The one summary builder."""
     return {
         "id": conv.id,
         "topic": meta.topic if meta else "",

@@ -41,7 +41,7 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
     lines = [
         (
             "conversation",
-            summary["id"] + ("  (archived, in completed/)" if summary["completed"] else ""),
+            summary["id"] + ("  archived (in completed/)" if summary["completed"] else ""),
         ),
         ("topic", summary["topic"]),
         ("model", f"{summary['model']} on {summary['backend']}"),
@@ -72,3 +72,53 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
             lines.append(("next", ADVICE[Status.AWAITING_AGENT].format(id=summary["id"])))
     width = max(len(k) for k, _ in lines)
     return safe("\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines))
+
+
+def respond_command(conv_id: str, number: int) -> str:
+    return f'contemplation respond {conv_id} "…" --need {number}'
+
+
+def waiting_for_agent(conv_id: str, needs: Sequence[str]) -> str:
+    """``send --wait`` stopped at needs no rule answers: each need and how to answer it."""
+    if not needs:
+        return (
+            f"{conv_id} waits for the agent: see `contemplation status {conv_id}`, then "
+            f'`contemplation respond {conv_id} "…"`'
+        )
+    lines = [f"the model waits for {len(needs)} answer(s) no rule could give:"]
+    for n, need in enumerate(needs, 1):
+        lines.append(f"  need {n}: {need}")
+        lines.append(f"    {respond_command(conv_id, n)}")
+    return safe("\n".join(lines))
+
+
+def responded(done: dict[str, Any]) -> str:
+    """``contemplation respond``: what was answered or queued, and what still waits."""
+    if done.get("answered") is None:
+        return f"queued as a message ({done['queued']}): the model was not waiting for a need"
+    lines = [f"answered need {done['need_number']}: {done['answered']}"]
+    lines.extend(f"still waiting for: {need}" for need in done.get("still_pending") or [])
+    return safe("\n".join(lines))
+
+
+def still_running(
+    conv_id: str, state: State | None, *, waited: float, queued: int, daemon: bool
+) -> str:
+    """``send --wait --timeout``: the real status when time ran out (the reply is not lost)."""
+    status = state.status if state is not None else Status.PENDING
+    detail = ""
+    if not daemon:
+        detail = "no daemon is running (start one with `contemplation run`)"
+    elif status is Status.GENERATING and state is not None and state.generating_since:
+        detail = f"generating since {ago(state.generating_since)}"
+    elif status is Status.RETRYING and state is not None:
+        err = state.last_error.message if state.last_error else "a transient error"
+        when = f"in {max(0.0, (state.next_retry_at or 0) - time.time()):.0f} s"
+        detail = f"retry {state.retry_count} {when} after: {err}"
+    elif queued:
+        detail = f"{queued} message(s) still queued in inbox/"
+    what = f"{status.value}" + (f": {detail}" if detail else "")
+    return safe(
+        f"timed out after {waited:g} s; {conv_id} is {what}. The reply still comes: "
+        f"`contemplation tail -f {conv_id}` follows it"
+    )

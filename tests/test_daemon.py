@@ -178,12 +178,12 @@ def test_respond_from_the_cli_answers_a_waiting_need(
         what="awaiting agent",
     )
     out = cli(env, "respond", conv_id, "Ada Lovelace").stdout
-    assert "answered: The name of the release manager" in out
+    assert "answered need 1: The name of the release manager" in out
     wait_for(lambda: replies(conv)[-1:] == ["Thanks, Ada it is."], what="the model carries on")
     response = parse(conv.log.read_bytes()).blocks[2]
     assert (
         response.response_to == "The name of the release manager"
         and "Ada Lovelace" in response.text
     )
-    nothing = cli(env, "respond", conv_id, "again", check=False)
+    nothing = cli(env, "respond", conv_id, "again", "--need", "1", check=False)
     assert nothing.returncode == 1 and "not waiting" in nothing.stderr

@@ -271,6 +271,10 @@ class LocalBackend:
         finally:
             handoff.close()  # the thread's next chunk cancels the request and frees the slot
 
+    async def models(self) -> list[str]:
+        """The one model file this backend runs."""
+        return [self.resolve_model().name]
+
     async def capabilities(self, model: str) -> Capabilities:
         try:
             name = self.resolve_model().name

@@ -206,6 +206,20 @@ class OllamaBackend:
         finally:
             await resp.aclose()
 
+    async def models(self) -> list[str]:
+        """The installed models (``/api/tags``), for ``contemplation models``."""
+        try:
+            resp = await self._client.get("/api/tags", timeout=self.timeouts.connect * 3)
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.base_url) from exc
+        if resp.status_code != 200:
+            raise classify_status(resp.status_code, _error_text(resp.content), None, "")
+        try:
+            listed = resp.json().get("models") or []
+        except (ValueError, AttributeError):
+            listed = []
+        return [str(m["name"]) for m in listed if isinstance(m, dict) and m.get("name")]
+
     async def capabilities(self, model: str) -> Capabilities:
         """From ``/api/show`` (cached); the family table when the server lists no capabilities.
 

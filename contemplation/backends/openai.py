@@ -562,6 +562,10 @@ class OpenAIBackend:
         entries = data.get("data") if isinstance(data, dict) else None
         return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
 
+    async def models(self) -> list[str]:
+        """The served model ids (``GET /models``; none when the server has no such list)."""
+        return [str(e["id"]) for e in await self._models() or [] if e.get("id")]
+
     async def capabilities(self, model: str) -> Capabilities:
         """The family table and config overrides; the context length from ``/models``."""
         if model in self._caps:

@@ -441,6 +441,17 @@ class OpenCodeBackend:
         models = await self._provider_models()
         return models is not None and model not in models
 
+    async def models(self) -> list[str]:
+        """``provider/model`` names the server offers (``GET /config/providers``)."""
+        found = await self._provider_models()
+        if found is None:
+            raise BackendError(
+                f"cannot list the models of {self.base_url} (GET /config/providers failed)",
+                transient=True,
+                kind="unreachable",
+            )
+        return sorted(found)
+
     async def capabilities(self, model: str) -> Capabilities:
         if model in self._caps:
             return self._caps[model]

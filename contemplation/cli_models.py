@@ -1,0 +1,172 @@
+"""``contemplation models``: each configured backend's models and what they can do (tools,
+thinking, vision, context window) as the capability registry resolves them
+(:mod:`contemplation.backends.capabilities`: config, then the server, then the family table).
+
+A backend that cannot be reached is one line saying why, with what to do; the others are
+still listed. Added to the main group with ``main.add_command(models)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any, Protocol, runtime_checkable
+
+import click
+
+from contemplation import backends, show
+from contemplation.backends.base import Backend
+from contemplation.cli_common import EXIT_ERROR, ctx_settings, emit, json_option
+from contemplation.errors import BackendError, ConfigError
+from contemplation.layout import Home, list_conversations, read_metadata
+from contemplation.settings import Settings
+from contemplation.terminal import safe
+
+MAX_MODELS = 200  # per backend; the rest are counted, not described
+AT_ONCE = 4  # capability look-ups in flight per backend
+
+
+@runtime_checkable
+class ListsModels(Protocol):
+    async def models(self) -> list[str]: ...
+
+
+def configured(settings: Settings, asked: tuple[str, ...]) -> list[str]:
+    """The backends to list: those asked for, else the default, its fallbacks and those the
+    active conversations use (as ``doctor`` checks them)."""
+    if asked:
+        return list(dict.fromkeys(asked))
+    home = Home(settings.home)
+    in_use = sorted(
+        {m.backend for c in list_conversations(home) if (m := read_metadata(c)) is not None}
+    )
+    return list(dict.fromkeys([settings.default_backend, *settings.fallback, *in_use]))
+
+
+async def _why(backend: Backend, exc: BackendError) -> str:
+    """One line: the failed check's words and hint (as ``doctor`` says it), else the error."""
+    try:
+        checks = await backend.check(None)
+    except Exception:  # the listing already failed; its own error says enough
+        checks = []
+    for c in checks:
+        if not c.ok:
+            return c.detail + "".join(f" ({h})" for h in c.hints[:1])
+    return str(exc)
+
+
+async def _describe(backend: Backend, model: str, room: asyncio.Semaphore) -> dict[str, Any]:
+    async with room:
+        try:
+            caps = await backend.capabilities(model)
+        except BackendError as exc:
+            return {"name": model, "error": str(exc)}
+    return {
+        "name": model,
+        "tools": caps.tools,
+        "thinking": caps.thinking,
+        "vision": caps.vision,
+        "context_length": caps.context_length,
+        "request_window": caps.request_window,
+        "source": caps.source,
+    }
+
+
+async def _one(settings: Settings, name: str) -> dict[str, Any]:
+    try:
+        backend = backends.build(name, settings, fallback=False)
+    except ConfigError as exc:
+        return {"backend": name, "ok": False, "error": str(exc)}
+    try:
+        if not isinstance(backend, ListsModels):
+            return {"backend": name, "ok": False, "error": "this backend cannot list its models"}
+        try:
+            names = await backend.models()
+        except BackendError as exc:
+            return {"backend": name, "ok": False, "error": await _why(backend, exc)}
+        room = asyncio.Semaphore(AT_ONCE)
+        rows = await asyncio.gather(*(_describe(backend, m, room) for m in names[:MAX_MODELS]))
+        return {
+            "backend": name,
+            "ok": True,
+            "models": list(rows),
+            "more": max(0, len(names) - MAX_MODELS),
+        }
+    finally:
+        await backend.aclose()
+
+
+async def list_all(settings: Settings, names: list[str]) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(_one(settings, n) for n in names)))
+
+
+def _yes(value: Any) -> str:
+    return "yes" if value else "no"
+
+
+def _context(row: dict[str, Any]) -> str:
+    ctx, window = row.get("context_length"), row.get("request_window")
+    text = str(ctx) if ctx else "?"
+    if window and window != ctx:
+        text += f" ({window} per request)"
+    return text
+
+
+def human(listing: list[dict[str, Any]]) -> str:
+    rows: list[tuple[str, ...]] = []
+    for entry in listing:
+        for m in entry.get("models", []):
+            if "error" in m:
+                rows.append((entry["backend"], m["name"], "?", "?", "?", "?", m["error"]))
+                continue
+            rows.append(
+                (
+                    entry["backend"],
+                    m["name"],
+                    _yes(m["tools"]),
+                    _yes(m["thinking"]),
+                    _yes(m["vision"]),
+                    _context(m),
+                    m["source"],
+                )
+            )
+        if entry.get("more"):
+            rows.append((entry["backend"], f"… and {entry['more']} more", "", "", "", "", ""))
+        if entry.get("ok") and not entry.get("models"):
+            rows.append((entry["backend"], "(no models)", "", "", "", "", ""))
+    if not rows:
+        return ""
+    header = ("BACKEND", "MODEL", "TOOLS", "THINKING", "VISION", "CONTEXT", "FROM")
+    return show.table(rows, header)
+
+
+@click.command()
+@click.option(
+    "--backend",
+    "-b",
+    "asked",
+    multiple=True,
+    help="Only this backend (repeatable). Default: the default backend, its fallbacks and "
+    "those the active conversations use.",
+)
+@json_option('Print {"backends": [{"backend", "ok", "models" | "error"}]} as JSON.')
+@click.pass_context
+def models(ctx: click.Context, asked: tuple[str, ...], as_json: bool) -> None:
+    """Each configured backend's models: tools, thinking, vision, context window.
+
+    What a model can do comes from the config's [capabilities."<model>"], else the server,
+    else the family table. A backend that cannot be reached is one line on stderr and the
+    exit code is 1; the others are still listed."""
+    s = ctx_settings(ctx)
+    listing = asyncio.run(list_all(s, configured(s, asked)))
+    if as_json:
+        emit({"backends": listing}, True, "")
+    else:
+        table = human(listing)
+        if table:
+            click.echo(table)
+        for entry in listing:
+            if not entry["ok"]:
+                click.echo(safe(f"{entry['backend']}: {entry['error']}"), err=True)
+    if not all(e["ok"] for e in listing):
+        sys.exit(EXIT_ERROR)
