@@ -34,7 +34,7 @@ from contemplation.layout import (
     read_metadata,
     read_state,
 )
-from contemplation.models import Status
+from contemplation.models import BUSY, Status
 from contemplation.reading import Reader, log_text, segments
 from contemplation.settings import Settings
 from contemplation.writer import daemon_alive
@@ -42,7 +42,6 @@ from contemplation.writer import daemon_alive
 WAIT_DEFAULT = 45.0
 WAIT_CAP = 50.0
 POLL = 0.1
-BUSY = {Status.GENERATING, Status.ROUTING, Status.RETRYING, Status.PENDING}
 
 INSTRUCTIONS = """\
 Asynchronous conversations with local LLMs. conversation_start queues a first message and
