@@ -191,6 +191,26 @@ def read_regular(path: Path, limit: int | None = None, limit_name: str = "the li
         return f.read()
 
 
+def read_message(path: Path, limit: int) -> tuple[str | None, str]:
+    """The text of a claimed file, or None and why it cannot be a message (a link, a FIFO, a
+    folder, too large, empty, binary): never followed, never blocking."""
+    try:
+        data = read_regular(path, limit, "max_message_bytes")
+    except InputRejected as exc:
+        return None, str(exc)
+    if not data.strip():
+        return None, "the file is empty"
+    if b"\x00" in data:
+        return None, "the file holds NUL bytes (binary data is not a message)"
+    text = data.decode("utf-8", errors="replace")
+    note = (
+        ""
+        if "\ufffd" not in text or b"\xef\xbf\xbd" in data
+        else "invalid UTF-8 was replaced by U+FFFD"
+    )
+    return text, note
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from a regular file; None for a missing, unreadable or odd file."""
     try:

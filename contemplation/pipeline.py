@@ -19,13 +19,13 @@ from pathlib import Path
 import structlog
 
 from contemplation.conversation import Next, next_action
-from contemplation.errors import ContemplationError, InputRejected, LockBusy, NotFound
+from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
     inbox_entries,
     list_conversations,
     processing_entries,
-    read_regular,
+    read_message,
 )
 from contemplation.models import Block, MarkerKind, Status
 from contemplation.needs import cycle
@@ -45,27 +45,6 @@ from contemplation.writer import (
 log = structlog.get_logger("contemplation.pipeline")
 
 ROUND_LIMIT_NOTE = "need rounds limit reached"
-
-
-def _read_message(path: Path, rt: Runtime) -> tuple[str | None, str]:
-    """The text of a claimed file, or None and why it cannot be a message (a link, a FIFO, a
-    folder, too large, empty, binary): never followed, never blocking."""
-    limit = rt.settings.max_message_bytes
-    try:
-        data = read_regular(path, limit, "max_message_bytes")
-    except InputRejected as exc:
-        return None, str(exc)
-    if not data.strip():
-        return None, "the file is empty"
-    if b"\x00" in data:
-        return None, "the file holds NUL bytes (binary data is not a message)"
-    text = data.decode("utf-8", errors="replace")
-    note = (
-        ""
-        if "\ufffd" not in text or b"\xef\xbf\xbd" in data
-        else "invalid UTF-8 was replaced by U+FFFD"
-    )
-    return text, note
 
 
 def _settled(mtime_ns: int, now: float, window: float) -> bool:
@@ -103,7 +82,7 @@ def _tidy(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, now: float) -> 
     # an intent or rotation left in state.json is a write that did not finish (a crash, a
     # full disk): nobody else writes while we hold the lock, so it is recovered now
     if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
-        for what in w.recover():
+        for what in w.recover(rt.settings.max_message_bytes):
             log.warning("recovered", conv=conv.id, what=what)
         seen.recovered.add(conv.id)
     foreign = w.check_identity()
@@ -203,7 +182,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     """Append a claimed message as an agent block, exactly once, then drop the claim."""
     try:
-        text, note = _read_message(claimed, rt)
+        text, note = read_message(claimed, rt.settings.max_message_bytes)
     except FileNotFoundError:
         return AGAIN
     if text is None:
@@ -216,7 +195,9 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         return AGAIN
     if note:
         w.warn(f"{claimed.name}: {note}")
-    w.append_block(w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name)
+    w.append_block(
+        w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name, claimed=True
+    )
     claimed.unlink(missing_ok=True)
     rt.notify(w.conv.id, "message", text=text)
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again

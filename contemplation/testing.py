@@ -12,7 +12,7 @@ import signal
 
 POINTS = (
     "claim",  # after an inbox file was renamed into processing/
-    "intent",  # after the append intent was recorded in state.json
+    "intent",  # before a block is written (its intent journaled, or its file in processing/)
     "append",  # in the middle of appending a message block (half of it written)
     "appended",  # after the block was written, before the commit
     "commit",  # after the commit, before processing/ was cleaned

@@ -222,3 +222,85 @@ def test_the_log_is_never_opened_through_a_symlink(home: Home, tmp_path: Path) -
     with pytest.raises(OSError), open_writer(conv) as w:
         w.append_block("CLAUDE", "OLLAMA", "hi", msg_id="s")
     assert outside.read_text() == "do not touch\n"
+
+
+# ----------------------------------------------------- claimed messages (no intent journaled)
+
+
+def _claimed(conv: Conv, name: str, text: str) -> Path:
+    conv.processing.mkdir(exist_ok=True)
+    path = conv.processing / name
+    path.write_text(text)
+    return path
+
+
+def test_a_claimed_message_is_appended_without_an_intent_write(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contemplation.writer import session
+
+    conv = conv_in(home)
+    _claimed(conv, "m1", "hello")
+    written: list[dict[str, object]] = []
+    real = session.atomic_write_bytes
+
+    def record(path: Path, data: bytes, **kw: bool) -> None:
+        written.append(json.loads(data))
+        real(path, data, **kw)
+
+    monkeypatch.setattr(session, "atomic_write_bytes", record)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=True)
+    assert [s["intent"] for s in written] == [None]  # one write: the commit
+    assert written[0]["done_ids"] == ["m1"]
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_recovery_commits_a_whole_claimed_block_whatever_the_header_time(
+    home: Home, late: int
+) -> None:
+    conv = conv_in(home)
+    claimed = _claimed(conv, "00-m1", "the question\nin two lines")
+    with open_writer(conv) as w:
+        ts = logformat.timestamp() if not late else "1999-01-01 00:00:00"
+        data = w.block_bytes("CLAUDE", "OLLAMA", "the question\nin two lines", 0, ts=ts)
+    with open(conv.log, "ab") as f:
+        f.write(data)
+    with open_writer(conv) as w:
+        done = w.recover()
+    st = read_state(conv)
+    assert st is not None and st.log.size == len(data) and "00-m1" in st.done_ids
+    assert not claimed.exists()
+    assert done == [
+        "committed message 00-m1 found whole in the log",
+        "removed 00-m1 (already in the log)",
+    ] or any("committed message 00-m1" in d for d in done)
+
+
+def test_recovery_cuts_a_torn_claimed_block_and_keeps_the_file(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "first", msg_id="a")
+        start = w.state.log.size
+        data = w.block_bytes("CLAUDE", "OLLAMA", "y" * 2000, start)
+    claimed = _claimed(conv, "01-m2", "y" * 2000)
+    for cut in (3, 30, len(data) // 2, len(data) - 1):  # inside the separator, the time, the body
+        with open(conv.log, "ab") as f:
+            f.write(data[:cut])
+        with open_writer(conv) as w:
+            done = w.recover()
+        assert conv.log.stat().st_size == start, cut
+        assert any("rolled back a torn append of 01-m2" in d for d in done)
+        assert claimed.exists()
+
+
+def test_recovery_leaves_bytes_that_are_not_the_claimed_block(home: Home) -> None:
+    conv = conv_in(home)
+    claimed = _claimed(conv, "00-m1", "what I asked")
+    by_hand = b"=== CLAUDE -> OLLAMA [2026-01-01 00:00:00] ===\nsomething else entirely\n"
+    with open(conv.log, "ab") as f:
+        f.write(by_hand)
+    with open_writer(conv) as w:
+        assert w.recover() == []
+    assert conv.log.read_bytes() == by_hand  # left for adoption as a hand append
+    assert claimed.exists()

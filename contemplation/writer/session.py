@@ -1,10 +1,17 @@
 """A locked session on one conversation: appends, state, rotation and crash recovery.
 
 Every change to ``messages.log`` and ``state.json`` happens in a :class:`ConvWriter` opened by
-:func:`open_writer`, i.e. while holding ``flock(<conv>/.lock)``. An append first records an
-*intent* (offset, length, sha256) in ``state.json``; :meth:`ConvWriter.recover` rolls a complete
-append forward, rolls a torn one back (only bytes proven ours), completes an interrupted
-rotation, and marks a cut-off streamed reply ``=== INTERRUPTED ===`` so the turn is redone.
+:func:`open_writer`, i.e. while holding ``flock(<conv>/.lock)``.
+
+An agent message needs no journal entry of its own: its file stays in ``processing/`` until
+the block is durable and committed, and the block is a pure function of that file, the
+labels and the log (:meth:`ConvWriter.block_bytes`). So :meth:`ConvWriter.recover` finds,
+past the committed size, either the whole block of a claimed file (rolled forward), a torn
+prefix of it (cut away), or something else (left for adoption as a hand append). Other
+appends (the answers to needs) first record an *intent* (offset, length, sha256) in
+``state.json``, rolled forward or back the same way. A streamed reply records an intent (its
+offset); a cut-off one is marked ``=== INTERRUPTED ===`` so the turn is redone. Recovery also
+completes an interrupted rotation.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from contemplation.layout import (
     LogView,
     log_segments,
     processing_entries,
+    read_message,
     read_metadata,
     read_regular,
     read_state,
@@ -165,21 +173,35 @@ class ConvWriter:
             finally:
                 os.close(fd)
 
-    def append_block(self, sender: str, recipient: str, text: str, *, msg_id: str) -> int:
-        """Append one whole block exactly once (intent → write → commit). Returns its offset."""
+    def block_bytes(
+        self, sender: str, recipient: str, text: str, offset: int, ts: str | None = None
+    ) -> bytes:
+        """The bytes of a block appended at ``offset`` (the separator included)."""
+        block = logformat.header(sender, recipient, ts) + logformat.body(text)
+        return self._separator(offset) + block.encode("utf-8")
+
+    def append_block(
+        self, sender: str, recipient: str, text: str, *, msg_id: str, claimed: bool = False
+    ) -> int:
+        """Append one whole block exactly once (write, fsync, commit). Returns its offset.
+
+        ``claimed``: the block is the agent message in ``processing/<msg_id>``. That file is
+        the record of the write until the commit (recovery recognises the block from it), so
+        no intent is journaled. Any other block (an answer to a need) journals an intent
+        (offset, length, sha256) first."""
         if msg_id in self.state.done_ids:
             return -1
-        data = (logformat.header(sender, recipient) + logformat.body(text)).encode("utf-8")
         offset = self.log_size()
-        data = self._separator(offset) + data
-        self.state.intent = Intent(
-            kind="message",
-            id=msg_id,
-            offset=offset,
-            length=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
-        self.save()
+        data = self.block_bytes(sender, recipient, text, offset)
+        if not claimed:
+            self.state.intent = Intent(
+                kind="message",
+                id=msg_id,
+                offset=offset,
+                length=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+            )
+            self.save()
         crashpoint("intent")
         try:
             if armed("append"):
@@ -190,9 +212,10 @@ class ConvWriter:
                 self._append_raw(data, sync=True)
         except OSError:
             self._rollback(offset)
-            self.state.intent = None
-            with contextlib.suppress(OSError):
-                self.save()
+            if not claimed:
+                self.state.intent = None
+                with contextlib.suppress(OSError):
+                    self.save()
             raise
         crashpoint("appended")
         self._commit_message(msg_id, offset + len(data))
@@ -216,8 +239,8 @@ class ConvWriter:
         self.state.messages_processed += 1
         self.state.retry_count = 0  # a new message from the agent resets any backoff
         self.state.next_retry_at = None
-        # No fsync needed here: the intent and the block are already durable, so after a power
-        # loss recovery finds the intent, the bytes and their hash, and commits again.
+        # No fsync needed here: the block is durable and its file is still in processing/, so
+        # after a power loss recovery finds the block whole and commits it again.
         self.save(durable=False)
         crashpoint("commit")
 
@@ -291,7 +314,7 @@ class ConvWriter:
 
     # -- recovery -----------------------------------------------------------------------
 
-    def recover(self) -> list[str]:
+    def recover(self, max_message_bytes: int = 16 * 1024 * 1024) -> list[str]:
         """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
         done: list[str] = []
         remove_tmp_files(self.conv)
@@ -305,6 +328,7 @@ class ConvWriter:
                 else self._recover_reply(intent)
             )
             done.extend([what] if what else [])
+        done.extend(self._recover_claimed(max_message_bytes))
         done.extend(self._clean_processing())
         if done:
             self.save()
@@ -333,6 +357,45 @@ class ConvWriter:
         self.state.intent = None
         self.save()
         return what
+
+    def _recover_claimed(self, max_message_bytes: int) -> list[str]:
+        """Bytes past the committed size that are the block of a claimed message: a whole
+        block is committed (its file then goes), a torn prefix is cut away. Anything else is
+        left alone, to be adopted as a hand append."""
+        done: list[str] = []
+        if self.state.intent is not None or self.state.rotation is not None:
+            return done
+        for claimed in processing_entries(self.conv):
+            start, size = self.state.log.size, self.log_size()
+            if size <= start or claimed.name in self.state.done_ids:
+                break
+            text, _ = read_message(claimed, max_message_bytes)
+            if text is None:
+                break
+            expected, found = self._claimed_block(text, start)
+            if found == expected:
+                self._commit_message(claimed.name, start + len(expected))
+                done.append(f"committed message {claimed.name} found whole in the log")
+                continue
+            if size - start < len(expected) and _same_but_time(expected, found):
+                self._rollback(start)
+                done.append(f"rolled back a torn append of {claimed.name}")
+            break
+        return done
+
+    def _claimed_block(self, text: str, start: int) -> tuple[bytes, bytes]:
+        """The block a claimed message would have been appended as at ``start`` (with the
+        header time found there), and the bytes the log holds in its place."""
+        sender, recipient = self.meta.agent_label, self.meta.sender_label()
+        shape = self.block_bytes(sender, recipient, text, start, ts=_TIME_SHAPE)
+        with open(self.conv.log, "rb") as f:
+            f.seek(start)
+            found = f.read(len(shape))
+        at = shape.index(b"[") + 1
+        ts = found[at : at + len(_TIME_SHAPE)]
+        if len(ts) == len(_TIME_SHAPE) and ts.isascii():
+            shape = self.block_bytes(sender, recipient, text, start, ts=ts.decode())
+        return shape, found
 
     def _recover_reply(self, intent: Intent) -> str:
         """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone."""
@@ -369,6 +432,18 @@ class ConvWriter:
             f.seek(offset)
             head = f.read(200).lstrip(b"\n")
         return head.startswith(b"=== ")
+
+
+_TIME_SHAPE = logformat.timestamp()  # every header time has this length
+
+
+def _same_but_time(expected: bytes, found: bytes) -> bool:
+    """``found`` is a prefix of ``expected`` apart from the header's time."""
+    at = expected.index(b"[") + 1
+    span = slice(at, at + len(_TIME_SHAPE))
+    a, b = bytearray(expected[: len(found)]), bytearray(found)
+    a[span], b[span] = b"", b""
+    return a == b
 
 
 def _read_text(p: Path) -> str:
