@@ -204,6 +204,9 @@ def test_full_text_search_finds_log_text_case_insensitively(home: Home, web: htt
     log = b.log.read_bytes()
     off = by_id[b.id]["snippets"][0]["offset"]  # a byte offset into the log (after "—")
     assert log[off : off + 6] == b"quokka"
+    # block headers are framing, not what was said: they neither match nor show in snippets
+    assert web.get("/api/search", params={"q": "claude ->"}).json()["results"] == []
+    assert "===" not in json.dumps(data["results"])
     topic = web.get("/api/search", params={"q": "unrelat"}).json()["results"]
     assert [(h["fields"], h["hits"]) for h in topic] == [
         (["id", "topic"], 0)

@@ -21,6 +21,9 @@ from contemplation.layout import Conv, Home, open_regular
 from contemplation.reading import segments
 
 _SPACES = re.compile(r"\s+")
+# a block's header line (logformat.HEADER_RE, for text): framing, not what was said; a match
+# inside one is not a hit ("claude" would find every conversation) and snippets leave them out
+_HEADER_LINE = re.compile(r"=== [A-Z][A-Z0-9_]* -> [A-Z][A-Z0-9_]* \[[^\]\n]*\] ===\r?")
 ROW_FIELDS = ("id", "topic", "model", "backend")
 
 
@@ -69,8 +72,36 @@ def read_head(conv: Conv, budget: int) -> tuple[bytes, bool]:
     return b"".join(parts), False
 
 
-def _clean(text: str) -> str:
-    return _SPACES.sub(" ", text)
+def _in_header(text: str, start: int, end: int) -> bool:
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    return bool(_HEADER_LINE.fullmatch(text, line_start, len(text) if line_end < 0 else line_end))
+
+
+def _said(lines: list[str]) -> str:
+    """Lines as one line of what was said (blank and header lines left out)."""
+    kept = [ln for ln in lines if ln.strip() and not _HEADER_LINE.fullmatch(ln)]
+    return _SPACES.sub(" ", " · ".join(kept))
+
+
+def _before(text: str, at: int, width: int) -> str:
+    """Up to ``width`` characters said before ``at``; a line the window cuts is dropped unless
+    it is the match's own (it may be half a header)."""
+    lo = max(0, at - 3 * width)
+    lines = text[lo:at].split("\n")
+    if lo > 0 and len(lines) > 1:
+        lines = lines[1:]
+    said = _said(lines)
+    return ("…" if lo > 0 or len(said) > width else "") + said[-width:].lstrip()
+
+
+def _after(text: str, at: int, width: int) -> str:
+    hi = at + 3 * width
+    lines = text[at:hi].split("\n")
+    if hi < len(text) and len(lines) > 1:
+        lines = lines[:-1]
+    said = _said(lines)
+    return said[:width].rstrip() + ("…" if hi < len(text) or len(said) > width else "")
 
 
 def snippets(
@@ -84,17 +115,17 @@ def snippets(
     offset = 0
     ctx = limits.context_chars
     for m in pattern.finditer(text):
+        if _in_header(text, m.start(), m.end()):
+            continue
         hits += 1
         if len(out) < limits.snippets_per_conv:
             offset += len(text[pos : m.start()].encode("utf-8", "surrogatepass"))
             pos = m.start()
-            start = max(0, m.start() - ctx)
             out.append(
                 {
-                    "before": ("…" if start else "") + _clean(text[start : m.start()]).lstrip(),
+                    "before": _before(text, m.start(), ctx),
                     "match": m.group(0),
-                    "after": _clean(text[m.end() : m.end() + ctx]).rstrip()
-                    + ("…" if m.end() + ctx < len(text) else ""),
+                    "after": _after(text, m.end(), ctx),
                     "offset": offset,
                 }
             )

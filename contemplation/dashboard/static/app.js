@@ -21,10 +21,13 @@ function token() {
   return sessionStorage.getItem("token") || "";
 }
 
+let flashTimer = null;
 function flash(text, bad) {
   const f = $("flash");
   f.textContent = text;
   f.className = bad ? "bad" : "ok";
+  clearTimeout(flashTimer);
+  flashTimer = setTimeout(() => { f.textContent = ""; }, 8000);
 }
 
 async function getJSON(url, signal) {
