@@ -17,6 +17,7 @@ from contemplation.layout import Conv, Home, read_state
 from contemplation.models import Status
 from contemplation.reading import Reader
 from contemplation.writer import open_writer
+from tests.conftest import wait_for
 from tests.dashboard_served import Served, make_conv, serve
 
 ACTIONS = ["messages", "respond", "cancel", "archive"]
@@ -259,3 +260,48 @@ def test_favicon_is_served(web: httpx.Client) -> None:
     assert r.text.startswith("<svg") and "</svg>" in r.text
     assert web.get("/static/favicon.svg").status_code == 200
     assert 'rel="icon" href="/static/favicon.svg"' in web.get("/").text
+
+
+def test_a_running_search_blocks_neither_the_loop_nor_other_reads(
+    home: Home, served: Served, web: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan runs in a worker thread: while one is held mid-scan, the server answers other
+    requests; past SEARCHES_AT_ONCE, more searches get 429 instead of piling up."""
+    import threading
+
+    from contemplation.dashboard import app as app_mod
+
+    conv = make_conv(home, "held", "Q", "the held needle")
+    started = threading.Semaphore(0)
+    release = threading.Event()
+    real = full_text.search
+
+    def held(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        started.release()
+        assert release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(app_mod.full_text, "search", held)
+    results: list[httpx.Response] = []
+
+    def search() -> None:
+        with httpx.Client(base_url=served.base, timeout=30) as c:
+            results.append(c.get("/api/search", params={"q": "needle"}))
+
+    threads = [threading.Thread(target=search) for _ in range(app_mod.SEARCHES_AT_ONCE)]
+    for t in threads:
+        t.start()
+    try:
+        assert started.acquire(timeout=10)  # one scan is in the worker thread, held there
+        wait_for(lambda: served.dash._searches == app_mod.SEARCHES_AT_ONCE, what="searches")
+        assert web.get("/health").json()["ok"] is True
+        assert web.get(f"/api/conversations/{conv.id}").status_code == 200
+        extra = web.get("/api/search", params={"q": "needle"})
+        assert extra.status_code == 429 and extra.headers["retry-after"] == "1"
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert [r.status_code for r in results] == [200] * app_mod.SEARCHES_AT_ONCE
+    assert all(r.json()["results"][0]["id"] == conv.id for r in results)
+    assert served.dash._searches == 0
