@@ -32,11 +32,15 @@ EXIT_NEEDS_AGENT = 3  # send --wait: the model waits for a NEED no rule answers
 EXIT_TIMEOUT = 4  # send --wait --timeout: no reply in time (it stays queued)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
-EXIT_CODES = (
-    "Exit codes: 0 done; 1 error (one line on stderr); 2 bad usage; "
-    "3 the model waits for the agent (send --wait: a NEED no rule answers); "
-    "4 timed out (send --wait --timeout); 130 interrupted."
-)
+EXIT_CODES = """\b
+Exit codes:
+  0    done
+  1    error (one line on stderr)
+  2    bad usage
+  3    the model waits for the agent (send --wait: a NEED no rule answers)
+  4    timed out (send --wait --timeout); the reply still comes
+  130  interrupted (Ctrl-C)
+"""
 COMPLETIONS_MAX = 500  # candidates offered to the shell at most
 
 F = TypeVar("F", bound=Callable[..., Any])
