@@ -32,6 +32,7 @@ from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
 from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
 from contemplation.layout import Conv, Home, read_metadata, read_state
+from contemplation.models import CANCELLABLE
 from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.writer import daemon_alive
@@ -42,8 +43,6 @@ SEARCHES_AT_ONCE = 4  # running or waiting; more get 429 (each one is bounded in
 BODY_SLACK = 64 * 1024  # a JSON body may exceed max_message_bytes by its escaping and fields
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
-# where the cancel button shows: the statuses actions.cancel stops (it decides; 409 otherwise)
-CANCEL_SHOWN = frozenset({"generating", "routing", "retrying"})
 
 
 def _status_of(exc: ContemplationError) -> int:
@@ -422,7 +421,7 @@ def available_actions(detail: dict[str, Any]) -> list[str]:
     out = ["messages"]
     if detail.get("pending_needs"):
         out.append("respond")
-    if detail.get("status") in CANCEL_SHOWN:
+    if detail.get("status") in CANCELLABLE:  # what actions.cancel stops (409 otherwise)
         out.append("cancel")
     out.append("archive")
     return out
