@@ -118,7 +118,7 @@ def create(
 def start(
     settings: Settings,
     topic: str,
-    initial_prompt: str,
+    initial_prompt: str | None,
     *,
     model: str | None = None,
     backend: str | None = None,
@@ -127,13 +127,15 @@ def start(
     idempotency_key: str | None = None,
     think: bool | str | None = None,
 ) -> tuple[Conv, bool]:
-    """A new conversation with its first message queued. Returns it and whether it is new."""
+    """A new conversation with its first message queued (none when ``initial_prompt`` is None:
+    it starts empty). Returns it and whether it is new."""
     home = Home(settings.home)
     ensure_home(home)
     tpl, backend_name, model_name = _resolve(
         settings, home, topic, model=model, backend=backend, template=template
     )
-    check_text(initial_prompt, settings, "the initial prompt")
+    if initial_prompt is not None:
+        check_text(initial_prompt, settings, "the initial prompt")
     reqs = [{"type": "need", "need": r} for r in (context_requirements or []) if r.strip()]
     if idempotency_key:
         key, ttl = "key:" + idempotency_key, KEY_TTL
@@ -152,7 +154,8 @@ def start(
             extra=_extra(reqs, think),
             durable=settings.durability == "fsync",
         )
-        drop_message(conv, initial_prompt, name=INITIAL_NAME)
+        if initial_prompt is not None:
+            drop_message(conv, initial_prompt, name=INITIAL_NAME)
         return conv
 
     return idempotent_create(home, key, ttl, make)
