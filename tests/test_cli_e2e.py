@@ -128,7 +128,7 @@ def test_send_wait_timeout_says_the_turn_is_generating(
     fake_ollama.enqueue(
         Step(kind="hang", after_chunks=1, text="thinking about it", hang_seconds=30)
     )
-    r = cli(env, "send", conv_id, "go", "--wait", "--timeout", "2", check=False)
+    r = cli(env, "send", conv_id, "go", "--wait", "--timeout", "5", check=False)
     assert r.returncode == 4, r.stderr
     assert f"{conv_id} is generating: generating since" in r.stderr
     assert "contemplation tail -f" in r.stderr
