@@ -259,8 +259,11 @@ def _settled(reader: Reader, conv: Conv, before: int) -> int | None:
         needs = reader.pending_needs(conv, meta) or list(state.pending_needs)
         click.echo(show.waiting_for_agent(conv.id, needs), err=True)
         return EXIT_NEEDS_AGENT
-    if state.status in (Status.ERROR, Status.CANCELLED):
-        why = state.last_error.message if state.last_error else f"the turn was {state.status}"
+    if state.status is Status.CANCELLED:
+        click.echo("error: the turn was cancelled", err=True)
+        return EXIT_ERROR
+    if state.status is Status.ERROR:
+        why = state.last_error.message if state.last_error else "the turn failed"
         click.echo(safe(f"error: {why}"), err=True)
         return EXIT_ERROR
     return EXIT_OK
