@@ -30,7 +30,7 @@ from contemplation.layout import (
 from contemplation.models import Block, MarkerKind, Status
 from contemplation.needs import cycle
 from contemplation.runtime import Runtime, set_status
-from contemplation.steps import AGAIN, Again, Decision, NeedsDue, TurnDue, Wait
+from contemplation.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
 from contemplation.tracking import Tracked
 from contemplation.turn import run_turn
 from contemplation.writer import (
@@ -51,29 +51,25 @@ def _settled(mtime_ns: int, now: float, window: float) -> bool:
     return now - mtime_ns / 1e9 >= window
 
 
-def _step(conv: Conv, rt: Runtime, seen: Tracked) -> Decision:
+def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
     """One decision under the lock: tidy up the folder, then decide from the log, then take
     the next message, and make the status say why when there is nothing to do."""
-    s = rt.settings
     now = rt.clock()
-    with open_writer(
-        conv, durable=s.durability == "fsync", default_meta=rt.default_metadata(conv), wait=False
-    ) as w:
-        unsettled = _tidy(conv, rt, seen, w, now)
-        if unsettled is not None:
-            return unsettled
-        parsed = seen.view(conv, w.meta.agent_label).refresh()
-        if list(parsed.errors[:20]) != w.state.parse_errors:
-            w.state.parse_errors = list(parsed.errors[:20])
-            w.save()
-        nxt = next_action(parsed.blocks)
-        decided = _decide(conv, rt, w, parsed.blocks, nxt=nxt, now=now)
-        if decided is not None:
-            return decided
-        taken = _next_message(w, rt, seen, now)
-        if isinstance(taken, Wait):
-            _say_why(w, nxt, has_blocks=bool(parsed.blocks))
-        return taken
+    unsettled = _tidy(conv, rt, seen, w, now)
+    if unsettled is not None:
+        return unsettled
+    parsed = seen.view(conv, w.meta.agent_label).refresh()
+    if list(parsed.errors[:20]) != w.state.parse_errors:
+        w.state.parse_errors = list(parsed.errors[:20])
+        w.save()
+    nxt = next_action(parsed.blocks)
+    decided = _decide(conv, rt, w, parsed.blocks, nxt=nxt, now=now)
+    if decided is not None:
+        return decided
+    taken = _next_message(w, rt, seen, now)
+    if isinstance(taken, Wait):
+        _say_why(w, nxt, has_blocks=bool(parsed.blocks))
+    return taken
 
 
 def _tidy(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, now: float) -> Wait | None:
@@ -223,6 +219,29 @@ async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
             log.warning("forget_failed", conv=conv.id, error=str(exc))
 
 
+async def _step_and_act(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
+    """One step under the conversation's lock, and what it decided. A turn runs under the same
+    lock and writer (nothing is locked or read twice); needs are looked up after the lock is
+    let go, since tools can be slow."""
+    with open_writer(
+        conv,
+        durable=rt.settings.durability == "fsync",
+        default_meta=rt.default_metadata(conv),
+        wait=False,
+    ) as w:
+        try:
+            decision = _step(conv, rt, seen, w)
+            seen.remember_size(conv)
+            match decision:
+                case TurnDue():
+                    return await run_turn(conv, rt, seen, w)
+                case Wait() | Again():
+                    return decision
+        finally:
+            w.flush()  # what the step or the turn committed in memory, before the lock goes
+    return await cycle.answer(conv, rt, seen, decision)
+
+
 async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
     """Do what is due in one conversation. Returns when to look again (None: on an event)."""
     for _ in range(MAX_STEPS):
@@ -232,21 +251,11 @@ async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
         if seen.stopping or not _looks_like_a_conversation(conv):
             return None
         try:
-            decision = _step(conv, rt, seen)
+            outcome = await _step_and_act(conv, rt, seen)
         except LockBusy:
             return rt.clock() + 0.2
         except NotFound:
             return None
-        seen.remember_size(conv)
-        match decision:
-            case Wait(at=at):
-                return at
-            case Again():
-                continue
-            case TurnDue(meta=meta):
-                outcome = await run_turn(conv, rt, seen, meta)
-            case NeedsDue():
-                outcome = await cycle.answer(conv, rt, seen, decision)
         seen.remember_size(conv)
         if isinstance(outcome, Wait):
             return outcome.at

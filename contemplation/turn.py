@@ -1,8 +1,9 @@
 """One model turn: build the request, stream the reply into the log, record how it went.
 
-Before the lock: the context requirements are gathered (first turn only) and a backend slot
-is awaited (queued per model). Under the lock: the history is fitted to the model's window,
-the reply streams into ``messages.log`` as it arrives, and a failure becomes either a retry
+A turn runs under the lock and writer of the step that decided it (one lock, one read of the
+state per step). The context requirements are gathered (first turn only) and a backend slot
+is awaited (queued per model); then the history is fitted to the model's window, the reply
+streams into ``messages.log`` as it arrives, and a failure becomes either a retry
 (transient) or a visible ERROR (permanent). Native tool calls are written into the reply as
 ``NEED:`` lines under a ``(tool call …)`` line, so the ordinary answer cycle answers them.
 """
@@ -29,7 +30,7 @@ from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, Stre
 from contemplation.needs import rules
 from contemplation.parser import find_needs
 from contemplation.prompts import build_request
-from contemplation.runtime import Runtime, backoff, lock, set_status
+from contemplation.runtime import Runtime, backoff, set_status
 from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.tracking import Tracked
 from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
@@ -46,7 +47,7 @@ class _Cancelled(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    """What is settled before the lock: context text, tools offered, the think value."""
+    """What is settled before the slot: context text, tools offered, the think value."""
 
     context: str = ""
     tools: tuple[dict[str, Any], ...] = ()
@@ -56,12 +57,14 @@ class _Prepared:
     window: int | None = None  # the tokens a request gets, when the backend knows
 
 
-async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, meta: Metadata) -> Outcome:
+async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Outcome:
+    """The model's turn, under the lock and writer of the step that decided it."""
+    meta = w.meta
     backend = rt.backend(meta.backend)
     breaker = rt.guard(meta)
     until = breaker.resting()
     if until is not None:
-        return await _rest(conv, rt, meta, until)
+        return _rest(rt, w, until)
     prepared = await _prepare(conv, rt, meta)
     async with rt.scheduler(meta.backend).slot(meta.model):
         # checked again with the slot held: the turns queued behind a failing one must not
@@ -70,26 +73,23 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, meta: Metadata) -> Ou
             until = breaker.resting() or rt.clock() + 0.5
         else:
             try:
-                stack, w = await lock(conv, rt, meta)
-                with stack:
-                    return await _stream(conv, rt, seen, w, backend=backend, prepared=prepared)
+                return await _stream(conv, rt, seen, w, backend=backend, prepared=prepared)
             finally:
                 breaker.release()  # a probe that ended without a verdict lets another try
-    return await _rest(conv, rt, meta, until)
+    return _rest(rt, w, until)
 
 
-async def _rest(conv: Conv, rt: Runtime, meta: Metadata, until: float) -> Wait:
+def _rest(rt: Runtime, w: ConvWriter, until: float) -> Wait:
     """The backend keeps failing: wait for the breaker instead of calling it again."""
-    stack, w = await lock(conv, rt, meta)
-    with stack:
-        if w.state.next_retry_at is None or w.state.next_retry_at < until:
-            w.state.next_retry_at = until
-            w.record_error(
-                "circuit_open",
-                f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times in a row; "
-                f"resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
-                status=Status.RETRYING,
-            )
+    meta = w.meta
+    if w.state.next_retry_at is None or w.state.next_retry_at < until:
+        w.state.next_retry_at = until
+        w.record_error(
+            "circuit_open",
+            f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times in a row; "
+            f"resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
+            status=Status.RETRYING,
+        )
     return Wait(until)
 
 

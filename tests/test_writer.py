@@ -234,7 +234,7 @@ def _claimed(conv: Conv, name: str, text: str) -> Path:
     return path
 
 
-def test_a_claimed_message_is_appended_without_an_intent_write(
+def test_a_claimed_message_is_appended_with_no_state_write_of_its_own(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from contemplation.writer import session
@@ -251,7 +251,9 @@ def test_a_claimed_message_is_appended_without_an_intent_write(
     monkeypatch.setattr(session, "atomic_write_bytes", record)
     with open_writer(conv) as w:
         w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=True)
-    assert [s["intent"] for s in written] == [None]  # one write: the commit
+        assert written == []  # no intent write, and the commit waits for the next state write
+        w.flush()
+    assert len(written) == 1 and written[0]["intent"] is None
     assert written[0]["done_ids"] == ["m1"]
 
 

@@ -68,6 +68,7 @@ class ConvWriter:
     durable: bool = True
     rebuilt: bool = False  # state.json was lost and derived from the log
     warnings: list[str] = field(default_factory=list)
+    unsaved: bool = False  # a commit held in memory, written by the next save or flush()
 
     # -- state ------------------------------------------------------------------------
 
@@ -80,6 +81,12 @@ class ConvWriter:
             self.state.model_dump_json(indent=2).encode() + b"\n",
             durable=self.durable and durable,
         )
+        self.unsaved = False
+
+    def flush(self) -> None:
+        """Write a commit held in memory (see :meth:`append_block`)."""
+        if self.unsaved:
+            self.save(durable=False)
 
     def set_status(self, status: Status, *, save: bool = True) -> None:
         self.state.status = status
@@ -187,7 +194,10 @@ class ConvWriter:
 
         ``claimed``: the block is the agent message in ``processing/<msg_id>``. That file is
         the record of the write until the commit (recovery recognises the block from it), so
-        no intent is journaled. Any other block (an answer to a need) journals an intent
+        no intent is journaled, and the commit is held in memory for the next state write
+        (the turn's, or :meth:`flush` when the lock is let go): once the caller removes the
+        file, a crash before that write leaves the whole block to be adopted like a hand
+        append, still exactly once. Any other block (an answer to a need) journals an intent
         (offset, length, sha256) first."""
         if msg_id in self.state.done_ids:
             return -1
@@ -218,7 +228,7 @@ class ConvWriter:
                     self.save()
             raise
         crashpoint("appended")
-        self._commit_message(msg_id, offset + len(data))
+        self._commit_message(msg_id, offset + len(data), save=not claimed)
         return offset
 
     def _separator(self, offset: int) -> bytes:
@@ -232,16 +242,19 @@ class ConvWriter:
             f.seek(size - 1)
             return f.read(1) == b"\n"
 
-    def _commit_message(self, msg_id: str, end: int) -> None:
+    def _commit_message(self, msg_id: str, end: int, *, save: bool = True) -> None:
         self.state.intent = None
         self.state.log.size = end
         self.state.done_ids = [*self.state.done_ids, msg_id][-DONE_IDS_KEPT:]
         self.state.messages_processed += 1
         self.state.retry_count = 0  # a new message from the agent resets any backoff
         self.state.next_retry_at = None
-        # No fsync needed here: the block is durable and its file is still in processing/, so
-        # after a power loss recovery finds the block whole and commits it again.
-        self.save(durable=False)
+        # No fsync needed here: the block is already durable, so after a power loss recovery
+        # finds it whole (from its intent, its claimed file, or as bytes to adopt).
+        if save:
+            self.save(durable=False)
+        else:
+            self.unsaved = True
         crashpoint("commit")
 
     def append_marker(self, kind: MarkerKind, text: str = "") -> None:
