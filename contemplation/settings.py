@@ -1,26 +1,50 @@
 """Settings: a TOML file, overridden by the environment, overridden by command-line flags.
 
+Built on pydantic-settings (:class:`Settings` is a ``BaseSettings``); :func:`load` picks the
+sources, highest first:
+
+* flags: ``--home`` and the other overrides a command passes.
+* environment: ``CONTEMPLATION_<KEY>`` for top-level keys and ``CONTEMPLATION_<SECTION>__<KEY>``
+  for nested ones (e.g. ``CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL=300``); a table or list may
+  also be given whole as JSON (``fallback`` and ``tools.allowed_roots`` stay plain lists:
+  comma- and ``os.pathsep``-separated).
 * file: ``--config PATH``, else ``CONTEMPLATION_CONFIG``, else ``<platformdirs config>/config.toml``
   (a missing default file is fine; a missing explicit file is an error).
-* environment: ``CONTEMPLATION_<KEY>`` for top-level keys and ``CONTEMPLATION_<SECTION>__<KEY>``
-  for nested ones (e.g. ``CONTEMPLATION_OLLAMA__NUM_CTX=16384``), plus the variables users of
-  each server already know (``OLLAMA_HOST``).
-* home: ``--home``, else ``CONTEMPLATION_HOME``, else ``home`` in the file, else the
-  platformdirs data dir.
+* the variables users of each server already know (:data:`SERVER_ENV`: ``OLLAMA_HOST``,
+  ``OPENAI_BASE_URL``, ...), used only when neither the file nor ``CONTEMPLATION_*`` sets
+  that key.
+
+Every value remembers its source (:meth:`Settings.source`), so a bad one is one line naming
+the key and the file, the variable or the flag.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from contemplation.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic_settings.sources.types import Traversable
 
 APP = "contemplation"
 ENV_PREFIX = "CONTEMPLATION_"
@@ -190,7 +214,7 @@ class ToolLimits(_Section):
 
 
 class ToolSettings(_Section):
-    allowed_roots: list[Path] = Field(
+    allowed_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list, description="folders `File contents of` may read (nothing if empty)"
     )
     notes_vault: Path | None = Field(None, description="a folder of Markdown notes")
@@ -209,7 +233,18 @@ class ToolSettings(_Section):
         return [p for p in v.split(os.pathsep) if p] if isinstance(v, str) else v
 
 
-class Settings(_Section):
+class Settings(BaseSettings):
+    """Every setting. :func:`load` fills it from (highest first) the command-line flags,
+    ``CONTEMPLATION_*``, the TOML file, the servers' own variables (:data:`SERVER_ENV`) and
+    the defaults, and remembers where each value came from (:meth:`source`)."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        case_sensitive=True,  # keys in the file and flags as written; see _EnvSource for names
+    )
+
     home: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir(APP)))
     config_file: Path | None = None
     default_backend: str = "ollama"
@@ -265,7 +300,7 @@ class Settings(_Section):
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
     opencode: OpenCodeSettings = Field(default_factory=OpenCodeSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
-    fallback: list[str] = Field(
+    fallback: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="backends in order, e.g. ['ollama', 'local']: when one is unreachable, "
         "its turn goes to the next one after it (env: comma-separated)",
@@ -277,12 +312,27 @@ class Settings(_Section):
         default_factory=dict, description="per-model overrides, keyed by model name"
     )
 
-    _sources: Any = PrivateAttr(default=None)
+    _sources: _Sources | None = PrivateAttr(default=None)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Highest first: the flags (``init_settings``), ``CONTEMPLATION_*``, the TOML file,
+        the servers' own variables; pydantic-settings adds the defaults last. Only while
+        :func:`load` runs: ``Settings(...)`` made in code takes its arguments and defaults."""
+        loading = _LOADING.get()
+        return (init_settings,) if loading is None else loading.build(settings_cls, init_settings)
 
     def source(self, key: str) -> str:
         """Where a setting's value came from (for errors found after loading)."""
-        layers = self._sources
-        return layers.source(tuple(key.split("."))) if layers is not None else "the settings"
+        sources = self._sources
+        return sources.source(tuple(key.split("."))) if sources is not None else "the settings"
 
     @field_validator("fallback", mode="before")
     @classmethod
@@ -309,67 +359,166 @@ SERVER_ENV = {
     "OPENCODE_SERVER_USERNAME": ("opencode", "username"),
     "OPENCODE_SERVER_PASSWORD": ("opencode", "password"),
 }
+_SERVER_VARIABLE = {path: name for name, path in SERVER_ENV.items()}
+
+_Where = Callable[[tuple[str, ...]], str]
 
 
-class _Layers:
-    """The merged layers, and for every key the source its value came from."""
+class _Sources:
+    """For every key a source supplied, where its value came from.
+
+    Sources are read highest first and merged like pydantic-settings merges them (a table
+    from two sources is merged key by key, anything else is taken whole from the higher one),
+    so the first source to supply a key, or a key above or below it, owns it.
+    """
 
     def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-        self.sources: dict[tuple[str, ...], str] = {}
+        self.by_path: dict[tuple[str, ...], str] = {}
 
-    def put(self, path: tuple[str, ...], value: Any, source: str) -> None:
-        target = self.values
-        for i, key in enumerate(path[:-1]):
-            nxt = target.setdefault(key, {})
-            if not isinstance(nxt, dict):
-                where = ".".join(path[: i + 1])
-                raise ConfigError(f"{source}: {'.'.join(path)} conflicts with a value for {where}")
-            target = nxt
-        if isinstance(value, dict) and value:
-            for k, v in value.items():
-                self.put((*path, str(k)), v, source)
-            return
-        target[path[-1]] = value
-        self.sources[path] = source
-
-    def has(self, path: tuple[str, ...]) -> bool:
-        return path in self.sources
+    def record(self, data: Mapping[str, Any], where: _Where, at: tuple[str, ...] = ()) -> None:
+        for k, v in data.items():
+            path = (*at, str(k))
+            if isinstance(v, dict) and v:
+                self.record(v, where, path)
+            elif not any(p[: len(path)] == path or path[: len(p)] == p for p in self.by_path):
+                self.by_path[path] = where(path)
 
     def source(self, loc: tuple[str | int, ...]) -> str:
         """Where the value at ``loc`` (or the nearest enclosing key) was set."""
         key = tuple(str(p) for p in loc)
         for n in range(len(key), 0, -1):
-            found = self.sources.get(key[:n])
+            found = self.by_path.get(key[:n])
             if found:
                 return found
-        for path, found in self.sources.items():  # a section given whole, e.g. a bad table
+        for path, found in self.by_path.items():  # a section given whole, e.g. a bad table
             if path[: len(key)] == key:
                 return found
         return "the defaults"
 
 
-def _describe(exc: ValidationError, layers: _Layers) -> str:
+class _Tracked(PydanticBaseSettingsSource):
+    """A source whose values are recorded in ``sources`` with where they came from."""
+
+    def __init__(self, inner: PydanticBaseSettingsSource, sources: _Sources, where: _Where) -> None:
+        super().__init__(inner.settings_cls)
+        self.inner, self.sources, self.where = inner, sources, where
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.inner.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        data = self.inner()
+        self.sources.record(data, self.where)
+        return data
+
+
+class _EnvSource(EnvSettingsSource):
+    """``CONTEMPLATION_<KEY>`` and ``CONTEMPLATION_<SECTION>__<KEY>``, read from the mapping
+    :func:`load` was given (never ``os.environ`` behind its back). Names the model does not
+    have are ignored (``CONTEMPLATION_CONFIG``, and the ``CONTEMPLATION_EVENT`` & co. a
+    notification command gets); an unknown key inside a section is refused."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self.given = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+        super().__init__(settings_cls, case_sensitive=False)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {k.lower(): v for k, v in self.given.items()}
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        """A table or list may be given as JSON; anything else goes to validation as it is,
+        which then names the key, the variable and what it wanted."""
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            return value
+
+    def where(self, path: tuple[str, ...]) -> str:
+        """The variable that set ``path``, or the table above it (given as JSON)."""
+        names = {k.lower(): k for k in self.given}
+        for n in range(len(path), 0, -1):
+            name = names.get((ENV_PREFIX + "__".join(path[:n])).lower())
+            if name:
+                return f"the environment ({name})"
+        return "the environment"
+
+
+class _TomlSource(TomlConfigSettingsSource):
+    """The config file; a file that cannot be read or parsed is one line naming it."""
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        try:
+            return super()._read_file(file_path)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"cannot parse {file_path}: {exc}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {file_path}: {exc}") from exc
+
+
+class _ServerEnvSource(PydanticBaseSettingsSource):
+    """:data:`SERVER_ENV`: the servers' own variables, below the file and ``CONTEMPLATION_*``.
+
+    Not ``AliasChoices``: an alias on a nested model's field is never looked up without the
+    prefix, and an alias would put ``OLLAMA_HOST`` above the file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.values = {name: env[name] for name in SERVER_ENV if env.get(name)}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads by variable, not by field
+
+    def __call__(self) -> dict[str, Any]:
+        data: dict[str, dict[str, str]] = {}
+        for name, value in self.values.items():
+            section, key = SERVER_ENV[name]
+            data.setdefault(section, {})[key] = value
+        return data
+
+    @staticmethod
+    def where(path: tuple[str, ...]) -> str:
+        return f"the environment ({_SERVER_VARIABLE.get((path[0], path[-1]), 'a server variable')})"
+
+
+class _Loading:
+    """What one :func:`load` reads, and where each value it finds came from."""
+
+    def __init__(self, env: Mapping[str, str], config: Path, config_from: str) -> None:
+        self.env, self.config, self.config_from = env, config, config_from
+        self.sources = _Sources()
+
+    def build(
+        self, settings_cls: type[BaseSettings], flags: PydanticBaseSettingsSource
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        env = _EnvSource(settings_cls, self.env)
+        servers = _ServerEnvSource(settings_cls, self.env)
+        return (
+            _Tracked(flags, self.sources, self.flag),
+            _Tracked(env, self.sources, env.where),
+            _Tracked(_TomlSource(settings_cls, self.config), self.sources, self.file),
+            _Tracked(servers, self.sources, servers.where),
+        )
+
+    def flag(self, path: tuple[str, ...]) -> str:
+        if path[0] == "config_file":
+            return self.config_from
+        return f"the command line (--{path[0].replace('_', '-')})"
+
+    def file(self, path: tuple[str, ...]) -> str:
+        return str(self.config)
+
+
+_LOADING: ContextVar[_Loading | None] = ContextVar("contemplation_settings_loading", default=None)
+
+
+def _describe(exc: ValidationError, sources: _Sources) -> str:
     first = exc.errors()[0]
     loc = first["loc"]
     key = ".".join(str(p) for p in loc) or "(top level)"
     got = first.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     msg = first["msg"].removeprefix("Value error, ")
-    return f"invalid setting {key} in {layers.source(loc)}: {msg}{shown}"
-
-
-def _file_layer(path: Path, *, explicit: bool) -> dict[str, Any]:
-    if not path.exists():
-        if explicit:
-            raise ConfigError(f"config file {path} does not exist")
-        return {}
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"cannot parse {path}: {exc}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    return f"invalid setting {key} in {sources.source(loc)}: {msg}{shown}"
 
 
 def load(
@@ -377,38 +526,40 @@ def load(
     config: Path | None = None,
     home: Path | None = None,
     overrides: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Build settings from the layers; a bad value raises :class:`ConfigError` naming the key
-    and where it was set: the file, the environment variable, or the command-line flag."""
+    """Build settings from their sources; a bad value raises :class:`ConfigError` naming the
+    key and where it was set: the file, the environment variable, or the command-line flag.
+
+    ``env`` is the environment to read (default: ``os.environ``); tests pass their own."""
     env = dict(os.environ) if env is None else env
-    explicit = config or (
-        Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None
-    )
-    path = explicit or default_config_path()
-    layers = _Layers()
-    for k, v in _file_layer(path, explicit=explicit is not None).items():
-        layers.put((k,), v, str(path))
-    for name, value in sorted(env.items()):
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
-            continue
-        key = name[len(ENV_PREFIX) :].lower()
-        if key in {"testing", "crash_at"}:
-            continue
-        layers.put(tuple(key.split("__")), value, f"the environment ({name})")
-    for name, where in SERVER_ENV.items():
-        if env.get(name) and not layers.has(where):
-            layers.put(where, env[name], f"the environment ({name})")
-    if home is not None:
-        layers.put(("home",), str(home), "the command line (--home)")
-    for k, v in (overrides or {}).items():
-        layers.put((k,), v, f"the command line (--{k.replace('_', '-')})")
-    layers.values["config_file"] = str(path) if path.exists() else None
+    named = env.get(ENV_PREFIX + "CONFIG")
+    if config is not None:
+        path, config_from = config, "the command line (--config)"
+    elif named:
+        path, config_from = Path(named), f"the environment ({ENV_PREFIX}CONFIG)"
+    else:
+        path, config_from = default_config_path(), "the defaults"
+    path = path.expanduser()
+    if not path.exists():
+        if config is not None or named:
+            raise ConfigError(f"config file {path} does not exist")
+    elif not path.is_file():
+        raise ConfigError(f"cannot read {path}: not a file")
+    flags: dict[str, Any] = {} if home is None else {"home": str(home)}
+    flags.update(overrides or {})
+    flags["config_file"] = str(path) if path.exists() else None
+    loading = _Loading(env, path, config_from)
+    token = _LOADING.set(loading)
     try:
-        settings = Settings.model_validate(layers.values)
+        settings = Settings(**flags)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, layers)) from exc
-    settings._sources = layers
+        raise ConfigError(_describe(exc, loading.sources)) from exc
+    except SettingsError as exc:  # a source could not read a value; ours say why themselves
+        raise ConfigError(f"invalid settings: {exc}") from exc
+    finally:
+        _LOADING.reset(token)
+    settings._sources = loading.sources
     return settings
 
 
