@@ -106,6 +106,7 @@ class _Watch:
         self.conv_id = conv_id
         self.path = path
         self.wd = -1
+        self.ino = -1  # the folder watched: a folder renamed over it is a new watch
 
     # watchdog's WatchCallback protocol (called on the reader thread)
     def on_event(self, event: Any) -> None:
@@ -193,10 +194,19 @@ class InotifyWatcher(_Restarts):
         fd = self._fd
         if fd is None:
             return 0
+        try:
+            ino = os.stat(path, follow_symlinks=False).st_ino
+        except OSError:
+            return 0  # gone already: the rescan covers it
         with self._lock:
-            if (role, conv_id) in self._watched:
+            old = self._watched.get((role, conv_id))
+            if old is not None and old.ino == ino:
                 return 0
+            # a new folder under a watched name (``new`` renames its finished folder over
+            # the empty reservation): watch it; the old watch's IN_IGNORED arrives later
+            # and forget() leaves this one alone
             watch = self._watched[(role, conv_id)] = _Watch(self, role, conv_id, path)
+            watch.ino = ino
         mask = {"active": _ACTIVE_MASK, "conv": _CONV_MASK, "inbox": _INBOX_MASK}[role]
         try:
             watch.wd = fd.add_callback(os.fsencode(path), mask, watch, id(watch))

@@ -9,6 +9,8 @@ import sys
 import time
 from collections.abc import Callable
 
+import pytest
+
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
@@ -119,6 +121,35 @@ def test_cancel_from_the_cli_stops_the_generation(
     size = conv.log.stat().st_size
     time.sleep(0.3)  # nothing more is written after a cancel
     assert conv.log.stat().st_size == size
+
+
+@pytest.mark.parametrize("after_chunks", [0, 1])
+def test_cancel_stops_a_turn_whose_server_went_silent(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    after_chunks: int,
+) -> None:
+    """No chunk arrives to check the flag between: the watcher's poke cancels the task."""
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(Step(kind="hang", after_chunks=after_chunks, hang_seconds=120))
+    conv_id = cli(env, "new", "silent", "--message", "go").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: fake_ollama.chat_arrived.is_set(), what="the request")
+    wait_for(
+        lambda: (read_state(conv) or object()).__dict__.get("status") == Status.GENERATING,
+        what="generating",
+    )
+    t0 = time.monotonic()
+    cli(env, "cancel", conv_id)
+    wait_for(
+        lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED,
+        what="cancelled",
+        timeout=5,
+    )
+    assert time.monotonic() - t0 < 5
+    assert not (conv.dir / ".cancel").exists()
 
 
 def test_cli_errors_are_one_line(home: Home) -> None:
