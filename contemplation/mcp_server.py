@@ -1,31 +1,66 @@
-"""The MCP face for agents: six tools and the conversation logs as resources.
+"""The MCP face for agents: six tools, and each conversation's log and status as resources a
+client can subscribe to.
 
 It reads the folder (:mod:`contemplation.reading`) and writes only through
 :mod:`contemplation.writer` (via :mod:`contemplation.actions`), so it works whether or not a
 daemon runs; no tool waits for inference longer than ``conversation_wait``'s cap.
+
+A tool's result is one compact JSON text block and nothing else: no indentation, and no
+``structuredContent`` copy of the same object (Claude Code and VS Code show the structured copy
+*instead of* the text when both are there, other clients only the text; one block means every
+client sees the same thing once).
+
+Subscriptions: the daemon is another process, so the server polls what is subscribed (a few
+``stat`` calls per resource every :data:`WATCH_EVERY` seconds; a status is recomputed only when
+one of its files changed) and tells both protocol eras: ``resources/subscribe`` sessions get
+``notifications/resources/updated`` on the session, and ``subscriptions/listen`` streams
+(2026-07-28) get it through the SDK's own listen handler. Every count is bounded: resources
+watched, subscriptions per session and per stream, listen streams, and each stream's backlog.
+A session's subscriptions go when it ends.
+
 stdout carries the protocol only (the SDK points fd 1 at stderr while serving; logs go to
 stderr).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import wraps
 from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server as LowLevelServer
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    EmptyResult,
+    SubscribeRequestParams,
+    SubscriptionsListenRequestParams,
+    SubscriptionsListenResult,
+    ToolAnnotations,
+    UnsubscribeRequestParams,
+)
 from mcp_types import Resource as MCPResource
-from mcp_types import ToolAnnotations
 from pydantic import Field
 
 from contemplation import __version__, actions
 from contemplation.conversation import next_action
-from contemplation.errors import ContemplationError
+from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import (
     Conv,
     Home,
@@ -35,7 +70,7 @@ from contemplation.layout import (
     read_state,
 )
 from contemplation.models import BUSY, Status
-from contemplation.reading import Reader, log_text, segments
+from contemplation.reading import Reader, Since, log_text, segments
 from contemplation.settings import Settings
 from contemplation.writer import daemon_alive
 
@@ -43,17 +78,38 @@ WAIT_DEFAULT = 45.0
 WAIT_CAP = 50.0
 POLL = 0.1
 
+WATCH_EVERY = 0.25  # seconds between two looks at the subscribed resources
+MAX_WATCHED = 256  # resources watched at once, over all sessions
+MAX_SUBSCRIPTIONS = 64  # per session (resources/subscribe) and per listen stream
+MAX_LISTEN_STREAMS = 32  # open subscriptions/listen streams
+LISTEN_BACKLOG = 256  # events a listen stream may hold unread before the SDK ends it
+SEND_TIMEOUT = 5.0  # a notification a session cannot take in this long is dropped
+
+LIST_FILTERS = ("active", "all", "archived", *(s.value for s in Status))
+URI_RE = re.compile(r"conversation://(?P<id>[^/]+)/(?P<kind>log|status)")
+
 INSTRUCTIONS = """\
 Asynchronous conversations with local LLMs. conversation_start queues a first message and
 returns at once; conversation_wait (or conversation_check with the returned cursor) picks up
-the reply. When the model asks for context (NEED lines), answer with conversation_respond."""
+the reply. When the model asks for context (NEED lines), answer with conversation_respond.
+Subscribe to conversation://<id>/status or /log to be told when a conversation changes."""
+
+EMPTY_HINT = "The conversation is empty: send the first message with conversation_respond."
 
 P = ParamSpec("P")
 R = TypeVar("R")
 Id = Annotated[str, Field(description="conversation id (or a unique prefix)")]
 Cursor = Annotated[
-    int | None, Field(description="cursor from the previous call; only newer blocks")
+    int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
 ]
+IncludeOwn = Annotated[
+    bool, Field(description="also return your own messages and answers (left out by default)")
+]
+
+
+def _json(obj: Any) -> str:
+    """The one encoding of a tool result: compact, and non-ASCII text kept as it is."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _errors_as_tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -79,6 +135,22 @@ def _locked(fn: Callable[Concatenate[Faces, P], R]) -> Callable[Concatenate[Face
     return inner
 
 
+def _own(block: dict[str, Any]) -> bool:
+    """A block the agent wrote: a message, or its own answer to a need (a rule's answer is
+    the tool's words, not the agent's)."""
+    if block.get("kind") != "agent":
+        return False
+    if "response_to" not in block:
+        return True
+    lines = str(block.get("text", "")).split("\n", 2)
+    return len(lines) > 1 and lines[1].startswith("(source: agent,")
+
+
+def _log_size(conv: Conv) -> int:
+    segs = segments(conv)
+    return segs[-1].end if segs else 0
+
+
 class Faces:
     """The tool bodies, kept apart from the SDK so they are plain, testable functions."""
 
@@ -90,7 +162,7 @@ class Faces:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _hint(self, conv: Conv, status: str, pending: list[str], alive: bool) -> str:
+    def _hint(self, conv: Conv, status: str, pending: list[str], alive: bool, empty: bool) -> str:
         if conv.is_completed:
             return "This conversation is archived; start a new one to continue."
         if not alive:
@@ -100,18 +172,27 @@ class Faces:
             )
         if pending:
             return "The model waits for context: answer with conversation_respond."
+        if empty:
+            return EMPTY_HINT
         if status in {s.value for s in BUSY}:
             return "The model is working: conversation_wait returns when it replies."
         if status == Status.ERROR.value:
             return "The last turn failed: send a message with conversation_respond to try again."
         return ""
 
+    def _since(self, conv: Conv, cursor: int) -> Since:
+        """Blocks after ``cursor``; a cursor past the end gets nothing and the real end."""
+        total = _log_size(conv)
+        if cursor > total:
+            return Since([], total, total)
+        return self.reader.since(conv, cursor)
+
     @_locked
-    def check(self, conversation_id: str, since: int | None = None) -> dict[str, Any]:
-        conv = self.reader.locate(conversation_id)
+    def snapshot(self, conv: Conv) -> dict[str, Any]:
+        """Where a conversation stands (what ``check`` says besides the blocks, and what the
+        status resource holds)."""
         meta = read_metadata(conv)
         state = read_state(conv)
-        got = self.reader.since(conv, since or 0)
         pending = (
             self.reader.pending_needs(conv, meta)
             if meta is not None and not conv.is_completed
@@ -119,6 +200,7 @@ class Faces:
         )
         status = state.status.value if state else Status.PENDING.value
         alive = daemon_alive(self.home)
+        queued = len(inbox_entries(conv)) + len(processing_entries(conv))
         out: dict[str, Any] = {
             "conversation_id": conv.id,
             "topic": meta.topic if meta else "",
@@ -126,20 +208,33 @@ class Faces:
             "archived": conv.is_completed,
             "model": meta.model if meta else "",
             "pending_needs": pending,
-            "queued_messages": len(inbox_entries(conv)) + len(processing_entries(conv)),
-            "blocks": got.blocks,
-            "cursor": got.cursor,
+            "queued_messages": queued,
             "last_error": state.last_error.model_dump() if state and state.last_error else None,
             "daemon_alive": alive,
         }
-        if got.partial is not None:
-            out["in_progress"] = got.partial
-        if got.reset:
-            out["cursor_reset"] = True
-        hint = self._hint(conv, status, pending, alive)
+        empty = queued == 0 and _log_size(conv) == 0
+        hint = self._hint(conv, status, pending, alive, empty)
         if hint:
             out["hint"] = hint
         return out
+
+    @_locked
+    def check(
+        self, conversation_id: str, since: int | None = None, *, include_own: bool = False
+    ) -> dict[str, Any]:
+        conv = self.reader.locate(conversation_id)
+        out = self.snapshot(conv)
+        got = self._since(conv, since or 0)
+        out["blocks"] = got.blocks if include_own else [b for b in got.blocks if not _own(b)]
+        out["cursor"] = got.cursor
+        if got.partial is not None and (include_own or not _own(got.partial)):
+            out["in_progress"] = got.partial
+        return out
+
+    @_locked
+    def status_text(self, conv: Conv) -> str:
+        """The status resource: :meth:`snapshot` as compact JSON."""
+        return _json(self.snapshot(conv))
 
     @_locked
     def settled(self, conv: Conv) -> bool:
@@ -150,9 +245,13 @@ class Faces:
             return False
         state = read_state(conv)
         meta = read_metadata(conv)
-        if state is None or meta is None or state.intent is not None or state.status in BUSY:
+        if meta is None or (state is not None and state.intent is not None):
             return False
         view = self.reader.view(conv, meta.agent_label).refresh()
+        if not view.blocks:
+            return True  # started empty: there is nothing to wait for
+        if state is None or state.status in BUSY:
+            return False
         return next_action(view.blocks).action != "turn"
 
     @_locked
@@ -167,11 +266,16 @@ class Faces:
 
     @_locked
     def replied_since(self, conv: Conv, since: int) -> bool:
-        got = self.reader.since(conv, since)
+        got = self._since(conv, since)
         return any(b.get("kind") == "model" for b in got.blocks)
 
     async def wait(
-        self, conversation_id: str, since: int | None = None, timeout_s: float = WAIT_DEFAULT
+        self,
+        conversation_id: str,
+        since: int | None = None,
+        timeout_s: float = WAIT_DEFAULT,
+        *,
+        include_own: bool = False,
     ) -> dict[str, Any]:
         budget = min(max(float(timeout_s), 0.0), WAIT_CAP)
         deadline = time.monotonic() + budget
@@ -189,7 +293,7 @@ class Faces:
                 break
             await anyio.sleep(POLL)
         cursor = since if since is not None else self.last_exchange(conv)
-        out = self.check(conv.id, cursor)
+        out = self.check(conv.id, cursor, include_own=include_own)
         out["timed_out"] = timed_out
         if timed_out:
             out["hint"] = "Still working: call conversation_wait again with the returned cursor."
@@ -197,12 +301,16 @@ class Faces:
 
     @_locked
     def list(self, status: str | None = None) -> dict[str, Any]:
-        want = (status or "").strip().lower()
-        with_completed = want in {"all", "complete", "completed", "archived"}
-        rows = self.reader.summaries(include_completed=with_completed)
-        if want in {"archived", "completed"}:
+        want = (status or "active").strip().lower()
+        want = "archived" if want == "completed" else want
+        if want not in LIST_FILTERS:
+            raise InputRejected(
+                f"unknown status filter {status!r}; use one of: {', '.join(LIST_FILTERS)}"
+            )
+        rows = self.reader.summaries(include_completed=want in {"all", "archived", "complete"})
+        if want == "archived":
             rows = [r for r in rows if r["completed"]]
-        elif want not in {"", "all"}:
+        elif want not in {"active", "all"}:
             rows = [r for r in rows if r["status"] == want]
         keys = ("id", "topic", "status", "model", "backend", "last_activity", "pending_needs")
         return {
@@ -211,36 +319,301 @@ class Faces:
         }
 
 
-def build_server(settings: Settings) -> MCPServer[Any]:
-    faces = Faces(settings)
+# --------------------------------------------------------------------------- subscriptions
 
-    class Server(MCPServer[Any]):
-        async def list_resources(self) -> list[MCPResource]:
-            with faces.lock:
-                rows = faces.reader.summaries(include_completed=False)
-            extra = [
-                MCPResource(
-                    uri=f"conversation://{r['id']}/log",
-                    name=r["id"],
-                    title=r["topic"] or r["id"],
-                    description=f"messages.log of {r['id']} ({r['status']})",
-                    mime_type="text/plain",
+
+def _stat_key(path: os.PathLike[str]) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _connection(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
+    """The session's connection: its ``exit_stack`` is how we learn that the session ended.
+    mcp 2.3.0 hands lowlevel handlers no public way to it (only the unused ``Context`` has
+    ``.connection``), so it is read off the session, and None if a later SDK moves it."""
+    conn = getattr(ctx.session, "_connection", None)
+    return conn if isinstance(conn, Connection) else None
+
+
+@dataclass(eq=False)
+class _Watch:
+    """One subscribed resource: how it looked last time, and how many subscriptions hold it."""
+
+    uri: str
+    conv: Conv
+    kind: str  # "log" or "status"
+    gate: tuple[Any, ...] = ()  # the stats that must change before the value is looked at
+    value: Any = None  # what a change is decided on (None: the conversation is gone)
+    holders: int = 0
+
+
+@dataclass(eq=False)
+class _Peer:
+    """A session that subscribed with resources/subscribe (the 2025 protocol)."""
+
+    session: ServerSession
+    conn: Connection | None
+    uris: set[str] = field(default_factory=set)
+
+
+class Subscriptions:
+    """Resource subscriptions of both protocol eras over one poller (see the module doc)."""
+
+    def __init__(self, faces: Faces) -> None:
+        self.faces = faces
+        self.bus = InMemorySubscriptionBus()
+        self.listener = ListenHandler(
+            self.bus, max_subscriptions=MAX_LISTEN_STREAMS, max_buffered_events=LISTEN_BACKLOG
+        )
+        self.watches: dict[str, _Watch] = {}
+        self.peers: dict[int, _Peer] = {}
+        self._owner: object | None = None
+
+    # -- what is watched ----------------------------------------------------------------
+
+    def _resolve(self, uri: str) -> tuple[Conv, str]:
+        m = URI_RE.fullmatch(uri)
+        if m is None:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"unknown resource {uri!r}: subscribe to conversation://<id>/log or /status",
+            )
+        try:
+            return self.faces.reader.locate(m["id"]), m["kind"]
+        except ContemplationError as exc:
+            raise MCPError(INVALID_PARAMS, str(exc)) from exc
+
+    async def hold(self, uri: str) -> None:
+        """Watch ``uri`` for one more subscription."""
+        if uri not in self.watches:
+            if len(self.watches) >= MAX_WATCHED:
+                raise MCPError(
+                    INVALID_REQUEST,
+                    f"this server watches at most {MAX_WATCHED} resources at once; "
+                    "unsubscribe from some first",
                 )
-                for r in rows
-            ]
-            return [*await super().list_resources(), *extra]
+            conv, kind = self._resolve(uri)
+            watch = _Watch(uri, conv, kind)
+            watch.conv, watch.gate, watch.value = await anyio.to_thread.run_sync(self._look, watch)
+            self.watches.setdefault(uri, watch)
+        self.watches[uri].holders += 1
 
-    mcp = Server(
-        "contemplation", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
+    def release(self, uri: str) -> None:
+        watch = self.watches.get(uri)
+        if watch is None:
+            return
+        watch.holders -= 1
+        if watch.holders <= 0:
+            del self.watches[uri]
+
+    # -- looking (in a worker thread) ----------------------------------------------------
+
+    def _look(self, w: _Watch) -> tuple[Conv, tuple[Any, ...], Any]:
+        """Where the conversation is now, its gate, and its value (recomputed only when the
+        gate moved). Never raises: a failed look reports no change."""
+        try:
+            conv = w.conv
+            if not conv.dir.is_dir():  # archived (or removed) since the last look
+                conv = self.faces.reader.locate(conv.id)
+            if w.kind == "log":
+                gate: tuple[Any, ...] = (str(conv.dir), _stat_key(conv.log))
+                return conv, gate, gate
+            files = (conv.state, conv.metadata, conv.inbox, conv.processing, conv.log)
+            gate = (str(conv.dir), daemon_alive(self.faces.home), *map(_stat_key, files))
+            if gate == w.gate:
+                return conv, gate, w.value
+            return conv, gate, self.faces.status_text(conv)
+        except ContemplationError:
+            return w.conv, (), None  # gone: one last notification, then quiet
+        except OSError:
+            return w.conv, w.gate, w.value
+
+    def _scan(self, watches: list[_Watch]) -> list[tuple[_Watch, Conv, tuple[Any, ...], Any]]:
+        return [(w, *self._look(w)) for w in watches]
+
+    async def run(self) -> None:
+        """Look at the watched resources every WATCH_EVERY seconds until cancelled. A server
+        entered twice at once (in-process clients) polls once: the first run owns the loop
+        and another takes over when it ends."""
+        token = object()
+        try:
+            while True:
+                if self._owner is None:
+                    self._owner = token
+                if self._owner is token and self.watches:
+                    await self._tick()
+                await anyio.sleep(WATCH_EVERY)
+        finally:
+            if self._owner is token:
+                self._owner = None
+
+    async def _tick(self) -> None:
+        seen = await anyio.to_thread.run_sync(self._scan, list(self.watches.values()))
+        for w, conv, gate, value in seen:
+            changed = value != w.value
+            w.conv, w.gate, w.value = conv, gate, value
+            if changed and self.watches.get(w.uri) is w:
+                await self._notify(w.uri)
+
+    async def _notify(self, uri: str) -> None:
+        await self.bus.publish(ResourceUpdated(uri=uri))
+        for peer in [p for p in self.peers.values() if uri in p.uris]:
+            with anyio.move_on_after(SEND_TIMEOUT):
+                if peer.conn is not None:
+                    await peer.conn.send_resource_updated(uri)  # never raises
+                else:
+                    await peer.session.send_resource_updated(uri)
+
+    # -- the protocol handlers -----------------------------------------------------------
+
+    def _peer(self, ctx: ServerRequestContext[Any, Any]) -> _Peer:
+        conn = _connection(ctx)
+        key = id(conn)
+        peer = self.peers.get(key)
+        if peer is None:
+            peer = self.peers[key] = _Peer(ctx.session, conn)
+            if conn is not None:
+                conn.exit_stack.callback(self._forget, key)
+        return peer
+
+    def _forget(self, key: int) -> None:
+        """A session ended: its subscriptions go with it."""
+        peer = self.peers.pop(key, None)
+        for uri in peer.uris if peer else ():
+            self.release(uri)
+
+    async def subscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams
+    ) -> EmptyResult:
+        peer = self._peer(ctx)
+        uri = str(params.uri)
+        if uri not in peer.uris:
+            if len(peer.uris) >= MAX_SUBSCRIPTIONS:
+                raise MCPError(
+                    INVALID_REQUEST,
+                    f"at most {MAX_SUBSCRIPTIONS} subscriptions per session; "
+                    "unsubscribe from one first",
+                )
+            await self.hold(uri)
+            peer.uris.add(uri)
+        return EmptyResult()
+
+    async def unsubscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
+    ) -> EmptyResult:
+        peer = self.peers.get(id(_connection(ctx)))
+        uri = str(params.uri)
+        if peer is not None and uri in peer.uris:
+            peer.uris.discard(uri)
+            self.release(uri)
+        return EmptyResult()
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams
+    ) -> SubscriptionsListenResult:
+        """The SDK's listen handler, with the stream's resources watched while it is open."""
+        uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+        if len(uris) > MAX_SUBSCRIPTIONS:
+            raise MCPError(
+                INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} resources per listen stream"
+            )
+        held: list[str] = []
+        try:
+            for uri in uris:
+                await self.hold(uri)
+                held.append(uri)
+            return await self.listener(ctx, params)
+        finally:
+            for uri in held:
+                self.release(uri)
+
+    def install(self, server: MCPServer[Any]) -> None:
+        """Serve subscribe, unsubscribe and listen through this object. MCPServer has no
+        public way to a spec method's handler; the SDK's own Client reaches the lowlevel
+        server the same way."""
+        low: LowLevelServer[Any] = server._lowlevel_server
+        low.add_request_handler("resources/subscribe", SubscribeRequestParams, self.subscribe)
+        low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self.unsubscribe)
+        low.add_request_handler(
+            "subscriptions/listen", SubscriptionsListenRequestParams, self.listen
+        )
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def _resources_of(row: dict[str, Any]) -> tuple[MCPResource, MCPResource]:
+    cid, name = row["id"], row["topic"] or row["id"]
+    return (
+        MCPResource(
+            uri=f"conversation://{cid}/log",
+            name=cid,
+            title=name,
+            description=f"messages.log of {cid} ({row['status']})",
+            mime_type="text/plain",
+        ),
+        MCPResource(
+            uri=f"conversation://{cid}/status",
+            name=f"{cid}/status",
+            title=f"status of {name}",
+            description=f"where {cid} stands: status, pending needs, queued messages",
+            mime_type="application/json",
+        ),
     )
+
+
+class ContemplationServer(MCPServer[Any]):
+    """The SDK's server with the conversations listed as resources, and the subscriptions."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.faces = Faces(settings)
+        self.subs = Subscriptions(self.faces)
+        subs = self.subs
+
+        @asynccontextmanager
+        async def lifespan(_: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(subs.run)
+                yield {}
+                tg.cancel_scope.cancel()
+
+        super().__init__(
+            "contemplation",
+            instructions=INSTRUCTIONS,
+            version=__version__,
+            log_level="WARNING",
+            lifespan=lifespan,
+            subscriptions=subs.bus,
+        )
+        subs.install(self)
+
+    async def list_resources(self) -> list[MCPResource]:
+        with self.faces.lock:
+            rows = self.faces.reader.summaries(include_completed=False)
+        extra = [res for r in rows for res in _resources_of(r)]
+        return [*await super().list_resources(), *extra]
+
+
+def build_server(settings: Settings) -> ContemplationServer:
+    server = ContemplationServer(settings)
+    _register_tools(server, server.faces, settings)
+    _register_resources(server, server.faces)
+    return server
+
+
+def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> None:
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Register with the docstring folded to one line (descriptions stay brief)."""
+        """Register with the docstring folded to one line (descriptions stay brief) and the
+        result as the one compact text block the tool returns."""
 
         def register(fn: Callable[P, R]) -> Callable[P, R]:
             doc = " ".join((fn.__doc__ or "").split())
-            return mcp.tool(description=doc, annotations=annotations)(fn)
+            return mcp.tool(description=doc, annotations=annotations, structured_output=False)(fn)
 
         return register
 
@@ -248,7 +621,10 @@ def build_server(settings: Settings) -> MCPServer[Any]:
     @_errors_as_tool_errors
     def conversation_start(
         topic: Annotated[str, Field(description="short subject; names the conversation")],
-        initial_prompt: Annotated[str, Field(description="the first message to the model")],
+        initial_prompt: Annotated[
+            str | None,
+            Field(description="the first message to the model; leave out to start empty"),
+        ] = None,
         *,
         model: str | None = None,
         backend: str | None = None,
@@ -259,13 +635,14 @@ def build_server(settings: Settings) -> MCPServer[Any]:
         idempotency_key: Annotated[
             str | None, Field(description="a repeat with the same key returns the same id")
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
         id at once; the reply comes later (conversation_wait)."""
+        prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
         conv, created = actions.start(
             settings,
             topic,
-            initial_prompt,
+            prompt,
             model=model,
             backend=backend,
             template=template,
@@ -273,21 +650,22 @@ def build_server(settings: Settings) -> MCPServer[Any]:
             idempotency_key=idempotency_key,
         )
         alive = daemon_alive(faces.home)
-        out: dict[str, Any] = {
-            "conversation_id": conv.id,
-            "created": created,
-            "daemon_alive": alive,
-        }
-        if not alive:
-            out["hint"] = faces._hint(conv, "pending", [], alive)
-        return out
+        out: dict[str, Any] = {"conversation_id": conv.id, "created": created}
+        out["daemon_alive"] = alive
+        if prompt is None:
+            out["hint"] = EMPTY_HINT
+        elif not alive:
+            out["hint"] = faces._hint(conv, Status.PENDING.value, [], alive, empty=False)
+        return _json(out)
 
     @tool(read_only)
     @_errors_as_tool_errors
-    def conversation_check(conversation_id: Id, since: Cursor = None) -> dict[str, Any]:
+    def conversation_check(
+        conversation_id: Id, since: Cursor = None, include_own: IncludeOwn = False
+    ) -> str:
         """Status, pending needs, last error and the blocks after `since`; pass the returned
         cursor next time to get only what is new."""
-        return faces.check(conversation_id, since)
+        return _json(faces.check(conversation_id, since, include_own=include_own))
 
     @tool(ToolAnnotations(open_world_hint=False))
     @_errors_as_tool_errors
@@ -297,24 +675,28 @@ def build_server(settings: Settings) -> MCPServer[Any]:
         need: Annotated[
             str | None, Field(description="which pending need (text or 1-based number)")
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> str:
         """Answer the need the model waits for (the first, or `need`); when nothing is pending,
         send `response` as a plain message."""
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(settings, faces.reader, conv, response, need)
-        return {"conversation_id": conv.id} | done
+        return _json({"conversation_id": conv.id} | done)
 
     @tool(read_only)
     @_errors_as_tool_errors
     def conversation_list(
         status: Annotated[
             str | None,
-            Field(description="a status (idle, awaiting_agent, error, ...), 'archived' or 'all'"),
+            Field(
+                description="active (default), all, archived, or one status: idle, "
+                "awaiting_agent, pending, generating, routing, retrying, error, cancelled, "
+                "complete"
+            ),
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> str:
         """Conversations with status, model and last activity (active ones by default)."""
-        return faces.list(status)
+        return _json(faces.list(status))
 
     @tool(read_only)
     async def conversation_wait(
@@ -323,22 +705,27 @@ def build_server(settings: Settings) -> MCPServer[Any]:
         timeout_s: Annotated[
             float, Field(description=f"seconds, at most {WAIT_CAP:.0f}")
         ] = WAIT_DEFAULT,
-    ) -> dict[str, Any]:
+        include_own: IncludeOwn = False,
+    ) -> str:
         """Block until the model has replied and nothing is queued, or the time is up; returns
         what is new (like conversation_check)."""
         try:
-            return await faces.wait(conversation_id, since, timeout_s)
+            return _json(
+                await faces.wait(conversation_id, since, timeout_s, include_own=include_own)
+            )
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc
 
     @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
     @_errors_as_tool_errors
-    def conversation_archive(conversation_id: Id) -> dict[str, Any]:
+    def conversation_archive(conversation_id: Id) -> str:
         """Move a finished conversation to completed/ (its files are kept)."""
         conv = faces.reader.locate(conversation_id)
         dest = actions.archive_conversation(faces.home, conv)
-        return {"conversation_id": dest.id, "archived": True, "path": str(dest.dir)}
+        return _json({"conversation_id": dest.id, "archived": True, "path": str(dest.dir)})
 
+
+def _register_resources(mcp: MCPServer[Any], faces: Faces) -> None:
     @mcp.resource(
         "conversation://{conversation_id}/log",
         name="conversation-log",
@@ -351,7 +738,18 @@ def build_server(settings: Settings) -> MCPServer[Any]:
         except ContemplationError as exc:
             raise ResourceError(str(exc)) from exc
 
-    return mcp
+    @mcp.resource(
+        "conversation://{conversation_id}/status",
+        name="conversation-status",
+        description="Where a conversation stands: status, pending needs, queued messages, "
+        "last error, whether a daemon runs",
+        mime_type="application/json",
+    )
+    def conversation_status(conversation_id: str) -> str:
+        try:
+            return faces.status_text(faces.reader.locate(conversation_id))
+        except ContemplationError as exc:
+            raise ResourceError(str(exc)) from exc
 
 
 def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.0.1") -> None:

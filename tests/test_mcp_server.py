@@ -53,10 +53,16 @@ def run_calls(settings: Settings, script: Callable[[Client], Any]) -> Any:
 
 
 async def tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
+    """A tool's result: one compact JSON text block, with no structured copy beside it."""
     result = await client.call_tool(name, args)
     assert not result.is_error, result.content
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
+    assert result.structured_content is None
+    [block] = result.content
+    text = getattr(block, "text", "")
+    out = json.loads(text)
+    assert isinstance(out, dict)
+    assert text == json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    return out
 
 
 async def tool_error(client: Client, name: str, **args: Any) -> str:
@@ -91,10 +97,15 @@ def test_tools_are_few_brief_and_typed(home: Home) -> None:
         assert t.description and len(t.description) < 220 and "\n" not in t.description
         assert t.input_schema["type"] == "object"
     start = next(t for t in tools if t.name == "conversation_start")
-    assert set(start.input_schema["required"]) == {"topic", "initial_prompt"}
-    assert {"model", "backend", "template", "context_requirements", "idempotency_key"} <= set(
-        start.input_schema["properties"]
-    )
+    assert start.input_schema["required"] == ["topic"]
+    assert {
+        "initial_prompt",
+        "model",
+        "backend",
+        "template",
+        "context_requirements",
+        "idempotency_key",
+    } <= set(start.input_schema["properties"])
 
 
 def test_start_is_idempotent_by_key_and_by_repeated_arguments(home: Home) -> None:
@@ -134,7 +145,7 @@ def test_check_without_a_daemon_says_so_and_polls_by_cursor(home: Home) -> None:
     conv = needs_conv(home, "the schema")
 
     async def script(c: Client) -> list[dict[str, Any]]:
-        out = [await tool(c, "conversation_check", conversation_id=conv.id)]
+        out = [await tool(c, "conversation_check", conversation_id=conv.id, include_own=True)]
         out.append(
             await tool(c, "conversation_check", conversation_id=conv.id, since=out[0]["cursor"])
         )
@@ -143,7 +154,13 @@ def test_check_without_a_daemon_says_so_and_polls_by_cursor(home: Home) -> None:
             r = w.reply("OLLAMA", "CLAUDE", "r2")
             r.content("streaming so far")  # not finished: an intent is recorded
             out.append(
-                await tool(c, "conversation_check", conversation_id=conv.id, since=out[1]["cursor"])
+                await tool(
+                    c,
+                    "conversation_check",
+                    conversation_id=conv.id,
+                    since=out[1]["cursor"],
+                    include_own=True,
+                )
             )
             r.finish()
         out.append(
@@ -285,11 +302,12 @@ def test_stdio_server_with_a_real_daemon_answering(
     assert started["daemon_alive"] is True and started["created"]
     assert first["timed_out"] is False and first["status"] == "awaiting_agent"
     assert first["pending_needs"] == ["schema of the users table"]
-    assert [b["kind"] for b in first["blocks"]] == ["agent", "model"]
+    # the agent's own message and answer are not echoed back: only the model's replies
+    assert [b["kind"] for b in first["blocks"]] == ["model"]
     assert answer["answered"] == "schema of the users table"
-    texts = [b["text"] for b in second["blocks"]]
-    assert texts[0].startswith("RESPONSE TO NEED: schema of the users table")
-    assert "add an index" in texts[-1] and second["blocks"][-1]["complete"] is True
+    assert [b["kind"] for b in second["blocks"]] == ["model"]
+    assert "add an index" in second["blocks"][-1]["text"]
+    assert second["blocks"][-1]["complete"] is True
     # COMPLETE archives the conversation (archive_on_complete)
     wait_for((home.completed / started["conversation_id"]).is_dir, what="archived")
     assert listed["count"] == 1
@@ -386,9 +404,10 @@ def inspector_tool(home: Home, tmp: Path, name: str, **args: Any) -> dict[str, A
         json.dumps(args),
     )
     result = out["result"]
-    assert result["isError"] is False
-    structured: dict[str, Any] = result["structuredContent"]
-    return structured
+    assert result["isError"] is False and "structuredContent" not in result
+    [block] = result["content"]
+    parsed: dict[str, Any] = json.loads(block["text"])
+    return parsed
 
 
 def test_mcp_inspector_cli_drives_a_conversation(
