@@ -2,6 +2,41 @@
 
 from __future__ import annotations
 
+import enum
+
+
+class ErrorKind(enum.StrEnum):
+    """What went wrong, in one word: ``state.json``'s ``last_error.kind`` and the faces show
+    it; the breakers and the retry policy decide from it (see :attr:`BackendError.server_down`)."""
+
+    AUTH = "auth"
+    BACKEND = "backend"
+    BAD_REQUEST = "bad_request"
+    CANCELLED = "cancelled"
+    CIRCUIT_OPEN = "circuit_open"
+    CONNECTION = "connection"
+    CONTEXT_OVERFLOW = "context_overflow"
+    CUT = "cut"
+    HTTP = "http"
+    INTERNAL = "internal"
+    LOCAL_ERROR = "local_error"
+    MISSING_DEPENDENCY = "missing_dependency"
+    MODEL_LOAD = "model_load"
+    MODEL_NOT_FOUND = "model_not_found"
+    PROTOCOL = "protocol"
+    REFUSED = "refused"
+    SERVER_BUSY = "server_busy"
+    SERVER_ERROR = "server_error"
+    SESSION_LOST = "session_lost"
+    STALL = "stall"
+    STREAM_ERROR = "stream_error"
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+    UNREACHABLE = "unreachable"
+    UNSUPPORTED = "unsupported"
+    UPSTREAM = "upstream"
+    WRITE_FAILED = "write_failed"
+
 
 class ContemplationError(Exception):
     """Base of every error this package raises on purpose."""
@@ -51,7 +86,7 @@ class BackendError(ContemplationError):
         message: str,
         *,
         transient: bool,
-        kind: str = "backend",
+        kind: ErrorKind = ErrorKind.BACKEND,
         status_code: int | None = None,
         retry_after: float | None = None,
     ) -> None:
@@ -64,14 +99,17 @@ class BackendError(ContemplationError):
     @property
     def server_down(self) -> bool:
         """The failure says the server itself is unwell (not this model or this request)."""
-        return self.kind in {"unreachable", "connection"} or (self.status_code or 0) >= 500
+        return (
+            self.kind in {ErrorKind.UNREACHABLE, ErrorKind.CONNECTION}
+            or (self.status_code or 0) >= 500
+        )
 
 
 class ContextOverflow(BackendError):
     """The prompt does not fit the model's context window."""
 
     def __init__(self, message: str, *, n_prompt: int | None = None, n_ctx: int | None = None):
-        super().__init__(message, transient=False, kind="context_overflow", status_code=400)
+        super().__init__(message, transient=False, kind=ErrorKind.CONTEXT_OVERFLOW, status_code=400)
         self.n_prompt = n_prompt
         self.n_ctx = n_ctx
 

@@ -24,7 +24,7 @@ from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
 from contemplation.conversation import still_due
-from contemplation.errors import BackendError, ContemplationError
+from contemplation.errors import BackendError, ContemplationError, ErrorKind
 from contemplation.layout import Conv
 from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
 from contemplation.needs import rules
@@ -85,7 +85,7 @@ def _rest(rt: Runtime, w: ConvWriter, until: float) -> Wait:
     if w.state.next_retry_at is None or w.state.next_retry_at < until:
         w.state.next_retry_at = until
         w.record_error(
-            "circuit_open",
+            ErrorKind.CIRCUIT_OPEN,
             f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times in a row; "
             f"resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
             status=Status.RETRYING,
@@ -315,7 +315,7 @@ def _write_failed(conv: Conv, rt: Runtime, w: ConvWriter, exc: OSError) -> Wait:
     )
     log.error("write_failed", conv=conv.id, error=str(exc))
     with contextlib.suppress(OSError):  # the state write may fail for the same reason
-        w.record_error("write_failed", message, status=Status.ERROR)
+        w.record_error(ErrorKind.WRITE_FAILED, message, status=Status.ERROR)
     rt.notify(conv.id, "error", error=message)
     return Wait(rt.clock() + rt.settings.rescan_interval)
 

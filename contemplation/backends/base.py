@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from contemplation.errors import BackendError
+from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import ChatRequest, StreamEvent
 
 
@@ -97,10 +97,10 @@ def json_object(text: str, source: str) -> dict[str, Any]:
         raise BackendError(
             f"{source} sent something that is not JSON: {text[:200]!r}",
             transient=True,
-            kind="protocol",
+            kind=ErrorKind.PROTOCOL,
         ) from None
     if not isinstance(data, dict):
-        raise BackendError(f"{source} sent {text[:200]!r}", transient=True, kind="protocol")
+        raise BackendError(f"{source} sent {text[:200]!r}", transient=True, kind=ErrorKind.PROTOCOL)
     return data
 
 
@@ -141,16 +141,18 @@ class TimedLines:
                 raise BackendError(
                     f"the reply took longer than the total cap of {self.t.total:g} s",
                     transient=True,
-                    kind="timeout",
+                    kind=ErrorKind.TIMEOUT,
                 ) from None
             raise BackendError(
-                f"{self.what}: no data for {limit:g} s (stalled)", transient=True, kind="stall"
+                f"{self.what}: no data for {limit:g} s (stalled)",
+                transient=True,
+                kind=ErrorKind.STALL,
             ) from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise BackendError(
                 f"{self.what}: the stream was cut ({type(exc).__name__}: {exc})",
                 transient=True,
-                kind="cut",
+                kind=ErrorKind.CUT,
             ) from exc
 
     async def _line(self) -> str | None:
@@ -163,7 +165,7 @@ class TimedLines:
                     f"{self.what} sent a line longer than {self.t.max_line} bytes "
                     "(max_reply_bytes) without a newline; the reply was dropped",
                     transient=False,
-                    kind="too_large",
+                    kind=ErrorKind.TOO_LARGE,
                 )
             if self._eof:
                 end = len(self._buf)
@@ -202,7 +204,7 @@ async def open_stream(
             return await client.send(req, stream=True)
     except TimeoutError:
         raise BackendError(
-            f"{silent} sent nothing for {first_byte:g} s", transient=True, kind="timeout"
+            f"{silent} sent nothing for {first_byte:g} s", transient=True, kind=ErrorKind.TIMEOUT
         ) from None
     except httpx.HTTPError as exc:
         raise connection_error(exc, url) from exc
@@ -211,12 +213,14 @@ async def open_stream(
 def connection_error(exc: Exception, url: str) -> BackendError:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return BackendError(
-            f"cannot reach {url}: {exc or type(exc).__name__}", transient=True, kind="unreachable"
+            f"cannot reach {url}: {exc or type(exc).__name__}",
+            transient=True,
+            kind=ErrorKind.UNREACHABLE,
         )
     if isinstance(exc, httpx.TimeoutException):
-        return BackendError(f"timed out talking to {url}", transient=True, kind="timeout")
+        return BackendError(f"timed out talking to {url}", transient=True, kind=ErrorKind.TIMEOUT)
     return BackendError(
         f"connection to {url} failed: {type(exc).__name__}: {exc}",
         transient=True,
-        kind="connection",
+        kind=ErrorKind.CONNECTION,
     )

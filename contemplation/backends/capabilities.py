@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from contemplation.backends.base import Capabilities
-from contemplation.errors import BackendError
+from contemplation.errors import BackendError, ErrorKind
 from contemplation.settings import CapabilityOverride
 
 
@@ -167,7 +167,7 @@ def normalize_think(value: bool | str | None) -> bool | str | None:
     raise BackendError(
         f"think must be true, false or one of {', '.join(THINK_LEVELS)} (got {value!r})",
         transient=False,
-        kind="bad_request",
+        kind=ErrorKind.BAD_REQUEST,
     )
 
 
@@ -190,6 +190,6 @@ def resolve_think(
             f"{why}; remove think from metadata.json, pick a thinking model, or set "
             'think_unsupported = "downgrade"',
             transient=False,
-            kind="unsupported",
+            kind=ErrorKind.UNSUPPORTED,
         )
     return None, f"{why}; think={value!r} was dropped for this reply"

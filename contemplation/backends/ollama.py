@@ -28,7 +28,7 @@ from contemplation.backends.base import (
     open_stream,
     retry_after_seconds,
 )
-from contemplation.errors import BackendError, ContextOverflow
+from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride
 
@@ -80,24 +80,27 @@ def classify_status(status: int, text: str, retry_after: float | None, model: st
         return BackendError(
             f"Ollama: {text} (pull it with `ollama pull {model}`)",
             transient=False,
-            kind="model_not_found",
+            kind=ErrorKind.MODEL_NOT_FOUND,
             status_code=404,
         )
     if status == 400 and "longer than the context length" in text:
         return ContextOverflow(f"Ollama: {text}")
     if status == 400:
-        kind = "unsupported" if "does not support" in text else "bad_request"
+        kind = ErrorKind.UNSUPPORTED if "does not support" in text else ErrorKind.BAD_REQUEST
         return BackendError(f"Ollama: {text}", transient=False, kind=kind, status_code=400)
     if status in {429, 499, 502, 503, 504} or status >= 500:
         return BackendError(
             f"Ollama answered {status}: {text}",
             transient=True,
-            kind="server_busy" if status in {429, 503} else "server_error",
+            kind=ErrorKind.SERVER_BUSY if status in {429, 503} else ErrorKind.SERVER_ERROR,
             status_code=status,
             retry_after=retry_after,
         )
     return BackendError(
-        f"Ollama answered {status}: {text}", transient=False, kind="http", status_code=status
+        f"Ollama answered {status}: {text}",
+        transient=False,
+        kind=ErrorKind.HTTP,
+        status_code=status,
     )
 
 
@@ -173,7 +176,7 @@ class OllamaBackend:
                     raise BackendError(
                         "Ollama's stream ended without a final done line (cut off)",
                         transient=True,
-                        kind="cut",
+                        kind=ErrorKind.CUT,
                     )
                 lines.progress()
                 if not line.strip():
@@ -183,7 +186,7 @@ class OllamaBackend:
                     raise BackendError(
                         f"Ollama reported an error mid-stream: {chunk['error']}",
                         transient=True,
-                        kind="stream_error",
+                        kind=ErrorKind.STREAM_ERROR,
                     )
                 msg = chunk.get("message") or {}
                 thinking = msg.get("thinking") or ""

@@ -43,7 +43,7 @@ from contemplation.backends.base import (
     retry_after_seconds,
 )
 from contemplation.backends.thinking import ThinkSplitter
-from contemplation.errors import BackendError, ContextOverflow
+from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride
 
@@ -153,7 +153,7 @@ def classify_status(
             f"{url} refused the credentials ({status}: {text}); check OPENAI_API_KEY "
             "(or openai.api_key in the config)",
             transient=False,
-            kind="auth",
+            kind=ErrorKind.AUTH,
             status_code=status,
         )
     if status == 404:
@@ -163,14 +163,14 @@ def classify_status(
             else f"{url}/chat/completions not found; check OPENAI_BASE_URL"
         )
         return BackendError(
-            f"{what} ({text})", transient=False, kind="model_not_found", status_code=404
+            f"{what} ({text})", transient=False, kind=ErrorKind.MODEL_NOT_FOUND, status_code=404
         )
     if status in {408, 409, 425, 429} or status >= 500:
         if status == 500 and "validation error" in text:  # llama-cpp-python: a bad request
             return BackendError(
                 f"the server rejected the request: {text}",
                 transient=False,
-                kind="bad_request",
+                kind=ErrorKind.BAD_REQUEST,
                 status_code=status,
             )
         retry_after = retry_after_seconds(headers.get("retry-after"))
@@ -180,11 +180,11 @@ def classify_status(
         return BackendError(
             f"the server answered {status}: {text}",
             transient=True,
-            kind="server_busy" if status in {429, 503} else "server_error",
+            kind=ErrorKind.SERVER_BUSY if status in {429, 503} else ErrorKind.SERVER_ERROR,
             status_code=status,
             retry_after=retry_after,
         )
-    kind = "bad_request" if status in {400, 413, 422} else "http"
+    kind = ErrorKind.BAD_REQUEST if status in {400, 413, 422} else ErrorKind.HTTP
     return BackendError(
         f"the server answered {status}: {text}", transient=False, kind=kind, status_code=status
     )
@@ -202,7 +202,7 @@ def stream_error(err: Any) -> BackendError:
     return BackendError(
         f"the server reported an error mid-stream: {text}",
         transient=not permanent,
-        kind="stream_error",
+        kind=ErrorKind.STREAM_ERROR,
         status_code=code if isinstance(code, int) else None,
     )
 
@@ -508,7 +508,7 @@ class OpenAIBackend:
             raise BackendError(
                 f"{self.base_url}: the stream ended without [DONE] (cut off)",
                 transient=True,
-                kind="cut",
+                kind=ErrorKind.CUT,
             )
         finally:
             await resp.aclose()

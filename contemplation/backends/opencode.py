@@ -32,7 +32,7 @@ import httpx
 from contemplation.backends import capabilities
 from contemplation.backends.base import Capabilities, Check, connection_error
 from contemplation.backends.thinking import ThinkSplitter
-from contemplation.errors import BackendError, ContextOverflow
+from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride, OpenCodeTimeouts
 
@@ -56,7 +56,7 @@ def split_model(model: str) -> tuple[str, str]:
         raise BackendError(
             f"OpenCode models are named provider/model (e.g. local/qwen3); got {model!r}",
             transient=False,
-            kind="bad_request",
+            kind=ErrorKind.BAD_REQUEST,
         )
     return provider, model_id
 
@@ -110,7 +110,7 @@ def info_error(error: Mapping[str, Any]) -> BackendError:
     data = error.get("data") if isinstance(error.get("data"), dict) else {}
     if name == "MessageAbortedError":
         return BackendError(
-            f"OpenCode aborted the turn: {message}", transient=False, kind="cancelled"
+            f"OpenCode aborted the turn: {message}", transient=False, kind=ErrorKind.CANCELLED
         )
     if name == "ContextOverflowError":
         return ContextOverflow(f"OpenCode: the prompt does not fit the model's context: {message}")
@@ -118,10 +118,10 @@ def info_error(error: Mapping[str, Any]) -> BackendError:
         return BackendError(
             f"OpenCode's provider refused its credentials: {message}",
             transient=False,
-            kind="auth",
+            kind=ErrorKind.AUTH,
         )
     if name in {"ContentFilterError", "StructuredOutputError"}:
-        return BackendError(f"OpenCode: {name}: {message}", transient=False, kind="refused")
+        return BackendError(f"OpenCode: {name}: {message}", transient=False, kind=ErrorKind.REFUSED)
     status = (data or {}).get("statusCode")
     retryable = (data or {}).get("isRetryable")
     if (
@@ -134,13 +134,13 @@ def info_error(error: Mapping[str, Any]) -> BackendError:
         return BackendError(
             f"OpenCode: the model call was rejected ({status}): {message}",
             transient=False,
-            kind="upstream",
+            kind=ErrorKind.UPSTREAM,
             status_code=status,
         )
     return BackendError(
         f"OpenCode: the model call failed ({name or 'error'}): {message}",
         transient=True,
-        kind="upstream",
+        kind=ErrorKind.UPSTREAM,
         status_code=status if isinstance(status, int) else None,
     )
 
@@ -197,7 +197,9 @@ class OpenCodeBackend:
         split_model(request.model)  # a bad name fails before anything is created
         system, history = _split_system(request.messages)
         if not history:
-            raise BackendError("nothing to send to OpenCode", transient=False, kind="bad_request")
+            raise BackendError(
+                "nothing to send to OpenCode", transient=False, kind=ErrorKind.BAD_REQUEST
+            )
         key = request.conversation_id
         t0 = time.monotonic()
         async with self._locks.setdefault(key, asyncio.Lock()):
@@ -223,7 +225,7 @@ class OpenCodeBackend:
                         raise BackendError(
                             "OpenCode lost a session it had just created",
                             transient=True,
-                            kind="session_lost",
+                            kind=ErrorKind.SESSION_LOST,
                         ) from None
                 events, reply = self._events(data, t0, request.model)
             except BaseException:
@@ -245,7 +247,7 @@ class OpenCodeBackend:
             raise BackendError(
                 f"OpenCode did not create a session within {self.timeouts.create:g} s",
                 transient=True,
-                kind="timeout",
+                kind=ErrorKind.TIMEOUT,
             ) from None
         except httpx.HTTPError as exc:
             raise connection_error(exc, self.base_url) from exc
@@ -256,7 +258,7 @@ class OpenCodeBackend:
             raise BackendError(
                 f"OpenCode created a session without an id: {resp.text[:200]}",
                 transient=True,
-                kind="protocol",
+                kind=ErrorKind.PROTOCOL,
             )
         session = self._sessions[key] = _Session(sid)
         return session
@@ -271,7 +273,7 @@ class OpenCodeBackend:
             raise BackendError(
                 f"OpenCode did not finish the turn within {self.timeouts.prompt:g} s",
                 transient=True,
-                kind="timeout",
+                kind=ErrorKind.TIMEOUT,
             ) from None
         except asyncio.CancelledError:
             await self._abort(session.id)
@@ -291,7 +293,7 @@ class OpenCodeBackend:
             raise BackendError(
                 f"OpenCode answered something that is not a message: {resp.text[:200]!r}",
                 transient=True,
-                kind="protocol",
+                kind=ErrorKind.PROTOCOL,
             )
         return data
 
@@ -306,21 +308,21 @@ class OpenCodeBackend:
                 f"OpenCode at {self.base_url} wants a password (401); "
                 "set OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME if not opencode)",
                 transient=False,
-                kind="auth",
+                kind=ErrorKind.AUTH,
                 status_code=401,
             )
         if status >= 500 and model and await self._model_missing(model):
             return BackendError(
                 f"OpenCode does not know the model {model!r} (see `opencode models`)",
                 transient=False,
-                kind="model_not_found",
+                kind=ErrorKind.MODEL_NOT_FOUND,
                 status_code=status,
             )
         transient = status >= 500 or status in {408, 429}
         return BackendError(
             f"OpenCode answered {status} {name}: {message}".replace("  ", " "),
             transient=transient,
-            kind="server_error" if transient else "bad_request",
+            kind=ErrorKind.SERVER_ERROR if transient else ErrorKind.BAD_REQUEST,
             status_code=status,
         )
 
@@ -448,7 +450,7 @@ class OpenCodeBackend:
             raise BackendError(
                 f"cannot list the models of {self.base_url} (GET /config/providers failed)",
                 transient=True,
-                kind="unreachable",
+                kind=ErrorKind.UNREACHABLE,
             )
         return sorted(found)
 

@@ -15,7 +15,7 @@ import asyncio
 import structlog
 
 from contemplation.conversation import next_action, turn_start, unanswered
-from contemplation.errors import ConfigError
+from contemplation.errors import ConfigError, ErrorKind
 from contemplation.layout import Conv
 from contemplation.models import Block, Metadata, Status
 from contemplation.runtime import Runtime, lock, set_status
@@ -93,7 +93,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
         if stuck:
             log.error("answer_not_matched", conv=conv.id, needs=len(stuck))
             w.record_error(
-                "internal",
+                ErrorKind.INTERNAL,
                 f"{len(stuck)} answers were written but do not match their NEED lines; "
                 "answer them with `contemplation respond`",
                 status=Status.AWAITING_AGENT,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contemplation import logformat
-from contemplation.errors import InputRejected, LockBusy, NotFound
+from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
     LogView,
@@ -93,7 +93,7 @@ class ConvWriter:
         if save:
             self.save()
 
-    def record_error(self, kind: str, message: str, *, status: Status = Status.ERROR) -> None:
+    def record_error(self, kind: ErrorKind, message: str, *, status: Status = Status.ERROR) -> None:
         self.state.last_error = ErrorInfo(kind=kind, message=message, time=now_iso())
         self.state.status = status
         self.save()
