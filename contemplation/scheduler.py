@@ -16,6 +16,22 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+GRANTS_KEPT = 256
+
+
+class Held:
+    """A granted slot; :meth:`release` gives it back early (once the server is done with the
+    turn, before the reply is committed), and leaving the ``slot()`` block releases it."""
+
+    def __init__(self, scheduler: ModelScheduler) -> None:
+        self._scheduler: ModelScheduler | None = scheduler
+
+    def release(self) -> None:
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler._free += 1
+            scheduler._dispatch()
+
 
 @dataclass
 class _Waiter:
@@ -32,7 +48,7 @@ class ModelScheduler:
     _current: str | None = field(default=None, init=False)
     _streak: int = field(default=0, init=False)
     _seq: itertools.count[int] = field(default_factory=itertools.count, init=False)
-    granted: list[str] = field(default_factory=list, init=False)  # history, for tests and metrics
+    granted: list[str] = field(default_factory=list, init=False)  # recent grants (tests, metrics)
 
     def __post_init__(self) -> None:
         self._free = self.slots
@@ -68,10 +84,12 @@ class ModelScheduler:
             else:
                 self._current, self._streak = model, 1
             self.granted.append(model)
+            if len(self.granted) > 2 * GRANTS_KEPT:  # a daemon runs for months: stay bounded
+                del self.granted[:-GRANTS_KEPT]
             waiter.future.set_result(None)
 
     @contextlib.asynccontextmanager
-    async def slot(self, model: str) -> AsyncIterator[None]:
+    async def slot(self, model: str) -> AsyncIterator[Held]:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(model, deque()).append(_Waiter(next(self._seq), fut))
         self._dispatch()
@@ -82,8 +100,8 @@ class ModelScheduler:
                 self._free += 1
                 self._dispatch()
             raise
+        held = Held(self)
         try:
-            yield
+            yield held
         finally:
-            self._free += 1
-            self._dispatch()
+            held.release()

@@ -31,6 +31,7 @@ from contemplation.needs import rules
 from contemplation.parser import find_needs
 from contemplation.prompts import build_request
 from contemplation.runtime import Runtime, backoff, set_status
+from contemplation.scheduler import Held
 from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.tracking import Tracked
 from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
@@ -66,14 +67,16 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     if until is not None:
         return _rest(rt, w, until)
     prepared = await _prepare(conv, rt, meta)
-    async with rt.scheduler(meta.backend).slot(meta.model):
+    async with rt.scheduler(meta.backend).slot(meta.model) as held:
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more
         if not breaker.allow():
             until = breaker.resting() or rt.clock() + 0.5
         else:
             try:
-                return await _stream(conv, rt, seen, w, backend=backend, prepared=prepared)
+                return await _stream(
+                    conv, rt, seen, w, backend=backend, prepared=prepared, held=held
+                )
             finally:
                 breaker.release()  # a probe that ended without a verdict lets another try
     return _rest(rt, w, until)
@@ -149,6 +152,7 @@ async def _stream(
     *,
     backend: Backend,
     prepared: _Prepared,
+    held: Held,
 ) -> Outcome:
     meta = w.meta
     parsed = seen.view(conv, meta.agent_label).refresh()
@@ -186,6 +190,7 @@ async def _stream(
             request=request,
             window=window,
             ratio=ratio,
+            held=held,
         )
     finally:
         reply.close()
@@ -202,11 +207,15 @@ async def _run_reply(
     request: ChatRequest,
     window: int,
     ratio: float,
+    held: Held,
 ) -> Outcome:
     """Stream the reply and end it one of five ways: finished, cancelled, interrupted by a
     stop, failed (retry or error), or cut by a failed write (redone once the disk has room)."""
     try:
-        got = await _pump(conv, rt, backend, request, reply)
+        try:
+            got = await _pump(conv, rt, backend, request, reply)
+        finally:
+            held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
         return _cancelled(conv, rt, w, reply)
     except asyncio.CancelledError:
