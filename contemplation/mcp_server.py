@@ -389,13 +389,13 @@ class Subscriptions:
     async def hold(self, uri: str) -> None:
         """Watch ``uri`` for one more subscription."""
         if uri not in self.watches:
+            conv, kind = self._resolve(uri)
             if len(self.watches) >= MAX_WATCHED:
                 raise MCPError(
                     INVALID_REQUEST,
                     f"this server watches at most {MAX_WATCHED} resources at once; "
                     "unsubscribe from some first",
                 )
-            conv, kind = self._resolve(uri)
             watch = _Watch(uri, conv, kind)
             watch.conv, watch.gate, watch.value = await anyio.to_thread.run_sync(self._look, watch)
             self.watches.setdefault(uri, watch)
@@ -491,6 +491,7 @@ class Subscriptions:
         peer = self._peer(ctx)
         uri = str(params.uri)
         if uri not in peer.uris:
+            self._resolve(uri)  # a bad resource is said to be bad before any limit
             if len(peer.uris) >= MAX_SUBSCRIPTIONS:
                 raise MCPError(
                     INVALID_REQUEST,

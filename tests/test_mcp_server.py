@@ -22,6 +22,7 @@ from mcp.client.stdio import StdioServerParameters
 from contemplation import mcp_server
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home, load_template
+from contemplation.models import Status
 from contemplation.settings import Settings
 from contemplation.writer import DaemonLock, new_conversation, open_writer
 from tests import peers
@@ -96,6 +97,7 @@ def test_tools_are_few_brief_and_typed(home: Home) -> None:
     for t in tools:
         assert t.description and len(t.description) < 220 and "\n" not in t.description
         assert t.input_schema["type"] == "object"
+        assert t.output_schema is None  # results are one compact JSON text, nothing beside it
     start = next(t for t in tools if t.name == "conversation_start")
     assert start.input_schema["required"] == ["topic"]
     assert {
@@ -238,6 +240,129 @@ def test_wait_is_capped_and_never_waits_without_a_daemon(
         lock.release()
     assert 0.5 <= took < 3, took
     assert out["timed_out"] is True and out["queued_messages"] == 1
+
+
+def test_check_leaves_out_the_agents_own_words_unless_asked(home: Home) -> None:
+    conv = needs_conv(home, "the schema", "the owner")
+    with open_writer(conv) as w:  # the agent answers one need, a rule the other
+        w.append_block(
+            "CLAUDE",
+            "OLLAMA",
+            "RESPONSE TO NEED: the schema\n(source: agent, 2026-01-19 10:00:00)\nid, email",
+            msg_id="m2",
+        )
+        w.append_block(
+            "CLAUDE",
+            "OLLAMA",
+            "RESPONSE TO NEED: the owner\n(source: memory.search, 2026-01-19 10:00:01)\nAda",
+            msg_id="m3",
+        )
+        r = w.reply("OLLAMA", "CLAUDE", "r2")
+        r.content("Thanks, Ada owns it.")
+        r.finish()
+
+    async def script(c: Client) -> list[dict[str, Any]]:
+        return [
+            await tool(c, "conversation_check", conversation_id=conv.id),
+            await tool(c, "conversation_check", conversation_id=conv.id, include_own=True),
+            await tool(c, "conversation_wait", conversation_id=conv.id, since=0),
+        ]
+
+    default, everything, waited = run_calls(settings_for(home), script)
+    texts = [b["text"] for b in default["blocks"]]
+    assert [b["kind"] for b in default["blocks"]] == ["model", "agent", "model"]
+    assert texts[1].startswith("RESPONSE TO NEED: the owner\n(source: memory.search")
+    assert texts[2] == "Thanks, Ada owns it."
+    assert [b["kind"] for b in everything["blocks"]] == [
+        "agent",
+        "model",
+        "agent",
+        "agent",
+        "model",
+    ]
+    assert everything["blocks"][0]["text"] == "Plan the migration."
+    assert default["cursor"] == everything["cursor"] == conv.log.stat().st_size
+    assert [b["text"] for b in waited["blocks"]] == texts
+
+
+def test_a_cursor_past_the_end_returns_nothing(home: Home) -> None:
+    conv = needs_conv(home, "x")
+    end = conv.log.stat().st_size
+
+    async def script(c: Client) -> list[Any]:
+        past = await tool(c, "conversation_check", conversation_id=conv.id, since=end + 10_000)
+        at_end = await tool(c, "conversation_check", conversation_id=conv.id, since=end)
+        waited = await tool(c, "conversation_wait", conversation_id=conv.id, since=end + 1)
+        with open_writer(conv) as w:
+            w.append_block("CLAUDE", "OLLAMA", "one more question", msg_id="m2")
+        after = await tool(
+            c, "conversation_check", conversation_id=conv.id, since=past["cursor"], include_own=True
+        )
+        negative = await tool_error(c, "conversation_check", conversation_id=conv.id, since=-1)
+        return [past, at_end, waited, after, negative]
+
+    past, at_end, waited, after, negative = run_calls(settings_for(home), script)
+    for out in (past, at_end, waited):
+        assert out["blocks"] == [] and out["cursor"] == end and "in_progress" not in out
+    assert waited["timed_out"] is False
+    assert [b["text"] for b in after["blocks"]] == ["one more question"]  # nothing skipped
+    assert "since" in negative and "greater than or equal to 0" in negative
+
+
+def test_list_names_the_valid_status_filters(home: Home) -> None:
+    conv = needs_conv(home, "x")
+
+    async def script(c: Client) -> list[Any]:
+        return [
+            await tool_error(c, "conversation_list", status="bogus"),
+            await tool(c, "conversation_list"),
+            await tool(c, "conversation_list", status="PENDING"),
+            await tool(c, "conversation_list", status="idle"),
+            await tool(c, "conversation_list", status="completed"),
+        ]
+
+    bad, default, pending, idle, archived = run_calls(settings_for(home), script)
+    assert "unknown status filter 'bogus'; use one of: active, all, archived, " in bad
+    for status in Status:
+        assert status.value in bad
+    assert [r["id"] for r in default["conversations"]] == [conv.id]
+    assert [r["id"] for r in pending["conversations"]] == [conv.id]  # no daemon ran: pending
+    assert idle["count"] == 0 and archived["count"] == 0
+
+
+def test_a_conversation_can_start_empty(home: Home) -> None:
+    settings = settings_for(home)
+
+    async def script(c: Client) -> list[Any]:
+        bare = await tool(c, "conversation_start", topic="Later")
+        blank = await tool(c, "conversation_start", topic="Blank", initial_prompt="  \n")
+        for started in (bare, blank):
+            assert list(home.conv(started["conversation_id"]).inbox.iterdir()) == []
+        lock = DaemonLock(home)  # a daemon runs (holds the lock) but has nothing to do
+        lock.acquire()
+        try:
+            checked = await tool(c, "conversation_check", conversation_id=bare["conversation_id"])
+            t0 = time.monotonic()
+            waited = await tool(
+                c, "conversation_wait", conversation_id=bare["conversation_id"], timeout_s=30
+            )
+            took = time.monotonic() - t0
+        finally:
+            lock.release()
+        first = await tool(
+            c, "conversation_respond", conversation_id=bare["conversation_id"], response="Now."
+        )
+        return [bare, blank, checked, waited, took, first]
+
+    bare, blank, checked, waited, took, first = run_calls(settings, script)
+    for started in (bare, blank):
+        assert started["created"] and "empty" in started["hint"]
+    assert checked["status"] == "pending" and checked["blocks"] == []
+    assert checked["queued_messages"] == 0 and "empty" in checked["hint"]
+    assert waited["timed_out"] is False and took < 5  # nothing to wait for
+    assert first["answered"] is None
+    queued = home.conv(bare["conversation_id"]).inbox / first["queued"]
+    assert queued.read_text() == "Now."
 
 
 def test_list_archive_and_logs_as_resources(home: Home) -> None:
