@@ -79,6 +79,7 @@ WAIT_CAP = 50.0
 POLL = 0.1
 
 WATCH_EVERY = 0.25  # seconds between two looks at the subscribed resources
+RECOMPUTE_EVERY = 5.0  # a watched status is recomputed at least this often
 MAX_WATCHED = 256  # resources watched at once, over all sessions
 MAX_SUBSCRIPTIONS = 64  # per session (resources/subscribe) and per listen stream
 MAX_LISTEN_STREAMS = 32  # open subscriptions/listen streams
@@ -280,6 +281,8 @@ class Faces:
         budget = min(max(float(timeout_s), 0.0), WAIT_CAP)
         deadline = time.monotonic() + budget
         conv = self.reader.locate(conversation_id)
+        if since is not None:  # past the end: nothing is there yet, so new is what comes next
+            since = min(since, _log_size(conv))
         timed_out = False
         while True:
             if not conv.dir.is_dir():  # archived meanwhile
@@ -390,14 +393,14 @@ class Subscriptions:
         """Watch ``uri`` for one more subscription."""
         if uri not in self.watches:
             conv, kind = self._resolve(uri)
-            if len(self.watches) >= MAX_WATCHED:
+            watch = _Watch(uri, conv, kind)
+            watch.conv, watch.gate, watch.value = await anyio.to_thread.run_sync(self._look, watch)
+            if uri not in self.watches and len(self.watches) >= MAX_WATCHED:  # after the await
                 raise MCPError(
                     INVALID_REQUEST,
                     f"this server watches at most {MAX_WATCHED} resources at once; "
                     "unsubscribe from some first",
                 )
-            watch = _Watch(uri, conv, kind)
-            watch.conv, watch.gate, watch.value = await anyio.to_thread.run_sync(self._look, watch)
             self.watches.setdefault(uri, watch)
         self.watches[uri].holders += 1
 
@@ -422,7 +425,10 @@ class Subscriptions:
                 gate: tuple[Any, ...] = (str(conv.dir), _stat_key(conv.log))
                 return conv, gate, gate
             files = (conv.state, conv.metadata, conv.inbox, conv.processing, conv.log)
-            gate = (str(conv.dir), daemon_alive(self.faces.home), *map(_stat_key, files))
+            # two changes within one mtime tick can leave the stats as they were: the time
+            # slot makes sure the status is recomputed at least every RECOMPUTE_EVERY seconds
+            slot = int(time.monotonic() // RECOMPUTE_EVERY)
+            gate = (str(conv.dir), daemon_alive(self.faces.home), slot, *map(_stat_key, files))
             if gate == w.gate:
                 return conv, gate, w.value
             return conv, gate, self.faces.status_text(conv)

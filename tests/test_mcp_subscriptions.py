@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -321,13 +322,15 @@ def test_stdio_subscription_follows_a_real_daemon_from_an_empty_start(
             if mode == "legacy":
                 await c.subscribe_resource(status_uri)
                 await tool(c, "conversation_respond", conversation_id=cid, response="Store what?")
-                seen = await follow(c, status_uri, lambda: ups.until(status_uri))
+                seen = await follow(c, status_uri, lambda: ups.until(status_uri, within=30))
             else:
                 async with c.listen(resource_subscriptions=[status_uri]) as sub:
                     await tool(
                         c, "conversation_respond", conversation_id=cid, response="Store what?"
                     )
-                    seen = await follow(c, status_uri, lambda: events_until(sub, status_uri))
+                    seen = await follow(
+                        c, status_uri, lambda: events_until(sub, status_uri, within=30)
+                    )
             check = await tool(c, "conversation_check", conversation_id=cid)
             mine = await tool(c, "conversation_check", conversation_id=cid, include_own=True)
             return started, seen, check, mine
@@ -344,11 +347,11 @@ def test_stdio_subscription_follows_a_real_daemon_from_an_empty_start(
 def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
     """Over HTTP: a 2025 session hears on its standalone stream, a 2026 one on its listen
     stream."""
-    from tests.test_mcp_server import free_port
-
     conv = a_conversation(home)
     log_uri, _ = uris(conv)
-    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
     server = subprocess.Popen(
         [sys.executable, "-m", "contemplation", "mcp", "--http", str(port)],
         env=base_env(home),
@@ -359,8 +362,6 @@ def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
     url = f"http://127.0.0.1:{port}/mcp"
 
     def listening() -> bool:
-        import socket
-
         if server.poll() is not None:
             raise AssertionError(server.stderr.read() if server.stderr else "server exited")
         with socket.socket() as s:
