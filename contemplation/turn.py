@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -170,7 +172,7 @@ async def _stream(
     ratio = rt.calibration.ratio(meta.model)
     request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
-    set_status(w, Status.GENERATING)
+    w.state.status = Status.GENERATING  # written by _pump while the request is on its way
     rt.notify(conv.id, "generating", model=meta.model)
     reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
     if prepared.error is not None:
@@ -257,8 +259,11 @@ async def _pump(
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     cancel_path = conv.dir / ".cancel"
     stream = backend.stream(request)
+    first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
     try:
-        async for ev in stream:
+        await _meanwhile(reply.w.save, durable=False)  # ...while the status is written
+        ev = await first
+        while ev is not None:
             if ev.kind == "tool_call" and ev.tool_call is not None:
                 got.calls.append(ev.tool_call)
             got.usage = _apply(ev, reply, rt, conv.id) or got.usage
@@ -269,9 +274,24 @@ async def _pump(
                 next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
                 if cancel_path.exists():
                     raise _Cancelled
+            ev = await anext(stream, None)
     finally:
+        if not first.done():
+            first.cancel()
+            await asyncio.wait([first])
         await stream.aclose()
     return got
+
+
+async def _meanwhile(write: Callable[..., None], **kw: Any) -> None:
+    """A state write on a worker thread, so the loop can send the request meanwhile. It
+    always runs to its end before anything else touches the state (even on a cancel)."""
+    done = asyncio.get_running_loop().run_in_executor(None, functools.partial(write, **kw))
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        raise
 
 
 def _finish(
