@@ -173,6 +173,7 @@ async def _stream(
     request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
     w.state.status = Status.GENERATING  # written by _pump while the request is on its way
+    w.state.pending_needs = []
     rt.notify(conv.id, "generating", model=meta.model)
     reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
     if prepared.error is not None:
