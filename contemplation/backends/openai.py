@@ -212,7 +212,11 @@ def stream_error(err: Any) -> BackendError:
 
 @dataclass(slots=True)
 class SSEDecoder:
-    """Server-sent events from lines: ``data:`` fields joined, comments dropped."""
+    """Server-sent events from lines: ``data:`` fields joined, comments dropped.
+
+    Not httpx-sse: its public API (``aconnect_sse``/``EventSource``) reads the body's lines
+    itself, with no bound on a line and no first-byte/idle phases, which :class:`TimedLines`
+    gives every backend; its line decoder is private (``httpx_sse._decoders``)."""
 
     _data: list[str] = field(default_factory=list)
     _event: str = ""
