@@ -10,17 +10,21 @@ from typing import TypeVar
 
 import pytest
 
-from contemplation.scheduler import ModelScheduler
+from contemplation.scheduler import GRANTS_KEPT, Held, ModelScheduler
 
 T = TypeVar("T")
 
 
 async def within(aw: Awaitable[T], what: str, seconds: float = 2.0) -> T:
-    try:
-        async with asyncio.timeout(seconds):
-            return await aw
-    except TimeoutError:
-        raise AssertionError(f"timed out after {seconds} s waiting for {what}") from None
+    """``await aw``, failing the test after ``seconds``. A task is never cancelled by the
+    timeout (that would be a cancel the code under test might handle, and then pass)."""
+    fut = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({fut}, timeout=seconds)
+    if not done:
+        if fut is not aw:
+            fut.cancel()
+        raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+    return fut.result()
 
 
 class Turns:
@@ -192,7 +196,7 @@ def test_a_turn_cancelled_just_after_it_was_granted_gives_the_slot_back() -> Non
 
     async def scenario() -> None:
         sched = ModelScheduler(slots=1)
-        holder: AbstractAsyncContextManager[None] = sched.slot("a")
+        holder: AbstractAsyncContextManager[Held] = sched.slot("a")
         await holder.__aenter__()
         turns = Turns(sched)
         await turns.queue("granted", "a")
@@ -205,5 +209,43 @@ def test_a_turn_cancelled_just_after_it_was_granted_gives_the_slot_back() -> Non
         assert await turns.next_granted() == "next"
         await turns.finish("next")
         assert (sched.running, sched.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_an_early_release_hands_the_slot_on_at_once_and_only_once() -> None:
+    """A turn gives its slot back when the stream ends, before it commits the reply: the next
+    turn starts then, and leaving the block afterwards frees nothing a second time."""
+
+    async def scenario() -> None:
+        sched = ModelScheduler(slots=1)
+        turns = Turns(sched)
+        async with sched.slot("a") as held:
+            await turns.queue("b1", "b")
+            assert turns.order == []
+            held.release()
+            assert await turns.next_granted() == "b1"  # while the first is still in its block
+            held.release()
+            assert (sched.running, sched.waiting) == (1, 0)
+        assert sched.running == 1  # b1 still holds the only slot
+        await turns.queue("c1", "c")
+        assert (sched.running, sched.waiting) == (1, 1)
+        await turns.finish("b1")
+        assert await turns.next_granted() == "c1"
+        await turns.finish("c1")
+        assert (sched.running, sched.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_the_grant_history_stays_bounded() -> None:
+    async def scenario() -> None:
+        sched = ModelScheduler(slots=1)
+        for i in range(2 * GRANTS_KEPT + 10):
+            async with sched.slot(f"m{i % 3}"):
+                pass
+        assert GRANTS_KEPT <= len(sched.granted) <= 2 * GRANTS_KEPT
+        last = 2 * GRANTS_KEPT + 9
+        assert sched.granted[-1] == f"m{last % 3}"
 
     asyncio.run(scenario())
