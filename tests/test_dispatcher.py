@@ -21,6 +21,7 @@ import pytest
 
 from contemplation import dispatcher as dispatcher_mod
 from contemplation.dispatcher import Dispatcher
+from contemplation.errors import BackendError, ErrorKind
 from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import MarkerKind, Status
 from contemplation.parser import parse
@@ -449,3 +450,40 @@ def test_cancel_of_a_turn_queued_for_a_slot_writes_the_cancelled_marker_next_ste
     assert not (queued.dir / ".cancel").exists()
     assert parse(holder.log.read_bytes()).blocks[-1].text.strip() == "held"
     assert [r.conversation_id for r in fake.requests] == [holder.id]
+
+
+def test_a_transient_failure_sleeps_on_a_timer_and_the_retry_is_answered(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    """The turn fails with a transient error: process() returns the retry time, the
+    dispatcher turns it into a timer, and the timer's poke runs the retry."""
+    fake = install()
+    conv = fake_conv(home, "flaky")
+    drop_message(conv, "are you there?")
+    down = BackendError("cannot reach the server", transient=True, kind=ErrorKind.UNREACHABLE)
+
+    async def scenario() -> None:
+        second = asyncio.Event()
+        fake.enqueue(Reply(chunks=("half",), error=down), Reply(chunks=("back",), gate=second))
+        rt = runtime(make_settings)  # retry backoff: 10 to 50 ms
+        d = Dispatcher(rt)
+        d.poke(conv.id)
+        first = d.tasks[conv.id]
+        await within(first, "the failed turn")
+        assert conv.id in d.timers and conv.id not in d.tasks
+        st = read_state(conv)
+        assert st is not None and st.status is Status.RETRYING and st.next_retry_at
+        await fake.wait_for_requests(2)  # nobody poked: the timer did
+        assert conv.id not in d.timers
+        second.set()
+        await within(d.tasks[conv.id], "the retried turn")
+        assert d.timers == {}
+        await rt.aclose()
+
+    asyncio.run(scenario())
+    assert [r.messages[-1].content for r in fake.requests] == ["are you there?"] * 2
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert blocks[-1].text.strip() == "back"
+    assert any(k is MarkerKind.INTERRUPTED for b in blocks for k, _ in b.markers)
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE and st.retry_count == 0

@@ -144,7 +144,8 @@ class FakeBackend:
     async def models(self) -> list[str]:
         return list(self.model_names)
 
-    async def forget(self, conversation_id: str) -> None:
+    async def forget(self, conversation_id: str, session: object = None) -> None:
+        """``session``: the backend session state.json names (any type: the fake keeps none)."""
         self.forgotten.append(conversation_id)
 
     async def aclose(self) -> None:
