@@ -465,7 +465,8 @@ def test_a_transient_failure_sleeps_on_a_timer_and_the_retry_is_answered(
     async def scenario() -> None:
         second = asyncio.Event()
         fake.enqueue(Reply(chunks=("half",), error=down), Reply(chunks=("back",), gate=second))
-        rt = runtime(make_settings)  # retry backoff: 10 to 50 ms
+        s = make_settings(retry={"base": 0.6, "cap": 0.6})  # the retry comes 0.3 to 0.6 s later
+        rt = Runtime(settings=s, home=Home(s.home))
         d = Dispatcher(rt)
         d.poke(conv.id)
         first = d.tasks[conv.id]
