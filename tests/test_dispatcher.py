@@ -47,11 +47,10 @@ async def within(aw: Awaitable[T], what: str, seconds: float = 5.0) -> T:
 
 
 async def poll(pred: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """For states no event announces (a turn queued in the scheduler)."""
+    """For states no event announces (a turn queued in the scheduler, a reply's first bytes
+    in the log): a bounded poll, never a sleep that hopes the state has come."""
     deadline = time.monotonic() + seconds
-    for _ in iter(int, 1):
-        if pred():
-            return
+    while not pred():  # nothing to wait on: the code under test sets no event here
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {seconds} s waiting for {what}")
         await asyncio.sleep(0.005)
