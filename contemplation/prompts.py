@@ -53,18 +53,24 @@ def split_tool_calls(text: str) -> tuple[str, list[tuple[str, str, Any, str]]]:
 
 def history(blocks: tuple[Block, ...]) -> list[ChatMessage]:
     """The log as chat messages; native tool calls go back as tool_calls + tool messages."""
-    out: list[ChatMessage] = []
+    return [m for _, m in history_blocks(blocks)]
+
+
+def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
+    """:func:`history` with the index of the block each message comes from (a block gives
+    at most one message), so the history budget can say which blocks a summary covers."""
+    out: list[tuple[int, ChatMessage]] = []
     calls_by_need: dict[str, tuple[str, str]] = {}
-    for b in blocks:
+    for i, b in enumerate(blocks):
         if not whole(b):
             continue
         text = b.text.strip("\n")
         if b.kind is BlockKind.AGENT:
             call = calls_by_need.pop(b.response_to, None) if b.response_to else None
             if call is not None:
-                out.append(ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1]))
+                out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
             else:
-                out.append(ChatMessage("user", text))
+                out.append((i, ChatMessage("user", text)))
             continue
         content, calls = split_tool_calls(text)
         calls_by_need = {need: (cid, name) for cid, name, _, need in calls}
@@ -73,9 +79,9 @@ def history(blocks: tuple[Block, ...]) -> list[ChatMessage]:
                 {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
                 for cid, name, args, _ in calls
             )
-            out.append(ChatMessage("assistant", content, tool_calls=tool_calls))
+            out.append((i, ChatMessage("assistant", content, tool_calls=tool_calls)))
         elif content:
-            out.append(ChatMessage("assistant", content))
+            out.append((i, ChatMessage("assistant", content)))
     return out
 
 

@@ -91,7 +91,9 @@ class ModelScheduler:
     @contextlib.asynccontextmanager
     async def slot(self, model: str) -> AsyncIterator[Held]:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(model, deque()).append(_Waiter(next(self._seq), fut))
+        waiter = _Waiter(next(self._seq), fut)
+        queue = self._queues.setdefault(model, deque())
+        queue.append(waiter)
         self._dispatch()
         try:
             await fut
@@ -99,6 +101,8 @@ class ModelScheduler:
             if fut.done() and not fut.cancelled():
                 self._free += 1
                 self._dispatch()
+            elif waiter in queue:  # cancelled while queued: not waiting any more
+                queue.remove(waiter)
             raise
         held = Held(self)
         try:

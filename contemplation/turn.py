@@ -41,6 +41,7 @@ from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
 log = structlog.get_logger("contemplation.turn")
 
 CANCEL_CHECK_INTERVAL = 0.2
+SUMMARY_TIMEOUT = 120.0  # seconds for the one summary call a turn may make
 TOOL_CALL_PREFIX = "(tool call "
 
 
@@ -170,7 +171,8 @@ async def _stream(
     request = replace(request, tools=prepared.tools, think=prepared.think)
     window = _window(request, prepared.window)
     ratio = rt.calibration.ratio(meta.model)
-    request, dropped, fit_note = budget.fit_request(request, window, ratio=ratio)
+    reserve = budget.reply_reserve(window, request.options)
+    fitted = budget.plan(request, window, blocks=parsed.blocks, reserve=reserve, ratio=ratio)
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
     w.state.status = Status.GENERATING  # written by _pump while the request is on its way
     w.state.pending_needs = []
@@ -180,8 +182,18 @@ async def _stream(
         return _failed(conv, rt, w, reply, prepared.error)
     if prepared.note:
         reply.note(prepared.note)
-    if dropped:
-        reply.note(fit_note)
+    try:
+        request, notes = await _fit(conv, rt, w, backend, fitted)
+    except _Cancelled:
+        return _cancelled(conv, rt, w, reply)
+    except asyncio.CancelledError:
+        if conv.id in seen.cancelled:
+            seen.cancelled.discard(conv.id)
+            return _cancelled(conv, rt, w, reply)
+        set_status(w, Status.PENDING)
+        raise
+    for note in notes:
+        reply.note(note)
     try:
         return await _run_reply(
             conv,
@@ -216,7 +228,7 @@ async def _run_reply(
     stop, failed (retry or error), or cut by a failed write (redone once the disk has room)."""
     try:
         try:
-            got = await _pump(conv, rt, backend, request, reply)
+            got = await _pump_guarded(conv, rt, backend, request, reply)
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
@@ -240,6 +252,85 @@ async def _run_reply(
         return _finish(conv, rt, w, reply, got, request=request, window=window, ratio=ratio)
     except OSError as exc:
         return _write_failed(conv, rt, w, exc)
+
+
+async def _fit(
+    conv: Conv, rt: Runtime, w: ConvWriter, backend: Backend, fitted: budget.Plan
+) -> tuple[ChatRequest, list[str]]:
+    """The request that fits the window, and the NOTEs that say how. When the plan asks for
+    a summary this is the turn's one summary call; if it fails, the oldest turns are left
+    out. Raises _Cancelled on the agent's cancel."""
+    if not fitted.summarise:
+        return fitted.request, list(fitted.notes)
+    await _meanwhile(w.save, durable=False)  # the status says generating while it is made
+    text, why = await _summarise(conv, rt, w.meta, backend, fitted)
+    return fitted.with_summary(text) if text else fitted.without_summary(why)
+
+
+async def _summarise(
+    conv: Conv, rt: Runtime, meta: Metadata, backend: Backend, fitted: budget.Plan
+) -> tuple[str, str]:
+    """The model's summary of what ``fitted`` leaves out, or "" and why there is none. One
+    call, at most SUMMARY_TIMEOUT seconds, budget.SUMMARY_MAX_TOKENS tokens, no thinking."""
+    caps = await rt.capabilities(meta.backend, meta.model)
+    think = False if caps is not None and caps.thinking else None
+    request = budget.summary_request_for(fitted, think=think)
+    parts: list[str] = []
+    cancel_path = conv.dir / ".cancel"
+    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+    try:
+        async with asyncio.timeout(SUMMARY_TIMEOUT):
+            stream = backend.stream(request)
+            try:
+                async for ev in stream:
+                    if ev.kind == "content":
+                        parts.append(ev.text)
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+                        if cancel_path.exists():
+                            raise _Cancelled
+            finally:
+                await stream.aclose()
+    except TimeoutError:
+        return "", f"no answer within {SUMMARY_TIMEOUT:g} s"
+    except BackendError as exc:
+        return "", str(exc)
+    text = "".join(parts).strip()
+    if not text:
+        return "", "the model wrote no summary"
+    log.info("history_summarised", conv=conv.id, messages=len(fitted.summarise))
+    return text, ""
+
+
+async def _pump_guarded(
+    conv: Conv, rt: Runtime, backend: Backend, request: ChatRequest, reply: ReplyStream
+) -> _Streamed:
+    """:func:`_pump`, and the reasoning budget guard: a reply that spent all its tokens
+    (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
+    thinking off, in the same block, after a NOTE that says so."""
+    got = await _pump(conv, rt, backend, request, reply)
+    usage = got.usage
+    if (
+        usage is None
+        or usage.done_reason != "length"
+        or request.think is False
+        or not reply.started  # nothing at all was written: not a thinking reply
+        or got.calls
+        or "".join(reply.content_parts).strip()
+    ):
+        return got
+    spent = f"all {usage.eval_count} tokens" if usage.eval_count else "all its tokens"
+    note = (
+        f"the model spent {spent} of this reply thinking and wrote no answer; "
+        "asked once more with thinking off"
+    )
+    reply._end_thinking()  # the NOTE goes after the thinking section, not inside it
+    reply.note(note)
+    rt.notify(conv.id, "note", text=note)
+    log.info("thinking_budget_spent", conv=conv.id, tokens=usage.eval_count)
+    again = await _pump(conv, rt, backend, replace(request, think=False), reply)
+    again.truncated = again.truncated or got.truncated
+    return again
 
 
 @dataclass

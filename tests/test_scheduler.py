@@ -177,9 +177,11 @@ def test_a_turn_cancelled_while_queued_leaks_no_slot_and_is_skipped() -> None:
         await turns.queue("a1", "a")
         await turns.queue("x", "x")
         await turns.queue("b1", "b")
+        assert sched.waiting == 2
         turns.tasks["x"].cancel()
         with pytest.raises(asyncio.CancelledError):
             await turns.tasks["x"]
+        assert sched.waiting == 1  # counted out as soon as it was cancelled
         await turns.drain()
         assert turns.order == ["a1", "b1"]
         assert sched.granted == ["a", "b"]  # the cancelled waiter was never granted

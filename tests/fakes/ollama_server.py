@@ -52,6 +52,9 @@ class Step:
     hang_seconds: float = 3600.0
     model: str | None = None  # only for calls to this model (None: any)
     endless_bytes: int = 0
+    done_reason: str = "stop"  # "length": the reply ran out of num_predict tokens
+    no_content: bool = False  # no answer text at all (say, thinking that used every token)
+    eval_count: int | None = None  # default: one per piece of text
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Step:
@@ -253,7 +256,7 @@ class _Handler(JsonHandler):
             (m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), ""
         )
         text = step.text or f"Echo: {last_user[:60]}"
-        pieces = _split(text, step.chunks)
+        pieces = [] if step.no_content else _split(text, step.chunks)
         close_delimited = step.kind == "cut_close"
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
@@ -339,14 +342,14 @@ class _Handler(JsonHandler):
                     "created_at": _now(),
                     "message": {"role": "assistant", "content": ""},
                     "done": True,
-                    "done_reason": "stop",
+                    "done_reason": step.done_reason,
                     "total_duration": 4_883_583_458,
                     "load_duration": 1_334_875,
                     "prompt_eval_count": step.prompt_eval_count
                     if step.prompt_eval_count is not None
                     else chars // 4 + 1,
                     "prompt_eval_duration": 342_546_000,
-                    "eval_count": max(1, len(pieces)),
+                    "eval_count": step.eval_count or max(1, len(pieces)),
                     "eval_duration": 4_535_599_000,
                 }
             )
