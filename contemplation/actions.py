@@ -1,5 +1,5 @@
 """What the faces (CLI, MCP server, dashboard) may change: create, start, send, respond,
-cancel, archive.
+approve, cancel, archive.
 
 Each action validates its input, then writes into the conversation folder through
 :mod:`contemplation.writer` only. None of them waits for the model: the daemon (if one runs)
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any
+from typing import Any, get_args
 
 from contemplation import backends
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
@@ -22,14 +22,24 @@ from contemplation.layout import (
     inbox_entries,
     load_template,
     processing_entries,
+    read_json,
     read_metadata,
     read_state,
 )
-from contemplation.models import CANCELLABLE, Status
+from contemplation.models import (
+    APPROVALS_KEY,
+    CANCELLABLE,
+    ApprovalDecision,
+    ApprovalRequest,
+    Decision,
+    Status,
+    read_approvals,
+)
 from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.writer import (
     archive,
+    atomic_write_json,
     conv_lock,
     drop_message,
     ensure_home,
@@ -44,8 +54,8 @@ SAME_ARGS_WINDOW = 120.0  # identical start calls within this window are one con
 INITIAL_NAME = "0000-initial.msg"
 
 __all__ = [
-    "CANCELLABLE", "archive_conversation", "cancel", "check_text", "create", "require_active",
-    "respond", "send", "start",
+    "CANCELLABLE", "approve", "archive_conversation", "cancel", "check_text", "create",
+    "require_active", "respond", "send", "start",
 ]  # fmt: skip
 
 
@@ -215,6 +225,87 @@ def _respond(
         "queued": name,
         "still_pending": [n for n in pending if n != chosen],
     }
+
+
+KEPT_GRANTS = 256  # "always" decisions a conversation keeps (the oldest go first)
+DECISIONS: tuple[str, ...] = get_args(Decision)
+
+
+def approve(
+    settings: Settings, conv: Conv, decision: str, need: str | None = None
+) -> dict[str, Any]:
+    """The agent's decision about a lookup that waits for approval (``awaiting_approval``):
+    ``once`` lets it through this time, ``always`` also lets the same tool with the same
+    arguments through in this conversation from now on, ``reject`` refuses it (the model is
+    told and carries on). ``need`` picks the request: its number (1-based), its need, or its
+    id; it may be left out when only one waits.
+
+    The decision goes into metadata.json ``approvals`` (written atomically, under the faces'
+    lock): the daemon sees the file change and answers or refuses the need; without a daemon
+    it is honoured when one starts. Returns ``decision``, ``need``, ``tool``, ``arguments``,
+    ``request`` and ``still_awaiting`` (the needs that still wait)."""
+    require_active(conv)
+    if decision not in DECISIONS:
+        raise InputRejected(f"unknown decision {decision!r}; say once, always or reject")
+    with faces_lock(conv):  # two decisions at once: both are kept
+        state = read_state(conv)
+        pending = list(state.pending_approvals) if state is not None else []
+        if not pending:
+            now = state.status.value if state is not None else Status.PENDING.value
+            raise InputRejected(f"{conv.id} waits for no approval (status {now})")
+        chosen = _pick(conv, pending, need)
+        raw = read_json(conv.metadata)
+        if raw is None:
+            raise ContemplationError(f"{conv.id} has no readable metadata.json")
+        live = {r.id for r in pending}
+        kept = [
+            d
+            for d in read_approvals(raw.get(APPROVALS_KEY))
+            if d.decision == "always" or d.request in live
+        ]
+        kept = [d for d in kept if d.request != chosen.id]
+        kept.append(
+            ApprovalDecision(
+                request=chosen.id,
+                decision=decision,  # checked against DECISIONS above
+                need=chosen.need,
+                rule=chosen.rule,
+                tool=chosen.tool,
+                arguments=chosen.arguments,
+                time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
+        grants = [d for d in kept if d.decision == "always"]
+        if len(grants) > KEPT_GRANTS:
+            dropped = {id(d) for d in grants[: len(grants) - KEPT_GRANTS]}
+            kept = [d for d in kept if id(d) not in dropped]
+        raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in kept]
+        atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
+    return {
+        "decision": decision,
+        "need": chosen.need,
+        "tool": chosen.tool,
+        "arguments": chosen.arguments,
+        "request": chosen.id,
+        "still_awaiting": [r.need for r in pending if r.id != chosen.id],
+    }
+
+
+def _pick(conv: Conv, pending: list[ApprovalRequest], need: str | None) -> ApprovalRequest:
+    listed = "; ".join(f"{i}: {r.need}" for i, r in enumerate(pending, 1))
+    if not need:
+        if len(pending) > 1:
+            raise InputRejected(
+                f"{len(pending)} lookups in {conv.id} wait for approval; say which "
+                f"(need) — {listed}"
+            )
+        return pending[0]
+    if need.isdigit() and 1 <= int(need) <= len(pending):
+        return pending[int(need) - 1]
+    for r in pending:
+        if need in {r.need, r.id}:
+            return r
+    raise InputRejected(f"no lookup {need!r} waits for approval in {conv.id}; waiting: {listed}")
 
 
 def archive_conversation(home: Home, conv: Conv) -> Conv:

@@ -259,6 +259,9 @@ def _settled(reader: Reader, conv: Conv, before: int) -> int | None:
         needs = reader.pending_needs(conv, meta) or list(state.pending_needs)
         click.echo(show.waiting_for_agent(conv.id, needs), err=True)
         return EXIT_NEEDS_AGENT
+    if state.status is Status.AWAITING_APPROVAL:
+        click.echo(_waiting_for_approval(conv.id, state), err=True)
+        return EXIT_NEEDS_AGENT
     if state.status is Status.CANCELLED:
         click.echo("error: the turn was cancelled", err=True)
         return EXIT_ERROR
@@ -296,6 +299,47 @@ def respond(
     conv = lookup(ctx, conversation)
     done = actions.respond(s, Reader(Home(s.home)), conv, text_arg(text), need)
     emit(done, as_json, show.responded(done))
+
+
+def _waiting_for_approval(conv_id: str, state: State) -> str:
+    """``send --wait`` stopped at lookups the permissions ask about: each and its commands."""
+    asked = state.pending_approvals
+    lines = [f"the model waits for {len(asked)} lookup(s) to be approved:"]
+    for n, r in enumerate(asked, 1):
+        args = json.dumps(r.arguments, ensure_ascii=False)
+        lines.append(f"  need {n}: {r.need}  ({r.tool} {args})")
+        lines.append(f"    contemplation approve {conv_id} --need {n} --once|--always|--reject")
+    return safe("\n".join(lines))
+
+
+@main.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.option(
+    "--need", help="Which lookup (its number, 1-based, or its need); needed when several wait."
+)
+@click.option("--once", "decision", flag_value="once", help="Let it through this time.")
+@click.option(
+    "--always",
+    "decision",
+    flag_value="always",
+    help="Let it through, and the same tool with the same arguments in this conversation.",
+)
+@click.option("--reject", "decision", flag_value="reject", help="Refuse it; the model is told.")
+@json_option('Print {"decision", "need", "tool", "arguments", "request", "still_awaiting"}.')
+@click.pass_context
+def approve(
+    ctx: click.Context, conversation: str, need: str | None, decision: str | None, as_json: bool
+) -> None:
+    """Decide about a lookup that waits for approval (status awaiting_approval)."""
+    if decision is None:
+        raise click.UsageError("say --once, --always or --reject")
+    s = ctx_settings(ctx)
+    done = actions.approve(s, lookup(ctx, conversation), decision, need)
+    verb = {"once": "approved once", "always": "approved always", "reject": "rejected"}[decision]
+    args = json.dumps(done["arguments"], ensure_ascii=False)
+    lines = [f"{verb}: {done['tool']} {args} (for: {done['need']})"]
+    lines.extend(f"still waiting for approval: {n}" for n in done["still_awaiting"])
+    emit(done, as_json, safe("\n".join(lines)))
 
 
 @main.command()
@@ -414,6 +458,7 @@ def _state_details(state: State) -> dict[str, Any]:
         "generating_since": state.generating_since if state.status is Status.GENERATING else None,
         "retry_count": state.retry_count,
         "next_retry_at": state.next_retry_at,
+        "pending_approvals": [r.model_dump(mode="json") for r in state.pending_approvals],
         "parse_errors": state.parse_errors,
         "warnings": state.warnings,
     }

@@ -432,7 +432,7 @@ class Template:
 
 TEMPLATE_KEYS = frozenset({
     "model", "backend", "options", "think", "archive_on_complete", "system_prompt",
-    "system_prompt_file", "routes", "description",
+    "system_prompt_file", "routes", "permissions", "description",
 })  # fmt: skip
 
 

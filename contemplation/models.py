@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 STATE_VERSION = 1
 
@@ -21,6 +21,7 @@ class Status(enum.StrEnum):
     GENERATING = "generating"
     ROUTING = "routing"
     AWAITING_AGENT = "awaiting_agent"
+    AWAITING_APPROVAL = "awaiting_approval"  # a need's tool waits for the agent's permission
     RETRYING = "retrying"
     CANCELLED = "cancelled"
     COMPLETE = "complete"
@@ -30,9 +31,10 @@ class Status(enum.StrEnum):
 
 # Statuses the faces group by (the daemon sets them; see docs/format.md):
 #: the daemon is done for now; the next move is the agent's (``send --wait`` returns here)
-SETTLED = frozenset(
-    {Status.IDLE, Status.AWAITING_AGENT, Status.COMPLETE, Status.ERROR, Status.CANCELLED}
-)
+SETTLED = frozenset({
+    Status.IDLE, Status.AWAITING_AGENT, Status.AWAITING_APPROVAL, Status.COMPLETE, Status.ERROR,
+    Status.CANCELLED,
+})  # fmt: skip
 #: a turn is queued, running, looking up needs or waiting to retry
 BUSY = frozenset({Status.PENDING, Status.GENERATING, Status.ROUTING, Status.RETRYING})
 #: what ``cancel`` can stop (a pending message has no turn yet)
@@ -61,6 +63,50 @@ class MarkerKind(enum.StrEnum):
 # --------------------------------------------------------------------------- on disk
 
 
+class ApprovalRequest(BaseModel):
+    """A need whose lookup waits for the agent (a permission said ``ask``): in state.json."""
+
+    id: str  # stable for this NEED line of this reply; a decision names it
+    need: str
+    rule: str  # the route rule that matched it
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    why: str = ""  # the permission rule that asks
+    asked: str = ""  # when it was first asked (as in state.json's ``updated``)
+
+
+Decision = Literal["once", "always", "reject"]
+
+
+class ApprovalDecision(BaseModel):
+    """The agent's answer to an :class:`ApprovalRequest`, kept in metadata.json ``approvals``
+    (the agent's file: the daemon only reads it). ``always`` also lets the same tool with the
+    same arguments through in this conversation from then on."""
+
+    request: str
+    decision: Decision
+    need: str = ""
+    rule: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    time: str = ""
+
+
+APPROVALS_KEY = "approvals"  # metadata.json: the agent's ApprovalDecisions
+
+
+def read_approvals(raw: Any) -> list[ApprovalDecision]:
+    """The decisions in a metadata.json ``approvals`` value; an entry that is none is skipped
+    (a hand edit cannot make the metadata unreadable)."""
+    out: list[ApprovalDecision] = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            out.append(ApprovalDecision.model_validate(item))
+        except ValidationError:
+            continue
+    return out
+
+
 class Metadata(BaseModel):
     """``metadata.json``: what the conversation is and how it talks to its model."""
 
@@ -83,6 +129,10 @@ class Metadata(BaseModel):
 
     def sender_label(self) -> str:
         return self.model_label or self.backend.upper()
+
+    def approvals(self) -> list[ApprovalDecision]:
+        """The agent's decisions about lookups that waited for approval (``approvals``)."""
+        return read_approvals((self.model_extra or {}).get(APPROVALS_KEY))
 
 
 class ErrorInfo(BaseModel):
@@ -143,6 +193,7 @@ class State(BaseModel):
     rotation: Rotation | None = None
     done_ids: list[str] = Field(default_factory=list)
     pending_needs: list[str] = Field(default_factory=list)
+    pending_approvals: list[ApprovalRequest] = Field(default_factory=list)
     last_error: ErrorInfo | None = None
     retry_count: int = 0
     next_retry_at: float | None = None

@@ -68,7 +68,7 @@ def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
         return decided
     taken = _next_message(w, rt, seen, now)
     if isinstance(taken, Wait):
-        _say_why(w, nxt, has_blocks=bool(parsed.blocks))
+        _say_why(w, rt, nxt, has_blocks=bool(parsed.blocks))
     return taken
 
 
@@ -102,6 +102,8 @@ def _decide(
 ) -> Decision | None:
     """What the log says is due: a cancel, a turn, an archive, needs to look up. None: take
     the next message."""
+    if nxt.action != "needs":
+        cycle.record_asked(w, ())  # a message or a turn since: nothing waits for approval
     if (conv.dir / ".cancel").exists():  # honoured once, never left for a future turn
         clear_cancel(conv)
         if nxt.action == "turn":
@@ -151,9 +153,15 @@ def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> Turn
     return Wait(wake)
 
 
-def _say_why(w: ConvWriter, nxt: Next, *, has_blocks: bool) -> None:
+def _say_why(w: ConvWriter, rt: Runtime, nxt: Next, *, has_blocks: bool) -> None:
     """Nothing to do: the status says why."""
-    if nxt.action == "needs":
+    if nxt.action == "needs" and w.state.pending_approvals:
+        if w.state.status is not Status.AWAITING_APPROVAL:
+            asked = [r.model_dump(mode="json") for r in w.state.pending_approvals]
+            log.info("awaiting_approval", conv=w.conv.id, requests=len(asked))
+            rt.notify(w.conv.id, "awaiting_approval", requests=asked)
+        set_status(w, Status.AWAITING_APPROVAL, nxt.needs)
+    elif nxt.action == "needs":
         set_status(w, Status.AWAITING_AGENT, nxt.needs)
     elif nxt.action == "stopped":
         set_status(w, Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
@@ -162,9 +170,11 @@ def _say_why(w: ConvWriter, nxt: Next, *, has_blocks: bool) -> None:
 
 
 def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> NeedsDue | None:
-    """Needs to look up now; None leaves them to the agent (no rule, or too many rounds)."""
+    """Needs to look up now; None leaves them to the agent (no rule, or too many rounds) or
+    to the agent's approval (recorded in state.json for :func:`_say_why`)."""
     limit = rt.settings.max_need_rounds
     if nxt.rounds > limit:
+        cycle.record_asked(w, ())
         if not any(t.startswith(ROUND_LIMIT_NOTE) for _, t in blocks[-1].markers):
             w.append_marker(
                 MarkerKind.NOTE,
@@ -172,7 +182,9 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
                 f"message (max_need_rounds = {limit}); the agent can answer or send a message",
             )
         return None
-    return cycle.plan(rt, w.meta, blocks, nxt.needs)
+    planned = cycle.plan(rt, w.meta, blocks, nxt.needs)
+    cycle.record_asked(w, planned.asked)
+    return planned.due
 
 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:

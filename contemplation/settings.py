@@ -295,6 +295,11 @@ class Settings(BaseSettings):
     routes: list[dict[str, Any]] = Field(
         default_factory=list, description="[[routes]]: NEED rules, checked by contemplation.router"
     )
+    permissions: dict[str, Any] = Field(
+        default_factory=dict,
+        description="[permissions]: allow / ask / deny per rule or tool and argument pattern, "
+        "checked by contemplation.needs.rules",
+    )
     mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
     tools: ToolSettings = Field(default_factory=ToolSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)

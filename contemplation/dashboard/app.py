@@ -211,6 +211,11 @@ class Dashboard:
             )
             out["template"] = meta.template if meta else ""
             out["cancel_requested"] = os.path.lexists(conv.dir / ".cancel")
+            out["pending_approvals"] = (
+                [r.model_dump(mode="json") for r in state.pending_approvals]
+                if state is not None and not conv.is_completed
+                else []
+            )
             out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
             if state is not None:
@@ -343,6 +348,26 @@ class Dashboard:
             )
         )
 
+    async def approve(self, request: Request) -> Response:
+        """``{"decision": "once" | "always" | "reject", "need": text or number}``."""
+        try:
+            body = await self._body(request)
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        decision, need = body.get("decision"), body.get("need")
+        if not isinstance(decision, str):
+            return JSONResponse(
+                {"error": "the body needs a decision: once, always or reject"}, status_code=400
+            )
+        return await self._call(
+            lambda: actions.approve(
+                self.settings,
+                self._conv(request),
+                decision,
+                str(need) if need not in (None, "") else None,
+            )
+        )
+
     async def cancel(self, request: Request) -> Response:
         def run() -> Response:
             conv = self._conv(request)
@@ -371,11 +396,12 @@ class Dashboard:
 
     def actions(self) -> dict[str, Handler]:
         """The write endpoints: ``POST /api/conversations/{id}/<name>``, each behind the
-        Guard's token, Origin, content-type and body-size rules. A new action (``approve``
-        for awaiting_approval) is one entry here and one case in :func:`available_actions`."""
+        Guard's token, Origin, content-type and body-size rules. A new action is one entry
+        here and one case in :func:`available_actions`."""
         return {
             "messages": self.send,
             "respond": self.respond,
+            "approve": self.approve,
             "cancel": self.cancel,
             "archive": self.archive,
         }
@@ -421,6 +447,8 @@ def available_actions(detail: dict[str, Any]) -> list[str]:
     out = ["messages"]
     if detail.get("pending_needs"):
         out.append("respond")
+    if detail.get("pending_approvals"):
+        out.append("approve")
     if detail.get("status") in CANCELLABLE:  # what actions.cancel stops (409 otherwise)
         out.append("cancel")
     out.append("archive")

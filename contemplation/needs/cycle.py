@@ -6,37 +6,140 @@ needs are still unanswered. A need no rule matches is left to the agent (``await
 Each need is routed once, when the step plans the lookups; the needs past a reply's
 ``needs_per_reply`` are never routed and share one "limit reached" block, so a reply with
 20,000 NEED lines costs a handful of appends, not 20,000.
+
+Permissions: :func:`plan` marks each route allow / ask / deny (``[permissions]``, then the
+agent's decisions in metadata.json ``approvals``). A denied or rejected need gets an answer
+that says so and the model carries on; an asked one is not looked up: it becomes an
+:class:`~contemplation.models.ApprovalRequest` in state.json (``pending_approvals``) and the
+conversation waits in ``awaiting_approval`` until the agent decides (``contemplation
+approve``), which rewrites metadata.json and so wakes the daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 import structlog
 
 from contemplation.conversation import next_action, turn_start, unanswered
 from contemplation.errors import ConfigError, ErrorKind
 from contemplation.layout import Conv
-from contemplation.models import Block, Metadata, Status
+from contemplation.models import (
+    ApprovalDecision,
+    ApprovalRequest,
+    Block,
+    Metadata,
+    Status,
+)
+from contemplation.needs.rules import Route
 from contemplation.runtime import Runtime, lock, set_status
 from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
 from contemplation.tracking import Tracked
+from contemplation.writer import ConvWriter
+from contemplation.writer.files import now_iso
 
 log = structlog.get_logger("contemplation.needs.cycle")
 
 
-def plan(
-    rt: Runtime, meta: Metadata, blocks: tuple[Block, ...], needs: tuple[str, ...]
-) -> NeedsDue | None:
-    """What to look up now, or None when only the agent can answer."""
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the step does with a reply's needs: look some up (``due``, None: nothing to look
+    up or refuse now) and ask the agent about others (``asked``)."""
+
+    due: NeedsDue | None
+    asked: tuple[ApprovalRequest, ...] = ()
+
+
+def request_id(block: Block | None, need: str) -> str:
+    """The id of one NEED line of one reply: the same at every step and after a restart, and
+    new when a later reply asks again (so ``once`` is once)."""
+    where = f"{block.offset}|{block.timestamp}" if block is not None else "-"
+    return hashlib.sha256(f"{where}|{need}".encode()).hexdigest()[:12]
+
+
+def _granted(found: Route, given: Iterable[ApprovalDecision]) -> bool:
+    return any(
+        d.decision == "always" and d.tool == found.tool and d.arguments == found.arguments
+        for d in given
+    )
+
+
+def _permitted(
+    rt: Runtime,
+    meta: Metadata,
+    block: Block | None,
+    found: Route,
+    given: list[ApprovalDecision],
+) -> tuple[Route, ApprovalRequest | None]:
+    """The route marked with its permission and the agent's decision about it."""
+    verdict = rt.need_router().permit(found, template=meta.template)
+    if verdict.action == "allow":
+        return found, None
+    if verdict.action == "deny":
+        shown = verdict.rule.shown() if verdict.rule is not None else ""
+        why = f"refused by configuration: the permissions deny {found.tool} here ({shown})"
+        return replace(found, verdict="deny", why=why), None
+    rid = request_id(block, found.need)
+    decided = next((d for d in reversed(given) if d.request == rid), None)
+    if decided is not None and decided.decision == "reject":
+        why = f"the agent did not approve this lookup ({found.tool})"
+        return replace(found, verdict="deny", why=why), None
+    if decided is not None or _granted(found, given):
+        return replace(found, verdict="allow", why="approved by the agent"), None
+    request = ApprovalRequest(
+        id=rid,
+        need=found.need,
+        rule=found.rule.name,
+        tool=found.tool,
+        arguments=dict(found.arguments),
+        why=verdict.why(),
+    )
+    return replace(found, verdict="ask", why=verdict.why()), request
+
+
+def plan(rt: Runtime, meta: Metadata, blocks: tuple[Block, ...], needs: tuple[str, ...]) -> Plan:
+    """What to look up now and what to ask the agent about; ``Plan(None)`` when only the
+    agent can answer."""
     try:
-        routes = tuple(rt.need_router().plan_routes(needs, template=meta.template))
+        routes = rt.need_router().plan_routes(needs, template=meta.template)
     except ConfigError as exc:
         log.error("routing_rules_broken", conv=meta.id, error=str(exc))  # noqa: TRY400 - the message is the whole story
-        return None
-    if all(r is None for r in routes) and len(needs) <= len(routes):
-        return None
-    return NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}", routes)
+        return Plan(None)
+    block, _ = unanswered(blocks)
+    given = meta.approvals()
+    marked: list[Route | None] = []
+    asked: list[ApprovalRequest] = []
+    for found in routes:
+        if found is None:
+            marked.append(None)
+            continue
+        route, request = _permitted(rt, meta, block, found, given)
+        marked.append(route)
+        if request is not None:
+            asked.append(request)
+    if all(r is None or r.verdict == "ask" for r in marked) and len(needs) <= len(marked):
+        return Plan(None, tuple(asked))
+    return Plan(
+        NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}", tuple(marked)), tuple(asked)
+    )
+
+
+def record_asked(w: ConvWriter, asked: tuple[ApprovalRequest, ...]) -> bool:
+    """Keep the pending approval requests in state.json (a request keeps the time it was
+    first asked). True when there is a request that was not pending before."""
+    before = {r.id: r for r in w.state.pending_approvals}
+    now = [
+        r.model_copy(update={"asked": before[r.id].asked if r.id in before else now_iso()})
+        for r in asked
+    ]
+    if now == w.state.pending_approvals:
+        return False
+    w.state.pending_approvals = now
+    w.save(durable=False)
+    return any(r.id not in before for r in now)
 
 
 async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outcome:
@@ -48,6 +151,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
         template=meta.template,
         routes=due.routes,
     )
+    asked = {r.need for r in due.routes if r is not None and r.verdict == "ask"}
     stack, w = await lock(conv, rt, meta)
     with stack:
         parsed = seen.view(conv, meta.agent_label).refresh()
@@ -59,15 +163,22 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
         # unique across rotated segments: offsets restart in each messages.log, inodes do not
         base = f"need-{w.state.log.ino}-{model_block.offset if model_block is not None else 0}"
         cap = len(due.routes)
+        # an answer's id is its need's place in the reply: the needs of one reply may be
+        # answered over several rounds (some wait for approval), and an id is used once
+        asked_in = list(model_block.needs) if model_block is not None else []
         left: list[str] = []
         for i, (need, ans) in enumerate(answered[:cap]):
             if need not in still:
                 continue
             if ans is None:
-                left.append(need)
+                if need not in asked:
+                    left.append(need)
                 continue
             w.append_block(
-                meta.agent_label, meta.sender_label(), ans.render_block(need), msg_id=f"{base}-{i}"
+                meta.agent_label,
+                meta.sender_label(),
+                ans.render_block(need),
+                msg_id=f"{base}-{asked_in.index(need) if need in asked_in else i}",
             )
             rt.notify(conv.id, "need_answered", need=need, tool=ans.tool, status=ans.status)
             await asyncio.sleep(0)  # a batch of appends never holds the loop
@@ -89,7 +200,8 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
             )
         # a need the log still shows unanswered would be looked up again forever: stop instead
         after = next_action(seen.view(conv, meta.agent_label).refresh().blocks)
-        stuck = still.difference(left).intersection(after.needs if after.action == "needs" else ())
+        waiting = still.difference(left).difference(asked)
+        stuck = waiting.intersection(after.needs if after.action == "needs" else ())
         if stuck:
             log.error("answer_not_matched", conv=conv.id, needs=len(stuck))
             w.record_error(
@@ -99,6 +211,8 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 status=Status.AWAITING_AGENT,
             )
             return Wait(None)
+        if asked.intersection(still):
+            return AGAIN  # the step records what waits for approval and says so
         if left:
             set_status(w, Status.AWAITING_AGENT, tuple(left))
             log.info("awaiting_agent", conv=conv.id, needs=len(left))

@@ -14,6 +14,11 @@ becomes an answer that says what failed.
 
 Tool output is data, not instructions: :meth:`Answer.render_block` wraps it between
 ``BEGIN TOOL OUTPUT`` and ``END TOOL OUTPUT``, and agent blocks are never scanned for NEEDs.
+
+Permissions (``[permissions]``, see :mod:`contemplation.needs.rules`): :meth:`NeedRouter.permit`
+says allow / ask / deny for a routed need; :mod:`contemplation.needs.cycle` marks each route
+with it (and with the agent's decisions), and :meth:`NeedRouter.answer_all` refuses a denied
+route with an answer that says so and leaves an asked one alone (nothing is looked up).
 """
 
 from __future__ import annotations
@@ -43,13 +48,13 @@ from contemplation.tools.notes import NotesSearch
 from contemplation.tools.search import ConfiguredSearch
 from contemplation.tools.state import StateLookup
 
+MEMORY_FILE = "memory.json"
+STATE_FILE = "current-state.json"
 log = structlog.get_logger("contemplation.needs.router")
 
 Status = Literal["ok", "refused", "failed", "timeout", "limited", "unconfigured"]
 BEGIN = "BEGIN TOOL OUTPUT"
 END = "END TOOL OUTPUT"
-MEMORY_FILE = "memory.json"
-STATE_FILE = "current-state.json"
 KEPT_CONVERSATIONS = 512
 
 
@@ -220,12 +225,24 @@ class NeedRouter:
         )
         _check_search(settings)
         self.table = needrules.table(self.config_rules)
+        self.user_home = str(Path.home())
+        self.permissions = (
+            *needrules.DEFAULT_PERMISSIONS,
+            *needrules.compile_permissions(
+                settings.permissions,
+                source=settings.source("permissions"),
+                names=self._names(self.table),
+                servers=servers,
+                home=self.user_home,
+            ),
+        )
         self.pool = McpPool(
             settings.mcp_servers, allowed_roots=settings.tools.allowed_roots, clock=clock
         )
         self.tools: dict[str, Tool] = build_tools(settings, self.pool)
         self.tools.update(tools or {})
         self._templates: dict[str, needrules.RuleTable] = {}
+        self._template_permissions: dict[str, tuple[needrules.Permission, ...]] = {}
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
         self._gate = asyncio.Semaphore(self.limits.parallel)
@@ -247,10 +264,52 @@ class NeedRouter:
             return self.table
         cached = self._templates.get(template)
         if cached is None:
-            cached = self._templates[template] = self.table.with_first(
-                self._template_rules(template)
+            table = self.table.with_first(self._template_rules(template))
+            self._template_permissions[template] = self._compile_template_permissions(
+                template, table
             )
+            cached = self._templates[template] = table
         return cached
+
+    @staticmethod
+    def _names(table: needrules.RuleTable) -> list[str]:
+        """What a plain ``[permissions]`` key may name: a rule of the table or a built-in tool."""
+        return [*needrules.BUILTIN_TOOLS, *(r.name for r in table.rules)]
+
+    def _compile_template_permissions(
+        self, name: str, table: needrules.RuleTable
+    ) -> tuple[needrules.Permission, ...]:
+        raw = load_template(self.home, name).extra.get("permissions")
+        if raw is None:
+            return ()
+        path = self.home.templates / name / "template.toml"
+        if not path.is_file():
+            path = Path(__file__).parent / "skeleton" / "templates" / name / "template.toml"
+        return needrules.compile_permissions(
+            raw,
+            source=str(path),
+            names=self._names(table),
+            servers=list(self.settings.mcp_servers),
+            home=self.user_home,
+        )
+
+    def permission_rules(self, template: str | None = None) -> tuple[needrules.Permission, ...]:
+        """The permissions in the order they are tried (the last match wins): the defaults,
+        the config's ``[permissions]``, then the template's."""
+        if not template:
+            return self.permissions
+        self.rules(template)
+        return (*self.permissions, *self._template_permissions.get(template, ()))
+
+    def permit(self, found: needrules.Route, *, template: str | None = None) -> needrules.Verdict:
+        """allow / ask / deny for one routed need, by the permissions alone (pure)."""
+        return needrules.decide(
+            found.rule.name,
+            found.tool,
+            found.arguments,
+            self.permission_rules(template),
+            self.user_home,
+        )
 
     def _template_rules(self, name: str) -> tuple[needrules.Rule, ...]:
         tpl = load_template(self.home, name)
@@ -346,7 +405,10 @@ class NeedRouter:
             if key in jobs:
                 jobs[key][1].append(i)
                 continue
-            if found is None:
+            if found is None or found.verdict == "ask":
+                continue  # the agent answers, or approves first
+            if found.verdict == "deny":
+                out[i] = self._plain("permissions", "refused", found.why or "refused", need)
                 continue
             jobs[key] = (found, [i])
         runs = [(key, r, idx) for key, (r, idx) in jobs.items()]

@@ -176,7 +176,7 @@ function listPage() {
   };
   const es = new EventSource("/api/events?token=" + encodeURIComponent(token()));
   for (const ev of ["message", "reply", "generating", "error", "retrying", "cancelled", "archived",
-    "rejected", "awaiting_agent", "need_answered", "resync"]) {
+    "rejected", "awaiting_agent", "awaiting_approval", "need_answered", "resync"]) {
     es.addEventListener(ev, refresh);
   }
   loadList().catch((e) => flash(e.message, true));
@@ -269,7 +269,11 @@ async function loadDetail() {
     "turns: " + c.turns, c.completed ? "archived" : ""].filter(Boolean).join(" · ");
   $("conv-meta").dataset.status = c.status;
   const can = new Set(c.actions || []);
-  renderNeeds(can.has("respond") ? c.pending_needs : []);
+  const approvals = can.has("approve") ? c.pending_approvals || [] : [];
+  renderApprovals(approvals);
+  // a lookup that waits for approval is decided there, not answered in a box
+  const asked = new Set(approvals.map((r) => r.need));
+  renderNeeds(can.has("respond") ? c.pending_needs.filter((n) => !asked.has(n)) : []);
   const cancel = $("cancel");
   cancel.hidden = !can.has("cancel");
   cancel.disabled = !!c.cancel_requested;
@@ -313,6 +317,56 @@ function needForm(need) {
     }
   });
   return f;
+}
+
+// lookups the permissions ask about: one row each, approve once / always, or reject
+let shownApprovals = "[]";
+function renderApprovals(requests) {
+  let box = $("approvals");
+  if (!box) {
+    box = el("section");
+    box.id = "approvals";
+    box.className = "approvals";
+    box.append(el("h2", null, "lookups waiting for your approval"), el("div", "approval-rows"));
+    $("needs").before(box);
+  }
+  box.hidden = requests.length === 0;
+  const key = JSON.stringify(requests.map((r) => r.id));
+  if (key === shownApprovals) return;
+  shownApprovals = key;
+  box.querySelector(".approval-rows").replaceChildren(...requests.map(approvalRow));
+}
+
+function approvalRow(r) {
+  const row = el("div", "approval");
+  row.dataset.request = r.id;
+  row.append(el("div", "need", "NEED: " + r.need),
+    el("div", "tool", r.tool + " " + JSON.stringify(r.arguments)),
+    el("div", "note", "asked by " + r.why));
+  const done = { once: "approved once", always: "approved always", reject: "rejected" };
+  const buttons = [["once", "approve once"], ["always", "always approve"], ["reject", "reject"]].map(
+    ([decision, label]) => {
+      const b = el("button", decision === "reject" ? "danger" : null, label);
+      b.type = "button";
+      b.dataset.decision = decision;
+      b.addEventListener("click", async () => {
+        for (const x of buttons) x.disabled = true;
+        try {
+          const res = await post(convBase() + "/approve", { need: r.id, decision });
+          flash(done[decision] + ": " + res.need);
+          row.classList.add("sent");
+          await loadDetail();
+        } catch (err) {
+          flash("refused: " + err.message, true);
+          for (const x of buttons) x.disabled = false;
+        }
+      });
+      return b;
+    });
+  const bar = el("div", "toolbar");
+  bar.append(...buttons);
+  row.append(bar);
+  return row;
 }
 
 function convBase() {
@@ -369,7 +423,7 @@ function convPage(id) {
     loadDetail().catch(() => {});
   });
   for (const ev of ["message", "reply", "error", "retrying", "cancelled", "note", "archived", "rejected",
-    "awaiting_agent", "need_answered", "resync", "hello"]) {
+    "awaiting_agent", "awaiting_approval", "need_answered", "resync", "hello"]) {
     es.addEventListener(ev, () => { loadBlocks().catch(() => {}); loadDetail().catch(() => {}); });
   }
   loadDetail().catch((e) => flash(e.message, true));
