@@ -1,33 +1,151 @@
-"""Pure: history + template → the chat request sent to a model."""
+"""Pure: history + template + the offered NEED forms → the chat request sent to a model."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from contemplation.conversation import whole
+from contemplation.layout import PromptMode
 from contemplation.logformat import canonical_need
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata
+from contemplation.needs.rules import DEFAULT_RULES, Rule
 
-PROTOCOL = """\
-You are in an asynchronous conversation with {agent} (an AI agent or a person), about: {topic}.
-Answer thoughtfully and concisely. When you need context that you do not have, write a line
-that starts with "NEED: " followed by what you need, one per line, and stop; the answers come
-back in blocks that start with "RESPONSE TO NEED:". You can ask for:
-  NEED: Brain memory about <topic>
-  NEED: Obsidian notes matching <query>
-  NEED: File contents of <path>
-  NEED: Search results for <query>
-  NEED: Current state of <thing>
+INTRO = (
+    "You are in an asynchronous conversation with {agent} (an AI agent or a person), "
+    "about: {topic}."
+)
+STYLE = "Answer thoughtfully and concisely."
+COMPLETE_RULE = """\
 When the conversation has reached its goal and nothing more is needed, end your reply with a
 line that says exactly:
 === COMPLETE ==="""
+MAX_OFFERED = 30  # need forms listed in the prompt at most
+MAX_DESCRIPTION = 160
 
 
-def system_prompt(meta: Metadata, template_prompt: str) -> str:
-    base = meta.system_prompt or template_prompt or PROTOCOL
-    return base.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
+@dataclass(frozen=True, slots=True)
+class NeedForm:
+    """One way of asking that a rule answers: what follows ``NEED: `` with ``<param>``
+    placeholders, and what it gives."""
+
+    form: str
+    description: str = ""
+
+    def line(self) -> str:
+        """The form as the prompt lists it; its description, if any, on a line of its own
+        (a model that copies the NEED line copies only the form)."""
+        if not self.description:
+            return f"  NEED: {self.form}"
+        return f"  NEED: {self.form}\n      {_one_line(self.description)}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:MAX_DESCRIPTION]
+
+
+def need_forms(rules: Iterable[Rule], limit: int = MAX_OFFERED) -> tuple[NeedForm, ...]:
+    """The need forms of ``rules`` (in matching order, the first of equal forms kept): a
+    prefix rule as ``<prefix> <param>``, a pattern rule as a sketch of its pattern (else its
+    description). At most ``limit``."""
+    out: dict[str, NeedForm] = {}
+    for rule in rules:
+        if len(out) >= limit:
+            break
+        form = _form(rule)
+        if form and form.casefold() not in out:
+            out[form.casefold()] = NeedForm(form, rule.description)
+    return tuple(out.values())
+
+
+def _form(rule: Rule) -> str:
+    if rule.pattern is None:
+        return f"{rule.prefix} <{rule.param}>"
+    sketch = sketch_pattern(rule.pattern.pattern)
+    if sketch:
+        return sketch
+    return f"<{_one_line(rule.description).rstrip('.')}>" if rule.description else ""
+
+
+_SKETCH_STEPS = (
+    (re.compile(r"\(\?[aiLmsux]+\)"), ""),  # inline flags
+    (re.compile(r"\(\?P<(\w+)>[^()]*\)[?*+]?"), r"<\1>"),  # a named capture
+    (re.compile(r"\(\?:[^()]*\)[?*]"), ""),  # an optional group
+    (re.compile(r"\(\?:([^()|]*)(?:\|[^()]*)?\)\+?"), r"\1"),  # a group: its first choice
+)
+_SPACES_RE = re.compile(r"\\s[+*]?| [+*]")
+_ESCAPED_RE = re.compile(r"\\([^A-Za-z0-9])")
+_LEFT_RE = re.compile(r"[()\[\]{}|*+?^$\\]")
+
+
+def sketch_pattern(pattern: str) -> str:
+    """What a need matching ``pattern`` looks like, for a person or a model: named captures
+    become ``<name>``, optional groups go, a group keeps its first choice. "" when the
+    pattern is beyond that (character classes, alternations at the top ...)."""
+    text = pattern.removeprefix("^").removesuffix("$")
+    for _ in range(len(text)):  # each round removes at least one group, or stops
+        before = text
+        for regex, repl in _SKETCH_STEPS:
+            text = regex.sub(repl, text)
+        if text == before:
+            break
+    text = _ESCAPED_RE.sub(r"\1", _SPACES_RE.sub(" ", text))
+    if _LEFT_RE.search(text.replace("<", "").replace(">", "")):
+        return ""
+    return " ".join(text.split())
+
+
+DEFAULT_NEEDS: tuple[NeedForm, ...] = need_forms(DEFAULT_RULES)
+
+
+def protocol(needs: Sequence[NeedForm]) -> str:
+    """How to ask for context (NEED lines: the forms a rule answers) and how to finish."""
+    if not needs:
+        asking = (
+            "When you need something that you do not have, write a line that starts with\n"
+            '"NEED: " followed by what you need, one per line, and stop; {agent} answers in a\n'
+            'block that starts with "RESPONSE TO NEED:".'
+        )
+        return f"{asking}\n{COMPLETE_RULE}"
+    lines = [
+        'When you need context that you do not have, write a line that starts with "NEED: "',
+        "followed by what you need, one per line, and stop; the answers come back in blocks that",
+        'start with "RESPONSE TO NEED:". You can ask for:',
+        *(n.line() for n in needs),
+        "Anything else you need, ask for the same way: {agent} answers it.",
+        COMPLETE_RULE,
+    ]
+    return "\n".join(lines)
+
+
+def system_prompt(
+    meta: Metadata,
+    template_prompt: str = "",
+    *,
+    prompt_mode: PromptMode = "add",
+    needs: Sequence[NeedForm] | None = None,
+) -> str:
+    """The system prompt: the introduction, the conversation's own prompt (metadata
+    ``system_prompt``, else the template's), then the protocol (how to write NEED lines,
+    offering ``needs``, and COMPLETE). With ``prompt_mode`` "replace" (the template's, or
+    metadata ``prompt_mode``) the own prompt is the whole system prompt instead.
+
+    ``{agent}`` and ``{topic}`` are filled everywhere, ``{needs}`` in the own prompt (the
+    offered NEED lines)."""
+    offered = DEFAULT_NEEDS if needs is None else needs
+    own = (meta.system_prompt or template_prompt).strip()
+    chosen = (meta.model_extra or {}).get("prompt_mode")
+    mode = chosen if chosen in ("add", "replace") else prompt_mode
+    listed = "\n".join(n.line() for n in offered)
+    own = own.replace("{needs}", listed)
+    if mode == "replace" and own:
+        text = own
+    else:
+        text = "\n\n".join(part for part in (INTRO, own or STYLE, protocol(offered)) if part)
+    return text.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
 
 TOOL_CALL_RE = re.compile(r"^\(tool call (\S+): (\S+) (.*)\)\nNEED: (.*)$", re.MULTILINE)
@@ -86,9 +204,17 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
 
 
 def build_request(
-    meta: Metadata, blocks: tuple[Block, ...], *, template_prompt: str = "", context: str = ""
+    meta: Metadata,
+    blocks: tuple[Block, ...],
+    *,
+    template_prompt: str = "",
+    prompt_mode: PromptMode = "add",
+    needs: Sequence[NeedForm] | None = None,
+    context: str = "",
 ) -> ChatRequest:
-    system = system_prompt(meta, template_prompt)
+    """The request for the next reply: the system prompt (see :func:`system_prompt`), the
+    assembled context after it, then the history."""
+    system = system_prompt(meta, template_prompt, prompt_mode=prompt_mode, needs=needs)
     if context:
         system = f"{system}\n\n{context}"
     messages = [ChatMessage("system", system), *history(blocks)]

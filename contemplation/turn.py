@@ -31,7 +31,7 @@ from contemplation.layout import Conv
 from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
 from contemplation.needs import rules
 from contemplation.parser import find_needs
-from contemplation.prompts import build_request
+from contemplation.prompts import NeedForm, build_request, need_forms
 from contemplation.runtime import Runtime, backoff, set_status
 from contemplation.scheduler import Held
 from contemplation.steps import AGAIN, Outcome, Wait
@@ -149,6 +149,15 @@ def _window(request: ChatRequest, known: int | None) -> int:
 
 async def _stream(
     conv: Conv,
+def _offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
+    """The NEED forms the system prompt offers: those a rule answers with a tool that is set
+    up (None when the rules cannot be built: the built-in forms)."""
+    try:
+        return need_forms(rt.need_router().offered(meta.template))
+    except ContemplationError:
+        return None
+
+
     rt: Runtime,
     seen: Tracked,
     w: ConvWriter,
@@ -174,6 +183,8 @@ async def _stream(
     reserve = budget.reply_reserve(window, request.options)
     fitted = budget.plan(request, window, blocks=parsed.blocks, reserve=reserve, ratio=ratio)
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
+        prompt_mode=tpl.prompt_mode if tpl else "add",
+        needs=_offered(rt, meta),
     w.state.status = Status.GENERATING  # written by _pump while the request is on its way
     w.state.pending_needs = []
     rt.notify(conv.id, "generating", model=meta.model)

@@ -3,19 +3,23 @@
 
 Loading the settings already checks every value's type and form (URLs, ranges), naming the
 key and where it was set. This adds what needs the rest of the package: backend names exist,
-the route table and every template's rules compile, and templates hold only known keys.
+the route table and every template's rules compile, and templates (the home's and the shipped
+ones) hold only known keys with values of the right form, a known backend and context
+requirements of known types.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 
 from contemplation import backends
+from contemplation.context import TYPE_LABEL
 from contemplation.errors import ConfigError, NotFound
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home, Template, load_template, template_dirs
 from contemplation.needs.router import NeedRouter
 from contemplation.settings import Settings
+
+REQUIREMENT_TYPES = frozenset(TYPE_LABEL)  # what a context requirement may be
 
 
 def _backend_name(settings: Settings, key: str, name: str) -> None:
@@ -45,6 +49,24 @@ def _dashboard_host(settings: Settings) -> None:
         )
 
 
+def check_template(tpl: Template) -> None:
+    """What loading a template cannot check alone: its backend exists and its context
+    requirements are of known types. Raises :class:`ConfigError` naming the template."""
+    where = tpl.folder / "template.toml" if tpl.folder else tpl.name
+    if tpl.backend and tpl.backend not in backends.available():
+        raise ConfigError(
+            f"invalid backend {tpl.backend!r} in template {tpl.name} ({where}): "
+            f"known: {', '.join(backends.available())}"
+        )
+    for n, req in enumerate(tpl.context_requirements, 1):
+        kind = req.get("type")
+        if kind not in REQUIREMENT_TYPES:
+            raise ConfigError(
+                f"invalid context_requirements in template {where}: entry {n} has type "
+                f"{kind!r}; known: {', '.join(sorted(REQUIREMENT_TYPES))}"
+            )
+
+
 def validate(settings: Settings) -> NeedRouter:
     """Raise :class:`ConfigError` (one line: key and source) on the first bad value; returns
     the checked need router, ready for the daemon to use."""
@@ -54,12 +76,9 @@ def validate(settings: Settings) -> NeedRouter:
     _dashboard_host(settings)
     router = NeedRouter(settings)  # the [[routes]] table and the search tool
     home = Home(settings.home)
-    names: list[str] = []
-    with contextlib.suppress(FileNotFoundError):
-        names = sorted(p.name for p in home.templates.iterdir() if p.is_dir())
-    for name in {settings.default_template, *names}:
+    for name in {settings.default_template, *template_dirs(home)}:
         try:
-            tpl = load_template(home, name)  # unknown keys are refused here
+            tpl = load_template(home, name)  # unknown keys and bad values are refused here
         except NotFound as exc:
             if name == settings.default_template:
                 raise ConfigError(
@@ -67,10 +86,6 @@ def validate(settings: Settings) -> NeedRouter:
                     f"{settings.source('default_template')}: {exc}"
                 ) from None
             continue
-        if tpl.backend and tpl.backend not in backends.available():
-            raise ConfigError(
-                f"invalid backend {tpl.backend!r} in template {name} ({home.templates / name}): "
-                f"known: {', '.join(backends.available())}"
-            )
+        check_template(tpl)
         router.rules(name)  # its routes compile
     return router

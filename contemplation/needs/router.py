@@ -43,13 +43,11 @@ from contemplation.settings import Settings
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
 from contemplation.tools.files import FileReader, FileTree
 from contemplation.tools.mcp import McpPool, McpTool
-from contemplation.tools.memory import JsonStore, MemorySearch
+from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore, MemorySearch
 from contemplation.tools.notes import NotesSearch
 from contemplation.tools.search import ConfiguredSearch
 from contemplation.tools.state import StateLookup
 
-MEMORY_FILE = "memory.json"
-STATE_FILE = "current-state.json"
 log = structlog.get_logger("contemplation.needs.router")
 
 Status = Literal["ok", "refused", "failed", "timeout", "limited", "unconfigured"]
@@ -511,6 +509,11 @@ class NeedRouter:
             reader = tool if isinstance(tool, FileReader) else tool.reader
             return bool(reader.roots)
         return True
+
+    def offered(self, template: str | None = None) -> list[needrules.Rule]:
+        """The rules a model is told about (the system prompt's NEED forms), in matching
+        order: those whose tool is set up in this configuration."""
+        return [r for r in self.rules(template).rules if self._usable(r)]
 
     def tool_specs(self, *, template: str | None = None) -> list[dict[str, Any]]:
         """The rules offered as native tools (Ollama/OpenAI ``tools`` format)."""

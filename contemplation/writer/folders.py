@@ -32,13 +32,21 @@ from contemplation.writer.files import (
     now_iso,
     write_all,
 )
+from contemplation.writer.templates import seed_templates
 
 # --------------------------------------------------------------------------- creation
 
 
 def ensure_home(home: Home) -> None:
-    for d in (home.active, home.completed, home.templates):
+    """The home's folders. A templates/ folder made here gets the shipped templates (to
+    read and edit); one that exists is never touched."""
+    for d in (home.active, home.completed):
         d.mkdir(parents=True, exist_ok=True)
+    try:
+        home.templates.mkdir()
+    except FileExistsError:
+        return
+    seed_templates(home)
 
 
 def new_conversation(
@@ -80,6 +88,9 @@ def new_conversation(
             ),
         }
         fields.update(extra or {})  # caller's values (e.g. think, labels) win
+        own = template.requirements_for(topic.strip())
+        if own:  # the template's context requirements first, then the caller's
+            fields["context_requirements"] = [*own, *fields.get("context_requirements", [])]
         fields["id"] = name
         staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
         try:
