@@ -27,6 +27,20 @@ from tests.conftest import run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
 
 WINDOW = 2048  # num_ctx of these conversations: 512 tokens reserved for the reply
+# the system prompt, fixed (~220 tokens) so that what fits does not move with the default one
+SYSTEM = """\
+You are in an asynchronous conversation with {agent} (an AI agent or a person), about: {topic}.
+Answer thoughtfully and concisely. When you need context that you do not have, write a line
+that starts with "NEED: " followed by what you need, one per line, and stop; the answers come
+back in blocks that start with "RESPONSE TO NEED:". You can ask for:
+  NEED: Brain memory about <topic>
+  NEED: Obsidian notes matching <query>
+  NEED: File contents of <path>
+  NEED: Search results for <query>
+  NEED: Current state of <thing>
+When the conversation has reached its goal and nothing more is needed, end your reply with a
+line that says exactly:
+=== COMPLETE ==="""
 
 
 def make(home: Home, model: str = "gemma", backend: str = "ollama", **meta: Any) -> Conv:
@@ -35,6 +49,7 @@ def make(home: Home, model: str = "gemma", backend: str = "ollama", **meta: Any)
     )
     data = json.loads(conv.metadata.read_text())
     data["options"] = {"num_ctx": WINDOW, **meta.pop("options", {})}
+    data.update(system_prompt=SYSTEM, prompt_mode="replace")
     data.update(meta)
     conv.metadata.write_text(json.dumps(data))
     return conv
@@ -296,12 +311,8 @@ def test_real_llama_cpp_summarises_a_history_too_big_for_a_small_window_and_reus
     monkeypatch.setattr(budget, "SUMMARY_MAX_TOKENS", 64)
     llama = realpeers.shared_llama_server()
     rt = Runtime(settings=make_settings(openai={"base_url": llama.url}), home=home)
-    conv = new_conversation(
-        home, "real", template=load_template(home, "default"), model="smollm2", backend="openai"
-    )
-    data = json.loads(conv.metadata.read_text())
-    data["options"] = {"num_ctx": 1024, "num_predict": 16, "temperature": 0}
-    conv.metadata.write_text(json.dumps(data))
+    options = {"num_ctx": 1024, "num_predict": 16, "temperature": 0}
+    conv = make(home, model="smollm2", backend="openai", options=options)
     topics = ["the database migration", "the backup schedule", "the release checklist"]
     for t in topics:
         drop_message(conv, f"Tell me about {t}. " + f"We need to understand {t} in detail. " * 25)
