@@ -10,6 +10,10 @@ from ``{need}`` (the whole need) and ``{rest}`` (what follows a prefix), e.g.
 Tools are named ``family.verb`` for the built-in ones (see :data:`BUILTIN_TOOLS`),
 ``server:tool`` for a tool of a configured MCP server, or ``agent`` (the agent answers).
 
+Permissions (the second half): ``[permissions]`` says per rule or tool and argument pattern
+whether a routed need may be looked up — allow, ask or deny, the last matching pattern winning
+(:func:`compile_permissions`, :func:`decide`; see "permissions" below).
+
 Everything here is data in, data out: no I/O, no asyncio. A bad rule raises
 :class:`~contemplation.errors.ConfigError` naming the file, the rule's position and line, and
 the reason.
