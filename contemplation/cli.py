@@ -38,6 +38,7 @@ from contemplation.cli_common import (
 from contemplation.cli_models import models
 from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
+from contemplation.cli_store import memory, state, templates
 from contemplation.conversation import next_action
 from contemplation.errors import ConfigError, ContemplationError
 from contemplation.layout import (
@@ -649,6 +650,9 @@ def completion(shell: str) -> None:
 main.add_command(service_group)
 main.add_command(routes)
 main.add_command(models)
+main.add_command(memory)
+main.add_command(state)
+main.add_command(templates)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -236,7 +236,7 @@ class JsonStore:
         return True
 
     def _checked(self, key: str, value: str, tags: Sequence[str]) -> Entry:
-        name = key.strip()
+        name = " ".join(key.split())  # kept as written, but for the spacing
         if not norm_key(name):
             raise InputRejected("an entry needs a key")
         if len(name) > self.max_key_chars:
