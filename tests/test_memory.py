@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.errors import ToolError
+from contemplation.errors import InputRejected, ToolError
 from contemplation.layout import Home
 from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter
-from contemplation.tools.memory import JsonStore, MemorySearch
+from contemplation.tools.memory import JsonStore, MemorySearch, StoreError
 from contemplation.tools.state import StateLookup
 
 
@@ -123,3 +125,123 @@ def test_a_broken_store_degrades_the_answer_and_says_why(tmp_path: Path) -> None
 
     block = asyncio.run(run())
     assert "NOT ANSWERED (failed): cannot read" in block
+
+
+# --------------------------------------------------------------------------- the file format
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "not JSON"),
+        (b"{not json", "not JSON"),
+        (b"\xff\xfe", "not UTF-8 text"),
+        (b"[]", 'must be a JSON object {"version", "entries"}, not list'),
+        (b'{"version": 1}', '"entries" must be an object (key → entry), not nothing'),
+        (b'{"version": 1, "entries": []}', '"entries" must be an object (key → entry), not list'),
+        (b'{"version": 2, "entries": {}}', "format version 2; this contemplation reads 1"),
+        (b'{"version": 1, "entries": {}, "extra": 1}', "unknown key 'extra'"),
+        (b'{"entries": {"a": 3}}', "entry 'a' must be an object or a string, not int"),
+        (b'{"entries": {"a": {"text": "x"}}}', "entry 'a' has an unknown field 'text'"),
+        (b'{"entries": {"a": {"updated": "x"}}}', "entry 'a' needs a string 'value'"),
+        (b'{"entries": {"a": {"value": "x", "tags": "t"}}}', "'tags' must be a list of strings"),
+        (b'{"entries": {" ": "x"}}', "an entry has an empty key"),
+        (
+            b'{"entries": {"Deploy": "a", "deploy ": "b"}}',
+            "keys 'Deploy' and 'deploy ' are the same key (case and spacing are ignored)",
+        ),
+    ],
+)
+def test_a_malformed_store_is_an_error_naming_the_file_and_never_empty(
+    store: JsonStore, content: bytes, problem: str
+) -> None:
+    store.home.root.mkdir(parents=True)
+    store.path.write_bytes(content)
+    with pytest.raises(StoreError) as err:
+        store.load()
+    assert str(err.value).startswith(f"cannot read {store.path}: ")
+    assert problem in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(StoreError):
+        MemorySearch(store).answer("anything")  # never "nothing in memory (0 entries)"
+    with pytest.raises(StoreError):
+        store.put("new", "value")  # and nothing is written over it
+    with pytest.raises(StoreError):
+        store.delete("a")
+    assert store.path.read_bytes() == content
+
+
+def test_a_hand_written_file_without_version_or_optional_fields_is_read(store: JsonStore) -> None:
+    store.home.root.mkdir(parents=True)
+    store.path.write_text('{"entries": {"a": {"value": "1"}, "b": "2"}}')
+    assert [(e.key, e.value, e.updated, e.tags) for e in store.entries()] == [
+        ("a", "1", "", ()),
+        ("b", "2", "", ()),
+    ]
+    store.put("c", "3")
+    doc = json.loads(store.path.read_text())
+    assert doc["version"] == 1 and set(doc["entries"]) == {"a", "b", "c"}  # nothing lost
+
+
+def test_bad_input_is_refused_and_a_full_store_keeps_every_entry(tmp_path: Path) -> None:
+    store = JsonStore(Home(tmp_path / "home"), MEMORY_FILE, durable=False, max_entries=2)
+    store.put("a", "1")
+    store.put("b", "2")
+    with pytest.raises(InputRejected, match="holds 2 entries, the limit; remove some first"):
+        store.put("c", "3")
+    entry, before = store.add("A", "one")  # replacing is fine when full
+    assert before is not None and before.value == "1" and entry.key == "A"
+    with pytest.raises(InputRejected, match="an entry needs a key"):
+        store.put("  ", "x")
+    with pytest.raises(InputRejected, match="the value for 'b' is empty"):
+        store.put("b", " \n")
+    with pytest.raises(InputRejected, match="the value is 20,001 characters; at most 20,000"):
+        store.put("b", "x" * 20_001)
+    with pytest.raises(InputRejected, match="the key is 201 characters; at most 200"):
+        store.put("k" * 201, "x")
+    assert {e.key: e.value for e in store.entries()} == {"A": "one", "b": "2"}
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from contemplation.layout import Home
+from contemplation.tools.memory import JsonStore
+home, filename, who, count = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+store = JsonStore(Home(home), filename, durable=False)
+print("ready", flush=True)
+sys.stdin.readline()  # everyone starts together
+for i in range(count):
+    store.put(f"{who}-{i}", f"value {i} from {who}")
+print("done", flush=True)
+"""
+
+
+def test_concurrent_adds_from_several_processes_all_survive(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(home), MEMORY_FILE, f"p{n}", "40"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
+        for n in range(4)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.close()
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    entries = JsonStore(Home(home), MEMORY_FILE).load()
+    assert len(entries) == 4 * 40
+    assert entries["p3-39"].value == "value 39 from p3"
+    assert not list(home.glob(".memory.json.tmp.*"))  # every temp file was renamed in
