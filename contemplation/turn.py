@@ -141,14 +141,6 @@ async def _context(conv: Conv, rt: Runtime, meta: Metadata) -> str:
     return text
 
 
-def _window(request: ChatRequest, known: int | None) -> int:
-    """The context window this request gets: its own num_ctx option, else what the backend
-    says (Ollama: the num_ctx it sends; others: the model's), else a conservative 4096."""
-    return int(request.options.get("num_ctx") or known or 4096)
-
-
-async def _stream(
-    conv: Conv,
 def _offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
     """The NEED forms the system prompt offers: those a rule answers with a tool that is set
     up (None when the rules cannot be built: the built-in forms)."""
@@ -158,6 +150,14 @@ def _offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
         return None
 
 
+def _window(request: ChatRequest, known: int | None) -> int:
+    """The context window this request gets: its own num_ctx option, else what the backend
+    says (Ollama: the num_ctx it sends; others: the model's), else a conservative 4096."""
+    return int(request.options.get("num_ctx") or known or 4096)
+
+
+async def _stream(
+    conv: Conv,
     rt: Runtime,
     seen: Tracked,
     w: ConvWriter,
@@ -175,6 +175,8 @@ def _offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
         meta,
         parsed.blocks,
         template_prompt=tpl.system_prompt if tpl else "",
+        prompt_mode=tpl.prompt_mode if tpl else "add",
+        needs=_offered(rt, meta),
         context=prepared.context,
     )
     request = replace(request, tools=prepared.tools, think=prepared.think)
@@ -183,8 +185,6 @@ def _offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
     reserve = budget.reply_reserve(window, request.options)
     fitted = budget.plan(request, window, blocks=parsed.blocks, reserve=reserve, ratio=ratio)
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
-        prompt_mode=tpl.prompt_mode if tpl else "add",
-        needs=_offered(rt, meta),
     w.state.status = Status.GENERATING  # written by _pump while the request is on its way
     w.state.pending_needs = []
     rt.notify(conv.id, "generating", model=meta.model)
