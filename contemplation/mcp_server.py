@@ -69,7 +69,7 @@ from contemplation.layout import (
     read_metadata,
     read_state,
 )
-from contemplation.models import BUSY, Status
+from contemplation.models import BUSY, Decision, Status
 from contemplation.reading import Reader, Since, log_text, segments
 from contemplation.settings import Settings
 from contemplation.writer import daemon_alive
@@ -688,6 +688,24 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(settings, faces.reader, conv, response, need)
+        return _json({"conversation_id": conv.id} | done)
+
+    @tool(ToolAnnotations(open_world_hint=False))
+    @_errors_as_tool_errors
+    def conversation_approve(
+        conversation_id: Id,
+        decision: Annotated[
+            Decision, Field(description="once; always (same tool and arguments, this conversation)")
+        ],
+        need: Annotated[
+            str | None, Field(description="which lookup (1-based number or need); if several wait")
+        ] = None,
+    ) -> str:
+        """Allow (once or always) or reject a lookup that waits for approval (status
+        awaiting_approval); the daemon then answers or refuses the need."""
+        with faces.lock:
+            conv = faces.reader.locate(conversation_id)
+            done = actions.approve(settings, conv, decision, need)
         return _json({"conversation_id": conv.id} | done)
 
     @tool(read_only)

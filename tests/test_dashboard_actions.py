@@ -94,7 +94,7 @@ def test_an_unknown_action_is_404_and_still_needs_the_token(
     home: Home, served: Served, web: httpx.Client
 ) -> None:
     conv = generating(home)
-    url = f"/api/conversations/{conv.id}/approve"  # comes later, with per-route permissions
+    url = f"/api/conversations/{conv.id}/delete"  # no such action
     assert (
         web.post(url, content=b"{}", headers={"Content-Type": "application/json"}).status_code
         == 401

@@ -33,6 +33,7 @@ TOOLS = {
     "conversation_start",
     "conversation_check",
     "conversation_respond",
+    "conversation_approve",
     "conversation_list",
     "conversation_wait",
     "conversation_archive",
@@ -480,7 +481,7 @@ def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Hom
             msg = json.loads(raw)  # every stdout line is a JSON-RPC message
             assert msg["jsonrpc"] == "2.0"
         assert json.loads(line)["result"]["serverInfo"]["name"] == "contemplation"
-        assert len(json.loads(second)["result"]["tools"]) == 6
+        assert len(json.loads(second)["result"]["tools"]) == len(TOOLS)
         assert exit_after < 3
         assert b"Traceback" not in stderr
     best = min(timings)
