@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -216,7 +217,7 @@ def templates(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     home = Home(ctx_settings(ctx).home)
-    rows = [_template_row(home, name) for name in template_dirs(home)]
+    rows = [_template_row(home, name, *where) for name, where in template_dirs(home).items()]
     if as_json:
         emit(rows, True, "")
     else:
@@ -238,10 +239,9 @@ def templates(ctx: click.Context, as_json: bool) -> None:
         sys.exit(EXIT_ERROR)
 
 
-def _template_row(home: Home, name: str) -> dict[str, Any]:
+def _template_row(home: Home, name: str, folder: Path, shipped: bool) -> dict[str, Any]:
     from contemplation.validate import check_template
 
-    folder, shipped = template_dirs(home)[name]
     row: dict[str, Any] = {
         "name": name,
         "model": None,
