@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("contemplation.notify")
 
 EXCERPT_CHARS = 2000
-WATCHED = {"reply", "error", "awaiting_agent"}  # pipeline events that can notify
+WATCHED = {"reply", "error", "awaiting_agent", "awaiting_approval"}  # events that can notify
 QUEUE_SIZE = 1000
 OUTPUT_KEPT = 500
 
@@ -92,6 +92,8 @@ def derive(home: Home, conv_id: str, event: str, data: dict[str, Any]) -> list[E
         if block.get("complete"):
             out.append(Event("complete", conv_id, base | {"reply": excerpt}))
     needs = [str(n) for n in data.get("needs") or []] if event == "awaiting_agent" else []
+    if event == "awaiting_approval":  # the agent must act: a need event, as for a NEED
+        needs = [str(r.get("need", "")) for r in data.get("requests") or []]
     if not needs and state is not None and state.status is Status.AWAITING_AGENT:
         needs = list(state.pending_needs)  # set right after the reply, with no event of its own
     if needs:

@@ -13,6 +13,7 @@ from contemplation.terminal import safe
 ADVICE = {
     Status.ERROR: "send a message to try again, or `contemplation doctor` to check the backend",
     Status.AWAITING_AGENT: "answer with `contemplation respond {id} TEXT`",
+    Status.AWAITING_APPROVAL: "decide with `contemplation approve {id} --once|--always|--reject`",
     Status.RETRYING: "it retries by itself; `contemplation cancel {id}` stops it",
 }
 
@@ -68,8 +69,10 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
             lines.append(
                 ("error", f"{state.last_error.message}" + (f" — {advice}" if advice else ""))
             )
-        elif state.status is Status.AWAITING_AGENT:
-            lines.append(("next", ADVICE[Status.AWAITING_AGENT].format(id=summary["id"])))
+        elif state.status in (Status.AWAITING_AGENT, Status.AWAITING_APPROVAL):
+            for request in state.pending_approvals:
+                lines.append(("asks", f"{request.tool} {request.need!r} ({request.why})"))
+            lines.append(("next", ADVICE[state.status].format(id=summary["id"])))
     width = max(len(k) for k, _ in lines)
     return safe("\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines))
 

@@ -64,3 +64,29 @@ def test_ago_reads_as_people_say_it() -> None:
     assert ago(0.0, now=300.0) == "5 min ago"
     assert ago(0.0, now=7200.0) == "2 h ago"
     assert ago(None) == "never"
+
+
+def test_status_of_a_conversation_awaiting_approval_says_what_asks_and_how_to_decide(
+    home: Home,
+) -> None:
+    from contemplation.models import ApprovalRequest, Status
+    from contemplation.writer import open_writer
+
+    conv = make(home, "asks")
+    with open_writer(conv) as w:
+        w.state.status = Status.AWAITING_APPROVAL
+        w.state.pending_approvals = [
+            ApprovalRequest(
+                id="a1",
+                need="file: ~/secrets/plan.md",
+                rule="read_file",
+                tool="files.read",
+                why='read_file "~/secrets/**" = "ask"',
+            )
+        ]
+        w.save()
+    got = CliRunner().invoke(main, ["--home", str(home.root), "status", conv.id])
+    assert got.exit_code == 0, got.output
+    assert "awaiting_approval" in got.output
+    assert "files.read 'file: ~/secrets/plan.md'" in got.output
+    assert f"contemplation approve {conv.id} --once|--always|--reject" in got.output

@@ -123,6 +123,10 @@ def test_derive_reads_what_an_event_implies(home: Home) -> None:
     assert derive(home, conv.id, "token", {"text": "x"}) == []
     assert derive(home, "conv_missing", "reply", {}) == []
     assert [e.name for e in derive(home, conv.id, "error", {"error": "boom"})] == ["error"]
+    asked = derive(
+        home, conv.id, "awaiting_approval", {"requests": [{"need": "file: ~/notes.md", "id": "a"}]}
+    )
+    assert [(e.name, e.payload["needs"]) for e in asked] == [("need", ["file: ~/notes.md"])]
 
 
 def test_a_hanging_command_is_killed_after_its_timeout(tmp_path: Path) -> None:
