@@ -46,6 +46,11 @@ BENCHES = [
         ["--convs", "2000", "--hand"],
     ),
     ("File-system operations per turn (issue 11)", "bench/bench_turn_counts.py", []),
+    (
+        "Pickup as a user runs it: daemon and server as processes, default settings (issue 11)",
+        "bench/bench_pickup.py",
+        [],
+    ),
 ]
 
 
