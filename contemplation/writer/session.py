@@ -485,7 +485,12 @@ def open_writer(
             if default_meta is None or not dropped_in:
                 raise NotFound(f"{conv.id} has no readable metadata.json")
             meta = default_meta
-            ensure_conversation_files(conv, meta, durable=durable)
+            # A folder made by hand: its metadata and state are the defaults and what the log
+            # says, so they are rebuilt alike if a power loss takes them; only the new log's
+            # name must be durable before a block is appended to it (one fsync, not four).
+            ensure_conversation_files(conv, meta, durable=False)
+            if durable:
+                fsync_dir(conv.dir)
         state = read_state(conv)
         rebuilt = state is None
         if state is None:
