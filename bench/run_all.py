@@ -57,22 +57,36 @@ BENCHES = [
 NOTES = """
 ## Targets missed, and what limits them
 
-* **Pickup p50 ≤ 5 ms** (measured ~8 ms from the rename into `inbox/` to the request reaching
-  the server). The path is: inotify event (watchdog reader thread) → claim by rename →
-  durable intent in `state.json` (write, fsync, rename, fsync of the folder) → append + fsync
-  → commit → build the request from the parsed log → HTTP. fsync is about 1 ms of it
-  (`durability = "none"` gives the same p50 within noise); the rest is Python work per step
-  (two locked state loads, two JSON state writes, the parse refresh, httpx). Fixed on the way:
-  watchdog's 0.5 s move-pairing sleep (was ~400 ms), Nagle stalls in the fake servers, a new
-  TCP connection per turn, one redundant decision step and one fsync.
-* **≥ 1,000 turns/s with 1,000 conversations** (measured ~420/s with `durability = "none"`,
-  ~220/s with fsync, on 2 cores). Each turn is crash safe on its own: claim, intent, append,
-  commit, reply intent, reply, commit — five atomic `state.json` replacements and two log
-  writes per turn. A rename of `state.json` costs ~0.17 ms on this ext4 volume and the daemon
-  is one Python process; batching several conversations' commits into one write would trade
-  away the per-conversation journal that makes every crash point recoverable, so it was not
-  done. The profile (cProfile of `process_pending`) is dominated by `os.replace`, JSON state
-  encoding and pathlib.
+Issue 11 rebuilt the turn path: one lock per step (the turn runs under the step's lock and
+writer), no intent write for an agent message (its file in `processing/` is the record of the
+write), the message's commit riding on the turn's first state write, the request sent while
+that write runs on a worker thread, and the backend slot given back as soon as the stream
+ends. Per turn that is 3 state writes (was 5), 6 fsyncs (was 8), 2 locks (was 3-4) and 3
+watcher pokes (was 86 for a 40-chunk reply). Measured with `bench/bench_pickup.py` (daemon
+and server each in their own process, default settings, fsync) on an idle machine:
+
+* **Pickup p50 ≤ 5 ms, p99 ≤ 20 ms**: 5.0-5.6 ms p50, 7.7-11.5 ms p99 one at a time
+  (was 7.8 / 17.5 ms), for folders made with `new` and by hand alike (hand-made folders were
+  ~1.4 ms slower until their defaults took one fsync instead of four). The first turn of a
+  daemon costs 90-200 ms (the model's capabilities are looked up once, the first connection
+  is opened). What is left on the path: the step (lock, state and metadata reads, the
+  incremental parse, the claim) ~1 ms, the message's append + fsync ~0.5 ms, the request
+  (history, budget fit, httpx) ~0.7 ms, and the hop from the watcher thread to the loop.
+* **≤ 2 ms of daemon work per turn** (ten drops at once at concurrency 1 ≤ 15 ms p50):
+  6.5-10 ms between consecutive requests, ten at once p50 49-70 ms (was 188 ms). The slot
+  holder's own writes (the reply's durable intent: 2 fsyncs) and every other conversation's
+  step share one event loop: all file work is synchronous on it.
+* **1,000 hand-made folders at ≥ 300 turns/s** (`bench/bench_scale.py --convs 1000 --hand`):
+  72 turns/s end to end (94 with `new`), start-up and scan included.
+* **≥ 1,000 turns/s, 1,000 conversations, in process, fsync**: 220-258 turns/s
+  (365/s with `durability = "none"`). Six fsyncs of ~0.25-0.35 ms each on this virtual disk
+  are ~2 ms per turn, and concurrent fsyncs from threads do not coalesce here (measured: 1, 4,
+  16 and 64 threads all give ~2,000 fsyncs/s), so only a group commit with one `syncfs` per
+  batch (0.45 ms for 10 files, 2.3 ms for 200) can go further. That needs every durable point
+  of the writer to become an await, so that many conversations reach it together; it was not
+  done in this round. With fsync off the rest is Python work on one core: `os.replace` of
+  `state.json` (~0.2 ms: ext4 flushes a file renamed over another), JSON state encoding,
+  pathlib.
 """
 
 
