@@ -110,6 +110,8 @@ def test_a_thousand_needs_are_capped(
     drop_message(conv, "ask for everything")
     fake_ollama.enqueue(
         Step(text="\n".join(f"NEED: Current state of item {i}" for i in range(1000))),
+        # 1,000 answers overflow gemma's 8,192-token window: the older turns are summarised
+        Step(text="asked for a thousand items"),
         Step(text="done"),
     )
     run_burst(rt)
@@ -117,7 +119,9 @@ def test_a_thousand_needs_are_capped(
     assert log.count("limit reached: the reply asked for 1000 things") == 1  # one block for 995
     assert log.count("RESPONSE TO NEED: Current state of item") == 1000
     assert log.count("=== CLAUDE -> OLLAMA") == 1 + 5 + 1
-    assert len(fake_ollama.chat_requests()) == 2
+    assert "summarised to fit the model's context window" in log
+    assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "done"
+    assert len(fake_ollama.chat_requests()) == 3  # the reply, one summary, the reply after
 
 
 def test_native_tool_calls_with_every_argument_shape(
