@@ -179,6 +179,20 @@ class Usage(BaseModel):
     context_full: bool = False
 
 
+class BackendSession(BaseModel):
+    """A conversation's session on a server that keeps the history itself (OpenCode): which
+    one, and what it holds, so a restarted daemon goes on in it and a diverged history is seen.
+    Reported by the backend after a reply; recorded with the reply's commit."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str  # the backend family that made it ("opencode")
+    id: str  # the server's id ("ses_…")
+    messages: int = 0  # how many messages of the history (system prompt aside) it holds
+    digest: str = ""  # sha256 of those messages (roles, and the text of all but replies)
+    last_message: str = ""  # the server's id of its last message ("msg_…"; "": unknown)
+
+
 class State(BaseModel):
     """``state.json``: the machine state. The log is the truth; this is journal + cache."""
 
@@ -199,6 +213,7 @@ class State(BaseModel):
     next_retry_at: float | None = None
     last_turn: Usage | None = None
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
+    backend_session: BackendSession | None = None  # the server-side session of the history
     parse_errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     updated: str = ""
@@ -253,6 +268,7 @@ class ChatRequest:
     think: bool | str | None = None
     tools: tuple[dict[str, Any], ...] = ()
     conversation_id: str = ""
+    session: BackendSession | None = None  # what state.json says the server already holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +276,12 @@ class StreamEvent:
     """One piece of a streamed reply. Exactly one of the fields is meaningful per kind.
 
     ``note`` is something the log should show about how the reply was made (e.g. a fallback
-    to another backend); it is written as a ``=== NOTE: ... ===`` line.
+    to another backend); it is written as a ``=== NOTE: ... ===`` line. ``session`` is the
+    server-side session that now holds the history and this reply (recorded in state.json).
     """
 
-    kind: Literal["content", "thinking", "tool_call", "note", "done"]
+    kind: Literal["content", "thinking", "tool_call", "note", "session", "done"]
     text: str = ""
     tool_call: dict[str, Any] | None = None
     usage: Usage | None = None
+    session: BackendSession | None = None

@@ -26,8 +26,10 @@ from contemplation.layout import (
     list_conversations,
     processing_entries,
     read_message,
+    read_metadata,
+    read_state,
 )
-from contemplation.models import Block, MarkerKind, Status
+from contemplation.models import BackendSession, Block, MarkerKind, Status
 from contemplation.needs import cycle
 from contemplation.runtime import Runtime, set_status
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
@@ -221,14 +223,38 @@ def _looks_like_a_conversation(conv: Conv) -> bool:
     return conv.metadata.exists() or conv.inbox.is_dir() or conv.log.exists()
 
 
+def _archived_sessions(rt: Runtime, conv: Conv) -> list[BackendSession]:
+    """The server-side sessions the archived copy of a conversation names in its state.json
+    (``completed/<id>``, or ``<id>-<suffix>`` when that name was taken): a restarted daemon
+    knows them from there only."""
+    found: list[BackendSession] = []
+    done = rt.home.completed
+    for d in [done / conv.id, *sorted(done.glob(f"{conv.id}-*"))]:
+        copy = Conv(d)
+        meta = read_metadata(copy)
+        if d.name != conv.id and (meta is None or meta.id != conv.id):
+            continue  # another conversation whose id starts the same way
+        state = read_state(copy)
+        if state is not None and state.backend_session is not None:
+            found.append(state.backend_session)
+    return found
+
+
 async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
-    """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions)."""
+    """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions),
+    the sessions its archived state.json names included. A failure is logged, never raised."""
     seen.forget(conv.id)
-    for backend in list(rt.backends.values()):
+    sessions = _archived_sessions(rt, conv)
+    for name in sorted(set(rt.backends) | {s.backend for s in sessions}):
         try:
-            await backend.forget(conv.id)
+            backend = rt.backend(name)
+            named = [s for s in sessions if s.backend == name]
+            for session in named:
+                await backend.forget(conv.id, session)
+            if not named:
+                await backend.forget(conv.id)
         except (ContemplationError, OSError) as exc:
-            log.warning("forget_failed", conv=conv.id, error=str(exc))
+            log.warning("forget_failed", conv=conv.id, backend=name, error=str(exc))
 
 
 async def _step_and_act(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:

@@ -28,7 +28,15 @@ from contemplation.context import saved_context
 from contemplation.conversation import still_due
 from contemplation.errors import BackendError, ContemplationError, ErrorKind
 from contemplation.layout import Conv
-from contemplation.models import ChatRequest, MarkerKind, Metadata, Status, StreamEvent, Usage
+from contemplation.models import (
+    BackendSession,
+    ChatRequest,
+    MarkerKind,
+    Metadata,
+    Status,
+    StreamEvent,
+    Usage,
+)
 from contemplation.needs import rules
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
@@ -179,7 +187,9 @@ async def _stream(
         needs=_offered(rt, meta),
         context=prepared.context,
     )
-    request = replace(request, tools=prepared.tools, think=prepared.think)
+    request = replace(  # session: what the server already holds of the history (OpenCode)
+        request, tools=prepared.tools, think=prepared.think, session=w.state.backend_session
+    )
     window = _window(request, prepared.window)
     ratio = rt.calibration.ratio(meta.model)
     reserve = budget.reply_reserve(window, request.options)
@@ -351,6 +361,7 @@ class _Streamed:
     usage: Usage | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     truncated: bool = False  # cut at max_reply_bytes
+    session: BackendSession | None = None  # the server-side session now holding the history
 
 
 async def _pump(
@@ -369,6 +380,8 @@ async def _pump(
         while ev is not None:
             if ev.kind == "tool_call" and ev.tool_call is not None:
                 got.calls.append(ev.tool_call)
+            elif ev.kind == "session" and ev.session is not None:
+                got.session = ev.session
             got.usage = _apply(ev, reply, rt, conv.id) or got.usage
             if reply.bytes_written > limit:
                 got.truncated = True
@@ -427,6 +440,8 @@ def _finish(
     # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
     # state write that commits the reply
     done = not reply.saw_complete and not find_needs("".join(reply.content_parts))
+    if got.session is not None:  # committed with the reply: the next start goes on in it
+        w.state.backend_session = got.session
     reply.finish(markers=markers, usage=usage, status=Status.IDLE if done else None)
     rt.guard(meta).success()
     rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import structlog
 
-from contemplation.backends.opencode import OpenCodeBackend, flatten, new_messages
+from contemplation.backends.opencode import OpenCodeBackend, digest, flatten, new_messages
 from contemplation.errors import BackendError, ContextOverflow
-from contemplation.models import ChatMessage, ChatRequest, StreamEvent
-from contemplation.settings import OPENCODE_TOOLS, OpenCodeTimeouts
+from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.models import BackendSession, ChatMessage, ChatRequest, State, StreamEvent
+from contemplation.pipeline import Runtime, process
+from contemplation.settings import OPENCODE_TOOLS, OpenCodeTimeouts, Settings
+from contemplation.tracking import Tracked
+from contemplation.writer import archive, drop_message, new_conversation
 from tests import realpeers
+from tests.conftest import run_burst
 from tests.fakes.opencode_server import FakeOpenCode, Step
 
 SYSTEM = ChatMessage("system", "Answer in one short sentence.")
@@ -33,12 +39,24 @@ def backend(url: str, **kw: Any) -> OpenCodeBackend:
     return OpenCodeBackend(url, **kw)
 
 
-def req(*texts: str, conv: str = "conv_1", model: str = "local/smollm2") -> ChatRequest:
-    """A request whose history alternates user/assistant, starting and ending with a user."""
+def req(
+    *texts: str,
+    conv: str = "conv_1",
+    model: str = "local/smollm2",
+    session: BackendSession | None = None,
+) -> ChatRequest:
+    """A request whose history alternates user/assistant, starting and ending with a user;
+    ``session`` is what state.json recorded (the turn passes it on)."""
     msgs = [SYSTEM] + [
         ChatMessage("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)
     ]
-    return ChatRequest(model, tuple(msgs), conversation_id=conv)
+    return ChatRequest(model, tuple(msgs), conversation_id=conv, session=session)
+
+
+def reported(events: list[StreamEvent]) -> BackendSession:
+    """The session a turn reported (the turn records it in state.json)."""
+    (session,) = [e.session for e in events if e.kind == "session" and e.session is not None]
+    return session
 
 
 async def turn(b: OpenCodeBackend, request: ChatRequest) -> list[StreamEvent]:
@@ -73,13 +91,30 @@ def fails(url: str, *requests: ChatRequest, **kw: Any) -> BackendError:
 
 
 def test_only_messages_after_the_known_history_are_new() -> None:
-    known = [("user", "a"), ("assistant", "b")]
+    known = BackendSession(
+        backend="opencode",
+        id="ses_1",
+        messages=2,
+        digest=digest([("user", "a"), ("assistant", "b")]),
+    )
     hist = [ChatMessage("user", "a"), ChatMessage("assistant", "b (as logged)"),
             ChatMessage("user", "c"), ChatMessage("user", "d")]  # fmt: skip
     assert [m.content for m in new_messages(known, hist)] == ["c", "d"]
     edited = [ChatMessage("user", "A"), *hist[1:]]
     assert new_messages(known, edited) == []
     assert new_messages(known, hist[:2]) == []
+    # a reply where the session holds a user message: not the same history
+    shifted = [ChatMessage("assistant", "a"), ChatMessage("assistant", "b"), *hist[2:]]
+    assert new_messages(known, shifted) == []
+    assert new_messages(known.model_copy(update={"messages": 0}), hist) == []
+
+
+def test_the_digest_covers_roles_and_user_text_but_not_reply_text() -> None:
+    base = digest([("user", "a"), ("assistant", "b")])
+    assert digest([("user", "a"), ("assistant", "b, laid out differently")]) == base
+    assert digest([("user", "a!"), ("assistant", "b")]) != base
+    assert digest([("user", "a"), ("user", "b")]) != base
+    assert digest([("user", "a")]) != base
 
 
 def test_a_flattened_history_ends_with_the_new_message() -> None:
@@ -110,6 +145,13 @@ def test_a_first_turn_creates_a_session_and_sends_the_prompt(fake: FakeOpenCode)
     assert body["model"] == {"providerID": "local", "modelID": "smollm2"}
     assert body["tools"] == TOOLS_OFF and body["system"] == SYSTEM.content
     assert prompt["_path"] == f"/session/{sid}/message"
+    # what the turn records in state.json: the session, what it holds, its last message
+    held = reported(events)
+    (_, reply) = fake.history[sid]
+    assert (held.backend, held.id, held.messages) == ("opencode", sid, 2)
+    assert held.last_message == reply["info"]["id"] and held.last_message.startswith("msg_")
+    assert held.digest == digest([("user", "Capital of France?"), ("assistant", "Paris.")])
+    assert [e.kind for e in events][-2:] == ["session", "done"]
 
 
 def test_the_next_turn_reuses_the_session_and_sends_only_the_new_text(
@@ -157,8 +199,184 @@ def test_tool_parts_are_noted(fake: FakeOpenCode) -> None:
 
 
 def test_without_a_conversation_id_the_session_is_not_kept(fake: FakeOpenCode) -> None:
-    run_turns(fake.url, req("hi", conv=""))
+    (events,), _ = run_turns(fake.url, req("hi", conv=""))
     assert len(fake.calls("DELETE")) == 1 and not fake.sessions
+    assert "session" not in [e.kind for e in events]  # nothing to record
+
+
+# --------------------------------------------------------------------------- after a restart
+
+
+def first_turn(url: str, *texts: str) -> tuple[list[StreamEvent], BackendSession]:
+    """One turn by a backend that then closes (the daemon stops): what it reported."""
+    (events,), _ = run_turns(url, req(*texts))
+    return events, reported(events)
+
+
+def test_closing_the_backend_keeps_the_sessions(fake: FakeOpenCode) -> None:
+    run_turns(fake.url, req("a", conv="c1"), req("b", conv="c2"))
+    assert len(fake.sessions) == 2 and not fake.calls("DELETE")
+
+
+def test_a_restarted_backend_goes_on_in_the_recorded_session(fake: FakeOpenCode) -> None:
+    fake.enqueue(Step(text="Paris."), Step(text="Rome."))
+    _, held = first_turn(fake.url, "Capital of France?")
+    second = req("Capital of France?", "Paris.", "And Italy?", session=held)
+    (events,), sid = run_turns(fake.url, second)  # a new backend: nothing in memory
+    assert sid == held.id and content(events) == "Rome."
+    assert len(fake.calls("POST", "/session")) == 1  # no new session
+    (check,) = fake.calls("GET", "/message?limit=1")  # the server confirms it as left
+    assert check["_path"].startswith(f"/session/{held.id}/")
+    last = fake.calls("POST", "/message")[-1]
+    assert last["_path"] == f"/session/{held.id}/message"
+    assert last["body"]["parts"] == [{"type": "text", "text": "And Italy?"}]
+    now = reported(events)
+    assert (now.id, now.messages) == (held.id, 4) and now.last_message != held.last_message
+    assert now.last_message == fake.history[held.id][-1]["info"]["id"]
+
+
+def test_a_recorded_session_gone_after_a_restart_gets_a_new_one_with_the_history(
+    fake: FakeOpenCode,
+) -> None:
+    _, held = first_turn(fake.url, "France?")
+    with fake.lock:
+        del fake.sessions[held.id]  # deleted on the server while the daemon was down
+    (events,), sid = run_turns(fake.url, req("France?", "Echo: France?", "Italy?", session=held))
+    assert sid is not None and sid != held.id
+    (check,) = fake.calls("GET", "/message?limit=1")
+    assert check["_path"].startswith(f"/session/{held.id}/")
+    assert len(fake.calls("POST", "/session")) == 2
+    text = fake.calls("POST", "/message")[-1]["body"]["parts"][0]["text"]
+    assert "[user]\nFrance?" in text and text.endswith("[the new message]\nItaly?")
+    now = reported(events)
+    assert (now.id, now.messages) == (sid, 4)
+
+
+def test_a_recorded_session_that_went_on_without_us_is_replaced(fake: FakeOpenCode) -> None:
+    """The daemon stopped after OpenCode answered but before it recorded the reply: the
+    session holds a turn the log does not; the redone turn must not be sent into it again."""
+    _, held = first_turn(fake.url, "France?")
+    with httpx.Client(base_url=fake.url) as c:  # the turn the old daemon never recorded
+        c.post(f"/session/{held.id}/message", json={"parts": [{"type": "text", "text": "Italy?"}]})
+    (events,), sid = run_turns(fake.url, req("France?", "Echo: France?", "Italy?", session=held))
+    assert sid != held.id and held.id not in fake.sessions  # deleted, not reused
+    text = fake.calls("POST", "/message")[-1]["body"]["parts"][0]["text"]
+    assert text.startswith("This conversation started earlier")
+    assert reported(events).id == sid
+
+
+def test_a_recorded_session_whose_history_no_longer_matches_is_replaced(
+    fake: FakeOpenCode,
+) -> None:
+    _, held = first_turn(fake.url, "Capital of France?")
+    edited = req("Capital of Spain?", "Echo: Capital of France?", "And Italy?", session=held)
+    (events,), sid = run_turns(fake.url, edited)
+    assert sid != held.id and held.id not in fake.sessions
+    assert [c["_path"] for c in fake.calls("DELETE")] == [f"/session/{held.id}"]
+    text = fake.calls("POST", "/message")[-1]["body"]["parts"][0]["text"]
+    assert "Capital of Spain?" in text and text.endswith("And Italy?")
+    assert reported(events).id == sid
+
+
+def test_a_session_recorded_by_another_backend_is_not_resumed(fake: FakeOpenCode) -> None:
+    other = BackendSession(backend="elsewhere", id="ses_0001fake", messages=2)
+    (events,), sid = run_turns(fake.url, req("a", "b", "c", session=other))
+    assert not fake.calls("GET", "/message?limit=1") and reported(events).id == sid
+
+
+# --------------------------------------------------------------------------- through the daemon
+
+
+def oc_runtime(make_settings: Callable[..., Settings], fake: FakeOpenCode) -> Runtime:
+    """A daemon's runtime; a new one is a restarted daemon (its backends know nothing)."""
+    s = make_settings(opencode={"url": fake.url})
+    return Runtime(settings=s, home=Home(s.home))
+
+
+def oc_conv(home: Home) -> Conv:
+    return new_conversation(
+        home, "cities", template=load_template(home, "default"), model="local/smollm2",
+        backend="opencode",
+    )  # fmt: skip
+
+
+def state(conv: Conv) -> State:
+    st = read_state(conv)
+    assert st is not None
+    return st
+
+
+def archive_and_forget(home: Home, conv: Conv, rt: Runtime) -> None:
+    """``contemplation archive``, then the daemon's next look at the folder that went."""
+    archive(home, conv)
+
+    async def go() -> None:
+        try:
+            assert await process(conv, rt, Tracked()) is None
+        finally:
+            await rt.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_restarted_daemon_goes_on_in_the_session_state_json_names(
+    home: Home, fake: FakeOpenCode, make_settings: Callable[..., Settings]
+) -> None:
+    conv = oc_conv(home)
+    drop_message(conv, "Capital of France?")
+    run_burst(oc_runtime(make_settings, fake))  # one turn, then the daemon stops
+    held = state(conv).backend_session
+    assert held is not None and held.backend == "opencode" and held.messages == 2
+    assert held.id in fake.sessions  # stopping kept it
+    assert held.last_message == fake.history[held.id][-1]["info"]["id"]
+    drop_message(conv, "And Italy?")
+    run_burst(oc_runtime(make_settings, fake))  # a new daemon
+    st = state(conv)
+    assert st.turns == 2 and st.backend_session is not None
+    assert (st.backend_session.id, st.backend_session.messages) == (held.id, 4)
+    assert len(fake.calls("POST", "/session")) == 1
+    second = fake.calls("POST", "/message")[-1]
+    assert second["_path"] == f"/session/{held.id}/message"
+    assert second["body"]["parts"] == [{"type": "text", "text": "And Italy?"}]
+    archive_and_forget(home, conv, oc_runtime(make_settings, fake))  # a third daemon
+    assert [c["_path"] for c in fake.calls("DELETE")] == [f"/session/{held.id}"]
+    assert not fake.sessions
+
+
+def test_a_session_gone_while_the_daemon_was_down_is_replaced_and_recorded(
+    home: Home, fake: FakeOpenCode, make_settings: Callable[..., Settings]
+) -> None:
+    conv = oc_conv(home)
+    drop_message(conv, "Capital of France?")
+    run_burst(oc_runtime(make_settings, fake))
+    old = state(conv).backend_session
+    assert old is not None
+    with fake.lock:
+        del fake.sessions[old.id]
+    drop_message(conv, "And Italy?")
+    run_burst(oc_runtime(make_settings, fake))
+    new = state(conv).backend_session
+    assert new is not None and new.id != old.id and new.id in fake.sessions
+    assert new.messages == 4 and state(conv).turns == 2
+    text = fake.calls("POST", "/message")[-1]["body"]["parts"][0]["text"]
+    assert "[user]\nCapital of France?" in text and text.endswith("And Italy?")
+
+
+def test_an_archive_whose_delete_fails_is_logged_and_the_daemon_goes_on(
+    home: Home, fake: FakeOpenCode, make_settings: Callable[..., Settings]
+) -> None:
+    conv = oc_conv(home)
+    drop_message(conv, "hi")
+    run_burst(oc_runtime(make_settings, fake))
+    held = state(conv).backend_session
+    assert held is not None
+    fake.delete_status = 500
+    with structlog.testing.capture_logs() as logs:
+        archive_and_forget(home, conv, oc_runtime(make_settings, fake))
+    assert [(e["event"], e["session"]) for e in logs if "session" in e] == [
+        ("opencode_delete_failed", held.id)
+    ]
+    assert held.id in fake.sessions
 
 
 # --------------------------------------------------------------------------- errors
@@ -287,9 +505,42 @@ def test_forget_deletes_the_session(fake: FakeOpenCode) -> None:
     assert asyncio.run(go()) == (None, 404)
 
 
-def test_aclose_deletes_every_session(fake: FakeOpenCode) -> None:
-    run_turns(fake.url, req("a", conv="c1"), req("b", conv="c2"))
-    assert not fake.sessions and len(fake.calls("DELETE")) == 2
+def test_forget_after_a_restart_deletes_the_session_state_json_names(
+    fake: FakeOpenCode,
+) -> None:
+    _, held = first_turn(fake.url, "hi")
+
+    async def go() -> None:
+        b = backend(fake.url)  # knows nothing of conv_1 but what it is told
+        try:
+            await b.forget("conv_1", held)
+        finally:
+            await b.aclose()
+
+    asyncio.run(go())
+    assert [c["_path"] for c in fake.calls("DELETE")] == [f"/session/{held.id}"]
+    assert not fake.sessions
+
+
+def test_a_failed_delete_is_logged_and_never_raised(fake: FakeOpenCode) -> None:
+    _, held = first_turn(fake.url, "hi")
+    fake.delete_status = 500
+    down = f"http://127.0.0.1:{realpeers.free_port()}"
+
+    async def go() -> None:
+        for url in (fake.url, down):
+            b = backend(url)
+            try:
+                await b.forget("conv_1", held)
+            finally:
+                await b.aclose()
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(go())
+    failed = [e for e in logs if e["event"] == "opencode_delete_failed"]
+    assert [(e["session"], e.get("status")) for e in failed] == [(held.id, 500), (held.id, None)]
+    assert "ConnectError" in failed[1]["error"]
+    assert held.id in fake.sessions  # still there: it was not deleted
 
 
 def test_check_and_capabilities_come_from_the_server(fake: FakeOpenCode) -> None:
@@ -389,3 +640,38 @@ def test_real_opencode_killed_mid_turn_is_transient_and_a_restart_answers(
         assert content(events).strip() and events[-1].kind == "done"
     finally:
         server.stop()
+
+
+@pytest.mark.real
+def test_real_opencode_a_restarted_backend_goes_on_in_the_recorded_session(
+    opencode: realpeers.OpenCodeServer,
+) -> None:
+    """Two backends, as two daemon lives: the second is told only what state.json recorded,
+    and the real server confirms the session is as it was left (its last message)."""
+
+    async def go() -> tuple[BackendSession, list[StreamEvent], list[dict[str, Any]]]:
+        b1 = backend(opencode.url, timeouts=REAL_TIMEOUTS)
+        try:
+            first = await turn(b1, req("Name a colour.", conv="life"))
+        finally:
+            await b1.aclose()
+        held = reported(first)
+        b2 = backend(opencode.url, timeouts=REAL_TIMEOUTS)
+        try:
+            second = await turn(
+                b2, req("Name a colour.", content(first), "Another one?", conv="life", session=held)
+            )
+            await b2.forget("life", reported(second))
+        finally:
+            await b2.aclose()
+        async with httpx.AsyncClient() as c:
+            gone = await c.get(f"{opencode.url}/session/{held.id}/message", timeout=10)
+        return held, second, [{"status": gone.status_code}]
+
+    held, second, (gone,) = asyncio.run(go())
+    now = reported(second)
+    assert held.id.startswith("ses") and held.last_message.startswith("msg")
+    assert now.id == held.id and now.messages == 4  # the same session, two turns in it
+    assert now.last_message and now.last_message != held.last_message
+    assert content(second).strip() and second[-1].kind == "done"
+    assert gone["status"] == 404  # forget deleted it

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from contemplation.errors import BackendError, ErrorKind
-from contemplation.models import ChatRequest, StreamEvent
+from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +56,10 @@ class Backend(Protocol):
 
     async def check(self, model: str | None) -> list[Check]: ...
 
-    async def forget(self, conversation_id: str) -> None:
-        """Drop server-side state kept for a conversation (called when it is archived)."""
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
+        """Drop server-side state kept for a conversation (called when it is archived);
+        ``session`` is the one its state.json names, known even after a restart. Never raises
+        for a server that fails: the failure is logged."""
         ...
 
     async def aclose(self) -> None: ...

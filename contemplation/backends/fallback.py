@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 from contemplation.backends.base import Backend, Capabilities, Check
 from contemplation.errors import BackendError, ErrorKind
-from contemplation.models import ChatRequest, StreamEvent
+from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
 
 class FallbackBackend:
@@ -79,10 +79,10 @@ class FallbackBackend:
             checks.extend(await backend.check(model if i == 0 else None))
         return checks
 
-    async def forget(self, conversation_id: str) -> None:
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         for backend in self.chain:
             with contextlib.suppress(Exception):
-                await backend.forget(conversation_id)
+                await backend.forget(conversation_id, session)
 
     async def aclose(self) -> None:
         for backend in self.chain:

@@ -36,7 +36,7 @@ from contemplation.backends import capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts
 from contemplation.backends.openai import ChunkTurn, chat_body, context_overflow, stream_error
 from contemplation.errors import BackendError, ErrorKind
-from contemplation.models import ChatRequest, StreamEvent
+from contemplation.models import BackendSession, ChatRequest, StreamEvent
 from contemplation.settings import CapabilityOverride
 
 INSTALL_HINT = "pip install 'contemplation[local]'"
@@ -305,7 +305,7 @@ class LocalBackend:
             )
         ]
 
-    async def forget(self, conversation_id: str) -> None:
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None  # nothing is kept per conversation
 
     async def aclose(self, wait_s: float = 30.0) -> None:

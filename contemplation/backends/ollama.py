@@ -29,7 +29,7 @@ from contemplation.backends.base import (
     retry_after_seconds,
 )
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
-from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
+from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride
 
 _NS_PER_MS = 1_000_000
@@ -306,7 +306,7 @@ class OllamaBackend:
                 checks.append(Check("model", False, str(exc)))
         return checks
 
-    async def forget(self, conversation_id: str) -> None:
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None  # Ollama keeps no per-conversation state
 
     async def aclose(self) -> None:

@@ -44,7 +44,7 @@ from contemplation.backends.base import (
 )
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
-from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
+from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
@@ -624,7 +624,7 @@ class OpenAIBackend:
                 )
         return checks
 
-    async def forget(self, conversation_id: str) -> None:
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None  # the API is stateless
 
     async def aclose(self) -> None:

@@ -3,7 +3,9 @@
 Wire facts this relies on (verified against OpenCode 1.18.33; docs/backends.md has sources):
 
 * ``GET /global/health`` → ``{"healthy": true, "version": "…"}``;
-* ``POST /session`` → a session ``{"id": "ses_…"}``; ``DELETE /session/{id}`` → ``true``;
+* ``POST /session`` → a session ``{"id": "ses_…"}``; ``DELETE /session/{id}`` → ``true``
+  (404 once it is gone); ``GET /session/{id}/message?limit=1`` → ``[{"info", "parts"}]``, the
+  session's last message (404 for an unknown session);
 * ``POST /session/{id}/message`` blocks until the turn ends and returns ``{"info", "parts"}``;
   the model is ``{"providerID", "modelID"}``, OpenCode's tools are switched per prompt with a
   ``{"tool": bool}`` map, and ``system`` is appended to OpenCode's own system prompt;
@@ -12,37 +14,44 @@ Wire facts this relies on (verified against OpenCode 1.18.33; docs/backends.md h
   whose ``info.error`` says what (``APIError`` after OpenCode's own retries,
   ``MessageAbortedError`` after ``POST /session/{id}/abort``, ...).
 
-The session keeps the history, so after the first turn only the new messages are sent. The
-mapping conversation → session lives in memory only (backends never write under the home): after
-a restart, a failed turn or an unknown session, a new session gets the whole history, flattened.
+The session keeps the history, so after the first turn only the new messages are sent. After
+each reply the backend reports the session (a ``session`` event: its id, how many messages of the
+history it holds, their digest, the id of its last message) and the turn records it in
+state.json with the reply's commit (backends never write under the home). The next request
+carries it back (``ChatRequest.session``), so a restarted daemon goes on in the same session once
+the server confirms it is as it was left (its last message is the recorded one). A session that
+is gone, that went on without us (a daemon that stopped before it recorded its reply), or whose
+history no longer matches the log (an edit, a failed turn) is replaced: a new session gets the
+whole history, flattened. Sessions outlive the daemon; they are deleted when their conversation
+is archived (:meth:`OpenCodeBackend.forget`, told the id by the archived state.json), when a turn
+fails in them, and at once for a request without a conversation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import structlog
 
 from contemplation.backends import capabilities
 from contemplation.backends.base import Capabilities, Check, connection_error
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
-from contemplation.models import ChatMessage, ChatRequest, StreamEvent, Usage
+from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride, OpenCodeTimeouts
 
+log = structlog.get_logger("contemplation.backends.opencode")
+
 DEFAULT_URL = "http://127.0.0.1:4096"
-
-
-@dataclass(slots=True)
-class _Session:
-    id: str
-    history: list[tuple[str, str]] = field(default_factory=list)  # what the session holds
+FAMILY = "opencode"
 
 
 class _SessionGone(Exception):
@@ -66,18 +75,31 @@ def _split_system(messages: Sequence[ChatMessage]) -> tuple[str, list[ChatMessag
     return system, [m for m in messages if m.role != "system"]
 
 
-def new_messages(known: list[tuple[str, str]], history: list[ChatMessage]) -> list[ChatMessage]:
+def digest(messages: Iterable[tuple[str, str]]) -> str:
+    """What a session holds, as one sha256: each message's role, and its text unless it is a
+    reply (what the log keeps of a reply may differ from OpenCode's copy in layout)."""
+    h = hashlib.sha256()
+    for role, content in messages:
+        h.update(json.dumps([role, "" if role == "assistant" else content]).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _pairs(messages: Iterable[ChatMessage]) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in messages]
+
+
+def new_messages(held: BackendSession, history: list[ChatMessage]) -> list[ChatMessage]:
     """The messages after what the session already holds; [] when the two have diverged.
 
-    User text must match exactly; an assistant turn only by position (what was written to the
-    log may differ from OpenCode's copy in layout). Only user or tool messages can be new.
+    The first ``held.messages`` of the history must be what the session was given: user text
+    exactly, a reply only by position (see :func:`digest`). Only user or tool messages can be
+    new.
     """
-    if len(history) <= len(known):
+    n = held.messages
+    if n <= 0 or len(history) <= n or digest(_pairs(history[:n])) != held.digest:
         return []
-    for (role, content), m in zip(known, history, strict=False):
-        if m.role != role or (role != "assistant" and m.content != content):
-            return []
-    fresh = history[len(known) :]
+    fresh = history[n:]
     return fresh if all(m.role in {"user", "tool"} for m in fresh) else []
 
 
@@ -92,6 +114,22 @@ def flatten(history: list[ChatMessage]) -> str:
         "This conversation started earlier; here it is so far (you are the assistant):\n\n"
         f"{earlier}\n\n[the new message]\n{latest}"
     )
+
+
+def _json_or_text(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text
+
+
+def _last_message_id(resp: httpx.Response) -> str | None:
+    """The id of the last message in a ``GET /session/{id}/message`` answer."""
+    data = _json_or_text(resp)
+    last = data[-1] if isinstance(data, list) and data else None
+    info = last.get("info") if isinstance(last, dict) else None
+    sid = info.get("id") if isinstance(info, dict) else None
+    return sid if isinstance(sid, str) else None
 
 
 def _error_message(data: Any) -> tuple[str, str]:
@@ -172,7 +210,7 @@ class OpenCodeBackend:
             timeout=httpx.Timeout(connect=self.timeouts.connect, read=None, write=30.0, pool=None),
             headers={"User-Agent": "contemplation"},
         )
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, BackendSession] = {}  # what this process knows is held
         self._locks: dict[str, asyncio.Lock] = {}
         self._providers: dict[str, Any] | None = None
         self._caps: dict[str, Capabilities] = {}
@@ -204,7 +242,10 @@ class OpenCodeBackend:
         t0 = time.monotonic()
         async with self._locks.setdefault(key, asyncio.Lock()):
             session = self._sessions.get(key)
-            fresh = new_messages(session.history, history) if session else []
+            recorded = request.session  # what state.json says: known after a restart too
+            if session is None and key and recorded is not None and recorded.backend == FAMILY:
+                session = await self._resume(key, recorded)
+            fresh = new_messages(session, history) if session else []
             if session is None or not fresh:
                 if session is not None:  # it holds a history we no longer have
                     await self._discard(key)
@@ -214,13 +255,13 @@ class OpenCodeBackend:
                 text = "\n\n".join(m.content for m in fresh)
             try:
                 try:
-                    data = await self._prompt(session, self.prompt_body(request, text, system))
+                    data = await self._prompt(session.id, self.prompt_body(request, text, system))
                 except _SessionGone:  # deleted on the server: once more with a new one
                     self._sessions.pop(key, None)
                     session = await self._create(key)
                     body = self.prompt_body(request, flatten(history), system)
                     try:
-                        data = await self._prompt(session, body)
+                        data = await self._prompt(session.id, body)
                     except _SessionGone:
                         raise BackendError(
                             "OpenCode lost a session it had just created",
@@ -232,13 +273,52 @@ class OpenCodeBackend:
                 # the session may hold half a turn: never reuse it
                 await self._discard(key)
                 raise
-            session.history = [*((m.role, m.content) for m in history), ("assistant", reply)]
-            if not key:
+            info = data.get("info") if isinstance(data.get("info"), dict) else None
+            last = (info or {}).get("id")
+            held = self._sessions[key] = BackendSession(
+                backend=FAMILY,
+                id=session.id,
+                messages=len(history) + 1,
+                digest=digest([*_pairs(history), ("assistant", reply)]),
+                last_message=last if isinstance(last, str) else "",
+            )
+            if key:  # recorded in state.json with the reply, for the next start
+                events.insert(len(events) - 1, StreamEvent("session", session=held.model_copy()))
+            else:
                 await self._discard(key)  # no conversation to come back to
         for ev in events:
             yield ev
 
-    async def _create(self, key: str) -> _Session:
+    async def _resume(self, key: str, recorded: BackendSession) -> BackendSession | None:
+        """The session state.json names, if the server still has it as it was left: its last
+        message is the one recorded. None: gone (a new one is made), or it went on without us
+        (a daemon that stopped before recording its reply) and is deleted."""
+        try:
+            async with asyncio.timeout(self.timeouts.create):
+                resp = await self._client.get(
+                    f"/session/{quote(recorded.id, safe='')}/message", params={"limit": 1}
+                )
+        except TimeoutError:
+            raise BackendError(
+                f"OpenCode did not list a session's messages within {self.timeouts.create:g} s",
+                transient=True,
+                kind=ErrorKind.TIMEOUT,
+            ) from None
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.base_url) from exc
+        if resp.status_code in {400, 404}:  # unknown, or no session id at all (a hand edit)
+            log.info("opencode_session_gone", conv=key, session=recorded.id)
+            return None
+        if resp.status_code != 200:
+            raise await self._status_error(resp, "")
+        if recorded.last_message and _last_message_id(resp) != recorded.last_message:
+            log.info("opencode_session_moved_on", conv=key, session=recorded.id)
+            await self._delete(recorded.id)
+            return None
+        held = self._sessions[key] = recorded.model_copy()
+        return held
+
+    async def _create(self, key: str) -> BackendSession:
         title = f"contemplation {key}" if key else "contemplation"
         try:
             async with asyncio.timeout(self.timeouts.create):
@@ -260,23 +340,23 @@ class OpenCodeBackend:
                 transient=True,
                 kind=ErrorKind.PROTOCOL,
             )
-        session = self._sessions[key] = _Session(sid)
+        session = self._sessions[key] = BackendSession(backend=FAMILY, id=sid)
         return session
 
-    async def _prompt(self, session: _Session, body: dict[str, Any]) -> dict[str, Any]:
-        url = f"/session/{quote(session.id, safe='')}/message"
+    async def _prompt(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"/session/{quote(sid, safe='')}/message"
         try:
             async with asyncio.timeout(self.timeouts.prompt):
                 resp = await self._client.post(url, json=body)
         except TimeoutError:
-            await self._abort(session.id)
+            await self._abort(sid)
             raise BackendError(
                 f"OpenCode did not finish the turn within {self.timeouts.prompt:g} s",
                 transient=True,
                 kind=ErrorKind.TIMEOUT,
             ) from None
         except asyncio.CancelledError:
-            await self._abort(session.id)
+            await self._abort(sid)
             raise
         except httpx.HTTPError as exc:
             raise connection_error(exc, self.base_url) from exc
@@ -392,11 +472,20 @@ class OpenCodeBackend:
                 f"/session/{quote(sid, safe='')}/abort", timeout=self.timeouts.delete
             )
 
-    async def _delete(self, sid: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.delete(
+    async def _delete(self, sid: str) -> bool:
+        """Delete a session; a failure is logged, never raised (False). Already gone is done."""
+        try:
+            resp = await self._client.delete(
                 f"/session/{quote(sid, safe='')}", timeout=self.timeouts.delete
             )
+        except httpx.HTTPError as exc:
+            log.warning("opencode_delete_failed", session=sid, error=f"{type(exc).__name__}: {exc}")
+            return False
+        if resp.status_code in {200, 404}:
+            return True
+        _, message = _error_message(_json_or_text(resp))
+        log.warning("opencode_delete_failed", session=sid, status=resp.status_code, error=message)
+        return False
 
     async def _discard(self, key: str) -> None:
         session = self._sessions.pop(key, None)
@@ -404,17 +493,22 @@ class OpenCodeBackend:
             await self._delete(session.id)
 
     def session_id(self, conversation_id: str) -> str | None:
-        """The OpenCode session serving a conversation (None: none yet)."""
+        """The OpenCode session serving a conversation (None: none known to this process)."""
         s = self._sessions.get(conversation_id)
         return s.id if s else None
 
-    async def forget(self, conversation_id: str) -> None:
-        await self._discard(conversation_id)
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
+        """Delete the conversation's session: the one this process used, and the one its
+        state.json names (the only one known after a restart). A failure is logged."""
+        held = self._sessions.pop(conversation_id, None)
         self._locks.pop(conversation_id, None)
+        ids = {s.id for s in (held, session) if s is not None and s.backend == FAMILY}
+        for sid in sorted(ids):
+            if await self._delete(sid):
+                log.info("opencode_session_deleted", conv=conversation_id, session=sid)
 
     async def aclose(self) -> None:
-        keys = list(self._sessions)
-        await asyncio.gather(*(self._discard(k) for k in keys), return_exceptions=True)
+        """Close the client. The sessions stay: a restarted daemon goes on in them."""
         await self._client.aclose()
 
     # -- what the server knows -----------------------------------------------------------

@@ -4,7 +4,8 @@ Shapes are copied from the real captures in the reference fixtures
 (``opencode-prompt-response.json``, the OpenAPI spec) and llm-server-apis.md §4.2: errors are
 ``{"name": ..., "data": {"message": ...}}``; a failed model call is a 200 with ``info.error``;
 an aborted prompt returns ``MessageAbortedError``. It exists for what a real OpenCode cannot be
-made to do on demand (upstream failures, a lost session, a 500, a hang until abort).
+made to do on demand (upstream failures, a lost session, a 500, a hang until abort, a failed
+delete: `delete_status`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes.http import JsonHandler
 
@@ -50,7 +52,9 @@ class FakeOpenCode:
     def __init__(self, password: str | None = None) -> None:
         self.password = password
         self.sessions: dict[str, dict[str, Any]] = {}
-        self.messages: dict[str, list[dict[str, Any]]] = {}
+        self.messages: dict[str, list[dict[str, Any]]] = {}  # the prompt bodies
+        self.history: dict[str, list[dict[str, Any]]] = {}  # {"info", "parts"}, as GET lists them
+        self.delete_status: int | None = None  # set: DELETE /session/{id} fails with it
         self.script: deque[Step] = deque()
         self.requests: list[dict[str, Any]] = []
         self.models = {"local": {"smollm2": {"limit": {"context": 8192, "output": 512}}}}
@@ -136,11 +140,16 @@ class _Handler(JsonHandler):
             ]  # fmt: skip
             self._json(200, {"providers": providers, "default": {}})
         elif path.startswith("/session/"):
-            sid = path.split("/")[2]
+            parts = path.strip("/").split("/")
+            sid = parts[1]
             with fake.lock:
                 session = fake.sessions.get(sid)
+                listed = list(fake.history.get(sid, []))
+            limit = parse_qs(urlsplit(self.path).query).get("limit")
             if session is None:
                 self._json(404, _not_found(sid))
+            elif parts[2:] == ["message"]:  # the last `limit` messages, oldest first
+                self._json(200, listed[-int(limit[0]) :] if limit and int(limit[0]) else listed)
             else:
                 self._json(200, session)
         else:
@@ -152,6 +161,10 @@ class _Handler(JsonHandler):
             return
         fake = self.server_fake
         sid = self.path.split("?")[0].split("/")[2]
+        if fake.delete_status is not None:
+            self._json(fake.delete_status, {"name": "UnknownError",
+                                            "data": {"message": "Unexpected server error."}})  # fmt: skip
+            return
         with fake.lock:
             found = fake.sessions.pop(sid, None)
         if found is None:
@@ -204,6 +217,9 @@ class _Handler(JsonHandler):
         with fake.lock:
             step = fake.script.popleft() if fake.script else Step()
             fake.messages.setdefault(sid, []).append(body)
+            if step.kind not in {"forget_session", "http_error"}:
+                user = {"id": fake.new_id("msg"), "sessionID": sid, "role": "user"}
+                fake.history.setdefault(sid, []).append({"info": user, "parts": body["parts"]})
         model = body.get("model") or {}
         info: dict[str, Any] = {
             "id": fake.new_id("msg"), "sessionID": sid, "role": "assistant", "mode": "build",
@@ -221,6 +237,7 @@ class _Handler(JsonHandler):
                        "data": {"message": "Unexpected server error.", "ref": "err_fake"}})  # fmt: skip
             return
         if step.kind == "info_error":
+            self._record_reply(sid, {**info, "error": step.error}, [])
             self._json(200, {"info": {**info, "error": step.error}, "parts": []})
             return
         if step.kind == "hang":
@@ -250,4 +267,10 @@ class _Handler(JsonHandler):
         out.append({"type": "text", "id": "prt_3", "text": text, **part_base})
         out.append({"type": "step-finish", "id": "prt_4", "reason": "stop", "cost": 0,
                     "tokens": step.tokens, **part_base})  # fmt: skip
+        self._record_reply(sid, {**info, "finish": "stop"}, out)
         self._json(200, {"info": {**info, "finish": "stop"}, "parts": out})
+
+    def _record_reply(self, sid: str, info: dict[str, Any], parts: list[dict[str, Any]]) -> None:
+        fake = self.server_fake
+        with fake.lock:
+            fake.history.setdefault(sid, []).append({"info": info, "parts": parts})
