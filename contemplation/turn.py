@@ -204,18 +204,6 @@ async def _stream(
     if prepared.note:
         reply.note(prepared.note)
     try:
-        request, notes = await _fit(conv, rt, w, backend, fitted)
-    except _Cancelled:
-        return _cancelled(conv, rt, w, reply)
-    except asyncio.CancelledError:
-        if conv.id in seen.cancelled:
-            seen.cancelled.discard(conv.id)
-            return _cancelled(conv, rt, w, reply)
-        set_status(w, Status.PENDING)
-        raise
-    for note in notes:
-        reply.note(note)
-    try:
         return await _run_reply(
             conv,
             rt,
@@ -223,7 +211,7 @@ async def _stream(
             seen=seen,
             backend=backend,
             reply=reply,
-            request=request,
+            fitted=fitted,
             window=window,
             ratio=ratio,
             held=held,
@@ -240,15 +228,19 @@ async def _run_reply(
     seen: Tracked,
     backend: Backend,
     reply: ReplyStream,
-    request: ChatRequest,
+    fitted: budget.Plan,
     window: int,
     ratio: float,
     held: Held,
 ) -> Outcome:
-    """Stream the reply and end it one of five ways: finished, cancelled, interrupted by a
-    stop, failed (retry or error), or cut by a failed write (redone once the disk has room)."""
+    """Fit the request (a summary call at most), stream the reply and end it one of five
+    ways: finished, cancelled, interrupted by a stop, failed (retry or error), or cut by a
+    failed write (redone once the disk has room)."""
     try:
         try:
+            request, notes = await _fit(conv, rt, w, backend, fitted)
+            for note in notes:
+                reply.note(note)
             got = await _pump_guarded(conv, rt, backend, request, reply)
         finally:
             held.release()  # the server is done with it: the commit below needs no slot

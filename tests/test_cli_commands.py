@@ -263,7 +263,11 @@ def test_completion_offers_active_and_archived_ids_and_templates(home: Home) -> 
     (home.templates / "reviewer" / "template.toml").write_text("model = 'x'\n")
     assert set(complete(home, "contemplation status conv_")) == {a.id, b.id}
     assert complete(home, f"contemplation tail {a.id[:-2]}") == [a.id]
-    assert complete(home, "contemplation new topic --template ") == ["default", "research", "reviewer"]
+    assert complete(home, "contemplation new topic --template ") == [
+        "default",
+        "research",
+        "reviewer",
+    ]
     assert "completion" in complete(home, "contemplation comp")
 
 

@@ -9,6 +9,8 @@ for a reply that spent all its tokens thinking. The last test does it with real 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -244,6 +246,37 @@ def test_a_summary_call_that_hangs_is_given_up_after_its_timeout(
         "summarising 2 earlier message(s) failed (no answer within 0.5 s);"
     )
     assert "partial summary" not in conv.log.read_text()  # half a summary is no summary
+
+
+def test_the_agent_cancelling_during_the_summary_call_cancels_the_turn(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    rt = Runtime(settings=make_settings(fake_ollama), home=home)
+    conv = make(home)
+    _long_history(rt, conv, fake_ollama)
+    drop_message(conv, q(2))
+    # a summary that drips: the agent cancels once the summary call is on its way
+    fake_ollama.enqueue(Step(text="one two three four five six", chunks=6, chunk_delay=0.3))
+
+    def cancel_when_summarising() -> None:
+        deadline = time.monotonic() + 30
+        while len(fake_ollama.chat_requests()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (conv.dir / ".cancel").touch()
+
+    canceller = threading.Thread(target=cancel_when_summarising)
+    canceller.start()
+    run_burst(rt)
+    canceller.join()
+    st = read_state(conv)
+    assert st is not None and st.status is Status.CANCELLED, st
+    assert len(fake_ollama.chat_requests()) == 3  # no reply was asked for after the cancel
+    last = parse(conv.log.read_bytes()).blocks[-1]
+    assert last.kind is BlockKind.AGENT and last.text.strip() == q(2).strip()
+    assert last.markers == ((MarkerKind.CANCELLED, "the turn was cancelled by the agent"),)
+    assert notes_of(conv) == []  # no summary NOTE, no half reply
+    assert budget.read_summary(parse(conv.log.read_bytes()).blocks) is None
+    assert not (conv.dir / ".cancel").exists()  # honoured once
 
 
 # --------------------------------------------------------------------------- guard
