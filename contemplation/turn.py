@@ -262,7 +262,7 @@ async def _run_reply(
     except OSError as exc:
         return _write_failed(conv, rt, w, exc)
     try:
-        return _finish(conv, rt, w, reply, got, request=request, window=window, ratio=ratio)
+        return await _finish(conv, rt, w, reply, got, request=request, window=window, ratio=ratio)
     except OSError as exc:
         return _write_failed(conv, rt, w, exc)
 
@@ -370,6 +370,8 @@ async def _pump(
         await _meanwhile(reply.w.save, durable=False)  # ...while the status is written
         ev = await first
         while ev is not None:
+            if not reply.started and ev.kind in {"content", "thinking"} and ev.text:
+                await _meanwhile(reply.begin)  # the intent's fsyncs off the loop
             if ev.kind == "tool_call" and ev.tool_call is not None:
                 got.calls.append(ev.tool_call)
             elif ev.kind == "session" and ev.session is not None:
@@ -391,9 +393,11 @@ async def _pump(
     return got
 
 
-async def _meanwhile(write: Callable[..., None], **kw: Any) -> None:
-    """A state write on a worker thread, so the loop can send the request meanwhile. It
-    always runs to its end before anything else touches the state (even on a cancel)."""
+async def _meanwhile(write: Callable[..., object], **kw: Any) -> None:
+    """File work (a state write, a reply's commit) on a worker thread, so the loop goes on
+    meanwhile: the request goes out, other conversations step. It always runs to its end
+    before anything else touches this conversation's files (even on a cancel); only the
+    task that holds the conversation's lock and writer calls it."""
     done = asyncio.get_running_loop().run_in_executor(None, functools.partial(write, **kw))
     try:
         await asyncio.shield(done)
@@ -402,7 +406,7 @@ async def _meanwhile(write: Callable[..., None], **kw: Any) -> None:
         raise
 
 
-def _finish(
+async def _finish(
     conv: Conv,
     rt: Runtime,
     w: ConvWriter,
@@ -434,9 +438,15 @@ def _finish(
     done = not reply.saw_complete and not find_needs("".join(reply.content_parts))
     if got.session is not None:  # committed with the reply: the next start goes on in it
         w.state.backend_session = got.session
-    reply.finish(markers=markers, usage=usage, status=Status.IDLE if done else None)
-    rt.guard(meta).success()
-    rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
+    # the fsyncs of the commit run off the loop: the next conversation's request goes out
+    try:
+        await _meanwhile(
+            reply.finish, markers=markers, usage=usage, status=Status.IDLE if done else None
+        )
+    finally:
+        if reply.committed:  # a cancel that came meanwhile finds the reply committed
+            rt.guard(meta).success()
+            rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
     return AGAIN
 
 

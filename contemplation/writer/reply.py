@@ -28,6 +28,7 @@ class ReplyStream:
         self.recipient = recipient
         self.reply_id = reply_id
         self.started = False
+        self.committed = False  # finish() wrote the commit
         self.bytes_written = 0
         self._stuffer = logformat.StreamStuffer()
         self._think_stuffer = logformat.StreamStuffer()
@@ -36,7 +37,11 @@ class ReplyStream:
         self._fd: int | None = None  # messages.log, open for the reply's whole life
         self.content_parts: list[str] = []
 
-    def _start(self) -> None:
+    def begin(self) -> None:
+        """Journal the reply's intent (its offset) and write its header; idempotent. Called
+        by the first text, or before it by a caller that does this file work off the loop."""
+        if self.started:
+            return
         offset = self.w.log_size()
         prefix = self.w._separator(offset).decode()
         self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
@@ -67,7 +72,7 @@ class ReplyStream:
         if not text:
             return
         if not self.started:
-            self._start()
+            self.begin()
         if not self._in_thinking:
             self._ensure_newline()
             self._write(logformat.marker(MarkerKind.THINKING))
@@ -85,7 +90,7 @@ class ReplyStream:
         if not text:
             return
         if not self.started:
-            self._start()
+            self.begin()
         self._end_thinking()
         self.content_parts.append(text)
         self._write(self._stuffer.feed(text))
@@ -113,7 +118,7 @@ class ReplyStream:
         """Close the block (and any markers), fsync, and commit (with ``status``, decided by
         the caller, in the same state write). Returns bytes written."""
         if not self.started:
-            self._start()
+            self.begin()
         self._end_thinking()
         self._write(self._stuffer.flush())
         self._ensure_newline()
@@ -134,6 +139,7 @@ class ReplyStream:
         if status is not None:
             self.w.state.status = status
         self.w.save()
+        self.committed = True
         return self.bytes_written
 
     def close(self) -> None:
