@@ -487,7 +487,10 @@ def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Hom
     best = min(timings)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "mcp-startup.json").write_text(json.dumps({"seconds": timings}))
-    assert best < 1.5, f"MCP server took {best:.2f} s to answer initialize (~0.65 s here)"
+    # a bound, not the figure (bench/bench_faces.py measures it: ~0.65 s idle here): start-up
+    # must not wait on a daemon, a server or a scan, which would take far longer; a loaded CI
+    # machine (two test processes on two cores) measured up to 1.7 s
+    assert best < 5.0, f"MCP server took {best:.2f} s to answer initialize"
 
 
 def inspector(home: Home, tmp: Path, *args: str, check: bool = True) -> tuple[int, dict[str, Any]]:
