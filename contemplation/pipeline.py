@@ -205,10 +205,10 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         return AGAIN
     if note:
         w.warn(f"{claimed.name}: {note}")
+    # fsynced, committed and its file removed by the turn's first state write (off the loop)
     w.append_block(
-        w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name, claimed=True
+        w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name, claimed=claimed
     )
-    claimed.unlink(missing_ok=True)
     rt.notify(w.conv.id, "message", text=text)
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again
 

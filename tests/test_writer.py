@@ -234,27 +234,35 @@ def _claimed(conv: Conv, name: str, text: str) -> Path:
     return path
 
 
-def test_a_claimed_message_is_appended_with_no_state_write_of_its_own(
+def test_a_claimed_message_is_fsynced_committed_and_removed_by_the_next_state_write(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from contemplation.writer import session
 
     conv = conv_in(home)
-    _claimed(conv, "m1", "hello")
-    written: list[dict[str, object]] = []
-    real = session.atomic_write_bytes
+    claimed = _claimed(conv, "m1", "hello")
+    events: list[str] = []
+    real_write, real_fsync = session.atomic_write_bytes, os.fsync
 
     def record(path: Path, data: bytes, **kw: bool) -> None:
-        written.append(json.loads(data))
-        real(path, data, **kw)
+        events.append(f"state file_kept={claimed.exists()} done={json.loads(data)['done_ids']}")
+        real_write(path, data, **kw)
+
+    def fsync(fd: int) -> None:
+        if os.path.samestat(os.fstat(fd), conv.log.stat()):
+            events.append("fsync log")
+        real_fsync(fd)
 
     monkeypatch.setattr(session, "atomic_write_bytes", record)
+    monkeypatch.setattr(os, "fsync", fsync)
     with open_writer(conv) as w:
-        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=True)
-        assert written == []  # no intent write, and the commit waits for the next state write
+        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=claimed)
+        # no intent write, no fsync yet: both wait for the next state write (the turn's)
+        assert events == [] and claimed.exists()
         w.flush()
-    assert len(written) == 1 and written[0]["intent"] is None
-    assert written[0]["done_ids"] == ["m1"]
+        assert not claimed.exists()  # removed only once the block is durable and committed
+    assert events == ["fsync log", "state file_kept=True done=['m1']"]
+    assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "hello"
 
 
 @pytest.mark.parametrize("late", [0, 1])

@@ -69,12 +69,18 @@ class ConvWriter:
     rebuilt: bool = False  # state.json was lost and derived from the log
     warnings: list[str] = field(default_factory=list)
     unsaved: bool = False  # a commit held in memory, written by the next save or flush()
+    held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
 
     # -- state ------------------------------------------------------------------------
 
     def save(self, *, durable: bool = True) -> None:
         """Write state.json atomically; ``durable=False`` skips fsync for informational changes
-        (a status) that are rebuilt from the log after a power loss anyway."""
+        (a status) that are rebuilt from the log after a power loss anyway.
+
+        Blocks held by :meth:`append_block` are fsynced first (no state that counts a block
+        is written before the block is durable), and their claimed files removed after."""
+        if self.held and self.durable:
+            self._sync_log()
         self.state.updated = now_iso()
         atomic_write_bytes(
             self.conv.state,
@@ -82,10 +88,13 @@ class ConvWriter:
             durable=self.durable and durable,
         )
         self.unsaved = False
+        held, self.held = self.held, []
+        for path in held:  # the block is durable and committed: the record is done with
+            path.unlink(missing_ok=True)
 
     def flush(self) -> None:
         """Write a commit held in memory (see :meth:`append_block`)."""
-        if self.unsaved:
+        if self.unsaved or self.held:
             self.save(durable=False)
 
     def set_status(self, status: Status, *, save: bool = True) -> None:
@@ -188,22 +197,29 @@ class ConvWriter:
         return self._separator(offset) + block.encode("utf-8")
 
     def append_block(
-        self, sender: str, recipient: str, text: str, *, msg_id: str, claimed: bool = False
+        self,
+        sender: str,
+        recipient: str,
+        text: str,
+        *,
+        msg_id: str,
+        claimed: Path | None = None,
     ) -> int:
         """Append one whole block exactly once (write, fsync, commit). Returns its offset.
 
-        ``claimed``: the block is the agent message in ``processing/<msg_id>``. That file is
-        the record of the write until the commit (recovery recognises the block from it), so
-        no intent is journaled, and the commit is held in memory for the next state write
-        (the turn's, or :meth:`flush` when the lock is let go): once the caller removes the
-        file, a crash before that write leaves the whole block to be adopted like a hand
-        append, still exactly once. Any other block (an answer to a need) journals an intent
-        (offset, length, sha256) first."""
+        ``claimed``: the block is the agent message in that file (``processing/<msg_id>``),
+        the record of the write until the commit (recovery recognises the block from it). So
+        no intent is journaled, and the fsync, the commit and the file's removal are held for
+        the next state write (the turn's, which runs on a worker thread while the request is
+        sent, or :meth:`flush` when the lock is let go): the block is fsynced before any state
+        that counts it, and the file removed after. A crash before that finds the file and
+        the block, whole or torn, and takes it exactly once. Any other block (an answer to a
+        need) journals an intent (offset, length, sha256) first."""
         if msg_id in self.state.done_ids:
             return -1
         offset = self.log_size()
         data = self.block_bytes(sender, recipient, text, offset)
-        if not claimed:
+        if claimed is None:
             self.state.intent = Intent(
                 kind="message",
                 id=msg_id,
@@ -217,19 +233,28 @@ class ConvWriter:
             if armed("append"):
                 self._append_raw(data[: len(data) // 2], sync=False)
                 crashpoint("append")
-                self._append_raw(data[len(data) // 2 :], sync=True)
+                self._append_raw(data[len(data) // 2 :], sync=claimed is None)
             else:
-                self._append_raw(data, sync=True)
+                self._append_raw(data, sync=claimed is None)
         except OSError:
             self._rollback(offset)
-            if not claimed:
+            if claimed is None:
                 self.state.intent = None
                 with contextlib.suppress(OSError):
                     self.save()
             raise
         crashpoint("appended")
-        self._commit_message(msg_id, offset + len(data), save=not claimed)
+        if claimed is not None:
+            self.held.append(claimed)
+        self._commit_message(msg_id, offset + len(data), save=claimed is None)
         return offset
+
+    def _sync_log(self) -> None:
+        fd = os.open(self.conv.log, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _separator(self, offset: int) -> bytes:
         """A blank line before a new header (as in the documented format)."""
@@ -249,8 +274,9 @@ class ConvWriter:
         self.state.messages_processed += 1
         self.state.retry_count = 0  # a new message from the agent resets any backoff
         self.state.next_retry_at = None
-        # No fsync needed here: the block is already durable, so after a power loss recovery
-        # finds it whole (from its intent, its claimed file, or as bytes to adopt).
+        # No fsync needed here: the block is already durable (a held one is fsynced by save()
+        # before this commit is written), so after a power loss recovery finds it whole (from
+        # its intent, its claimed file, or as bytes to adopt).
         if save:
             self.save(durable=False)
         else:
