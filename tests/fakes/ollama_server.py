@@ -169,6 +169,14 @@ class _Handler(JsonHandler):
         elif self.path == "/_requests":
             with fake.lock:
                 self._json(200, {"requests": fake.requests, "max_active": fake.max_active})
+        elif self.path.startswith("/_chat_times"):
+            # only the arrival times of /api/chat requests after the first ?since=N: a cheap
+            # poll for benchmarks (serialising every body under the lock would delay the
+            # stamps it measures)
+            since = int(self.path.partition("since=")[2] or 0)
+            with fake.lock:
+                times = [r["_time"] for r in fake.requests if r["_path"] == "/api/chat"]
+            self._json(200, {"times": times[since:]})
         else:
             self._json(404, {"error": "404 page not found"})
 
@@ -189,8 +197,9 @@ class _Handler(JsonHandler):
                 fake.max_active = 0
             self._json(200, {})
             return
+        arrived = time.time()  # stamped before the lock: a poll holding it must not shift it
         with fake.lock:
-            fake.requests.append({**body, "_path": self.path, "_time": time.time()})
+            fake.requests.append({**body, "_path": self.path, "_time": arrived})
         if self.path == "/api/chat":
             fake.chat_arrived.set()
         if self.path == "/api/show":
