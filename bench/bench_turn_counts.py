@@ -29,14 +29,16 @@ from contemplation.settings import load  # noqa: E402
 from contemplation.writer import drop_message, new_conversation  # noqa: E402
 
 WHAT = {
-    "state writes": "the turn's start (status generating, carrying the message's commit), the "
-    "reply's intent (its offset, before its first byte) and the reply's commit with its status",
-    "fsyncs": "the message block (before its file leaves processing/), the reply intent (temp "
-    "file + folder), the reply block, the reply's commit (temp file + folder)",
+    "state writes": "the turn's start (status generating, carrying the message's commit and "
+    "the reply's intent, its offset before its first byte) and the reply's commit with its "
+    "status",
+    "fsyncs": "on worker threads while the request goes out: the message block, then the "
+    "turn's start (temp file + folder), both before the first text is written; after the "
+    "stream: the reply block, the reply's commit (temp file + folder)",
     "locks": "flock of <conv>/.lock, one per step: the step that takes the message runs the "
     "turn under the same lock; the step after it finds nothing due",
-    "log opens": "appends (the message; the reply keeps one open for its life) and reads "
-    "(the incremental parse, the separator and identity checks)",
+    "log opens": "appends (the message; the reply keeps one open for its life), the "
+    "message's fsync and reads (the incremental parse, the separator and identity checks)",
 }
 
 

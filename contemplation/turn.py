@@ -364,14 +364,21 @@ async def _pump(
     limit = rt.settings.max_reply_bytes
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     cancel_path = conv.dir / ".cancel"
+    # the state write that says "generating" also journals the reply's intent (durable
+    # then), so the first text writes no state of its own
+    reserved = reply.reserve()
+    ended = False
     stream = backend.stream(request)
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
     try:
-        await _meanwhile(reply.w.save, durable=False)  # ...while the status is written
+        await _meanwhile(reply.w.save, durable=reserved)  # ...while the state is written
         ev = await first
         while ev is not None:
             if not reply.started and ev.kind in {"content", "thinking"} and ev.text:
-                await _meanwhile(reply.begin)  # the intent's fsyncs off the loop
+                if reply.reserved:
+                    reply.begin()  # the header only: the intent is already durable
+                else:
+                    await _meanwhile(reply.begin)  # the intent's fsyncs off the loop
             if ev.kind == "tool_call" and ev.tool_call is not None:
                 got.calls.append(ev.tool_call)
             elif ev.kind == "session" and ev.session is not None:
@@ -385,7 +392,10 @@ async def _pump(
                 if cancel_path.exists():
                     raise _Cancelled
             ev = await anext(stream, None)
+        ended = True
     finally:
+        if not ended:
+            reply.unreserve()  # before the way out appends its marker
         if not first.done():
             first.cancel()
             await asyncio.wait([first])

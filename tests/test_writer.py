@@ -156,6 +156,85 @@ def test_recovery_marks_a_cut_off_reply_interrupted(home: Home) -> None:
     assert st is not None and st.intent is None and st.log.size == conv.log.stat().st_size
 
 
+def test_a_reserved_reply_intent_rides_on_the_turns_state_write(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contemplation.writer import session
+
+    conv = conv_in(home)
+    writes: list[object] = []
+    real = session.atomic_write_bytes
+
+    def record(path: Path, data: bytes, **kw: bool) -> None:
+        writes.append((json.loads(data)["intent"] or {}).get("kind"))
+        real(path, data, **kw)
+
+    monkeypatch.setattr(session, "atomic_write_bytes", record)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+        writes.clear()
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        assert r.reserve() and not r.reserved  # not durable yet: begin() would journal
+        w.save()  # the turn's first state write (status generating)
+        assert writes == ["reply"] and r.reserved
+        r.content("an answer")
+        assert writes == ["reply"]  # the first text wrote no state of its own
+        r.finish()
+    assert writes == ["reply", None]
+    assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "an answer"
+
+
+def test_a_reserved_reply_that_never_began_leaves_no_marker(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.reserve()
+        w.save()
+        # the process "dies" during the request: no text, the intent stays in state.json
+    size = conv.log.stat().st_size
+    with open_writer(conv) as w:
+        w.recover()
+    assert conv.log.stat().st_size == size  # nothing to mark: the reply wrote nothing
+    st = read_state(conv)
+    assert st is not None and st.intent is None
+
+
+def test_an_unbegun_reply_takes_its_reservation_back_before_a_marker(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.reserve()
+        w.save()
+        r.unreserve()  # the request failed before any text
+        st = read_state(conv)
+        assert st is not None and st.intent is None  # durable before the ERROR marker
+        w.append_marker(MarkerKind.ERROR, "the server said no")
+    with open_writer(conv) as w:  # a restart finds no reply to mark interrupted
+        assert w.recover() == []
+    assert not parse(conv.log.read_bytes()).blocks[-1].interrupted
+
+
+def test_a_reply_begun_after_the_log_moved_journals_its_own_intent(home: Home) -> None:
+    conv = conv_in(home)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.reserve()
+        w.save()
+        r.note("a fallback backend answers")  # a NOTE block before the reply's header
+        assert not r.reserved
+        moved = conv.log.stat().st_size
+        r.content("half")
+        st = read_state(conv)
+        assert st is not None and st.intent is not None and st.intent.offset == moved
+    with open_writer(conv) as w:
+        w.recover()  # cut off: the reply (not the NOTE) is marked
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert blocks[-1].interrupted and blocks[-1].text.strip() == "half"
+
+
 def test_state_is_rebuilt_from_the_log_and_inputs_already_in_it_are_not_redone(home: Home) -> None:
     conv = conv_in(home)
     with open_writer(conv) as w:

@@ -35,17 +35,54 @@ class ReplyStream:
         self._in_thinking = False
         self._last_char = "\n"
         self._fd: int | None = None  # messages.log, open for the reply's whole life
+        self._reserved: Intent | None = None  # the intent journaled ahead (see reserve())
         self.content_parts: list[str] = []
+
+    def reserve(self) -> bool:
+        """Put the reply's intent (its offset, before its first byte) into the next state
+        write, so that the turn's first write (status, the message's commit) also journals
+        the reply and :meth:`begin` needs no write of its own. The caller makes that write
+        durable before any text can arrive, and calls :meth:`unreserve` on every way out
+        that leaves the reply unbegun. Returns whether it reserved (False: begun already,
+        or another write is in flight)."""
+        if self.started or self.w.state.intent is not None:
+            return False
+        self._reserved = Intent(kind="reply", id=self.reply_id, offset=self.w.log_size())
+        self.w.state.intent = self._reserved
+        return True
+
+    @property
+    def reserved(self) -> bool:
+        """begin() can use the reserved intent: it is durable and the log has not moved."""
+        intent = self._reserved
+        return (
+            intent is not None
+            and self.w.state.intent is intent
+            and self.w.saved_intent is intent
+            and self.w.log_size() == intent.offset
+        )
+
+    def unreserve(self) -> None:
+        """A reply that never began takes its reserved intent back, durably, before anything
+        else is appended: a stale intent below a later block would read as a reply cut off
+        by a crash."""
+        intent, self._reserved = self._reserved, None
+        if not self.started and intent is not None and self.w.state.intent is intent:
+            self.w.state.intent = None
+            self.w.save()
 
     def begin(self) -> None:
         """Journal the reply's intent (its offset) and write its header; idempotent. Called
-        by the first text, or before it by a caller that does this file work off the loop."""
+        by the first text, or before it by a caller that does this file work off the loop.
+        With a reserved intent already durable at this offset, nothing is journaled again."""
         if self.started:
             return
         offset = self.w.log_size()
         prefix = self.w._separator(offset).decode()
-        self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
-        self.w.save()
+        if not self.reserved:
+            self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
+            self.w.save()
+        self._reserved = None
         self.started = True
         self._fd = os.open(
             self.w.conv.log,

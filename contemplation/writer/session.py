@@ -70,6 +70,7 @@ class ConvWriter:
     warnings: list[str] = field(default_factory=list)
     unsaved: bool = False  # a commit held in memory, written by the next save or flush()
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
+    saved_intent: Intent | None = None  # the intent the last durable state write carried
 
     # -- state ------------------------------------------------------------------------
 
@@ -87,6 +88,8 @@ class ConvWriter:
             self.state.model_dump_json(indent=2).encode() + b"\n",
             durable=self.durable and durable,
         )
+        if durable or not self.durable:  # as safe as this writer's durability allows
+            self.saved_intent = self.state.intent
         self.unsaved = False
         held, self.held = self.held, []
         for path in held:  # the block is durable and committed: the record is done with
