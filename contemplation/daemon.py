@@ -48,7 +48,8 @@ async def run_once(settings: Settings) -> int:
     lock = DaemonLock(rt.home)
     lock.acquire()
     try:
-        await process_pending(rt)
+        # files written in place settle for settle_seconds, hand appends for twice that
+        await process_pending(rt, settle_wait=2 * settings.settle_seconds + 0.05)
     finally:
         await rt.aclose()
         lock.release()

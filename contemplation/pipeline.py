@@ -47,6 +47,7 @@ from contemplation.writer import (
 log = structlog.get_logger("contemplation.pipeline")
 
 ROUND_LIMIT_NOTE = "need rounds limit reached"
+SETTLE_ROUNDS = 20  # looks again at files still settling, in one process_pending burst
 
 
 def _settled(mtime_ns: int, now: float, window: float) -> bool:
@@ -314,9 +315,15 @@ async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None
         return rt.clock() + rt.settings.rescan_interval
 
 
-async def process_pending(rt: Runtime, *, parallel: int = 256) -> dict[str, float | None]:
-    """The burst: handle whatever is waiting in every active conversation, then return."""
-    convs = list_conversations(rt.home)
+async def process_pending(
+    rt: Runtime, *, parallel: int = 256, settle_wait: float = 0.0
+) -> dict[str, float | None]:
+    """The burst: handle whatever is waiting in every active conversation, then return.
+
+    ``settle_wait``: a conversation that wants another look within that many seconds (a
+    file written in place still settling, a hand append) is waited for and done again, at
+    most SETTLE_ROUNDS times, so ``run --once`` right after ``echo … > inbox/q.txt`` answers
+    it instead of leaving it for later. Retries further off are left to the next run."""
     seen = Tracked()
     gate = asyncio.Semaphore(parallel)
     results: dict[str, float | None] = {}
@@ -325,7 +332,17 @@ async def process_pending(rt: Runtime, *, parallel: int = 256) -> dict[str, floa
         async with gate:
             results[c.id] = await process_safely(c, rt, seen)
 
-    await asyncio.gather(*(one(c) for c in convs))
+    todo = list_conversations(rt.home)
+    for _ in range(SETTLE_ROUNDS):
+        await asyncio.gather(*(one(c) for c in todo))
+        now = rt.clock()
+        soon = {
+            c.id: at for c in todo if (at := results[c.id]) is not None and at - now <= settle_wait
+        }
+        if not soon:
+            break
+        await asyncio.sleep(max(0.0, min(soon.values()) - now))  # a timer, not a poll
+        todo = [c for c in todo if c.id in soon]
     return results
 
 

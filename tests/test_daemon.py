@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -194,6 +195,23 @@ def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllam
     )
     assert proc.returncode == 0, proc.stderr
     assert replies(only_conv(home)) == ["Echo: hello"]
+
+
+def test_run_once_waits_for_a_file_written_in_place_to_settle(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    # the default settle_seconds (1 s): a file written in place a moment ago is still settling
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="1")
+    inbox = home.active / "by-hand" / "inbox"
+    inbox.mkdir(parents=True)
+    (inbox / "q.txt").write_text("hello\n")
+    # still being written as run --once looks (its mtime ahead of the CLI's start-up time)
+    ahead = time.time() + 1.0
+    os.utime(inbox / "q.txt", (ahead, ahead))
+    started = time.monotonic()
+    cli(env, "run", "--once", timeout=30)
+    assert replies(home.conv("by-hand")) == ["Echo: hello"]
+    assert time.monotonic() - started < 10  # waited for the settle window, not a retry
 
 
 def test_respond_from_the_cli_answers_a_waiting_need(
