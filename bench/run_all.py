@@ -51,42 +51,47 @@ BENCHES = [
         "bench/bench_pickup.py",
         [],
     ),
+    (
+        "Scale: 1,000 folders made by hand, `run --once` (issue 11)",
+        "bench/bench_scale.py",
+        ["--convs", "1000", "--hand", "--once"],
+    ),
+    (
+        "Scale: 1,000 folders made with `new`, `run --once` (issue 11)",
+        "bench/bench_scale.py",
+        ["--convs", "1000", "--once"],
+    ),
 ]
 
 
 NOTES = """
 ## Targets missed, and what limits them
 
-Issue 11 rebuilt the turn path: one lock per step (the turn runs under the step's lock and
-writer), no intent write for an agent message (its file in `processing/` is the record of the
-write), the message's commit riding on the turn's first state write, the request sent while
-that write runs on a worker thread, and the backend slot given back as soon as the stream
-ends. Per turn that is 3 state writes (was 5), 6 fsyncs (was 8), 2 locks (was 3-4) and 3
-watcher pokes (was 86 for a 40-chunk reply). Measured with `bench/bench_pickup.py` (daemon
-and server each in their own process, default settings, fsync) on an idle machine:
+Met: pickup p50 ≤ 5 ms and p99 ≤ 20 ms, one at a time, for folders made with `new` and by hand
+(2.9-3.1 / 4.0-6.2 ms out of process; 2.5 / 4.9 ms in `bench_foundation`).
 
-* **Pickup p50 ≤ 5 ms, p99 ≤ 20 ms**: 5.0-5.6 ms p50, 7.7-11.5 ms p99 one at a time
-  (was 7.8 / 17.5 ms), for folders made with `new` and by hand alike (hand-made folders were
-  ~1.4 ms slower until their defaults took one fsync instead of four). The first turn of a
-  daemon costs 90-200 ms (the model's capabilities are looked up once, the first connection
-  is opened). What is left on the path: the step (lock, state and metadata reads, the
-  incremental parse, the claim) ~1 ms, the message's append + fsync ~0.5 ms, the request
-  (history, budget fit, httpx) ~0.7 ms, and the hop from the watcher thread to the loop.
-* **≤ 2 ms of daemon work per turn** (ten drops at once at concurrency 1 ≤ 15 ms p50):
-  6.5-10 ms between consecutive requests, ten at once p50 49-70 ms (was 188 ms). The slot
-  holder's own writes (the reply's durable intent: 2 fsyncs) and every other conversation's
-  step share one event loop: all file work is synchronous on it.
-* **1,000 hand-made folders at ≥ 300 turns/s** (`bench/bench_scale.py --convs 1000 --hand`):
-  72 turns/s end to end (94 with `new`), start-up and scan included.
-* **≥ 1,000 turns/s, 1,000 conversations, in process, fsync**: 220-258 turns/s
-  (365/s with `durability = "none"`). Six fsyncs of ~0.25-0.35 ms each on this virtual disk
-  are ~2 ms per turn, and concurrent fsyncs from threads do not coalesce here (measured: 1, 4,
-  16 and 64 threads all give ~2,000 fsyncs/s), so only a group commit with one `syncfs` per
-  batch (0.45 ms for 10 files, 2.3 ms for 200) can go further. That needs every durable point
-  of the writer to become an await, so that many conversations reach it together; it was not
-  done in this round. With fsync off the rest is Python work on one core: `os.replace` of
-  `state.json` (~0.2 ms: ext4 flushes a file renamed over another), JSON state encoding,
-  pathlib.
+* **≤ 2 ms of daemon work per turn** (ten drops at once at concurrency 1 ≤ 15 ms p50): 3.2-3.5 ms
+  between consecutive requests, ten at once p50 20-24 ms. Timestamps inside the daemon
+  (temporary instrumentation, 300 turns) split one gap as: request leaves → reaches the server
+  0.9 ms; first chunk back → written 1.0-1.9 ms (the turn's start write — message fsync, state
+  temp file + folder fsync — runs on a worker thread while the request travels, and its text
+  waits for it to be durable); stream end → slot handed over 0.1-0.3 ms; next request built
+  0.2-0.3 ms. A bare httpx client against the same server does a whole round trip in 0.66 ms.
+  Reading the stream while the start write runs (holding the events, handing the slot over as
+  soon as the server's stream ends) was tried: A/B over 2 x 400 turns it gave 3.64 / 3.39 ms against
+  3.80 / 3.40 ms, so on 2 cores the worker thread's GIL and CPU share, not the ordering, is what
+  is left; it was not kept.
+* **1,000 hand-made folders at ≥ 300 turns/s**: 182 turns/s (`run --once`, start-up included),
+  237 with `new`. Hand-made folders still cost more: their metadata and state are derived and
+  written at first sight.
+* **≥ 1,000 turns/s, 1,000 conversations, in process, fsync**: 511 turns/s (627 with
+  `durability = "none"`). A cProfile of the none case: per turn 9 opens + reads of small files
+  (metadata, state, the incremental log parse, the message), 22 stats, 7 directory listings and
+  ~45 pathlib joins, each open ~20 µs on this virtual disk; the fsyncs add ~0.4 ms per turn. More
+  needs the step after a turn to read nothing it already knows (state and metadata cached by
+  their stat signature) and a group commit of the state writes of many conversations (one
+  `syncfs` per batch: 0.45 ms for 10 files, 2.3 ms for 200, measured), which makes every durable
+  point of the writer an await. Neither was done in this round.
 """
 
 
