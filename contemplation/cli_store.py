@@ -55,6 +55,16 @@ def _rows(entries: list[Entry]) -> str:
     return show.table(rows, ("KEY", "UPDATED", "TAGS", "VALUE"))
 
 
+def _added(store: JsonStore, entry: Entry, before: Entry | None) -> dict[str, Any]:
+    """What `memory add` and `state set` print as JSON."""
+    return {
+        "added": before is None,
+        "replaced": before.as_dict() if before else None,
+        "entry": entry.as_dict(),
+        "file": str(store.path),
+    }
+
+
 def _value(text: str) -> str:
     value = text_arg(text)
     return value[:-1] if text == "-" and value.endswith("\n") else value  # echo adds one
@@ -81,13 +91,11 @@ def memory_add(
     ignored) is replaced."""
     store = _store(ctx, MEMORY_FILE)
     entry, before = store.add(key, _value(text), tags=tags)
-    data = {
-        "added": before is None,
-        "replaced": before.as_dict() if before else None,
-        "entry": entry.as_dict(),
-        "file": str(store.path),
-    }
-    emit(data, as_json, f"{'replaced' if before else 'added'} {entry.key!r} in {store.path}")
+    emit(
+        _added(store, entry, before),
+        as_json,
+        f"{'replaced' if before else 'added'} {entry.key!r} in {store.path}",
+    )
 
 
 @memory.command("list")
@@ -163,13 +171,11 @@ def state_set(ctx: click.Context, thing: str, text: str, as_json: bool) -> None:
     """Record TEXT (or stdin for -) as the current state of THING."""
     store = _store(ctx, STATE_FILE)
     entry, before = store.add(thing, _value(text))
-    data = {
-        "added": before is None,
-        "replaced": before.as_dict() if before else None,
-        "entry": entry.as_dict(),
-        "file": str(store.path),
-    }
-    emit(data, as_json, f"recorded the state of {entry.key!r} in {store.path}")
+    emit(
+        _added(store, entry, before),
+        as_json,
+        f"recorded the state of {entry.key!r} in {store.path}",
+    )
 
 
 @state.command("show")
