@@ -18,7 +18,9 @@ from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import Intent, MarkerKind
 from contemplation.parser import parse
 from contemplation.writer import (
+    ConvWriter,
     DaemonLock,
+    ReplyStream,
     atomic_write_json,
     claim,
     daemon_alive,
@@ -184,13 +186,19 @@ def test_a_reserved_reply_intent_rides_on_the_turns_state_write(
     assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "an answer"
 
 
+def _reserved_reply(w: ConvWriter) -> ReplyStream:
+    """A question in the log, and a reply whose intent the turn's first state write carried."""
+    w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+    r = w.reply("OLLAMA", "CLAUDE", "r1")
+    r.reserve()
+    w.save()
+    return r
+
+
 def test_a_reserved_reply_that_never_began_leaves_no_marker(home: Home) -> None:
     conv = conv_in(home)
     with open_writer(conv) as w:
-        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
-        r = w.reply("OLLAMA", "CLAUDE", "r1")
-        r.reserve()
-        w.save()
+        _reserved_reply(w)
         # the process "dies" during the request: no text, the intent stays in state.json
     size = conv.log.stat().st_size
     with open_writer(conv) as w:
@@ -203,10 +211,7 @@ def test_a_reserved_reply_that_never_began_leaves_no_marker(home: Home) -> None:
 def test_an_unbegun_reply_takes_its_reservation_back_before_a_marker(home: Home) -> None:
     conv = conv_in(home)
     with open_writer(conv) as w:
-        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
-        r = w.reply("OLLAMA", "CLAUDE", "r1")
-        r.reserve()
-        w.save()
+        r = _reserved_reply(w)
         r.unreserve()  # the request failed before any text
         st = read_state(conv)
         assert st is not None and st.intent is None  # durable before the ERROR marker
@@ -219,10 +224,7 @@ def test_an_unbegun_reply_takes_its_reservation_back_before_a_marker(home: Home)
 def test_a_reply_begun_after_the_log_moved_journals_its_own_intent(home: Home) -> None:
     conv = conv_in(home)
     with open_writer(conv) as w:
-        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
-        r = w.reply("OLLAMA", "CLAUDE", "r1")
-        r.reserve()
-        w.save()
+        r = _reserved_reply(w)
         r.note("a fallback backend answers")  # a NOTE block before the reply's header
         assert not r.reserved
         moved = conv.log.stat().st_size

@@ -48,7 +48,14 @@ from contemplation.models import (
 )
 from contemplation.parser import parse
 from contemplation.testing import armed, crashpoint
-from contemplation.writer.files import atomic_write_bytes, conv_lock, fsync_dir, now_iso, write_all
+from contemplation.writer.files import (
+    atomic_write_bytes,
+    conv_lock,
+    fsync_dir,
+    fsync_path,
+    now_iso,
+    write_all,
+)
 from contemplation.writer.folders import ensure_conversation_files, remove_tmp_files
 from contemplation.writer.reply import ReplyStream
 
@@ -81,7 +88,7 @@ class ConvWriter:
         Blocks held by :meth:`append_block` are fsynced first (no state that counts a block
         is written before the block is durable), and their claimed files removed after."""
         if self.held and self.durable:
-            self._sync_log()
+            fsync_path(self.conv.log, os.O_NOFOLLOW)
         self.state.updated = now_iso()
         atomic_write_bytes(
             self.conv.state,
@@ -251,13 +258,6 @@ class ConvWriter:
             self.held.append(claimed)
         self._commit_message(msg_id, offset + len(data), save=claimed is None)
         return offset
-
-    def _sync_log(self) -> None:
-        fd = os.open(self.conv.log, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _separator(self, offset: int) -> bytes:
         """A blank line before a new header (as in the documented format)."""
