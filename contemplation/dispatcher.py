@@ -63,7 +63,7 @@ class Dispatcher:
         if task is not None:
             self.dirty.add(conv_id)
             conv = self.rt.home.conv(conv_id)
-            if (conv.dir / ".cancel").exists() and conv_id not in self.seen.cancelled:
+            if conv.cancel_flag.exists() and conv_id not in self.seen.cancelled:
                 self.seen.cancelled.add(conv_id)
                 task.cancel()
             return

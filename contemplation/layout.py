@@ -57,43 +57,32 @@ class Home:
 
 @dataclass(frozen=True, slots=True)
 class Conv:
+    """A conversation folder and the paths in it (made once: a turn uses them dozens of
+    times, and joining pathlib paths costs more than the system calls they name)."""
+
     dir: Path
+    log: Path = field(init=False, compare=False, repr=False)
+    metadata: Path = field(init=False, compare=False, repr=False)
+    state: Path = field(init=False, compare=False, repr=False)
+    inbox: Path = field(init=False, compare=False, repr=False)
+    context: Path = field(init=False, compare=False, repr=False)
+    processing: Path = field(init=False, compare=False, repr=False)
+    failed: Path = field(init=False, compare=False, repr=False)
+    lock: Path = field(init=False, compare=False, repr=False)
+    cancel_flag: Path = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        d = self.dir
+        for name, leaf in (
+            ("log", LOG_NAME), ("metadata", "metadata.json"), ("state", "state.json"),
+            ("inbox", "inbox"), ("context", "context"), ("processing", "processing"),
+            ("failed", "failed"), ("lock", ".lock"), ("cancel_flag", ".cancel"),
+        ):  # fmt: skip
+            object.__setattr__(self, name, d / leaf)
 
     @property
     def id(self) -> str:
         return self.dir.name
-
-    @property
-    def log(self) -> Path:
-        return self.dir / LOG_NAME
-
-    @property
-    def metadata(self) -> Path:
-        return self.dir / "metadata.json"
-
-    @property
-    def state(self) -> Path:
-        return self.dir / "state.json"
-
-    @property
-    def inbox(self) -> Path:
-        return self.dir / "inbox"
-
-    @property
-    def context(self) -> Path:
-        return self.dir / "context"
-
-    @property
-    def processing(self) -> Path:
-        return self.dir / "processing"
-
-    @property
-    def failed(self) -> Path:
-        return self.dir / "failed"
-
-    @property
-    def lock(self) -> Path:
-        return self.dir / ".lock"
 
     @property
     def is_completed(self) -> bool:
@@ -164,6 +153,11 @@ _SAFE_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def open_regular(path: Path) -> int:
     """A read descriptor on ``path`` if it is a regular file: a symlink is never followed and
     a FIFO never blocks. Anything else raises :class:`InputRejected` saying what it is."""
+    return open_regular_stat(path)[0]
+
+
+def open_regular_stat(path: Path) -> tuple[int, os.stat_result]:
+    """:func:`open_regular`, and the file's stat (taken through the descriptor)."""
     try:
         fd = os.open(path, _SAFE_OPEN)
     except OSError as exc:
@@ -172,23 +166,37 @@ def open_regular(path: Path) -> int:
         if exc.errno == errno.ENXIO:  # a socket
             raise InputRejected(f"{path.name} is not a regular file") from None
         raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
         raise InputRejected(f"{path.name} is {kind}, not a regular file")
-    return fd
+    return fd, st
+
+
+def read_to_end(fd: int, expected: int) -> bytes:
+    """Read a descriptor from its position to the end: one read when the file is the
+    ``expected`` size (asking one byte more proves the end), more when it grew."""
+    want = max(expected, 0) + 1
+    parts: list[bytes] = []
+    while True:
+        chunk = os.read(fd, want)
+        parts.append(chunk)
+        if len(chunk) < want:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        want = 1 << 20
 
 
 def read_regular(path: Path, limit: int | None = None, limit_name: str = "the limit") -> bytes:
     """The bytes of a regular file (see :func:`open_regular`), at most ``limit`` of them:
     a larger file raises :class:`InputRejected` before anything is read."""
-    fd = open_regular(path)
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(fd).st_size
-        if limit is not None and size > limit:
-            raise InputRejected(f"{size} bytes is larger than {limit_name} ({limit})")
-        return f.read()
+    fd, st = open_regular_stat(path)
+    try:
+        if limit is not None and st.st_size > limit:
+            raise InputRejected(f"{st.st_size} bytes is larger than {limit_name} ({limit})")
+        return read_to_end(fd, st.st_size)
+    finally:
+        os.close(fd)
 
 
 def read_message(path: Path, limit: int) -> tuple[str | None, str]:
@@ -286,12 +294,15 @@ def processing_entries(conv: Conv) -> list[Path]:
     return [conv.processing / n for n in names]
 
 
+_SEGMENT_RE = re.compile(r"messages\.(\d+)\.log")
+
+
 def log_segments(conv: Conv) -> list[Path]:
     """Rotated segments oldest first, then the live log (``messages.N.log``: higher is older)."""
     segs: list[tuple[int, Path]] = []
     try:
         for name in os.listdir(conv.dir):
-            m = re.fullmatch(r"messages\.(\d+)\.log", name)
+            m = _SEGMENT_RE.fullmatch(name)
             if m:
                 segs.append((int(m.group(1)), conv.dir / name))
     except FileNotFoundError:
@@ -321,10 +332,9 @@ def parse_segment(data: bytes, *, agent_label: str = "CLAUDE") -> ParseResult:
     return dataclasses.replace(result, size=result.size + skip) if skip else result
 
 
-def segment_inodes(conv: Conv) -> tuple[tuple[str, int], ...]:
-    """(name, inode) of every rotated segment: changes whenever a rotation happens."""
+def _inodes(segments: list[Path]) -> tuple[tuple[str, int], ...]:
     out: list[tuple[str, int]] = []
-    for p in log_segments(conv)[:-1]:
+    for p in segments:
         try:
             out.append((p.name, os.stat(p, follow_symlinks=False).st_ino))
         except FileNotFoundError:
@@ -332,16 +342,25 @@ def segment_inodes(conv: Conv) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def read_history(conv: Conv, agent_label: str) -> tuple[Block, ...]:
-    """Blocks of the rotated segments, oldest first (offsets are within their own segment)."""
+def segment_inodes(conv: Conv) -> tuple[tuple[str, int], ...]:
+    """(name, inode) of every rotated segment: changes whenever a rotation happens."""
+    return _inodes(log_segments(conv)[:-1])
+
+
+def _read_segments(segments: list[Path], agent_label: str) -> tuple[Block, ...]:
     blocks: list[Block] = []
-    for seg in log_segments(conv)[:-1]:
+    for seg in segments:
         try:
             data = read_regular(seg)
         except (FileNotFoundError, InputRejected):
             continue
         blocks.extend(parse_segment(data, agent_label=agent_label).blocks)
     return tuple(blocks)
+
+
+def read_history(conv: Conv, agent_label: str) -> tuple[Block, ...]:
+    """Blocks of the rotated segments, oldest first (offsets are within their own segment)."""
+    return _read_segments(log_segments(conv)[:-1], agent_label)
 
 
 @dataclass
@@ -351,6 +370,9 @@ class LogView:
     ``live`` is the parse of ``messages.log`` (offsets in that file), ``history`` the blocks of
     the rotated ``messages.N.log`` segments (read again only when the live file is a new one,
     i.e. after a rotation), ``result`` both together: what the model's history is built from.
+
+    ``locked``: the caller holds the conversation's lock, so no rotation can run while the
+    files are read (one listing of the folder instead of one before and one after).
     """
 
     conv: Conv
@@ -359,27 +381,40 @@ class LogView:
     ino: int = 0
     live: ParseResult = field(default_factory=lambda: ParseResult(blocks=(), size=0))
     history: tuple[Block, ...] = ()
+    locked: bool = False
 
     def refresh(self) -> ParseResult:
         try:
-            fd = open_regular(self.conv.log)
+            st = os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
             self._load_all()
             return self._combine()
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
+        same_file = st.st_ino == self.ino and st.st_size >= self.live.size
+        if same_file and st.st_size == self.live.size and stat.S_ISREG(st.st_mode):
+            return self.result  # nothing new: one stat, no open
+        try:
+            fd, st = open_regular_stat(self.conv.log)
+        except FileNotFoundError:
+            self._load_all()
+            return self._combine()
+        try:
             same_file = st.st_ino == self.ino and st.st_size >= self.live.size
-            if same_file and st.st_size == self.live.size:
-                return self.result
             if same_file:
+                if st.st_size == self.live.size:
+                    return self.result
                 if self.live.blocks:
                     start = self.live.blocks[-1].offset
-                    f.seek(start)
-                    tail = parse(f.read(), agent_label=self.agent_label, base=start)
+                    os.lseek(fd, start, os.SEEK_SET)
+                    data = read_to_end(fd, st.st_size - start)
+                    tail = parse(data, agent_label=self.agent_label, base=start)
                     self.live = merge(self.live, tail, start)
                 else:
-                    self.live = parse_segment(f.read(), agent_label=self.agent_label)
+                    self.live = parse_segment(
+                        read_to_end(fd, st.st_size), agent_label=self.agent_label
+                    )
                 return self._combine()
+        finally:
+            os.close(fd)
         self._load_all()
         return self._combine()
 
@@ -388,17 +423,19 @@ class LogView:
         data, ino = b"", 0
         history: tuple[Block, ...] = ()
         for _ in range(20):
-            before = segment_inodes(self.conv)
-            history = read_history(self.conv, self.agent_label)
+            segments = log_segments(self.conv)[:-1]
+            before = _inodes(segments)
+            history = _read_segments(segments, self.agent_label)
             try:
-                fd = open_regular(self.conv.log)
+                fd, st = open_regular_stat(self.conv.log)
             except FileNotFoundError:
                 data, ino = b"", 0
             else:
-                with os.fdopen(fd, "rb") as f:
-                    ino = os.fstat(f.fileno()).st_ino
-                    data = f.read()
-            if segment_inodes(self.conv) == before:
+                try:
+                    ino, data = st.st_ino, read_to_end(fd, st.st_size)
+                finally:
+                    os.close(fd)
+            if self.locked or segment_inodes(self.conv) == before:
                 break
         self.history, self.ino = history, ino
         self.live = parse_segment(data, agent_label=self.agent_label)

@@ -107,7 +107,7 @@ def _decide(
     the next message."""
     if nxt.action != "needs":
         cycle.record_asked(w, ())  # a message or a turn since: nothing waits for approval
-    if (conv.dir / ".cancel").exists():  # honoured once, never left for a future turn
+    if conv.cancel_flag.exists():  # honoured once, never left for a future turn
         clear_cancel(conv)
         if nxt.action == "turn":
             w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
@@ -258,27 +258,38 @@ async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
             log.warning("forget_failed", conv=conv.id, backend=name, error=str(exc))
 
 
-async def _step_and_act(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
-    """One step under the conversation's lock, and what it decided. A turn runs under the same
-    lock and writer (nothing is locked or read twice); needs are looked up after the lock is
-    let go, since tools can be slow."""
+TURNS_PER_SESSION = 100  # turns decided again under one lock before it is let go
+
+
+async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
+    """Steps under one hold of the conversation's lock, and what they end with. A turn runs
+    under the same lock and writer as the step that decided it, and the step after it too
+    (nothing is locked or read twice); needs are looked up after the lock is let go, since
+    tools can be slow."""
     with open_writer(
         conv,
         durable=rt.settings.durability == "fsync",
-        default_meta=rt.default_metadata(conv),
+        default_meta=lambda: rt.default_metadata(conv),
         wait=False,
     ) as w:
         try:
-            decision = _step(conv, rt, seen, w)
-            seen.remember_size(conv)
-            match decision:
-                case TurnDue():
-                    return await run_turn(conv, rt, seen, w)
-                case Wait() | Again():
-                    return decision
+            for _ in range(TURNS_PER_SESSION):
+                decision = _step(conv, rt, seen, w)
+                if not isinstance(decision, TurnDue):
+                    break
+                outcome = await run_turn(conv, rt, seen, w)
+                if isinstance(outcome, Wait) or seen.stopping:
+                    return outcome
+            else:
+                return AGAIN
         finally:
             w.flush()  # what the step or the turn committed in memory, before the lock goes
-    return await cycle.answer(conv, rt, seen, decision)
+            seen.remember_size(conv)
+    if isinstance(decision, NeedsDue):
+        outcome = await cycle.answer(conv, rt, seen, decision)
+        seen.remember_size(conv)
+        return outcome
+    return decision
 
 
 async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
@@ -290,12 +301,11 @@ async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
         if seen.stopping or not _looks_like_a_conversation(conv):
             return None
         try:
-            outcome = await _step_and_act(conv, rt, seen)
+            outcome = await _session(conv, rt, seen)
         except LockBusy:
             return rt.clock() + 0.2
         except NotFound:
             return None
-        seen.remember_size(conv)
         if isinstance(outcome, Wait):
             return outcome.at
     return rt.clock() + 1.0

@@ -8,6 +8,7 @@ costs a re-read, never correctness.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,12 +27,13 @@ class Tracked:
     def view(self, conv: Conv, agent_label: str) -> LogView:
         v = self.views.get(conv.id)
         if v is None or v.conv != conv or v.agent_label != agent_label:
-            v = self.views[conv.id] = LogView(conv, agent_label)
+            # read under the conversation's lock only: no rotation runs meanwhile
+            v = self.views[conv.id] = LogView(conv, agent_label, locked=True)
         return v
 
     def remember_size(self, conv: Conv) -> None:
         try:
-            self.log_sizes[conv.id] = conv.log.stat().st_size
+            self.log_sizes[conv.id] = os.stat(conv.log).st_size
         except OSError:
             self.log_sizes.pop(conv.id, None)
 

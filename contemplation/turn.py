@@ -51,6 +51,7 @@ log = structlog.get_logger("contemplation.turn")
 CANCEL_CHECK_INTERVAL = 0.2
 SUMMARY_TIMEOUT = 120.0  # seconds for the one summary call a turn may make
 TOOL_CALL_PREFIX = "(tool call "
+_TEXT = frozenset({"content", "thinking"})
 
 
 class _Cancelled(Exception):
@@ -203,21 +204,18 @@ async def _stream(
         return _failed(conv, rt, w, reply, prepared.error)
     if prepared.note:
         reply.note(prepared.note)
-    try:
-        return await _run_reply(
-            conv,
-            rt,
-            w,
-            seen=seen,
-            backend=backend,
-            reply=reply,
-            fitted=fitted,
-            window=window,
-            ratio=ratio,
-            held=held,
-        )
-    finally:
-        reply.close()
+    return await _run_reply(
+        conv,
+        rt,
+        w,
+        seen=seen,
+        backend=backend,
+        reply=reply,
+        fitted=fitted,
+        window=window,
+        ratio=ratio,
+        held=held,
+    )
 
 
 async def _run_reply(
@@ -289,7 +287,7 @@ async def _summarise(
     think = False if caps is not None and caps.thinking else None
     request = budget.summary_request_for(fitted, think=think)
     parts: list[str] = []
-    cancel_path = conv.dir / ".cancel"
+    cancel_path = conv.cancel_flag
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     try:
         async with asyncio.timeout(SUMMARY_TIMEOUT):
@@ -363,7 +361,7 @@ async def _pump(
     got = _Streamed()
     limit = rt.settings.max_reply_bytes
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    cancel_path = conv.dir / ".cancel"
+    cancel_path = conv.cancel_flag
     # the state write that says "generating" also journals the reply's intent (durable
     # then), so the first text writes no state of its own
     reserved = reply.reserve()
@@ -374,11 +372,8 @@ async def _pump(
         await _meanwhile(reply.w.save, durable=reserved)  # ...while the state is written
         ev = await first
         while ev is not None:
-            if not reply.started and ev.kind in {"content", "thinking"} and ev.text:
-                if reply.reserved:
-                    reply.begin()  # the header only: the intent is already durable
-                else:
-                    await _meanwhile(reply.begin)  # the intent's fsyncs off the loop
+            if not reply.started and ev.kind in _TEXT and ev.text and not reply.begin_reserved():
+                await _meanwhile(reply.begin)  # the intent's fsyncs off the loop
             if ev.kind == "tool_call" and ev.tool_call is not None:
                 got.calls.append(ev.tool_call)
             elif ev.kind == "session" and ev.session is not None:

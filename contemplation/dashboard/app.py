@@ -210,7 +210,7 @@ class Dashboard:
                 self.reader.pending_needs(conv, meta) if meta and not conv.is_completed else []
             )
             out["template"] = meta.template if meta else ""
-            out["cancel_requested"] = os.path.lexists(conv.dir / ".cancel")
+            out["cancel_requested"] = os.path.lexists(conv.cancel_flag)
             out["pending_approvals"] = (
                 [r.model_dump(mode="json") for r in state.pending_approvals]
                 if state is not None and not conv.is_completed

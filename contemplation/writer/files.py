@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import secrets
@@ -41,8 +42,12 @@ def fsync_dir(path: Path) -> None:
     fsync_path(path, os.O_DIRECTORY)
 
 
+_TMP_PREFIX = secrets.token_hex(3)  # with a counter: unique temp names without a getrandom each
+_tmp_counter = itertools.count()
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         write_all(fd, data)

@@ -228,12 +228,12 @@ def _pid_alive(pid: int) -> bool:
 
 def request_cancel(conv: Conv) -> None:
     """Ask the daemon to stop the conversation's in-flight generation (``.cancel`` flag file)."""
-    atomic_write_bytes(conv.dir / ".cancel", now_iso().encode(), durable=False)
+    atomic_write_bytes(conv.cancel_flag, now_iso().encode(), durable=False)
 
 
 def clear_cancel(conv: Conv) -> None:
     with contextlib.suppress(FileNotFoundError):
-        (conv.dir / ".cancel").unlink()
+        conv.cancel_flag.unlink()
 
 
 def idempotent_create(

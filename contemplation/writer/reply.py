@@ -34,7 +34,6 @@ class ReplyStream:
         self._think_stuffer = logformat.StreamStuffer()
         self._in_thinking = False
         self._last_char = "\n"
-        self._fd: int | None = None  # messages.log, open for the reply's whole life
         self._reserved: Intent | None = None  # the intent journaled ahead (see reserve())
         self.content_parts: list[str] = []
 
@@ -54,12 +53,15 @@ class ReplyStream:
     @property
     def reserved(self) -> bool:
         """begin() can use the reserved intent: it is durable and the log has not moved."""
+        return self._reserved_at(self.w.log_size())
+
+    def _reserved_at(self, offset: int) -> bool:
         intent = self._reserved
         return (
             intent is not None
             and self.w.state.intent is intent
             and self.w.saved_intent is intent
-            and self.w.log_size() == intent.offset
+            and offset == intent.offset
         )
 
     def unreserve(self) -> None:
@@ -78,17 +80,26 @@ class ReplyStream:
         if self.started:
             return
         offset = self.w.log_size()
-        prefix = self.w._separator(offset).decode()
-        if not self.reserved:
+        if not self._reserved_at(offset):
             self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
             self.w.save()
+        self._start(offset)
+
+    def begin_reserved(self) -> bool:
+        """Begin now if the reserved intent is durable and the log has not moved: then only
+        the header is written. False: nothing was done, :meth:`begin` must journal."""
+        if self.started:
+            return True
+        offset = self.w.log_size()
+        if not self._reserved_at(offset):
+            return False
+        self._start(offset)
+        return True
+
+    def _start(self, offset: int) -> None:
+        prefix = self.w._separator(offset).decode()
         self._reserved = None
         self.started = True
-        self._fd = os.open(
-            self.w.conv.log,
-            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-            0o644,
-        )
         self._write(prefix + logformat.header(self.sender, self.recipient))
         crashpoint("reply_header")
 
@@ -96,8 +107,7 @@ class ReplyStream:
         if not text:
             return
         data = text.encode("utf-8")
-        assert self._fd is not None, "a reply writes only after its header"
-        write_all(self._fd, data)
+        write_all(self.w.append_fd(), data)
         self.bytes_written += len(data)
         self._last_char = text[-1]
 
@@ -164,11 +174,11 @@ class ReplyStream:
         if self.saw_complete:
             self._write(logformat.marker(MarkerKind.COMPLETE))
         crashpoint("reply_done")
-        if self.w.durable and self._fd is not None:
-            os.fsync(self._fd)
-        self.close()
+        fd = self.w.append_fd()
+        if self.w.durable:
+            os.fsync(fd)
         self.w.state.intent = None
-        self.w.state.log.size = self.w.log_size()
+        self.w.state.log.size = os.fstat(fd).st_size
         self.w.state.turns += 1
         self.w.state.last_turn = usage
         self.w.state.retry_count = 0
@@ -179,12 +189,6 @@ class ReplyStream:
         self.committed = True
         return self.bytes_written
 
-    def close(self) -> None:
-        """Let go of messages.log (idempotent; every path out of a turn calls it)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
     def abort(self, kind: MarkerKind, reason: str) -> None:
         """End a reply that did not finish: mark it so it is never taken for a whole answer."""
         if self.started:
@@ -192,7 +196,6 @@ class ReplyStream:
             self._write(self._stuffer.flush())
             self._ensure_newline()
             self._write(logformat.marker(kind, reason))
-            self.close()
             self.w.state.intent = None
             self.w.state.log.size = self.w.log_size()
             self.w.save()

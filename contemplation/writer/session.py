@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +78,24 @@ class ConvWriter:
     unsaved: bool = False  # a commit held in memory, written by the next save or flush()
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
     saved_intent: Intent | None = None  # the intent the last durable state write carried
+    fd: int | None = None  # messages.log, read-write in append mode, open for this session
+
+    def close(self) -> None:
+        """Let go of messages.log (the session's end, a rotation, a log that was replaced)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def append_fd(self) -> int:
+        """The session's descriptor on messages.log (opened on first use, never through a
+        link): every append of this session and the reply's text go through it."""
+        if self.fd is None:
+            self.fd = os.open(
+                self.conv.log,
+                os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                0o644,
+            )
+        return self.fd
 
     # -- state ------------------------------------------------------------------------
 
@@ -88,7 +106,10 @@ class ConvWriter:
         Blocks held by :meth:`append_block` are fsynced first (no state that counts a block
         is written before the block is durable), and their claimed files removed after."""
         if self.held and self.durable:
-            fsync_path(self.conv.log, os.O_NOFOLLOW)
+            if self.fd is not None:
+                os.fsync(self.fd)
+            else:
+                fsync_path(self.conv.log, os.O_NOFOLLOW)
         self.state.updated = now_iso()
         atomic_write_bytes(
             self.conv.state,
@@ -139,6 +160,7 @@ class ConvWriter:
         try:
             st = os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
+            self.close()
             fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             os.close(fd)
             st = os.stat(self.conv.log)
@@ -152,6 +174,8 @@ class ConvWriter:
                 f"{self.conv.log} is not a regular file (a symlink?); refusing to write through it"
             )
         ident = self.state.log
+        if self.fd is not None and os.fstat(self.fd).st_ino != st.st_ino:
+            self.close()  # the name now points at another file
         if ident.ino and st.st_ino != ident.ino:
             self.warn("messages.log was replaced (new inode); re-read it whole")
             self.state.log = LogIdentity(ino=st.st_ino, size=st.st_size)
@@ -178,17 +202,10 @@ class ConvWriter:
         return n
 
     def _append_raw(self, data: bytes, *, sync: bool) -> None:
-        fd = os.open(
-            self.conv.log,
-            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-            0o644,
-        )
-        try:
-            write_all(fd, data)
-            if sync and self.durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        fd = self.append_fd()
+        write_all(fd, data)
+        if sync and self.durable:
+            os.fsync(fd)
 
     def _rollback(self, offset: int) -> None:
         """Cut the log back to ``offset`` (never through a symlink)."""
@@ -266,9 +283,7 @@ class ConvWriter:
         return b"\n" if self._ends_with_newline(offset) else b"\n\n"
 
     def _ends_with_newline(self, size: int) -> bool:
-        with open(self.conv.log, "rb") as f:
-            f.seek(size - 1)
-            return f.read(1) == b"\n"
+        return os.pread(self.append_fd(), 1, size - 1) == b"\n"
 
     def _commit_message(self, msg_id: str, end: int, *, save: bool = True) -> None:
         self.state.intent = None
@@ -324,6 +339,7 @@ class ConvWriter:
         rot = self.state.rotation
         if rot is None:
             return ""
+        self.close()  # the live log is about to become messages.1.log
         d = self.conv.dir
         for n in range(rot.segments, 0, -1):
             src, dst = d / f"messages.{n}.log", d / f"messages.{n + 1}.log"
@@ -497,15 +513,23 @@ def _read_text(p: Path) -> str:
 
 @contextlib.contextmanager
 def open_writer(
-    conv: Conv, *, durable: bool = True, default_meta: Metadata | None = None, wait: bool = True
+    conv: Conv,
+    *,
+    durable: bool = True,
+    default_meta: Metadata | Callable[[], Metadata] | None = None,
+    wait: bool = True,
 ) -> Iterator[ConvWriter]:
     """Lock the conversation, load (or rebuild) its state, and yield a writer.
 
-    With ``wait=False`` a lock held by someone else raises :class:`LockBusy` at once.
+    ``default_meta`` (or a function that makes it, called only when needed) is the metadata
+    of a folder made by hand. With ``wait=False`` a lock held by someone else raises
+    :class:`LockBusy` at once.
     """
-    if not conv.dir.is_dir():
-        raise NotFound(f"no conversation folder {conv.dir}")
-    with conv_lock(conv, blocking=wait) as got:
+    with contextlib.ExitStack() as stack:
+        try:
+            got = stack.enter_context(conv_lock(conv, blocking=wait))
+        except FileNotFoundError:
+            raise NotFound(f"no conversation folder {conv.dir}") from None
         if not got:
             raise LockBusy(f"{conv.id} is locked by another writer")
         meta = read_metadata(conv)
@@ -513,7 +537,7 @@ def open_writer(
             dropped_in = conv.inbox.is_dir() or conv.log.exists()
             if default_meta is None or not dropped_in:
                 raise NotFound(f"{conv.id} has no readable metadata.json")
-            meta = default_meta
+            meta = default_meta() if callable(default_meta) else default_meta
             # A folder made by hand: its metadata and state are the defaults and what the log
             # says, so they are rebuilt alike if a power loss takes them; only the new log's
             # name must be durable before a block is appended to it (one fsync, not four).
@@ -525,6 +549,7 @@ def open_writer(
         if state is None:
             state = rebuild_state(conv, meta)
         w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt)
+        stack.callback(w.close)
         if rebuilt:
             w.warn("state.json was missing or unreadable; rebuilt it from messages.log")
         yield w
