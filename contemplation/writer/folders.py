@@ -110,16 +110,27 @@ def new_conversation(
     raise InputRejected(f"too many conversations named {base}")
 
 
-def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
-    """Create what a conversation folder is missing (folders, metadata, state, empty log)."""
-    for d in (conv.inbox, conv.context):
+def ensure_conversation_files(
+    conv: Conv, meta: Metadata, *, durable: bool = True, hand_made: bool = False
+) -> None:
+    """Create what a conversation folder is missing: inbox/, processing/, the lock file,
+    metadata, an empty log and (for a folder made with ``new``) context/ and state.
+
+    Everything a turn needs exists from the start, so no turn pays for making a file or a
+    folder (on some file systems that costs more than the rest of the turn). A folder made
+    by hand gets no state.json here: its first state write makes it, and until then the
+    state is derived from the log; its context/ is made when something is saved there."""
+    for d in (
+        (conv.inbox, conv.processing) if hand_made else (conv.inbox, conv.processing, conv.context)
+    ):
         d.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
     if read_metadata(conv) is None:
         atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
     if not conv.log.exists():
         fd = os.open(conv.log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         os.close(fd)
-    if read_state(conv) is None and not conv.state.exists():
+    if not hand_made and read_state(conv) is None and not conv.state.exists():
         st = State(updated=now_iso())
         info = os.stat(conv.log)
         st.log = LogIdentity(ino=info.st_ino, size=0)
@@ -158,14 +169,16 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
 
 def claim(conv: Conv, inbox_file: Path) -> Path | None:
     """Take an inbox file by renaming it into ``processing/``; None if someone else won."""
-    conv.processing.mkdir(exist_ok=True)
     claimed = (
         conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{inbox_file.name[:80]}"
     )
     try:
         os.rename(inbox_file, claimed)
     except FileNotFoundError:
-        return None
+        if conv.processing.is_dir() or not os.path.lexists(inbox_file):
+            return None  # someone else took it
+        conv.processing.mkdir(exist_ok=True)  # a folder from before processing/ came with it
+        return claim(conv, inbox_file)
     crashpoint("claim")
     return claimed
 

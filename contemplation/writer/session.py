@@ -533,6 +533,7 @@ def open_writer(
         if not got:
             raise LockBusy(f"{conv.id} is locked by another writer")
         meta = read_metadata(conv)
+        adopted = False
         if meta is None:
             dropped_in = conv.inbox.is_dir() or conv.log.exists()
             if default_meta is None or not dropped_in:
@@ -541,14 +542,16 @@ def open_writer(
             # A folder made by hand: its metadata and state are the defaults and what the log
             # says, so they are rebuilt alike if a power loss takes them; only the new log's
             # name must be durable before a block is appended to it (one fsync, not four).
-            ensure_conversation_files(conv, meta, durable=False)
+            ensure_conversation_files(conv, meta, durable=False, hand_made=True)
             if durable:
                 fsync_dir(conv.dir)
+            adopted = True
         state = read_state(conv)
-        rebuilt = state is None
+        rebuilt = state is None and not adopted
         if state is None:
             state = rebuild_state(conv, meta)
         w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt)
+        w.unsaved = adopted  # state.json is written by the first save, or flush() at the end
         stack.callback(w.close)
         if rebuilt:
             w.warn("state.json was missing or unreadable; rebuilt it from messages.log")
