@@ -24,6 +24,7 @@ from contemplation.needs.router import NeedRouter
 from contemplation.scheduler import ModelScheduler
 from contemplation.settings import Settings
 from contemplation.writer import ConvWriter, now_iso, open_writer
+from contemplation.writer.durable import GroupCommitter
 
 log = structlog.get_logger("contemplation.pipeline")
 
@@ -48,6 +49,7 @@ class Runtime:
     assembler: ContextAssembler | None = None
     calibration: Calibration = field(default_factory=Calibration)
     breakers: dict[str, Breaker] = field(default_factory=dict)
+    committer: GroupCommitter = field(default_factory=GroupCommitter)  # turns' durable writes
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
 
@@ -139,6 +141,8 @@ class Runtime:
         for b in backends:
             with contextlib.suppress(Exception):
                 await b.aclose()
+        self.committer.close()
+        self.committer = GroupCommitter()
         router, self.router, self.assembler = self.router, None, None
         if router is not None:
             with contextlib.suppress(Exception):

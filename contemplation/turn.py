@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -273,7 +271,7 @@ async def _fit(
     out. Raises _Cancelled on the agent's cancel."""
     if not fitted.summarise:
         return fitted.request, list(fitted.notes)
-    await _meanwhile(w.save, durable=False)  # the status says generating while it is made
+    await rt.committer.run(w.save_steps(durable=False))  # says generating while it is made
     text, why = await _summarise(conv, rt, w.meta, backend, fitted)
     return fitted.with_summary(text) if text else fitted.without_summary(why)
 
@@ -369,11 +367,11 @@ async def _pump(
     stream = backend.stream(request)
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
     try:
-        await _meanwhile(reply.w.save, durable=reserved)  # ...while the state is written
+        await rt.committer.run(reply.w.save_steps(durable=reserved))  # ...while it is written
         ev = await first
         while ev is not None:
             if not reply.started and ev.kind in _TEXT and ev.text and not reply.begin_reserved():
-                await _meanwhile(reply.begin)  # the intent's fsyncs off the loop
+                await rt.committer.run(reply.begin_steps())  # the intent's writes off the loop
             if ev.kind == "tool_call" and ev.tool_call is not None:
                 got.calls.append(ev.tool_call)
             elif ev.kind == "session" and ev.session is not None:
@@ -396,19 +394,6 @@ async def _pump(
             await asyncio.wait([first])
         await stream.aclose()
     return got
-
-
-async def _meanwhile(write: Callable[..., object], **kw: Any) -> None:
-    """File work (a state write, a reply's commit) on a worker thread, so the loop goes on
-    meanwhile: the request goes out, other conversations step. It always runs to its end
-    before anything else touches this conversation's files (even on a cancel); only the
-    task that holds the conversation's lock and writer calls it."""
-    done = asyncio.get_running_loop().run_in_executor(None, functools.partial(write, **kw))
-    try:
-        await asyncio.shield(done)
-    except asyncio.CancelledError:
-        await asyncio.wait([done])
-        raise
 
 
 async def _finish(
@@ -445,8 +430,8 @@ async def _finish(
         w.state.backend_session = got.session
     # the fsyncs of the commit run off the loop: the next conversation's request goes out
     try:
-        await _meanwhile(
-            reply.finish, markers=markers, usage=usage, status=Status.IDLE if done else None
+        await rt.committer.run(
+            reply.finish_steps(markers=markers, usage=usage, status=Status.IDLE if done else None)
         )
     finally:
         if reply.committed:  # a cancel that came meanwhile finds the reply committed

@@ -28,6 +28,7 @@ from contemplation.writer import (
     new_conversation,
     open_writer,
 )
+from contemplation.writer.durable import Steps
 from tests.peers import executable
 
 
@@ -165,13 +166,13 @@ def test_a_reserved_reply_intent_rides_on_the_turns_state_write(
 
     conv = conv_in(home)
     writes: list[object] = []
-    real = session.atomic_write_bytes
+    real = session.atomic_write_steps
 
-    def record(path: Path, data: bytes, **kw: bool) -> None:
+    def record(path: Path, data: bytes, **kw: bool) -> Steps[None]:
         writes.append((json.loads(data)["intent"] or {}).get("kind"))
-        real(path, data, **kw)
+        return real(path, data, **kw)
 
-    monkeypatch.setattr(session, "atomic_write_bytes", record)
+    monkeypatch.setattr(session, "atomic_write_steps", record)
     with open_writer(conv) as w:
         w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
         writes.clear()
@@ -323,18 +324,18 @@ def test_a_claimed_message_is_fsynced_committed_and_removed_by_the_next_state_wr
     conv = conv_in(home)
     claimed = _claimed(conv, "m1", "hello")
     events: list[str] = []
-    real_write, real_fsync = session.atomic_write_bytes, os.fsync
+    real_write, real_fsync = session.atomic_write_steps, os.fsync
 
-    def record(path: Path, data: bytes, **kw: bool) -> None:
+    def record(path: Path, data: bytes, **kw: bool) -> Steps[None]:
         events.append(f"state file_kept={claimed.exists()} done={json.loads(data)['done_ids']}")
-        real_write(path, data, **kw)
+        return real_write(path, data, **kw)
 
     def fsync(fd: int) -> None:
         if os.path.samestat(os.fstat(fd), conv.log.stat()):
             events.append("fsync log")
         real_fsync(fd)
 
-    monkeypatch.setattr(session, "atomic_write_bytes", record)
+    monkeypatch.setattr(session, "atomic_write_steps", record)
     monkeypatch.setattr(os, "fsync", fsync)
     with open_writer(conv) as w:
         w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=claimed)

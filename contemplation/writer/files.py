@@ -23,19 +23,11 @@ from typing import Any
 from contemplation.errors import AlreadyRunning
 from contemplation.layout import Conv, Home, read_json
 from contemplation.testing import crashpoint
+from contemplation.writer.durable import Durable, Steps, fsync_path, run_now
 
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def fsync_path(path: Path, flags: int = 0) -> None:
-    """fsync a file or folder by its path (``flags`` added to O_RDONLY)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:
@@ -46,13 +38,17 @@ _TMP_PREFIX = secrets.token_hex(3)  # with a counter: unique temp names without 
 _tmp_counter = itertools.count()
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+def atomic_write_steps(
+    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644
+) -> Steps[None]:
+    """:func:`atomic_write_bytes` as steps (see :mod:`.durable`): the temp file is durable
+    before the rename, the rename before the steps end."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         write_all(fd, data)
         if durable:
-            os.fsync(fd)
+            yield Durable(files=(fd,))
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -67,7 +63,11 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: i
             os.unlink(tmp)
         raise
     if durable:
-        fsync_dir(path.parent)
+        yield Durable(folders=(path.parent,))
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+    run_now(atomic_write_steps(path, data, durable=durable, mode=mode))
 
 
 def atomic_write_json(path: Path, data: Any, *, durable: bool = True) -> None:

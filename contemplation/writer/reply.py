@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from contemplation import logformat
 from contemplation.models import Intent, MarkerKind, Status, Usage
 from contemplation.testing import crashpoint
+from contemplation.writer.durable import Steps, run_now
 from contemplation.writer.files import write_all
 
 if TYPE_CHECKING:
@@ -77,12 +78,16 @@ class ReplyStream:
         """Journal the reply's intent (its offset) and write its header; idempotent. Called
         by the first text, or before it by a caller that does this file work off the loop.
         With a reserved intent already durable at this offset, nothing is journaled again."""
+        run_now(self.begin_steps())
+
+    def begin_steps(self) -> Steps[None]:
+        """:meth:`begin` as steps (see :mod:`.durable`)."""
         if self.started:
             return
         offset = self.w.log_size()
         if not self._reserved_at(offset):
             self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
-            self.w.save()
+            yield from self.w.save_steps()
         self._start(offset)
 
     def begin_reserved(self) -> bool:
@@ -162,10 +167,20 @@ class ReplyStream:
         usage: Usage | None = None,
         status: Status | None = None,
     ) -> int:
-        """Close the block (and any markers), fsync, and commit (with ``status``, decided by
-        the caller, in the same state write). Returns bytes written."""
+        """Close the block (and any markers), make it durable, and commit (with ``status``,
+        decided by the caller, in the same state write). Returns bytes written."""
+        return run_now(self.finish_steps(markers=markers, usage=usage, status=status))
+
+    def finish_steps(
+        self,
+        *,
+        markers: list[tuple[MarkerKind, str]] | None = None,
+        usage: Usage | None = None,
+        status: Status | None = None,
+    ) -> Steps[int]:
+        """:meth:`finish` as steps (see :mod:`.durable`)."""
         if not self.started:
-            self.begin()
+            yield from self.begin_steps()
         self._end_thinking()
         self._write(self._stuffer.flush())
         self._ensure_newline()
@@ -175,8 +190,6 @@ class ReplyStream:
             self._write(logformat.marker(MarkerKind.COMPLETE))
         crashpoint("reply_done")
         fd = self.w.append_fd()
-        if self.w.durable:
-            os.fsync(fd)
         self.w.state.intent = None
         self.w.state.log.size = os.fstat(fd).st_size
         self.w.state.turns += 1
@@ -185,7 +198,8 @@ class ReplyStream:
         self.w.state.next_retry_at = None
         if status is not None:
             self.w.state.status = status
-        self.w.save()
+        # the block is durable with the state's temp file, before the state is renamed in
+        yield from self.w.save_steps(also=(fd,) if self.w.durable else ())
         self.committed = True
         return self.bytes_written
 

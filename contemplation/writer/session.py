@@ -48,11 +48,11 @@ from contemplation.models import (
 )
 from contemplation.parser import parse
 from contemplation.testing import armed, crashpoint
+from contemplation.writer.durable import Durable, Steps, run_now
 from contemplation.writer.files import (
-    atomic_write_bytes,
+    atomic_write_steps,
     conv_lock,
     fsync_dir,
-    fsync_path,
     now_iso,
     write_all,
 )
@@ -103,19 +103,28 @@ class ConvWriter:
         """Write state.json atomically; ``durable=False`` skips fsync for informational changes
         (a status) that are rebuilt from the log after a power loss anyway.
 
-        Blocks held by :meth:`append_block` are fsynced first (no state that counts a block
-        is written before the block is durable), and their claimed files removed after."""
-        if self.held and self.durable:
-            if self.fd is not None:
-                os.fsync(self.fd)
-            else:
-                fsync_path(self.conv.log, os.O_NOFOLLOW)
+        Blocks held by :meth:`append_block` are made durable first (no state that counts a
+        block is written before the block is durable), and their claimed files removed after."""
+        run_now(self.save_steps(durable=durable))
+
+    def save_steps(self, *, durable: bool = True, also: tuple[int | Path, ...] = ()) -> Steps[None]:
+        """:meth:`save` as steps (see :mod:`.durable`), for a group committer to drive.
+        ``also``: files that must be durable before this state is (a reply's block)."""
+        sync_state = self.durable and durable
+        log = self.fd if self.fd is not None else self.conv.log
+        before = (*also, log) if self.held and self.durable else also
+        if before and not sync_state:
+            yield Durable(files=before)
         self.state.updated = now_iso()
-        atomic_write_bytes(
+        steps = atomic_write_steps(
             self.conv.state,
             self.state.model_dump_json(indent=2).encode() + b"\n",
-            durable=self.durable and durable,
+            durable=sync_state,
         )
+        if sync_state and before:  # those files and the temp file in one point
+            first = next(steps)
+            yield Durable(files=(*before, *first.files), folders=first.folders)
+        yield from steps
         if durable or not self.durable:  # as safe as this writer's durability allows
             self.saved_intent = self.state.intent
         self.unsaved = False
