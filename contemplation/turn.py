@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -237,7 +238,7 @@ async def _run_reply(
             request, notes = await _fit(conv, rt, w, backend, fitted)
             for note in notes:
                 reply.note(note)
-            got = await _pump_guarded(conv, rt, backend, request, reply)
+            got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
@@ -312,12 +313,18 @@ async def _summarise(
 
 
 async def _pump_guarded(
-    conv: Conv, rt: Runtime, backend: Backend, request: ChatRequest, reply: ReplyStream
+    conv: Conv,
+    rt: Runtime,
+    backend: Backend,
+    request: ChatRequest,
+    reply: ReplyStream,
+    *,
+    held: Held,
 ) -> _Streamed:
     """:func:`_pump`, and the reasoning budget guard: a reply that spent all its tokens
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
-    got = await _pump(conv, rt, backend, request, reply)
+    got = await _pump(conv, rt, backend, request, reply, on_end=held.release)
     usage = got.usage
     if (
         usage is None
@@ -337,7 +344,11 @@ async def _pump_guarded(
     reply.note(note)
     rt.notify(conv.id, "note", text=note)
     log.info("thinking_budget_spent", conv=conv.id, tokens=usage.eval_count)
-    again = await _pump(conv, rt, backend, replace(request, think=False), reply)
+    meta = reply.w.meta
+    async with rt.scheduler(meta.backend).slot(meta.model) as again_held:  # let go of at the end
+        again = await _pump(
+            conv, rt, backend, replace(request, think=False), reply, on_end=again_held.release
+        )
     again.truncated = again.truncated or got.truncated
     return again
 
@@ -352,48 +363,132 @@ class _Streamed:
     session: BackendSession | None = None  # the server-side session now holding the history
 
 
+class _Pump:
+    """The events of one request, applied to the reply; held in memory while the state write
+    that journals the reply is not durable yet (no text may reach the log before it)."""
+
+    def __init__(self, conv: Conv, rt: Runtime, reply: ReplyStream) -> None:
+        self.rt, self.reply, self.conv_id = rt, reply, conv.id
+        self.limit = rt.settings.max_reply_bytes
+        self.got = _Streamed()
+        self.held: list[StreamEvent] | None = []  # None once the write is durable
+        self.held_bytes = 0
+
+    async def feed_done(self, start: asyncio.Future[None]) -> None:
+        """Apply the held events once ``start`` (the write they wait for) is done."""
+        if self.held is not None and start.done():
+            start.result()  # a failed write raises here
+            await self.release()
+
+    async def feed(self, ev: StreamEvent, start: asyncio.Future[None]) -> bool:
+        """Take one event (held, or applied once ``start`` is done); True: stop reading."""
+        await self.feed_done(start)
+        if self.got.truncated:
+            return True
+        if self.held is not None:
+            self.held.append(ev)
+            self.held_bytes += len(ev.text)
+            self.got.truncated = self.held_bytes > self.limit
+        else:
+            await self._take(ev)
+        return self.got.truncated
+
+    async def release(self) -> None:
+        """Apply the held events (the write is durable)."""
+        held, self.held = self.held or [], None
+        for ev in held:
+            if self.got.truncated:
+                break
+            await self._take(ev)
+
+    async def _take(self, ev: StreamEvent) -> None:
+        reply, got = self.reply, self.got
+        if not reply.started and ev.kind in _TEXT and ev.text and not reply.begin_reserved():
+            await self.rt.committer.run(reply.begin_steps())  # the intent's writes off the loop
+        if ev.kind == "tool_call" and ev.tool_call is not None:
+            got.calls.append(ev.tool_call)
+        elif ev.kind == "session" and ev.session is not None:
+            got.session = ev.session
+        got.usage = _apply(ev, reply, self.rt, self.conv_id) or got.usage
+        got.truncated = reply.bytes_written > self.limit
+
+
 async def _pump(
-    conv: Conv, rt: Runtime, backend: Backend, request: ChatRequest, reply: ReplyStream
+    conv: Conv,
+    rt: Runtime,
+    backend: Backend,
+    request: ChatRequest,
+    reply: ReplyStream,
+    *,
+    on_end: Callable[[], None],
 ) -> _Streamed:
-    """Stream the backend's events into the reply; raises _Cancelled on the agent's cancel."""
-    got = _Streamed()
-    limit = rt.settings.max_reply_bytes
+    """Stream the backend's events into the reply; raises _Cancelled on the agent's cancel.
+
+    The request goes out while the state write that says "generating" is made (it also
+    journals the reply's intent, so the first text writes no state of its own). Until that
+    write is durable the events are held (see :class:`_Pump`), so the stream is still read
+    at the server's pace and ``on_end`` (the slot's release) runs as soon as it ends."""
+    pump = _Pump(conv, rt, reply)
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    cancel_path = conv.cancel_flag
-    # the state write that says "generating" also journals the reply's intent (durable
-    # then), so the first text writes no state of its own
     reserved = reply.reserve()
     ended = False
     stream = backend.stream(request)
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
+    start = asyncio.ensure_future(rt.committer.run(reply.w.save_steps(durable=reserved)))
+    nxt = first
     try:
-        await rt.committer.run(reply.w.save_steps(durable=reserved))  # ...while it is written
         ev = await first
-        while ev is not None:
-            if not reply.started and ev.kind in _TEXT and ev.text and not reply.begin_reserved():
-                await rt.committer.run(reply.begin_steps())  # the intent's writes off the loop
-            if ev.kind == "tool_call" and ev.tool_call is not None:
-                got.calls.append(ev.tool_call)
-            elif ev.kind == "session" and ev.session is not None:
-                got.session = ev.session
-            got.usage = _apply(ev, reply, rt, conv.id) or got.usage
-            if reply.bytes_written > limit:
-                got.truncated = True
-                break
+        while ev is not None and not await pump.feed(ev, start):
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-                if cancel_path.exists():
+                if conv.cancel_flag.exists():
                     raise _Cancelled
-            ev = await anext(stream, None)
+            if pump.held and not start.done():
+                # held text goes to the log the moment the write is durable, not with the
+                # next event (a slow model may send that much later)
+                nxt = asyncio.ensure_future(anext(stream, None))
+                await asyncio.wait([nxt, start], return_when=asyncio.FIRST_COMPLETED)
+                await pump.feed_done(start)
+                ev = await nxt
+            else:
+                ev = await anext(stream, None)
         ended = True
-    finally:
-        if not ended:
-            reply.unreserve()  # before the way out appends its marker
-        if not first.done():
-            first.cancel()
-            await asyncio.wait([first])
         await stream.aclose()
-    return got
+        on_end()  # the server is done with this request: the slot goes on
+    finally:
+        if not nxt.done():
+            nxt.cancel()
+            await asyncio.wait([nxt])
+        await stream.aclose()
+        await _settled(start)  # nothing else touches the files while it runs
+        if not ended:
+            await _flush_held(pump, start)  # what came before a failure or cancel is shown
+            reply.unreserve()  # before the way out appends its marker
+    start.result()
+    await pump.release()
+    return pump.got
+
+
+async def _flush_held(pump: _Pump, start: asyncio.Future[None]) -> None:
+    """On a way out (the stream failed, the agent cancelled): the text received so far goes
+    into the log, as it would have without the wait, to be marked by the way out. Best
+    effort: the way out's own error is the one reported."""
+    if start.cancelled() or start.exception() is not None:
+        return
+    with contextlib.suppress(OSError, BackendError):
+        await pump.release()
+
+
+async def _settled(fut: asyncio.Future[Any]) -> None:
+    """Wait until ``fut`` is done, even through a cancel (re-raised once it is)."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait([fut])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _finish(

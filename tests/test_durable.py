@@ -67,7 +67,7 @@ def test_a_burst_is_made_durable_together_and_in_each_writes_order(
 
     monkeypatch.setattr(durable_mod, "syncfs", syncfs)
     monkeypatch.setattr(os, "replace", replace)
-    committer = GroupCommitter()
+    committer = GroupCommitter(threads=1)  # the gate holds it: the rest queue up
     gate = Gate()
     claims: list[Path] = []
 
@@ -107,7 +107,7 @@ def test_a_burst_is_made_durable_together_and_in_each_writes_order(
 
 def test_one_failing_write_does_not_fail_the_others_in_its_batch(home: Home) -> None:
     convs = _convs(home, 3)
-    committer = GroupCommitter()
+    committer = GroupCommitter(threads=1)
     gate = Gate()
 
     def broken() -> Steps[None]:
@@ -147,7 +147,7 @@ def test_a_failed_syncfs_fails_every_write_waiting_on_it(
     def failing(fd: int) -> None:
         raise OSError(5, "syncfs: Input/output error")
 
-    committer = GroupCommitter()
+    committer = GroupCommitter(threads=1)
     gate = Gate()
     state = home.root / "s.json"
     home.root.mkdir(parents=True, exist_ok=True)
@@ -177,6 +177,25 @@ def durable_mod_atomic(path: Path, data: bytes) -> Steps[None]:
     from contemplation.writer.files import atomic_write_steps
 
     return atomic_write_steps(path, data)
+
+
+def test_a_write_does_not_wait_behind_another_conversations_slow_one(tmp_path: Path) -> None:
+    """Two threads: the next turn's first write (on its request's critical path) is not
+    queued behind the last turn's commit."""
+    committer = GroupCommitter()
+    gate = Gate()
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(gate.hold(committer))
+        await asyncio.to_thread(gate.started.wait, 10)
+        await asyncio.wait_for(committer.run(durable_mod_atomic(tmp_path / "f", b"{}")), 10)
+        assert not slow.done()  # the first is still held while the second is durable
+        gate.set()
+        assert await slow == "first"
+
+    asyncio.run(main())
+    committer.close()
+    assert (tmp_path / "f").read_bytes() == b"{}"
 
 
 def test_a_cancel_waits_for_the_write_to_end() -> None:

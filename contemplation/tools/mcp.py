@@ -22,21 +22,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import httpx2
-import mcp_types as types
 import structlog
-from mcp.client.session import ClientRequestContext, ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import FileUrl
 
 from contemplation.errors import ConfigError, ToolError
 from contemplation.settings import McpServerSettings
 from contemplation.tools.base import ToolResult
+
+# The MCP SDK is imported where a server is started or called, not here: importing it takes
+# about half a second, which every daemon start (and every `run --once`) would pay even with
+# no MCP server configured.
+if TYPE_CHECKING:
+    import mcp_types as types  # see the module's imports
+    from mcp.client.session import ClientRequestContext, ClientSession
 
 log = structlog.get_logger("contemplation.tools.mcp")
 
@@ -51,6 +50,8 @@ class ServerDied(ToolError):
 
 def render_result(result: types.CallToolResult) -> str:
     """The text of a tool result; non-text parts are described, never dumped."""
+    import mcp_types as types  # see the module's imports
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
@@ -73,6 +74,9 @@ def render_result(result: types.CallToolResult) -> str:
 
 
 def _roots_callback(roots: Sequence[Path]) -> Any:
+    import mcp_types as types  # see the module's imports
+    from pydantic import FileUrl
+
     listed = types.ListRootsResult(
         roots=[types.Root(uri=FileUrl(r.as_uri()), name=r.name) for r in roots]
     )
@@ -135,6 +139,11 @@ class McpServer:
 
     async def _owner(self, ready: asyncio.Future[ClientSession], stop: asyncio.Event) -> None:
         """The task that owns the transport and session for the server's whole life."""
+        import httpx2
+        from mcp.client.session import ClientSession
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
         try:
             async with AsyncExitStack() as stack:
                 if self.spec.url:
@@ -291,6 +300,9 @@ class McpServer:
     async def _call_once(
         self, session: ClientSession, tool: str, arguments: Mapping[str, Any]
     ) -> ToolResult:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
         source = f"{self.name}:{tool}"
         try:
             async with asyncio.timeout(self.spec.timeout):

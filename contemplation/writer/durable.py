@@ -144,29 +144,34 @@ class _Job:
 
 @dataclass
 class GroupCommitter:
-    """Drives the steps of every conversation's durable writes on one thread, in batches (a
-    batch is whatever queued up while the last one ran: one at a time when idle, many in a
-    burst). Made for one event loop; :meth:`close` ends the thread."""
+    """Drives the steps of every conversation's durable writes on a few threads, in batches:
+    a thread that comes free takes everything queued as its batch (one write at a time when
+    idle, many in a burst). Two threads, so that one conversation's commit never waits behind
+    another's (the next turn's first write is on its request's critical path while the last
+    turn's commit is still being made durable). :meth:`close` ends the threads."""
 
+    threads: int = 2
     group_min: int = 2  # points made durable together by one syncfs from this many on
     batches: int = 0  # counters, for the benchmarks and tests
     grouped: int = 0  # rounds of points made durable by syncfs
     _jobs: list[_Job] = field(default_factory=list)
     _cv: threading.Condition = field(default_factory=threading.Condition)
-    _thread: threading.Thread | None = None
+    _workers: list[threading.Thread] = field(default_factory=list)
+    _idle: int = 0
     _closed: bool = False
 
     async def run(self, steps: Steps[T]) -> T:
-        """Drive ``steps`` to their end on the committer's thread. It always runs to its end
+        """Drive ``steps`` to their end on a committer thread. It always runs to its end
         before anything else touches the conversation's files: a cancel waits for it."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         with self._cv:
             if self._closed:
                 raise RuntimeError("the group committer is closed")
             self._jobs.append(_Job(steps, future))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._main, name="group-commit", daemon=True)
-                self._thread.start()
+            if not self._idle and len(self._workers) < self.threads:
+                worker = threading.Thread(target=self._main, name="group-commit", daemon=True)
+                self._workers.append(worker)
+                worker.start()
             self._cv.notify()
         try:
             return await asyncio.shield(future)
@@ -177,16 +182,19 @@ class GroupCommitter:
     def close(self) -> None:
         with self._cv:
             self._closed = True
-            self._cv.notify()
-            thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=60)
+            self._cv.notify_all()
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            if worker is not threading.current_thread():
+                worker.join(timeout=60)
 
     def _main(self) -> None:
         while True:
             with self._cv:
+                self._idle += 1
                 while not self._jobs and not self._closed:
                     self._cv.wait()
+                self._idle -= 1
                 batch, self._jobs = self._jobs, []
                 if not batch and self._closed:
                     return
