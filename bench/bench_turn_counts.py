@@ -26,19 +26,26 @@ from contemplation import backends  # noqa: E402
 from contemplation.layout import Home, load_template  # noqa: E402
 from contemplation.pipeline import Runtime, process_pending  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.writer import drop_message, new_conversation  # noqa: E402
+from contemplation.writer import (  # noqa: E402
+    drop_message,
+    durable,
+    new_conversation,
+)
 
 WHAT = {
     "state writes": "the turn's start (status generating, carrying the message's commit and "
     "the reply's intent, its offset before its first byte) and the reply's commit with its "
     "status",
-    "fsyncs": "on worker threads while the request goes out: the message block, then the "
-    "turn's start (temp file + folder), both before the first text is written; after the "
-    "stream: the reply block, the reply's commit (temp file + folder)",
-    "locks": "flock of <conv>/.lock, one per step: the step that takes the message runs the "
-    "turn under the same lock; the step after it finds nothing due",
-    "log opens": "appends (the message; the reply keeps one open for its life), the "
-    "message's fsync and reads (the incremental parse, the separator and identity checks)",
+    "fsyncs": "alone (a write that is the only one in its batch): the message block with the "
+    "start's temp file, then its folder; the reply block with the commit's temp file, then "
+    "its folder. In a burst none: the group committer makes each round of a batch durable "
+    "with one syncfs",
+    "syncfs": "one per round of a group commit (two rounds per batch of writes: the blocks "
+    "and temp files, then the renames), shared by every conversation in the batch",
+    "locks": "flock of <conv>/.lock, one per process(): the step that takes the message, its "
+    "turn and the step after it that finds nothing due run under one hold",
+    "log opens": "one read-write descriptor for the session's appends, the reply's text and "
+    "the separator check; reads of the incremental parse (the message, then the reply)",
 }
 
 
@@ -46,10 +53,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--convs", type=int, default=200)
     args = ap.parse_args()
+    for parallel in (1, 256):
+        count(args.convs, parallel)
+
+
+def count(n: int, parallel: int) -> None:
     backends.register("instant", lambda s: InstantBackend())
     home = Home(Path(tempfile.mkdtemp()) / "home")
     tpl = load_template(home, "default")
-    for i in range(args.convs):
+    for i in range(n):
         conv = new_conversation(home, f"c {i}", template=tpl, model="m", backend="instant")
         drop_message(conv, f"message {i}")
     settings = load(
@@ -58,8 +70,11 @@ def main() -> None:
     rt = Runtime(settings=settings, home=home)
     counts: Counter[str] = Counter()
 
+    wrapped: list[tuple[Any, str, Any]] = []
+
     def wrap(mod: Any, name: str, key: Callable[..., str | None]) -> None:
         real = getattr(mod, name)
+        wrapped.append((mod, name, real))
 
         def counted(*a: Any, **kw: Any) -> Any:
             k = key(*a, **kw)
@@ -75,16 +90,22 @@ def main() -> None:
         lambda src, dst, **_: "state writes" if str(dst).endswith("state.json") else None,
     )
     wrap(os, "fsync", lambda fd: "fsyncs")
+    wrap(durable, "syncfs", lambda fd: "syncfs")
     wrap(fcntl, "flock", lambda fd, op: "locks" if op & fcntl.LOCK_EX else None)
     wrap(
         os,
         "open",
         lambda path, *a, **kw: "log opens" if str(path).endswith("messages.log") else None,
     )
-    asyncio.run(process_pending(rt))
-    print(f"per turn ({args.convs} conversations x 1 message, durability = fsync):")
+    try:
+        asyncio.run(process_pending(rt, parallel=parallel))
+    finally:
+        for mod, name, real in reversed(wrapped):
+            setattr(mod, name, real)
+    how = "one at a time" if parallel == 1 else f"{parallel} at once"
+    print(f"per turn ({n} conversations x 1 message, {how}, durability = fsync):")
     for k, what in WHAT.items():
-        print(f"  {k:<13} {counts[k] / args.convs:5.1f}   {what}")
+        print(f"  {k:<13} {counts[k] / n:5.2f}   {what}")
 
 
 if __name__ == "__main__":
