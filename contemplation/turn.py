@@ -388,9 +388,9 @@ class _Pump:
         if self.held is not None:
             self.held.append(ev)
             self.held_bytes += len(ev.text)
-            self.got.truncated = self.held_bytes > self.limit
-        else:
-            await self._take(ev)
+            # enough to fill the reply: stop reading; release() then cuts it at the limit
+            return self.held_bytes > self.limit
+        await self._take(ev)
         return self.got.truncated
 
     async def release(self) -> None:
