@@ -78,6 +78,9 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     if until is not None:
         return _rest(rt, w, until)
     prepared = await _prepare(conv, rt, meta)
+    planned = _plan(conv, rt, seen, w, prepared)  # while the slot may still be busy
+    if planned is None:
+        return AGAIN
     async with rt.scheduler(meta.backend).slot(meta.model) as held:
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more
@@ -86,7 +89,14 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
         else:
             try:
                 return await _stream(
-                    conv, rt, seen, w, backend=backend, prepared=prepared, held=held
+                    conv,
+                    rt,
+                    seen,
+                    w,
+                    backend=backend,
+                    prepared=prepared,
+                    planned=planned,
+                    held=held,
                 )
             finally:
                 breaker.release()  # a probe that ended without a verdict lets another try
@@ -164,20 +174,25 @@ def _window(request: ChatRequest, known: int | None) -> int:
     return int(request.options.get("num_ctx") or known or 4096)
 
 
-async def _stream(
-    conv: Conv,
-    rt: Runtime,
-    seen: Tracked,
-    w: ConvWriter,
-    *,
-    backend: Backend,
-    prepared: _Prepared,
-    held: Held,
-) -> Outcome:
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """The request fitted to the model's window, and what its reply is measured against."""
+
+    fitted: budget.Plan
+    window: int
+    ratio: float
+
+
+def _plan(
+    conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, prepared: _Prepared
+) -> _Planned | None:
+    """The turn's request, built from the log before the slot is granted (the lock is held
+    since the step decided the turn, so the log cannot change meanwhile but for bytes
+    appended by hand, which wait for the next step). None: no turn is due after all."""
     meta = w.meta
     parsed = seen.view(conv, meta.agent_label).refresh()
     if not still_due(parsed.blocks):
-        return AGAIN
+        return None
     tpl = rt.template(meta.template) if meta.template else None
     request = build_request(
         meta,
@@ -194,6 +209,21 @@ async def _stream(
     ratio = rt.calibration.ratio(meta.model)
     reserve = budget.reply_reserve(window, request.options)
     fitted = budget.plan(request, window, blocks=parsed.blocks, reserve=reserve, ratio=ratio)
+    return _Planned(fitted=fitted, window=window, ratio=ratio)
+
+
+async def _stream(
+    conv: Conv,
+    rt: Runtime,
+    seen: Tracked,
+    w: ConvWriter,
+    *,
+    backend: Backend,
+    prepared: _Prepared,
+    planned: _Planned,
+    held: Held,
+) -> Outcome:
+    meta = w.meta
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
     w.state.status = Status.GENERATING  # written by _pump while the request is on its way
     w.state.pending_needs = []
@@ -204,16 +234,7 @@ async def _stream(
     if prepared.note:
         reply.note(prepared.note)
     return await _run_reply(
-        conv,
-        rt,
-        w,
-        seen=seen,
-        backend=backend,
-        reply=reply,
-        fitted=fitted,
-        window=window,
-        ratio=ratio,
-        held=held,
+        conv, rt, w, seen=seen, backend=backend, reply=reply, planned=planned, held=held
     )
 
 
@@ -225,9 +246,7 @@ async def _run_reply(
     seen: Tracked,
     backend: Backend,
     reply: ReplyStream,
-    fitted: budget.Plan,
-    window: int,
-    ratio: float,
+    planned: _Planned,
     held: Held,
 ) -> Outcome:
     """Fit the request (a summary call at most), stream the reply and end it one of five
@@ -235,7 +254,7 @@ async def _run_reply(
     failed write (redone once the disk has room)."""
     try:
         try:
-            request, notes = await _fit(conv, rt, w, backend, fitted)
+            request, notes = await _fit(conv, rt, w, backend, planned.fitted)
             for note in notes:
                 reply.note(note)
             got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
@@ -259,7 +278,7 @@ async def _run_reply(
     except OSError as exc:
         return _write_failed(conv, rt, w, exc)
     try:
-        return await _finish(conv, rt, w, reply, got, request=request, window=window, ratio=ratio)
+        return await _finish(conv, rt, w, reply, got, request=request, planned=planned)
     except OSError as exc:
         return _write_failed(conv, rt, w, exc)
 
@@ -499,8 +518,7 @@ async def _finish(
     got: _Streamed,
     *,
     request: ChatRequest,
-    window: int,
-    ratio: float,
+    planned: _Planned,
 ) -> Outcome:
     meta, usage = w.meta, got.usage
     _write_tool_calls(rt, reply, meta, got.calls)
@@ -511,8 +529,8 @@ async def _finish(
             (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
         )
     if usage is not None:
-        usage.context_window = usage.context_window or window
-        warning = _context_warning(usage, budget.estimate_request(request, ratio))
+        usage.context_window = usage.context_window or planned.window
+        warning = _context_warning(usage, budget.estimate_request(request, planned.ratio))
         if warning:
             usage.context_full = True
             markers.append((MarkerKind.WARNING, warning))
