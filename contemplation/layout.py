@@ -383,9 +383,11 @@ class LogView:
     history: tuple[Block, ...] = ()
     locked: bool = False
 
-    def refresh(self) -> ParseResult:
+    def refresh(self, known: os.stat_result | None = None) -> ParseResult:
+        """The parse as the log is now. ``known``: the log's stat (by name, links not
+        followed) the caller has just taken, under the lock."""
         try:
-            st = os.stat(self.conv.log, follow_symlinks=False)
+            st = known or os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
             self._load_all()
             return self._combine()

@@ -13,6 +13,7 @@ A step, under the conversation's lock (:func:`_step`):
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 from pathlib import Path
 
@@ -58,10 +59,10 @@ def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
     """One decision under the lock: tidy up the folder, then decide from the log, then take
     the next message, and make the status say why when there is nothing to do."""
     now = rt.clock()
-    unsettled = _tidy(conv, rt, seen, w, now)
+    unsettled, known = _tidy(conv, rt, seen, w, now)
     if unsettled is not None:
         return unsettled
-    parsed = seen.view(conv, w.meta.agent_label).refresh()
+    parsed = seen.view(conv, w.meta.agent_label).refresh(known)
     if list(parsed.errors[:20]) != w.state.parse_errors:
         w.state.parse_errors = list(parsed.errors[:20])
         w.save()
@@ -75,9 +76,12 @@ def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
     return taken
 
 
-def _tidy(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, now: float) -> Wait | None:
+def _tidy(
+    conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, now: float
+) -> tuple[Wait | None, os.stat_result | None]:
     """Recover unfinished writes, adopt settled hand appends, rotate a long log. Returns a
-    Wait while bytes appended by hand are still settling."""
+    Wait while bytes appended by hand are still settling, and the log's stat when it still
+    holds (nothing was adopted or rotated), so the log is stat'ed once per step."""
     # an intent or rotation left in state.json is a write that did not finish (a crash, a
     # full disk): nobody else writes while we hold the lock, so it is recovered now
     if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
@@ -85,19 +89,23 @@ def _tidy(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, now: float) -> 
             log.warning("recovered", conv=conv.id, what=what)
         seen.recovered.add(conv.id)
     foreign = w.check_identity()
+    st = w.log_stat
     if foreign > 0:
-        st = os.stat(conv.log)
+        mtime_ns = (st or os.stat(conv.log)).st_mtime_ns
         window = 2 * rt.settings.settle_seconds
-        if not _settled(st.st_mtime_ns, now, window):
-            return Wait(st.st_mtime_ns / 1e9 + window)
+        if not _settled(mtime_ns, now, window):
+            return Wait(mtime_ns / 1e9 + window), None
         w.adopt_foreign()
         log.info("adopted_append", conv=conv.id, bytes=foreign)
-    if w.maybe_rotate(rt.settings.rotate_bytes):  # between blocks; tail -F follows the rename
+        st = None
+    # between blocks; tail -F follows the rename
+    if w.maybe_rotate(rt.settings.rotate_bytes, st.st_size if st else None):
         log.info("rotated", conv=conv.id)
+        st = None
     for warning in w.warnings:
         log.warning("log_warning", conv=conv.id, warning=warning)
     w.warnings.clear()
-    return None
+    return None, st
 
 
 def _decide(
@@ -295,16 +303,21 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
 async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
     """Do what is due in one conversation. Returns when to look again (None: on an event)."""
     for _ in range(MAX_STEPS):
-        if not conv.dir.is_dir():  # archived (by us, the CLI or the MCP server) or deleted
-            await _forget(conv, rt, seen)
+        if seen.stopping:
             return None
-        if seen.stopping or not _looks_like_a_conversation(conv):
-            return None
+        if conv.id not in seen.recovered:  # not yet seen as a conversation since the start
+            if not conv.dir.is_dir():
+                await _forget(conv, rt, seen)
+                return None
+            if not _looks_like_a_conversation(conv):
+                return None
         try:
             outcome = await _session(conv, rt, seen)
         except LockBusy:
             return rt.clock() + 0.2
         except NotFound:
+            if not conv.dir.is_dir():  # archived (by us, the CLI or the MCP server) or deleted
+                await _forget(conv, rt, seen)
             return None
         if isinstance(outcome, Wait):
             return outcome.at
@@ -335,16 +348,22 @@ async def process_pending(
     most SETTLE_ROUNDS times, so ``run --once`` right after ``echo … > inbox/q.txt`` answers
     it instead of leaving it for later. Retries further off are left to the next run."""
     seen = Tracked()
-    gate = asyncio.Semaphore(parallel)
     results: dict[str, float | None] = {}
 
-    async def one(c: Conv) -> None:
-        async with gate:
+    async def worker(queue: collections.deque[Conv]) -> None:
+        while queue:
+            c = queue.popleft()
             results[c.id] = await process_safely(c, rt, seen)
+
+    async def run_all(convs: list[Conv]) -> None:
+        """``parallel`` workers over one queue (not a task per conversation behind a
+        semaphore: thousands of waiters make each release cost a scan of them all)."""
+        queue = collections.deque(convs)
+        await asyncio.gather(*(worker(queue) for _ in range(min(parallel, len(convs)))))
 
     todo = list_conversations(rt.home)
     for _ in range(SETTLE_ROUNDS):
-        await asyncio.gather(*(one(c) for c in todo))
+        await run_all(todo)
         now = rt.clock()
         soon = {
             c.id: at for c in todo if (at := results[c.id]) is not None and at - now <= settle_wait

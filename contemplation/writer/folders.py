@@ -217,7 +217,14 @@ def remove_tmp_files(conv: Conv, *, older_than: float = 3600.0) -> None:
     (the CLI, the MCP server) may be writing one right now.
     """
     now = time.time()
-    for p in conv.dir.glob(".*.tmp.*"):
+    try:
+        names = os.listdir(conv.dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not (name.startswith(".") and ".tmp." in name[1:]):  # .<name>.tmp.<pid>.<rand>
+            continue
+        p = conv.dir / name
         try:
             pid = int(p.name.rsplit(".", 2)[-2])
         except (ValueError, IndexError):

@@ -79,6 +79,7 @@ class ConvWriter:
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
     saved_intent: Intent | None = None  # the intent the last durable state write carried
     fd: int | None = None  # messages.log, read-write in append mode, open for this session
+    log_stat: os.stat_result | None = None  # the log by name, as check_identity() found it
 
     def close(self) -> None:
         """Let go of messages.log (the session's end, a rotation, a log that was replaced)."""
@@ -154,6 +155,10 @@ class ConvWriter:
     # -- the log ------------------------------------------------------------------------
 
     def log_size(self) -> int:
+        """The log's size: through the session's descriptor once it is open (the file every
+        append of this session goes to), else by name (0 if there is none yet)."""
+        if self.fd is not None:
+            return os.fstat(self.fd).st_size
         try:
             st = os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
@@ -165,7 +170,9 @@ class ConvWriter:
 
         A replaced file (new inode: an editor saved it) or a shrunk one (truncated by hand) is
         re-baselined with a warning: offsets recorded before that point are not trusted.
+        The stat it takes is kept in :attr:`log_stat` (the log as it is now, by name).
         """
+        self.log_stat = None
         try:
             st = os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
@@ -177,11 +184,13 @@ class ConvWriter:
                 self.warn("messages.log was deleted; started a new one")
             self.state.log = LogIdentity(ino=st.st_ino, size=0)
             self.save()
+            self.log_stat = st
             return 0
         if not stat.S_ISREG(st.st_mode):
             raise InputRejected(
                 f"{self.conv.log} is not a regular file (a symlink?); refusing to write through it"
             )
+        self.log_stat = st
         ident = self.state.log
         if self.fd is not None and os.fstat(self.fd).st_ino != st.st_ino:
             self.close()  # the name now points at another file
@@ -253,6 +262,7 @@ class ConvWriter:
         need) journals an intent (offset, length, sha256) first."""
         if msg_id in self.state.done_ids:
             return -1
+        self.append_fd()  # the size and the separator are read through it
         offset = self.log_size()
         data = self.block_bytes(sender, recipient, text, offset)
         if claimed is None:
@@ -311,6 +321,7 @@ class ConvWriter:
         crashpoint("commit")
 
     def append_marker(self, kind: MarkerKind, text: str = "") -> None:
+        self.append_fd()
         offset = self.log_size()
         data = logformat.marker(kind, text).encode("utf-8")
         if offset and not self._ends_with_newline(offset):
@@ -324,10 +335,11 @@ class ConvWriter:
 
     # -- rotation -----------------------------------------------------------------------
 
-    def maybe_rotate(self, limit: int) -> bool:
+    def maybe_rotate(self, limit: int, size: int | None = None) -> bool:
         """Rotate ``messages.log`` once it is ``limit`` bytes or more. Call it between blocks:
-        it does nothing while a write is in flight or foreign bytes are not yet adopted."""
-        size = self.log_size()
+        it does nothing while a write is in flight or foreign bytes are not yet adopted.
+        ``size``: the log's size if the caller has just taken it."""
+        size = self.log_size() if size is None else size
         if size < limit or self.state.intent is not None or size != self.state.log.size:
             return False
         self.rotate()
@@ -395,8 +407,9 @@ class ConvWriter:
                 else self._recover_reply(intent)
             )
             done.extend([what] if what else [])
-        done.extend(self._recover_claimed(max_message_bytes))
-        done.extend(self._clean_processing())
+        claimed = processing_entries(self.conv)  # one listing for both
+        done.extend(self._recover_claimed(claimed, max_message_bytes))
+        done.extend(self._clean_processing(claimed))
         if done:
             self.save()
         return done
@@ -425,14 +438,14 @@ class ConvWriter:
         self.save()
         return what
 
-    def _recover_claimed(self, max_message_bytes: int) -> list[str]:
+    def _recover_claimed(self, claimed_files: list[Path], max_message_bytes: int) -> list[str]:
         """Bytes past the committed size that are the block of a claimed message: a whole
         block is committed (its file then goes), a torn prefix is cut away. Anything else is
         left alone, to be adopted as a hand append."""
         done: list[str] = []
         if self.state.intent is not None or self.state.rotation is not None:
             return done
-        for claimed in processing_entries(self.conv):
+        for claimed in claimed_files:
             start, size = self.state.log.size, self.log_size()
             if size <= start or claimed.name in self.state.done_ids:
                 break
@@ -475,7 +488,7 @@ class ConvWriter:
         self.append_marker(MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone")
         return f"marked the interrupted reply at byte {intent.offset}"
 
-    def _clean_processing(self) -> list[str]:
+    def _clean_processing(self, claimed_files: list[Path]) -> list[str]:
         """Inputs already in the log are removed; the rest stay queued in processing/."""
         recent: set[str] = set()
         if self.rebuilt:
@@ -485,7 +498,7 @@ class ConvWriter:
             )
             recent = {b.text.strip() for b in result.blocks[-100:] if b.kind.value == "agent"}
         done: list[str] = []
-        for p in processing_entries(self.conv):
+        for p in claimed_files:
             if p.name in self.state.done_ids:
                 p.unlink(missing_ok=True)
                 done.append(f"removed {p.name} (already in the log)")
