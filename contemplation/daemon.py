@@ -61,9 +61,6 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     lock = DaemonLock(rt.home)
     lock.acquire()
     raise_fd_limit()
-    atomic_write_json(
-        rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0
@@ -83,9 +80,13 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
             for t in list(dispatcher.tasks.values()):
                 t.cancel()
 
+    dispatcher = Dispatcher(rt)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    dispatcher = Dispatcher(rt)
+    # announced once a signal can stop it cleanly: a Ctrl-C right after start is a clean stop
+    atomic_write_json(
+        rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False
+    )
 
     def resync() -> None:  # events were lost (from the watcher's thread): catch up
         watcher.watch_all()  # folders whose creation event was lost
