@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from contemplation import backends, logformat  # noqa: E402
 from contemplation.backends.base import Capabilities, Check  # noqa: E402
 from contemplation.layout import Home, LogView, load_template  # noqa: E402
-from contemplation.models import ChatRequest, StreamEvent, Usage  # noqa: E402
+from contemplation.models import BackendSession, ChatRequest, StreamEvent, Usage  # noqa: E402
 from contemplation.parser import parse  # noqa: E402
 from contemplation.pipeline import Runtime, process_pending  # noqa: E402
 from contemplation.settings import load  # noqa: E402
@@ -54,7 +54,7 @@ class InstantBackend:
     async def check(self, model: str | None) -> list[Check]:
         return []
 
-    async def forget(self, conversation_id: str) -> None:
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None
 
     async def aclose(self) -> None:

@@ -26,13 +26,17 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-
-from turnbench import TurnHome, percentile
+from pathlib import Path
 
 from contemplation.backends import local
 from contemplation.layout import Conv, list_conversations, read_state
 from contemplation.pipeline import process_safely
 from contemplation.tracking import Tracked
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.turnbench import TurnHome, percentile  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper", "a cartographer",
           "a glassblower", "a night baker", "a bell ringer"]  # fmt: skip

@@ -25,18 +25,22 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
-from turnbench import TurnHome, percentile
 
-from contemplation.backends.base import PhaseTimeouts
-from contemplation.backends.local import default_model_path
-from contemplation.backends.openai import OpenAIBackend
-from contemplation.layout import LogView, read_state
-from contemplation.pipeline import process_pending
-from contemplation.prompts import build_request
-from tests.realpeers import LlamaServer
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.turnbench import TurnHome, percentile  # noqa: E402
+from contemplation.backends.base import PhaseTimeouts  # noqa: E402
+from contemplation.backends.local import default_model_path  # noqa: E402
+from contemplation.backends.openai import OpenAIBackend  # noqa: E402
+from contemplation.layout import LogView, read_state  # noqa: E402
+from contemplation.pipeline import process_pending  # noqa: E402
+from contemplation.prompts import build_request  # noqa: E402
+from tests.realpeers import LlamaServer  # noqa: E402
 
 QUESTION = "Tell me a long story about a lighthouse keeper."  # longer than max_tokens
 MODEL = "smollm2"

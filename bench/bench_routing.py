@@ -28,9 +28,9 @@ from contemplation import settings as settings_mod  # noqa: E402
 from contemplation.context import ContextAssembler  # noqa: E402
 from contemplation.layout import Conv, Home  # noqa: E402
 from contemplation.needs import rules as needrules  # noqa: E402
-from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter  # noqa: E402
+from contemplation.needs.router import NeedRouter  # noqa: E402
 from contemplation.tools.base import ToolResult  # noqa: E402
-from contemplation.tools.memory import JsonStore  # noqa: E402
+from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore  # noqa: E402
 
 PEERS = ROOT / ".peers"
 

@@ -3,18 +3,26 @@
 N conversations x 1 message through process_pending with an instant in-process backend,
 durability = fsync. Every os.replace of state.json, fsync, flock and open of messages.log is
 counted, then divided by N, and printed with what each is for.
+
+``--syscalls``: also every system call of the burst (all threads), counted by ``strace -f -c``
+attached to this process once the conversations are made (needs strace: apt install strace).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +60,48 @@ WHAT = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--convs", type=int, default=200)
+    ap.add_argument("--syscalls", action="store_true", help="count every system call (strace)")
     args = ap.parse_args()
+    if args.syscalls and shutil.which("strace") is None:
+        raise SystemExit("--syscalls needs strace (apt install strace)")
     for parallel in (1, 256):
-        count(args.convs, parallel)
+        count(args.convs, parallel, syscalls=args.syscalls)
 
 
-def count(n: int, parallel: int) -> None:
+@contextlib.contextmanager
+def strace_counts(n: int) -> Iterator[None]:
+    """Count this process's system calls (every thread) while the block runs; print them
+    per turn, futex apart (the threads' hand-offs), the nine most frequent by name."""
+    out = Path(tempfile.mkdtemp()) / "strace.txt"
+    tracer = subprocess.Popen(
+        [shutil.which("strace") or "strace", "-f", "-c", "-o", str(out), "-p", str(os.getpid())],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while "TracerPid:\t0" in Path("/proc/self/status").read_text():
+        if time.monotonic() > deadline:
+            tracer.kill()
+            raise SystemExit("strace did not attach (is ptrace allowed here?)")
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(30)
+    calls: dict[str, int] = {}
+    for line in out.read_text().splitlines():
+        cols = line.split()
+        if len(cols) >= 5 and cols[3].isdigit() and cols[-1] != "total":
+            calls[cols[-1]] = int(cols[3])
+    futex = calls.pop("futex", 0)
+    top = sorted(calls.items(), key=lambda kv: -kv[1])[:9]
+    print(
+        f"  syscalls     {sum(calls.values()) / n:6.1f}   all but futex ({futex / n:.1f} futex): "
+        + ", ".join(f"{name} {k / n:.1f}" for name, k in top)
+    )
+
+
+def count(n: int, parallel: int, *, syscalls: bool = False) -> None:
     backends.register("instant", lambda s: InstantBackend())
     home = Home(Path(tempfile.mkdtemp()) / "home")
     tpl = load_template(home, "default")
@@ -97,12 +141,14 @@ def count(n: int, parallel: int) -> None:
         "open",
         lambda path, *a, **kw: "log opens" if str(path).endswith("messages.log") else None,
     )
+    how = "one at a time" if parallel == 1 else f"{parallel} at once"
+    traced = strace_counts(n) if syscalls else contextlib.nullcontext()
     try:
-        asyncio.run(process_pending(rt, parallel=parallel))
+        with traced:
+            asyncio.run(process_pending(rt, parallel=parallel))
     finally:
         for mod, name, real in reversed(wrapped):
             setattr(mod, name, real)
-    how = "one at a time" if parallel == 1 else f"{parallel} at once"
     print(f"per turn ({n} conversations x 1 message, {how}, durability = fsync):")
     for k, what in WHAT.items():
         print(f"  {k:<13} {counts[k] / n:5.2f}   {what}")

@@ -9,6 +9,7 @@ echo "== ruff"
 ruff check contemplation tests bench scripts
 echo "== mypy --strict"
 mypy
+mypy --strict --explicit-package-bases bench  # the benchmarks: scripts, not the package
 echo "== pytest"
 # pytest exits 5 when it collects nothing: with set -e that fails the run, as it must.
 python -m pytest -p no:cacheprovider "$@"
