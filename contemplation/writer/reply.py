@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from contemplation import logformat
@@ -82,12 +81,11 @@ class ReplyStream:
 
     def begin_steps(self) -> Steps[None]:
         """:meth:`begin` as steps (see :mod:`.durable`)."""
-        if self.started:
+        if self.begin_reserved():
             return
         offset = self.w.log_size()
-        if not self._reserved_at(offset):
-            self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
-            yield from self.w.save_steps()
+        self.w.state.intent = Intent(kind="reply", id=self.reply_id, offset=offset)
+        yield from self.w.save_steps()
         self._start(offset)
 
     def begin_reserved(self) -> bool:
@@ -191,7 +189,7 @@ class ReplyStream:
         crashpoint("reply_done")
         fd = self.w.append_fd()
         self.w.state.intent = None
-        self.w.state.log.size = os.fstat(fd).st_size
+        self.w.state.log.size = self.w.log_size()
         self.w.state.turns += 1
         self.w.state.last_turn = usage
         self.w.state.retry_count = 0
