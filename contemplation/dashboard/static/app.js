@@ -261,8 +261,26 @@ function streamToken(text) {
   pre.textContent += text;
 }
 
-async function loadDetail() {
-  const c = await getJSON("/api/conversations/" + encodeURIComponent(convId));
+// one load of the details at a time, and one more if an event came meanwhile: two loads in
+// flight could answer out of order, and a fast turn's "generating" would then stay shown
+let detailRun = null;
+let detailAgain = false;
+function loadDetail() {
+  if (detailRun) { detailAgain = true; return detailRun; }
+  detailRun = (async () => {
+    try {
+      do {
+        detailAgain = false;
+        showDetail(await getJSON("/api/conversations/" + encodeURIComponent(convId)));
+      } while (detailAgain);
+    } finally {
+      detailRun = null;
+    }
+  })();
+  return detailRun;
+}
+
+function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
   $("conv-meta").textContent = [c.id, c.backend + "/" + c.model, "status: " + c.status,
