@@ -162,9 +162,9 @@ def test_backend_settings_come_from_the_sdk_environment_variables(
     oc: Any = backends.build("opencode", s)
     try:
         assert oa.base_url == "http://10.1.2.3:8000/v1"
-        assert oa._client.headers["authorization"] == "Bearer sk-test"
+        assert oa._http.headers["Authorization"] == "Bearer sk-test"
         assert oc.base_url == "http://127.0.0.1:4999"
-        assert oc._client.auth is not None
+        assert oc._http.headers["Authorization"] == "Basic b3BlbmNvZGU6cHc="  # opencode:pw
     finally:
         asyncio.run(oa.aclose())
         asyncio.run(oc.aclose())

@@ -17,8 +17,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import httpx
-
+from contemplation.backends.http import Stream
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
@@ -115,8 +114,8 @@ class TimedLines:
     growing in memory: a server that never sends a newline cannot exhaust it.
     """
 
-    def __init__(self, resp: httpx.Response, t: PhaseTimeouts, what: str, *, t0: float) -> None:
-        self._chunks = resp.aiter_bytes()
+    def __init__(self, resp: Stream, t: PhaseTimeouts, what: str, *, t0: float) -> None:
+        self._chunks = resp.chunks(what)
         self._buf = bytearray()
         self._pos = 0  # start of the first unread line in _buf
         self._eof = False
@@ -150,12 +149,6 @@ class TimedLines:
                 transient=True,
                 kind=ErrorKind.STALL,
             ) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            raise BackendError(
-                f"{self.what}: the stream was cut ({type(exc).__name__}: {exc})",
-                transient=True,
-                kind=ErrorKind.CUT,
-            ) from exc
 
     async def _line(self) -> str | None:
         while True:
@@ -190,39 +183,7 @@ class TimedLines:
         """Read what is left of a finished reply (normally only the end of the chunked body)
         so the keep-alive connection goes back to the pool instead of being closed: without
         it every turn opened a new TCP connection. Gives up quickly; closing is always safe."""
-        with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        with contextlib.suppress(TimeoutError, BackendError):
             async with asyncio.timeout(wait_s):
                 async for _ in self._chunks:
                     pass
-
-
-async def open_stream(
-    client: httpx.AsyncClient, req: httpx.Request, *, first_byte: float, url: str, silent: str
-) -> httpx.Response:
-    """Send a streaming request, waiting at most ``first_byte`` s for the response headers
-    (a cold model load sends none until it is loaded). ``silent`` explains a timeout."""
-    try:
-        async with asyncio.timeout(first_byte):
-            return await client.send(req, stream=True)
-    except TimeoutError:
-        raise BackendError(
-            f"{silent} sent nothing for {first_byte:g} s", transient=True, kind=ErrorKind.TIMEOUT
-        ) from None
-    except httpx.HTTPError as exc:
-        raise connection_error(exc, url) from exc
-
-
-def connection_error(exc: Exception, url: str) -> BackendError:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return BackendError(
-            f"cannot reach {url}: {exc or type(exc).__name__}",
-            transient=True,
-            kind=ErrorKind.UNREACHABLE,
-        )
-    if isinstance(exc, httpx.TimeoutException):
-        return BackendError(f"timed out talking to {url}", transient=True, kind=ErrorKind.TIMEOUT)
-    return BackendError(
-        f"connection to {url} failed: {type(exc).__name__}: {exc}",
-        transient=True,
-        kind=ErrorKind.CONNECTION,
-    )

@@ -15,19 +15,16 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import replace
 from typing import Any
 
-import httpx
-
 from contemplation.backends import capabilities
 from contemplation.backends.base import (
     Capabilities,
     Check,
     PhaseTimeouts,
     TimedLines,
-    connection_error,
     json_object,
-    open_stream,
     retry_after_seconds,
 )
+from contemplation.backends.http import Http
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride
@@ -125,12 +122,7 @@ class OllamaBackend:
         self.keep_alive = keep_alive
         self.timeouts = timeouts
         self.concurrency = concurrency
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            auth=auth,
-            timeout=httpx.Timeout(connect=timeouts.connect, read=None, write=30.0, pool=None),
-            headers={"User-Agent": "contemplation"},
-        )
+        self._http = Http(self.base_url, connect=timeouts.connect, auth=auth)
         self._caps: dict[str, Capabilities] = {}
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
@@ -151,20 +143,17 @@ class OllamaBackend:
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         body = self.request_body(request)
         t0 = time.monotonic()
-        req = self._client.build_request("POST", "/api/chat", json=body)
-        resp = await open_stream(
-            self._client,
-            req,
+        resp = await self._http.stream(
+            "/api/chat",
+            body,
             first_byte=self.timeouts.first_byte,
-            url=self.base_url,
             silent="Ollama (loading the model?)",
         )
         try:
-            if resp.status_code != 200:
-                raw = await resp.aread()
+            if resp.status != 200:
                 raise classify_status(
-                    resp.status_code,
-                    _error_text(raw),
+                    resp.status,
+                    _error_text(await resp.read()),
                     retry_after_seconds(resp.headers.get("retry-after")),
                     request.model,
                 )
@@ -207,16 +196,13 @@ class OllamaBackend:
                     await lines.drain()
                     return
         finally:
-            await resp.aclose()
+            resp.close()
 
     async def models(self) -> list[str]:
         """The installed models (``/api/tags``), for ``contemplation models``."""
-        try:
-            resp = await self._client.get("/api/tags", timeout=self.timeouts.connect * 3)
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
-        if resp.status_code != 200:
-            raise classify_status(resp.status_code, _error_text(resp.content), None, "")
+        resp = await self._http.request("GET", "/api/tags", within=self.timeouts.connect * 3)
+        if resp.status != 200:
+            raise classify_status(resp.status, _error_text(resp.body), None, "")
         try:
             listed = resp.json().get("models") or []
         except (ValueError, AttributeError):
@@ -231,15 +217,21 @@ class OllamaBackend:
         """
         if model in self._caps:
             return self._caps[model]
+        resp = await self._http.request(
+            "POST", "/api/show", json={"model": model}, within=self.timeouts.connect * 3
+        )
+        if resp.status != 200:
+            raise classify_status(resp.status, _error_text(resp.body), None, model)
         try:
-            resp = await self._client.post(
-                "/api/show", json={"model": model}, timeout=self.timeouts.connect * 3
+            data = resp.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise BackendError(
+                f"Ollama's /api/show answered something that is not an object: {resp.text[:200]!r}",
+                transient=True,
+                kind=ErrorKind.PROTOCOL,
             )
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
-        if resp.status_code != 200:
-            raise classify_status(resp.status_code, _error_text(resp.content), None, model)
-        data = resp.json()
         listed = data.get("capabilities")
         server: Capabilities | None = None
         if isinstance(listed, list):  # Ollama < 0.6 does not say; the family table then guesses
@@ -265,9 +257,9 @@ class OllamaBackend:
     async def _allocated_context(self, model: str) -> int | None:
         """``/api/ps`` ``context_length`` of the loaded model (None: not loaded, or no answer)."""
         try:
-            resp = await self._client.get("/api/ps", timeout=self.timeouts.connect)
-            loaded = resp.json().get("models") or [] if resp.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, AttributeError):
+            resp = await self._http.request("GET", "/api/ps", within=self.timeouts.connect)
+            loaded = resp.json().get("models") or [] if resp.status == 200 else []
+        except (BackendError, ValueError, AttributeError):
             return None
         wanted = {model, f"{model}:latest"}
         for m in loaded:
@@ -279,21 +271,22 @@ class OllamaBackend:
     async def check(self, model: str | None) -> list[Check]:
         checks: list[Check] = []
         try:
-            resp = await self._client.get("/api/version", timeout=self.timeouts.connect)
-            version = resp.json().get("version", "?") if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError) as exc:
+            resp = await self._http.request("GET", "/api/version", within=self.timeouts.connect)
+        except BackendError as exc:
             return [
                 Check(
                     "ollama",
                     False,
-                    f"not reachable at {self.base_url}: {type(exc).__name__}",
+                    f"not reachable at {self.base_url} ({exc.kind})",
                     ("start it with `ollama serve`, or set OLLAMA_HOST",),
                 )
             ]
+        try:
+            version = resp.json().get("version", "?") if resp.status == 200 else None
+        except (ValueError, AttributeError):
+            version = None
         if version is None:
-            return [
-                Check("ollama", False, f"{self.base_url}/api/version answered {resp.status_code}")
-            ]
+            return [Check("ollama", False, f"{self.base_url}/api/version answered {resp.status}")]
         checks.append(Check("ollama", True, f"Ollama {version} at {self.base_url}"))
         if model:
             try:
@@ -310,4 +303,4 @@ class OllamaBackend:
         return None  # Ollama keeps no per-conversation state
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()

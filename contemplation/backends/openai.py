@@ -29,19 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 from contemplation.backends import capabilities
 from contemplation.backends.base import (
     Capabilities,
     Check,
     PhaseTimeouts,
     TimedLines,
-    connection_error,
     json_object,
-    open_stream,
     retry_after_seconds,
 )
+from contemplation.backends.http import Http
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
@@ -214,9 +211,9 @@ def stream_error(err: Any) -> BackendError:
 class SSEDecoder:
     """Server-sent events from lines: ``data:`` fields joined, comments dropped.
 
-    Not httpx-sse: its public API (``aconnect_sse``/``EventSource``) reads the body's lines
-    itself, with no bound on a line and no first-byte/idle phases, which :class:`TimedLines`
-    gives every backend; its line decoder is private (``httpx_sse._decoders``)."""
+    Not httpx-sse: it reads an httpx response (the backends use aiohttp, see
+    backends/http.py), and its public API reads the body's lines itself, with no bound on a
+    line and no first-byte/idle phases, which :class:`TimedLines` gives every backend."""
 
     _data: list[str] = field(default_factory=list)
     _event: str = ""
@@ -460,14 +457,10 @@ class OpenAIBackend:
         self.concurrency = concurrency
         self.stream_usage = stream_usage
         self.overrides = dict(overrides or {})
-        headers = {"User-Agent": "contemplation"}
+        headers: dict[str, str] = {}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url + "/",
-            timeout=httpx.Timeout(connect=timeouts.connect, read=None, write=30.0, pool=None),
-            headers=headers,
-        )
+        self._http = Http(self.base_url, connect=timeouts.connect, headers=headers)
         self._caps: dict[str, Capabilities] = {}
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
@@ -476,19 +469,14 @@ class OpenAIBackend:
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         body = self.request_body(request)
         turn = ChunkTurn(t0=time.monotonic())
-        req = self._client.build_request("POST", "chat/completions", json=body)
-        resp = await open_stream(
-            self._client,
-            req,
-            first_byte=self.timeouts.first_byte,
-            url=self.base_url,
-            silent=self.base_url,
+        resp = await self._http.stream(
+            "chat/completions", body, first_byte=self.timeouts.first_byte, silent=self.base_url
         )
         try:
-            if resp.status_code != 200:
+            if resp.status != 200:
                 raise classify_status(
-                    resp.status_code,
-                    await resp.aread(),
+                    resp.status,
+                    await resp.read(),
                     resp.headers,
                     model=request.model,
                     url=self.base_url,
@@ -515,7 +503,7 @@ class OpenAIBackend:
                 kind=ErrorKind.CUT,
             )
         finally:
-            await resp.aclose()
+            resp.close()
 
     def _payload(self, turn: ChunkTurn, name: str, payload: str) -> list[StreamEvent]:
         chunk = json_object(payload, self.base_url)
@@ -529,16 +517,16 @@ class OpenAIBackend:
         probe.update(stream=False, max_tokens=1)
         for attempt in range(2):  # the server may drop the kept-alive connection of the stream
             try:
-                resp = await self._client.post(
-                    "chat/completions", json=probe, timeout=self.timeouts.first_byte
+                resp = await self._http.request(
+                    "POST", "chat/completions", json=probe, within=self.timeouts.first_byte
                 )
                 break
-            except httpx.HTTPError:
+            except BackendError:
                 if attempt:
                     return
-        if resp.status_code != 200:
+        if resp.status != 200:
             err = classify_status(
-                resp.status_code, resp.content, resp.headers, model=model, url=self.base_url
+                resp.status, resp.body, resp.headers, model=model, url=self.base_url
             )
             if isinstance(err, ContextOverflow):
                 raise err
@@ -549,15 +537,10 @@ class OpenAIBackend:
 
     async def _models(self) -> list[dict[str, Any]] | None:
         """``GET /models`` entries, or None when the server has no such list."""
-        try:
-            resp = await self._client.get("models", timeout=self.timeouts.connect * 3)
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
-        if resp.status_code in {401, 403}:
-            raise classify_status(
-                resp.status_code, resp.content, resp.headers, model="", url=self.base_url
-            )
-        if resp.status_code != 200:
+        resp = await self._http.request("GET", "models", within=self.timeouts.connect * 3)
+        if resp.status in {401, 403}:
+            raise classify_status(resp.status, resp.body, resp.headers, model="", url=self.base_url)
+        if resp.status != 200:
             return None
         try:
             data = resp.json()
@@ -628,4 +611,4 @@ class OpenAIBackend:
         return None  # the API is stateless
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()

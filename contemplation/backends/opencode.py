@@ -38,11 +38,11 @@ from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import structlog
 
 from contemplation.backends import capabilities
-from contemplation.backends.base import Capabilities, Check, connection_error
+from contemplation.backends.base import Capabilities, Check
+from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
@@ -116,14 +116,14 @@ def flatten(history: list[ChatMessage]) -> str:
     )
 
 
-def _json_or_text(resp: httpx.Response) -> Any:
+def _json_or_text(resp: Reply) -> Any:
     try:
         return resp.json()
     except ValueError:
         return resp.text
 
 
-def _last_message_id(resp: httpx.Response) -> str | None:
+def _last_message_id(resp: Reply) -> str | None:
     """The id of the last message in a ``GET /session/{id}/message`` answer."""
     data = _json_or_text(resp)
     last = data[-1] if isinstance(data, list) and data else None
@@ -204,12 +204,7 @@ class OpenCodeBackend:
         self.timeouts = timeouts or OpenCodeTimeouts.model_validate({})
         self.concurrency = concurrency
         self.overrides = dict(overrides or {})
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            auth=auth,
-            timeout=httpx.Timeout(connect=self.timeouts.connect, read=None, write=30.0, pool=None),
-            headers={"User-Agent": "contemplation"},
-        )
+        self._http = Http(self.base_url, connect=self.timeouts.connect, auth=auth)
         self._sessions: dict[str, BackendSession] = {}  # what this process knows is held
         self._locks: dict[str, asyncio.Lock] = {}
         self._providers: dict[str, Any] | None = None
@@ -293,23 +288,17 @@ class OpenCodeBackend:
         """The session state.json names, if the server still has it as it was left: its last
         message is the one recorded. None: gone (a new one is made), or it went on without us
         (a daemon that stopped before recording its reply) and is deleted."""
-        try:
-            async with asyncio.timeout(self.timeouts.create):
-                resp = await self._client.get(
-                    f"/session/{quote(recorded.id, safe='')}/message", params={"limit": 1}
-                )
-        except TimeoutError:
-            raise BackendError(
-                f"OpenCode did not list a session's messages within {self.timeouts.create:g} s",
-                transient=True,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
-        if resp.status_code in {400, 404}:  # unknown, or no session id at all (a hand edit)
+        resp = await self._http.request(
+            "GET",
+            f"/session/{quote(recorded.id, safe='')}/message",
+            params={"limit": 1},
+            within=self.timeouts.create,
+            late=f"OpenCode did not list a session's messages within {self.timeouts.create:g} s",
+        )
+        if resp.status in {400, 404}:  # unknown, or no session id at all (a hand edit)
             log.info("opencode_session_gone", conv=key, session=recorded.id)
             return None
-        if resp.status_code != 200:
+        if resp.status != 200:
             raise await self._status_error(resp, "")
         if recorded.last_message and _last_message_id(resp) != recorded.last_message:
             log.info("opencode_session_moved_on", conv=key, session=recorded.id)
@@ -320,20 +309,17 @@ class OpenCodeBackend:
 
     async def _create(self, key: str) -> BackendSession:
         title = f"contemplation {key}" if key else "contemplation"
-        try:
-            async with asyncio.timeout(self.timeouts.create):
-                resp = await self._client.post("/session", json={"title": title})
-        except TimeoutError:
-            raise BackendError(
-                f"OpenCode did not create a session within {self.timeouts.create:g} s",
-                transient=True,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
-        if resp.status_code != 200:
+        resp = await self._http.request(
+            "POST",
+            "/session",
+            json={"title": title},
+            within=self.timeouts.create,
+            late=f"OpenCode did not create a session within {self.timeouts.create:g} s",
+        )
+        if resp.status != 200:
             raise await self._status_error(resp, "")
-        sid = resp.json().get("id")
+        data = _json_or_text(resp)
+        sid = data.get("id") if isinstance(data, dict) else None
         if not isinstance(sid, str) or not sid:
             raise BackendError(
                 f"OpenCode created a session without an id: {resp.text[:200]}",
@@ -346,23 +332,23 @@ class OpenCodeBackend:
     async def _prompt(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"/session/{quote(sid, safe='')}/message"
         try:
-            async with asyncio.timeout(self.timeouts.prompt):
-                resp = await self._client.post(url, json=body)
-        except TimeoutError:
-            await self._abort(sid)
-            raise BackendError(
-                f"OpenCode did not finish the turn within {self.timeouts.prompt:g} s",
-                transient=True,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
+            resp = await self._http.request(
+                "POST",
+                url,
+                json=body,
+                within=self.timeouts.prompt,
+                late=f"OpenCode did not finish the turn within {self.timeouts.prompt:g} s",
+            )
+        except BackendError as exc:
+            if exc.kind is ErrorKind.TIMEOUT:
+                await self._abort(sid)
+            raise
         except asyncio.CancelledError:
             await self._abort(sid)
             raise
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.base_url) from exc
-        if resp.status_code == 404:
+        if resp.status == 404:
             raise _SessionGone
-        if resp.status_code != 200:
+        if resp.status != 200:
             model = body["model"]
             raise await self._status_error(resp, f"{model['providerID']}/{model['modelID']}")
         try:
@@ -377,12 +363,12 @@ class OpenCodeBackend:
             )
         return data
 
-    async def _status_error(self, resp: httpx.Response, model: str) -> BackendError:
+    async def _status_error(self, resp: Reply, model: str) -> BackendError:
         try:
             name, message = _error_message(resp.json())
         except ValueError:
             name, message = "", resp.text[:500]
-        status = resp.status_code
+        status = resp.status
         if status == 401:
             return BackendError(
                 f"OpenCode at {self.base_url} wants a password (401); "
@@ -467,24 +453,24 @@ class OpenCodeBackend:
     # -- session housekeeping ------------------------------------------------------------
 
     async def _abort(self, sid: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
-                f"/session/{quote(sid, safe='')}/abort", timeout=self.timeouts.delete
+        with contextlib.suppress(BackendError):
+            await self._http.request(
+                "POST", f"/session/{quote(sid, safe='')}/abort", within=self.timeouts.delete
             )
 
     async def _delete(self, sid: str) -> bool:
         """Delete a session; a failure is logged, never raised (False). Already gone is done."""
         try:
-            resp = await self._client.delete(
-                f"/session/{quote(sid, safe='')}", timeout=self.timeouts.delete
+            resp = await self._http.request(
+                "DELETE", f"/session/{quote(sid, safe='')}", within=self.timeouts.delete
             )
-        except httpx.HTTPError as exc:
-            log.warning("opencode_delete_failed", session=sid, error=f"{type(exc).__name__}: {exc}")
+        except BackendError as exc:
+            log.warning("opencode_delete_failed", session=sid, error=str(exc))
             return False
-        if resp.status_code in {200, 404}:
+        if resp.status in {200, 404}:
             return True
         _, message = _error_message(_json_or_text(resp))
-        log.warning("opencode_delete_failed", session=sid, status=resp.status_code, error=message)
+        log.warning("opencode_delete_failed", session=sid, status=resp.status, error=message)
         return False
 
     async def _discard(self, key: str) -> None:
@@ -509,7 +495,7 @@ class OpenCodeBackend:
 
     async def aclose(self) -> None:
         """Close the client. The sessions stay: a restarted daemon goes on in them."""
-        await self._client.aclose()
+        await self._http.aclose()
 
     # -- what the server knows -----------------------------------------------------------
 
@@ -518,9 +504,9 @@ class OpenCodeBackend:
         if self._providers is not None:
             return self._providers
         try:
-            resp = await self._client.get("/config/providers", timeout=self.timeouts.create)
-            data = resp.json() if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            resp = await self._http.request("GET", "/config/providers", within=self.timeouts.create)
+            data = resp.json() if resp.status == 200 else None
+        except (BackendError, ValueError):
             return None
         if not isinstance(data, dict):
             return None
@@ -576,17 +562,17 @@ class OpenCodeBackend:
 
     async def check(self, model: str | None) -> list[Check]:
         try:
-            resp = await self._client.get("/global/health", timeout=self.timeouts.connect)
-        except httpx.HTTPError as exc:
+            resp = await self._http.request("GET", "/global/health", within=self.timeouts.connect)
+        except BackendError as exc:
             return [
                 Check(
                     "opencode",
                     False,
-                    f"not reachable at {self.base_url}: {type(exc).__name__}",
+                    f"not reachable at {self.base_url} ({exc.kind})",
                     ("start it with `opencode serve`, or set OPENCODE_SERVER_URL",),
                 )
             ]
-        if resp.status_code == 401:
+        if resp.status == 401:
             return [
                 Check(
                     "opencode",
@@ -599,11 +585,9 @@ class OpenCodeBackend:
             health = resp.json()
         except ValueError:
             health = None
-        if resp.status_code != 200 or not isinstance(health, dict) or not health.get("healthy"):
+        if resp.status != 200 or not isinstance(health, dict) or not health.get("healthy"):
             return [
-                Check(
-                    "opencode", False, f"{self.base_url}/global/health answered {resp.status_code}"
-                )
+                Check("opencode", False, f"{self.base_url}/global/health answered {resp.status}")
             ]
         checks = [
             Check("opencode", True, f"OpenCode {health.get('version', '?')} at {self.base_url}")

@@ -1,0 +1,220 @@
+"""The backends' HTTP client (backends/http.py) against a real HTTP server on loopback: what
+counts as an answer, the cap on a whole body, redirects, timeouts, cuts, proxies, and a
+client used from two event loops in turn."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from contemplation.backends.http import Http, proxy_for
+from contemplation.errors import BackendError, ErrorKind
+from tests import realpeers
+from tests.fakes.http import JsonHandler
+
+CAP = 4096
+
+
+class _Handler(JsonHandler):
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/json":
+            self._json(200, {"ok": True, "query": self.path.partition("?")[2]})
+        elif path == "/teapot":
+            self._json(418, {"error": "short and stout"})
+        elif path == "/big":  # announced too large
+            self.send_response(200)
+            self.send_header("Content-Length", str(CAP + 1))
+            self.end_headers()
+            self.wfile.write(b"x" * (CAP + 1))
+        elif path == "/big-chunked":  # too large, with no length announced
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for _ in range(8):
+                self._write_chunk(b"y" * 1024)
+            self._end_chunks()
+        elif path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/json")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path == "/slow":
+            time.sleep(1.0)
+            self._json(200, {"late": True})
+        elif path == "/cut":  # two lines, then the connection drops inside the chunked body
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._write_chunk(b"one\ntwo\n")
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        if self.path == "/cut":
+            self.do_GET()
+            return
+        self._json(200, {"got": body.decode(), "type": self.headers.get("Content-Type")})
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_any_status_is_an_answer_and_json_goes_out_compact(server: str) -> None:
+    async def go() -> None:
+        http = Http(server, connect=2.0)
+        try:
+            ok = await http.request("GET", "/json", params={"limit": 1}, within=5)
+            assert (ok.status, ok.json()) == (200, {"ok": True, "query": "limit=1"})
+            tea = await http.request("GET", "teapot", within=5)  # a path without its /
+            assert tea.status == 418 and tea.json() == {"error": "short and stout"}
+            sent = await http.request("POST", "/echo", json={"a": "é", "b": [1]}, within=5)
+            assert sent.json() == {"got": '{"a":"é","b":[1]}', "type": "application/json"}
+        finally:
+            await http.aclose()
+
+    run(go())
+
+
+@pytest.mark.parametrize("path", ["/big", "/big-chunked"])
+def test_a_body_over_the_cap_is_refused_not_buffered(server: str, path: str) -> None:
+    async def go() -> None:
+        http = Http(server, connect=2.0, max_body=CAP)
+        try:
+            with pytest.raises(BackendError) as err:
+                await http.request("GET", path, within=5)
+            assert err.value.kind is ErrorKind.TOO_LARGE and not err.value.transient
+            # the client is still usable afterwards
+            assert (await http.request("GET", "/json", within=5)).status == 200
+        finally:
+            await http.aclose()
+
+    run(go())
+
+
+def test_redirects_are_not_followed(server: str) -> None:
+    async def go() -> None:
+        http = Http(server, connect=2.0)
+        try:
+            reply = await http.request("GET", "/redirect", within=5)
+            assert reply.status == 302 and reply.headers["Location"] == "/json"
+        finally:
+            await http.aclose()
+
+    run(go())
+
+
+def test_a_late_answer_is_a_timeout_that_says_what_was_late(server: str) -> None:
+    async def go() -> None:
+        http = Http(server, connect=2.0)
+        try:
+            with pytest.raises(BackendError) as err:
+                await http.request("GET", "/slow", within=0.2, late="the slow thing was slow")
+            assert err.value.kind is ErrorKind.TIMEOUT and err.value.transient
+            assert str(err.value) == "the slow thing was slow"
+        finally:
+            await http.aclose()
+
+    run(go())
+
+
+def test_nobody_listening_is_unreachable() -> None:
+    url = f"http://127.0.0.1:{realpeers.free_port()}"
+
+    async def go() -> None:
+        http = Http(url, connect=2.0)
+        try:
+            with pytest.raises(BackendError) as err:
+                await http.request("GET", "/json", within=5)
+            assert err.value.kind is ErrorKind.UNREACHABLE and err.value.transient
+            assert str(err.value).startswith(f"cannot reach {url}")
+            with pytest.raises(BackendError) as err:
+                await http.stream("/api/chat", {}, first_byte=5, silent="it")
+            assert err.value.kind is ErrorKind.UNREACHABLE
+        finally:
+            await http.aclose()
+
+    run(go())
+
+
+def test_a_stream_cut_mid_body_is_a_cut_after_what_came_before(server: str) -> None:
+    async def go() -> list[bytes]:
+        http = Http(server, connect=2.0)
+        got: list[bytes] = []
+        try:
+            stream = await http.stream("/cut", {"x": 1}, first_byte=5, silent="it")
+            assert stream.status == 200
+            with pytest.raises(BackendError) as err:
+                async for chunk in stream.chunks("the fake"):
+                    got.append(chunk)
+            stream.close()
+            assert err.value.kind is ErrorKind.CUT and err.value.transient
+            assert str(err.value).startswith("the fake: the stream was cut")
+            # the broken connection is not reused
+            assert (await http.request("GET", "/json", within=5)).status == 200
+        finally:
+            await http.aclose()
+        return got
+
+    assert b"".join(run(go())) == b"one\ntwo\n"
+
+
+def test_the_client_survives_a_second_event_loop(server: str) -> None:
+    """The CLI runs several asyncio.run in a row with one backend object."""
+    http = Http(server, connect=2.0)
+
+    async def once() -> int:
+        return (await http.request("GET", "/json", within=5)).status
+
+    assert run(once()) == 200
+    assert run(once()) == 200  # the first loop is closed: a new session, not an error
+    run(http.aclose())
+
+
+def test_proxies_come_from_the_environment_but_never_for_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("HTTPS_PROXY", "http://secure-proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.example")
+    assert proxy_for("http://127.0.0.1:11434") is None
+    assert proxy_for("http://localhost:11434") is None
+    assert proxy_for("http://[::1]:8080/v1") is None
+    assert proxy_for("http://gpu-box.lan:11434") == "http://proxy.example:3128"
+    assert proxy_for("https://api.example.com/v1") == "http://secure-proxy.example:3128"
+    assert proxy_for("http://internal.example:8080") is None
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.delenv("http_proxy", raising=False)
+    assert proxy_for("http://gpu-box.lan:11434") is None
+
+
+def test_basic_auth_and_extra_headers_go_on_every_request() -> None:
+    http = Http("http://127.0.0.1:1/", connect=1.0, auth=("user", "pw"), headers={"X-A": "b"})
+    assert http.base_url == "http://127.0.0.1:1"
+    assert http.headers == {
+        "User-Agent": "contemplation",
+        "X-A": "b",
+        "Authorization": "Basic dXNlcjpwdw==",
+    }
