@@ -5,10 +5,11 @@ client used from two event loops in turn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -82,18 +83,24 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+@contextlib.asynccontextmanager
+async def client(url: str, **options: Any) -> AsyncIterator[Http]:
+    http = Http(url, connect=2.0, **options)
+    try:
+        yield http
+    finally:
+        await http.aclose()
+
+
 def test_any_status_is_an_answer_and_json_goes_out_compact(server: str) -> None:
     async def go() -> None:
-        http = Http(server, connect=2.0)
-        try:
+        async with client(server) as http:
             ok = await http.request("GET", "/json", params={"limit": 1}, within=5)
             assert (ok.status, ok.json()) == (200, {"ok": True, "query": "limit=1"})
             tea = await http.request("GET", "teapot", within=5)  # a path without its /
             assert tea.status == 418 and tea.json() == {"error": "short and stout"}
             sent = await http.request("POST", "/echo", json={"a": "é", "b": [1]}, within=5)
             assert sent.json() == {"got": '{"a":"é","b":[1]}', "type": "application/json"}
-        finally:
-            await http.aclose()
 
     run(go())
 
@@ -101,41 +108,32 @@ def test_any_status_is_an_answer_and_json_goes_out_compact(server: str) -> None:
 @pytest.mark.parametrize("path", ["/big", "/big-chunked"])
 def test_a_body_over_the_cap_is_refused_not_buffered(server: str, path: str) -> None:
     async def go() -> None:
-        http = Http(server, connect=2.0, max_body=CAP)
-        try:
+        async with client(server, max_body=CAP) as http:
             with pytest.raises(BackendError) as err:
                 await http.request("GET", path, within=5)
             assert err.value.kind is ErrorKind.TOO_LARGE and not err.value.transient
             # the client is still usable afterwards
             assert (await http.request("GET", "/json", within=5)).status == 200
-        finally:
-            await http.aclose()
 
     run(go())
 
 
 def test_redirects_are_not_followed(server: str) -> None:
     async def go() -> None:
-        http = Http(server, connect=2.0)
-        try:
+        async with client(server) as http:
             reply = await http.request("GET", "/redirect", within=5)
             assert reply.status == 302 and reply.headers["Location"] == "/json"
-        finally:
-            await http.aclose()
 
     run(go())
 
 
 def test_a_late_answer_is_a_timeout_that_says_what_was_late(server: str) -> None:
     async def go() -> None:
-        http = Http(server, connect=2.0)
-        try:
+        async with client(server) as http:
             with pytest.raises(BackendError) as err:
                 await http.request("GET", "/slow", within=0.2, late="the slow thing was slow")
             assert err.value.kind is ErrorKind.TIMEOUT and err.value.transient
             assert str(err.value) == "the slow thing was slow"
-        finally:
-            await http.aclose()
 
     run(go())
 
@@ -144,8 +142,7 @@ def test_nobody_listening_is_unreachable() -> None:
     url = f"http://127.0.0.1:{realpeers.free_port()}"
 
     async def go() -> None:
-        http = Http(url, connect=2.0)
-        try:
+        async with client(url) as http:
             with pytest.raises(BackendError) as err:
                 await http.request("GET", "/json", within=5)
             assert err.value.kind is ErrorKind.UNREACHABLE and err.value.transient
@@ -153,17 +150,14 @@ def test_nobody_listening_is_unreachable() -> None:
             with pytest.raises(BackendError) as err:
                 await http.stream("/api/chat", {}, first_byte=5, silent="it")
             assert err.value.kind is ErrorKind.UNREACHABLE
-        finally:
-            await http.aclose()
 
     run(go())
 
 
 def test_a_stream_cut_mid_body_is_a_cut_after_what_came_before(server: str) -> None:
     async def go() -> list[bytes]:
-        http = Http(server, connect=2.0)
         got: list[bytes] = []
-        try:
+        async with client(server) as http:
             stream = await http.stream("/cut", {"x": 1}, first_byte=5, silent="it")
             assert stream.status == 200
             with pytest.raises(BackendError) as err:
@@ -174,8 +168,6 @@ def test_a_stream_cut_mid_body_is_a_cut_after_what_came_before(server: str) -> N
             assert str(err.value).startswith("the fake: the stream was cut")
             # the broken connection is not reused
             assert (await http.request("GET", "/json", within=5)).status == 200
-        finally:
-            await http.aclose()
         return got
 
     assert b"".join(run(go())) == b"one\ntwo\n"

@@ -222,16 +222,7 @@ class OllamaBackend:
         )
         if resp.status != 200:
             raise classify_status(resp.status, _error_text(resp.body), None, model)
-        try:
-            data = resp.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise BackendError(
-                f"Ollama's /api/show answered something that is not an object: {resp.text[:200]!r}",
-                transient=True,
-                kind=ErrorKind.PROTOCOL,
-            )
+        data = json_object(resp.text, "Ollama's /api/show")
         listed = data.get("capabilities")
         server: Capabilities | None = None
         if isinstance(listed, list):  # Ollama < 0.6 does not say; the family table then guesses

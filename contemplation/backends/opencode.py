@@ -41,7 +41,7 @@ from urllib.parse import quote
 import structlog
 
 from contemplation.backends import capabilities
-from contemplation.backends.base import Capabilities, Check
+from contemplation.backends.base import Capabilities, Check, json_object
 from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
@@ -351,17 +351,7 @@ class OpenCodeBackend:
         if resp.status != 200:
             model = body["model"]
             raise await self._status_error(resp, f"{model['providerID']}/{model['modelID']}")
-        try:
-            data = resp.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise BackendError(
-                f"OpenCode answered something that is not a message: {resp.text[:200]!r}",
-                transient=True,
-                kind=ErrorKind.PROTOCOL,
-            )
-        return data
+        return json_object(resp.text, "OpenCode")
 
     async def _status_error(self, resp: Reply, model: str) -> BackendError:
         try:
