@@ -210,3 +210,43 @@ def test_basic_auth_and_extra_headers_go_on_every_request() -> None:
         "X-A": "b",
         "Authorization": "Basic dXNlcjpwdw==",
     }
+
+
+class _ShortKeepAlive(_Handler):
+    """Closes a kept-alive connection after 0.3 s without a request, as llama.cpp's server
+    does after 5 s; ``closed`` is set each time a connection ends on the server's side."""
+
+    timeout = 0.3
+    closed = threading.Event()
+    connections = 0
+
+    def setup(self) -> None:
+        type(self).connections += 1
+        super().setup()
+
+    def finish(self) -> None:
+        super().finish()
+        type(self).closed.set()
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ShortKeepAlive)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    async def go() -> list[int]:
+        async with client(url) as http:
+            first = await http.request("POST", "/echo", json={"n": 1}, within=5)
+            # the server drops the idle connection; the next POST (not retried by aiohttp:
+            # it is not idempotent) must go out on a new one, not fail on the dead one
+            assert await asyncio.to_thread(_ShortKeepAlive.closed.wait, 5.0)
+            second = await http.request("POST", "/echo", json={"n": 2}, within=5)
+            return [first.status, second.status]
+
+    try:
+        assert run(go()) == [200, 200]
+        assert _ShortKeepAlive.connections == 2
+    finally:
+        srv.shutdown()
+        srv.server_close()
