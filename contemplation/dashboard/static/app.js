@@ -92,13 +92,32 @@ function renderList() {
   $("count").textContent = shown.length + " of " + rows.length;
 }
 
-async function loadList() {
+// Run a loader one call at a time, and once more if it was asked for meanwhile: two loads in
+// flight can answer out of order (an older "generating" shown after a newer "idle"), and the
+// extra run makes sure what an event announced is fetched after the event.
+function oneAtATime(load) {
+  let running = null;
+  let again = false;
+  return () => {
+    if (running) { again = true; return running; }
+    running = (async () => {
+      try {
+        do { again = false; await load(); } while (again);
+      } finally {
+        running = null;
+      }
+    })();
+    return running;
+  };
+}
+
+const loadList = oneAtATime(async () => {
   const data = await getJSON("/api/conversations");
   rows = data.conversations;
   renderList();
-}
+});
 
-async function loadMetrics() {
+const loadMetrics = oneAtATime(async () => {
   const m = await getJSON("/api/metrics");
   const live = m.live;
   const items = [
@@ -115,7 +134,7 @@ async function loadMetrics() {
   const dl = $("metrics");
   dl.replaceChildren();
   for (const [k, v] of items) dl.append(el("dt", null, k), el("dd", null, v));
-}
+});
 
 // -- full-text search over the logs (bounded on the server; see /api/search) --------------
 let searching = null;
@@ -187,8 +206,6 @@ function listPage() {
 // -- the conversation page ---------------------------------------------------------------
 let convId = "";
 let cursor = 0;
-let loading = false;
-let again = false;
 
 function renderBlock(b) {
   if (b.kind === "marker") return el("div", "marker", b.marker + (b.text ? ": " + b.text : ""));
@@ -206,32 +223,23 @@ function renderBlock(b) {
   return box;
 }
 
-async function loadBlocks() {
-  if (loading) { again = true; return; }
-  loading = true;
-  try {
-    do {
-      again = false;
-      const d = await getJSON("/api/conversations/" + encodeURIComponent(convId) + "/blocks?since=" + cursor);
-      const log = $("log");
-      if (d.reset) log.replaceChildren();
-      for (const b of d.blocks) log.append(renderBlock(b));
-      cursor = d.cursor;
-      showHit();
-      const live = $("live");
-      if (d.partial) {
-        live.hidden = false;
-        live.replaceChildren(renderBlock(d.partial));
-        live.dataset.streaming = "1";
-      } else if (d.blocks.length) {
-        live.hidden = true;
-        live.replaceChildren();
-      }
-    } while (again);
-  } finally {
-    loading = false;
+const loadBlocks = oneAtATime(async () => {
+  const d = await getJSON("/api/conversations/" + encodeURIComponent(convId) + "/blocks?since=" + cursor);
+  const log = $("log");
+  if (d.reset) log.replaceChildren();
+  for (const b of d.blocks) log.append(renderBlock(b));
+  cursor = d.cursor;
+  showHit();
+  const live = $("live");
+  if (d.partial) {
+    live.hidden = false;
+    live.replaceChildren(renderBlock(d.partial));
+    live.dataset.streaming = "1";
+  } else if (d.blocks.length) {
+    live.hidden = true;
+    live.replaceChildren();
   }
-}
+});
 
 // a search result links to #at=<byte offset>: mark the block that holds it, once
 let hitShown = false;
@@ -261,24 +269,9 @@ function streamToken(text) {
   pre.textContent += text;
 }
 
-// one load of the details at a time, and one more if an event came meanwhile: two loads in
-// flight could answer out of order, and a fast turn's "generating" would then stay shown
-let detailRun = null;
-let detailAgain = false;
-function loadDetail() {
-  if (detailRun) { detailAgain = true; return detailRun; }
-  detailRun = (async () => {
-    try {
-      do {
-        detailAgain = false;
-        showDetail(await getJSON("/api/conversations/" + encodeURIComponent(convId)));
-      } while (detailAgain);
-    } finally {
-      detailRun = null;
-    }
-  })();
-  return detailRun;
-}
+const loadDetail = oneAtATime(async () => {
+  showDetail(await getJSON("/api/conversations/" + encodeURIComponent(convId)));
+});
 
 function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
