@@ -2,9 +2,9 @@
 turned into a :class:`~contemplation.errors.BackendError` here, so no backend sees the library.
 
 It is aiohttp, not httpx. Measured on loopback (bench/bench_http_client.py): a streamed
-``/api/chat`` reply of 13 lines costs the daemon about 1.3 ms of CPU through httpx (httpx,
-httpcore, h11 and anyio, each a thin slice) and about 0.4 ms through aiohttp, whose parser is
-in C. With an instant server that is most of the daemon's work per turn.
+``/api/chat`` reply of a dozen lines costs the client about 1.0 ms of CPU through httpx
+(httpx, httpcore, h11 and anyio, each a thin slice) and 0.35 ms through aiohttp, whose parser
+is in C. Against an instant server that difference was half of the daemon's work per turn.
 
 Choices that differ from the library's defaults, on purpose:
 * proxies come from the environment once (``HTTP(S)_PROXY``, ``NO_PROXY``), and a loopback
