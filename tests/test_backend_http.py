@@ -250,3 +250,42 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class _StallsAfterHeaders(_Handler):
+    """A 503 whose body never comes (the headers promise 100 bytes, none are sent)."""
+
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(503)
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.flush()
+        type(self).release.wait(30)
+
+
+def test_an_error_body_that_never_comes_does_not_hold_the_turn() -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StallsAfterHeaders)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    async def go() -> tuple[int, bytes, float]:
+        async with client(url) as http:
+            stream = await http.stream("/api/chat", {}, first_byte=5, silent="it")
+            t0 = time.monotonic()
+            body = await stream.read(within=0.3)
+            took = time.monotonic() - t0
+            stream.close()
+            return stream.status, body, took
+
+    try:
+        status, body, took = run(go())
+        assert (status, body) == (503, b"")
+        assert took < 5.0  # bounded by within=0.3, not by the server
+    finally:
+        _StallsAfterHeaders.release.set()
+        srv.shutdown()
+        srv.server_close()

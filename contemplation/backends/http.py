@@ -109,15 +109,18 @@ class Stream:
                 kind=ErrorKind.CUT,
             ) from exc
 
-    async def read(self, limit: int = 64 * 1024) -> bytes:
-        """At most ``limit`` bytes of the body (for an error answer); never raises."""
+    async def read(self, limit: int = 64 * 1024, within: float = 10.0) -> bytes:
+        """At most ``limit`` bytes of the body (for an error answer), whatever came within
+        ``within`` s: a server that sends an error's headers and then stalls cannot hold the
+        turn. Never raises (TimeoutError is an OSError)."""
         out = bytearray()
         with contextlib.suppress(aiohttp.ClientError, OSError):
-            while len(out) < limit:
-                chunk = await self._resp.content.read(limit - len(out))
-                if not chunk:
-                    break
-                out += chunk
+            async with asyncio.timeout(within):
+                while len(out) < limit:
+                    chunk = await self._resp.content.read(limit - len(out))
+                    if not chunk:
+                        break
+                    out += chunk
         return bytes(out)
 
     def close(self) -> None:
