@@ -133,6 +133,7 @@ class FakeOllama:
 
 class _Handler(JsonHandler):
     server_fake: FakeOllama
+    _generating = False  # this thread's /api/chat counts in FakeOllama.active
 
     def _chunk(self, obj: Any) -> None:
         self._write_chunk((json.dumps(obj) + "\n").encode() if not isinstance(obj, bytes) else obj)
@@ -208,11 +209,11 @@ class _Handler(JsonHandler):
             with fake.lock:
                 fake.active += 1
                 fake.max_active = max(fake.max_active, fake.active)
+            self._generating = True
             try:
                 self._chat(body)
             finally:
-                with fake.lock:
-                    fake.active -= 1
+                self._generation_over()
         else:
             self._json(404, {"error": "404 page not found"})
 
@@ -235,6 +236,16 @@ class _Handler(JsonHandler):
                 "modified_at": _now(),
             },
         )
+
+    def _generation_over(self) -> None:
+        """A chat stops counting as active before its final ``done`` line goes out: a client
+        that starts its next request on seeing that line overlaps nothing, even if this
+        thread has not run again yet (counting after the last write made such a client look
+        like two requests at once)."""
+        if self._generating:
+            self._generating = False
+            with self.server_fake.lock:
+                self.server_fake.active -= 1
 
     def _chat(self, body: dict[str, Any]) -> None:
         fake = self.server_fake
@@ -345,6 +356,7 @@ class _Handler(JsonHandler):
                 self._end_chunks()
                 return
             chars = sum(len(m.get("content") or "") for m in messages)
+            self._generation_over()
             emit(
                 {
                     "model": model,
