@@ -1,6 +1,7 @@
 """Backend overhead (issue 4): one turn through contemplation vs the same request sent directly.
 
 Run: .venv/bin/python bench/bench_overhead.py [--reps 20] [--max-tokens 32] [--url URL]
+     [--direct-client aiohttp|httpx]
 
 Both paths talk to the same real llama.cpp server (upstream llama-server from xllamacpp's
 wheel, SmolLM2-135M; started here unless ``--url`` names one) with the same JSON body (temperature 0, a fixed max_tokens), interleaved
@@ -10,7 +11,9 @@ wheel, SmolLM2-135M; started here unless ``--url`` names one) with the same JSON
                  ``process_pending`` with the openai backend (the daemon's real path: take the
                  inbox file, append the block, stream the reply into messages.log with fsync,
                  commit state.json); only ``process_pending`` is timed
-  direct         the same body POSTed with httpx, the SSE stream read to ``[DONE]``
+  direct         the same body POSTed with a bare aiohttp client (the library the backends use,
+                 so the ratio is contemplation's own cost), the SSE stream read to ``[DONE]``;
+                 ``--direct-client httpx`` uses httpx instead (the backends' client before)
 
 Prints p50/p90 per path and the ratio (target: contemplation ≤ 1.05 × direct at p50).
 """
@@ -24,10 +27,12 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,12 +51,30 @@ QUESTION = "Tell me a long story about a lighthouse keeper."  # longer than max_
 MODEL = "smollm2"
 
 
+async def _count_deltas(lines: AsyncIterator[str]) -> int:
+    """Content deltas in an SSE stream, read up to ``[DONE]``."""
+    deltas = 0
+    async for raw in lines:
+        line = raw.strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        for choice in json.loads(data).get("choices") or []:
+            if (choice.get("delta") or {}).get("content"):
+                deltas += 1
+    return deltas
+
+
 class Bench:
-    def __init__(self, url: str, max_tokens: int) -> None:
+    def __init__(self, url: str, max_tokens: int, direct_client: str) -> None:
         self.url = url
         options = {"temperature": 0, "num_predict": max_tokens}
         self.th = TurnHome("openai", MODEL, options, {"base_url": url})
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
+        self.direct_client = direct_client
+        self.httpx = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
+        self.aiohttp: aiohttp.ClientSession | None = None  # made in the running loop
         self.body: dict[str, Any] | None = None
 
     async def via_contemplation(self) -> tuple[float, int | None]:
@@ -76,21 +99,22 @@ class Bench:
 
     async def direct(self) -> tuple[float, int]:
         assert self.body is not None
-        deltas = 0
+        url = f"{self.url}/v1/chat/completions"
         t0 = time.perf_counter()
-        async with self.client.stream(
-            "POST", f"{self.url}/v1/chat/completions", json=self.body
-        ) as resp:
-            resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                for choice in json.loads(data).get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
-                        deltas += 1
+        if self.direct_client == "httpx":
+            async with self.httpx.stream("POST", url, json=self.body) as resp:
+                resp.raise_for_status()
+                deltas = await _count_deltas(resp.aiter_lines())
+        else:
+            if self.aiohttp is None:
+                # a new connection per request: llama-server closes each stream's connection
+                # after its last chunk, and a bare client would reuse it (the backends resend)
+                self.aiohttp = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(force_close=True)
+                )
+            async with self.aiohttp.post(url, json=self.body) as r:
+                r.raise_for_status()
+                deltas = await _count_deltas(line.decode() async for line in r.content)
         return time.perf_counter() - t0, deltas
 
     async def run(self, reps: int, warmup: int) -> dict[str, Any]:
@@ -110,7 +134,9 @@ class Bench:
                     b.append(tb)
                     tokens.update({("contemplation", na), ("direct", nb)})
         finally:
-            await self.client.aclose()
+            await self.httpx.aclose()
+            if self.aiohttp is not None:
+                await self.aiohttp.close()
             await self.th.aclose()
         return {"contemplation": a, "direct": b, "tokens": sorted(tokens, key=str)}
 
@@ -121,6 +147,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--url", help="an OpenAI-compatible server already serving smollm2")
+    ap.add_argument("--direct-client", choices=["aiohttp", "httpx"], default="aiohttp")
     args = ap.parse_args()
     server: LlamaServer | None = None
     url = args.url
@@ -131,12 +158,17 @@ def main() -> None:
         server = LlamaServer(gguf, n_ctx=4096).start()
         url = server.url
     try:
-        result = asyncio.run(Bench(url, args.max_tokens).run(args.reps, args.warmup))
+        result = asyncio.run(
+            Bench(url, args.max_tokens, args.direct_client).run(args.reps, args.warmup)
+        )
     finally:
         if server is not None:
             server.stop()
     a, b = result["contemplation"], result["direct"]
-    print(f"{args.reps} turns each, max_tokens {args.max_tokens}, server {url}")
+    print(
+        f"{args.reps} turns each, max_tokens {args.max_tokens}, server {url}, "
+        f"direct client {args.direct_client}"
+    )
     print(f"tokens generated (path, count): {result['tokens']}")
     print(f"{'path':<15}{'p50 ms':>10}{'p90 ms':>10}{'mean ms':>10}")
     for name, xs in (("contemplation", a), ("direct", b)):

@@ -289,3 +289,45 @@ def test_an_error_body_that_never_comes_does_not_hold_the_turn() -> None:
         _StallsAfterHeaders.release.set()
         srv.shutdown()
         srv.server_close()
+
+
+class _ClosesAfterEachReply(_Handler):
+    """Like llama.cpp's server: a keep-alive chunked reply, then the connection is closed
+    right after its last chunk. ``posts`` counts the requests that arrived."""
+
+    posts = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).posts += 1
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Keep-Alive", "timeout=5, max=100")
+        self.end_headers()
+        self._write_chunk(b"data: one\n\n")
+        self._end_chunks()
+        self.close_connection = True
+
+
+def test_a_stream_right_after_a_reply_whose_connection_was_closed_goes_out_again() -> None:
+    """Without the resend, about half of these failed with "Can not write request body"."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesAfterEachReply)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    async def go() -> list[bytes]:
+        bodies: list[bytes] = []
+        async with client(url) as http:
+            for _ in range(30):
+                stream = await http.stream("/v1/chat/completions", {}, first_byte=5, silent="it")
+                bodies.append(b"".join([c async for c in stream.chunks("it")]))
+                stream.close()
+        return bodies
+
+    try:
+        assert run(go()) == [b"data: one\n\n"] * 30
+        assert _ClosesAfterEachReply.posts == 30  # each request reached it once
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -410,6 +410,34 @@ def test_real_llama_cpp_streams_a_reply_with_usage(llama: realpeers.LlamaServer)
 
 
 @pytest.mark.real
+def test_real_llama_cpp_back_to_back_turns_all_go_through(llama: realpeers.LlamaServer) -> None:
+    """llama-server closes a stream's connection after its last chunk; the next turn, sent
+    at once on the pooled connection, used to fail half the time (aiohttp learns of the close
+    a loop pass later). Twelve turns in a row, no pause: every one gets its reply."""
+    req = ChatRequest(
+        "smollm2",
+        (ChatMessage("user", "Tell me a story."),),
+        options={"temperature": 0, "num_predict": 12},
+    )
+
+    async def go() -> list[str]:
+        b = OpenAIBackend(llama.url, timeouts=PhaseTimeouts(5, 60, 30, 120))
+        outcomes: list[str] = []
+        try:
+            for _ in range(12):
+                try:
+                    events = [e async for e in b.stream(req)]
+                    outcomes.append(events[-1].kind)
+                except BackendError as exc:
+                    outcomes.append(f"{exc.kind}: {exc}")
+        finally:
+            await b.aclose()
+        return outcomes
+
+    assert asyncio.run(go()) == ["done"] * 12
+
+
+@pytest.mark.real
 def test_real_llama_cpp_overflow_is_a_context_overflow(llama: realpeers.LlamaServer) -> None:
     req = ChatRequest("smollm2", (ChatMessage("user", "word " * 9000),))
     err = fails(llama.url, req, timeouts=PhaseTimeouts(5, 60, 30, 120))

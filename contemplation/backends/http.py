@@ -168,7 +168,13 @@ class Http:
         return self._session
 
     async def _send(
-        self, method: str, path: str, body: Any, params: Mapping[str, str | int] | None
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        params: Mapping[str, str | int] | None,
+        *,
+        resend: bool,
     ) -> aiohttp.ClientResponse:
         kwargs: dict[str, Any] = {"allow_redirects": False, "proxy": self.proxy}
         if body is not None:
@@ -178,7 +184,20 @@ class Http:
             kwargs["headers"] = {"Content-Type": "application/json"}
         if params:
             kwargs["params"] = {k: str(v) for k, v in params.items()}
-        return await self._client().request(method, self.url(path), **kwargs)
+        session, url = self._client(), self.url(path)
+        try:
+            return await session.request(method, url, **kwargs)
+        except aiohttp.ClientConnectorError:
+            raise  # nobody listening: a second try would only fail twice
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            if not resend:
+                raise
+        # A kept-alive connection the server closed an instant before: llama.cpp's server
+        # closes it after the last chunk of a stream, and aiohttp (which, unlike httpcore,
+        # does not poll a pooled socket before reusing it) learns of that only on the loop's
+        # next pass, so a request sent right after a reply found it closing half the time.
+        # aiohttp resends only idempotent methods; the caller says this POST is harmless twice.
+        return await session.request(method, url, **kwargs)
 
     async def request(
         self,
@@ -189,12 +208,15 @@ class Http:
         params: Mapping[str, str | int] | None = None,
         within: float,
         late: str = "",
+        resend: bool = False,
     ) -> Reply:
         """Send and read the whole answer within ``within`` s (``late`` says what took too
-        long). Any HTTP status is an answer; no answer at all is a :class:`BackendError`."""
+        long). Any HTTP status is an answer; no answer at all is a :class:`BackendError`.
+        ``resend``: a POST that changes nothing on the server, sent once more when the kept-
+        alive connection it went out on turns out closed (other methods always are)."""
         try:
             async with asyncio.timeout(within):
-                resp = await self._send(method, path, json, params)
+                resp = await self._send(method, path, json, params, resend=resend)
                 try:
                     body = await self._body(resp)
                 finally:
@@ -230,10 +252,11 @@ class Http:
 
     async def stream(self, path: str, body: Any, *, first_byte: float, silent: str) -> Stream:
         """POST ``body`` and wait at most ``first_byte`` s for the answer's headers (a cold
-        model load sends none until it is loaded); ``silent`` names who kept quiet."""
+        model load sends none until it is loaded); ``silent`` names who kept quiet. The
+        streamed chat APIs keep no state per request, so a closed connection is resent on."""
         try:
             async with asyncio.timeout(first_byte):
-                resp = await self._send("POST", path, body, None)
+                resp = await self._send("POST", path, body, None, resend=True)
         except TimeoutError as exc:  # ours, or aiohttp's connect timeout (a ClientError too)
             if isinstance(exc, aiohttp.ClientError):
                 raise failure(exc, self.base_url) from exc

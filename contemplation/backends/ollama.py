@@ -218,7 +218,11 @@ class OllamaBackend:
         if model in self._caps:
             return self._caps[model]
         resp = await self._http.request(
-            "POST", "/api/show", json={"model": model}, within=self.timeouts.connect * 3
+            "POST",
+            "/api/show",
+            json={"model": model},
+            within=self.timeouts.connect * 3,
+            resend=True,  # a lookup
         )
         if resp.status != 200:
             raise classify_status(resp.status, _error_text(resp.body), None, model)

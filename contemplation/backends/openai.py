@@ -515,15 +515,12 @@ class OpenAIBackend:
         """An empty 200 stream: ask once without streaming, for the error the stream hid."""
         probe = {k: v for k, v in body.items() if k not in {"stream", "stream_options"}}
         probe.update(stream=False, max_tokens=1)
-        for attempt in range(2):  # the server may drop the kept-alive connection of the stream
-            try:
-                resp = await self._http.request(
-                    "POST", "chat/completions", json=probe, within=self.timeouts.first_byte
-                )
-                break
-            except BackendError:
-                if attempt:
-                    return
+        try:  # resent if the server dropped the kept-alive connection of the stream
+            resp = await self._http.request(
+                "POST", "chat/completions", json=probe, within=self.timeouts.first_byte, resend=True
+            )
+        except BackendError:
+            return
         if resp.status != 200:
             err = classify_status(
                 resp.status, resp.body, resp.headers, model=model, url=self.base_url
