@@ -67,9 +67,10 @@ class _Handler(JsonHandler):
         self._json(200, {"got": body.decode(), "type": self.headers.get("Content-Type")})
 
 
-@pytest.fixture
-def server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+@contextlib.contextmanager
+def serving(handler: type[_Handler]) -> Iterator[str]:
+    """A real HTTP server on loopback, in a thread, for the ``with`` block; yields its URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
@@ -77,6 +78,12 @@ def server() -> Iterator[str]:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    with serving(_Handler) as url:
+        yield url
 
 
 def run(coro: Any) -> Any:
@@ -230,12 +237,8 @@ class _ShortKeepAlive(_Handler):
 
 
 def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ShortKeepAlive)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
 
-    async def go() -> list[int]:
+    async def go(url: str) -> list[int]:
         async with client(url) as http:
             first = await http.request("POST", "/echo", json={"n": 1}, within=5)
             # the server drops the idle connection; the next POST (not retried by aiohttp:
@@ -244,12 +247,9 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
             second = await http.request("POST", "/echo", json={"n": 2}, within=5)
             return [first.status, second.status]
 
-    try:
-        assert run(go()) == [200, 200]
-        assert _ShortKeepAlive.connections == 2
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(_ShortKeepAlive) as url:
+        assert run(go(url)) == [200, 200]
+    assert _ShortKeepAlive.connections == 2
 
 
 class _StallsAfterHeaders(_Handler):
@@ -267,12 +267,8 @@ class _StallsAfterHeaders(_Handler):
 
 
 def test_an_error_body_that_never_comes_does_not_hold_the_turn() -> None:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StallsAfterHeaders)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
 
-    async def go() -> tuple[int, bytes, float]:
+    async def go(url: str) -> tuple[int, bytes, float]:
         async with client(url) as http:
             stream = await http.stream("/api/chat", {}, first_byte=5, silent="it")
             t0 = time.monotonic()
@@ -281,14 +277,13 @@ def test_an_error_body_that_never_comes_does_not_hold_the_turn() -> None:
             stream.close()
             return stream.status, body, took
 
-    try:
-        status, body, took = run(go())
-        assert (status, body) == (503, b"")
-        assert took < 5.0  # bounded by within=0.3, not by the server
-    finally:
-        _StallsAfterHeaders.release.set()
-        srv.shutdown()
-        srv.server_close()
+    with serving(_StallsAfterHeaders) as url:
+        try:
+            status, body, took = run(go(url))
+        finally:
+            _StallsAfterHeaders.release.set()
+    assert (status, body) == (503, b"")
+    assert took < 5.0  # bounded by within=0.3, not by the server
 
 
 class _ClosesAfterEachReply(_Handler):
@@ -311,12 +306,8 @@ class _ClosesAfterEachReply(_Handler):
 
 def test_a_stream_right_after_a_reply_whose_connection_was_closed_goes_out_again() -> None:
     """Without the resend, about half of these failed with "Can not write request body"."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesAfterEachReply)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
 
-    async def go() -> list[bytes]:
+    async def go(url: str) -> list[bytes]:
         bodies: list[bytes] = []
         async with client(url) as http:
             for _ in range(30):
@@ -325,9 +316,6 @@ def test_a_stream_right_after_a_reply_whose_connection_was_closed_goes_out_again
                 stream.close()
         return bodies
 
-    try:
-        assert run(go()) == [b"data: one\n\n"] * 30
-        assert _ClosesAfterEachReply.posts == 30  # each request reached it once
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(_ClosesAfterEachReply) as url:
+        assert run(go(url)) == [b"data: one\n\n"] * 30
+    assert _ClosesAfterEachReply.posts == 30  # each request reached it once
