@@ -214,24 +214,28 @@ class Http:
         long). Any HTTP status is an answer; no answer at all is a :class:`BackendError`.
         ``resend``: a POST that changes nothing on the server, sent once more when the kept-
         alive connection it went out on turns out closed (other methods always are)."""
+        late = late or f"{self.base_url} did not answer {method} {path} within {within:g} s"
+        async with self._answered(within, late):
+            resp = await self._send(method, path, json, params, resend=resend)
+            try:
+                body = await self._body(resp)
+            finally:
+                resp.release()
+        return Reply(resp.status, resp.headers, body)
+
+    @contextlib.asynccontextmanager
+    async def _answered(self, within: float, late: str) -> AsyncIterator[None]:
+        """The block's deadline (``late`` says what was late), and every transport failure in
+        it as a :class:`BackendError`."""
         try:
             async with asyncio.timeout(within):
-                resp = await self._send(method, path, json, params, resend=resend)
-                try:
-                    body = await self._body(resp)
-                finally:
-                    resp.release()
+                yield
         except TimeoutError as exc:  # ours, or aiohttp's connect timeout (a ClientError too)
             if isinstance(exc, aiohttp.ClientError):
                 raise failure(exc, self.base_url) from exc
-            raise BackendError(
-                late or f"{self.base_url} did not answer {method} {path} within {within:g} s",
-                transient=True,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
+            raise BackendError(late, transient=True, kind=ErrorKind.TIMEOUT) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise failure(exc, self.base_url) from exc
-        return Reply(resp.status, resp.headers, body)
 
     async def _body(self, resp: aiohttp.ClientResponse) -> bytes:
         if (resp.content_length or 0) > self.max_body:
@@ -254,19 +258,8 @@ class Http:
         """POST ``body`` and wait at most ``first_byte`` s for the answer's headers (a cold
         model load sends none until it is loaded); ``silent`` names who kept quiet. The
         streamed chat APIs keep no state per request, so a closed connection is resent on."""
-        try:
-            async with asyncio.timeout(first_byte):
-                resp = await self._send("POST", path, body, None, resend=True)
-        except TimeoutError as exc:  # ours, or aiohttp's connect timeout (a ClientError too)
-            if isinstance(exc, aiohttp.ClientError):
-                raise failure(exc, self.base_url) from exc
-            raise BackendError(
-                f"{silent} sent nothing for {first_byte:g} s",
-                transient=True,
-                kind=ErrorKind.TIMEOUT,
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise failure(exc, self.base_url) from exc
+        async with self._answered(first_byte, f"{silent} sent nothing for {first_byte:g} s"):
+            resp = await self._send("POST", path, body, None, resend=True)
         return Stream(resp)
 
     async def aclose(self) -> None:
