@@ -15,7 +15,7 @@ import pytest
 from contemplation import logformat
 from contemplation.errors import AlreadyRunning, InputRejected
 from contemplation.layout import Conv, Home, load_template, read_state
-from contemplation.models import Intent, MarkerKind
+from contemplation.models import Intent, MarkerKind, Metadata, Status
 from contemplation.parser import parse
 from contemplation.writer import (
     ConvWriter,
@@ -345,6 +345,43 @@ def test_a_claimed_message_is_fsynced_committed_and_removed_by_the_next_state_wr
         assert not claimed.exists()  # removed only once the block is durable and committed
     assert events == ["fsync log", "state file_kept=True done=['m1']"]
     assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "hello"
+
+
+def test_a_folder_made_by_hand_is_durable_before_its_first_message_is_removed(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare ``inbox/`` gets its log, metadata and state from the writer's first save; the
+    folder (the new log's name) is made durable in that save's first point, before the claimed
+    file goes (a power loss before it finds the file again, never a lost message)."""
+    conv = Conv(home.active / "by-hand")
+    conv.inbox.mkdir(parents=True)
+    meta = Metadata(id=conv.id, topic="by hand", created="x", backend="ollama", model="m")
+    events: list[str] = []
+    real_fsync, real_unlink = os.fsync, os.unlink
+
+    def fsync(fd: int) -> None:
+        if os.path.samestat(os.fstat(fd), conv.dir.stat()):
+            events.append("fsync folder")
+        real_fsync(fd)
+
+    def unlink(path: str | Path, *args: object, **kw: object) -> None:
+        events.append(f"unlink {Path(path).name}")
+        real_unlink(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with open_writer(conv, default_meta=meta) as w:
+        assert conv.log.exists() and conv.processing.is_dir()
+        assert not conv.metadata.exists() and not conv.state.exists()  # left for the save
+        claimed = _claimed(conv, "m1", "hello")
+        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=claimed)
+        w.flush()
+    assert events.index("fsync folder") < events.index("unlink m1")
+    assert events.count("fsync folder") == 1  # once, not with every save
+    with open_writer(conv) as w:  # the metadata was written: no default needed any more
+        assert w.meta.topic == "by hand" and w.state.done_ids == ["m1"]
+        w.set_status(Status.IDLE)
+    assert events.count("fsync folder") == 2  # the state's own rename, not the adoption
 
 
 @pytest.mark.parametrize("late", [0, 1])

@@ -110,31 +110,46 @@ def new_conversation(
     raise InputRejected(f"too many conversations named {base}")
 
 
-def ensure_conversation_files(
-    conv: Conv, meta: Metadata, *, durable: bool = True, hand_made: bool = False
-) -> None:
+def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:
     """Create what a conversation folder is missing: inbox/, processing/, the lock file,
-    metadata, an empty log and (for a folder made with ``new``) context/ and state.
+    metadata, an empty log, context/ and state.
 
     Everything a turn needs exists from the start, so no turn pays for making a file or a
-    folder (on some file systems that costs more than the rest of the turn). A folder made
-    by hand gets no state.json here: its first state write makes it, and until then the
-    state is derived from the log; its context/ is made when something is saved there."""
-    for d in (
-        (conv.inbox, conv.processing) if hand_made else (conv.inbox, conv.processing, conv.context)
-    ):
+    folder (on some file systems that costs more than the rest of the turn)."""
+    for d in (conv.inbox, conv.processing, conv.context):
         d.mkdir(parents=True, exist_ok=True)
     os.close(os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
     if read_metadata(conv) is None:
         atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
-    if not conv.log.exists():
-        fd = os.open(conv.log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        os.close(fd)
-    if not hand_made and read_state(conv) is None and not conv.state.exists():
+    _make_log(conv)
+    if read_state(conv) is None and not conv.state.exists():
         st = State(updated=now_iso())
         info = os.stat(conv.log)
         st.log = LogIdentity(ino=info.st_ino, size=0)
         atomic_write_json(conv.state, st.model_dump(mode="json"), durable=durable)
+
+
+def adopt_folder(conv: Conv) -> None:
+    """What a folder made by hand (an ``inbox/`` or a ``messages.log``, no metadata) needs
+    before its first turn: ``processing/`` and the log. Its metadata and state are the
+    defaults and what the log says; the writer's first save writes them (see
+    :meth:`~contemplation.writer.session.ConvWriter.save_steps`), and its context/ is made
+    when something is saved there."""
+    for d in (conv.processing, conv.inbox):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d)
+    _make_log(conv)
+
+
+def _make_log(conv: Conv) -> None:
+    """An empty ``messages.log`` unless there is one (never through a link)."""
+    try:
+        fd = os.open(conv.log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        if os.path.lexists(conv.log):
+            return  # a link or something odd: the writer refuses it with a clear error
+        raise
+    os.close(fd)
 
 
 def write_metadata(conv: Conv, meta: Metadata, *, durable: bool = True) -> None:

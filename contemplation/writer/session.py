@@ -56,7 +56,7 @@ from contemplation.writer.files import (
     now_iso,
     write_all,
 )
-from contemplation.writer.folders import ensure_conversation_files, remove_tmp_files
+from contemplation.writer.folders import adopt_folder, remove_tmp_files
 from contemplation.writer.reply import ReplyStream
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
@@ -79,6 +79,8 @@ class ConvWriter:
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
     saved_intent: Intent | None = None  # the intent the last durable state write carried
     fd: int | None = None  # messages.log, read-write in append mode, open for this session
+    meta_unsaved: bool = False  # a folder made by hand: metadata.json is written by the next save
+    folder_unsynced: bool = False  # ... and the next durable point makes its new names durable
     log_stat: os.stat_result | None = None  # the log by name, as check_identity() found it
 
     def close(self) -> None:
@@ -114,18 +116,29 @@ class ConvWriter:
         sync_state = self.durable and durable
         log = self.fd if self.fd is not None else self.conv.log
         before = (*also, log) if self.held and self.durable else also
+        folder = (self.conv.dir,) if self.folder_unsynced and self.durable else ()
+        if self.meta_unsaved:  # rebuilt alike from the defaults if a power loss takes it
+            yield from atomic_write_steps(
+                self.conv.metadata, self.meta.model_dump_json(indent=2).encode() + b"\n",
+                durable=False,
+            )  # fmt: skip
+            self.meta_unsaved = False
         if before and not sync_state:
-            yield Durable(files=before)
+            yield Durable(files=before, folders=folder)
+            folder = ()
         self.state.updated = now_iso()
         steps = atomic_write_steps(
             self.conv.state,
             self.state.model_dump_json(indent=2).encode() + b"\n",
             durable=sync_state,
         )
-        if sync_state and before:  # those files and the temp file in one point
+        if sync_state and (before or folder):  # those files and the temp file in one point
             first = next(steps)
-            yield Durable(files=(*before, *first.files), folders=first.folders)
+            yield Durable(files=(*before, *first.files), folders=(*first.folders, *folder))
+            folder = ()
         yield from steps
+        if self.folder_unsynced and not folder:
+            self.folder_unsynced = False  # a point above made the folder durable
         if durable or not self.durable:  # as safe as this writer's durability allows
             self.saved_intent = self.state.intent
         self.unsaved = False
@@ -561,19 +574,19 @@ def open_writer(
             if default_meta is None or not dropped_in:
                 raise NotFound(f"{conv.id} has no readable metadata.json")
             meta = default_meta() if callable(default_meta) else default_meta
-            # A folder made by hand: its metadata and state are the defaults and what the log
-            # says, so they are rebuilt alike if a power loss takes them; only the new log's
-            # name must be durable before a block is appended to it (one fsync, not four).
-            ensure_conversation_files(conv, meta, durable=False, hand_made=True)
-            if durable:
-                fsync_dir(conv.dir)
+            adopt_folder(conv)
             adopted = True
         state = read_state(conv)
         rebuilt = state is None and not adopted
         if state is None:
             state = rebuild_state(conv, meta)
         w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt)
-        w.unsaved = adopted  # state.json is written by the first save, or flush() at the end
+        # A folder made by hand: its metadata and state are the defaults and what the log
+        # says, so they are rebuilt alike if a power loss takes them. The first save writes
+        # both (off the loop, with the turn's first state write), and its first durable
+        # point includes the folder: the new log's name is durable before any block in it
+        # is counted or its claimed file removed. flush() at the end writes them otherwise.
+        w.unsaved = w.meta_unsaved = w.folder_unsynced = adopted
         stack.callback(w.close)
         if rebuilt:
             w.warn("state.json was missing or unreadable; rebuilt it from messages.log")
@@ -581,15 +594,19 @@ def open_writer(
 
 
 def rebuild_state(conv: Conv, meta: Metadata) -> State:
-    """A state derived from the log alone (when state.json is lost or corrupt)."""
-    try:
-        data = conv.log.read_bytes()
-        ino = os.stat(conv.log).st_ino
-    except FileNotFoundError:
-        data, ino = b"", 0
-    result = LogView(conv, meta.agent_label).refresh()  # rotated segments included
+    """A state derived from the log alone (when state.json is lost or corrupt, or the folder
+    was made by hand)."""
     st = State(updated=now_iso())
-    st.log = LogIdentity(ino=ino, size=len(data))
+    try:
+        info = os.stat(conv.log, follow_symlinks=False)
+    except FileNotFoundError:
+        return st
+    st.log = LogIdentity(ino=info.st_ino, size=info.st_size)
+    if not info.st_size and not log_segments(conv)[:-1]:
+        return st  # an empty log and no rotated segments: nothing to count
+    view = LogView(conv, meta.agent_label)
+    result = view.refresh()  # rotated segments included
+    st.log = LogIdentity(ino=view.ino, size=view.live.size)
     st.turns = sum(1 for b in result.blocks if b.kind.value == "model" and not b.interrupted)
     st.messages_processed = sum(1 for b in result.blocks if b.kind.value == "agent")
     st.parse_errors = list(result.errors)[:20]
