@@ -25,7 +25,6 @@ from contemplation.layout import (
     Conv,
     inbox_entries,
     list_conversations,
-    processing_entries,
     read_message,
     read_metadata,
     read_state,
@@ -147,7 +146,7 @@ def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> Turn
     """Claimed messages first (recovery), then the inbox in arrival order; a file written in
     place is taken once it has settled (Wait until then)."""
     conv = w.conv
-    for claimed in processing_entries(conv):
+    for claimed in w.claimed_files():
         return _take(w, rt, claimed)
     wake: float | None = None
     for entry in inbox_entries(conv):
@@ -200,6 +199,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     """Append a claimed message as an agent block, exactly once, then drop the claim."""
+    w.took(claimed)
     try:
         text, note = read_message(claimed, rt.settings.max_message_bytes)
     except FileNotFoundError:

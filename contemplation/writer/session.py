@@ -79,9 +79,23 @@ class ConvWriter:
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
     saved_intent: Intent | None = None  # the intent the last durable state write carried
     fd: int | None = None  # messages.log, read-write in append mode, open for this session
+    queue: list[Path] | None = None  # processing/, listed once a session (see claimed_files)
     meta_unsaved: bool = False  # a folder made by hand: metadata.json is written by the next save
     folder_unsynced: bool = False  # ... and the next durable point makes its new names durable
     log_stat: os.stat_result | None = None  # the log by name, as check_identity() found it
+
+    def claimed_files(self) -> list[Path]:
+        """The files waiting in ``processing/``, oldest first. Listed once a session: only
+        the holder of the lock claims a file into it or removes one, so the list stays true
+        while this writer lives, once :meth:`took` is told of each file taken."""
+        if self.queue is None:
+            self.queue = processing_entries(self.conv)
+        return self.queue
+
+    def took(self, path: Path) -> None:
+        """``path`` left the queue (appended, refused, or gone)."""
+        if self.queue is not None and path in self.queue:
+            self.queue.remove(path)
 
     def close(self) -> None:
         """Let go of messages.log (the session's end, a rotation, a log that was replaced)."""
@@ -420,7 +434,7 @@ class ConvWriter:
                 else self._recover_reply(intent)
             )
             done.extend([what] if what else [])
-        claimed = processing_entries(self.conv)  # one listing for both
+        claimed = self.claimed_files()
         done.extend(self._recover_claimed(claimed, max_message_bytes))
         done.extend(self._clean_processing(claimed))
         if done:
@@ -511,13 +525,16 @@ class ConvWriter:
             )
             recent = {b.text.strip() for b in result.blocks[-100:] if b.kind.value == "agent"}
         done: list[str] = []
-        for p in claimed_files:
+        for p in list(claimed_files):
             if p.name in self.state.done_ids:
                 p.unlink(missing_ok=True)
                 done.append(f"removed {p.name} (already in the log)")
             elif self.rebuilt and _read_text(p).strip() in recent:
                 p.unlink(missing_ok=True)
                 done.append(f"removed {p.name} (its text is already in the log)")
+            else:
+                continue
+            self.took(p)
         return done
 
     def _starts_with_header(self, offset: int) -> bool:
