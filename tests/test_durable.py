@@ -249,3 +249,39 @@ def test_run_now_makes_each_point_durable_before_going_on(
 
     assert run_now(steps()) == 3
     assert events == ["a", "fsync", "fsync", "b"]
+
+
+@needs_syncfs
+def test_points_that_name_their_file_system_are_not_stated_item_by_item(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a burst every write names its folder's file system: one syncfs for all of them and
+    no stat of each file; a point that does not name it is stat'ed as before."""
+    calls: list[str] = []
+    real_stat, real_fstat, real_syncfs = os.stat, os.fstat, durable_mod.syncfs
+
+    def stat(path: object, *args: object, **kw: object) -> os.stat_result:
+        calls.append("stat")
+        return real_stat(path, *args, **kw)  # type: ignore[arg-type]
+
+    def fstat(fd: int) -> os.stat_result:
+        calls.append("fstat")
+        return real_fstat(fd)
+
+    def syncfs(fd: int) -> None:
+        calls.append("syncfs")
+        real_syncfs(fd)
+
+    files = [tmp_path / f"f{i}" for i in range(5)]
+    for f in files:
+        f.write_bytes(b"x")
+    dev = real_stat(tmp_path).st_dev
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "fstat", fstat)
+    monkeypatch.setattr(durable_mod, "syncfs", syncfs)
+    named = [Durable(files=(f,), folders=(tmp_path,), dev=dev) for f in files]
+    durable_mod._syncfs_points(named)
+    assert calls == ["syncfs"]
+    calls.clear()
+    durable_mod._syncfs_points([Durable(files=(f,)) for f in files])
+    assert calls == ["stat", "syncfs", "stat", "stat", "stat", "stat"]

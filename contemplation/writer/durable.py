@@ -38,6 +38,7 @@ class Durable:
 
     files: tuple[int | Path, ...] = ()
     folders: tuple[Path, ...] = ()
+    dev: int | None = None  # the file system all of them are on, when the writer knows it
 
 
 Steps = Generator[Durable, None, T]
@@ -99,25 +100,35 @@ def syncfs(fd: int) -> None:
 
 
 def _syncfs_points(points: list[Durable]) -> None:
-    """One syncfs per file system that the points touch."""
+    """One syncfs per file system that the points touch. A point that names its file system
+    (``dev``) is not stat'ed item by item: in a burst that spares a few system calls per
+    write, each of which hands the interpreter's lock back and forth with the event loop."""
     done: set[int] = set()
     for point in points:
-        for item in (*point.files, *point.folders):
-            if isinstance(item, int):
-                dev = os.fstat(item).st_dev
-                if dev not in done:
-                    syncfs(item)
-                    done.add(dev)
-                continue
-            dev = os.stat(item, follow_symlinks=False).st_dev
-            if dev in done:
-                continue
-            fd = os.open(item, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            try:
-                syncfs(fd)
-            finally:
-                os.close(fd)
-            done.add(dev)
+        items = (*point.files, *point.folders)
+        if point.dev is not None:
+            if point.dev not in done and items:
+                _syncfs_item(items[0])
+                done.add(point.dev)
+            continue
+        for item in items:
+            dev = os.fstat(item).st_dev if isinstance(item, int) else os.stat(
+                item, follow_symlinks=False
+            ).st_dev  # fmt: skip
+            if dev not in done:
+                _syncfs_item(item)
+                done.add(dev)
+
+
+def _syncfs_item(item: int | Path) -> None:
+    if isinstance(item, int):
+        syncfs(item)
+        return
+    fd = os.open(item, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- the committer

@@ -39,16 +39,17 @@ _tmp_counter = itertools.count()
 
 
 def atomic_write_steps(
-    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644
+    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644, dev: int | None = None
 ) -> Steps[None]:
     """:func:`atomic_write_bytes` as steps (see :mod:`.durable`): the temp file is durable
-    before the rename, the rename before the steps end."""
+    before the rename, the rename before the steps end. ``dev``: the file system of
+    ``path``'s folder, if the caller knows it."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         write_all(fd, data)
         if durable:
-            yield Durable(files=(fd,))
+            yield Durable(files=(fd,), dev=dev)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -63,7 +64,7 @@ def atomic_write_steps(
             os.unlink(tmp)
         raise
     if durable:
-        yield Durable(folders=(path.parent,))
+        yield Durable(folders=(path.parent,), dev=dev)
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:

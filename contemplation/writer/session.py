@@ -131,6 +131,8 @@ class ConvWriter:
         log = self.fd if self.fd is not None else self.conv.log
         before = (*also, log) if self.held and self.durable else also
         folder = (self.conv.dir,) if self.folder_unsynced and self.durable else ()
+        # the log, the temp file and the folder are on the folder's file system
+        dev = self.log_stat.st_dev if self.log_stat is not None else None
         if self.meta_unsaved:  # rebuilt alike from the defaults if a power loss takes it
             yield from atomic_write_steps(
                 self.conv.metadata, self.meta.model_dump_json(indent=2).encode() + b"\n",
@@ -138,17 +140,18 @@ class ConvWriter:
             )  # fmt: skip
             self.meta_unsaved = False
         if before and not sync_state:
-            yield Durable(files=before, folders=folder)
+            yield Durable(files=before, folders=folder, dev=dev)
             folder = ()
         self.state.updated = now_iso()
         steps = atomic_write_steps(
             self.conv.state,
             self.state.model_dump_json(indent=2).encode() + b"\n",
             durable=sync_state,
+            dev=dev,
         )
         if sync_state and (before or folder):  # those files and the temp file in one point
             first = next(steps)
-            yield Durable(files=(*before, *first.files), folders=(*first.folders, *folder))
+            yield Durable(files=(*before, *first.files), folders=(*first.folders, *folder), dev=dev)
             folder = ()
         yield from steps
         if self.folder_unsynced and not folder:
