@@ -10,6 +10,7 @@ import re
 import stat
 import tomllib
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -294,14 +295,23 @@ def processing_entries(conv: Conv) -> list[Path]:
     return [conv.processing / n for n in names]
 
 
+def list_folder(conv: Conv) -> list[str]:
+    """The names in a conversation's folder ([] once it is gone)."""
+    try:
+        return os.listdir(conv.dir)
+    except FileNotFoundError:
+        return []
+
+
 _SEGMENT_RE = re.compile(r"messages\.(\d+)\.log")
 
 
-def log_segments(conv: Conv) -> list[Path]:
-    """Rotated segments oldest first, then the live log (``messages.N.log``: higher is older)."""
+def log_segments(conv: Conv, names: Callable[[], list[str]] | None = None) -> list[Path]:
+    """Rotated segments oldest first, then the live log (``messages.N.log``: higher is older).
+    ``names``: the folder's listing, when the caller (the lock holder) has taken it."""
     segs: list[tuple[int, Path]] = []
     try:
-        for name in os.listdir(conv.dir):
+        for name in names() if names is not None else os.listdir(conv.dir):
             m = _SEGMENT_RE.fullmatch(name)
             if m:
                 segs.append((int(m.group(1)), conv.dir / name))
@@ -383,13 +393,17 @@ class LogView:
     history: tuple[Block, ...] = ()
     locked: bool = False
 
-    def refresh(self, known: os.stat_result | None = None) -> ParseResult:
+    def refresh(
+        self, known: os.stat_result | None = None, names: Callable[[], list[str]] | None = None
+    ) -> ParseResult:
         """The parse as the log is now. ``known``: the log's stat (by name, links not
-        followed) the caller has just taken, under the lock."""
+        followed) the caller has just taken, under the lock; ``names``: the folder's listing,
+        if a whole read needs it (see :func:`log_segments`)."""
+        names = names if self.locked else None  # a listing is a snapshot only under the lock
         try:
             st = known or os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
-            self._load_all()
+            self._load_all(names)
             return self._combine()
         same_file = st.st_ino == self.ino and st.st_size >= self.live.size
         if same_file and st.st_size == self.live.size and stat.S_ISREG(st.st_mode):
@@ -397,7 +411,7 @@ class LogView:
         try:
             fd, st = open_regular_stat(self.conv.log)
         except FileNotFoundError:
-            self._load_all()
+            self._load_all(names)
             return self._combine()
         try:
             same_file = st.st_ino == self.ino and st.st_size >= self.live.size
@@ -417,15 +431,15 @@ class LogView:
                 return self._combine()
         finally:
             os.close(fd)
-        self._load_all()
+        self._load_all(names)
         return self._combine()
 
-    def _load_all(self) -> None:
+    def _load_all(self, names: Callable[[], list[str]] | None = None) -> None:
         """Parse the segments and the live log from scratch, again if a rotation ran meanwhile."""
         data, ino = b"", 0
         history: tuple[Block, ...] = ()
         for _ in range(20):
-            segments = log_segments(self.conv)[:-1]
+            segments = log_segments(self.conv, names)[:-1]
             before = _inodes(segments)
             history = _read_segments(segments, self.agent_label)
             try:

@@ -61,7 +61,7 @@ def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
     unsettled, known = _tidy(conv, rt, seen, w, now)
     if unsettled is not None:
         return unsettled
-    parsed = seen.view(conv, w.meta.agent_label).refresh(known)
+    parsed = seen.view(conv, w.meta.agent_label).refresh(known, w.folder_names)
     if list(parsed.errors[:20]) != w.state.parse_errors:
         w.state.parse_errors = list(parsed.errors[:20])
         w.save()
@@ -228,8 +228,8 @@ MAX_STEPS = 10_000
 
 
 def _looks_like_a_conversation(conv: Conv) -> bool:
-    """A folder being made (an empty name reservation) is left alone: nothing is created in it."""
-    return conv.metadata.exists() or conv.inbox.is_dir() or conv.log.exists()
+    """A folder made by hand has an inbox or a log (its metadata is checked first)."""
+    return conv.inbox.is_dir() or conv.log.exists()
 
 
 def _archived_sessions(rt: Runtime, conv: Conv) -> list[BackendSession]:
@@ -305,7 +305,9 @@ async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
     for _ in range(MAX_STEPS):
         if seen.stopping:
             return None
-        if conv.id not in seen.recovered:  # not yet seen as a conversation since the start
+        if conv.id not in seen.recovered and not conv.metadata.exists():
+            # not yet seen since the start, and not plainly a conversation: gone, or a folder
+            # being made (an empty name reservation: nothing is created in it), or by hand
             if not conv.dir.is_dir():
                 await _forget(conv, rt, seen)
                 return None

@@ -18,6 +18,7 @@ from contemplation.layout import (
     Home,
     Template,
     ignored_name,
+    list_folder,
     read_json,
     read_metadata,
     read_state,
@@ -225,18 +226,17 @@ def archive(home: Home, conv: Conv) -> Conv:
     return Conv(dest)
 
 
-def remove_tmp_files(conv: Conv, *, older_than: float = 3600.0) -> None:
-    """Delete temp files left by a crashed writer (``.<name>.tmp.<pid>.<rand>``).
+def remove_tmp_files(
+    conv: Conv, names: list[str] | None = None, *, older_than: float = 3600.0
+) -> None:
+    """Delete temp files left by a crashed writer (``.<name>.tmp.<pid>.<rand>``). ``names``:
+    the folder's listing, if the caller has taken it.
 
     A temp file is only stale when its writer is gone (or it is very old): another process
     (the CLI, the MCP server) may be writing one right now.
     """
     now = time.time()
-    try:
-        names = os.listdir(conv.dir)
-    except FileNotFoundError:
-        return
-    for name in names:
+    for name in list_folder(conv) if names is None else names:
         if not (name.startswith(".") and ".tmp." in name[1:]):  # .<name>.tmp.<pid>.<rand>
             continue
         p = conv.dir / name

@@ -29,6 +29,7 @@ from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
     LogView,
+    list_folder,
     log_segments,
     processing_entries,
     read_message,
@@ -80,6 +81,7 @@ class ConvWriter:
     saved_intent: Intent | None = None  # the intent the last durable state write carried
     fd: int | None = None  # messages.log, read-write in append mode, open for this session
     queue: list[Path] | None = None  # processing/, listed once a session (see claimed_files)
+    listing: list[str] | None = None  # the folder, listed once a session (see folder_names)
     meta_unsaved: bool = False  # a folder made by hand: metadata.json is written by the next save
     folder_unsynced: bool = False  # ... and the next durable point makes its new names durable
     log_stat: os.stat_result | None = None  # the log by name, as check_identity() found it
@@ -91,6 +93,14 @@ class ConvWriter:
         if self.queue is None:
             self.queue = processing_entries(self.conv)
         return self.queue
+
+    def folder_names(self) -> list[str]:
+        """The names in the conversation's folder, listed once a session and shared by what
+        needs them at first sight (recovery's stale temp files, the log's segments): only the
+        lock holder rotates the log (a rotation lists again)."""
+        if self.listing is None:
+            self.listing = list_folder(self.conv)
+        return self.listing
 
     def took(self, path: Path) -> None:
         """``path`` left the queue (appended, refused, or gone)."""
@@ -391,6 +401,7 @@ class ConvWriter:
         if rot is None:
             return ""
         self.close()  # the live log is about to become messages.1.log
+        self.listing = None
         d = self.conv.dir
         for n in range(rot.segments, 0, -1):
             src, dst = d / f"messages.{n}.log", d / f"messages.{n + 1}.log"
@@ -426,7 +437,7 @@ class ConvWriter:
     def recover(self, max_message_bytes: int = 16 * 1024 * 1024) -> list[str]:
         """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
         done: list[str] = []
-        remove_tmp_files(self.conv)
+        remove_tmp_files(self.conv, self.folder_names())
         if self.state.rotation is not None:
             done.append(self._complete_rotation())
         intent = self.state.intent
@@ -598,9 +609,11 @@ def open_writer(
             adopted = True
         state = read_state(conv)
         rebuilt = state is None and not adopted
+        listing: list[str] | None = None
         if state is None:
-            state = rebuild_state(conv, meta)
-        w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt)
+            listing = list_folder(conv)
+            state = rebuild_state(conv, meta, listing)
+        w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt, listing=listing)
         # A folder made by hand: its metadata and state are the defaults and what the log
         # says, so they are rebuilt alike if a power loss takes them. The first save writes
         # both (off the loop, with the turn's first state write), and its first durable
@@ -613,19 +626,20 @@ def open_writer(
         yield w
 
 
-def rebuild_state(conv: Conv, meta: Metadata) -> State:
+def rebuild_state(conv: Conv, meta: Metadata, listing: list[str] | None = None) -> State:
     """A state derived from the log alone (when state.json is lost or corrupt, or the folder
-    was made by hand)."""
+    was made by hand), under the conversation's lock. ``listing``: the folder's names."""
     st = State(updated=now_iso())
     try:
         info = os.stat(conv.log, follow_symlinks=False)
     except FileNotFoundError:
         return st
     st.log = LogIdentity(ino=info.st_ino, size=info.st_size)
-    if not info.st_size and not log_segments(conv)[:-1]:
+    names = listing if listing is not None else list_folder(conv)
+    if not info.st_size and not log_segments(conv, lambda: names)[:-1]:
         return st  # an empty log and no rotated segments: nothing to count
-    view = LogView(conv, meta.agent_label)
-    result = view.refresh()  # rotated segments included
+    view = LogView(conv, meta.agent_label, locked=True)
+    result = view.refresh(names=lambda: names)  # rotated segments included
     st.log = LogIdentity(ino=view.ino, size=view.live.size)
     st.turns = sum(1 for b in result.blocks if b.kind.value == "model" and not b.interrupted)
     st.messages_processed = sum(1 for b in result.blocks if b.kind.value == "agent")
