@@ -433,3 +433,18 @@ def test_recovery_leaves_bytes_that_are_not_the_claimed_block(home: Home) -> Non
         assert w.recover() == []
     assert conv.log.read_bytes() == by_hand  # left for adoption as a hand append
     assert claimed.exists()
+
+
+def test_a_forked_child_names_its_temp_files_with_its_own_pid(tmp_path: Path) -> None:
+    """A temp file is stale only once the process in its name is gone: a forked child must
+    not write its temp files under its parent's pid."""
+    from contemplation.writer.files import atomic_write_steps
+
+    pid = os.fork()
+    if pid == 0:  # the child: write up to the temp file's durable point, then look at it
+        steps = atomic_write_steps(tmp_path / "state.json", b"{}")
+        next(steps)
+        names = [p.name for p in tmp_path.iterdir()]
+        os._exit(0 if any(f".tmp.{os.getpid()}." in n for n in names) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -36,6 +36,15 @@ def fsync_dir(path: Path) -> None:
 
 _TMP_PREFIX = secrets.token_hex(3)  # with a counter: unique temp names without a getrandom each
 _tmp_counter = itertools.count()
+_pid = os.getpid()  # in every temp name (a system call less per write); a fork updates it
+
+
+def _forked() -> None:
+    global _pid  # noqa: PLW0603 - the one process-wide value, changed only by a fork
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def atomic_write_steps(
@@ -44,7 +53,7 @@ def atomic_write_steps(
     """:func:`atomic_write_bytes` as steps (see :mod:`.durable`): the temp file is durable
     before the rename, the rename before the steps end. ``dev``: the file system of
     ``path``'s folder, if the caller knows it."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{_TMP_PREFIX}{next(_tmp_counter)}")
+    tmp = path.with_name(f".{path.name}.tmp.{_pid}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         write_all(fd, data)
