@@ -347,8 +347,9 @@ def test_a_claimed_message_is_fsynced_committed_and_removed_by_the_next_state_wr
     assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "hello"
 
 
+@pytest.mark.parametrize("durable_save", [False, True])
 def test_a_folder_made_by_hand_is_durable_before_its_first_message_is_removed(
-    home: Home, monkeypatch: pytest.MonkeyPatch
+    home: Home, monkeypatch: pytest.MonkeyPatch, durable_save: bool
 ) -> None:
     """A bare ``inbox/`` gets its log, metadata and state from the writer's first save; the
     folder (the new log's name) is made durable in that save's first point, before the claimed
@@ -375,7 +376,10 @@ def test_a_folder_made_by_hand_is_durable_before_its_first_message_is_removed(
         assert not conv.metadata.exists() and not conv.state.exists()  # left for the save
         claimed = _claimed(conv, "m1", "hello")
         w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=claimed)
-        w.flush()
+        if durable_save:  # the turn's start write: the state's rename makes the folder durable
+            w.save()
+        else:  # the session's end: the held block's point does
+            w.flush()
     assert events.index("fsync folder") < events.index("unlink m1")
     assert events.count("fsync folder") == 1  # once, not with every save
     with open_writer(conv) as w:  # the metadata was written: no default needed any more

@@ -159,13 +159,12 @@ class ConvWriter:
             durable=sync_state,
             dev=dev,
         )
-        if sync_state and (before or folder):  # those files and the temp file in one point
+        if sync_state and before:  # those files and the temp file in one point
             first = next(steps)
-            yield Durable(files=(*before, *first.files), folders=(*first.folders, *folder), dev=dev)
-            folder = ()
+            yield Durable(files=(*before, *first.files), folders=first.folders, dev=dev)
         yield from steps
-        if self.folder_unsynced and not folder:
-            self.folder_unsynced = False  # a point above made the folder durable
+        if sync_state or not folder:  # a durable state write ends with this folder's fsync
+            self.folder_unsynced = False
         if durable or not self.durable:  # as safe as this writer's durability allows
             self.saved_intent = self.state.intent
         self.unsaved = False
@@ -616,9 +615,10 @@ def open_writer(
         w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt, listing=listing)
         # A folder made by hand: its metadata and state are the defaults and what the log
         # says, so they are rebuilt alike if a power loss takes them. The first save writes
-        # both (off the loop, with the turn's first state write), and its first durable
-        # point includes the folder: the new log's name is durable before any block in it
-        # is counted or its claimed file removed. flush() at the end writes them otherwise.
+        # both (off the loop, with the turn's first state write), and makes the folder
+        # durable (the new log's name) before any block in it is counted or its claimed
+        # file removed: a durable save does with its rename's folder fsync, a save that is
+        # not durable (flush() at the end) with its blocks' point.
         w.unsaved = w.meta_unsaved = w.folder_unsynced = adopted
         stack.callback(w.close)
         if rebuilt:
