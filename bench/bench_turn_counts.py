@@ -1,8 +1,11 @@
 """What one turn costs in file-system operations (issue 11). Run: .venv/bin/python bench/bench_turn_counts.py
 
 N conversations x 1 message through process_pending with an instant in-process backend,
-durability = fsync. Every os.replace of state.json, fsync, flock and open of messages.log is
-counted, then divided by N, and printed with what each is for.
+durability = fsync. Every os.replace of state.json, fsync, flock, open of messages.log and
+listing of a folder is counted, then divided by N, and printed with what each is for.
+
+``--hand``: the folders are made by hand (only ``inbox/<file>``), so each turn also pays for
+the conversation's first sight (its metadata, state, log and ``processing/`` are made).
 
 ``--syscalls``: also every system call of the burst (all threads), counted by ``strace -f -c``
 attached to this process once the conversations are made (needs strace: apt install strace).
@@ -54,6 +57,11 @@ WHAT = {
     "turn and the step after it that finds nothing due run under one hold",
     "log opens": "one read-write descriptor for the session's appends, the reply's text and "
     "the separator check; reads of the incremental parse (the message, then the reply)",
+    "listings": "at first sight the conversation's folder (stale temp files, the log's "
+    "segments) and processing/ (claimed messages), once per session each; inbox/ before the "
+    "message is taken and after the turn (a message that came meanwhile); home/active once "
+    "per burst",
+    "metadata writes": "by hand only: the defaults, written by the first state write",
 }
 
 
@@ -61,11 +69,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--convs", type=int, default=200)
     ap.add_argument("--syscalls", action="store_true", help="count every system call (strace)")
+    ap.add_argument("--hand", action="store_true", help="folders made by hand")
     args = ap.parse_args()
     if args.syscalls and shutil.which("strace") is None:
         raise SystemExit("--syscalls needs strace (apt install strace)")
     for parallel in (1, 256):
-        count(args.convs, parallel, syscalls=args.syscalls)
+        count(args.convs, parallel, syscalls=args.syscalls, by_hand=args.hand)
 
 
 @contextlib.contextmanager
@@ -101,16 +110,22 @@ def strace_counts(n: int) -> Iterator[None]:
     )
 
 
-def count(n: int, parallel: int, *, syscalls: bool = False) -> None:
+def count(n: int, parallel: int, *, syscalls: bool = False, by_hand: bool = False) -> None:
     backends.register("instant", lambda s: InstantBackend())
     home = Home(Path(tempfile.mkdtemp()) / "home")
     tpl = load_template(home, "default")
     for i in range(n):
+        if by_hand:
+            inbox = home.active / f"hand-{i:05d}" / "inbox"
+            inbox.mkdir(parents=True)
+            (inbox / "q.txt").write_text(f"message {i}\n")
+            continue
         conv = new_conversation(home, f"c {i}", template=tpl, model="m", backend="instant")
         drop_message(conv, f"message {i}")
-    settings = load(
-        home=home.root, env={}, config=None, overrides={"settle_seconds": 0, "log_level": "warning"}
-    )
+    overrides = {"settle_seconds": 0, "log_level": "warning"}
+    if by_hand:
+        overrides.update(default_backend="instant", default_model="m")
+    settings = load(home=home.root, env={}, config=None, overrides=overrides)
     rt = Runtime(settings=settings, home=home)
     counts: Counter[str] = Counter()
 
@@ -131,8 +146,16 @@ def count(n: int, parallel: int, *, syscalls: bool = False) -> None:
     wrap(
         os,
         "replace",
-        lambda src, dst, **_: "state writes" if str(dst).endswith("state.json") else None,
+        lambda src, dst, **_: (
+            "state writes"
+            if str(dst).endswith("state.json")
+            else "metadata writes"
+            if str(dst).endswith("metadata.json")
+            else None
+        ),
     )
+    wrap(os, "listdir", lambda path=".": "listings")
+    wrap(os, "scandir", lambda path=".": "listings")
     wrap(os, "fsync", lambda fd: "fsyncs")
     wrap(durable, "syncfs", lambda fd: "syncfs")
     wrap(fcntl, "flock", lambda fd, op: "locks" if op & fcntl.LOCK_EX else None)
@@ -149,9 +172,10 @@ def count(n: int, parallel: int, *, syscalls: bool = False) -> None:
     finally:
         for mod, name, real in reversed(wrapped):
             setattr(mod, name, real)
-    print(f"per turn ({n} conversations x 1 message, {how}, durability = fsync):")
+    made = "made by hand" if by_hand else "made with new"
+    print(f"per turn ({n} conversations {made} x 1 message, {how}, durability = fsync):")
     for k, what in WHAT.items():
-        print(f"  {k:<13} {counts[k] / n:5.2f}   {what}")
+        print(f"  {k:<15} {counts[k] / n:5.2f}   {what}")
 
 
 if __name__ == "__main__":
