@@ -352,6 +352,10 @@ def test_odd_files_are_refused_without_following_or_blocking(
     other.state.unlink()
     os.mkfifo(other.state)  # state.json as a FIFO: read as missing, rebuilt from the log
     drop_message(other, "hello")
+    by_hand = home.active / "by-hand-fifo"  # a folder made by hand whose log is a FIFO
+    (by_hand / "inbox").mkdir(parents=True)
+    (by_hand / "inbox" / "q.txt").write_text("kept\n")
+    os.mkfifo(by_hand / "messages.log")
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     cli(env, "run", "--once", timeout=30)
     assert "TOP SECRET" not in conv.log.read_text()
@@ -364,6 +368,9 @@ def test_odd_files_are_refused_without_following_or_blocking(
     assert secret.read_text() == "TOP SECRET\n"  # the target is untouched
     assert "=== OLLAMA -> CLAUDE" in other.log.read_text()
     assert other.state.is_file()
+    # refused with an error, not waited on; the message stays for when the log is fixed
+    assert (by_hand / "inbox" / "q.txt").read_text() == "kept\n"
+    assert not list((by_hand / "processing").iterdir())
 
 
 # ------------------------------------------------------------------ 10. one validation

@@ -143,12 +143,14 @@ def adopt_folder(conv: Conv) -> None:
 
 
 def _make_log(conv: Conv) -> None:
-    """An empty ``messages.log`` unless there is one (never through a link)."""
+    """An empty ``messages.log`` unless there is one (never through a link, never waiting on
+    a FIFO)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(conv.log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(conv.log, flags, 0o644)
     except OSError:
         if os.path.lexists(conv.log):
-            return  # a link or something odd: the writer refuses it with a clear error
+            return  # a link, a FIFO, a folder: the writer refuses it with a clear error
         raise
     os.close(fd)
 
