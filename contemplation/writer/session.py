@@ -631,13 +631,13 @@ def rebuild_state(conv: Conv, meta: Metadata, listing: list[str] | None = None) 
     was made by hand), under the conversation's lock. ``listing``: the folder's names."""
     st = State(updated=now_iso())
     try:
-        info = os.stat(conv.log, follow_symlinks=False)
+        info: os.stat_result | None = os.stat(conv.log, follow_symlinks=False)
     except FileNotFoundError:
-        return st
-    st.log = LogIdentity(ino=info.st_ino, size=info.st_size)
+        info = None
     names = listing if listing is not None else list_folder(conv)
-    if not info.st_size and not log_segments(conv, lambda: names)[:-1]:
-        return st  # an empty log and no rotated segments: nothing to count
+    if (info is None or not info.st_size) and not log_segments(conv, lambda: names)[:-1]:
+        st.log = LogIdentity(ino=info.st_ino if info is not None else 0, size=0)
+        return st  # no log or an empty one, and no rotated segments: nothing to count
     view = LogView(conv, meta.agent_label, locked=True)
     result = view.refresh(names=lambda: names)  # rotated segments included
     st.log = LogIdentity(ino=view.ino, size=view.live.size)
