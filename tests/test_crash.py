@@ -6,6 +6,8 @@ interrupted replies marked and redone, state.json consistent with the log.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
@@ -40,6 +42,22 @@ def workload(home: Home) -> dict[str, list[str]]:
         for i, t in enumerate(texts):
             drop_message(conv, t, name=f"{i:03d}.msg")
         expected[conv.id] = texts
+    return expected
+
+
+def workload_by_hand(home: Home) -> dict[str, list[str]]:
+    """The same messages in folders made by hand: only ``inbox/`` and the files in it, so the
+    first sight (metadata, state, log, processing/) runs inside the crashed run too."""
+    expected: dict[str, list[str]] = {}
+    for c in range(CONVS):
+        inbox = home.active / f"by-hand-{c}" / "inbox"
+        inbox.mkdir(parents=True)
+        texts = [f"conv {c} message {i} " + "padding " * 60 for i in range(MESSAGES)]
+        for i, t in enumerate(texts):
+            (inbox / f"{i:03d}.msg").write_text(t)
+            stamp = time.time() - 10 + i  # arrival order, as files dropped one after another
+            os.utime(inbox / f"{i:03d}.msg", (stamp, stamp))
+        expected[inbox.parent.name] = texts
     return expected
 
 
@@ -116,6 +134,21 @@ def test_kill_at_every_named_step(
         assert rc in (-9, 0)
     finish(crash_env)
     check_invariants(home, expected)
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("nth", [1, 2])
+def test_kill_at_every_named_step_in_folders_made_by_hand(
+    home: Home, crash_env: dict[str, str], point: str, nth: int
+) -> None:
+    expected = workload_by_hand(home)
+    rc = run_once(crash_env, f"{point}:{nth}")
+    if point != "archive":
+        assert rc in (-9, 0)
+    finish(crash_env)
+    check_invariants(home, expected)
+    for conv_id in expected:  # adopted whole: the defaults written, once
+        assert json.loads(home.conv(conv_id).metadata.read_text())["id"] == conv_id
 
 
 def test_state_json_deleted_is_rebuilt_from_the_log(home: Home, crash_env: dict[str, str]) -> None:

@@ -351,9 +351,10 @@ def test_a_claimed_message_is_fsynced_committed_and_removed_by_the_next_state_wr
 def test_a_folder_made_by_hand_is_durable_before_its_first_message_is_removed(
     home: Home, monkeypatch: pytest.MonkeyPatch, durable_save: bool
 ) -> None:
-    """A bare ``inbox/`` gets its log, metadata and state from the writer's first save; the
-    folder (the new log's name) is made durable in that save's first point, before the claimed
-    file goes (a power loss before it finds the file again, never a lost message)."""
+    """A bare ``inbox/`` gets its log and its state (the log's size before any append) at
+    first sight, and its metadata from the writer's first save, which makes the folder (the
+    new log's name) durable before the claimed file goes (a power loss before it finds the
+    file again, never a lost message)."""
     conv = Conv(home.active / "by-hand")
     conv.inbox.mkdir(parents=True)
     meta = Metadata(id=conv.id, topic="by hand", created="x", backend="ollama", model="m")
@@ -373,7 +374,8 @@ def test_a_folder_made_by_hand_is_durable_before_its_first_message_is_removed(
     monkeypatch.setattr(os, "unlink", unlink)
     with open_writer(conv, default_meta=meta) as w:
         assert conv.log.exists() and conv.processing.is_dir()
-        assert not conv.metadata.exists() and not conv.state.exists()  # left for the save
+        assert not conv.metadata.exists()  # left for the first save
+        assert json.loads(conv.state.read_text())["log"]["size"] == 0
         claimed = _claimed(conv, "m1", "hello")
         w.append_block("CLAUDE", "OLLAMA", "hello", msg_id="m1", claimed=claimed)
         if durable_save:  # the turn's start write: the state's rename makes the folder durable

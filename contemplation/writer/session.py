@@ -153,12 +153,8 @@ class ConvWriter:
             yield Durable(files=before, folders=folder, dev=dev)
             folder = ()
         self.state.updated = now_iso()
-        steps = atomic_write_steps(
-            self.conv.state,
-            self.state.model_dump_json(indent=2).encode() + b"\n",
-            durable=sync_state,
-            dev=dev,
-        )
+        state = self._state_bytes()
+        steps = atomic_write_steps(self.conv.state, state, durable=sync_state, dev=dev)
         if sync_state and before:  # those files and the temp file in one point
             first = next(steps)
             yield Durable(files=(*before, *first.files), folders=first.folders, dev=dev)
@@ -171,6 +167,17 @@ class ConvWriter:
         held, self.held = self.held, []
         for path in held:  # the block is durable and committed: the record is done with
             path.unlink(missing_ok=True)
+
+    def _state_bytes(self) -> bytes:
+        return self.state.model_dump_json(indent=2).encode() + b"\n"
+
+    def mark_log_start(self) -> None:
+        """Write state.json now, not durably, with the log as it is: a folder made by hand,
+        before anything is appended to its log. A crash in its first append then finds the
+        size the block started at, so recovery takes a whole block once and cuts a torn one
+        (without it, the state rebuilt from the log would count the torn or uncommitted block
+        and the claimed message would be appended again)."""
+        run_now(atomic_write_steps(self.conv.state, self._state_bytes(), durable=False))
 
     def flush(self) -> None:
         """Write a commit held in memory (see :meth:`append_block`)."""
@@ -607,19 +614,23 @@ def open_writer(
             adopt_folder(conv)
             adopted = True
         state = read_state(conv)
-        rebuilt = state is None and not adopted
+        missing = state is None
         listing: list[str] | None = None
         if state is None:
             listing = list_folder(conv)
             state = rebuild_state(conv, meta, listing)
+        rebuilt = missing and not adopted
         w = ConvWriter(conv, meta, state, durable=durable, rebuilt=rebuilt, listing=listing)
         # A folder made by hand: its metadata and state are the defaults and what the log
-        # says, so they are rebuilt alike if a power loss takes them. The first save writes
-        # both (off the loop, with the turn's first state write), and makes the folder
-        # durable (the new log's name) before any block in it is counted or its claimed
-        # file removed: a durable save does with its rename's folder fsync, a save that is
-        # not durable (flush() at the end) with its blocks' point.
+        # says, so they are rebuilt alike if a power loss takes them. Its state is written
+        # at once (see mark_log_start); the first save writes its metadata (off the loop,
+        # with the turn's first state write) and makes the folder durable (the new log's
+        # name) before any block in it is counted or its claimed file removed: a durable
+        # save does with its rename's folder fsync, one that is not (flush() at the end)
+        # with its blocks' point.
         w.unsaved = w.meta_unsaved = w.folder_unsynced = adopted
+        if adopted and missing:
+            w.mark_log_start()
         stack.callback(w.close)
         if rebuilt:
             w.warn("state.json was missing or unreadable; rebuilt it from messages.log")
