@@ -179,8 +179,9 @@ def _storm(home: Home, env: dict[str, str], trials: int, seed: int) -> int:
     return kills
 
 
-def test_random_sigkill_storm(home: Home, crash_env: dict[str, str]) -> None:
-    expected = workload(home)
+@pytest.mark.parametrize("made", ["new", "hand"])
+def test_random_sigkill_storm(home: Home, crash_env: dict[str, str], made: str) -> None:
+    expected = workload(home) if made == "new" else workload_by_hand(home)
     kills = _storm(home, crash_env, trials=8, seed=7)
     finish(crash_env)
     check_invariants(home, expected)
