@@ -189,9 +189,12 @@ def test_random_sigkill_storm(home: Home, crash_env: dict[str, str], made: str) 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("made", ["new", "hand"])
 @pytest.mark.parametrize("seed", range(10))
-def test_random_sigkill_storm_long(home: Home, crash_env: dict[str, str], seed: int) -> None:
-    expected = workload(home)
+def test_random_sigkill_storm_long(
+    home: Home, crash_env: dict[str, str], seed: int, made: str
+) -> None:
+    expected = workload(home) if made == "new" else workload_by_hand(home)
     _storm(home, crash_env, trials=25, seed=seed)
     finish(crash_env)
     check_invariants(home, expected)
