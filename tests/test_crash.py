@@ -125,29 +125,17 @@ def crash_env(home: Home, fake_ollama: FakeOllama) -> dict[str, str]:
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("nth", [1, 2, 5])
+@pytest.mark.parametrize("made", ["new", "hand"])
 def test_kill_at_every_named_step(
-    home: Home, crash_env: dict[str, str], point: str, nth: int
+    home: Home, crash_env: dict[str, str], point: str, nth: int, made: str
 ) -> None:
-    expected = workload(home)
+    expected = workload(home) if made == "new" else workload_by_hand(home)
     rc = run_once(crash_env, f"{point}:{nth}")
     if point != "archive":
         assert rc in (-9, 0)
     finish(crash_env)
     check_invariants(home, expected)
-
-
-@pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("nth", [1, 2])
-def test_kill_at_every_named_step_in_folders_made_by_hand(
-    home: Home, crash_env: dict[str, str], point: str, nth: int
-) -> None:
-    expected = workload_by_hand(home)
-    rc = run_once(crash_env, f"{point}:{nth}")
-    if point != "archive":
-        assert rc in (-9, 0)
-    finish(crash_env)
-    check_invariants(home, expected)
-    for conv_id in expected:  # adopted whole: the defaults written, once
+    for conv_id in expected:  # a folder made by hand is adopted whole: its defaults written
         assert json.loads(home.conv(conv_id).metadata.read_text())["id"] == conv_id
 
 
