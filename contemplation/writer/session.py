@@ -153,8 +153,8 @@ class ConvWriter:
             yield Durable(files=before, folders=folder, dev=dev)
             folder = ()
         self.state.updated = now_iso()
-        state = self._state_bytes()
-        steps = atomic_write_steps(self.conv.state, state, durable=sync_state, dev=dev)
+        data = self._state_bytes()
+        steps = atomic_write_steps(self.conv.state, data, durable=sync_state, dev=dev)
         if sync_state and before:  # those files and the temp file in one point
             first = next(steps)
             yield Durable(files=(*before, *first.files), folders=first.folders, dev=dev)
