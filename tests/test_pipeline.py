@@ -311,6 +311,23 @@ def test_a_folder_with_only_an_inbox_becomes_a_conversation(
     assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: hello from a bare folder")
 
 
+def test_a_folder_with_only_a_log_becomes_a_conversation(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    rt = runtime(make_settings, fake_ollama)
+    d = home.active / "conv_20260101-000000_log-only"
+    d.mkdir(parents=True)
+    (d / "messages.log").write_text(logformat.header("CLAUDE", "OLLAMA") + "hello from a log\n")
+    run_burst(rt)
+    conv = Conv(d)
+    assert conv.inbox.is_dir() and conv.processing.is_dir()  # made at first sight
+    assert json.loads(conv.metadata.read_text())["topic"] == "log only"
+    assert blocks(conv) == [
+        (BlockKind.AGENT, "hello from a log"),
+        (BlockKind.MODEL, "Echo: hello from a log"),
+    ]
+
+
 def test_a_log_replaced_by_an_editor_is_reread_without_duplicates(
     home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:

@@ -130,13 +130,13 @@ def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = Tru
         atomic_write_json(conv.state, st.model_dump(mode="json"), durable=durable)
 
 
-def adopt_folder(conv: Conv) -> None:
+def adopt_folder(conv: Conv, *, has_inbox: bool = False) -> None:
     """What a folder made by hand (an ``inbox/`` or a ``messages.log``, no metadata) needs
     before its first turn: ``processing/`` and the log. Its metadata and state are the
     defaults and what the log says; the writer's first save writes them (see
     :meth:`~contemplation.writer.session.ConvWriter.save_steps`), and its context/ is made
     when something is saved there."""
-    for d in (conv.processing, conv.inbox):
+    for d in (conv.processing,) if has_inbox else (conv.processing, conv.inbox):
         with contextlib.suppress(FileExistsError):
             os.mkdir(d)
     _make_log(conv)

@@ -607,11 +607,11 @@ def open_writer(
         meta = read_metadata(conv)
         adopted = False
         if meta is None:
-            dropped_in = conv.inbox.is_dir() or conv.log.exists()
-            if default_meta is None or not dropped_in:
+            has_inbox = conv.inbox.is_dir()
+            if default_meta is None or not (has_inbox or conv.log.exists()):
                 raise NotFound(f"{conv.id} has no readable metadata.json")
             meta = default_meta() if callable(default_meta) else default_meta
-            adopt_folder(conv)
+            adopt_folder(conv, has_inbox=has_inbox)
             adopted = True
         state = read_state(conv)
         missing = state is None
