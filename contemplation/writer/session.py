@@ -144,17 +144,13 @@ class ConvWriter:
         # the log, the temp file and the folder are on the folder's file system
         dev = self.log_stat.st_dev if self.log_stat is not None else None
         if self.meta_unsaved:  # rebuilt alike from the defaults if a power loss takes it
-            yield from atomic_write_steps(
-                self.conv.metadata, self.meta.model_dump_json(indent=2).encode() + b"\n",
-                durable=False,
-            )  # fmt: skip
+            yield from atomic_write_steps(self.conv.metadata, _file(self.meta), durable=False)
             self.meta_unsaved = False
         if before and not sync_state:
             yield Durable(files=before, folders=folder, dev=dev)
             folder = ()
         self.state.updated = now_iso()
-        data = self._state_bytes()
-        steps = atomic_write_steps(self.conv.state, data, durable=sync_state, dev=dev)
+        steps = atomic_write_steps(self.conv.state, _file(self.state), durable=sync_state, dev=dev)
         if sync_state and before:  # those files and the temp file in one point
             first = next(steps)
             yield Durable(files=(*before, *first.files), folders=first.folders, dev=dev)
@@ -168,16 +164,13 @@ class ConvWriter:
         for path in held:  # the block is durable and committed: the record is done with
             path.unlink(missing_ok=True)
 
-    def _state_bytes(self) -> bytes:
-        return self.state.model_dump_json(indent=2).encode() + b"\n"
-
     def mark_log_start(self) -> None:
         """Write state.json now, not durably, with the log as it is: a folder made by hand,
         before anything is appended to its log. A crash in its first append then finds the
         size the block started at, so recovery takes a whole block once and cuts a torn one
         (without it, the state rebuilt from the log would count the torn or uncommitted block
         and the claimed message would be appended again)."""
-        run_now(atomic_write_steps(self.conv.state, self._state_bytes(), durable=False))
+        run_now(atomic_write_steps(self.conv.state, _file(self.state), durable=False))
 
     def flush(self) -> None:
         """Write a commit held in memory (see :meth:`append_block`)."""
@@ -562,6 +555,11 @@ class ConvWriter:
             f.seek(offset)
             head = f.read(200).lstrip(b"\n")
         return head.startswith(b"=== ")
+
+
+def _file(model: Metadata | State) -> bytes:
+    """metadata.json's or state.json's bytes."""
+    return model.model_dump_json(indent=2).encode() + b"\n"
 
 
 _TIME_SHAPE = logformat.timestamp()  # every header time has this length
