@@ -175,16 +175,18 @@ def open_regular_stat(path: Path) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def read_to_end(fd: int, expected: int) -> bytes:
-    """Read a descriptor from its position to the end: one read when the file is the
-    ``expected`` size (asking one byte more proves the end), more when it grew."""
+def read_to_end(fd: int, expected: int, offset: int = 0) -> bytes:
+    """Read a descriptor from ``offset`` to the end, by position (the descriptor's own offset
+    is neither used nor moved): one read when ``expected`` bytes are left (asking one byte
+    more proves the end), more when the file grew."""
     want = max(expected, 0) + 1
     parts: list[bytes] = []
     while True:
-        chunk = os.read(fd, want)
+        chunk = os.pread(fd, want, offset)
         parts.append(chunk)
         if len(chunk) < want:
             return parts[0] if len(parts) == 1 else b"".join(parts)
+        offset += len(chunk)
         want = 1 << 20
 
 
@@ -394,19 +396,25 @@ class LogView:
     locked: bool = False
 
     def refresh(
-        self, known: os.stat_result | None = None, names: Callable[[], list[str]] | None = None
+        self,
+        known: os.stat_result | None = None,
+        names: Callable[[], list[str]] | None = None,
+        fd: int | None = None,
     ) -> ParseResult:
         """The parse as the log is now. ``known``: the log's stat (by name, links not
         followed) the caller has just taken, under the lock; ``names``: the folder's listing,
-        if a whole read needs it (see :func:`log_segments`)."""
+        if a whole read needs it (see :func:`log_segments`); ``fd``: the lock holder's open
+        descriptor on the log, checked to be the file by that name (see
+        :meth:`ConvWriter.check_identity`): it is read through, with no open of its own."""
         names = names if self.locked else None  # a listing is a snapshot only under the lock
+        if fd is not None:
+            return self._refresh_from(fd, known or os.fstat(fd), names)
         try:
             st = known or os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
             self._load_all(names)
             return self._combine()
-        same_file = st.st_ino == self.ino and st.st_size >= self.live.size
-        if same_file and st.st_size == self.live.size and stat.S_ISREG(st.st_mode):
+        if self._holds(st) and stat.S_ISREG(st.st_mode):
             return self.result  # nothing new: one stat, no open
         try:
             fd, st = open_regular_stat(self.conv.log)
@@ -414,43 +422,63 @@ class LogView:
             self._load_all(names)
             return self._combine()
         try:
-            same_file = st.st_ino == self.ino and st.st_size >= self.live.size
-            if same_file:
-                if st.st_size == self.live.size:
-                    return self.result
-                if self.live.blocks:
-                    start = self.live.blocks[-1].offset
-                    os.lseek(fd, start, os.SEEK_SET)
-                    data = read_to_end(fd, st.st_size - start)
-                    tail = parse(data, agent_label=self.agent_label, base=start)
-                    self.live = merge(self.live, tail, start)
-                else:
-                    self.live = parse_segment(
-                        read_to_end(fd, st.st_size), agent_label=self.agent_label
-                    )
-                return self._combine()
+            return self._refresh_from(fd, st, names)
         finally:
             os.close(fd)
-        self._load_all(names)
+
+    def _holds(self, st: os.stat_result) -> bool:
+        """The file last parsed, with nothing appended since."""
+        return st.st_ino == self.ino and st.st_size == self.live.size
+
+    def _refresh_from(
+        self, fd: int, st: os.stat_result, names: Callable[[], list[str]] | None
+    ) -> ParseResult:
+        """Refresh from an open descriptor on the live log (``st``: its stat)."""
+        if self._holds(st):
+            return self.result
+        if st.st_ino == self.ino and st.st_size > self.live.size:
+            if self.live.blocks:  # the last block again (it may have been unfinished)
+                start = self.live.blocks[-1].offset
+                data = read_to_end(fd, st.st_size - start, start)
+                tail = parse(data, agent_label=self.agent_label, base=start)
+                self.live = merge(self.live, tail, start)
+            else:
+                data = read_to_end(fd, st.st_size)
+                self.live = parse_segment(data, agent_label=self.agent_label)
+            return self._combine()
+        # a new file (first sight, a rotation): read whole, through this descriptor if the
+        # lock is held (else the segments are listed first, then the log opened again, so
+        # that a rotation meanwhile is seen)
+        self._load_all(names, opened=(fd, st) if self.locked else None)
         return self._combine()
 
-    def _load_all(self, names: Callable[[], list[str]] | None = None) -> None:
-        """Parse the segments and the live log from scratch, again if a rotation ran meanwhile."""
+    def _load_all(
+        self,
+        names: Callable[[], list[str]] | None = None,
+        opened: tuple[int, os.stat_result] | None = None,
+    ) -> None:
+        """Parse the segments and the live log from scratch, again if a rotation ran meanwhile.
+        ``opened``: a descriptor on the live log the caller has open (and its stat), read on
+        the first pass instead of opening the log again."""
         data, ino = b"", 0
         history: tuple[Block, ...] = ()
         for _ in range(20):
             segments = log_segments(self.conv, names)[:-1]
             before = _inodes(segments)
             history = _read_segments(segments, self.agent_label)
-            try:
-                fd, st = open_regular_stat(self.conv.log)
-            except FileNotFoundError:
-                data, ino = b"", 0
+            if opened is not None:
+                (fd, st), opened = opened, None
+                ino, data = st.st_ino, read_to_end(fd, st.st_size)
             else:
                 try:
-                    ino, data = st.st_ino, read_to_end(fd, st.st_size)
-                finally:
-                    os.close(fd)
+                    fd, st = open_regular_stat(self.conv.log)
+                except FileNotFoundError:
+                    data, ino = b"", 0
+                else:
+                    try:
+                        ino, data = st.st_ino, read_to_end(fd, st.st_size)
+                    finally:
+                        os.close(fd)
             if self.locked or segment_inodes(self.conv) == before:
                 break
         self.history, self.ino = history, ino

@@ -61,7 +61,7 @@ def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
     unsettled, known = _tidy(conv, rt, seen, w, now)
     if unsettled is not None:
         return unsettled
-    parsed = seen.view(conv, w.meta.agent_label).refresh(known, w.folder_names)
+    parsed = seen.view(conv, w.meta.agent_label).refresh(known, w.folder_names, fd=w.fd)
     if list(parsed.errors[:20]) != w.state.parse_errors:
         w.state.parse_errors = list(parsed.errors[:20])
         w.save()

@@ -190,7 +190,7 @@ def _plan(
     since the step decided the turn, so the log cannot change meanwhile but for bytes
     appended by hand, which wait for the next step). None: no turn is due after all."""
     meta = w.meta
-    parsed = seen.view(conv, meta.agent_label).refresh()
+    parsed = seen.view(conv, meta.agent_label).refresh(fd=w.fd)
     if not still_due(parsed.blocks):
         return None
     tpl = rt.template(meta.template) if meta.template else None

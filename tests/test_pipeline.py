@@ -9,6 +9,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from contemplation import logformat
 from contemplation.layout import Conv, Home, load_template, read_state
@@ -65,6 +68,42 @@ def test_a_dropped_message_gets_one_streamed_reply_and_state(
         {"role": "user", "content": "What is the best way to persist memory?"}
     ]
     assert sent["options"]["num_ctx"] == 8192
+
+
+def test_a_turn_reads_the_log_through_the_writers_descriptor(
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """messages.log is opened twice in a whole turn: read once at first sight, and the
+    session's read-write descriptor, which every later refresh of the parse reads through
+    (before: five opens, one per refresh and one more at first sight)."""
+    conv = make_conv(home)
+    drop_message(conv, "first")
+    fake_ollama.enqueue(Step(text="reply one"))
+    opened: list[int] = []
+    real_open = os.open
+
+    def counting_open(path: str | os.PathLike[str], flags: int, *a: Any, **k: Any) -> int:
+        if Path(path) == conv.log:
+            opened.append(flags)
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    run_burst(runtime(make_settings, fake_ollama))
+    assert blocks(conv) == [(BlockKind.AGENT, "first"), (BlockKind.MODEL, "reply one")]
+    writes = [f for f in opened if f & os.O_RDWR]
+    assert len(opened) == 2 and len(writes) == 1
+    # the next message's turn: the view is current, so only the writer opens the log
+    opened.clear()
+    drop_message(conv, "second")
+    fake_ollama.enqueue(Step(text="reply two"))
+    run_burst(runtime(make_settings, fake_ollama))
+    assert blocks(conv)[-2:] == [(BlockKind.AGENT, "second"), (BlockKind.MODEL, "reply two")]
+    assert len(opened) == 2  # a new burst: a new view, read once, and the writer's descriptor
+    sent = fake_ollama.chat_requests()[-1]["messages"]
+    assert [m["content"] for m in sent[1:]] == ["first", "reply one", "second"]
 
 
 def test_messages_that_arrive_together_are_separate_turns_in_name_order(

@@ -45,6 +45,40 @@ def exchange(conv: Conv, i: int, limit: int = LIMIT) -> bool:
         return w.maybe_rotate(limit)
 
 
+def test_a_locked_view_read_through_the_writers_descriptor_matches_a_fresh_parse(
+    home: Home,
+) -> None:
+    """refresh(fd=...) reads appends through the descriptor (the last block again, as it
+    may have been unfinished) and reads a new file whole, with its rotated segments."""
+    conv = make_conv(home)
+    view = LogView(conv, locked=True)
+    for i in range(30):
+        with open_writer(conv) as w:
+            w.append_block(
+                "CLAUDE", "OLLAMA", f"question line-{i:04d} " + "q" * 150, msg_id=f"m{i}"
+            )
+            r = w.reply("OLLAMA", "CLAUDE", f"r{i}")
+            r.content(f"answer line-{i:04d} half ")  # an unfinished block, read as it is
+            assert w.fd is not None
+            half = view.refresh(fd=w.fd)
+            assert half.blocks[-1].text.startswith(f"answer line-{i:04d} half")
+            r.content("a" * 150)
+            r.finish()
+            got = view.refresh(fd=w.fd)
+            assert got == LogView(conv).refresh()
+            assert got.blocks[-1].text == f"answer line-{i:04d} half " + "a" * 150
+            rotated = w.maybe_rotate(LIMIT)
+        if rotated:  # the new messages.log: read whole through the next writer's descriptor
+            with open_writer(conv) as w:
+                w.check_identity()
+                w.append_fd()
+                assert w.fd is not None
+                assert view.refresh(fd=w.fd) == LogView(conv).refresh()
+    assert len(log_segments(conv)) >= 3
+    texts = [b.text.split(" ")[1] for b in view.result.blocks]
+    assert texts == [f"line-{i // 2:04d}" for i in range(60)]
+
+
 def test_rotation_renames_segments_oldest_highest_and_keeps_every_block(home: Home) -> None:
     conv = make_conv(home)
     rotations = sum(exchange(conv, i) for i in range(40))

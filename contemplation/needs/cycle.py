@@ -199,7 +199,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 status=limit.status,
             )
         # a need the log still shows unanswered would be looked up again forever: stop instead
-        after = next_action(seen.view(conv, meta.agent_label).refresh().blocks)
+        after = next_action(seen.view(conv, meta.agent_label).refresh(fd=w.fd).blocks)
         waiting = still.difference(left).difference(asked)
         stuck = waiting.intersection(after.needs if after.action == "needs" else ())
         if stuck:
