@@ -55,8 +55,9 @@ WHAT = {
     "and temp files, then the renames), shared by every conversation in the batch",
     "locks": "flock of <conv>/.lock, one per process(): the step that takes the message, its "
     "turn and the step after it that finds nothing due run under one hold",
-    "log opens": "one read-write descriptor for the session's appends, the reply's text and "
-    "the separator check; reads of the incremental parse (the message, then the reply)",
+    "log opens": "the first read of the parse at first sight, and one read-write descriptor "
+    "for the session's appends, the reply's text and the separator check, which every later "
+    "refresh of the parse reads through (the message, then the reply)",
     "listings": "at first sight the conversation's folder (stale temp files, the log's "
     "segments) and processing/ (claimed messages), once per session each; inbox/ before the "
     "message is taken and after the turn (a message that came meanwhile); home/active once "
