@@ -3,6 +3,10 @@
 Honoured only when ``CONTEMPLATION_TESTING=1``. ``CONTEMPLATION_CRASH_AT=<point>:<n>`` sends
 SIGKILL to this process on the n-th time ``crashpoint(<point>)`` is reached (n defaults to 1).
 The points are listed in :data:`POINTS`; the crash tests enumerate them.
+
+``CONTEMPLATION_COMMIT_LAG=<seconds>``: the group committer waits that long before it takes
+each batch, as a committer busy with a burst does, so that a test can make the turns that
+find their start write still queued (see ``GroupCommitter.withdraw``) happen every time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ POINTS = (
 _enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"
 _target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1") if _enabled and _target else 0
+
+
+COMMIT_LAG = float(os.environ.get("CONTEMPLATION_COMMIT_LAG", "0") or 0) if _enabled else 0.0
 
 
 def crashpoint(name: str) -> None:

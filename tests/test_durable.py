@@ -198,6 +198,39 @@ def test_a_write_does_not_wait_behind_another_conversations_slow_one(tmp_path: P
     assert (tmp_path / "f").read_bytes() == b"{}"
 
 
+def test_a_queued_write_can_be_withdrawn_and_a_begun_one_cannot(tmp_path: Path) -> None:
+    """withdraw(): a write no thread has taken never runs and its run() returns None; one a
+    thread has taken runs to its end."""
+    committer = GroupCommitter(threads=1)
+    gate = Gate()
+    ran: list[str] = []
+
+    def steps(name: str) -> Steps[str]:
+        ran.append(name)
+        yield Durable()
+        return name
+
+    async def main() -> None:
+        first_steps = _gated(gate, ran, "first")
+        first = asyncio.ensure_future(committer.run(first_steps))
+        assert await asyncio.to_thread(gate.started.wait, 10)  # the one thread is in it
+        queued = steps("queued")
+        waiting = asyncio.ensure_future(committer.run(queued))
+        kept = asyncio.ensure_future(committer.run(steps("kept")))
+        await asyncio.sleep(0)  # both are queued behind the held batch
+        assert committer.withdraw(queued) is True
+        assert committer.withdraw(queued) is False  # only once
+        assert committer.withdraw(first_steps) is False  # begun: it runs to its end
+        assert await asyncio.wait_for(waiting, 10) is None
+        gate.set()
+        assert await first == "first"
+        assert await asyncio.wait_for(kept, 10) == "kept"
+
+    asyncio.run(main())
+    committer.close()
+    assert ran == ["first", "kept"]  # the withdrawn write's steps never began
+
+
 def test_a_cancel_waits_for_the_write_to_end() -> None:
     committer = GroupCommitter()
     gate = Gate()

@@ -24,10 +24,13 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
+
+from contemplation.testing import COMMIT_LAG
 
 T = TypeVar("T")
 
@@ -190,6 +193,20 @@ class GroupCommitter:
             await asyncio.wait([future])
             raise
 
+    def withdraw(self, steps: Steps[Any]) -> bool:
+        """Take back a write that no thread has begun: its steps never run, and the awaiting
+        :meth:`run` returns None. False when a thread has taken it already (or it was never
+        queued): it then runs to its end as usual. Called on the loop that queued it."""
+        with self._cv:
+            job = next((j for j in self._jobs if j.steps is steps), None)
+            if job is None:
+                return False
+            self._jobs.remove(job)
+        steps.close()
+        if not job.future.done():
+            job.future.set_result(None)
+        return True
+
     def close(self) -> None:
         with self._cv:
             self._closed = True
@@ -206,9 +223,15 @@ class GroupCommitter:
                 while not self._jobs and not self._closed:
                     self._cv.wait()
                 self._idle -= 1
+                if COMMIT_LAG:  # tests only: a committer busy with a burst
+                    end = time.monotonic() + COMMIT_LAG
+                    while (left := end - time.monotonic()) > 0 and not self._closed:
+                        self._cv.wait(left)
                 batch, self._jobs = self._jobs, []
-                if not batch and self._closed:
-                    return
+                if not batch:  # closed (or, with the lag, every job withdrawn meanwhile)
+                    if self._closed:
+                        return
+                    continue
             self._run_batch(batch)
             loops: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
             for job in batch:
