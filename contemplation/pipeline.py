@@ -274,25 +274,32 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
     under the same lock and writer as the step that decided it, and the step after it too
     (nothing is locked or read twice); needs are looked up after the lock is let go, since
     tools can be slow."""
-    with open_writer(
-        conv,
-        durable=rt.settings.durability == "fsync",
-        default_meta=lambda: rt.default_metadata(conv),
-        wait=False,
-    ) as w:
-        try:
-            for _ in range(TURNS_PER_SESSION):
-                decision = _step(conv, rt, seen, w)
-                if not isinstance(decision, TurnDue):
-                    break
-                outcome = await run_turn(conv, rt, seen, w)
-                if isinstance(outcome, Wait) or seen.stopping:
-                    return outcome
-            else:
-                return AGAIN
-        finally:
-            w.flush()  # what the step or the turn committed in memory, before the lock goes
-            seen.remember_size(conv)
+    try:
+        with open_writer(
+            conv,
+            durable=rt.settings.durability == "fsync",
+            default_meta=lambda: rt.default_metadata(conv),
+            wait=False,
+        ) as w:
+            try:
+                for _ in range(TURNS_PER_SESSION):
+                    decision = _step(conv, rt, seen, w)
+                    if not isinstance(decision, TurnDue):
+                        break
+                    outcome = await run_turn(conv, rt, seen, w)
+                    if isinstance(outcome, Wait) or seen.stopping:
+                        return outcome
+                else:
+                    return AGAIN
+            finally:
+                w.flush()  # what the step or the turn committed in memory, before the lock goes
+                seen.remember_size(conv)
+    except OSError:
+        # a write failed (a full disk): what it left is found by recovery, so the next
+        # step runs it first, as after a restart (else a claimed message whose commit was
+        # lost would be taken again)
+        seen.recovered.discard(conv.id)
+        raise
     if isinstance(decision, NeedsDue):
         outcome = await cycle.answer(conv, rt, seen, decision)
         seen.remember_size(conv)

@@ -276,11 +276,11 @@ async def _run_reply(
             return _cancelled(conv, rt, w, reply)
         return _failed(conv, rt, w, reply, exc)
     except OSError as exc:
-        return _write_failed(conv, rt, w, exc)
+        return _write_failed(conv, rt, seen, w, exc)
     try:
         return await _finish(conv, rt, w, reply, got, request=request, planned=planned)
     except OSError as exc:
-        return _write_failed(conv, rt, w, exc)
+        return _write_failed(conv, rt, seen, w, exc)
 
 
 async def _fit(
@@ -446,14 +446,17 @@ async def _pump(
     The request goes out while the state write that says "generating" is made (it also
     journals the reply's intent, so the first text writes no state of its own). Until that
     write is durable the events are held (see :class:`_Pump`), so the stream is still read
-    at the server's pace and ``on_end`` (the slot's release) runs as soon as it ends."""
+    at the server's pace and ``on_end`` (the slot's release) runs as soon as it ends. If the
+    stream ends before a committer thread has begun that write, the write is taken back and
+    the reply's commit does its work too (see :meth:`ReplyStream.merge_into_commit`)."""
     pump = _Pump(conv, rt, reply)
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     reserved = reply.reserve()
     ended = False
     stream = backend.stream(request)
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
-    start = asyncio.ensure_future(rt.committer.run(reply.w.save_steps(durable=reserved)))
+    starting = reply.w.save_steps(durable=reserved)
+    start = asyncio.ensure_future(rt.committer.run(starting))
     nxt = first
     try:
         ev = await first
@@ -474,6 +477,10 @@ async def _pump(
         ended = True
         await stream.aclose()
         on_end()  # the server is done with this request: the slot goes on
+        if not start.done() and reserved:
+            # the whole reply came while the committer was busy (a burst): its commit will
+            # also do what this write was for, so a turn makes one state write, not two
+            reply.merge_into_commit(lambda: rt.committer.withdraw(starting))
     finally:
         if not nxt.done():
             nxt.cancel()
@@ -557,10 +564,12 @@ def _seconds(delay: float) -> str:
     return f"{delay:.1f} s" if delay < 10 else f"{delay:.0f} s"
 
 
-def _write_failed(conv: Conv, rt: Runtime, w: ConvWriter, exc: OSError) -> Wait:
-    """messages.log could not be written (disk full, file too large). The reply's intent stays
-    in state.json, so once writing works again the step marks the cut reply INTERRUPTED and the
-    turn is redone: a cut reply never stands as a finished one."""
+def _write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OSError) -> Wait:
+    """messages.log or state.json could not be written (disk full, file too large). The next
+    step recovers first, as after a restart: it finds the cut reply (by its intent, or right
+    after the claimed message's block) and marks it INTERRUPTED, so the turn is redone and a
+    cut reply never stands as a finished one, and the claimed message is taken once."""
+    seen.recovered.discard(conv.id)
     message = (
         f"writing messages.log failed ({exc.strerror or exc}); the reply will be marked "
         "interrupted and redone once the disk has room"

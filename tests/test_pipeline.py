@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import threading
@@ -17,7 +18,7 @@ from contemplation import logformat
 from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
-from contemplation.pipeline import Runtime, process
+from contemplation.pipeline import Runtime, process, process_safely
 from contemplation.settings import Settings
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation, request_cancel
@@ -104,6 +105,90 @@ def test_a_turn_reads_the_log_through_the_writers_descriptor(
     assert len(opened) == 2  # a new burst: a new view, read once, and the writer's descriptor
     sent = fake_ollama.chat_requests()[-1]["messages"]
     assert [m["content"] for m in sent[1:]] == ["first", "reply one", "second"]
+
+
+@pytest.mark.parametrize("lag", [0.0, 0.3])
+def test_a_reply_that_comes_while_the_committer_is_busy_is_one_state_write(
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    lag: float,
+) -> None:
+    """The turn's start write is still queued when the whole reply is in (a committer busy
+    with a burst, made certain here by a lag before it takes work): it is withdrawn, and
+    the reply's commit is the turn's one state write. When the start write has begun by
+    then (an idle committer, a model that takes its time): two writes, as before."""
+    from contemplation.writer import durable as durable_mod
+
+    monkeypatch.setattr(durable_mod, "COMMIT_LAG", lag)
+    conv = make_conv(home)
+    drop_message(conv, "question")
+    # idle: the model takes its time (a first byte after 0.2 s), so the write has begun
+    fake_ollama.enqueue(Step(text="the answer", chunks=3, first_byte_delay=0 if lag else 0.2))
+    written: list[dict[str, Any]] = []
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst) == conv.state:
+            written.append(json.loads(Path(src).read_bytes()))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    run_burst(runtime(make_settings, fake_ollama))
+    assert blocks(conv) == [(BlockKind.AGENT, "question"), (BlockKind.MODEL, "the answer")]
+    assert [w["status"] for w in written] == (["idle"] if lag else ["generating", "idle"])
+    last = written[-1]
+    assert last["intent"] is None and last["turns"] == 1 and last["messages_processed"] == 1
+    assert last["log"]["size"] == conv.log.stat().st_size
+    assert list(conv.processing.iterdir()) == []
+
+
+@pytest.mark.parametrize("lag", [0.0, 0.3])
+def test_a_turn_whose_state_writes_all_failed_is_recovered_in_the_same_process(
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    lag: float,
+) -> None:
+    """The disk is full for every state write of a turn (the start, or the one merged
+    write, and the error it tries to record): once there is room, the same daemon runs
+    recovery again before anything else, so the claimed message is not appended twice and
+    the cut turn is redone (a restart did so already; a running daemon did not)."""
+    from contemplation.writer import durable as durable_mod
+
+    monkeypatch.setattr(durable_mod, "COMMIT_LAG", lag)
+    conv = make_conv(home)
+    drop_message(conv, "question")
+    full = [True]
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if full[0] and Path(dst) == conv.state:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    fake_ollama.enqueue(Step(text="cut answer", first_byte_delay=0 if lag else 0.2))
+    rt = runtime(make_settings, fake_ollama)
+    seen = Tracked()
+
+    async def go() -> None:  # as the daemon runs them: a failure is logged, not raised
+        await process_safely(conv, rt, seen)
+        assert read_state(conv) is not None and list(conv.processing.iterdir())
+        full[0] = False  # room again
+        fake_ollama.enqueue(Step(text="the answer"))
+        await process_safely(conv, rt, seen)
+        await rt.aclose()
+
+    asyncio.run(go())
+    agent = [t for k, t in blocks(conv) if k is BlockKind.AGENT]
+    assert agent == ["question"]  # taken once
+    assert [t for k, t in blocks(conv) if k is BlockKind.MODEL][-1] == "the answer"
+    st = read_state(conv)
+    assert st is not None and st.intent is None and st.log.size == conv.log.stat().st_size
+    assert list(conv.processing.iterdir()) == []
 
 
 def test_messages_that_arrive_together_are_separate_turns_in_name_order(

@@ -441,6 +441,93 @@ def test_recovery_leaves_bytes_that_are_not_the_claimed_block(home: Home) -> Non
     assert claimed.exists()
 
 
+@pytest.mark.parametrize("cut", ["none", "header", "half", "whole"])
+def test_recovery_marks_an_unjournaled_reply_after_a_claimed_block_interrupted(
+    home: Home, cut: str
+) -> None:
+    """A crash in a turn whose reply was begun without a journaled intent (its start write
+    withdrawn, the commit to do both): the claimed block is committed once, the reply's
+    bytes (any prefix of them) are marked INTERRUPTED, the claimed file goes."""
+    conv = conv_in(home)
+    claimed = _claimed(conv, "00-m1", "hello")
+    before = read_state(conv)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id=claimed.name, claimed=claimed)
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        assert r.reserve() and r.merge_into_commit(lambda: True)
+        end_of_block = w.log_size()
+        if cut != "none":
+            r.content("an answer that is whole" if cut == "whole" else "half an ans")
+        # the process "dies" here: no state write at all since the turn began
+    assert read_state(conv) == before and claimed.exists()
+    if cut == "header":  # torn inside the reply's header
+        with open(conv.log, "r+b") as f:
+            f.truncate(end_of_block + 8)
+    with open_writer(conv) as w:
+        done = w.recover()
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert [b.text.strip() for b in blocks if b.kind.value == "agent"] == ["hello"]
+    assert not claimed.exists()
+    st = read_state(conv)
+    assert st is not None and st.intent is None and st.log.size == conv.log.stat().st_size
+    assert "00-m1" in st.done_ids
+    if cut in ("none", "header"):  # nothing, or a torn header (cut away): nothing to mark
+        assert conv.log.stat().st_size == end_of_block
+        assert not any("interrupted" in d for d in done)
+        assert (cut == "header") == any("rolled back the torn start of a reply" in d for d in done)
+    else:
+        assert any("marked the interrupted reply" in d for d in done)
+        assert blocks[-1].interrupted or blocks[-1].markers[-1][0] is MarkerKind.INTERRUPTED
+
+
+def test_a_reply_begins_unjournaled_only_right_after_an_uncommitted_claimed_block(
+    home: Home,
+) -> None:
+    conv = conv_in(home)
+    called: list[str] = []
+
+    def withdraw() -> bool:
+        called.append("withdraw")
+        return True
+
+    with open_writer(conv) as w:  # no claimed block: the intent must be journaled
+        w.append_block("CLAUDE", "OLLAMA", "q", msg_id="a")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        assert r.reserve() and not r.merge_into_commit(withdraw)
+    claimed = _claimed(conv, "01-m2", "hello")
+    with open_writer(conv) as w:  # a NOTE after the claimed block: saved, and the log moved
+        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id=claimed.name, claimed=claimed)
+        w.append_marker(MarkerKind.NOTE, "a note")
+        r = w.reply("OLLAMA", "CLAUDE", "r2")
+        assert r.reserve() and not r.merge_into_commit(withdraw)
+    assert called == []  # never asked to withdraw the write: nothing changed
+    claimed = _claimed(conv, "02-m3", "again")
+    with open_writer(conv) as w:  # the write had begun: the reply journals as before
+        w.append_block("CLAUDE", "OLLAMA", "again", msg_id=claimed.name, claimed=claimed)
+        r = w.reply("OLLAMA", "CLAUDE", "r3")
+        assert r.reserve() and not r.merge_into_commit(lambda: False)
+        assert not r.reserved
+
+
+def test_recovery_leaves_a_hand_block_after_an_uncommitted_claimed_block(home: Home) -> None:
+    """Only the model's header marks a reply; the agent's own block written by hand after
+    an uncommitted claimed block is left for adoption."""
+    conv = conv_in(home)
+    claimed = _claimed(conv, "00-m1", "hello")
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "hello", msg_id=claimed.name, claimed=claimed)
+        end_of_block = w.log_size()
+    by_hand = b"\n=== CLAUDE -> OLLAMA [2026-01-01 00:00:00] ===\nmore from me\n"
+    with open(conv.log, "ab") as f:
+        f.write(by_hand)
+    with open_writer(conv) as w:
+        done = w.recover()
+    assert not any("interrupted" in d for d in done)
+    assert conv.log.read_bytes()[end_of_block:] == by_hand
+    st = read_state(conv)
+    assert st is not None and st.log.size == end_of_block  # the hand block: still to adopt
+
+
 def test_a_forked_child_names_its_temp_files_with_its_own_pid(tmp_path: Path) -> None:
     """A temp file is stale only once the process in its name is gone: a forked child must
     not write its temp files under its parent's pid."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from contemplation import logformat
@@ -35,6 +36,7 @@ class ReplyStream:
         self._in_thinking = False
         self._last_char = "\n"
         self._reserved: Intent | None = None  # the intent journaled ahead (see reserve())
+        self._unjournaled = False  # begun without a durable intent (see merge_into_commit())
         self.content_parts: list[str] = []
 
     def reserve(self) -> bool:
@@ -60,9 +62,37 @@ class ReplyStream:
         return (
             intent is not None
             and self.w.state.intent is intent
-            and self.w.saved_intent is intent
+            and (self.w.saved_intent is intent or self._unjournaled)
             and offset == intent.offset
         )
+
+    def merge_into_commit(self, withdraw: Callable[[], bool]) -> bool:
+        """The whole reply is in hand before the write that journals its intent has begun
+        (a burst: the committer is busy): that write is dropped by the caller, and the reply
+        is begun without a durable intent, so that its commit is the turn's one state write
+        (the message's commit, the claimed file's removal and the reply's in one).
+
+        Allowed only right after the claimed message's block, uncommitted on disk (held for
+        the next state write): a crash before the commit then leaves the claimed file, its
+        block and the reply's bytes right after it, which recovery marks INTERRUPTED (see
+        ``ConvWriter._recover_claimed``) as it does a reply whose intent was journaled.
+
+        ``withdraw`` takes the journaling write back (True) unless it has begun (False).
+        Returns whether the reply will begin so; when not, nothing has changed."""
+        intent = self._reserved
+        if (
+            self.started
+            or intent is None
+            or self.w.state.intent is not intent
+            or self.w.saved_intent is intent
+            or not self.w.held  # the claimed block, right before: nothing saved since
+            or intent.offset != self.w.state.log.size  # nothing appended by hand since
+            or self.w.log_size() != intent.offset
+            or not withdraw()
+        ):
+            return False
+        self._unjournaled = True
+        return True
 
     def unreserve(self) -> None:
         """A reply that never began takes its reserved intent back, durably, before anything

@@ -496,6 +496,10 @@ class ConvWriter:
             if found == expected:
                 self._commit_message(claimed.name, start + len(expected))
                 done.append(f"committed message {claimed.name} found whole in the log")
+                reply = self._recover_unjournaled_reply(start + len(expected))
+                if reply:
+                    done.append(reply)
+                    break
                 continue
             if size - start < len(expected) and _same_but_time(expected, found):
                 self._rollback(start)
@@ -516,6 +520,26 @@ class ConvWriter:
         if len(ts) == len(_TIME_SHAPE) and ts.isascii():
             shape = self.block_bytes(sender, recipient, text, start, ts=ts.decode())
         return shape, found
+
+    def _recover_unjournaled_reply(self, offset: int) -> str:
+        """The bytes right after a claimed message's block that recovery has just committed:
+        if they are (the start of) this conversation's reply block, they are a reply that
+        was begun without a journaled intent (``ReplyStream.merge_into_commit``) and never
+        committed: marked INTERRUPTED like any reply a crash cut, so the turn is redone; a
+        header torn before its line ended is cut away. Anything else is left alone, for
+        adoption as a hand append."""
+        with open(self.conv.log, "rb") as f:
+            f.seek(offset)
+            raw = f.read(256)
+        found = raw.lstrip(b"\n")
+        head = f"=== {self.meta.sender_label()} -> {self.meta.agent_label} [".encode()
+        if not raw or len(raw) - len(found) > 2 or not head.startswith(found[: len(head)]):
+            return ""
+        if b"\n" not in found:  # the separator, or a header cut before its line's end
+            self._rollback(offset)
+            self.save()
+            return f"rolled back the torn start of a reply at byte {offset}"
+        return self._recover_reply(Intent(kind="reply", id=f"unjournaled-{offset}", offset=offset))
 
     def _recover_reply(self, intent: Intent) -> str:
         """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone."""
