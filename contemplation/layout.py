@@ -71,19 +71,17 @@ class Conv:
     failed: Path = field(init=False, compare=False, repr=False)
     lock: Path = field(init=False, compare=False, repr=False)
     cancel_flag: Path = field(init=False, compare=False, repr=False)
+    id: str = field(init=False, compare=False, repr=False)  # the folder's name
 
     def __post_init__(self) -> None:
         d = self.dir
+        object.__setattr__(self, "id", d.name)
         for name, leaf in (
             ("log", LOG_NAME), ("metadata", "metadata.json"), ("state", "state.json"),
             ("inbox", "inbox"), ("context", "context"), ("processing", "processing"),
             ("failed", "failed"), ("lock", ".lock"), ("cancel_flag", ".cancel"),
         ):  # fmt: skip
             object.__setattr__(self, name, d / leaf)
-
-    @property
-    def id(self) -> str:
-        return self.dir.name
 
     @property
     def is_completed(self) -> bool:
