@@ -46,7 +46,8 @@ from contemplation.writer import (  # noqa: E402
 WHAT = {
     "state writes": "the turn's start (status generating, carrying the message's commit and "
     "the reply's intent, its offset before its first byte) and the reply's commit with its "
-    "status",
+    "status; one when the whole reply is in before the committer has begun the start write "
+    "(taken back: the commit does its work)",
     "fsyncs": "alone (a write that is the only one in its batch): the message block with the "
     "start's temp file, then its folder; the reply block with the commit's temp file, then "
     "its folder. In a burst none: the group committer makes each round of a batch durable "

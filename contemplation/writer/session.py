@@ -10,8 +10,10 @@ past the committed size, either the whole block of a claimed file (rolled forwar
 prefix of it (cut away), or something else (left for adoption as a hand append). Other
 appends (the answers to needs) first record an *intent* (offset, length, sha256) in
 ``state.json``, rolled forward or back the same way. A streamed reply records an intent (its
-offset); a cut-off one is marked ``=== INTERRUPTED ===`` so the turn is redone. Recovery also
-completes an interrupted rotation.
+offset); a cut-off one is marked ``=== INTERRUPTED ===`` so the turn is redone. A reply begun
+with no journaled intent (``ReplyStream.merge_into_commit``: its turn makes one state write)
+follows a claimed message's uncommitted block, and is found and marked right after it.
+Recovery also completes an interrupted rotation.
 """
 
 from __future__ import annotations
