@@ -198,10 +198,10 @@ class GroupCommitter:
         :meth:`run` returns None. False when a thread has taken it already (or it was never
         queued): it then runs to its end as usual. Called on the loop that queued it."""
         with self._cv:
-            job = next((j for j in self._jobs if j.steps is steps), None)
-            if job is None:
+            at = next((i for i, j in enumerate(self._jobs) if j.steps is steps), None)
+            if at is None:
                 return False
-            self._jobs.remove(job)
+            job = self._jobs.pop(at)
         steps.close()
         if not job.future.done():
             job.future.set_result(None)
