@@ -462,9 +462,7 @@ class ConvWriter:
         end = intent.offset + intent.length
         data = b""
         if size >= end:
-            with open(self.conv.log, "rb") as f:
-                f.seek(intent.offset)
-                data = f.read(intent.length)
+            data = self._log_bytes(intent.offset, intent.length)
         if size >= end and hashlib.sha256(data).hexdigest() == intent.sha256:
             self._commit_message(intent.id, end)
             return f"committed message {intent.id} found whole in the log"
@@ -514,9 +512,7 @@ class ConvWriter:
         header time found there), and the bytes the log holds in its place."""
         sender, recipient = self.meta.agent_label, self.meta.sender_label()
         shape = self.block_bytes(sender, recipient, text, start, ts=_TIME_SHAPE)
-        with open(self.conv.log, "rb") as f:
-            f.seek(start)
-            found = f.read(len(shape))
+        found = self._log_bytes(start, len(shape))
         at = shape.index(b"[") + 1
         ts = found[at : at + len(_TIME_SHAPE)]
         if len(ts) == len(_TIME_SHAPE) and ts.isascii():
@@ -530,9 +526,7 @@ class ConvWriter:
         committed: marked INTERRUPTED like any reply a crash cut, so the turn is redone; a
         header torn before its line ended is cut away. Anything else is left alone, for
         adoption as a hand append."""
-        with open(self.conv.log, "rb") as f:
-            f.seek(offset)
-            raw = f.read(256)
+        raw = self._log_bytes(offset, 256)
         found = raw.lstrip(b"\n")
         head = f"=== {self.meta.sender_label()} -> {self.meta.agent_label} [".encode()
         if not raw or len(raw) - len(found) > 2 or not head.startswith(found[: len(head)]):
@@ -577,10 +571,13 @@ class ConvWriter:
         return done
 
     def _starts_with_header(self, offset: int) -> bool:
+        return self._log_bytes(offset, 200).lstrip(b"\n").startswith(b"=== ")
+
+    def _log_bytes(self, offset: int, n: int) -> bytes:
+        """At most ``n`` bytes of messages.log from ``offset`` (recovery's look at the log)."""
         with open(self.conv.log, "rb") as f:
             f.seek(offset)
-            head = f.read(200).lstrip(b"\n")
-        return head.startswith(b"=== ")
+            return f.read(n)
 
 
 def _file(model: Metadata | State) -> bytes:
