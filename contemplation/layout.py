@@ -468,19 +468,22 @@ class LogView:
                 (fd, st), opened = opened, None
                 ino, data = st.st_ino, read_to_end(fd, st.st_size)
             else:
-                try:
-                    fd, st = open_regular_stat(self.conv.log)
-                except FileNotFoundError:
-                    data, ino = b"", 0
-                else:
-                    try:
-                        ino, data = st.st_ino, read_to_end(fd, st.st_size)
-                    finally:
-                        os.close(fd)
+                ino, data = self._read_live()
             if self.locked or segment_inodes(self.conv) == before:
                 break
         self.history, self.ino = history, ino
         self.live = parse_segment(data, agent_label=self.agent_label)
+
+    def _read_live(self) -> tuple[int, bytes]:
+        """The live log's inode and bytes, by name (0 and nothing when there is none)."""
+        try:
+            fd, st = open_regular_stat(self.conv.log)
+        except FileNotFoundError:
+            return 0, b""
+        try:
+            return st.st_ino, read_to_end(fd, st.st_size)
+        finally:
+            os.close(fd)
 
     def _combine(self) -> ParseResult:
         live = self.live
