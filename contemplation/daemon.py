@@ -90,7 +90,7 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
 
     def resync() -> None:  # events were lost (from the watcher's thread): catch up
         watcher.watch_all()  # folders whose creation event was lost
-        loop.call_soon_threadsafe(dispatcher.rescan)
+        loop.call_soon_threadsafe(dispatcher.request_rescan)
 
     watcher = make_watcher(rt.home.active, dispatcher.poke_threadsafe, resync)
     extra_tasks: list[asyncio.Task[None]] = []
@@ -147,4 +147,4 @@ async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asy
         if time.monotonic() >= next_scan:
             next_scan = time.monotonic() + interval
             watcher.ensure_alive()
-            dispatcher.rescan()
+            dispatcher.request_rescan()

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
+from collections.abc import Mapping, Set
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
@@ -32,6 +35,9 @@ class Dispatcher:
         self.stopping = False
         self.seen = Tracked()  # what is remembered about each conversation
         self._loop = asyncio.get_running_loop()
+        self._scan: asyncio.Task[None] | None = None
+        self._scan_again = False
+        self._scanner: ThreadPoolExecutor | None = None  # one thread, made at the first scan
 
     def poke_threadsafe(
         self, conv_id: str, ready: Path | None = None, log_only: bool = False
@@ -97,49 +103,63 @@ class Dispatcher:
             delay = max(0.0, wake - time.time())
             self.timers[conv_id] = self._loop.call_later(delay, self._wake, conv_id)
 
-    def rescan(self) -> int:
+    def request_rescan(self) -> None:
+        """Start a rescan (the periodic tick, lost events) unless one runs; one asked for
+        meanwhile runs once it ends. Never blocks: the scan runs on its own thread."""
+        if self.stopping:
+            return
+        if self._scan is not None and not self._scan.done():
+            self._scan_again = True
+            return
+        self._scan = asyncio.create_task(self._rescans(), name="rescan")
+
+    async def _rescans(self) -> None:
+        while True:
+            self._scan_again = False
+            await self.rescan()
+            if not self._scan_again or self.stopping:
+                return
+
+    async def rescan(self) -> int:
         """The periodic safety net: poke every conversation that shows a sign of new work.
 
-        A few system calls per conversation on plain strings (the log's size against what the
-        daemon last left, inbox and processing entries, a cancel flag), so an idle home of
-        2,000 conversations costs a few milliseconds every few seconds, not a step each.
+        The look runs on the dispatcher's own thread: a few system calls per conversation
+        (the log's size against what the daemon last left, inbox and processing entries, a
+        cancel flag) come to ~20 µs each, i.e. ~45 ms for 2,000 conversations, which would
+        hold every turn and every poke if it ran on the loop. Returns how many were poked.
         A failing scan (EMFILE, a vanished home) is logged and tried again next time.
         """
-        active = str(self.rt.home.active)
+        if self._scanner is None:
+            self._scanner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rescan")
+        skip = frozenset(self.tasks) | frozenset(self.timers)  # running or asleep: left alone
+        known = dict(self.seen.log_sizes)  # a copy: the loop goes on changing the original
+        look = functools.partial(signs_of_work, str(self.rt.home.active), known, skip)
         try:
-            with os.scandir(active) as it:
-                names = [e.name for e in it if valid_id(e.name) and e.is_dir(follow_symlinks=False)]
+            names = await self._loop.run_in_executor(self._scanner, look)
         except OSError as exc:
             log.warning("rescan_failed", error=str(exc))
             return 0
         poked = 0
         for name in names:
-            if name in self.tasks or name in self.timers:
-                continue
-            if self._worth_a_look(name, f"{active}/{name}"):
-                self.poke(name)
-                poked += 1
+            if self.stopping or name in self.tasks or name in self.timers:
+                continue  # started or put to sleep while the scan ran
+            self.poke(name)
+            poked += 1
         return poked
-
-    def _worth_a_look(self, conv_id: str, d: str) -> bool:
-        known = self.seen.log_sizes.get(conv_id)
-        try:
-            if known is None or os.stat(f"{d}/messages.log").st_size != known:
-                return True
-        except OSError:
-            return True
-        for folder in ("inbox", "processing"):
-            try:
-                with os.scandir(f"{d}/{folder}") as it:
-                    if any(not e.name.startswith(".") for e in it):
-                        return True
-            except OSError:
-                continue
-        return os.path.lexists(f"{d}/.cancel")
 
     def _wake(self, conv_id: str) -> None:
         self.timers.pop(conv_id, None)
         self.poke(conv_id)
+
+    async def _stop_scanning(self) -> None:
+        """A running scan is let go of (its thread ends by itself: one pass over the home)."""
+        if self._scan is not None and not self._scan.done():
+            self._scan.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scan
+        if self._scanner is not None:
+            self._scanner.shutdown(wait=False, cancel_futures=True)
+            self._scanner = None
 
     @property
     def busy(self) -> bool:
@@ -149,6 +169,7 @@ class Dispatcher:
         """Stop taking work; let running turns finish within ``grace``, then cancel them."""
         self.stopping = True
         self.seen.stopping = True
+        await self._stop_scanning()
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
@@ -161,3 +182,28 @@ class Dispatcher:
         if pending:
             log.info("cancelling_in_flight_turns", count=len(pending))
             await asyncio.wait(pending, timeout=10)
+
+
+def signs_of_work(active: str, known: Mapping[str, int], skip: Set[str]) -> list[str]:
+    """The conversations under ``active`` (but those in ``skip``) that show a sign of new
+    work: a log whose size is not the one ``known`` (or none known), an inbox or processing
+    entry, a cancel flag. Plain strings and system calls: it runs off the loop."""
+    with os.scandir(active) as it:
+        names = [e.name for e in it if valid_id(e.name) and e.is_dir(follow_symlinks=False)]
+    return [n for n in names if n not in skip and _worth_a_look(f"{active}/{n}", known.get(n))]
+
+
+def _worth_a_look(d: str, known: int | None) -> bool:
+    try:
+        if known is None or os.stat(f"{d}/messages.log").st_size != known:
+            return True
+    except OSError:
+        return True
+    for folder in ("inbox", "processing"):
+        try:
+            with os.scandir(f"{d}/{folder}") as it:
+                if any(not e.name.startswith(".") for e in it):
+                    return True
+        except OSError:
+            continue
+    return os.path.lexists(f"{d}/.cancel")

@@ -10,9 +10,10 @@ conversation's folder).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -295,7 +296,7 @@ def test_rescan_pokes_only_conversations_that_show_new_work(
         assert await script.next_call() == "busy"
         d.timers["asleep"] = asyncio.get_running_loop().call_later(3600, lambda: None)
 
-        poked = d.rescan()
+        poked = await d.rescan()
 
         expected = {"fresh", "grown", "inbox", "processing", "cancel"}
         assert poked == len(expected)
@@ -316,8 +317,109 @@ def test_rescan_of_a_missing_home_pokes_nothing_and_does_not_raise(
         rt = runtime(make_settings)
         d = Dispatcher(rt)
         assert not rt.home.active.exists()
-        assert d.rescan() == 0
+        assert await d.rescan() == 0
         assert d.tasks == {}
+
+    asyncio.run(scenario())
+
+
+class HeldScan:
+    """Stands in for ``signs_of_work``: counts the scans and holds each one on a thread event
+    until the test lets it go (a scan run on the loop would hold the loop, and the test)."""
+
+    def __init__(self) -> None:
+        self.real = dispatcher_mod.signs_of_work
+        self.started = threading.Semaphore(0)
+        self.go = threading.Event()
+        self.threads: list[int] = []
+
+    def __call__(self, active: str, known: Mapping[str, int], skip: Set[str]) -> list[str]:
+        self.threads.append(threading.get_ident())
+        self.started.release()
+        if not self.go.wait(10):
+            raise AssertionError("the held scan was never let go")
+        return self.real(active, known, skip)
+
+    async def wait_started(self) -> None:
+        await within(asyncio.to_thread(self.started.acquire, timeout=5), "a scan to start")
+
+
+def test_a_rescan_runs_off_the_loop_while_turns_go_on(
+    make_settings: Callable[..., Settings], script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan of every folder (~20 µs each: ~45 ms for 2,000) never holds the loop: a
+    conversation poked while it runs is processed before the scan ends."""
+    held = HeldScan()
+    monkeypatch.setattr(dispatcher_mod, "signs_of_work", held)
+
+    async def scenario() -> None:
+        rt = runtime(make_settings)
+        d = Dispatcher(rt)
+        for name in ("quiet", "inbox"):
+            conv_dir(rt, name, log=b"12345")
+            d.seen.remember_size(Conv(rt.home.active / name))
+        (rt.home.active / "inbox" / "inbox" / "q.txt").write_text("hi")
+        scan = asyncio.create_task(d.rescan())
+        await held.wait_started()
+        d.poke("quiet")  # the loop is free: the run happens during the scan
+        await within(d.tasks["quiet"], "a run during the scan")
+        assert script.ids() == ["quiet"] and not scan.done()
+        held.go.set()
+        assert await within(scan, "the scan") == 1  # "inbox" only; "quiet" ran, is quiet
+        await poll(lambda: "inbox" in script.ids(), "the poked run")
+        assert held.threads and threading.get_ident() not in held.threads
+        await d.drain(1.0)
+
+    asyncio.run(scenario())
+
+
+def test_rescans_asked_for_during_a_scan_come_to_one_more(
+    make_settings: Callable[..., Settings], script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ticks and lost events never pile scans up: one runs at a time, and any number asked
+    for meanwhile make exactly one more (what changed during the first is seen by it)."""
+    held = HeldScan()
+    monkeypatch.setattr(dispatcher_mod, "signs_of_work", held)
+
+    async def scenario() -> None:
+        rt = runtime(make_settings)
+        rt.home.active.mkdir(parents=True)
+        d = Dispatcher(rt)
+        d.request_rescan()
+        await held.wait_started()
+        for _ in range(5):
+            d.request_rescan()
+        held.go.set()
+        await held.wait_started()  # the one more
+        assert d._scan is not None
+        await within(d._scan, "the scans")
+        assert len(held.threads) == 2
+        d.request_rescan()
+        assert d._scan is not None
+        await within(d._scan, "a later scan")
+        assert len(held.threads) == 3
+
+    asyncio.run(scenario())
+
+
+def test_drain_lets_go_of_a_scan_in_progress(
+    make_settings: Callable[..., Settings], script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldScan()
+    monkeypatch.setattr(dispatcher_mod, "signs_of_work", held)
+
+    async def scenario() -> None:
+        rt = runtime(make_settings)
+        rt.home.active.mkdir(parents=True)
+        conv_dir(rt, "waiting", log=b"")
+        d = Dispatcher(rt)
+        d.request_rescan()
+        await held.wait_started()
+        await within(d.drain(1.0), "drain during a scan")
+        assert d._scan is not None and d._scan.cancelled()
+        held.go.set()  # the thread's pass ends; nothing is poked after the drain
+        d.request_rescan()
+        assert d.tasks == {} and len(held.threads) == 1
 
     asyncio.run(scenario())
 
