@@ -147,6 +147,13 @@ def _own(block: dict[str, Any]) -> bool:
     return len(lines) > 1 and lines[1].startswith("(source: agent,")
 
 
+def _live_size(conv: Conv) -> int:
+    try:
+        return conv.log.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _log_size(conv: Conv) -> int:
     segs = segments(conv)
     return segs[-1].end if segs else 0
@@ -247,6 +254,11 @@ class Faces:
         state = read_state(conv)
         meta = read_metadata(conv)
         if meta is None or (state is not None and state.intent is not None):
+            return False
+        if state is not None and _live_size(conv) != state.log.size:
+            # bytes past the last commit: a reply whose commit also commits the message it
+            # answers (written with no intent, see ReplyStream.merge_into_commit), or an
+            # append the daemon has not adopted yet; either way not done
             return False
         view = self.reader.view(conv, meta.agent_label).refresh()
         if not view.blocks:

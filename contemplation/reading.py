@@ -319,12 +319,16 @@ class Reader:
     def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:
         meta = read_metadata(conv)
         state = read_state(conv)
-        intent = state.intent if state is not None else None
+        # a write in flight: from its intent's offset, else from the last commit (a reply
+        # whose commit also commits the message it answers is written with no intent)
+        writing_at: int | None = None
+        if state is not None:
+            writing_at = state.intent.offset if state.intent is not None else state.log.size
         return blocks_since(
             conv,
             cursor,
             agent_label=meta.agent_label if meta else "CLAUDE",
-            writing_at=intent.offset if intent is not None else None,
+            writing_at=writing_at,
             thinking=thinking,
         )
 

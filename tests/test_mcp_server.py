@@ -19,12 +19,12 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from contemplation import mcp_server
+from contemplation import logformat, mcp_server
 from contemplation import settings as settings_mod
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import Status
 from contemplation.settings import Settings
-from contemplation.writer import DaemonLock, new_conversation, open_writer
+from contemplation.writer import DaemonLock, atomic_write_json, new_conversation, open_writer
 from tests import peers
 from tests.conftest import ARTIFACTS, ROOT, DaemonProc, base_env, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -181,6 +181,40 @@ def test_check_without_a_daemon_says_so_and_polls_by_cursor(home: Home) -> None:
     assert third["in_progress"]["text"] == "streaming so far"
     assert [b["text"] for b in fourth["blocks"]] == ["streaming so far"]  # whole, exactly once
     assert fourth["cursor"] == conv.log.stat().st_size
+
+
+def test_a_reply_written_before_its_commit_is_in_progress_not_settled(home: Home) -> None:
+    """In a burst a reply may be written before the state write that commits it and the
+    message it answers (no intent is journaled: ReplyStream.merge_into_commit). Until that
+    commit, wait must not return and check shows the reply in progress, even when the
+    reply's text is whole and ends the conversation."""
+    conv = needs_conv(home, "the schema")
+    faces = mcp_server.Faces(settings_for(home))
+    cursor = conv.log.stat().st_size
+    state = read_state(conv)
+    assert state is not None and state.intent is None and state.log.size == cursor
+    state.status = Status.AWAITING_AGENT  # as the daemon leaves it
+    atomic_write_json(conv.state, state.model_dump(mode="json"), durable=False)
+    assert faces.settled(conv)
+    uncommitted = (
+        logformat.header("CLAUDE", "OLLAMA")
+        + logformat.body("RESPONSE TO NEED: the schema\nid, email")
+        + "\n"
+        + logformat.header("OLLAMA", "CLAUDE")
+        + logformat.body("Add an index on email.\n=== COMPLETE ===")
+    )
+    with conv.log.open("a") as f:
+        f.write(uncommitted)
+    assert not faces.settled(conv)
+    got = faces.check(conv.id, cursor, include_own=True)
+    assert [b["kind"] for b in got["blocks"]] == ["agent"]
+    assert got["in_progress"]["text"].startswith("Add an index on email.")
+    state.log.size = conv.log.stat().st_size  # the commit, with the status it leaves
+    state.status = Status.COMPLETE
+    atomic_write_json(conv.state, state.model_dump(mode="json"), durable=False)
+    assert faces.settled(conv)
+    got = faces.check(conv.id, cursor, include_own=True)
+    assert [b["kind"] for b in got["blocks"]] == ["agent", "model"] and "in_progress" not in got
 
 
 def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -> None:
