@@ -54,14 +54,14 @@ def _settled(mtime_ns: int, now: float, window: float) -> bool:
     return now - mtime_ns / 1e9 >= window
 
 
-def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
+async def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
     """One decision under the lock: tidy up the folder, then decide from the log, then take
     the next message, and make the status say why when there is nothing to do."""
     now = rt.clock()
     unsettled, known = _tidy(conv, rt, seen, w, now)
     if unsettled is not None:
         return unsettled
-    parsed = seen.view(conv, w.meta.agent_label).refresh(known, w.folder_names, fd=w.fd)
+    parsed = await seen.view(conv, w.meta.agent_label).refreshed(known, w.folder_names, w.fd)
     if list(parsed.errors[:20]) != w.state.parse_errors:
         w.state.parse_errors = list(parsed.errors[:20])
         w.save()
@@ -283,7 +283,7 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
         ) as w:
             try:
                 for _ in range(TURNS_PER_SESSION):
-                    decision = _step(conv, rt, seen, w)
+                    decision = await _step(conv, rt, seen, w)
                     if not isinstance(decision, TurnDue):
                         break
                     outcome = await run_turn(conv, rt, seen, w)

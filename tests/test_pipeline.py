@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from contemplation import logformat
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation import layout, logformat, turn
+from contemplation.layout import Conv, Home, LogView, load_template, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
 from contemplation.pipeline import Runtime, process, process_safely
 from contemplation.settings import Settings
 from contemplation.tracking import Tracked
-from contemplation.writer import drop_message, new_conversation, request_cancel
+from contemplation.writer import drop_message, new_conversation, open_writer, request_cancel
 from tests.conftest import run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -189,6 +189,59 @@ def test_a_turn_whose_state_writes_all_failed_is_recovered_in_the_same_process(
     st = read_state(conv)
     assert st is not None and st.intent is None and st.log.size == conv.log.stat().st_size
     assert list(conv.processing.iterdir()) == []
+
+
+def test_a_long_log_is_parsed_and_fitted_off_the_loop(
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long log at first sight is parsed, and a long history's request built and fitted,
+    on a thread while the loop goes on (4 KB and 10 blocks stand here for LONG_PARSE's 256 KB
+    and LONG_HISTORY's 200 blocks; a 10 MB log took ~90 ms to parse and ~100 ms to fit). Each
+    call off the loop waits for a callback the loop must run meanwhile: on the loop it hangs."""
+    monkeypatch.setattr(layout, "LONG_PARSE", 4096)
+    monkeypatch.setattr(turn, "LONG_HISTORY", 10)
+    conv = make_conv(home)
+    with open_writer(conv, durable=False) as w:
+        for i in range(20):
+            w.append_block("CLAUDE", "OLLAMA", f"question {i} " + "q" * 300, msg_id=f"q{i}")
+            w.append_block("OLLAMA", "CLAUDE", f"answer {i} " + "a" * 300, msg_id=f"a{i}")
+    assert conv.log.stat().st_size > 4096
+    drop_message(conv, "and now?")
+    fake_ollama.enqueue(Step(text="now this."))
+    rt = runtime(make_settings, fake_ollama)
+    off_loop: dict[str, int] = {}
+
+    async def scenario() -> None:
+        loop, here = asyncio.get_running_loop(), threading.get_ident()
+
+        def wrapped(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*a: Any, **kw: Any) -> Any:
+                if threading.get_ident() != here:
+                    off_loop[name] = off_loop.get(name, 0) + 1
+                    ran = threading.Event()
+                    loop.call_soon_threadsafe(ran.set)
+                    assert ran.wait(5), f"the loop was held during {name}"
+                return real(*a, **kw)
+
+            return call
+
+        monkeypatch.setattr(LogView, "refresh", wrapped("parse", LogView.refresh))
+        monkeypatch.setattr(turn, "_fitted", wrapped("fit", turn._fitted))
+        await process(conv, rt, Tracked())
+        await rt.aclose()
+
+    asyncio.run(scenario())
+    assert off_loop == {"parse": 1, "fit": 1}  # the first sight's parse; the turn's request
+    got = blocks(conv)
+    assert len(got) == 42 and got[-2:] == [
+        (BlockKind.AGENT, "and now?"),
+        (BlockKind.MODEL, "now this."),
+    ]
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE and st.log.size == conv.log.stat().st_size
 
 
 def test_messages_that_arrive_together_are_separate_turns_in_name_order(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from contemplation import layout
 from contemplation.layout import Conv, Home, LogView, load_template, log_segments, read_state
 from contemplation.pipeline import Runtime, process_pending
 from contemplation.reading import blocks_since, log_text, segments
@@ -77,6 +78,41 @@ def test_a_locked_view_read_through_the_writers_descriptor_matches_a_fresh_parse
     assert len(log_segments(conv)) >= 3
     texts = [b.text.split(" ")[1] for b in view.result.blocks]
     assert texts == [f"line-{i // 2:04d}" for i in range(60)]
+
+
+def test_a_refresh_says_when_it_would_parse_a_long_stretch(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """long_refresh is True exactly when refresh would parse more than LONG_PARSE bytes: a
+    long log at first sight, a long block appended, any log with rotated segments behind it
+    (read whole again after each rotation); False for what a turn usually appends."""
+    monkeypatch.setattr(layout, "LONG_PARSE", 4096)
+    conv = make_conv(home)
+    view = LogView(conv, locked=True)
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "short", msg_id="m0")
+        assert not view.long_refresh(fd=w.fd)
+        view.refresh(fd=w.fd)
+        w.append_block("OLLAMA", "CLAUDE", "x" * 5000, msg_id="m1")
+        assert view.long_refresh(fd=w.fd)  # the appended block is long
+        view.refresh(fd=w.fd)
+        w.append_block("CLAUDE", "OLLAMA", "short again", msg_id="m2")
+        assert view.long_refresh(fd=w.fd)  # the last (long) block is parsed again
+        view.refresh(fd=w.fd)
+        w.append_block("OLLAMA", "CLAUDE", "short too", msg_id="m3")
+        assert not view.long_refresh(fd=w.fd)  # the last block again, and the new one
+        view.refresh(fd=w.fd)
+        assert not view.long_refresh(fd=w.fd)  # nothing new
+    assert LogView(conv, locked=True).long_refresh()  # first sight of a long log
+    for i in range(6):
+        exchange(conv, i, limit=LIMIT)
+    assert len(log_segments(conv)) >= 2
+    with open_writer(conv) as w:
+        names = w.folder_names
+        fresh = LogView(conv, locked=True)
+        assert conv.log.stat().st_size < 4096 and fresh.long_refresh(names=names)
+        fresh.refresh(names=names)
+        assert not fresh.long_refresh(names=names)
 
 
 def test_rotation_renames_segments_oldest_highest_and_keeps_every_block(home: Home) -> None:

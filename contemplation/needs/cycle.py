@@ -154,7 +154,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
     asked = {r.need for r in due.routes if r is not None and r.verdict == "ask"}
     stack, w = await lock(conv, rt, meta)
     with stack:
-        parsed = seen.view(conv, meta.agent_label).refresh()
+        parsed = await seen.view(conv, meta.agent_label).refreshed()
         nxt = next_action(parsed.blocks)
         if nxt.action != "needs":
             return AGAIN
@@ -199,7 +199,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 status=limit.status,
             )
         # a need the log still shows unanswered would be looked up again forever: stop instead
-        after = next_action(seen.view(conv, meta.agent_label).refresh(fd=w.fd).blocks)
+        after = next_action((await seen.view(conv, meta.agent_label).refreshed(fd=w.fd)).blocks)
         waiting = still.difference(left).difference(asked)
         stuck = waiting.intersection(after.needs if after.action == "needs" else ())
         if stuck:
