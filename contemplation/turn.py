@@ -261,7 +261,7 @@ async def _stream(
     if prepared.error is not None:
         return _failed(conv, rt, w, reply, prepared.error)
     if prepared.note:
-        reply.note(prepared.note)
+        await _note(rt, reply, prepared.note)
     return await _run_reply(
         conv, rt, w, seen=seen, backend=backend, reply=reply, planned=planned, held=held
     )
@@ -285,7 +285,7 @@ async def _run_reply(
         try:
             request, notes = await _fit(conv, rt, w, backend, planned.fitted)
             for note in notes:
-                reply.note(note)
+                await _note(rt, reply, note)
             got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
@@ -310,6 +310,15 @@ async def _run_reply(
         return await _finish(conv, rt, w, reply, got, request=request, planned=planned)
     except OSError as exc:
         return _write_failed(conv, rt, seen, w, exc)
+
+
+async def _note(rt: Runtime, reply: ReplyStream, text: str) -> None:
+    """A NOTE on how the reply is made. Before the reply starts it is a marker of its own,
+    appended and made durable by the committer (off the loop: two fsyncs)."""
+    if reply.started:
+        reply.note(text)
+    else:
+        await rt.committer.run(reply.w.marker_steps(MarkerKind.NOTE, text))
 
 
 async def _fit(

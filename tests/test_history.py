@@ -8,7 +8,9 @@ for a reply that spent all its tokens thinking. The last test does it with real 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -192,6 +194,33 @@ def test_the_oldest_turns_are_summarised_once_written_to_the_log_and_reused(
         f"2 earlier message(s) were left out to fit the model's context window ({WINDOW} tokens); the summary above stands in for them"
     )
     assert sum(n.startswith("summary of the log") for n in notes_of(conv)) == 1
+
+
+def test_a_turn_that_summarises_makes_nothing_durable_on_the_loop(
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The NOTEs a summarising turn writes before its reply (the summary, what was left out)
+    are made durable by the committer, like the turn's other writes: every fsync of the turn
+    runs off the event loop, where one would hold every conversation. (The agent's drop
+    fsyncs too, outside the loop.)"""
+    rt = Runtime(settings=make_settings(fake_ollama, durability="fsync"), home=home)
+    conv = make(home)
+    _long_history(rt, conv, fake_ollama)
+    real_fsync = os.fsync
+    on_loop: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if asyncio._get_running_loop() is not None:  # on the loop's thread, while it runs
+            on_loop.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    turn_with(rt, conv, fake_ollama, q(2), Step(text="The summary."), Step(text="Reply three."))
+    assert sum(n.startswith("summary of the log") for n in notes_of(conv)) == 1
+    assert on_loop == []
 
 
 # --------------------------------------------------------------------------- 3. fallback

@@ -362,14 +362,20 @@ class ConvWriter:
         crashpoint("commit")
 
     def append_marker(self, kind: MarkerKind, text: str = "") -> None:
-        self.append_fd()
+        run_now(self.marker_steps(kind, text))
+
+    def marker_steps(self, kind: MarkerKind, text: str = "") -> Steps[None]:
+        """:meth:`append_marker` as steps (see :mod:`.durable`), for a group committer to
+        drive: the marker is written, made durable with the state write that counts it, and
+        committed. Nothing is written before the steps are first advanced."""
+        fd = self.append_fd()
         offset = self.log_size()
         data = logformat.marker(kind, text).encode("utf-8")
         if offset and not self._ends_with_newline(offset):
             data = b"\n" + data
-        self._append_raw(data, sync=True)
+        self._append_raw(data, sync=False)
         self.state.log.size = offset + len(data)
-        self.save()
+        yield from self.save_steps(also=(fd,) if self.durable else ())
 
     def reply(self, sender: str, recipient: str, reply_id: str) -> ReplyStream:
         return ReplyStream(self, sender, recipient, reply_id)
