@@ -409,9 +409,8 @@ class LogView:
         names = names if self.locked else None  # a listing is a snapshot only under the lock
         if fd is not None:
             return self._refresh_from(fd, known or os.fstat(fd), names)
-        try:
-            st = known or os.stat(self.conv.log, follow_symlinks=False)
-        except FileNotFoundError:
+        st = known or self._stat(None)
+        if st is None:
             self._load_all(names)
             return self._combine()
         if self._holds(st) and stat.S_ISREG(st.st_mode):
