@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any, get_args
 
-from contemplation import backends
+from contemplation import backends, waiting
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
@@ -23,20 +23,19 @@ from contemplation.layout import (
     load_template,
     processing_entries,
     read_json,
-    read_metadata,
     read_state,
 )
 from contemplation.models import (
     APPROVALS_KEY,
     CANCELLABLE,
     ApprovalDecision,
-    ApprovalRequest,
     Decision,
     Status,
     read_approvals,
 )
 from contemplation.reading import Reader
 from contemplation.settings import Settings
+from contemplation.waiting import Face
 from contemplation.writer import (
     archive,
     atomic_write_json,
@@ -179,51 +178,73 @@ def send(settings: Settings, conv: Conv, text: str) -> str:
 
 
 def respond(
-    settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None = None
+    settings: Settings,
+    reader: Reader,
+    conv: Conv,
+    text: str,
+    need: str | None = None,
+    *,
+    face: Face = "cli",
+    plain: bool = False,
 ) -> dict[str, Any]:
-    """Answer what the model waits for (a RESPONSE TO NEED block), else send a plain message.
+    """Answer a need the model waits for (a RESPONSE TO NEED block), else send a plain message.
 
-    Returns ``answered`` (the need, or None for a plain message), ``need_number`` (its place
-    among the pending needs, 1-based), ``queued`` (the inbox file) and ``still_pending``."""
+    ``need`` names the need: its id (or a unique prefix), or its text; it may be left out when
+    exactly one need waits; ``plain`` sends ``text`` as a message whatever waits. A lookup
+    waiting for approval is never answered with text: naming one, or responding while only
+    lookups wait, is refused with the ``approve`` command that fits (``face``: whose words).
+    Returns ``answered`` (the need, or None for a plain
+    message), ``need_id``, ``queued`` (the inbox file), ``still_waiting`` (the items left)
+    and ``cursor`` (where this exchange's blocks begin)."""
     require_active(conv)
     check_text(text, settings, "the response")
     with faces_lock(conv):  # two responders at once: the second sees the first's answer
-        return _respond(settings, reader, conv, text, need)
+        cursor = reader.boundary(conv)
+        if plain:
+            if need:
+                raise InputRejected("a plain message answers no need: leave out need or plain")
+            done = {"answered": None, "need_id": None, "queued": send(settings, conv, text)}
+            return done | {"still_waiting": [], "cursor": cursor}
+        return _respond(settings, reader, conv, text, need, face=face) | {"cursor": cursor}
 
 
 def _respond(
-    settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None
+    settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None, *, face: Face
 ) -> dict[str, Any]:
-    meta = read_metadata(conv)
-    pending = reader.pending_needs(conv, meta) if meta else []
-    if not pending:
-        if need:
-            raise InputRejected(
-                f"{conv.id} is not waiting for {need!r} (nothing is pending); "
-                "leave out the need to send a plain message"
-            )
+    items = reader.waiting(conv)
+    needs = [i for i in items if i.kind == "need"]
+    if need:
+        chosen = waiting.pick(conv.id, items, need, "need", face)
+    elif len(needs) == 1:
+        chosen = needs[0]
+    elif needs:
+        raise InputRejected(
+            f"{len(needs)} needs wait in {conv.id}; name the one this answers (need) — "
+            + waiting.listed(needs)
+        )
+    elif items:
+        first = items[0]
+        raise InputRejected(
+            f"{conv.id} waits for the approval of {len(items)} lookup(s), not for an answer "
+            f"(the tool answers a lookup, never the agent's text). Decide with "
+            f"{waiting.how(first, conv.id, face)}; to send a message anyway, use "
+            + ("plain=true" if face == "mcp" else f"`contemplation send {conv.id}`")
+        )
+    else:
         return {
             "answered": None,
-            "need_number": None,
+            "need_id": None,
             "queued": send(settings, conv, text),
-            "still_pending": [],
+            "still_waiting": [],
         }
-    chosen = pending[0]
-    if need:
-        if need.isdigit() and 1 <= int(need) <= len(pending):
-            chosen = pending[int(need) - 1]
-        elif need in pending:
-            chosen = need
-        else:
-            raise InputRejected(f"no pending need {need!r}; pending: {pending}")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    body = f"RESPONSE TO NEED: {chosen}\n(source: agent, {stamp})\n{text}"
+    body = f"RESPONSE TO NEED: {chosen.need}\n(source: agent, {stamp})\n{text}"
     name = drop_message(conv, body).name
     return {
-        "answered": chosen,
-        "need_number": pending.index(chosen) + 1,
+        "answered": chosen.need,
+        "need_id": chosen.id,
         "queued": name,
-        "still_pending": [n for n in pending if n != chosen],
+        "still_waiting": [i.as_dict(conv.id, face) for i in items if i.id != chosen.id],
     }
 
 
@@ -232,44 +253,71 @@ DECISIONS: tuple[str, ...] = get_args(Decision)
 
 
 def approve(
-    settings: Settings, conv: Conv, decision: str, need: str | None = None
+    settings: Settings,
+    conv: Conv,
+    decision: str,
+    need: str | None = None,
+    *,
+    reader: Reader | None = None,
+    face: Face = "cli",
 ) -> dict[str, Any]:
     """The agent's decision about a lookup that waits for approval (``awaiting_approval``):
     ``once`` lets it through this time, ``always`` also lets the same tool with the same
     arguments through in this conversation from now on, ``reject`` refuses it (the model is
-    told and carries on). ``need`` picks the request: its number (1-based), its need, or its
-    id; it may be left out when only one waits.
+    told and carries on). ``need`` names the lookup (its id, a unique prefix, or its need);
+    it may be left out when only one waits. A need to answer is refused with the
+    ``respond`` command that fits.
 
     The decision goes into metadata.json ``approvals`` (written atomically, under the faces'
     lock): the daemon sees the file change and answers or refuses the need; without a daemon
     it is honoured when one starts. Returns ``decision``, ``need``, ``tool``, ``arguments``,
-    ``request`` and ``still_awaiting`` (the needs that still wait)."""
+    ``request`` (the lookup's id), ``still_waiting`` (the items left) and ``cursor``."""
     require_active(conv)
     if decision not in DECISIONS:
         raise InputRejected(f"unknown decision {decision!r}; say once, always or reject")
+    reader = reader or Reader(Home(settings.home))
     with faces_lock(conv):  # two decisions at once: both are kept
-        state = read_state(conv)
-        pending = list(state.pending_approvals) if state is not None else []
-        if not pending:
+        cursor = reader.boundary(conv)
+        items = reader.waiting(conv, decided=True)  # a repeat may change a decision
+        asks = [i for i in items if i.kind == "approval"]
+        if need:
+            chosen = waiting.pick(conv.id, items, need, "approval", face)
+        elif len(asks) == 1:
+            chosen = asks[0]
+        elif asks:
+            raise InputRejected(
+                f"{len(asks)} lookups in {conv.id} wait for approval; say which (need) — "
+                + waiting.listed(asks)
+            )
+        elif items:
+            raise InputRejected(
+                f"{conv.id} waits for no approval: the model waits for an answer to "
+                f"{len(items)} need(s). Answer with {waiting.how(items[0], conv.id, face)}"
+            )
+        else:
+            state = read_state(conv)
             now = state.status.value if state is not None else Status.PENDING.value
             raise InputRejected(f"{conv.id} waits for no approval (status {now})")
-        chosen = _pick(conv, pending, need)
         raw = read_json(conv.metadata)
         if raw is None:
             raise ContemplationError(f"{conv.id} has no readable metadata.json")
-        live = {r.id for r in pending}
+        live = {i.id for i in asks}
         kept = [
             d
             for d in read_approvals(raw.get(APPROVALS_KEY))
             if d.decision == "always" or d.request in live
         ]
         kept = [d for d in kept if d.request != chosen.id]
+        state = read_state(conv)
+        request = next(
+            (r for r in (state.pending_approvals if state else []) if r.id == chosen.id), None
+        )
         kept.append(
             ApprovalDecision(
                 request=chosen.id,
                 decision=decision,  # checked against DECISIONS above
                 need=chosen.need,
-                rule=chosen.rule,
+                rule=request.rule if request is not None else "",
                 tool=chosen.tool,
                 arguments=chosen.arguments,
                 time=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -287,25 +335,9 @@ def approve(
         "tool": chosen.tool,
         "arguments": chosen.arguments,
         "request": chosen.id,
-        "still_awaiting": [r.need for r in pending if r.id != chosen.id],
+        "still_waiting": [i.as_dict(conv.id, face) for i in items if i.id != chosen.id],
+        "cursor": cursor,
     }
-
-
-def _pick(conv: Conv, pending: list[ApprovalRequest], need: str | None) -> ApprovalRequest:
-    listed = "; ".join(f"{i}: {r.need}" for i, r in enumerate(pending, 1))
-    if not need:
-        if len(pending) > 1:
-            raise InputRejected(
-                f"{len(pending)} lookups in {conv.id} wait for approval; say which "
-                f"(need) — {listed}"
-            )
-        return pending[0]
-    if need.isdigit() and 1 <= int(need) <= len(pending):
-        return pending[int(need) - 1]
-    for r in pending:
-        if need in {r.need, r.id}:
-            return r
-    raise InputRejected(f"no lookup {need!r} waits for approval in {conv.id}; waiting: {listed}")
 
 
 def archive_conversation(home: Home, conv: Conv) -> Conv:

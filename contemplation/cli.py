@@ -17,7 +17,7 @@ from typing import Any
 import click
 from click.shell_completion import get_completion_class
 
-from contemplation import __version__, actions, backends, show
+from contemplation import __version__, actions, backends, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
@@ -256,12 +256,12 @@ def _settled(reader: Reader, conv: Conv, before: int) -> int | None:
         return None
     if next_action(reader.view(conv, meta.agent_label).refresh().blocks).action == "turn":
         return None  # a NEED was answered: the model's next turn is due
-    if state.status is Status.AWAITING_AGENT:
-        needs = reader.pending_needs(conv, meta) or list(state.pending_needs)
-        click.echo(show.waiting_for_agent(conv.id, needs), err=True)
-        return EXIT_NEEDS_AGENT
-    if state.status is Status.AWAITING_APPROVAL:
-        click.echo(_waiting_for_approval(conv.id, state), err=True)
+    if state.status in (Status.AWAITING_AGENT, Status.AWAITING_APPROVAL):
+        items = reader.waiting(conv)
+        told = waiting.lines(conv.id, items) or [
+            f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
+        ]
+        click.echo("\n".join(told), err=True)
         return EXIT_NEEDS_AGENT
     if state.status is Status.CANCELLED:
         click.echo("error: the turn was cancelled", err=True)
@@ -286,37 +286,26 @@ def _timed_out(home: Home, conv: Conv, waited: float) -> int:
 @main.command()
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
-@click.option("--need", help="Which pending need this answers (its text or its number, 1-based).")
-@json_option('Print {"answered", "need_number", "queued", "still_pending"} as JSON.')
+@click.option("--need", help="Which need this answers: its id (or a unique prefix) or its text.")
+@json_option('Print {"answered", "need_id", "queued", "still_waiting", "cursor"} as JSON.')
 @click.pass_context
 def respond(
     ctx: click.Context, conversation: str, text: str, need: str | None, as_json: bool
 ) -> None:
     """Answer a need the model is waiting for (TEXT, or - for stdin).
 
-    Without --need the first pending need is answered; when the model waits for none, TEXT
-    is queued as a plain message."""
+    --need may be left out when one need waits; when the model waits for none, TEXT is
+    queued as a plain message. A lookup waiting for approval is decided with `approve`."""
     s = ctx_settings(ctx)
     conv = lookup(ctx, conversation)
     done = actions.respond(s, Reader(Home(s.home)), conv, text_arg(text), need)
     emit(done, as_json, show.responded(done))
 
 
-def _waiting_for_approval(conv_id: str, state: State) -> str:
-    """``send --wait`` stopped at lookups the permissions ask about: each and its commands."""
-    asked = state.pending_approvals
-    lines = [f"the model waits for {len(asked)} lookup(s) to be approved:"]
-    for n, r in enumerate(asked, 1):
-        args = json.dumps(r.arguments, ensure_ascii=False)
-        lines.append(f"  need {n}: {r.need}  ({r.tool} {args})")
-        lines.append(f"    contemplation approve {conv_id} --need {n} --once|--always|--reject")
-    return safe("\n".join(lines))
-
-
 @main.command()
 @click.argument("conversation", type=CONVERSATION)
 @click.option(
-    "--need", help="Which lookup (its number, 1-based, or its need); needed when several wait."
+    "--need", help="Which lookup: its id (or a unique prefix) or its need; when several wait."
 )
 @click.option("--once", "decision", flag_value="once", help="Let it through this time.")
 @click.option(
@@ -326,7 +315,7 @@ def _waiting_for_approval(conv_id: str, state: State) -> str:
     help="Let it through, and the same tool with the same arguments in this conversation.",
 )
 @click.option("--reject", "decision", flag_value="reject", help="Refuse it; the model is told.")
-@json_option('Print {"decision", "need", "tool", "arguments", "request", "still_awaiting"}.')
+@json_option('Print {"decision", "need", "tool", "arguments", "request", "still_waiting"}.')
 @click.pass_context
 def approve(
     ctx: click.Context, conversation: str, need: str | None, decision: str | None, as_json: bool
@@ -339,7 +328,7 @@ def approve(
     verb = {"once": "approved once", "always": "approved always", "reject": "rejected"}[decision]
     args = json.dumps(done["arguments"], ensure_ascii=False)
     lines = [f"{verb}: {done['tool']} {args} (for: {done['need']})"]
-    lines.extend(f"still waiting for approval: {n}" for n in done["still_awaiting"])
+    lines.extend(waiting.still(done["still_waiting"]))
     emit(done, as_json, safe("\n".join(lines)))
 
 

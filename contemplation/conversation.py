@@ -8,6 +8,7 @@ retrying until the agent writes again.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,6 +61,13 @@ def unanswered(blocks: tuple[Block, ...]) -> tuple[Block | None, tuple[str, ...]
                 seen.add(n)
         return b, tuple(missing)
     return None, ()
+
+
+def need_id(block: Block | None, need: str) -> str:
+    """The id of one NEED line of one reply: the same at every step, on every face and after
+    a restart, and new when a later reply asks again (so an approval given ``once`` is once)."""
+    where = f"{block.offset}|{block.timestamp}" if block is not None else "-"
+    return hashlib.sha256(f"{where}|{need}".encode()).hexdigest()[:12]
 
 
 def turn_start(blocks: tuple[Block, ...]) -> int:

@@ -30,7 +30,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import wraps
@@ -40,7 +40,7 @@ import anyio
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server as LowLevelServer
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
@@ -58,7 +58,7 @@ from mcp_types import (
 from mcp_types import Resource as MCPResource
 from pydantic import Field
 
-from contemplation import __version__, actions
+from contemplation import __version__, actions, activity
 from contemplation.conversation import next_action
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import (
@@ -70,13 +70,15 @@ from contemplation.layout import (
     read_state,
 )
 from contemplation.models import BUSY, Decision, Status
-from contemplation.reading import Reader, Since, log_text, segments
+from contemplation.reading import Reader, Since, log_text, own, segments
 from contemplation.settings import Settings
+from contemplation.waiting import WaitItem
 from contemplation.writer import daemon_alive
 
 WAIT_DEFAULT = 45.0
-WAIT_CAP = 50.0
+WAIT_CAP = 50.0  # well under Claude Desktop's 60 s cut of a tool call
 POLL = 0.1
+PROGRESS_EVERY = 5.0  # seconds between two progress notifications of conversation_wait
 
 WATCH_EVERY = 0.25  # seconds between two looks at the subscribed resources
 RECOMPUTE_EVERY = 5.0  # a watched status is recomputed at least this often
@@ -91,12 +93,15 @@ URI_RE = re.compile(r"conversation://(?P<id>[^/]+)/(?P<kind>log|status)")
 
 INSTRUCTIONS = """\
 Asynchronous conversations with local LLMs. conversation_start queues a first message and
-returns at once; conversation_wait (or conversation_check with the returned cursor) picks up
-the reply. When the model asks for context (NEED lines), answer with conversation_respond.
+returns a cursor at once; conversation_wait (or conversation_check) with the latest returned
+cursor picks up the reply. When the model stops for you, `waiting` lists each item with its id
+and the call that settles it: a need (answer with conversation_respond) or a lookup waiting
+for approval (decide with conversation_approve: the tool answers it, never your text).
 Subscribe to conversation://<id>/status or /log to be told when a conversation changes."""
 
 EMPTY_HINT = "The conversation is empty: send the first message with conversation_respond."
 
+Progress = Callable[[float, float, str], Awaitable[None]]
 P = ParamSpec("P")
 R = TypeVar("R")
 Id = Annotated[str, Field(description="conversation id (or a unique prefix)")]
@@ -137,14 +142,8 @@ def _locked(fn: Callable[Concatenate[Faces, P], R]) -> Callable[Concatenate[Face
 
 
 def _own(block: dict[str, Any]) -> bool:
-    """A block the agent wrote: a message, or its own answer to a need (a rule's answer is
-    the tool's words, not the agent's)."""
-    if block.get("kind") != "agent":
-        return False
-    if "response_to" not in block:
-        return True
-    lines = str(block.get("text", "")).split("\n", 2)
-    return len(lines) > 1 and lines[1].startswith("(source: agent,")
+    """A block the agent wrote (see :func:`contemplation.reading.own`)."""
+    return own(str(block.get("kind")), "response_to" in block, str(block.get("text", "")))
 
 
 def _live_size(conv: Conv) -> int:
@@ -170,16 +169,27 @@ class Faces:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _hint(self, conv: Conv, status: str, pending: list[str], alive: bool, empty: bool) -> str:
+    def _hint(
+        self, conv: Conv, status: str, waiting: list[WaitItem], alive: bool, empty: bool
+    ) -> str:
         if conv.is_completed:
-            return "This conversation is archived; start a new one to continue."
+            return "This conversation is archived: conversation_reopen brings it back to continue."
+        if waiting:
+            asks = sum(1 for i in waiting if i.kind == "approval")
+            parts = []
+            if asks:
+                parts.append(
+                    f"decide about {asks} lookup(s) with conversation_approve (their answers "
+                    "come from the tool, never from your text)"
+                )
+            if len(waiting) > asks:
+                parts.append(f"answer {len(waiting) - asks} need(s) with conversation_respond")
+            return "The model waits for you: " + "; ".join(parts) + ". Each item says how."
         if not alive:
             return (
                 f"No contemplation daemon is running on {self.home.root}: messages stay queued "
                 "until one starts (`contemplation run`, or `contemplation service install`)."
             )
-        if pending:
-            return "The model waits for context: answer with conversation_respond."
         if empty:
             return EMPTY_HINT
         if status in {s.value for s in BUSY}:
@@ -196,32 +206,45 @@ class Faces:
         return self.reader.since(conv, cursor)
 
     @_locked
-    def snapshot(self, conv: Conv) -> dict[str, Any]:
+    def snapshot(self, conv: Conv, *, written: int | None = None) -> dict[str, Any]:
         """Where a conversation stands (what ``check`` says besides the blocks, and what the
-        status resource holds)."""
+        status resource holds). ``written``: characters of a reply being streamed, if known."""
         meta = read_metadata(conv)
         state = read_state(conv)
-        pending = (
-            self.reader.pending_needs(conv, meta)
-            if meta is not None and not conv.is_completed
-            else []
-        )
+        items = self.reader.waiting(conv)
         status = state.status.value if state else Status.PENDING.value
         alive = daemon_alive(self.home)
-        queued = len(inbox_entries(conv)) + len(processing_entries(conv))
+        queued = (
+            0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
+        )
+        model = meta.model if meta else ""
+        behind = 0
+        if queued and meta is not None:
+            rows = self.reader.summaries(include_completed=False)
+            behind = activity.queued_behind(conv.id, meta.backend, model, rows)
+        asks = sum(1 for i in items if i.kind == "approval")
         out: dict[str, Any] = {
             "conversation_id": conv.id,
             "topic": meta.topic if meta else "",
             "status": status,
+            "activity": activity.describe(
+                state,
+                model=model,
+                daemon=alive,
+                queued=queued,
+                behind=behind,
+                written=written,
+                waiting=(len(items) - asks, asks),
+            ),
             "archived": conv.is_completed,
-            "model": meta.model if meta else "",
-            "pending_needs": pending,
+            "model": model,
+            "waiting": [i.as_dict(conv.id, "mcp") for i in items],
             "queued_messages": queued,
             "last_error": state.last_error.model_dump() if state and state.last_error else None,
             "daemon_alive": alive,
         }
         empty = queued == 0 and _log_size(conv) == 0
-        hint = self._hint(conv, status, pending, alive, empty)
+        hint = self._hint(conv, status, items, alive, empty)
         if hint:
             out["hint"] = hint
         return out
@@ -230,13 +253,17 @@ class Faces:
     def check(
         self, conversation_id: str, since: int | None = None, *, include_own: bool = False
     ) -> dict[str, Any]:
+        """The snapshot and the blocks after ``since`` (None: after the agent's own last
+        message, so a reply and the rules' answers to its needs are never skipped)."""
         conv = self.reader.locate(conversation_id)
-        out = self.snapshot(conv)
-        got = self._since(conv, since or 0)
+        got = self._since(conv, self.last_exchange(conv) if since is None else since)
+        partial = got.partial
+        written = len(str(partial.get("text", ""))) if partial is not None else None
+        out = self.snapshot(conv, written=written)
         out["blocks"] = got.blocks if include_own else [b for b in got.blocks if not _own(b)]
         out["cursor"] = got.cursor
-        if got.partial is not None and (include_own or not _own(got.partial)):
-            out["in_progress"] = got.partial
+        if partial is not None and (include_own or not _own(partial)):
+            out["in_progress"] = partial
         return out
 
     @_locked
@@ -269,13 +296,9 @@ class Faces:
 
     @_locked
     def last_exchange(self, conv: Conv) -> int:
-        """Cursor of the agent's latest block (what "new" means when no cursor is given)."""
-        meta = read_metadata(conv)
-        view = self.reader.view(conv, meta.agent_label if meta else "CLAUDE")
-        view.refresh()
-        live_start = segments(conv)[-1].start
-        agent = [b for b in view.live.blocks if b.kind.value == "agent"]
-        return live_start + (agent[-1].offset if agent else 0)
+        """Cursor of the agent's own latest block (what "new" means when no cursor is given):
+        the model's replies and the rules' answers after it are all new."""
+        return self.reader.last_own(conv)
 
     @_locked
     def replied_since(self, conv: Conv, since: int) -> bool:
@@ -289,13 +312,19 @@ class Faces:
         timeout_s: float = WAIT_DEFAULT,
         *,
         include_own: bool = False,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
+        """Until the model has replied (after ``since``) or the conversation is settled, or
+        the time is up; ``progress`` is told what is happening every PROGRESS_EVERY seconds
+        (MCP progress notifications: a client shows them, and its idle clock starts again)."""
         budget = min(max(float(timeout_s), 0.0), WAIT_CAP)
-        deadline = time.monotonic() + budget
+        start = time.monotonic()
+        deadline = start + budget
         conv = self.reader.locate(conversation_id)
         if since is not None:  # past the end: nothing is there yet, so new is what comes next
             since = min(since, _log_size(conv))
         timed_out = False
+        told = start
         while True:
             if not conv.dir.is_dir():  # archived meanwhile
                 conv = self.reader.locate(conv.id)
@@ -303,15 +332,23 @@ class Faces:
                 break
             if not daemon_alive(self.home):
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 timed_out = True
                 break
+            if progress is not None and now - told >= PROGRESS_EVERY:
+                told = now
+                line = self.check(conv.id, since).get("activity", "")
+                await progress(now - start, budget, str(line))
             await anyio.sleep(POLL)
         cursor = since if since is not None else self.last_exchange(conv)
         out = self.check(conv.id, cursor, include_own=include_own)
         out["timed_out"] = timed_out
         if timed_out:
-            out["hint"] = "Still working: call conversation_wait again with the returned cursor."
+            out["hint"] = (
+                f"Still running ({out.get('activity', out['status'])}): call conversation_wait "
+                "again with the returned cursor."
+            )
         return out
 
     @_locked
@@ -327,7 +364,7 @@ class Faces:
             rows = [r for r in rows if r["completed"]]
         elif want not in {"active", "all"}:
             rows = [r for r in rows if r["status"] == want]
-        keys = ("id", "topic", "status", "model", "backend", "last_activity", "pending_needs")
+        keys = ("id", "topic", "status", "model", "backend", "last_activity")
         return {
             "conversations": [{k: r[k] for k in keys} | {"archived": r["completed"]} for r in rows],
             "count": len(rows),
@@ -656,7 +693,7 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         ] = None,
     ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
-        id at once; the reply comes later (conversation_wait)."""
+        id and a cursor at once; the reply comes later (conversation_wait with that cursor)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
         conv, created = actions.start(
             settings,
@@ -669,7 +706,10 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
             idempotency_key=idempotency_key,
         )
         alive = daemon_alive(faces.home)
-        out: dict[str, Any] = {"conversation_id": conv.id, "created": created}
+        # a new conversation's blocks all come after 0; a repeat of an earlier start gets
+        # what follows the agent's last own message, as a wait without a cursor would
+        cursor = 0 if created else faces.last_exchange(conv)
+        out: dict[str, Any] = {"conversation_id": conv.id, "created": created, "cursor": cursor}
         out["daemon_alive"] = alive
         if prompt is None:
             out["hint"] = EMPTY_HINT
@@ -682,8 +722,10 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
     def conversation_check(
         conversation_id: Id, since: Cursor = None, include_own: IncludeOwn = False
     ) -> str:
-        """Status, pending needs, last error and the blocks after `since`; pass the returned
-        cursor next time to get only what is new."""
+        """Status, what is happening, what waits for you (`waiting`: needs to answer and
+        lookups to approve, each with its id and the call that settles it), last error, and the
+        blocks after `since` (left out: after your own last message); pass the returned cursor
+        next time to get only what is new."""
         return _json(faces.check(conversation_id, since, include_own=include_own))
 
     @tool(ToolAnnotations(open_world_hint=False))
@@ -692,14 +734,21 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         conversation_id: Id,
         response: Annotated[str, Field(description="your answer or message")],
         need: Annotated[
-            str | None, Field(description="which pending need (text or 1-based number)")
+            str | None,
+            Field(description="the need's id from `waiting` (or its text); if several wait"),
         ] = None,
+        plain: Annotated[
+            bool, Field(description="send a plain message even though something waits")
+        ] = False,
     ) -> str:
-        """Answer the need the model waits for (the first, or `need`); when nothing is pending,
-        send `response` as a plain message."""
+        """Answer a need the model waits for (kind "need" in `waiting`); when nothing waits,
+        send `response` as a plain message. A lookup waiting for approval is decided with
+        conversation_approve, never answered here. Returns a cursor for conversation_wait."""
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
-            done = actions.respond(settings, faces.reader, conv, response, need)
+            done = actions.respond(
+                settings, faces.reader, conv, response, need, face="mcp", plain=plain
+            )
         return _json({"conversation_id": conv.id} | done)
 
     @tool(ToolAnnotations(open_world_hint=False))
@@ -710,14 +759,17 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
             Decision, Field(description="once; always (same tool and arguments, this conversation)")
         ],
         need: Annotated[
-            str | None, Field(description="which lookup (1-based number or need); if several wait")
+            str | None,
+            Field(description="the lookup's id from `waiting` (or its need); if several wait"),
         ] = None,
     ) -> str:
-        """Allow (once or always) or reject a lookup that waits for approval (status
-        awaiting_approval); the daemon then answers or refuses the need."""
+        """Allow (once or always) or reject a lookup that waits for approval (kind "approval"
+        in `waiting`); the daemon then runs the tool, or tells the model it was refused."""
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
-            done = actions.approve(settings, conv, decision, need)
+            done = actions.approve(
+                settings, conv, decision, need, reader=faces.reader, face="mcp"
+            )
         return _json({"conversation_id": conv.id} | done)
 
     @tool(read_only)
@@ -743,12 +795,21 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
             float, Field(description=f"seconds, at most {WAIT_CAP:.0f}")
         ] = WAIT_DEFAULT,
         include_own: IncludeOwn = False,
+        ctx: Context | None = None,
     ) -> str:
-        """Block until the model has replied and nothing is queued, or the time is up; returns
-        what is new (like conversation_check)."""
+        """Block until the model has replied and nothing is queued, or the time is up (at most
+        50 s; progress notifications say what is happening meanwhile); returns what is new
+        (like conversation_check) and the cursor to go on with."""
+
+        async def progress(done: float, total: float, line: str) -> None:
+            if ctx is not None:
+                await ctx.report_progress(done, total, line)
+
         try:
             return _json(
-                await faces.wait(conversation_id, since, timeout_s, include_own=include_own)
+                await faces.wait(
+                    conversation_id, since, timeout_s, include_own=include_own, progress=progress
+                )
             )
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc

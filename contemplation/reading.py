@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contemplation.conversation import next_action
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
@@ -40,6 +39,8 @@ from contemplation.layout import (
 from contemplation.logformat import MARKER_RE
 from contemplation.models import Block, MarkerKind, Metadata, State
 from contemplation.parser import find_responses, parse
+from contemplation.waiting import WaitItem
+from contemplation.waiting import items as waiting_items
 
 _HIDDEN_MARKERS = {MarkerKind.THINKING, MarkerKind.END_THINKING}
 VIEWS_KEPT = 256
@@ -101,6 +102,25 @@ def _read(path: Path, offset: int, size: int) -> bytes:
             return f.read(max(0, size - offset))
     except FileNotFoundError:
         return b""
+
+
+AGENT_SOURCE = "(source: agent,"  # the line under an agent's own RESPONSE TO NEED
+OWN_SEGMENTS_BACK = 8  # rotated segments searched for the agent's last own message
+
+
+def own(kind: str, response: bool, text: str) -> bool:
+    """A block the agent wrote: a message, or its own answer to a need (a rule's answer is
+    the tool's words, not the agent's, and a cursor must not pass over it)."""
+    if kind != "agent":
+        return False
+    if not response:
+        return True
+    lines = text.split("\n", 2)
+    return len(lines) > 1 and lines[1].startswith(AGENT_SOURCE)
+
+
+def own_block(b: Block) -> bool:
+    return own(b.kind.value, b.response_to is not None, b.text)
 
 
 def block_dict(b: Block, offset: int, *, thinking: bool = False) -> dict[str, Any]:
@@ -299,10 +319,10 @@ class Reader:
             self._views.popitem(last=False)
         return v
 
-    def pending_needs(self, conv: Conv, meta: Metadata) -> list[str]:
-        """Needs the model waits for, from the log (the truth), minus answers already queued
-        in inbox/ or claimed in processing/. Read in the order a message moves (inbox →
-        processing → log), so an answer on its way is seen in one of the three."""
+    def queued_answers(self, conv: Conv) -> set[str]:
+        """Needs whose answers are on their way: queued in inbox/ or claimed in processing/.
+        Read in the order a message moves (inbox → processing → log), so an answer on its
+        way is seen in one of the three."""
         queued: set[str] = set()
         paths = [e.path for e in inbox_entries(conv)] + processing_entries(conv)
         for path in paths:
@@ -311,10 +331,18 @@ class Reader:
             except (OSError, InputRejected):
                 continue
             queued.update(find_responses(head))
-        nxt = next_action(self.view(conv, meta.agent_label).refresh().blocks)
-        if nxt.action != "needs":
+        return queued
+
+    def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:
+        """What waits for the agent (:mod:`contemplation.waiting`): needs to answer and
+        lookups to approve, each with its stable id (``decided``: see ``items``)."""
+        meta = read_metadata(conv)
+        if meta is None or conv.is_completed:
             return []
-        return [n for n in nxt.needs if n not in queued]
+        queued = self.queued_answers(conv)
+        state = read_state(conv)
+        blocks = self.view(conv, meta.agent_label).refresh().blocks
+        return waiting_items(conv, blocks, meta, state, queued, decided=decided)
 
     def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:
         meta = read_metadata(conv)
@@ -331,6 +359,40 @@ class Reader:
             writing_at=writing_at,
             thinking=thinking,
         )
+
+    def last_own(self, conv: Conv) -> int:
+        """Cursor of the agent's own latest block (a message or its own answer; never a
+        rule's answer), searched back over a few rotated segments; 0 when there is none."""
+        meta = read_metadata(conv)
+        label = meta.agent_label if meta else "CLAUDE"
+        segs = segments(conv)
+        if not segs:
+            return 0
+        view = self.view(conv, label)
+        view.refresh()
+        live = [b for b in view.live.blocks if own_block(b)]
+        if live:
+            return segs[-1].start + live[-1].offset
+        for seg in reversed(segs[:-1][-OWN_SEGMENTS_BACK:]):
+            parsed = parse_segment(_read(seg.path, 0, seg.size), agent_label=label)
+            found = [b for b in parsed.blocks if own_block(b)]
+            if found:
+                return seg.start + found[-1].offset
+        return 0
+
+    def boundary(self, conv: Conv) -> int:
+        """The cursor an action hands out (``start``, ``respond``): the end of what is
+        committed, so a reply still being written when it is taken is read whole later, never
+        skipped. Never past what :meth:`since` would return as its cursor at the same time."""
+        segs = segments(conv)
+        if not segs:
+            return 0
+        live = segs[-1]
+        state = read_state(conv)
+        if state is None:
+            return live.end
+        at = state.intent.offset if state.intent is not None else state.log.size
+        return live.start + min(live.size, max(0, at))
 
     def locate(self, name: str) -> Conv:
         return locate(self.home, name)

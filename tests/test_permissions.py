@@ -24,6 +24,7 @@ from contemplation.models import Status
 from contemplation.needs import rules
 from contemplation.needs.router import NeedRouter
 from contemplation.parser import parse
+from contemplation.reading import Reader
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.validate import validate
@@ -251,8 +252,10 @@ def test_allowed_needs_are_answered_while_an_asked_one_waits(
         "tool": "files.read",
         "arguments": {"path": str(notes / "secret.md")},
         "request": req.id,
-        "still_awaiting": [],
+        "still_waiting": [],
+        "cursor": done["cursor"],
     }
+    assert done["cursor"] == conv.log.stat().st_size  # nothing is in flight
     meta = read_metadata(conv)
     assert meta is not None and [d.decision for d in meta.approvals()] == ["once"]
     run_burst(_rt(make_settings, fake_ollama, notes, permissions=perm))
@@ -282,13 +285,18 @@ def test_approve_picks_one_request_and_says_what_waits(
     s = make_settings()
     with pytest.raises(InputRejected, match=r"2 lookups in .* wait for approval; say which"):
         actions.approve(s, conv, "once")
-    with pytest.raises(InputRejected, match=r"no lookup '3' waits for approval"):
+    ids = {i.need: i.id for i in Reader(home).waiting(conv)}
+    with pytest.raises(InputRejected, match=r"nothing waiting in .* is '3'; waiting: .*a\.md"):
         actions.approve(s, conv, "once", "3")
     with pytest.raises(InputRejected, match="unknown decision 'maybe'"):
-        actions.approve(s, conv, "maybe", "1")
-    first = actions.approve(s, conv, "reject", "2")
-    assert first["need"] == needs[1] and first["still_awaiting"] == [needs[0]]
-    again = actions.approve(s, conv, "once", "2")  # a change of mind before the daemon looked
+        actions.approve(s, conv, "maybe", ids[needs[0]])
+    first = actions.approve(s, conv, "reject", ids[needs[1]])
+    assert first["need"] == needs[1]
+    assert [(i["id"], i["kind"], i["need"]) for i in first["still_waiting"]] == [
+        (ids[needs[0]], "approval", needs[0])
+    ]
+    # a change of mind before the daemon looked, by a unique prefix of the id
+    again = actions.approve(s, conv, "once", ids[needs[1]][:6])
     assert again["need"] == needs[1]
     meta = read_metadata(conv)
     assert meta is not None and [(d.need, d.decision) for d in meta.approvals()] == [
@@ -368,8 +376,12 @@ def test_ask_then_once_with_send_wait_and_the_cli(
     waited = cli(env, "send", conv_id, "When do we ship?", "--wait", check=False)
     assert waited.returncode == 3, waited.stderr
     assert "the model waits for 1 lookup(s) to be approved:" in waited.stderr
-    assert f"need 1: File contents of {secret}  (files.read" in waited.stderr
-    assert f"contemplation approve {conv_id} --need 1 --once|--always|--reject" in waited.stderr
+    [item] = Reader(home).waiting(home.conv(conv_id))
+    assert f"lookup {item.id}: File contents of {secret}  (files.read" in waited.stderr
+    assert (
+        f"contemplation approve {conv_id} --need {item.id} --once|--always|--reject"
+        in waited.stderr
+    )
     st = read_state(conv)
     assert st is not None and st.status is Status.AWAITING_APPROVAL
     assert "ship on Friday" not in conv.log.read_text()  # nothing looked up before the decision
@@ -527,7 +539,7 @@ def test_conversation_approve_with_the_real_sdk_client(
     assert set(spec.input_schema["properties"]) == {"conversation_id", "decision", "need"}
     assert spec.input_schema["required"] == ["conversation_id", "decision"]
     assert "decision" in bad and "once" in bad  # the schema names the three decisions
-    assert f"no lookup '2' waits for approval in {conv.id}; waiting: 1: {need}" in wrong
+    assert f"nothing waiting in {conv.id} is '2'; waiting: " in wrong and need in wrong
     assert done == {
         "conversation_id": conv.id,
         "decision": "always",
@@ -535,7 +547,8 @@ def test_conversation_approve_with_the_real_sdk_client(
         "tool": "files.read",
         "arguments": {"path": str(notes / "x.md")},
         "request": done["request"],
-        "still_awaiting": [],
+        "still_waiting": [],
+        "cursor": done["cursor"],
     }
     run_burst(_rt(make_settings, fake_ollama, notes, permissions=perm))
     assert "x marks the spot" in conv.log.read_text()

@@ -18,15 +18,14 @@ approve``), which rewrites metadata.json and so wakes the daemon.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import structlog
 
-from contemplation.conversation import next_action, turn_start, unanswered
+from contemplation.conversation import need_id, next_action, turn_start, unanswered
 from contemplation.errors import ConfigError, ErrorKind
-from contemplation.layout import Conv
+from contemplation.layout import Conv, inbox_entries
 from contemplation.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -53,13 +52,6 @@ class Plan:
     asked: tuple[ApprovalRequest, ...] = ()
 
 
-def request_id(block: Block | None, need: str) -> str:
-    """The id of one NEED line of one reply: the same at every step and after a restart, and
-    new when a later reply asks again (so ``once`` is once)."""
-    where = f"{block.offset}|{block.timestamp}" if block is not None else "-"
-    return hashlib.sha256(f"{where}|{need}".encode()).hexdigest()[:12]
-
-
 def _granted(found: Route, given: Iterable[ApprovalDecision]) -> bool:
     return any(
         d.decision == "always" and d.tool == found.tool and d.arguments == found.arguments
@@ -82,7 +74,7 @@ def _permitted(
         shown = verdict.rule.shown() if verdict.rule is not None else ""
         why = f"refused by configuration: the permissions deny {found.tool} here ({shown})"
         return replace(found, verdict="deny", why=why), None
-    rid = request_id(block, found.need)
+    rid = need_id(block, found.need)
     decided = next((d for d in reversed(given) if d.request == rid), None)
     if decided is not None and decided.decision == "reject":
         why = f"the agent did not approve this lookup ({found.tool})"
@@ -217,5 +209,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
             set_status(w, Status.AWAITING_AGENT, tuple(left))
             log.info("awaiting_agent", conv=conv.id, needs=len(left))
             rt.notify(conv.id, "awaiting_agent", needs=left)
-            return Wait(None)
+            # the agent may have answered already (while a lookup waited for approval): its
+            # answer in inbox/ would otherwise wait for the next rescan
+            return AGAIN if inbox_entries(conv) else Wait(None)
         return AGAIN

@@ -1,0 +1,78 @@
+"""What a conversation is doing right now, in one line of plain words: the same line on every
+face (``status``, ``send --wait`` when time runs out, MCP progress and ``check``, the
+dashboard). Pure: it is handed what the faces have already read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from contemplation.models import BUSY, State, Status
+
+
+def queued_behind(conv_id: str, backend: str, model: str, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Turns of other conversations running on the same backend and model (the slots a queued
+    message waits for), from the summaries' rows."""
+    return sum(
+        1
+        for r in rows
+        if r.get("id") != conv_id
+        and r.get("backend") == backend
+        and r.get("model") == model
+        and r.get("status") in {Status.GENERATING.value, Status.ROUTING.value}
+    )
+
+
+def describe(
+    state: State | None,
+    *,
+    model: str,
+    daemon: bool,
+    queued: int,
+    behind: int = 0,
+    written: int | None = None,
+    waiting: tuple[int, int] = (0, 0),
+    now: float | None = None,
+) -> str:
+    """The line. ``queued``: messages in inbox/ or processing/; ``behind``: turns ahead of it
+    on the same model (:func:`queued_behind`); ``written``: characters of the reply streamed
+    so far (None: no reply is being written); ``waiting``: (needs, lookups) that wait for the
+    agent."""
+    now = time.time() if now is None else now
+    status = state.status if state is not None else Status.PENDING
+    needs, lookups = waiting
+    if lookups:
+        what = f"waiting for your approval of {lookups} lookup(s)"
+        return what + (f" and your answer to {needs} need(s)" if needs else "")
+    if needs:
+        return f"waiting for your answer to {needs} need(s)"
+    busy = status in BUSY or queued > 0
+    if busy and not daemon:
+        return "stalled: no daemon is running (messages stay queued until one starts)"
+    if status is Status.GENERATING and state is not None:
+        since = state.generating_since
+        took = f" for {max(0.0, now - since):.0f} s" if since else ""
+        if not written:
+            return f"generating{took}: waiting for {model}'s first token (loading the model?)"
+        rate = ""
+        if since and now > since:
+            rate = f", {written / 4 / (now - since):.0f} tok/s"
+        return f"generating{took}: ~{written // 4:,} tokens so far ({written:,} characters{rate})"
+    if status is Status.ROUTING:
+        return "looking up what the model asked for (NEED lines)"
+    if status is Status.RETRYING and state is not None:
+        err = state.last_error.message if state.last_error else "a transient error"
+        wait = max(0.0, (state.next_retry_at or now) - now)
+        return f"retry {state.retry_count} in {wait:.0f} s after: {err}"
+    if queued or status is Status.PENDING:
+        if behind:
+            return f"queued behind {behind} turn(s) on {model}"
+        return "queued: the daemon takes it next" if queued else "nothing to do yet"
+    return {
+        Status.IDLE: "idle: the model has answered",
+        Status.COMPLETE: "complete",
+        Status.ERROR: "the last turn failed",
+        Status.CANCELLED: "the last turn was cancelled",
+    }.get(status, status.value)

@@ -1,0 +1,172 @@
+"""What waits for the agent: one list, the same on every face.
+
+A conversation stopped at NEED lines waits for two different things, and they must never be
+confused (an approval answered with chat text hands the model that text as a file):
+
+* a **need** no rule could answer: the agent answers it with text (``respond``);
+* a **lookup** a ``[permissions]`` rule marks ``ask``: the agent decides about it
+  (``approve --once|--always|--reject``); its answer comes from the tool, never from the agent.
+
+Each item has a stable id: the hash of its NEED line's reply and text (the id the daemon gives
+an approval request), so an id never shifts when another item is answered, and a later reply
+asking the same thing gets a new one. The log is the truth for what is unanswered; state.json
+says which of those are lookups waiting for approval; answers already queued in ``inbox/`` or
+``processing/`` and decisions already in metadata.json are on their way and not listed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from contemplation.conversation import need_id, next_action, unanswered
+from contemplation.errors import InputRejected
+from contemplation.layout import Conv
+from contemplation.models import Metadata, State, Status
+from contemplation.terminal import safe
+
+Kind = Literal["need", "approval"]
+Face = Literal["cli", "mcp"]
+
+#: statuses in which the daemon has given the needs up to the agent (in any other, a need
+#: with a rule is being looked up, and answering it by hand would race the rule)
+_HANDED_OVER = frozenset({Status.AWAITING_AGENT, Status.AWAITING_APPROVAL})
+MIN_PREFIX = 4  # an id may be shortened to a unique prefix this long
+
+
+@dataclass(frozen=True, slots=True)
+class WaitItem:
+    id: str
+    kind: Kind
+    need: str
+    tool: str = ""  # for a lookup: the tool, its arguments and the permission that asks
+    arguments: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+    def as_dict(self, conv_id: str, face: Face) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "kind": self.kind, "need": self.need}
+        if self.kind == "approval":
+            out |= {"tool": self.tool, "arguments": self.arguments, "why": self.why}
+        out["how"] = how(self, conv_id, face)
+        return out
+
+
+def how(item: WaitItem, conv_id: str, face: Face) -> str:
+    """The exact command (CLI) or tool call (MCP) that settles ``item``."""
+    if face == "mcp":
+        if item.kind == "need":
+            return (
+                f'conversation_respond(conversation_id="{conv_id}", need="{item.id}", '
+                'response="…")'
+            )
+        return (
+            f'conversation_approve(conversation_id="{conv_id}", need="{item.id}", '
+            'decision="once|always|reject")'
+        )
+    if item.kind == "need":
+        return f'contemplation respond {conv_id} "…" --need {item.id}'
+    return f"contemplation approve {conv_id} --need {item.id} --once|--always|--reject"
+
+
+def items(
+    conv: Conv,
+    blocks: Sequence[Any],
+    meta: Metadata | None,
+    state: State | None,
+    queued: set[str],
+    *,
+    decided: bool = False,
+) -> list[WaitItem]:
+    """The items, from the parsed log's ``blocks``, the conversation's documents and the
+    needs whose answers are ``queued`` (see :meth:`~contemplation.reading.Reader.waiting`).
+    ``decided``: also the lookups decided in metadata.json that the daemon has not acted on
+    yet (a repeated or changed decision names them)."""
+    if conv.is_completed or meta is None:
+        return []
+    parsed = tuple(blocks)
+    nxt = next_action(parsed)
+    if nxt.action != "needs":
+        return []
+    block, _ = unanswered(parsed)
+    asked = {r.id: r for r in state.pending_approvals} if state is not None else {}
+    given = set() if decided else {d.request for d in meta.approvals()}
+    handed_over = state is None or state.status in _HANDED_OVER
+    out: list[WaitItem] = []
+    for need in nxt.needs:
+        if need in queued:
+            continue
+        rid = need_id(block, need)
+        request = asked.get(rid)
+        if request is not None:
+            if rid not in given:
+                out.append(
+                    WaitItem(rid, "approval", need, request.tool, request.arguments, request.why)
+                )
+        elif handed_over:
+            out.append(WaitItem(rid, "need", need))
+    return out
+
+
+def pick(conv_id: str, waiting: list[WaitItem], ref: str, want: Kind, face: Face) -> WaitItem:
+    """The item ``ref`` names (its id, a unique prefix of at least MIN_PREFIX characters, or
+    its need's text), which must be of kind ``want``: a need is answered, a lookup decided,
+    and naming one to the other's command is refused with the command that fits."""
+    ref = ref.strip()
+    hits = [i for i in waiting if ref in {i.id, i.need}]
+    if not hits and len(ref) >= MIN_PREFIX:
+        hits = [i for i in waiting if i.id.startswith(ref)]
+    if len(hits) > 1:
+        raise InputRejected(f"{ref!r} names {len(hits)} items; use the full id — {listed(hits)}")
+    if not hits:
+        if not waiting:
+            raise InputRejected(f"{conv_id} waits for nothing from the agent; nothing is {ref!r}")
+        raise InputRejected(f"nothing waiting in {conv_id} is {ref!r}; waiting: {listed(waiting)}")
+    item = hits[0]
+    if item.kind != want:
+        raise InputRejected(wrong_kind(conv_id, item, face))
+    return item
+
+
+def wrong_kind(conv_id: str, item: WaitItem, face: Face) -> str:
+    if item.kind == "approval":
+        return (
+            f"{item.id} is a lookup waiting for approval ({item.tool} for {item.need!r}), not "
+            "a need to answer: its answer comes from the tool. Decide with "
+            + how(item, conv_id, face)
+        )
+    return (
+        f"{item.id} is a need to answer ({item.need!r}), not a lookup to approve. "
+        f"Answer with {how(item, conv_id, face)}"
+    )
+
+
+def still(left: Sequence[dict[str, Any]]) -> list[str]:
+    """``still waiting: ID (kind) need`` for each item an action left (as dicts)."""
+    return [safe(f"still waiting: {i['id']} ({i['kind']}) {i['need']}") for i in left]
+
+
+def listed(waiting: Sequence[WaitItem]) -> str:
+    return "; ".join(f"{i.id} ({i.kind}): {i.need}" for i in waiting)
+
+
+def lines(conv_id: str, waiting: Sequence[WaitItem], face: Face = "cli") -> list[str]:
+    """Each item and the command for it, as ``send --wait``, ``status`` and ``wait`` print
+    them (a line of what, an indented line of how)."""
+    needs = [i for i in waiting if i.kind == "need"]
+    asks = [i for i in waiting if i.kind == "approval"]
+    out: list[str] = []
+    if needs:
+        out.append(f"the model waits for {len(needs)} answer(s) no rule could give:")
+        for i in needs:
+            out.append(f"  need {i.id}: {i.need}")
+            out.append(f"    {how(i, conv_id, face)}")
+    if asks:
+        out.append(f"the model waits for {len(asks)} lookup(s) to be approved:")
+        for i in asks:
+            args = json.dumps(i.arguments, ensure_ascii=False)
+            out.append(f"  lookup {i.id}: {i.need}  ({i.tool} {args})")
+            out.append(f"    {how(i, conv_id, face)}")
+    return [safe(line) for line in out]
+
