@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from contemplation import waiting
 from contemplation.models import State, Status
 from contemplation.terminal import safe
 
@@ -99,8 +100,8 @@ def responded(done: dict[str, Any]) -> str:
     """``contemplation respond``: what was answered or queued, and what still waits."""
     if done.get("answered") is None:
         return f"queued as a message ({done['queued']}): the model was not waiting for a need"
-    lines = [f"answered need {done['need_number']}: {done['answered']}"]
-    lines.extend(f"still waiting for: {need}" for need in done.get("still_pending") or [])
+    lines = [f"answered need {done['need_id']}: {done['answered']}"]
+    lines.extend(waiting.still(done.get("still_waiting") or []))
     return safe("\n".join(lines))
 
 
