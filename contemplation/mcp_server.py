@@ -174,6 +174,10 @@ class Faces:
     ) -> str:
         if conv.is_completed:
             return "This conversation is archived: conversation_reopen brings it back to continue."
+        down = (
+            f"No contemplation daemon is running on {self.home.root}: messages stay queued "
+            "until one starts (`contemplation run`, or `contemplation service install`)."
+        )
         if waiting:
             asks = sum(1 for i in waiting if i.kind == "approval")
             parts = []
@@ -184,12 +188,10 @@ class Faces:
                 )
             if len(waiting) > asks:
                 parts.append(f"answer {len(waiting) - asks} need(s) with conversation_respond")
-            return "The model waits for you: " + "; ".join(parts) + ". Each item says how."
+            said = "The model waits for you: " + "; ".join(parts) + ". Each item says how."
+            return said if alive else f"{said} {down}"
         if not alive:
-            return (
-                f"No contemplation daemon is running on {self.home.root}: messages stay queued "
-                "until one starts (`contemplation run`, or `contemplation service install`)."
-            )
+            return down
         if empty:
             return EMPTY_HINT
         if status in {s.value for s in BUSY}:
@@ -693,7 +695,7 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         ] = None,
     ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
-        id and a cursor at once; the reply comes later (conversation_wait with that cursor)."""
+        id and a cursor at once; the reply comes later (conversation_wait)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
         conv, created = actions.start(
             settings,
@@ -722,10 +724,9 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
     def conversation_check(
         conversation_id: Id, since: Cursor = None, include_own: IncludeOwn = False
     ) -> str:
-        """Status, what is happening, what waits for you (`waiting`: needs to answer and
-        lookups to approve, each with its id and the call that settles it), last error, and the
-        blocks after `since` (left out: after your own last message); pass the returned cursor
-        next time to get only what is new."""
+        """Status, activity, what waits for you (`waiting`, each item with the call that
+        settles it) and the blocks after `since` (default: your last message); pass the
+        returned cursor next time."""
         return _json(faces.check(conversation_id, since, include_own=include_own))
 
     @tool(ToolAnnotations(open_world_hint=False))
@@ -741,9 +742,8 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
             bool, Field(description="send a plain message even though something waits")
         ] = False,
     ) -> str:
-        """Answer a need the model waits for (kind "need" in `waiting`); when nothing waits,
-        send `response` as a plain message. A lookup waiting for approval is decided with
-        conversation_approve, never answered here. Returns a cursor for conversation_wait."""
+        """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
+        waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(
@@ -797,9 +797,8 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         include_own: IncludeOwn = False,
         ctx: Context | None = None,
     ) -> str:
-        """Block until the model has replied and nothing is queued, or the time is up (at most
-        50 s; progress notifications say what is happening meanwhile); returns what is new
-        (like conversation_check) and the cursor to go on with."""
+        """Block until the model has replied and nothing is queued, or at most 50 s (with
+        progress notifications); returns what is new, like conversation_check."""
 
         async def progress(done: float, total: float, line: str) -> None:
             if ctx is not None:

@@ -30,9 +30,9 @@ from contemplation.terminal import safe
 Kind = Literal["need", "approval"]
 Face = Literal["cli", "mcp"]
 
-#: statuses in which the daemon has given the needs up to the agent (in any other, a need
-#: with a rule is being looked up, and answering it by hand would race the rule)
-_HANDED_OVER = frozenset({Status.AWAITING_AGENT, Status.AWAITING_APPROVAL})
+#: statuses in which the daemon is at work on the needs (looking them up with their rules):
+#: answering one by hand then would race the rule, so no need is listed
+_AT_WORK = frozenset({Status.ROUTING, Status.GENERATING, Status.RETRYING})
 MIN_PREFIX = 4  # an id may be shortened to a unique prefix this long
 
 
@@ -92,7 +92,7 @@ def items(
     block, _ = unanswered(parsed)
     asked = {r.id: r for r in state.pending_approvals} if state is not None else {}
     given = set() if decided else {d.request for d in meta.approvals()}
-    handed_over = state is None or state.status in _HANDED_OVER
+    handed_over = state is None or state.status not in _AT_WORK
     out: list[WaitItem] = []
     for need in nxt.needs:
         if need in queued:

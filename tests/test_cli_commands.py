@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 from contemplation.cli import main
 from contemplation.layout import Conv, Home, load_template, read_metadata
 from contemplation.models import BUSY, CANCELLABLE, SETTLED, Status
+from contemplation.reading import Reader
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.writer import archive, drop_message, new_conversation
@@ -143,22 +144,25 @@ def test_respond_without_a_pending_need_queues_a_message(home: Home) -> None:
     assert r.stdout.startswith("queued as a message (") and "None" not in r.stdout
     assert len(list(conv.inbox.iterdir())) == 1
     nope = invoke(home, "respond", conv.id, "x", "--need", "1")
-    assert nope.exit_code == 1 and "not waiting" in nope.stderr
+    assert nope.exit_code == 1 and "waits for nothing from the agent" in nope.stderr
 
 
 def test_respond_says_which_need_it_answered(
     home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:
     conv = waiting_for(home, fake_ollama, make_settings, "The release manager", "The date")
-    r = invoke(home, "respond", conv.id, "2026-02-01", "--need", "2")
+    manager, date = Reader(home).waiting(conv)
+    two = invoke(home, "respond", conv.id, "2026-02-01")
+    assert two.exit_code == 1 and "2 needs wait" in two.stderr and date.id in two.stderr
+    r = invoke(home, "respond", conv.id, "2026-02-01", "--need", date.id)
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [
-        "answered need 2: The date",
-        "still waiting for: The release manager",
+        f"answered need {date.id}: The date",
+        f"still waiting: {manager.id} (need) The release manager",
     ]
     data = json.loads(invoke(home, "respond", conv.id, "Ada", "--json").stdout)
-    assert data["answered"] == "The release manager" and data["need_number"] == 1
-    assert data["still_pending"] == [] and (conv.inbox / data["queued"]).is_file()
+    assert data["answered"] == "The release manager" and data["need_id"] == manager.id
+    assert data["still_waiting"] == [] and (conv.inbox / data["queued"]).is_file()
 
 
 # --------------------------------------------------------------------------- tail --json

@@ -20,6 +20,7 @@ import pytest
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BlockKind, Status
 from contemplation.parser import parse
+from contemplation.reading import Reader
 from tests.conftest import ROOT, DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -95,15 +96,17 @@ def test_send_wait_stops_at_a_need_no_rule_answers_with_exit_3_and_the_command(
     waited = cli(env, "send", conv_id, "Who ships it?", "--wait", "--timeout", "30", check=False)
     assert waited.returncode == 3, waited.stderr
     assert "NEED: The release manager" in waited.stdout  # the reply streamed to stdout
-    assert "need 1: The release manager" in waited.stderr
-    assert "need 2: The ship date" in waited.stderr
-    command = f'contemplation respond {conv_id} "…" --need 2'
+    manager, date = Reader(home).waiting(Conv(home.active / conv_id))
+    assert f"need {manager.id}: The release manager" in waited.stderr
+    assert f"need {date.id}: The ship date" in waited.stderr
+    command = f'contemplation respond {conv_id} "…" --need {date.id}'
     assert command in waited.stderr
     # the printed command works as printed, with the answer filled in
     args = shlex.split(command.replace("…", "on Friday"))[1:]
-    assert "answered need 2: The ship date" in cli(env, *args).stdout
-    last = cli(env, "respond", conv_id, "Ada", "--need", "1")
-    assert "answered need 1: The release manager" in last.stdout
+    assert f"answered need {date.id}: The ship date" in cli(env, *args).stdout
+    # the other need kept its id: the command printed for it still works
+    last = cli(env, "respond", conv_id, "Ada", "--need", manager.id)
+    assert f"answered need {manager.id}: The release manager" in last.stdout
     wait_for(lambda: model_texts(Conv(home.active / conv_id))[-1:] == ["Ada ships on Friday."])
 
 

@@ -23,6 +23,7 @@ from contemplation import logformat, mcp_server
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import Status
+from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.writer import DaemonLock, atomic_write_json, new_conversation, open_writer
 from tests import peers
@@ -175,7 +176,7 @@ def test_check_without_a_daemon_says_so_and_polls_by_cursor(home: Home) -> None:
     assert first["daemon_alive"] is False and "contemplation run" in first["hint"]
     assert [b["kind"] for b in first["blocks"]] == ["agent", "model"]
     assert first["blocks"][1]["needs"] == ["the schema"]
-    assert first["pending_needs"] == ["the schema"]
+    assert [(w["kind"], w["need"]) for w in first["waiting"]] == [("need", "the schema")]
     assert second["blocks"] == [] and second["cursor"] == first["cursor"]
     assert [b["text"] for b in third["blocks"]] == ["new question"]
     assert third["in_progress"]["text"] == "streaming so far"
@@ -226,7 +227,11 @@ def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -
     async def script(c: Client) -> list[Any]:
         return [
             await tool(
-                c, "conversation_respond", conversation_id=conv.id, response="42 rows", need="2"
+                c,
+                "conversation_respond",
+                conversation_id=conv.id,
+                response="42 rows",
+                need=Reader(home).waiting(conv)[1].id,
             ),
             await tool(c, "conversation_check", conversation_id=conv.id),
             await tool_error(
@@ -237,13 +242,15 @@ def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -
         ]
 
     answered, check, wrong, note, empty = run_calls(settings_for(home), script)
-    assert answered["answered"] == "the row counts" and answered["still_pending"] == ["the schema"]
+    assert answered["answered"] == "the row counts"
+    assert [w["need"] for w in answered["still_waiting"]] == ["the schema"]
     body = (conv.inbox / answered["queued"]).read_text()
     lines = body.split("\n")
     assert lines[0] == "RESPONSE TO NEED: the row counts"
     assert lines[1].startswith("(source: agent, ") and lines[2] == "42 rows"
-    assert check["pending_needs"] == ["the schema"]  # the queued answer is not asked again
-    assert "no pending need 'nope'" in wrong
+    # the queued answer is not asked again
+    assert [w["need"] for w in check["waiting"]] == ["the schema"]
+    assert "nothing waiting in" in wrong and "is 'nope'" in wrong
     assert note["answered"] is None
     assert (plain.inbox / note["queued"]).read_text() == "just a note"
     assert "empty" in empty
@@ -299,15 +306,17 @@ def test_check_leaves_out_the_agents_own_words_unless_asked(home: Home) -> None:
     async def script(c: Client) -> list[dict[str, Any]]:
         return [
             await tool(c, "conversation_check", conversation_id=conv.id),
-            await tool(c, "conversation_check", conversation_id=conv.id, include_own=True),
+            await tool(c, "conversation_check", conversation_id=conv.id, include_own=True, since=0),
             await tool(c, "conversation_wait", conversation_id=conv.id, since=0),
         ]
 
     default, everything, waited = run_calls(settings_for(home), script)
+    # with no cursor: what came after the agent's own last words (its answer), the rule's
+    # answer included (a rule's answer is not the agent's own)
     texts = [b["text"] for b in default["blocks"]]
-    assert [b["kind"] for b in default["blocks"]] == ["model", "agent", "model"]
-    assert texts[1].startswith("RESPONSE TO NEED: the owner\n(source: memory.search")
-    assert texts[2] == "Thanks, Ada owns it."
+    assert [b["kind"] for b in default["blocks"]] == ["agent", "model"]
+    assert texts[0].startswith("RESPONSE TO NEED: the owner\n(source: memory.search")
+    assert texts[1] == "Thanks, Ada owns it."
     assert [b["kind"] for b in everything["blocks"]] == [
         "agent",
         "model",
@@ -317,7 +326,8 @@ def test_check_leaves_out_the_agents_own_words_unless_asked(home: Home) -> None:
     ]
     assert everything["blocks"][0]["text"] == "Plan the migration."
     assert default["cursor"] == everything["cursor"] == conv.log.stat().st_size
-    assert [b["text"] for b in waited["blocks"]] == texts
+    assert [b["text"] for b in waited["blocks"]][1:] == texts
+    assert waited["blocks"][0]["needs"] == ["the schema", "the owner"]
 
 
 def test_a_cursor_past_the_end_returns_nothing(home: Home) -> None:
@@ -461,7 +471,10 @@ def test_stdio_server_with_a_real_daemon_answering(
     started, first, answer, second, listed = asyncio.run(main())
     assert started["daemon_alive"] is True and started["created"]
     assert first["timed_out"] is False and first["status"] == "awaiting_agent"
-    assert first["pending_needs"] == ["schema of the users table"]
+    assert [(w["kind"], w["need"]) for w in first["waiting"]] == [
+        ("need", "schema of the users table")
+    ]
+    assert started["cursor"] == 0 and answer["cursor"] == first["cursor"]
     # the agent's own message and answer are not echoed back: only the model's replies
     assert [b["kind"] for b in first["blocks"]] == ["model"]
     assert answer["answered"] == "schema of the users table"
@@ -590,7 +603,7 @@ def test_mcp_inspector_cli_drives_a_conversation(
     )
     cid = started["conversation_id"]
     waited = inspector_tool(home, tmp_path, "conversation_wait", conversation_id=cid, timeout_s=30)
-    assert waited["pending_needs"] == ["the target environment"]
+    assert [w["need"] for w in waited["waiting"]] == ["the target environment"]
     checked = inspector_tool(home, tmp_path, "conversation_check", conversation_id=cid)
     assert checked["status"] == "awaiting_agent" and checked["daemon_alive"] is True
     answered = inspector_tool(

@@ -125,7 +125,7 @@ def test_subscribed_log_and_status_notify_and_unsubscribe_stops_them(home: Home)
             model_replies(conv, "I need context.\nNEED: the schema", "r1")
             both = await ups.until(log_uri, status_uri)
             status = await status_of(c, status_uri)
-            assert status["pending_needs"] == ["the schema"]
+            assert [w["need"] for w in status["waiting"]] == ["the schema"]
 
             await c.unsubscribe_resource(log_uri)
             assert set(server.subs.watches) == {status_uri}
@@ -338,7 +338,7 @@ def test_stdio_subscription_follows_a_real_daemon_from_an_empty_start(
     started, seen, check, mine = asyncio.run(main())
     assert started["created"] and "empty" in started["hint"]
     assert seen[-1] == "awaiting_agent"
-    assert check["pending_needs"] == ["the database engine"]
+    assert [w["need"] for w in check["waiting"]] == ["the database engine"]
     assert [b["kind"] for b in check["blocks"]] == ["model"]
     assert [b["kind"] for b in mine["blocks"]] == ["agent", "model"]
     assert mine["blocks"][0]["text"] == "Store what?"
