@@ -186,6 +186,7 @@ def respond(
     *,
     face: Face = "cli",
     plain: bool = False,
+    since: int | None = None,
 ) -> dict[str, Any]:
     """Answer a need the model waits for (a RESPONSE TO NEED block), else send a plain message.
 
@@ -195,11 +196,12 @@ def respond(
     lookups wait, is refused with the ``approve`` command that fits (``face``: whose words).
     Returns ``answered`` (the need, or None for a plain
     message), ``need_id``, ``queued`` (the inbox file), ``still_waiting`` (the items left)
-    and ``cursor`` (where this exchange's blocks begin)."""
+    and ``cursor``: ``since`` (the cursor the agent holds) when given, so no block it has not
+    been shown is passed over; else where this exchange's blocks begin."""
     require_active(conv)
     check_text(text, settings, "the response")
     with faces_lock(conv):  # two responders at once: the second sees the first's answer
-        cursor = reader.boundary(conv)
+        cursor = reader.boundary(conv) if since is None else since
         if plain:
             if need:
                 raise InputRejected("a plain message answers no need: leave out need or plain")

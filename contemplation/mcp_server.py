@@ -741,13 +741,16 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         plain: Annotated[
             bool, Field(description="send a plain message even though something waits")
         ] = False,
+        since: Annotated[
+            int | None, Field(ge=0, description="your cursor, if you hold one: returned as is")
+        ] = None,
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
         waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(
-                settings, faces.reader, conv, response, need, face="mcp", plain=plain
+                settings, faces.reader, conv, response, need, face="mcp", plain=plain, since=since
             )
         return _json({"conversation_id": conv.id} | done)
 
