@@ -6,7 +6,6 @@ exit (the codes are in :data:`contemplation.cli_common.EXIT_CODES`)."""
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import os
 import sys
@@ -17,15 +16,13 @@ from typing import Any
 import click
 from click.shell_completion import get_completion_class
 
-from contemplation import __version__, actions, backends, show, waiting
+from contemplation import __version__, actions, activity, backends, cli_wait, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
-    EXIT_NEEDS_AGENT,
     EXIT_OK,
-    EXIT_TIMEOUT,
     TEMPLATE,
     ctx_home,
     ctx_settings,
@@ -39,20 +36,18 @@ from contemplation.cli_models import models
 from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
 from contemplation.cli_store import memory, state, templates
-from contemplation.conversation import next_action
 from contemplation.errors import ConfigError, ContemplationError
 from contemplation.layout import (
     Conv,
     Home,
     inbox_entries,
     list_conversations,
-    open_regular,
     processing_entries,
     read_log_bytes,
     read_metadata,
     read_state,
 )
-from contemplation.models import SETTLED, State, Status
+from contemplation.models import State, Status
 from contemplation.reading import Reader, log_text, summary
 from contemplation.terminal import safe
 from contemplation.writer import daemon_alive, ensure_home
@@ -107,6 +102,22 @@ def main(
 # --------------------------------------------------------------------------- conversations
 
 
+WAIT = click.option(
+    "--wait", is_flag=True, help="Stream the exchange to stdout and return when it is done."
+)
+TIMEOUT = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0,
+    help="With --wait: give up after this many seconds (0: never); exit code 4.",
+)
+
+
+def _follow(reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float) -> None:
+    cli_wait.note_no_daemon(reader.home)
+    sys.exit(cli_wait.follow(reader, conv, ex, timeout))
+
+
 @main.command()
 @click.argument("topic")
 @click.option("--model", "-m", help="Model name (default: template, then config).")
@@ -118,6 +129,8 @@ def main(
     help="Ask the model to think before it answers, or not (default: the template's choice).",
 )
 @click.option("--message", "message", help="First message (TEXT, or - for stdin).")
+@WAIT
+@TIMEOUT
 @json_option('Print {"id", "path", "queued"} as JSON.')
 @click.pass_context
 def new(  # noqa: PLR0917 - click passes every option positionally
@@ -128,169 +141,84 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     template: str | None,
     think: bool | None,
     message: str | None,
+    wait: bool,
+    timeout: float,
     as_json: bool,
 ) -> None:
-    """Start a conversation; prints its id."""
+    """Start a conversation; prints its id (with --message … --wait, on stderr, and the
+    exchange on stdout)."""
     s = ctx_settings(ctx)
     text = None
     if message is not None:
         text = text_arg(message)
         actions.check_text(text, s)  # before anything is created
+    elif wait:
+        raise click.UsageError("--wait needs --message: there is nothing to wait for")
     conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
+    reader = Reader(Home(s.home))
+    ex = cli_wait.begin(reader, conv, text)
     queued = actions.send(s, conv, text) if text is not None else None
-    emit({"id": conv.id, "path": str(conv.dir), "queued": queued}, as_json, conv.id)
+    data = {"id": conv.id, "path": str(conv.dir), "queued": queued}
+    if not wait or text is None:
+        emit(data, as_json, conv.id)
+        return
+    click.echo(conv.id, err=True)
+    _follow(reader, conv, ex, timeout)
 
 
 @main.command(epilog=EXIT_CODES)
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
-@click.option("--wait", is_flag=True, help="Stream the reply to stdout and return when it is done.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=0,
-    help="With --wait: give up after this many seconds (0: never); exit code 4.",
-)
+@WAIT
+@TIMEOUT
 @click.pass_context
 def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: float) -> None:
     """Send TEXT (or - for stdin) to a conversation's inbox.
 
-    With --wait, the reply streams to stdout. When the model stops at a NEED no rule can
-    answer, each need and the `contemplation respond` command that answers it go to stderr
-    and the exit code is 3."""
+    With --wait, the exchange this message starts streams to stdout. When the model stops
+    for the agent, each need and lookup waiting, with the command that settles it, go to
+    stderr and the exit code is 3."""
     s = ctx_settings(ctx)
-    home = Home(s.home)
     conv = lookup(ctx, conversation)
-    state = read_state(conv)
-    before = state.messages_processed if state else 0
-    follower = _Follower(home, conv)  # from the end of the log as it is now
-    name = actions.send(s, conv, text_arg(text))
+    reader = Reader(Home(s.home))
+    body = text_arg(text)
+    ex = cli_wait.begin(reader, conv, body)
+    name = actions.send(s, conv, body)
     if not wait:
-        click.echo(name)
+        click.echo(f"queued for {conv.id} (inbox/{name})")
         return
-    if not daemon_alive(home):
-        click.echo(
-            "note: no daemon is running on this home; start one with `contemplation run`", err=True
-        )
-    sys.exit(_wait_for_reply(Reader(home), conv, before, follower, timeout))
+    _follow(reader, conv, ex, timeout)
 
 
-class _Follower:
-    """What is appended to a conversation's live log, as text safe for a terminal: across a
-    rotation (a new file) and an archive (the folder moves); a character split between two
-    reads is decoded whole."""
-
-    CHUNK = 1 << 20  # bytes read at a time
-
-    def __init__(self, home: Home, conv: Conv, offset: int | None = None) -> None:
-        self.home = home
-        self.conv = conv
-        st = _stat(conv.log)
-        self.ino = st.st_ino if st else 0
-        self.offset = (st.st_size if st else 0) if offset is None else offset
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def read(self) -> str:
-        self.conv = _current(self.home, self.conv)
-        st = _stat(self.conv.log)
-        if st is None:
-            return ""
-        if st.st_ino != self.ino or st.st_size < self.offset:
-            self.ino, self.offset = st.st_ino, 0  # rotated or replaced: follow the new file
-        if st.st_size <= self.offset:
-            return ""
-        with os.fdopen(open_regular(self.conv.log), "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read(self.CHUNK)
-        self.offset += len(chunk)
-        return safe(self.decoder.decode(chunk))
-
-    def drain(self) -> None:
-        """Print everything appended so far."""
-        while text := self.read():
-            sys.stdout.write(text)
-        sys.stdout.flush()
-
-
-def _stat(path: Path) -> os.stat_result | None:
-    try:
-        return path.stat()
-    except FileNotFoundError:
-        return None
-
-
-def _current(home: Home, conv: Conv) -> Conv:
-    """The conversation where it is now (it moves to completed/ when archived)."""
-    return conv if conv.dir.exists() else Conv(home.completed / conv.id)
-
-
-def _wait_for_reply(
-    reader: Reader, conv: Conv, before: int, follower: _Follower, timeout: float
-) -> int:
-    """Stream the reply until the daemon is done with the message; the exit code."""
-    deadline = time.monotonic() + timeout if timeout else None
-    while True:
-        follower.drain()
-        conv = follower.conv
-        code = _settled(reader, conv, before)
-        if code is not None:
-            follower.drain()
-            return code
-        if deadline is not None and time.monotonic() > deadline:
-            return _timed_out(reader.home, conv, timeout)
-        time.sleep(POLL)
-
-
-def _settled(reader: Reader, conv: Conv, before: int) -> int | None:
-    """None while the daemon still works on the message; else the exit code."""
-    state = read_state(conv)
-    if (
-        state is None
-        or state.messages_processed <= before
-        or state.intent is not None
-        or state.status not in SETTLED
-    ):
-        return None
-    meta = read_metadata(conv)
-    if meta is None:
-        return None
-    if next_action(reader.view(conv, meta.agent_label).refresh().blocks).action == "turn":
-        return None  # a NEED was answered: the model's next turn is due
-    if state.status in (Status.AWAITING_AGENT, Status.AWAITING_APPROVAL):
-        items = reader.waiting(conv)
-        told = waiting.lines(conv.id, items) or [
-            f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
-        ]
-        click.echo("\n".join(told), err=True)
-        return EXIT_NEEDS_AGENT
-    if state.status is Status.CANCELLED:
-        click.echo("error: the turn was cancelled", err=True)
-        return EXIT_ERROR
-    if state.status is Status.ERROR:
-        why = state.last_error.message if state.last_error else "the turn failed"
-        click.echo(safe(f"error: {why}"), err=True)
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _timed_out(home: Home, conv: Conv, waited: float) -> int:
-    state = read_state(conv)
-    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
-    line = show.still_running(
-        conv.id, state, waited=waited, queued=queued, daemon=daemon_alive(home)
-    )
-    click.echo(f"error: {line}", err=True)
-    return EXIT_TIMEOUT
+@main.command(epilog=EXIT_CODES)
+@click.argument("conversation", type=CONVERSATION)
+@TIMEOUT
+@click.pass_context
+def wait(ctx: click.Context, conversation: str, timeout: float) -> None:
+    """Print the current exchange (from the agent's last own message) and follow it until the
+    model is done; exit codes as `send --wait`."""
+    home = ctx_home(ctx)
+    conv = lookup(ctx, conversation)
+    reader = Reader(home)
+    _follow(reader, conv, cli_wait.Exchange(reader.last_own(conv)), timeout)
 
 
 @main.command()
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
 @click.option("--need", help="Which need this answers: its id (or a unique prefix) or its text.")
+@WAIT
+@TIMEOUT
 @json_option('Print {"answered", "need_id", "queued", "still_waiting", "cursor"} as JSON.')
 @click.pass_context
-def respond(
-    ctx: click.Context, conversation: str, text: str, need: str | None, as_json: bool
+def respond(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    conversation: str,
+    text: str,
+    need: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
 ) -> None:
     """Answer a need the model is waiting for (TEXT, or - for stdin).
 
@@ -298,8 +226,15 @@ def respond(
     queued as a plain message. A lookup waiting for approval is decided with `approve`."""
     s = ctx_settings(ctx)
     conv = lookup(ctx, conversation)
-    done = actions.respond(s, Reader(Home(s.home)), conv, text_arg(text), need)
-    emit(done, as_json, show.responded(done))
+    reader = Reader(Home(s.home))
+    body = text_arg(text)
+    ex = cli_wait.begin(reader, conv, body)
+    done = actions.respond(s, reader, conv, body, need)
+    if not wait:
+        emit(done, as_json, show.responded(done))
+        return
+    click.echo(show.responded(done), err=True)
+    _follow(reader, conv, ex, timeout)
 
 
 @main.command()
@@ -315,21 +250,36 @@ def respond(
     help="Let it through, and the same tool with the same arguments in this conversation.",
 )
 @click.option("--reject", "decision", flag_value="reject", help="Refuse it; the model is told.")
+@WAIT
+@TIMEOUT
 @json_option('Print {"decision", "need", "tool", "arguments", "request", "still_waiting"}.')
 @click.pass_context
-def approve(
-    ctx: click.Context, conversation: str, need: str | None, decision: str | None, as_json: bool
+def approve(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    conversation: str,
+    need: str | None,
+    decision: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
 ) -> None:
     """Decide about a lookup that waits for approval (status awaiting_approval)."""
     if decision is None:
         raise click.UsageError("say --once, --always or --reject")
     s = ctx_settings(ctx)
-    done = actions.approve(s, lookup(ctx, conversation), decision, need)
+    conv = lookup(ctx, conversation)
+    reader = Reader(Home(s.home))
+    after = reader.boundary(conv)
+    done = actions.approve(s, conv, decision, need, reader=reader)
     verb = {"once": "approved once", "always": "approved always", "reject": "rejected"}[decision]
     args = json.dumps(done["arguments"], ensure_ascii=False)
     lines = [f"{verb}: {done['tool']} {args} (for: {done['need']})"]
     lines.extend(waiting.still(done["still_waiting"]))
-    emit(done, as_json, safe("\n".join(lines)))
+    if not wait:
+        emit(done, as_json, safe("\n".join(lines)))
+        return
+    click.echo(safe("\n".join(lines)), err=True)
+    _follow(reader, conv, cli_wait.Exchange(after, request=done["request"]), timeout)
 
 
 @main.command()
@@ -360,7 +310,7 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_jso
         text = "".join(text.splitlines(keepends=True)[-lines:])
     sys.stdout.write(safe(text))
     sys.stdout.flush()
-    follower = _Follower(home, conv, offset=len(live))
+    follower = cli_wait.Follower(home, conv, offset=len(live))
     while follow:
         time.sleep(POLL)
         follower.drain()
@@ -381,7 +331,7 @@ def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
     cursor = got.cursor
     while follow:
         time.sleep(POLL)
-        conv = _current(reader.home, conv)
+        conv = cli_wait.current(reader.home, conv)
         got = reader.since(conv, cursor)
         _print_blocks(got.blocks)
         cursor = got.cursor
@@ -428,18 +378,51 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         _emit_lines(data, as_json)
         return
     conv = lookup(ctx, conversation)
+    reader = Reader(home)
     data = summary(conv)
     state = read_state(conv)
     if state:
         data.update(_state_details(state))
-    st = _stat(conv.log)
-    _emit_lines(data, as_json, show.conversation(data, state, st.st_mtime if st else None))
+    items = reader.waiting(conv)
+    data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
+    data["activity"] = _activity(reader, conv, state, items)
+    data["daemon_running"] = daemon_alive(home)
+    st = cli_wait.stat_or_none(conv.log)
+    human = show.conversation(data, state, st.st_mtime if st else None)
+    told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]
+    _emit_lines(data, as_json, "\n".join([human, *told]))
+
+
+def _activity(reader: Reader, conv: Conv, state: State | None, items: list[Any]) -> str:
+    meta = read_metadata(conv)
+    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
+    model = meta.model if meta else ""
+    behind = 0
+    if queued and meta is not None:
+        rows = reader.summaries(include_completed=False)
+        behind = activity.queued_behind(conv.id, meta.backend, model, rows)
+    asks = sum(1 for i in items if i.kind == "approval")
+    return activity.describe(
+        state,
+        model=model,
+        daemon=daemon_alive(reader.home),
+        queued=queued,
+        behind=behind,
+        waiting=(len(items) - asks, asks),
+    )
 
 
 def _emit_lines(data: dict[str, Any], as_json: bool, human: str | None = None) -> None:
     if human is None:
-        human = "\n".join(f"{k}: {v}" for k, v in data.items())
+        human = "\n".join(f"{k}: {_word(v)}" for k, v in data.items())
     emit(data, as_json, human)
+
+
+def _word(value: Any) -> str:
+    """A value as a person reads it: yes/no, not Python's True/False."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 def _state_details(state: State) -> dict[str, Any]:
@@ -490,10 +473,9 @@ def cancel(ctx: click.Context, conversation: str) -> None:
     home = ctx_home(ctx)
     conv = lookup(ctx, conversation)
     state = read_state(conv)
-    if actions.cancel(conv) is None:
+    if actions.cancel(conv) is None:  # refused, as approve with nothing waiting is
         now = state.status.value if state else "pending"
-        click.echo(f"nothing to cancel: {conv.id} is {now} (no turn is running or retrying)")
-        return
+        fail(f"nothing to cancel: {conv.id} is {now} (no turn is running or retrying)")
     if not daemon_alive(home):
         click.echo(
             "note: no daemon is running; the turn will be marked cancelled when one starts",

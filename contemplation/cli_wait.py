@@ -1,0 +1,225 @@
+"""Waiting from a shell: ``send --wait``, ``respond --wait``, ``approve --wait``,
+``new --message … --wait`` and ``contemplation wait`` stream one exchange to stdout and end
+with the same exit codes (0 done, 1 the turn failed, 3 the model waits for the agent, 4 the
+time ran out).
+
+An exchange is what one message of the agent started: its own block, the model's replies and
+the rules' answers after it. Only that is printed: when an earlier reply is still being
+written as the message is sent, one line on stderr says so and its tail is not printed.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from contemplation import activity, show, waiting
+from contemplation.cli_common import EXIT_ERROR, EXIT_NEEDS_AGENT, EXIT_OK, EXIT_TIMEOUT
+from contemplation.conversation import next_action
+from contemplation.layout import (
+    Conv,
+    Home,
+    inbox_entries,
+    open_regular,
+    processing_entries,
+    read_metadata,
+    read_state,
+)
+from contemplation.models import SETTLED, Status
+from contemplation.reading import Reader, own, segments
+from contemplation.terminal import safe
+from contemplation.writer import daemon_alive
+
+POLL = 0.1  # seconds between looks at the folder while following or waiting
+
+
+class Follower:
+    """What is appended to a conversation's live log, as text safe for a terminal: across a
+    rotation (a new file) and an archive (the folder moves); a character split between two
+    reads is decoded whole."""
+
+    CHUNK = 1 << 20  # bytes read at a time
+
+    def __init__(self, home: Home, conv: Conv, offset: int | None = None) -> None:
+        self.home = home
+        self.conv = conv
+        st = stat_or_none(conv.log)
+        self.ino = st.st_ino if st else 0
+        self.offset = (st.st_size if st else 0) if offset is None else offset
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read(self) -> str:
+        self.conv = current(self.home, self.conv)
+        st = stat_or_none(self.conv.log)
+        if st is None:
+            return ""
+        if st.st_ino != self.ino or st.st_size < self.offset:
+            self.ino, self.offset = st.st_ino, 0  # rotated or replaced: follow the new file
+        if st.st_size <= self.offset:
+            return ""
+        with os.fdopen(open_regular(self.conv.log), "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(self.CHUNK)
+        self.offset += len(chunk)
+        return safe(self.decoder.decode(chunk))
+
+    def drain(self) -> None:
+        """Print everything appended so far."""
+        while text := self.read():
+            sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def current(home: Home, conv: Conv) -> Conv:
+    """The conversation where it is now (it moves to completed/ when archived)."""
+    return conv if conv.dir.exists() else Conv(home.completed / conv.id)
+
+
+@dataclass
+class Exchange:
+    """Where the exchange to print begins. ``text``: the agent's words that start it (found
+    as the end of an own block after ``after``); None: it begins at ``after`` itself (an
+    approval, or ``wait`` from the agent's last own message)."""
+
+    after: int  # a cursor (see reading): nothing before it belongs to the exchange
+    text: str | None = None
+    before: int = -1  # messages_processed when it was sent (-1: no message of its own)
+    request: str = ""  # approve --wait: the lookup whose decision the daemon must act on
+
+
+def begin(reader: Reader, conv: Conv, text: str | None, *, request: str = "") -> Exchange:
+    """Taken just before the agent's write: where its exchange can begin, and a line on
+    stderr when an earlier reply is still being written (its tail is not this exchange's)."""
+    state = read_state(conv)
+    after = reader.boundary(conv)
+    segs = segments(conv)
+    if segs and segs[-1].end > after and state is not None and state.status is Status.GENERATING:
+        click.echo(
+            "note: an earlier reply is still being written; this prints only the exchange "
+            "this message starts",
+            err=True,
+        )
+    before = state.messages_processed if state is not None and text is not None else -1
+    return Exchange(after, text, before, request)
+
+
+def _start(reader: Reader, conv: Conv, ex: Exchange) -> int | None:
+    """The live-log offset the exchange's output starts at, once it is in the log."""
+    segs = segments(conv)
+    if not segs:
+        return None
+    live = segs[-1]
+    if ex.text is None:
+        return max(0, ex.after - live.start)
+    got = reader.since(conv, ex.after)
+    want = ex.text.strip()
+    blocks = [*got.blocks, *([got.partial] if got.partial else [])]
+    for b in blocks:
+        body = str(b.get("text", ""))
+        if own(str(b.get("kind")), "response_to" in b, body) and body.rstrip().endswith(want):
+            offset = int(b["offset"])
+            return offset - live.start if offset >= live.start else 0
+    return None
+
+
+def follow(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> int:
+    """Stream the exchange until the daemon is done with it; the exit code."""
+    home = reader.home
+    deadline = time.monotonic() + timeout if timeout else None
+    follower: Follower | None = None
+    while True:
+        conv = current(home, conv)
+        if follower is None:
+            at = _start(reader, conv, ex)
+            if at is not None:
+                follower = Follower(home, conv, offset=at)
+        if follower is not None:
+            follower.drain()
+            conv = follower.conv
+        code = settled(reader, conv, ex)
+        if code is not None:
+            if follower is None and (at := _start(reader, conv, ex)) is not None:
+                follower = Follower(home, conv, offset=at)
+            if follower is not None:
+                follower.drain()
+            return report(reader, conv, code)
+        if deadline is not None and time.monotonic() > deadline:
+            return timed_out(reader, conv, timeout)
+        time.sleep(POLL)
+
+
+def settled(reader: Reader, conv: Conv, ex: Exchange) -> int | None:
+    """None while the daemon still works on the exchange; else the exit code."""
+    state = read_state(conv)
+    if state is None or state.intent is not None or state.status not in SETTLED:
+        return None
+    if ex.before >= 0 and state.messages_processed <= ex.before:
+        return None  # the message is not in the log yet
+    if ex.request and any(r.id == ex.request for r in state.pending_approvals):
+        return None  # the daemon has not acted on the decision yet
+    if not conv.is_completed and (inbox_entries(conv) or processing_entries(conv)):
+        return None  # a message (or an answer) is still queued
+    meta = read_metadata(conv)
+    if meta is None:
+        return None
+    if next_action(reader.view(conv, meta.agent_label).refresh().blocks).action == "turn":
+        return None  # a NEED was answered: the model's next turn is due
+    if state.status in (Status.AWAITING_AGENT, Status.AWAITING_APPROVAL):
+        return EXIT_NEEDS_AGENT
+    if state.status in (Status.CANCELLED, Status.ERROR):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def report(reader: Reader, conv: Conv, code: int) -> int:
+    """What stderr says at the end: what waits for the agent (with the commands), or why the
+    turn failed."""
+    state = read_state(conv)
+    if code == EXIT_NEEDS_AGENT:
+        items = reader.waiting(conv)
+        told = waiting.lines(conv.id, items) or [
+            f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
+        ]
+        click.echo("\n".join(told), err=True)
+    elif code == EXIT_ERROR and state is not None:
+        if state.status is Status.CANCELLED:
+            click.echo("error: the turn was cancelled", err=True)
+        else:
+            why = state.last_error.message if state.last_error else "the turn failed"
+            click.echo(safe(f"error: {why}"), err=True)
+    return code
+
+
+def timed_out(reader: Reader, conv: Conv, waited: float) -> int:
+    state = read_state(conv)
+    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
+    alive = daemon_alive(reader.home)
+    line = show.still_running(conv.id, state, waited=waited, queued=queued, daemon=alive)
+    meta = read_metadata(conv)
+    if meta is not None and queued:
+        rows = reader.summaries(include_completed=False)
+        behind = activity.queued_behind(conv.id, meta.backend, meta.model, rows)
+        if behind:
+            line += f" (queued behind {behind} turn(s) on {meta.model})"
+    click.echo(f"error: {line}", err=True)
+    return EXIT_TIMEOUT
+
+
+def note_no_daemon(home: Home) -> None:
+    if not daemon_alive(home):
+        click.echo(
+            "note: no daemon is running on this home; start one with `contemplation run`", err=True
+        )

@@ -1,0 +1,105 @@
+"""Waiting from a shell (issue 23): ``respond --wait``, ``approve --wait``, ``new --message
+--wait`` and ``contemplation wait`` print the exchange and end with ``send --wait``'s exit
+codes; ``--wait`` prints only the exchange its own message started. A real daemon process
+against the scripted fake Ollama, driven by the real CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from contemplation.layout import Conv, Home, read_state
+from contemplation.models import Status
+from contemplation.reading import Reader
+from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+from tests.test_permissions import daemon_env, state_is
+
+
+def test_respond_wait_and_wait_print_the_exchange_with_the_exit_codes(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(Step(text="Who?\nNEED: The release manager"), Step(text="Ada ships it."))
+    made = cli(
+        env, "new", "rel", "--message", "Who ships?", "--wait", "--timeout", "30", check=False
+    )
+    assert made.returncode == 3, made.stderr
+    conv_id = made.stderr.splitlines()[0]
+    conv = Conv(home.active / conv_id)
+    assert made.stdout.startswith("=== CLAUDE -> OLLAMA [") and "Who ships?" in made.stdout
+    assert "NEED: The release manager" in made.stdout
+    [item] = Reader(home).waiting(conv)
+    assert f'contemplation respond {conv_id} "…" --need {item.id}' in made.stderr
+
+    again = cli(env, "wait", conv_id, "--timeout", "30", check=False)
+    assert again.returncode == 3 and "NEED: The release manager" in again.stdout
+    assert f"need {item.id}: The release manager" in again.stderr
+
+    done = cli(env, "respond", conv_id, "Ada", "--wait", "--timeout", "30", check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"answered need {item.id}: The release manager" in done.stderr
+    # the exchange its answer started: the answer's block, then the model's reply; not the
+    # earlier exchange
+    assert done.stdout.startswith("=== CLAUDE -> OLLAMA [")
+    assert "RESPONSE TO NEED: The release manager" in done.stdout
+    assert done.stdout.rstrip().endswith("Ada ships it.")
+    assert "Who ships?" not in done.stdout
+    settled = cli(env, "wait", conv_id, "--timeout", "30")
+    assert settled.stdout.rstrip().endswith("Ada ships it.")
+
+
+def test_approve_wait_prints_the_lookup_and_the_reply(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path
+) -> None:
+    env, notes = daemon_env(home, fake_ollama, tmp_path, 'read_file = "ask"')
+    (notes / "plan.md").write_text("ship on Friday")
+    fake_ollama.enqueue(
+        Step(text=f"NEED: File contents of {notes / 'plan.md'}"), Step(text="Friday it is.")
+    )
+    daemon_factory(env, home).wait_ready()
+    conv_id = cli(env, "new", "ask", "--message", "When?").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(state_is(conv, Status.AWAITING_APPROVAL), 30, what="awaiting approval")
+    done = cli(env, "approve", conv_id, "--once", "--wait", "--timeout", "30", check=False)
+    assert done.returncode == 0, done.stderr
+    assert "approved once: files.read" in done.stderr
+    assert "ship on Friday" in done.stdout and done.stdout.rstrip().endswith("Friday it is.")
+    assert "When?" not in done.stdout
+
+
+def test_send_wait_prints_only_its_own_exchange_while_an_earlier_reply_streams(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    slow = " ".join(f"w{i}" for i in range(60))
+    fake_ollama.enqueue(Step(text=slow, chunk_delay=0.05), Step(text="The second answer."))
+    conv_id = cli(env, "new", "two", "--message", "first").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: b"w3" in conv.log.read_bytes(), 30, what="the first reply streaming")
+    st = read_state(conv)
+    assert st is not None and st.status is Status.GENERATING
+    out = cli(env, "send", conv_id, "second", "--wait", "--timeout", "30", check=False)
+    assert out.returncode == 0, out.stderr
+    assert "an earlier reply is still being written" in out.stderr
+    assert "w59" not in out.stdout  # the tail of the earlier reply is not this exchange
+    assert out.stdout.startswith("=== CLAUDE -> OLLAMA [") and "\nsecond\n" in out.stdout
+    assert out.stdout.rstrip().endswith("The second answer.")
+
+
+def test_small_things_say_yes_no_refuse_alike_and_name_the_queue(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    env = base_env(home, fake_ollama)
+    conv_id = cli(env, "new", "small").stdout.strip()
+    status = cli(env, "status").stdout
+    assert "daemon_running: no" in status and "True" not in status and "False" not in status
+    nothing = cli(env, "cancel", conv_id, check=False)
+    assert nothing.returncode == 1 and nothing.stderr.startswith("error: nothing to cancel")
+    sent = cli(env, "send", conv_id, "hello").stdout.strip()
+    [name] = [p.name for p in (home.active / conv_id / "inbox").iterdir()]
+    assert sent == f"queued for {conv_id} (inbox/{name})"
+    one = cli(env, "status", conv_id).stdout
+    assert "stalled: no daemon is running" in one
