@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -88,12 +89,16 @@ def _rule_dict(rule: Rule) -> dict[str, Any]:
     is_flag=True,
     help="Also run the tool: only its answer goes to stdout (the rule to stderr).",
 )
-@json_option('Print {"need", "matched", "rule", "tool", "arguments", "answer"} as JSON.')
+@json_option(
+    'Print {"need", "matched", "rule", "tool", "arguments", "permission", "answer"} as JSON.'
+)
 @click.pass_context
 def test_route(ctx: click.Context, need: str, call: bool, as_json: bool) -> None:
-    """Which rule answers NEED (with or without the leading "NEED:"), and with what.
+    """Which rule answers NEED (with or without the leading "NEED:"), with what, and what the
+    permissions decide (allow / ask / deny, and the rule that decided).
 
-    Diagnostic logs (the tool call) go to stderr, and only with `contemplation -v`."""
+    --call runs the tool only when the permissions allow it: an ask or a deny is shown, not
+    executed. Diagnostic logs go to stderr, and only with `contemplation -v`."""
     text = need.strip()
     if text.upper().startswith(NEED_PREFIX):
         text = text[len(NEED_PREFIX) :].strip()
@@ -104,24 +109,37 @@ def test_route(ctx: click.Context, need: str, call: bool, as_json: bool) -> None
     router = NeedRouter(ctx_settings(ctx))
     found = router.route(text, template=template)
     data: dict[str, Any] = {"need": text, "matched": found is not None}
+    allowed = False
     if found is not None:
+        verdict = router.permit(found, template=template)
+        allowed = verdict.action == "allow"
         data.update(rule=found.rule.name, tool=found.tool, arguments=found.arguments)
-        if call:
+        data["permission"] = {"action": verdict.action, "why": verdict.why()}
+        if call and allowed:
             data["answer"] = asyncio.run(_call(router, text, template))
     if as_json:
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
-        return
-    if found is None:
+    elif found is None:
         click.echo(safe(f"no rule matches {text!r}: the agent answers it"), err=call)
         return
-    described = [
-        f"rule:      {found.rule.name} ({found.rule.source})",
-        f"tool:      {found.tool}",
-        f"arguments: {json.dumps(found.arguments, ensure_ascii=False)}",
-    ]
-    click.echo(safe("\n".join(described)), err=call)  # with --call stdout is the answer only
-    if call:
-        click.echo(safe(data["answer"]), nl=False)
+    else:
+        described = [
+            f"rule:       {found.rule.name} ({found.rule.source})",
+            f"tool:       {found.tool}",
+            f"arguments:  {json.dumps(found.arguments, ensure_ascii=False)}",
+            f"permission: {data['permission']['action']} ({data['permission']['why']})",
+        ]
+        click.echo(safe("\n".join(described)), err=call)  # with --call stdout is the answer
+        if call and allowed:
+            click.echo(safe(data["answer"]), nl=False)
+    if call and found is not None and not allowed:
+        action = data["permission"]["action"]
+        what = "waits for the agent's approval" if action == "ask" else "is refused"
+        click.echo(
+            safe(f"not called: the permissions say {action} (in a conversation the lookup {what})"),
+            err=True,
+        )
+        sys.exit(1)
 
 
 async def _call(router: NeedRouter, need: str, template: str | None) -> str:

@@ -212,7 +212,31 @@ def test_routes_test_call_prints_only_the_answer_on_stdout(home: Home, tmp_path:
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith("RESPONSE TO NEED: File contents of ")
     assert "ship it on Friday" in r.stdout and "rule:" not in r.stdout
-    assert "rule:      read_file (built in)" in r.stderr
+    assert "rule:       read_file (built in)" in r.stderr
+    assert 'permission: allow (* "*" = "allow" (built in))' in r.stderr
+
+
+@pytest.mark.parametrize("action", ["ask", "deny"])
+def test_routes_test_shows_the_permission_and_call_obeys_it(
+    home: Home, tmp_path: Path, action: str
+) -> None:
+    notes = tmp_path / "notes"
+    (notes / "secrets").mkdir(parents=True)
+    (notes / "secrets" / "plan.md").write_text("the secret plan\n")
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f"[tools]\nallowed_roots = [{json.dumps(str(notes))}]\n\n"
+        f'[permissions]\nread_file = {{ "*secrets*" = "{action}" }}\n'
+    )
+    need = f"NEED: File contents of {notes / 'secrets' / 'plan.md'}"
+    shown = invoke(home, "--config", str(config), "routes", "test", need)
+    assert shown.exit_code == 0, shown.output
+    assert f'permission: {action} (read_file "*secrets*" = "{action}" ({config}))' in shown.stdout
+    called = invoke(home, "--config", str(config), "routes", "test", "--call", need)
+    assert called.exit_code == 1 and "the secret plan" not in called.output
+    assert f"not called: the permissions say {action}" in called.stderr
+    data = json.loads(invoke(home, "--config", str(config), "routes", "test", need, "--json").stdout)
+    assert data["permission"]["action"] == action and "answer" not in data
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
