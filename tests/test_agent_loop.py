@@ -185,3 +185,50 @@ def test_every_face_lists_both_kinds_with_the_command(
     assert [b["kind"] for b in check["blocks"]] == ["model", "agent"]
     assert check["blocks"][0]["needs"] == needs
     assert check["blocks"][1]["response_to"] == needs[1]
+
+
+def test_wait_reports_progress_while_the_model_works(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conversation_wait sends progress notifications (to the caller's progressToken) with
+    what is happening, and returns under its cap with the cursor to go on."""
+    from mcp import Client
+
+    from contemplation import mcp_server
+    from contemplation.writer import DaemonLock
+
+    monkeypatch.setattr(mcp_server, "PROGRESS_EVERY", 0.2)
+    monkeypatch.setattr(mcp_server, "WAIT_CAP", 1.2)
+    settings = settings_mod.load(home=home.root, env={}, config=None)
+    lock = DaemonLock(home)  # a daemon that holds the lock but never takes the message
+    lock.acquire()
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, total, message))
+
+    async def session() -> dict[str, Any]:
+        async with Client(mcp_server.build_server(settings)) as c:
+            started = await c.call_tool(
+                "conversation_start", {"topic": "p", "initial_prompt": "hello"}
+            )
+            cid = json.loads(getattr(started.content[0], "text", ""))["conversation_id"]
+            res = await c.call_tool(
+                "conversation_wait",
+                {"conversation_id": cid, "since": 0, "timeout_s": 60},
+                progress_callback=on_progress,
+            )
+            out = json.loads(getattr(res.content[0], "text", ""))
+            assert isinstance(out, dict)
+            return out
+
+    try:
+        out = asyncio.run(session())
+    finally:
+        lock.release()
+    assert out["timed_out"] is True and out["cursor"] == 0
+    assert out["activity"] == "queued: the daemon takes it next"
+    assert out["hint"].startswith("Still running (queued: the daemon takes it next)")
+    assert len(seen) >= 2
+    assert all(m == "queued: the daemon takes it next" for _, _, m in seen)
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen) and seen[0][1] == 1.2
