@@ -32,7 +32,7 @@ from contemplation.cli_common import (
     lookup,
     text_arg,
 )
-from contemplation.cli_models import models
+from contemplation.cli_models import in_use, models
 from contemplation.cli_routes import routes
 from contemplation.cli_service import service_group
 from contemplation.cli_store import memory, state, templates
@@ -561,8 +561,9 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     home = Home(s.home)
     results: list[dict[str, Any]] = []
 
-    def add(name: str, ok: bool, detail: str) -> None:
-        results.append({"check": name, "ok": ok, "detail": detail})
+    def add(name: str, ok: bool, detail: str, *, warn: bool = False) -> None:
+        row: dict[str, Any] = {"check": name, "ok": ok, "detail": detail}
+        results.append(row | {"warn": True} if warn else row)
 
     from contemplation.validate import validate
 
@@ -585,11 +586,15 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         "running" if daemon_alive(home) else "not running (start: contemplation run)",
     )
 
-    in_use = {m.backend for c in list_conversations(home) if (m := read_metadata(c)) is not None}
+    used = in_use(home)
 
     async def probe_backends() -> None:
-        for c in await backends.check_all(s, extra=sorted(in_use)):
-            add(c.name, c.ok, c.detail + "".join(f"\n    hint: {h}" for h in c.hints))
+        for c in await backends.check_all(s, extra=sorted(used)):
+            detail = c.detail + "".join(f"\n    hint: {h}" for h in c.hints)
+            if c.ok or c.name in used or c.name not in backends.available():
+                add(c.name, c.ok, detail)  # (a model or other check: its failure stands)
+            else:  # a backend nothing uses now is unreachable: worth saying, not a failure
+                add(c.name, True, f"{detail}\n    (no active conversation uses it)", warn=True)
 
     asyncio.run(probe_backends())
     ok = all(r["ok"] for r in results)
@@ -597,7 +602,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         emit({"ok": ok, "checks": results}, True, "")
     else:
         for r in results:
-            click.echo(f"{'ok ' if r['ok'] else 'FAIL'} {r['check']:<8} {r['detail']}")
+            word = "warn" if r.get("warn") else "ok " if r["ok"] else "FAIL"
+            click.echo(f"{word} {r['check']:<8} {r['detail']}")
     sys.exit(EXIT_OK if ok else EXIT_ERROR)
 
 

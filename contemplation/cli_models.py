@@ -36,11 +36,14 @@ def configured(settings: Settings, asked: tuple[str, ...]) -> list[str]:
     active conversations use (as ``doctor`` checks them)."""
     if asked:
         return list(dict.fromkeys(asked))
-    home = Home(settings.home)
-    in_use = sorted(
-        {m.backend for c in list_conversations(home) if (m := read_metadata(c)) is not None}
-    )
-    return list(dict.fromkeys([settings.default_backend, *settings.fallback, *in_use]))
+    used = sorted(in_use(Home(settings.home)))
+    return list(dict.fromkeys([settings.default_backend, *settings.fallback, *used]))
+
+
+def in_use(home: Home) -> set[str]:
+    """The backends the active conversations name: one of them unreachable is a failure; any
+    other unreachable backend is only worth a warning (``doctor``, ``models``)."""
+    return {m.backend for c in list_conversations(home) if (m := read_metadata(c)) is not None}
 
 
 async def _why(backend: Backend, exc: BackendError) -> str:
@@ -156,9 +159,11 @@ def models(ctx: click.Context, asked: tuple[str, ...], as_json: bool) -> None:
 
     What a model can do comes from the config's [capabilities."<model>"], else the server,
     else the family table. A backend that cannot be reached is one line on stderr and the
-    exit code is 1; the others are still listed."""
+    exit code is 1 when you asked for it (-b) or a conversation uses it; the others are
+    still listed."""
     s = ctx_settings(ctx)
     listing = asyncio.run(list_all(s, configured(s, asked)))
+    needed = set(asked) or in_use(Home(s.home))
     if as_json:
         emit({"backends": listing}, True, "")
     else:
@@ -168,5 +173,5 @@ def models(ctx: click.Context, asked: tuple[str, ...], as_json: bool) -> None:
         for entry in listing:
             if not entry["ok"]:
                 click.echo(safe(f"{entry['backend']}: {entry['error']}"), err=True)
-    if not all(e["ok"] for e in listing):
+    if any(not e["ok"] and e["backend"] in needed for e in listing):
         sys.exit(EXIT_ERROR)

@@ -29,7 +29,7 @@ trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 100); do contemplation status --json 2>/dev/null | grep -q '"daemon_running": true' && break; sleep 0.1; done
 
 id=$(contemplation new "Folder queues" --backend "$backend" --model "$model")
-echo "== conversation $id  (follow it with: contemplation tail -f $id)"
+echo "== conversation $id  (follow it with: CONTEMPLATION_HOME=$CONTEMPLATION_HOME contemplation tail -f $id)"
 contemplation send "$id" "In two sentences: why is a folder of plain-text files a good queue for talking to a local model?" --wait --timeout 900
 echo
 echo "== the log: $CONTEMPLATION_HOME/active/$id/messages.log"

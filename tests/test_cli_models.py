@@ -57,7 +57,7 @@ def test_a_config_override_wins_and_says_so(home: Home, fake_ollama: FakeOllama)
 def test_an_unreachable_backend_is_one_line_not_a_traceback(home: Home) -> None:
     env = base_env(home, OLLAMA_HOST=closed_port_url())
     r = cli(env, "models", check=False)
-    assert r.returncode == 1
+    assert r.returncode == 0  # no conversation uses it (test_cli_wait: exit 1 once one does)
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("ollama: not reachable at http://127.0.0.1:")

@@ -103,3 +103,17 @@ def test_small_things_say_yes_no_refuse_alike_and_name_the_queue(
     assert sent == f"queued for {conv_id} (inbox/{name})"
     one = cli(env, "status", conv_id).stdout
     assert "stalled: no daemon is running" in one
+
+
+def test_doctor_and_models_only_fail_for_an_unreachable_backend_in_use(home: Home) -> None:
+    env = base_env(home, CONTEMPLATION_OLLAMA_HOST="http://127.0.0.1:9")  # nothing listens
+    doctor = cli(env, "doctor", check=False)
+    assert doctor.returncode == 0, doctor.stdout
+    assert "warn ollama" in doctor.stdout and "no active conversation uses it" in doctor.stdout
+    models = cli(env, "models", check=False)
+    assert models.returncode == 0 and "ollama:" in models.stderr
+    asked = cli(env, "models", "-b", "ollama", check=False)
+    assert asked.returncode == 1
+    cli(env, "new", "uses it", "--backend", "ollama")
+    assert cli(env, "doctor", check=False).returncode == 1
+    assert cli(env, "models", check=False).returncode == 1
