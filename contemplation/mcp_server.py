@@ -857,11 +857,19 @@ def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.
     if http_port is None:
         anyio.run(server.run_stdio_async)
         return
+    import socket
+
     import uvicorn
 
+    try:  # bound before the address is announced: a busy port is one line and exit 1
+        sock = socket.create_server((host, http_port))
+    except OSError as exc:
+        raise ContemplationError(
+            f"cannot serve MCP on {host}:{http_port}: {exc.strerror or exc}"
+        ) from exc
     app = server.streamable_http_app(host=host)
     config = uvicorn.Config(
         app, host=host, port=http_port, log_config=None, access_log=False, log_level="warning"
     )
     print(f"MCP streamable HTTP on http://{host}:{http_port}/mcp", file=sys.stderr)
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])

@@ -709,3 +709,22 @@ def test_conformance_suite_over_streamable_http(home: Home, tmp_path: Path) -> N
             scenario,
             results.get(scenario),
         )
+
+
+def test_http_on_a_busy_port_is_one_line_and_exit_1(home: Home) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "contemplation", "mcp", "--http", str(port)],
+            env=base_env(home),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot serve MCP on 127.0.0.1:{port}: ")
+    assert proc.stderr.count("\n") == 1 and "MCP streamable HTTP on" not in proc.stderr
