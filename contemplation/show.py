@@ -13,8 +13,6 @@ from contemplation.terminal import safe
 
 ADVICE = {
     Status.ERROR: "send a message to try again, or `contemplation doctor` to check the backend",
-    Status.AWAITING_AGENT: "answer with `contemplation respond {id} TEXT`",
-    Status.AWAITING_APPROVAL: "decide with `contemplation approve {id} --once|--always|--reject`",
     Status.RETRYING: "it retries by itself; `contemplation cancel {id}` stops it",
 }
 
@@ -54,8 +52,6 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
     if state is not None:
         if state.status is Status.GENERATING and state.generating_since is not None:
             lines.append(("generating", f"since {ago(state.generating_since)}"))
-        if state.pending_needs:
-            lines.append(("waiting for", "; ".join(state.pending_needs[:5])))
         turn = state.last_turn
         if turn is not None and turn.eval_count:
             rate = ""
@@ -70,30 +66,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
             lines.append(
                 ("error", f"{state.last_error.message}" + (f" — {advice}" if advice else ""))
             )
-        elif state.status in (Status.AWAITING_AGENT, Status.AWAITING_APPROVAL):
-            for request in state.pending_approvals:
-                lines.append(("asks", f"{request.tool} {request.need!r} ({request.why})"))
-            lines.append(("next", ADVICE[state.status].format(id=summary["id"])))
     width = max(len(k) for k, _ in lines)
     return safe("\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines))
-
-
-def respond_command(conv_id: str, number: int) -> str:
-    return f'contemplation respond {conv_id} "…" --need {number}'
-
-
-def waiting_for_agent(conv_id: str, needs: Sequence[str]) -> str:
-    """``send --wait`` stopped at needs no rule answers: each need and how to answer it."""
-    if not needs:
-        return (
-            f"{conv_id} waits for the agent: see `contemplation status {conv_id}`, then "
-            f'`contemplation respond {conv_id} "…"`'
-        )
-    lines = [f"the model waits for {len(needs)} answer(s) no rule could give:"]
-    for n, need in enumerate(needs, 1):
-        lines.append(f"  need {n}: {need}")
-        lines.append(f"    {respond_command(conv_id, n)}")
-    return safe("\n".join(lines))
 
 
 def responded(done: dict[str, Any]) -> str:

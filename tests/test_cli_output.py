@@ -69,18 +69,28 @@ def test_ago_reads_as_people_say_it() -> None:
 def test_status_of_a_conversation_awaiting_approval_says_what_asks_and_how_to_decide(
     home: Home,
 ) -> None:
+    from contemplation.conversation import need_id
     from contemplation.models import ApprovalRequest, Status
+    from contemplation.parser import parse
     from contemplation.writer import open_writer
 
     conv = make(home, "asks")
+    need = "file: ~/secrets/plan.md"
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "read my plan", msg_id="m1")
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.content(f"NEED: {need}\nNEED: The release manager")
+        r.finish()
+    block = parse(conv.log.read_bytes()).blocks[-1]
     with open_writer(conv) as w:
         w.state.status = Status.AWAITING_APPROVAL
         w.state.pending_approvals = [
             ApprovalRequest(
-                id="a1",
-                need="file: ~/secrets/plan.md",
+                id=need_id(block, need),
+                need=need,
                 rule="read_file",
                 tool="files.read",
+                arguments={"path": "~/secrets/plan.md"},
                 why='read_file "~/secrets/**" = "ask"',
             )
         ]
@@ -88,5 +98,11 @@ def test_status_of_a_conversation_awaiting_approval_says_what_asks_and_how_to_de
     got = CliRunner().invoke(main, ["--home", str(home.root), "status", conv.id])
     assert got.exit_code == 0, got.output
     assert "awaiting_approval" in got.output
-    assert "files.read 'file: ~/secrets/plan.md'" in got.output
-    assert f"contemplation approve {conv.id} --once|--always|--reject" in got.output
+    asked = need_id(block, need)
+    other = need_id(block, "The release manager")
+    assert f"  lookup {asked}: {need}  (files.read " in got.output
+    assert (
+        f"contemplation approve {conv.id} --need {asked} --once|--always|--reject" in got.output
+    )
+    assert f'contemplation respond {conv.id} "…" --need {other}' in got.output
+    assert "waiting for your approval of 1 lookup(s) and your answer to 1 need(s)" in got.output
