@@ -24,6 +24,7 @@ stderr).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -58,7 +59,7 @@ from mcp_types import (
 from mcp_types import Resource as MCPResource
 from pydantic import Field
 
-from contemplation import __version__, actions, activity
+from contemplation import __version__, actions, activity, paging
 from contemplation.conversation import next_action
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import (
@@ -70,11 +71,15 @@ from contemplation.layout import (
     read_state,
 )
 from contemplation.models import BUSY, Decision, Status
-from contemplation.reading import Reader, Since, log_text, own, segments
+from contemplation.reading import Reader, Since, block_dict, log_text, own, segments
 from contemplation.settings import Settings
 from contemplation.waiting import WaitItem
 from contemplation.writer import daemon_alive
 
+MODELS_SHOWN = 50  # model names per backend in conversation_models
+MODELS_WAIT = 10.0  # seconds conversation_models waits for the backends in all
+LIST_DEFAULT = 20  # conversations in one page of conversation_list
+LIST_CAP = 200
 WAIT_DEFAULT = 45.0
 WAIT_CAP = 50.0  # well under Claude Desktop's 60 s cut of a tool call
 POLL = 0.1
@@ -107,6 +112,14 @@ R = TypeVar("R")
 Id = Annotated[str, Field(description="conversation id (or a unique prefix)")]
 Cursor = Annotated[
     int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
+]
+MaxBytes = Annotated[
+    int,
+    Field(
+        ge=paging.PAGE_FLOOR,
+        le=paging.PAGE_CAP,
+        description="most bytes of blocks in one result; a cut page continues at its cursor",
+    ),
 ]
 IncludeOwn = Annotated[
     bool, Field(description="also return your own messages and answers (left out by default)")
@@ -253,18 +266,49 @@ class Faces:
 
     @_locked
     def check(
-        self, conversation_id: str, since: int | None = None, *, include_own: bool = False
+        self,
+        conversation_id: str,
+        since: int | None = None,
+        *,
+        include_own: bool = False,
+        max_bytes: int = paging.PAGE_BYTES,
     ) -> dict[str, Any]:
         """The snapshot and the blocks after ``since`` (None: after the agent's own last
-        message, so a reply and the rules' answers to its needs are never skipped)."""
+        message, so a reply and the rules' answers to its needs are never skipped), at most
+        ``max_bytes`` of them: a page cut short says so and its cursor continues at the cut."""
         conv = self.reader.locate(conversation_id)
-        got = self._since(conv, self.last_exchange(conv) if since is None else since)
+        start = self.last_exchange(conv) if since is None else since
+
+        def keep(b: dict[str, Any]) -> bool:
+            return include_own or not _own(b)
+
+        offered: list[tuple[dict[str, Any], int]] = []
+        inside = self.reader.block_at(conv, start) if start > 0 else None
+        # a cursor from a page cut inside this block: header + 1 + bytes of text shown (a
+        # cursor past all its text is the end of the log as it was, before a separator)
+        if inside is not None and start - inside[1] - 1 < len(inside[0].text.encode()):
+            block, at = inside
+            whole = block_dict(block, at)
+            if keep(whole):
+                before = start - at - 1
+                offered.append((paging.continuation(whole, before), before))
+            start = at + (block.end - block.offset)
+        got = self._since(conv, start)
+        offered.extend((b, 0) for b in got.blocks)
+        budget = min(max(int(max_bytes), paging.PAGE_FLOOR), paging.PAGE_CAP)
+        page = paging.fit(offered, budget, keep=lambda b: True if b.get("continues") else keep(b))
         partial = got.partial
         written = len(str(partial.get("text", ""))) if partial is not None else None
         out = self.snapshot(conv, written=written)
-        out["blocks"] = got.blocks if include_own else [b for b in got.blocks if not _own(b)]
-        out["cursor"] = got.cursor
-        if partial is not None and (include_own or not _own(partial)):
+        out["blocks"] = page.blocks
+        out["cursor"] = got.cursor if page.cursor is None else page.cursor
+        if page.cut is not None:
+            out["cut"] = page.cut | {"next": "more follows: call again with the returned cursor"}
+        elif partial is not None and keep(partial):
+            room = budget - paging.size(page.blocks)
+            text = str(partial.get("text", ""))
+            if paging.size(partial) > room:  # a long reply still streaming: its head
+                partial = partial | {"text": paging.cut_text(text, max(room, 256)), "cut": True}
             out["in_progress"] = partial
         return out
 
@@ -296,6 +340,34 @@ class Faces:
             return False
         return next_action(view.blocks).action != "turn"
 
+    async def models(self) -> dict[str, Any]:
+        """Backends with their model names (bounded: MODELS_SHOWN each, MODELS_WAIT in all),
+        the defaults and the templates: what conversation_start can name."""
+        from contemplation import cli_models
+        from contemplation.layout import load_template, template_dirs
+
+        s = self.settings
+        with anyio.move_on_after(MODELS_WAIT) as scope:
+            listing = await cli_models.list_all(s, cli_models.configured(s, ()))
+        out: dict[str, Any] = {
+            "default_backend": s.default_backend,
+            "default_model": s.default_model,
+        }
+        if scope.cancelled_caught:
+            out["backends"] = [{"error": f"the backends did not answer within {MODELS_WAIT:g} s"}]
+        else:
+            out["backends"] = [_backend_row(e) for e in listing]
+        templates = []
+        for name in template_dirs(self.home):
+            try:
+                tpl = load_template(self.home, name)
+            except ContemplationError as exc:
+                templates.append({"name": name, "error": str(exc)})
+                continue
+            templates.append({"name": name, "description": tpl.description})
+        out["templates"] = templates
+        return out
+
     @_locked
     def last_exchange(self, conv: Conv) -> int:
         """Cursor of the agent's own latest block (what "new" means when no cursor is given):
@@ -315,6 +387,7 @@ class Faces:
         *,
         include_own: bool = False,
         progress: Progress | None = None,
+        max_bytes: int = paging.PAGE_BYTES,
     ) -> dict[str, Any]:
         """Until the model has replied (after ``since``) or the conversation is settled, or
         the time is up; ``progress`` is told what is happening every PROGRESS_EVERY seconds
@@ -344,7 +417,7 @@ class Faces:
                 await progress(now - start, budget, str(line))
             await anyio.sleep(POLL)
         cursor = since if since is not None else self.last_exchange(conv)
-        out = self.check(conv.id, cursor, include_own=include_own)
+        out = self.check(conv.id, cursor, include_own=include_own, max_bytes=max_bytes)
         out["timed_out"] = timed_out
         if timed_out:
             out["hint"] = (
@@ -354,7 +427,18 @@ class Faces:
         return out
 
     @_locked
-    def list(self, status: str | None = None) -> dict[str, Any]:
+    def list(
+        self,
+        status: str | None = None,
+        *,
+        limit: int = LIST_DEFAULT,
+        cursor: str | None = None,
+        model: str | None = None,
+        query: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of conversations, newest activity first: only what an agent needs to pick
+        one, how many match, and an opaque cursor for the next page (keyset on activity and
+        id, so rows that change between calls are neither repeated nor skipped)."""
         want = (status or "active").strip().lower()
         want = "archived" if want == "completed" else want
         if want not in LIST_FILTERS:
@@ -366,11 +450,62 @@ class Faces:
             rows = [r for r in rows if r["completed"]]
         elif want not in {"active", "all"}:
             rows = [r for r in rows if r["status"] == want]
-        keys = ("id", "topic", "status", "model", "backend", "last_activity")
-        return {
-            "conversations": [{k: r[k] for k in keys} | {"archived": r["completed"]} for r in rows],
-            "count": len(rows),
+        if model:
+            rows = [r for r in rows if model in {r["model"], f"{r['backend']}/{r['model']}"}]
+        if query:
+            words = query.casefold().split()
+            rows = [r for r in rows if all(w in str(r["topic"]).casefold() for w in words)]
+        rows.sort(key=lambda r: (r["last_activity_ts"], r["id"]), reverse=True)
+        total = len(rows)
+        if cursor:
+            after = _decode_cursor(cursor)
+            rows = [r for r in rows if (r["last_activity_ts"], r["id"]) < after]
+        size = min(max(int(limit), 1), LIST_CAP)
+        page, more = rows[:size], len(rows) > size
+        out: dict[str, Any] = {
+            "conversations": [self._row(r) for r in page],
+            "count": len(page),
+            "total": total,
+            "more": more,
         }
+        if more:
+            last = page[-1]
+            out["cursor"] = _encode_cursor(last["last_activity_ts"], last["id"])
+        return out
+
+    def _row(self, r: dict[str, Any]) -> dict[str, Any]:
+        row = {k: r[k] for k in ("id", "topic", "status", "model", "last_activity")}
+        if r["completed"]:
+            row["archived"] = True
+        if r["status"] in {Status.AWAITING_AGENT.value, Status.AWAITING_APPROVAL.value}:
+            items = self.reader.waiting(self.reader.locate(r["id"]))
+            asks = sum(1 for i in items if i.kind == "approval")
+            row["waits_for"] = {"needs": len(items) - asks, "lookups": asks}
+        return row
+
+
+def _backend_row(entry: dict[str, Any]) -> dict[str, Any]:
+    if not entry["ok"]:
+        return {"backend": entry["backend"], "error": entry["error"]}
+    names = [m["name"] for m in entry.get("models", [])]
+    more = len(names) - MODELS_SHOWN + int(entry.get("more") or 0)
+    row: dict[str, Any] = {"backend": entry["backend"], "models": names[:MODELS_SHOWN]}
+    return row | {"more": more} if more > 0 else row
+
+
+def _encode_cursor(ts: float, conv_id: str) -> str:
+    raw = json.dumps([ts, conv_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        ts, conv_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return float(ts), str(conv_id)
+    except (ValueError, TypeError) as exc:
+        raise InputRejected(
+            "not a cursor this server gave (pass the `cursor` of the previous page as it is)"
+        ) from exc
 
 
 # --------------------------------------------------------------------------- subscriptions
@@ -662,7 +797,9 @@ def build_server(settings: Settings) -> ContemplationServer:
     return server
 
 
-def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> None:
+def _register_tools(  # noqa: PLR0915 - one statement per tool and its registration
+    mcp: MCPServer[Any], faces: Faces, settings: Settings
+) -> None:
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -684,9 +821,16 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
             Field(description="the first message to the model; leave out to start empty"),
         ] = None,
         *,
-        model: str | None = None,
-        backend: str | None = None,
-        template: str | None = None,
+        model: Annotated[
+            str | None, Field(description="a model name from conversation_models")
+        ] = None,
+        backend: Annotated[
+            str | None,
+            Field(description="ollama, openai, opencode or local (default: configured)"),
+        ] = None,
+        template: Annotated[
+            str | None, Field(description="a template name from conversation_models")
+        ] = None,
         context_requirements: Annotated[
             list[str] | None, Field(description="context the model will need")
         ] = None,
@@ -722,12 +866,17 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
     @tool(read_only)
     @_errors_as_tool_errors
     def conversation_check(
-        conversation_id: Id, since: Cursor = None, include_own: IncludeOwn = False
+        conversation_id: Id,
+        since: Cursor = None,
+        include_own: IncludeOwn = False,
+        max_bytes: MaxBytes = paging.PAGE_BYTES,
     ) -> str:
         """Status, activity, what waits for you (`waiting`, each item with the call that
         settles it) and the blocks after `since` (default: your last message); pass the
         returned cursor next time."""
-        return _json(faces.check(conversation_id, since, include_own=include_own))
+        return _json(
+            faces.check(conversation_id, since, include_own=include_own, max_bytes=max_bytes)
+        )
 
     @tool(ToolAnnotations(open_world_hint=False))
     @_errors_as_tool_errors
@@ -782,22 +931,51 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
             str | None,
             Field(
                 description="active (default), all, archived, or one status: idle, "
-                "awaiting_agent, pending, generating, routing, retrying, error, cancelled, "
-                "complete"
+                "awaiting_agent, awaiting_approval, pending, generating, routing, retrying, "
+                "error, cancelled, complete"
             ),
         ] = None,
+        limit: Annotated[
+            int, Field(ge=1, le=LIST_CAP, description=f"conversations per page (max {LIST_CAP})")
+        ] = LIST_DEFAULT,
+        cursor: Annotated[
+            str | None, Field(description="the `cursor` of the previous page, for the next")
+        ] = None,
+        model: Annotated[str | None, Field(description="only this model")] = None,
+        query: Annotated[str | None, Field(description="words the topic contains")] = None,
     ) -> str:
-        """Conversations with status, model and last activity (active ones by default)."""
-        return _json(faces.list(status))
+        """One page of conversations, newest activity first (id, topic, status, model, what
+        each waits for), the total, and a cursor while more pages exist."""
+        return _json(faces.list(status, limit=limit, cursor=cursor, model=model, query=query))
+
+    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    @_errors_as_tool_errors
+    def conversation_cancel(conversation_id: Id) -> str:
+        """Stop the generation in flight (or its retries); the turn is marked cancelled."""
+        with faces.lock:
+            conv = faces.reader.locate(conversation_id)
+            stopping = actions.cancel(conv)
+        if stopping is None:
+            state = read_state(conv)
+            now = state.status.value if state else Status.PENDING.value
+            raise InputRejected(f"nothing to cancel: {conv.id} is {now} (no turn is running)")
+        return _json({"conversation_id": conv.id, "cancelling": stopping.value})
 
     @tool(read_only)
-    async def conversation_wait(
+    async def conversation_models() -> str:
+        """What conversation_start can name: each backend's models (or why it cannot be
+        reached), the defaults, and the templates."""
+        return _json(await faces.models())
+
+    @tool(read_only)
+    async def conversation_wait(  # noqa: PLR0917 - the SDK passes a tool's arguments by name
         conversation_id: Id,
         since: Cursor = None,
         timeout_s: Annotated[
             float, Field(description=f"seconds, at most {WAIT_CAP:.0f}")
         ] = WAIT_DEFAULT,
         include_own: IncludeOwn = False,
+        max_bytes: MaxBytes = paging.PAGE_BYTES,
         ctx: Context | None = None,
     ) -> str:
         """Block until the model has replied and nothing is queued, or at most 50 s (with
@@ -810,7 +988,12 @@ def _register_tools(mcp: MCPServer[Any], faces: Faces, settings: Settings) -> No
         try:
             return _json(
                 await faces.wait(
-                    conversation_id, since, timeout_s, include_own=include_own, progress=progress
+                    conversation_id,
+                    since,
+                    timeout_s,
+                    include_own=include_own,
+                    progress=progress,
+                    max_bytes=max_bytes,
                 )
             )
         except ContemplationError as exc:

@@ -380,6 +380,27 @@ class Reader:
                 return seg.start + found[-1].offset
         return 0
 
+    def block_at(self, conv: Conv, cursor: int) -> tuple[Block, int] | None:
+        """The block a cursor points strictly inside (a page cut in the middle of a long
+        block, see :func:`page`), with the cursor of its header; None at a block boundary."""
+        segs = segments(conv)
+        seg = next((g for g in segs if g.start <= cursor < g.end), None)
+        if seg is None:
+            return None
+        local = cursor - seg.start
+        meta = read_metadata(conv)
+        label = meta.agent_label if meta else "CLAUDE"
+        if seg is segs[-1]:
+            view = self.view(conv, label)
+            view.refresh()
+            blocks = view.live.blocks
+        else:
+            blocks = parse_segment(_read(seg.path, 0, seg.size), agent_label=label).blocks
+        for b in blocks:
+            if b.offset < local < b.end:
+                return b, seg.start + b.offset
+        return None
+
     def boundary(self, conv: Conv) -> int:
         """The cursor an action hands out (``start``, ``respond``): the end of what is
         committed, so a reply still being written when it is taken is read whole later, never

@@ -38,6 +38,8 @@ TOOLS = {
     "conversation_list",
     "conversation_wait",
     "conversation_archive",
+    "conversation_cancel",
+    "conversation_models",
 }
 
 
