@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contemplation import actions, mcp_server
+from contemplation import actions, mcp_server, paging
 from contemplation import settings as settings_mod
 from contemplation.layout import Home, load_template
 from contemplation.parser import parse
@@ -21,7 +21,7 @@ from contemplation.reading import own_block
 from contemplation.writer import ReplyStream, new_conversation, open_writer
 
 OPS = st.lists(
-    st.sampled_from(["message", "rule", "reply", "chunk", "finish", "check", "respond"]),
+    st.sampled_from(["message", "rule", "reply", "chunk", "long", "finish", "check", "respond"]),
     min_size=1,
     max_size=30,
 )
@@ -37,8 +37,15 @@ class Agent:
         self.seen: list[tuple[int, str]] = []
 
     def check(self) -> None:
-        got = self.faces.check(self.conv_id, self.cursor)
-        self.seen.extend((b["offset"], b["text"]) for b in got["blocks"])
+        """One call, with the smallest page: a long block comes in pieces, joined here."""
+        got = self.faces.check(self.conv_id, self.cursor, max_bytes=paging.PAGE_FLOOR)
+        for b in got["blocks"]:
+            if b.get("continues"):
+                offset, text = self.seen[-1]
+                assert offset == b["offset"]
+                self.seen[-1] = (offset, text + b["text"])
+            else:
+                self.seen.append((b["offset"], b["text"]))
         self.cursor = got["cursor"]
 
     def respond(self) -> None:
@@ -69,8 +76,8 @@ def test_following_the_cursors_yields_every_other_block_exactly_once(
             n += 1
             if op in {"check", "respond"}:
                 agent.check() if op == "check" else agent.respond()
-            elif reply is not None and op in {"chunk", "finish"}:
-                reply.content(f"piece {n} ")
+            elif reply is not None and op in {"chunk", "long", "finish"}:
+                reply.content(f"piece {n} " if op != "long" else f"line {n}\n" * 600)
                 if op == "finish":
                     reply.finish()
                     streaming.close()
@@ -90,7 +97,11 @@ def test_following_the_cursors_yields_every_other_block_exactly_once(
                     w.append_block("CLAUDE", "OLLAMA", body, msg_id=f"m{n}")
         if reply is not None:
             reply.finish()
-    agent.check()  # everything is whole now: the last look
+    for _ in range(1000):  # everything is whole now: the last looks, page by page
+        before = agent.cursor
+        agent.check()
+        if agent.cursor == before:
+            break
     blocks = parse(conv.log.read_bytes()).blocks
     theirs = [(b.offset, b.text) for b in blocks if not own_block(b)]
     assert agent.seen == theirs
