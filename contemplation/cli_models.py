@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import click
 
 from contemplation import backends, show
-from contemplation.backends.base import Backend
 from contemplation.cli_common import EXIT_ERROR, ctx_settings, emit, json_option
 from contemplation.errors import BackendError, ConfigError
 from contemplation.layout import Home, list_conversations, read_metadata
 from contemplation.settings import Settings
 from contemplation.terminal import safe
+
+if TYPE_CHECKING:  # aiohttp comes with the families: only when a command talks to one
+    from contemplation.backends.base import Backend
 
 MAX_MODELS = 200  # per backend; the rest are counted, not described
 AT_ONCE = 4  # capability look-ups in flight per backend

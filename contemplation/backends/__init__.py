@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
 from contemplation.errors import ConfigError
-from contemplation.settings import Settings, TimeoutSettings, ollama_base
+
+if TYPE_CHECKING:  # the families pull in aiohttp: a command that only names them does not
+    from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
+    from contemplation.settings import Settings, TimeoutSettings
 
 __all__ = [
     "Backend", "Capabilities", "Check", "PhaseTimeouts", "available", "build", "check_all",
 ]  # fmt: skip
 
+_BASE_NAMES = frozenset({"Backend", "Capabilities", "Check", "PhaseTimeouts"})
+
+
+def __getattr__(name: str) -> Any:
+    """The base types, imported when first asked for (``backends.Backend``)."""
+    if name in _BASE_NAMES:
+        from contemplation.backends import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def phase_timeouts(t: TimeoutSettings, max_line: int = 4 * 1024 * 1024) -> PhaseTimeouts:
+    from contemplation.backends.base import PhaseTimeouts
+
     return PhaseTimeouts(
         connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total, max_line=max_line
     )
@@ -22,6 +38,7 @@ def phase_timeouts(t: TimeoutSettings, max_line: int = 4 * 1024 * 1024) -> Phase
 
 def _ollama(settings: Settings) -> Backend:
     from contemplation.backends.ollama import OllamaBackend
+    from contemplation.settings import ollama_base
 
     url, auth = ollama_base(settings)
     s = settings.ollama
@@ -119,6 +136,8 @@ def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
 async def check_all(settings: Settings, extra: Iterable[str] = ()) -> list[Check]:
     """``doctor``: check the default backend (with the default model), its fallbacks and
     ``extra`` backends (e.g. those named in conversations' metadata), concurrently."""
+    from contemplation.backends.base import Check
+
     names = list(dict.fromkeys([settings.default_backend, *settings.fallback, *extra]))
 
     async def one(name: str) -> list[Check]:
