@@ -12,43 +12,37 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
 
 from contemplation import settings as settings_mod
 from contemplation.errors import ContemplationError
+from contemplation.exits import (
+    EXIT_CODES,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NEEDS_AGENT,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    fail,
+)
 from contemplation.layout import Conv, Home, valid_id
 from contemplation.logs import configure
 from contemplation.reading import locate
 from contemplation.settings import Settings
 from contemplation.terminal import safe
 
-EXIT_OK = 0
-EXIT_ERROR = 1  # also a bad configuration, an unknown conversation, a failed turn
-EXIT_USAGE = 2  # click: a bad option or argument
-EXIT_NEEDS_AGENT = 3  # send --wait: the model waits for a NEED no rule answers
-EXIT_TIMEOUT = 4  # send --wait --timeout: no reply in time (it stays queued)
-EXIT_INTERRUPTED = 130  # Ctrl-C
+__all__ = [
+    "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NEEDS_AGENT", "EXIT_OK",
+    "EXIT_TIMEOUT", "EXIT_USAGE", "fail",
+]  # fmt: skip
 
-EXIT_CODES = """\b
-Exit codes:
-  0    done
-  1    error (one line on stderr)
-  2    bad usage
-  3    the model waits for the agent (send --wait: a NEED no rule answers)
-  4    timed out (send --wait --timeout); the reply still comes
-  130  interrupted (Ctrl-C)
-"""
 COMPLETIONS_MAX = 500  # candidates offered to the shell at most
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
 
 
 def ctx_settings(ctx: click.Context) -> Settings:

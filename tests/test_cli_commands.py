@@ -241,7 +241,10 @@ def test_routes_test_shows_the_permission_and_call_obeys_it(
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
     out: list[tuple[str, click.Command]] = []
-    for name, cmd in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the lazy ones too (loaded here)
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, name
         out.append((prefix + name, cmd))
         if isinstance(cmd, click.Group):
             out.extend(_commands(cmd, prefix + name + " "))

@@ -23,3 +23,28 @@ def test_the_cli_entry_point_loads_no_heavy_module() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == []
+
+
+def test_help_loads_no_command_and_says_what_each_command_says() -> None:
+    """``--help`` reads the table in contemplation.cli, not the commands' modules; the table's
+    lines are what the commands themselves say."""
+    import click
+
+    from contemplation.cli import COMMANDS, main
+
+    probe = (
+        "import sys, json, runpy; sys.argv = ['contemplation', '--help']\n"
+        "try:\n    runpy.run_module('contemplation', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('pydantic', "
+        "'contemplation.cli_', 'contemplation.settings')))), file=sys.stderr)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert "Commands:" in out.stdout and "wait " in out.stdout
+    assert json.loads(out.stderr.strip().splitlines()[-1]) == []
+    ctx = click.Context(main)
+    for name, (_, _, line) in COMMANDS.items():
+        command = main.get_command(ctx, name)
+        assert command is not None and command.get_short_help_str(limit=45) == line, name

@@ -1,0 +1,441 @@
+"""The conversation commands: new, send, wait, respond, approve, tail, list, status,
+cancel, archive. Changes go through :mod:`contemplation.actions` and reads through
+:mod:`contemplation.reading`; the human wording is in :mod:`contemplation.show`. Loaded only
+when one of them runs (see :mod:`contemplation.cli`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from contemplation import actions, activity, backends, cli_wait, show, waiting
+from contemplation.cli_common import (
+    CONVERSATION,
+    EXIT_CODES,
+    TEMPLATE,
+    ctx_home,
+    ctx_settings,
+    emit,
+    fail,
+    json_option,
+    lookup,
+    text_arg,
+)
+from contemplation.layout import (
+    Conv,
+    Home,
+    inbox_entries,
+    list_conversations,
+    processing_entries,
+    read_log_bytes,
+    read_metadata,
+    read_state,
+)
+from contemplation.models import State, Status
+from contemplation.reading import Reader, log_text, summary
+from contemplation.terminal import safe
+from contemplation.writer import daemon_alive
+
+# --------------------------------------------------------------------------- conversations
+
+
+WAIT = click.option(
+    "--wait", is_flag=True, help="Stream the exchange to stdout and return when it is done."
+)
+TIMEOUT = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0,
+    help="With --wait: give up after this many seconds (0: never); exit code 4.",
+)
+
+
+def _follow(reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float) -> None:
+    cli_wait.note_no_daemon(reader.home)
+    sys.exit(cli_wait.follow(reader, conv, ex, timeout))
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--model", "-m", help="Model name (default: template, then config).")
+@click.option("--backend", "-b", help=f"Backend ({', '.join(backends.available())}).")
+@click.option("--template", "-t", type=TEMPLATE, help="Template name (default: default).")
+@click.option(
+    "--think/--no-think",
+    default=None,
+    help="Ask the model to think before it answers, or not (default: the template's choice).",
+)
+@click.option("--message", "message", help="First message (TEXT, or - for stdin).")
+@WAIT
+@TIMEOUT
+@json_option('Print {"id", "path", "queued"} as JSON.')
+@click.pass_context
+def new(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    topic: str,
+    model: str | None,
+    backend: str | None,
+    template: str | None,
+    think: bool | None,
+    message: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Start a conversation; prints its id (with --message … --wait, on stderr, and the
+    exchange on stdout)."""
+    s = ctx_settings(ctx)
+    text = None
+    if message is not None:
+        text = text_arg(message)
+        actions.check_text(text, s)  # before anything is created
+    elif wait:
+        raise click.UsageError("--wait needs --message: there is nothing to wait for")
+    conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
+    reader = Reader(Home(s.home))
+    ex = cli_wait.begin(reader, conv, text)
+    queued = actions.send(s, conv, text) if text is not None else None
+    data = {"id": conv.id, "path": str(conv.dir), "queued": queued}
+    if not wait or text is None:
+        emit(data, as_json, conv.id)
+        return
+    click.echo(conv.id, err=True)
+    _follow(reader, conv, ex, timeout)
+
+
+@click.command(epilog=EXIT_CODES)
+@click.argument("conversation", type=CONVERSATION)
+@click.argument("text")
+@WAIT
+@TIMEOUT
+@click.pass_context
+def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: float) -> None:
+    """Send TEXT (or - for stdin) to a conversation's inbox.
+
+    With --wait, the exchange this message starts streams to stdout. When the model stops
+    for the agent, each need and lookup waiting, with the command that settles it, go to
+    stderr and the exit code is 3."""
+    s = ctx_settings(ctx)
+    conv = lookup(ctx, conversation)
+    reader = Reader(Home(s.home))
+    body = text_arg(text)
+    ex = cli_wait.begin(reader, conv, body)
+    name = actions.send(s, conv, body)
+    if not wait:
+        click.echo(f"queued for {conv.id} (inbox/{name})")
+        return
+    _follow(reader, conv, ex, timeout)
+
+
+@click.command(epilog=EXIT_CODES)
+@click.argument("conversation", type=CONVERSATION)
+@TIMEOUT
+@click.pass_context
+def wait(ctx: click.Context, conversation: str, timeout: float) -> None:
+    """Print the current exchange (from the agent's last own message) and follow it until the
+    model is done; exit codes as `send --wait`."""
+    home = ctx_home(ctx)
+    conv = lookup(ctx, conversation)
+    reader = Reader(home)
+    _follow(reader, conv, cli_wait.Exchange(reader.last_own(conv)), timeout)
+
+
+@click.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.argument("text")
+@click.option("--need", help="Which need this answers: its id (or a unique prefix) or its text.")
+@WAIT
+@TIMEOUT
+@json_option('Print {"answered", "need_id", "queued", "still_waiting", "cursor"} as JSON.')
+@click.pass_context
+def respond(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    conversation: str,
+    text: str,
+    need: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Answer a need the model is waiting for (TEXT, or - for stdin).
+
+    --need may be left out when one need waits; when the model waits for none, TEXT is
+    queued as a plain message. A lookup waiting for approval is decided with `approve`."""
+    s = ctx_settings(ctx)
+    conv = lookup(ctx, conversation)
+    reader = Reader(Home(s.home))
+    body = text_arg(text)
+    ex = cli_wait.begin(reader, conv, body)
+    done = actions.respond(s, reader, conv, body, need)
+    if not wait:
+        emit(done, as_json, show.responded(done))
+        return
+    click.echo(show.responded(done), err=True)
+    _follow(reader, conv, ex, timeout)
+
+
+@click.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.option(
+    "--need", help="Which lookup: its id (or a unique prefix) or its need; when several wait."
+)
+@click.option("--once", "decision", flag_value="once", help="Let it through this time.")
+@click.option(
+    "--always",
+    "decision",
+    flag_value="always",
+    help="Let it through, and the same tool with the same arguments in this conversation.",
+)
+@click.option("--reject", "decision", flag_value="reject", help="Refuse it; the model is told.")
+@WAIT
+@TIMEOUT
+@json_option('Print {"decision", "need", "tool", "arguments", "request", "still_waiting"}.')
+@click.pass_context
+def approve(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    conversation: str,
+    need: str | None,
+    decision: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Decide about a lookup that waits for approval (status awaiting_approval)."""
+    if decision is None:
+        raise click.UsageError("say --once, --always or --reject")
+    s = ctx_settings(ctx)
+    conv = lookup(ctx, conversation)
+    reader = Reader(Home(s.home))
+    after = reader.boundary(conv)
+    done = actions.approve(s, conv, decision, need, reader=reader)
+    verb = {"once": "approved once", "always": "approved always", "reject": "rejected"}[decision]
+    args = json.dumps(done["arguments"], ensure_ascii=False)
+    lines = [f"{verb}: {done['tool']} {args} (for: {done['need']})"]
+    lines.extend(waiting.still(done["still_waiting"]))
+    if not wait:
+        emit(done, as_json, safe("\n".join(lines)))
+        return
+    click.echo(safe("\n".join(lines)), err=True)
+    _follow(reader, conv, cli_wait.Exchange(after, request=done["request"]), timeout)
+
+
+@click.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
+@click.option(
+    "-n",
+    "--lines",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Only the last N lines (with --json: the last N blocks; 0: all).",
+)
+@json_option(
+    "One JSON object per block, one a line (offset, from, to, time, kind, text, needs, ...); "
+    "with -f each block is printed once it is complete."
+)
+@click.pass_context
+def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_json: bool) -> None:
+    """Print a conversation's messages.log."""
+    home = ctx_home(ctx)
+    conv = lookup(ctx, conversation)
+    if as_json:
+        _tail_json(Reader(home), conv, lines, follow)
+        return
+    live = read_log_bytes(conv)
+    text = log_text(conv)  # rotated segments (oldest first) and the live log
+    if lines:
+        text = "".join(text.splitlines(keepends=True)[-lines:])
+    sys.stdout.write(safe(text))
+    sys.stdout.flush()
+    follower = cli_wait.Follower(home, conv, offset=len(live))
+    while follow:
+        time.sleep(cli_wait.POLL)
+        follower.drain()
+
+
+def _print_blocks(blocks: list[dict[str, Any]]) -> None:
+    for b in blocks:  # ASCII JSON: model text cannot reach the terminal as controls
+        sys.stdout.write(json.dumps(b) + "\n")
+    sys.stdout.flush()
+
+
+def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
+    got = reader.since(conv, 0)
+    blocks = got.blocks[-lines:] if lines else got.blocks
+    if got.partial is not None and not follow:
+        blocks.append({**got.partial, "in_progress": True})
+    _print_blocks(blocks)
+    cursor = got.cursor
+    while follow:
+        time.sleep(cli_wait.POLL)
+        conv = cli_wait.current(reader.home, conv)
+        got = reader.since(conv, cursor)
+        _print_blocks(got.blocks)
+        cursor = got.cursor
+
+
+@click.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Include completed conversations.")
+@json_option("Print the conversations' summaries as a JSON array.")
+@click.pass_context
+def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
+    """List conversations, the latest activity first."""
+    rows = Reader(ctx_home(ctx)).summaries(include_completed=show_all)
+    if as_json:
+        emit(rows, True, "")
+        return
+    if not rows:
+        click.echo("no conversations")
+        return
+    click.echo(
+        show.table(
+            [
+                (
+                    r["id"],
+                    r["status"] + (" (archived)" if r["completed"] else ""),
+                    f"{r['backend']}/{r['model']}",
+                    r["last_activity"],
+                )
+                for r in rows
+            ],
+            ("ID", "STATUS", "MODEL", "LAST ACTIVITY"),
+        )
+    )
+
+
+@click.command()
+@click.argument("conversation", required=False, type=CONVERSATION)
+@json_option("Print the status as a JSON object.")
+@click.pass_context
+def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
+    """A conversation's status; without one, the daemon's."""
+    home = ctx_home(ctx)
+    if conversation is None:
+        data = _daemon_status(home)
+        _emit_lines(data, as_json)
+        return
+    conv = lookup(ctx, conversation)
+    reader = Reader(home)
+    data = summary(conv)
+    state = read_state(conv)
+    if state:
+        data.update(_state_details(state))
+    items = reader.waiting(conv)
+    data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
+    data["activity"] = _activity(reader, conv, state, items)
+    data["daemon_running"] = daemon_alive(home)
+    st = cli_wait.stat_or_none(conv.log)
+    human = show.conversation(data, state, st.st_mtime if st else None)
+    told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]
+    _emit_lines(data, as_json, "\n".join([human, *told]))
+
+
+def _activity(reader: Reader, conv: Conv, state: State | None, items: list[Any]) -> str:
+    meta = read_metadata(conv)
+    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
+    model = meta.model if meta else ""
+    behind = 0
+    if queued and meta is not None:
+        rows = reader.summaries(include_completed=False)
+        behind = activity.queued_behind(conv.id, meta.backend, model, rows)
+    asks = sum(1 for i in items if i.kind == "approval")
+    return activity.describe(
+        state,
+        model=model,
+        daemon=daemon_alive(reader.home),
+        queued=queued,
+        behind=behind,
+        waiting=(len(items) - asks, asks),
+    )
+
+
+def _emit_lines(data: dict[str, Any], as_json: bool, human: str | None = None) -> None:
+    if human is None:
+        human = "\n".join(f"{k}: {_word(v)}" for k, v in data.items())
+    emit(data, as_json, human)
+
+
+def _word(value: Any) -> str:
+    """A value as a person reads it: yes/no, not Python's True/False."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _state_details(state: State) -> dict[str, Any]:
+    return {
+        "last_turn": state.last_turn.model_dump() if state.last_turn else None,
+        "generating_since": state.generating_since if state.status is Status.GENERATING else None,
+        "retry_count": state.retry_count,
+        "next_retry_at": state.next_retry_at,
+        "pending_approvals": [r.model_dump(mode="json") for r in state.pending_approvals],
+        "parse_errors": state.parse_errors,
+        "warnings": state.warnings,
+    }
+
+
+def _daemon_status(home: Home) -> dict[str, Any]:
+    convs = list_conversations(home, include_completed=True)
+    data: dict[str, Any] = {
+        "home": str(home.root),
+        "daemon_running": daemon_alive(home),
+        "active": sum(1 for c in convs if not c.is_completed),
+        "completed": sum(1 for c in convs if c.is_completed),
+    }
+    generating = [
+        f"{c.id} since {time.strftime('%H:%M:%S', time.localtime(st.generating_since))} "
+        f"({time.time() - st.generating_since:.0f} s)"
+        for c in convs
+        if not c.is_completed
+        and (st := read_state(c)) is not None
+        and st.status is Status.GENERATING
+        and st.generating_since is not None
+    ]
+    if generating:
+        data["generating"] = generating  # the conversations holding backend slots
+    from contemplation.dashboard import dashboard_link, token_path
+
+    link = dashboard_link(home) if data["daemon_running"] else None
+    if link:
+        data["dashboard"] = link
+        data["dashboard_token_file"] = str(token_path(home))
+    return data
+
+
+@click.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.pass_context
+def cancel(ctx: click.Context, conversation: str) -> None:
+    """Stop the in-flight generation and mark the turn cancelled."""
+    home = ctx_home(ctx)
+    conv = lookup(ctx, conversation)
+    state = read_state(conv)
+    if actions.cancel(conv) is None:  # refused, as approve with nothing waiting is
+        now = state.status.value if state else "pending"
+        fail(f"nothing to cancel: {conv.id} is {now} (no turn is running or retrying)")
+    if not daemon_alive(home):
+        click.echo(
+            "note: no daemon is running; the turn will be marked cancelled when one starts",
+            err=True,
+        )
+    click.echo(f"cancel requested for {conv.id}")
+
+
+@click.command("archive")
+@click.argument("conversation", type=CONVERSATION)
+@click.pass_context
+def archive_(ctx: click.Context, conversation: str) -> None:
+    """Move a conversation to completed/; prints where it is now."""
+    conv = lookup(ctx, conversation)
+    if conv.is_completed:
+        click.echo(f"note: {conv.id} is already archived (in completed/)", err=True)
+    else:
+        conv = actions.archive_conversation(ctx_home(ctx), conv)
+    click.echo(str(conv.dir))
+
+
+# --------------------------------------------------------------------------- daemon

@@ -1,0 +1,133 @@
+"""The commands that run or check the daemon and its faces: run, mcp, doctor. Loaded only
+when one of them runs (see :mod:`contemplation.cli`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+import click
+
+from contemplation import backends
+from contemplation.cli_common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    ctx_settings,
+    emit,
+    json_option,
+)
+from contemplation.cli_models import in_use
+from contemplation.errors import ConfigError
+from contemplation.layout import (
+    Home,
+)
+from contemplation.writer import daemon_alive, ensure_home
+
+
+@click.command()
+@click.option("--once", is_flag=True, help="Process whatever is pending, then exit.")
+@click.option(
+    "--dashboard-port",
+    type=int,
+    default=None,
+    help="Dashboard port (default 5556; 0: any free one).",
+)
+@click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard.")
+@click.pass_context
+def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard: bool) -> None:
+    """Run the daemon in the foreground.
+
+    Ctrl-C lets the turns in flight finish (stop_grace seconds, said on stderr); a second
+    Ctrl-C stops at once (the cut reply is marked and redone on the next start)."""
+    from contemplation import daemon
+
+    overrides = ctx.ensure_object(dict).setdefault("overrides", {})
+    if dashboard_port is not None:
+        overrides["dashboard_port"] = dashboard_port
+    if no_dashboard:
+        overrides["dashboard_enabled"] = False
+    s = ctx_settings(ctx)
+    extras: list[daemon.Extra] = []
+    if s.dashboard_enabled:
+        from contemplation.dashboard import serve_dashboard
+
+        extras.append(serve_dashboard)
+    if s.notifications:
+        from contemplation.notify import run_notifications
+
+        extras.append(run_notifications)
+    code = asyncio.run(daemon.run_once(s) if once else daemon.serve(s, extras=extras))
+    sys.exit(code)
+
+
+@click.command()
+@click.option(
+    "--http",
+    "http_port",
+    type=int,
+    default=None,
+    help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.",
+)
+@click.pass_context
+def mcp(ctx: click.Context, http_port: int | None) -> None:
+    """MCP server for agents (stdio by default)."""
+    from contemplation import mcp_server
+
+    mcp_server.run(ctx_settings(ctx), http_port=http_port)
+
+
+@click.command()
+@json_option('Print {"ok", "checks": [{"check", "ok", "detail"}]} as JSON.')
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool) -> None:
+    """Check the home, the config and every configured backend."""
+    s = ctx_settings(ctx)
+    home = Home(s.home)
+    results: list[dict[str, Any]] = []
+
+    def add(name: str, ok: bool, detail: str, *, warn: bool = False) -> None:
+        row: dict[str, Any] = {"check": name, "ok": ok, "detail": detail}
+        results.append(row | {"warn": True} if warn else row)
+
+    from contemplation.validate import validate
+
+    try:
+        validate(s)  # the very check `run` makes at start
+        add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
+    except ConfigError as exc:
+        add("config", False, str(exc))
+    try:
+        ensure_home(home)
+        probe = home.root / f".doctor.{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+        add("home", True, f"{home.root} is writable")
+    except OSError as exc:
+        add("home", False, f"{home.root}: {exc}")
+    add(
+        "daemon",
+        True,
+        "running" if daemon_alive(home) else "not running (start: contemplation run)",
+    )
+
+    used = in_use(home)
+
+    async def probe_backends() -> None:
+        for c in await backends.check_all(s, extra=sorted(used)):
+            detail = c.detail + "".join(f"\n    hint: {h}" for h in c.hints)
+            if c.ok or c.name in used or c.name not in backends.available():
+                add(c.name, c.ok, detail)  # (a model or other check: its failure stands)
+            else:  # a backend nothing uses now is unreachable: worth saying, not a failure
+                add(c.name, True, f"{detail}\n    (no active conversation uses it)", warn=True)
+
+    asyncio.run(probe_backends())
+    ok = all(r["ok"] for r in results)
+    if as_json:
+        emit({"ok": ok, "checks": results}, True, "")
+    else:
+        for r in results:
+            word = "warn" if r.get("warn") else "ok " if r["ok"] else "FAIL"
+            click.echo(f"{word} {r['check']:<8} {r['detail']}")
+    sys.exit(EXIT_OK if ok else EXIT_ERROR)
