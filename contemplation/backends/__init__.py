@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +135,8 @@ def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
 async def check_all(settings: Settings, extra: Iterable[str] = ()) -> list[Check]:
     """``doctor``: check the default backend (with the default model), its fallbacks and
     ``extra`` backends (e.g. those named in conversations' metadata), concurrently."""
+    import asyncio
+
     from contemplation.backends.base import Check
 
     names = list(dict.fromkeys([settings.default_backend, *settings.fallback, *extra]))
