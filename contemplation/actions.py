@@ -46,6 +46,7 @@ from contemplation.writer import (
     idempotent_create,
     new_conversation,
     request_cancel,
+    unarchive,
 )
 
 KEY_TTL = 24 * 3600.0  # a client-supplied idempotency key is remembered this long
@@ -54,7 +55,7 @@ INITIAL_NAME = "0000-initial.msg"
 
 __all__ = [
     "CANCELLABLE", "approve", "archive_conversation", "cancel", "check_text", "create",
-    "require_active", "respond", "send", "start",
+    "reopen", "require_active", "respond", "send", "start",
 ]  # fmt: skip
 
 
@@ -361,6 +362,14 @@ def archive_conversation(home: Home, conv: Conv) -> Conv:
         return archive(home, conv)
 
 
+def reopen(home: Home, conv: Conv) -> Conv:
+    """Move an archived conversation back into ``active/`` to continue it: the next message
+    is a turn as any other, and the COMPLETE it ended with does not archive it again."""
+    if not conv.is_completed:
+        raise InputRejected(f"{conv.id} is active already (not in completed/)")
+    return unarchive(home, conv)
+
+
 def cancel(conv: Conv) -> Status | None:
     """Ask the daemon to stop the turn in flight (or its retries). Returns the status that is
     being cancelled, or None when nothing runs: then no flag is written, so no future turn
@@ -376,4 +385,7 @@ def cancel(conv: Conv) -> Status | None:
 def require_active(conv: Conv) -> None:
     """Refuse to change an archived conversation, saying where it is (every face's wording)."""
     if conv.is_completed:
-        raise ContemplationError(f"{conv.id} is archived (in completed/); start a new conversation")
+        raise ContemplationError(
+            f"{conv.id} is archived (in completed/); reopen it to continue "
+            f"(`contemplation reopen {conv.id}`, or conversation_reopen)"
+        )

@@ -438,4 +438,10 @@ def archive_(ctx: click.Context, conversation: str) -> None:
     click.echo(str(conv.dir))
 
 
-# --------------------------------------------------------------------------- daemon
+@click.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.pass_context
+def reopen(ctx: click.Context, conversation: str) -> None:
+    """Bring an archived conversation back to active/ to continue it; prints where it is."""
+    conv = actions.reopen(ctx_home(ctx), lookup(ctx, conversation))
+    click.echo(str(conv.dir))

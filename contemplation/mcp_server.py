@@ -1001,6 +1001,14 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
 
     @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
     @_errors_as_tool_errors
+    def conversation_reopen(conversation_id: Id) -> str:
+        """Bring an archived conversation back to continue it (conversation_respond next)."""
+        with faces.lock:
+            conv = actions.reopen(faces.home, faces.reader.locate(conversation_id))
+        return _json({"conversation_id": conv.id, "archived": False, "path": str(conv.dir)})
+
+    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    @_errors_as_tool_errors
     def conversation_archive(conversation_id: Id) -> str:
         """Move a finished conversation to completed/ (its files are kept)."""
         conv = faces.reader.locate(conversation_id)

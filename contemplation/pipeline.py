@@ -128,8 +128,11 @@ def _decide(
             return Wait(retry_at)
         return TurnDue(w.meta)
     if nxt.action == "complete":
+        # archived once, when the COMPLETE marker is first seen: a conversation reopened (or
+        # moved back into active/ by hand) keeps its status COMPLETE and stays
+        first = w.state.status is not Status.COMPLETE
         set_status(w, Status.COMPLETE)
-        if w.meta.archive_on_complete and rt.settings.archive_on_complete:
+        if first and w.meta.archive_on_complete and rt.settings.archive_on_complete:
             dest = archive(rt.home, conv)
             rt.notify(conv.id, "archived", path=str(dest.dir))
             log.info("archived", conv=conv.id)

@@ -40,6 +40,7 @@ TOOLS = {
     "conversation_archive",
     "conversation_cancel",
     "conversation_models",
+    "conversation_reopen",
 }
 
 

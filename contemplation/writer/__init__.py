@@ -32,6 +32,7 @@ from contemplation.writer.folders import (
     reject_input,
     remove_tmp_files,
     request_cancel,
+    unarchive,
     write_context_file,
     write_metadata,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "reject_input",
     "remove_tmp_files",
     "request_cancel",
+    "unarchive",
     "write_context_file",
     "write_metadata",
 ]

@@ -228,6 +228,24 @@ def archive(home: Home, conv: Conv) -> Conv:
     return Conv(dest)
 
 
+def unarchive(home: Home, conv: Conv) -> Conv:
+    """Move an archived conversation back into ``active/`` (one atomic rename), so it can be
+    continued; refused when an active conversation already has its id."""
+    if not conv.is_completed:
+        return conv
+    if not conv.dir.is_dir():
+        raise NotFound(f"no conversation {conv.id}")
+    home.active.mkdir(parents=True, exist_ok=True)
+    dest = home.active / conv.id
+    if os.path.lexists(dest):
+        raise InputRejected(f"an active conversation {conv.id} exists already; nothing was moved")
+    crashpoint("unarchive")
+    os.rename(conv.dir, dest)
+    fsync_dir(home.active)
+    fsync_dir(home.completed)
+    return Conv(dest)
+
+
 def remove_tmp_files(
     conv: Conv, names: list[str] | None = None, *, older_than: float = 3600.0
 ) -> None:
