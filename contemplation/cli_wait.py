@@ -21,7 +21,6 @@ import click
 
 from contemplation import activity, show, waiting
 from contemplation.cli_common import EXIT_ERROR, EXIT_NEEDS_AGENT, EXIT_OK, EXIT_TIMEOUT
-from contemplation.conversation import next_action
 from contemplation.layout import (
     Conv,
     Home,
@@ -31,7 +30,7 @@ from contemplation.layout import (
     read_metadata,
     read_state,
 )
-from contemplation.models import SETTLED, Status
+from contemplation.models import Status
 from contemplation.reading import Reader, own, segments
 from contemplation.terminal import safe
 from contemplation.writer import daemon_alive
@@ -162,21 +161,16 @@ def follow(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> int:
 
 
 def settled(reader: Reader, conv: Conv, ex: Exchange) -> int | None:
-    """None while the daemon still works on the exchange; else the exit code."""
+    """None while the daemon still works on the exchange (:meth:`Reader.settled`, the rule
+    every face shares, and this exchange's own message or decision taken); else the exit
+    code."""
     state = read_state(conv)
-    if state is None or state.intent is not None or state.status not in SETTLED:
+    if state is None or not reader.settled(conv):
         return None
     if ex.before >= 0 and state.messages_processed <= ex.before:
         return None  # the message is not in the log yet
     if ex.request and any(r.id == ex.request for r in state.pending_approvals):
         return None  # the daemon has not acted on the decision yet
-    if not conv.is_completed and (inbox_entries(conv) or processing_entries(conv)):
-        return None  # a message (or an answer) is still queued
-    meta = read_metadata(conv)
-    if meta is None:
-        return None
-    if next_action(reader.view(conv, meta.agent_label).refresh().blocks).action == "turn":
-        return None  # a NEED was answered: the model's next turn is due
     if state.status in (Status.AWAITING_AGENT, Status.AWAITING_APPROVAL):
         return EXIT_NEEDS_AGENT
     if state.status in (Status.CANCELLED, Status.ERROR):

@@ -60,7 +60,6 @@ from mcp_types import Resource as MCPResource
 from pydantic import Field
 
 from contemplation import __version__, actions, activity, paging
-from contemplation.conversation import next_action
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import (
     Conv,
@@ -157,13 +156,6 @@ def _locked(fn: Callable[Concatenate[Faces, P], R]) -> Callable[Concatenate[Face
 def _own(block: dict[str, Any]) -> bool:
     """A block the agent wrote (see :func:`contemplation.reading.own`)."""
     return own(str(block.get("kind")), "response_to" in block, str(block.get("text", "")))
-
-
-def _live_size(conv: Conv) -> int:
-    try:
-        return conv.log.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _log_size(conv: Conv) -> int:
@@ -319,26 +311,7 @@ class Faces:
 
     @_locked
     def settled(self, conv: Conv) -> bool:
-        """Nothing queued, nothing being written, and no model turn due."""
-        if conv.is_completed:
-            return True
-        if not conv.dir.is_dir() or inbox_entries(conv) or processing_entries(conv):
-            return False
-        state = read_state(conv)
-        meta = read_metadata(conv)
-        if meta is None or (state is not None and state.intent is not None):
-            return False
-        if state is not None and _live_size(conv) != state.log.size:
-            # bytes past the last commit: a reply whose commit also commits the message it
-            # answers (written with no intent, see ReplyStream.merge_into_commit), or an
-            # append the daemon has not adopted yet; either way not done
-            return False
-        view = self.reader.view(conv, meta.agent_label).refresh()
-        if not view.blocks:
-            return True  # started empty: there is nothing to wait for
-        if state is None or state.status in BUSY:
-            return False
-        return next_action(view.blocks).action != "turn"
+        return self.reader.settled(conv)
 
     async def models(self) -> dict[str, Any]:
         """Backends with their model names (bounded: MODELS_SHOWN each, MODELS_WAIT in all),

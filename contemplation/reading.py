@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contemplation.conversation import next_action
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
@@ -37,7 +38,7 @@ from contemplation.layout import (
     valid_id,
 )
 from contemplation.logformat import MARKER_RE
-from contemplation.models import Block, MarkerKind, Metadata, State
+from contemplation.models import BUSY, Block, MarkerKind, Metadata, State
 from contemplation.parser import find_responses, parse
 from contemplation.waiting import WaitItem
 from contemplation.waiting import items as waiting_items
@@ -226,6 +227,13 @@ def log_text(conv: Conv) -> str:
 # --------------------------------------------------------------------------- the reader
 
 
+def _live_size(conv: Conv) -> int:
+    try:
+        return conv.log.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _clock(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
 
@@ -379,6 +387,29 @@ class Reader:
             if found:
                 return seg.start + found[-1].offset
         return 0
+
+    def settled(self, conv: Conv) -> bool:
+        """The daemon is done with the conversation for now: nothing queued, nothing being
+        written, and no model turn due. The one rule of every face (``--wait``, MCP ``wait``)."""
+        if conv.is_completed:
+            return True
+        if not conv.dir.is_dir() or inbox_entries(conv) or processing_entries(conv):
+            return False
+        state = read_state(conv)
+        meta = read_metadata(conv)
+        if meta is None or (state is not None and state.intent is not None):
+            return False
+        if state is not None and _live_size(conv) != state.log.size:
+            # bytes past the last commit: a reply whose commit also commits the message it
+            # answers (written with no intent, see ReplyStream.merge_into_commit), or an
+            # append the daemon has not adopted yet; either way not done
+            return False
+        blocks = self.view(conv, meta.agent_label).refresh().blocks
+        if not blocks:
+            return True  # started empty: there is nothing to wait for
+        if state is None or state.status in BUSY:
+            return False
+        return next_action(blocks).action != "turn"
 
     def block_at(self, conv: Conv, cursor: int) -> tuple[Block, int] | None:
         """The block a cursor points strictly inside (a page cut in the middle of a long
