@@ -194,11 +194,11 @@ def test_wait_reports_progress_while_the_model_works(
     what is happening, and returns under its cap with the cursor to go on."""
     from mcp import Client
 
-    from contemplation import mcp_server
+    from contemplation import mcp_faces, mcp_server
     from contemplation.writer import DaemonLock
 
-    monkeypatch.setattr(mcp_server, "PROGRESS_EVERY", 0.2)
-    monkeypatch.setattr(mcp_server, "WAIT_CAP", 1.2)
+    monkeypatch.setattr(mcp_faces, "PROGRESS_EVERY", 0.2)
+    monkeypatch.setattr(mcp_faces, "WAIT_CAP", 1.2)
     settings = settings_mod.load(home=home.root, env={}, config=None)
     lock = DaemonLock(home)  # a daemon that holds the lock but never takes the message
     lock.acquire()

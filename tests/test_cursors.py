@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contemplation import actions, mcp_server, paging
+from contemplation import actions, mcp_faces, paging
 from contemplation import settings as settings_mod
 from contemplation.layout import Home, load_template
 from contemplation.parser import parse
@@ -30,7 +30,7 @@ OPS = st.lists(
 class Agent:
     """The agent: holds the cursor it was last handed and what it has been shown."""
 
-    def __init__(self, faces: mcp_server.Faces, conv_id: str) -> None:
+    def __init__(self, faces: mcp_faces.Faces, conv_id: str) -> None:
         self.faces = faces
         self.conv_id = conv_id
         self.cursor: int | None = 0  # conversation_start's cursor for a new conversation
@@ -68,7 +68,7 @@ def test_following_the_cursors_yields_every_other_block_exactly_once(
     conv = new_conversation(
         home, "cursors", template=load_template(home, "default"), model="m", backend="ollama"
     )
-    agent = Agent(mcp_server.Faces(s), conv.id)
+    agent = Agent(mcp_faces.Faces(s), conv.id)
     n = 0
     with contextlib.ExitStack() as streaming:
         reply: ReplyStream | None = None

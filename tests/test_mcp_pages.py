@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from contemplation import mcp_server, paging
+from contemplation import mcp_faces, paging
 from contemplation.layout import Conv, Home, load_template
 from contemplation.parser import parse
 from contemplation.reading import own_block
@@ -28,7 +28,7 @@ def _conv(home: Home, topic: str = "pages") -> Conv:
     )
 
 
-def _read_all(faces: mcp_server.Faces, conv: Conv, budget: int) -> tuple[list[Any], int]:
+def _read_all(faces: mcp_faces.Faces, conv: Conv, budget: int) -> tuple[list[Any], int]:
     """Follow the cursors from 0 until nothing is cut; the texts and how many calls it took."""
     cursor, calls, got = 0, 0, []
     pieces: dict[int, str] = {}
@@ -59,7 +59,7 @@ def test_a_one_megabyte_reply_is_read_in_pages_once_and_whole(home: Home) -> Non
         w.append_block(
             "CLAUDE", "OLLAMA", "RESPONSE TO NEED: x\n(source: memory.search, t)\nA", msg_id="m2"
         )
-    faces = mcp_server.Faces(settings_for(home))
+    faces = mcp_faces.Faces(settings_for(home))
     texts, calls = _read_all(faces, conv, paging.PAGE_BYTES)
     whole = [b.text for b in parse(conv.log.read_bytes()).blocks if not own_block(b)]
     assert texts == whole  # every block, the long one whole, nothing twice
@@ -77,7 +77,7 @@ def test_two_thousand_small_blocks_page_at_block_boundaries(home: Home) -> None:
             r = w.reply("OLLAMA", "CLAUDE", f"r{i}")
             r.content(f"answer {i}")
             r.finish()
-    faces = mcp_server.Faces(settings_for(home))
+    faces = mcp_faces.Faces(settings_for(home))
     texts, calls = _read_all(faces, conv, 4_000)
     assert texts == [f"answer {i}" for i in range(1000)]
     assert 10 < calls < 200
@@ -85,7 +85,7 @@ def test_two_thousand_small_blocks_page_at_block_boundaries(home: Home) -> None:
 
 def test_a_page_is_exact_across_appends_between_calls(home: Home) -> None:
     conv = _conv(home)
-    faces = mcp_server.Faces(settings_for(home))
+    faces = mcp_faces.Faces(settings_for(home))
     pieces: dict[int, str] = {}
     cursor = 0
     for round_ in range(5):
@@ -161,6 +161,6 @@ def test_the_budget_is_clamped(home: Home, budget: int) -> None:
         r = w.reply("OLLAMA", "CLAUDE", "r")
         r.content("x" * 200_000)
         r.finish()
-    out = mcp_server.Faces(settings_for(home)).check(conv.id, 0, max_bytes=budget)
+    out = mcp_faces.Faces(settings_for(home)).check(conv.id, 0, max_bytes=budget)
     shown = len(out["blocks"][0]["text"])
     assert paging.PAGE_FLOOR // 2 <= shown <= paging.PAGE_CAP

@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from contemplation import logformat, mcp_server
+from contemplation import logformat, mcp_faces, mcp_server
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import Status
@@ -193,7 +193,7 @@ def test_a_reply_written_before_its_commit_is_in_progress_not_settled(home: Home
     commit, wait must not return and check shows the reply in progress, even when the
     reply's text is whole and ends the conversation."""
     conv = needs_conv(home, "the schema")
-    faces = mcp_server.Faces(settings_for(home))
+    faces = mcp_faces.Faces(settings_for(home))
     cursor = conv.log.stat().st_size
     state = read_state(conv)
     assert state is not None and state.intent is None and state.log.size == cursor
@@ -276,7 +276,7 @@ def test_wait_is_capped_and_never_waits_without_a_daemon(
 
     took, out = run_calls(settings, wait)
     assert took < 2 and out["daemon_alive"] is False and out["timed_out"] is False
-    monkeypatch.setattr(mcp_server, "WAIT_CAP", 0.6)
+    monkeypatch.setattr(mcp_faces, "WAIT_CAP", 0.6)
     lock = DaemonLock(home)  # a daemon that holds the lock but never answers
     lock.acquire()
     try:

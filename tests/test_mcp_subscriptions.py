@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from contemplation import mcp_server
+from contemplation import mcp_server, mcp_subscriptions
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home, load_template
 from contemplation.settings import Settings
@@ -174,8 +174,8 @@ def test_subscription_limits_and_bad_resources_are_clear_errors(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     convs = [a_conversation(home, f"c{i}") for i in range(3)]
-    monkeypatch.setattr(mcp_server, "MAX_SUBSCRIPTIONS", 2)
-    monkeypatch.setattr(mcp_server, "MAX_WATCHED", 3)
+    monkeypatch.setattr(mcp_subscriptions, "MAX_SUBSCRIPTIONS", 2)
+    monkeypatch.setattr(mcp_subscriptions, "MAX_WATCHED", 3)
     server = mcp_server.build_server(settings_for(home))
     logs = [uris(c)[0] for c in convs]
     statuses = [uris(c)[1] for c in convs]
@@ -243,8 +243,8 @@ def test_listen_stream_gets_updates_follows_an_archive_and_lets_go_on_close(home
 
 def test_listen_limits(home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
     conv = a_conversation(home)
-    monkeypatch.setattr(mcp_server, "MAX_SUBSCRIPTIONS", 1)
-    monkeypatch.setattr(mcp_server, "MAX_LISTEN_STREAMS", 1)
+    monkeypatch.setattr(mcp_subscriptions, "MAX_SUBSCRIPTIONS", 1)
+    monkeypatch.setattr(mcp_subscriptions, "MAX_LISTEN_STREAMS", 1)
     server = mcp_server.build_server(settings_for(home))
 
     async def main() -> list[str]:
