@@ -215,25 +215,8 @@ def _respond(
     settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None, *, face: Face
 ) -> dict[str, Any]:
     items = reader.waiting(conv)
-    needs = [i for i in items if i.kind == "need"]
-    if need:
-        chosen = waiting.pick(conv.id, items, need, "need", face)
-    elif len(needs) == 1:
-        chosen = needs[0]
-    elif needs:
-        raise InputRejected(
-            f"{len(needs)} needs wait in {conv.id}; name the one this answers (need) — "
-            + waiting.listed(needs)
-        )
-    elif items:
-        first = items[0]
-        raise InputRejected(
-            f"{conv.id} waits for the approval of {len(items)} lookup(s), not for an answer "
-            f"(the tool answers a lookup, never the agent's text). Decide with "
-            f"{waiting.how(first, conv.id, face)}; to send a message anyway, use "
-            + ("plain=true" if face == "mcp" else f"`contemplation send {conv.id}`")
-        )
-    else:
+    chosen = waiting.choose(conv.id, items, need, "need", face)
+    if chosen is None:
         return {
             "answered": None,
             "need_id": None,
@@ -282,25 +265,12 @@ def approve(
     with faces_lock(conv):  # two decisions at once: both are kept
         cursor = reader.boundary(conv)
         items = reader.waiting(conv, decided=True)  # a repeat may change a decision
-        asks = [i for i in items if i.kind == "approval"]
-        if need:
-            chosen = waiting.pick(conv.id, items, need, "approval", face)
-        elif len(asks) == 1:
-            chosen = asks[0]
-        elif asks:
-            raise InputRejected(
-                f"{len(asks)} lookups in {conv.id} wait for approval; say which (need) — "
-                + waiting.listed(asks)
-            )
-        elif items:
-            raise InputRejected(
-                f"{conv.id} waits for no approval: the model waits for an answer to "
-                f"{len(items)} need(s). Answer with {waiting.how(items[0], conv.id, face)}"
-            )
-        else:
+        chosen = waiting.choose(conv.id, items, need, "approval", face)
+        if chosen is None:
             state = read_state(conv)
             now = state.status.value if state is not None else Status.PENDING.value
             raise InputRejected(f"{conv.id} waits for no approval (status {now})")
+        asks = [i for i in items if i.kind == "approval"]
         raw = read_json(conv.metadata)
         if raw is None:
             raise ContemplationError(f"{conv.id} has no readable metadata.json")

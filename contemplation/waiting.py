@@ -129,6 +129,38 @@ def pick(conv_id: str, waiting: list[WaitItem], ref: str, want: Kind, face: Face
     return item
 
 
+def choose(
+    conv_id: str, waiting: list[WaitItem], ref: str | None, want: Kind, face: Face
+) -> WaitItem | None:
+    """The item an action settles: the one ``ref`` names, else the only one of kind
+    ``want``; None when nothing waits at all. Several of that kind with none named, or only
+    items of the other kind, are refused with what waits and the command that fits."""
+    if ref:
+        return pick(conv_id, waiting, ref, want, face)
+    mine = [i for i in waiting if i.kind == want]
+    if len(mine) == 1:
+        return mine[0]
+    if mine:
+        what = "needs wait" if want == "need" else "lookups wait for approval"
+        raise InputRejected(
+            f"{len(mine)} {what} in {conv_id}; name the one (need) — {listed(mine)}"
+        )
+    if not waiting:
+        return None
+    other = waiting[0]
+    if want == "need":
+        send = "plain=true" if face == "mcp" else f"`contemplation send {conv_id}`"
+        raise InputRejected(
+            f"{conv_id} waits for the approval of {len(waiting)} lookup(s), not for an answer "
+            f"(the tool answers a lookup, never the agent's text). Decide with "
+            f"{how(other, conv_id, face)}; to send a message anyway, use {send}"
+        )
+    raise InputRejected(
+        f"{conv_id} waits for no approval: the model waits for an answer to "
+        f"{len(waiting)} need(s). Answer with {how(other, conv_id, face)}"
+    )
+
+
 def wrong_kind(conv_id: str, item: WaitItem, face: Face) -> str:
     if item.kind == "approval":
         return (

@@ -283,7 +283,7 @@ def test_approve_picks_one_request_and_says_what_waits(
     fake_ollama.enqueue(Step(text="\n".join(f"NEED: {n}" for n in needs)), Step(text="ok"))
     run_burst(_rt(make_settings, fake_ollama, notes, permissions=perm))
     s = make_settings()
-    with pytest.raises(InputRejected, match=r"2 lookups in .* wait for approval; say which"):
+    with pytest.raises(InputRejected, match=r"2 lookups wait for approval in .*; name the one"):
         actions.approve(s, conv, "once")
     ids = {i.need: i.id for i in Reader(home).waiting(conv)}
     with pytest.raises(InputRejected, match=r"nothing waiting in .* is '3'; waiting: .*a\.md"):
