@@ -24,7 +24,7 @@ When the conversation has reached its goal and nothing more is needed, end your 
 line that says exactly:
 === COMPLETE ==="""
 MAX_OFFERED = 30  # need forms listed in the prompt at most
-MAX_DESCRIPTION = 160
+MAX_DESCRIPTION = 300  # a rule's description in the prompt (the file rule names its folders)
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,8 +218,15 @@ class ToolSettings(_Section):
         default_factory=list, description="folders `File contents of` may read (nothing if empty)"
     )
     notes_vault: Path | None = Field(None, description="a folder of Markdown notes")
-    answer_budget_chars: int = Field(2000, ge=200, description="size of one answer (~500 tokens)")
-    max_file_bytes: int = Field(256 * 1024, ge=1024, description="bytes read from one file")
+    answer_budget_chars: int = Field(
+        2000,
+        ge=200,
+        description="characters of one need's answer (~500 tokens); a file is cut at a line "
+        "end and its answer names the NEED for the next part (`… lines A-B`)",
+    )
+    max_file_bytes: int = Field(
+        256 * 1024, ge=1024, description="characters of a file shown at most in one answer"
+    )
     deny: list[str] = Field(default_factory=list, description="more names never read (globs)")
     search_tool: str = Field("", description="`server:tool` for `Search results for`")
     search_arguments: dict[str, Any] = Field(default_factory=lambda: {"query": "{query}"})

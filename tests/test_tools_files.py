@@ -148,13 +148,73 @@ def test_extra_deny_patterns_from_the_config(tree: Path) -> None:
         reader(tree, deny=["*.csv"]).read("payroll.csv")
 
 
-def test_huge_files_are_read_up_to_the_cap_with_a_note(tree: Path) -> None:
+def test_huge_files_are_read_in_parts_with_exact_counts_and_the_next_need(tree: Path) -> None:
     big = tree / "big.log"
-    big.write_bytes(b"line of log text\n" * 700_000)  # ~12 MB
-    result = reader(tree, max_bytes=64 * 1024).read("big.log")
-    assert len(result.text) == 64 * 1024
-    assert result.more
-    assert f"of {big.stat().st_size} bytes" in result.note
+    big.write_bytes(b"line of log text\n" * 380_000)  # 6.5 MB, as in the issue's 6.2 MB file
+    result = reader(tree).read("big.log")
+    assert result.text == "line of log text\n" * 117  # 117 * 17 = 1,989 of 2,000 characters
+    assert not result.more
+    assert result.note == (
+        "showing lines 1-117 of 380,000; 379,883 more line(s) — the next part: "
+        "NEED: File contents of big.log lines 118-234"
+    )
+    # the NEED line it names reads exactly the next part, and so on to the end
+    nxt = reader(tree).read("big.log lines 118-234")
+    assert nxt.text == "line of log text\n" * 117 and nxt.note == "lines 118-234 of 380,000"
+    last = reader(tree).read("big.log lines 379990-")
+    assert last.text.count("\n") == 11 and last.note == "lines 379,990-380,000 of 380,000"
+
+
+@pytest.mark.parametrize(
+    ("asked", "text", "note"),
+    [
+        ("notes.md line 3", "three\n", "lines 3-3 of 5"),
+        ("notes.md lines 2-3", "two\nthree\n", "lines 2-3 of 5"),
+        ("notes.md Lines 4 - 9", "four\nfive", "lines 4-5 of 5"),
+        ("notes.md lines 4-", "four\nfive", "lines 4-5 of 5"),
+        ("notes.md", "one\ntwo\nthree\nfour\nfive", ""),
+    ],
+)
+def test_a_line_range_as_a_model_writes_it(tree: Path, asked: str, text: str, note: str) -> None:
+    (tree / "notes.md").write_text("one\ntwo\nthree\nfour\nfive")  # no newline at the end
+    result = reader(tree).read(asked)
+    assert (result.text, result.note) == (text, note)
+
+
+def test_a_range_past_the_end_and_a_line_longer_than_an_answer(tree: Path) -> None:
+    (tree / "short.md").write_text("a\nb\n")
+    with pytest.raises(ToolError, match="has 2 lines; there is no line 7"):
+        reader(tree).read("short.md lines 7-9")
+    (tree / "wide.md").write_text("x" * 5000 + "\nsecond\n")
+    wide = reader(tree).read("wide.md")
+    assert wide.text == "x" * 2000
+    assert wide.note == (
+        "line 1 of 2 is longer than an answer: its first part only; the next part: "
+        "NEED: File contents of wide.md lines 2-2"
+    )
+
+
+def test_tilde_the_roots_own_name_and_an_ambiguous_path(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tree.parent))
+    r = reader(tree)
+    assert r.read(f"~/{tree.name}/docs/guide.md").text.startswith("# Guide")
+    assert r.read(f"{tree.name}/docs/guide.md").text.startswith("# Guide")  # root's own name
+    with pytest.raises(Refused, match="not ~user"):
+        r.read("~root/.bashrc")
+    with pytest.raises(Refused, match=r"'\.\.'"):
+        r.read("~/../etc/passwd")
+    with pytest.raises(Refused, match="outside the allowed folders"):
+        r.read("~/elsewhere.md")
+    other = tmp_path / "other"
+    (other / "docs").mkdir(parents=True)
+    (other / "docs" / "guide.md").write_text("another guide")
+    both = FileReader([tree, other])
+    with pytest.raises(ToolError, match="in more than one allowed folder") as e:
+        both.read("docs/guide.md")
+    assert str(tree / "docs" / "guide.md") in str(e.value)
+    assert str(other / "docs" / "guide.md") in str(e.value)
 
 
 def test_binary_missing_and_unconfigured(tree: Path) -> None:
@@ -211,6 +271,43 @@ def test_hostile_needs_through_the_router_get_clear_answers(tree: Path, tmp_path
         assert "SECRET" not in block and "root:" not in block
     big = results[4][1]
     assert big.startswith("RESPONSE TO NEED: File contents of big.txt\n(source: files.read, ")
-    assert "more exists" in big
+    assert "more exists" not in big and "narrower part" not in big
+    assert "1,955 more line(s) — the next part: NEED: File contents of big.txt lines 46-90" in big
     body = big.split("BEGIN TOOL OUTPUT", 1)[1].split("END TOOL OUTPUT", 1)[0]
     assert len(body) < 700
+
+
+def test_permissions_judge_the_file_a_need_reads_however_it_is_written(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deny or ask on the real path holds for the same file asked as ``~/…``, by the
+    root's own name, by a relative path, or for a part of it (``lines 1-3``)."""
+    monkeypatch.setenv("HOME", str(tree.parent))
+    (tree / "secrets").mkdir()
+    (tree / "secrets" / "plan.md").write_text("the plan\n")
+    (tree / ".env").write_text("KEY=1\n")
+    settings = settings_mod.load(
+        home=tmp_path / "home",
+        env={},
+        config=None,
+        overrides={
+            "tools": {"allowed_roots": [str(tree)]},
+            "permissions": {"read_file": {f"{tree}/secrets/**": "ask"}},
+        },
+    )
+    router = NeedRouter(settings)
+    for written in (
+        f"{tree}/secrets/plan.md",
+        f"~/{tree.name}/secrets/plan.md",
+        f"{tree.name}/secrets/plan.md",
+        "secrets/plan.md",
+        "secrets/plan.md lines 1-3",
+    ):
+        found = router.route(f"File contents of {written}")
+        assert found is not None
+        assert router.permit(found).action == "ask", written
+    env = router.route("File contents of .env lines 1-2")
+    assert env is not None and router.permit(env).action == "deny"
+    # the prompt names the folders a model may read, home-relative, and the part form
+    [told] = [r for r in router.offered() if r.tool == "files.read"]
+    assert f": ~/{tree.name}. A part: add lines 120-180 after the path." in told.description

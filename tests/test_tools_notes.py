@@ -99,3 +99,26 @@ def test_no_vault_configured_or_missing(tmp_path: Path) -> None:
         NotesSearch(tmp_path / "nope").search("x")
     with pytest.raises(ToolError, match="missing argument 'query'"):
         asyncio.run(NotesSearch(tmp_path).call({"query": "  "}))
+
+
+def test_a_note_over_the_size_bound_is_searched_in_its_head_and_named(vault: Path) -> None:
+    """A vault of 4 with one 2 MiB note: 4 are searched (not 3), a word in its head is found,
+    and the answer names the note whose tail was not searched."""
+    big = vault / "journal.md"
+    big.write_text("# Journal\nthe zebra crossing\n" + "filler words here\n" * 130_000)
+    assert big.stat().st_size > 1024 * 1024
+    tool = NotesSearch(vault)
+    found = tool.answer("zebra")
+    assert "(4 notes searched)" in found.text and "journal.md" in found.text
+    assert found.note == (
+        "1 note(s) over 1,048,576 bytes were searched in their first 1,048,576 bytes only: "
+        "journal.md"
+    )
+    missing = tool.answer("unicorn")
+    assert missing.text == "no notes match 'unicorn' (4 notes searched)"
+    assert "journal.md" in missing.note
+
+
+def test_notes_past_the_count_bound_are_said(vault: Path) -> None:
+    out = NotesSearch(vault, max_notes=2).answer("redis")
+    assert "1 note(s) past the first 2 were not searched" in out.note

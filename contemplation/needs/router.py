@@ -97,7 +97,7 @@ class Answer:
             parts.append(f"{self.held_back:,} more characters were not shown")
         if self.more:
             parts.append("the source has more than the tool returned")
-        return "(more exists: " + "; ".join(parts) + " — ask for a narrower part if needed)"
+        return "(more exists: " + "; ".join(parts) + ")"
 
 
 def neutralise(text: str) -> str:
@@ -158,13 +158,18 @@ class _Turn:
 # --------------------------------------------------------------------------- tools
 
 
+MAX_ROOTS_TOLD = 8  # readable folders named in the system prompt at most
+
+
 def build_tools(settings: Settings, pool: McpPool) -> dict[str, Tool]:
     """The built-in tools from settings (MCP tools are made on demand)."""
     t = settings.tools
     home = Home(settings.home)
     durable = settings.durability == "fsync"
     search = ConfiguredSearch(pool, t.search_tool, t.search_arguments)
-    reader = FileReader(t.allowed_roots, max_bytes=t.max_file_bytes, deny=t.deny)
+    reader = FileReader(
+        t.allowed_roots, max_bytes=t.max_file_bytes, deny=t.deny, answer_chars=t.answer_budget_chars
+    )
     return {
         "files.read": reader,
         "files.tree": FileTree(reader),
@@ -300,11 +305,19 @@ class NeedRouter:
         return (*self.permissions, *self._template_permissions.get(template, ()))
 
     def permit(self, found: needrules.Route, *, template: str | None = None) -> needrules.Verdict:
-        """allow / ask / deny for one routed need, by the permissions alone (pure)."""
+        """allow / ask / deny for one routed need, by the permissions alone. A file is also
+        judged by the real path it is found at (``notes/x.md`` under a root, ``~/x``): a
+        pattern on the real path cannot be passed by writing the path another way."""
+        arguments = dict(found.arguments)
+        reader = self.tools.get("files.read")
+        if found.tool == "files.read" and isinstance(reader, FileReader):
+            real = reader.resolved(str(arguments.get("path", "")))
+            if real is not None:
+                arguments["(found at)"] = str(real)
         return needrules.decide(
             found.rule.name,
             found.tool,
-            found.arguments,
+            arguments,
             self.permission_rules(template),
             self.user_home,
         )
@@ -513,7 +526,25 @@ class NeedRouter:
     def offered(self, template: str | None = None) -> list[needrules.Rule]:
         """The rules a model is told about (the system prompt's NEED forms), in matching
         order: those whose tool is set up in this configuration."""
-        return [r for r in self.rules(template).rules if self._usable(r)]
+        return [self._told(r) for r in self.rules(template).rules if self._usable(r)]
+
+    def _told(self, rule: needrules.Rule) -> needrules.Rule:
+        """A rule as the prompt describes it: the file rule names the folders it reads
+        (home-relative where they are under the home) and how to ask for a part."""
+        reader = self.tools.get("files.read")
+        if rule.tool != "files.read" or not isinstance(reader, FileReader):
+            return rule
+        home = Path(self.user_home)
+        shown = [
+            f"~/{r.relative_to(home)}" if r.is_relative_to(home) else str(r) for r in reader.roots
+        ]
+        more = f" and {len(shown) - MAX_ROOTS_TOLD} more" if len(shown) > MAX_ROOTS_TOLD else ""
+        folders = ", ".join(shown[:MAX_ROOTS_TOLD]) + more
+        return replace(
+            rule,
+            description=f"{rule.description.rstrip('.')}: {folders}. "
+            "A part: add lines 120-180 after the path.",
+        )
 
     def tool_specs(self, *, template: str | None = None) -> list[dict[str, Any]]:
         """The rules offered as native tools (Ollama/OpenAI ``tools`` format)."""

@@ -684,11 +684,18 @@ def subjects(arguments: Mapping[str, Any]) -> list[str]:
     return found or [""]
 
 
+_LINES_RE = re.compile(r"\s+lines?\s+\d+(?:\s*(?:-|\u2013|to)\s*\d*)?\s*$", re.IGNORECASE)
+
+
 def _forms(value: str, home: str) -> list[str]:
-    """A value as written and, for a path, as meant (``~`` expanded, ``..`` folded)."""
+    """A value as written and, for a path, as meant (``~`` expanded, ``..`` folded, a
+    trailing ``lines A-B`` left out: a part of a file is judged as the file)."""
     forms = [value]
-    if "/" in value or value.startswith("~"):
-        meant = posixpath.normpath(_expand_home(value, home))
+    bare = _LINES_RE.sub("", value)
+    if bare != value:
+        forms.append(bare)
+    if "/" in bare or bare.startswith("~"):
+        meant = posixpath.normpath(_expand_home(bare, home))
         if meant not in forms:
             forms.append(meant)
     return forms

@@ -12,7 +12,15 @@ The path comes from model output, so it is hostile until proven otherwise:
    file, the descriptor's real path is checked again on Linux, and at most ``max_bytes`` are
    read (the answer says how much more there is).
 
-No ``~`` or ``$VAR`` expansion, no shell, no subprocess.
+Paths as models write them: ``~`` and ``~/…`` are the user's home (``~user`` is refused); a
+relative path is tried under each root, and also with a leading folder equal to a root's own
+name left out (``notes/plan.md`` under the root ``~/notes``); a path found under several roots
+is refused with the candidates. Every form goes through the checks above. No ``$VAR``
+expansion, no shell, no subprocess.
+
+A part of a file: ``PATH lines 120-180`` (also ``line 120``, ``lines 120-``). An answer holds
+at most ``answer_chars`` characters, cut at a line end; when it is cut, its note says which
+lines it shows, how many are left and the exact NEED line for the next part.
 """
 
 from __future__ import annotations
@@ -49,6 +57,34 @@ DEFAULT_DENY = (
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".tox"}
 _DEF_RE = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _PROC_FD = Path("/proc/self/fd")
+_RANGE_RE = re.compile(
+    r"^(?P<path>.*?\S)\s+lines?\s+(?P<first>\d{1,9})(?:\s*(?:-|\u2013|to)\s*(?P<last>\d{1,9})?)?\s*$",
+    re.IGNORECASE,
+)
+COUNT_CAP = 64 * 1024 * 1024  # bytes read at most to count a file's lines
+CHUNK = 1 << 20
+
+
+def _home(raw: str) -> str:
+    """``~`` and ``~/…`` as the user's home; ``~user`` is refused (whose home is not ours)."""
+    if not raw.startswith("~"):
+        return raw
+    if raw != "~" and not raw.startswith("~/"):
+        raise Refused(f"{raw!r}: only ~/ (your own home) is understood, not ~user")
+    return str(Path.home()) + raw[1:]
+
+
+def split_range(requested: str) -> tuple[str, int, int | None]:
+    """``PATH lines A-B`` → (PATH, A, B); ``line A`` → (PATH, A, A); ``lines A-`` → (PATH, A,
+    None: to the end); a plain path → (PATH, 1, None)."""
+    m = _RANGE_RE.match(requested.strip())
+    if m is None:
+        return requested, 1, None
+    first = max(1, int(m["first"]))
+    if m["last"] is not None:
+        return m["path"], first, max(first, int(m["last"]))
+    dash = requested.rstrip()[-1:] in "-\u2013" or requested.rstrip().lower().endswith("to")
+    return m["path"], first, None if dash else first
 
 
 def _real_roots(roots: Sequence[Path]) -> tuple[Path, ...]:
@@ -67,11 +103,17 @@ class FileReader:
     name = "files.read"
 
     def __init__(
-        self, roots: Sequence[Path], *, max_bytes: int = 256 * 1024, deny: Sequence[str] = ()
+        self,
+        roots: Sequence[Path],
+        *,
+        max_bytes: int = 256 * 1024,
+        deny: Sequence[str] = (),
+        answer_chars: int = 2000,
     ) -> None:
         self.configured = tuple(Path(r) for r in roots)
         self.roots = _real_roots(self.configured)
         self.max_bytes = max_bytes
+        self.answer_chars = min(answer_chars, max_bytes)
         patterns = [p.casefold() for p in (*DEFAULT_DENY, *deny)]
         self._deny_names = tuple(p for p in patterns if "/" not in p)
         self._deny_paths = tuple(p.strip("/") for p in patterns if "/" in p)
@@ -109,12 +151,33 @@ class FileReader:
         raw = requested.strip()
         if not raw:
             raise ToolError("missing argument 'path'")
+        raw = _home(raw)
         pure = PurePosixPath(raw)
         if ".." in pure.parts:
             raise Refused(f"{raw!r} contains '..', which is not allowed; name the file itself")
         hit = self.denied(pure.parts)
         if hit:
             raise Refused(f"{raw!r} matches the deny-list ({hit}); such files are never read")
+        found = self._found(raw, pure)
+        if len(found) > 1:
+            listed = ", ".join(str(f) for f in found)
+            raise ToolError(f"{raw!r} is in more than one allowed folder: {listed}; ask for one")
+        if found:
+            return found[0]
+        raise ToolError(f"no such file: {raw!r} (looked in {self._shown_roots()})")
+
+    def resolved(self, requested: str) -> Path | None:
+        """The real path a request for a file (or a part of one) reads; None when it would be
+        refused or is not there (the read says why)."""
+        try:
+            return self.locate(split_range(requested)[0])
+        except ToolError:
+            return None
+
+    def _found(self, raw: str, pure: PurePosixPath) -> list[Path]:
+        """The real paths of the candidates that exist, each checked against the roots and
+        the deny-list."""
+        found: list[Path] = []
         for cand in self._candidates(raw, pure):
             try:
                 real = cand.resolve(strict=True)
@@ -130,13 +193,22 @@ class FileReader:
             hit = self.denied(real.relative_to(root).parts)
             if hit:
                 raise Refused(f"{raw!r} leads to a denied name ({hit}); such files are never read")
-            return real
-        raise ToolError(f"no such file: {raw!r} (looked in {self._shown_roots()})")
+            if real not in found:
+                found.append(real)
+        return found
 
     def _candidates(self, raw: str, pure: PurePosixPath) -> list[Path]:
-        """Where ``raw`` may be: itself if absolute (inside a root), else under each root."""
+        """Where ``raw`` may be: itself if absolute (inside a root), else under each root, and
+        under a root whose own folder name it starts with, that name left out."""
         if not pure.is_absolute():
-            return [root / pure for root in self.roots]
+            out = [root / pure for root in self.roots]
+            if len(pure.parts) > 1:
+                rest = PurePosixPath(*pure.parts[1:])
+                out += [r / rest for r in self.roots if r.name == pure.parts[0]]
+                out += [
+                    r / rest for r in self.configured if r.name == pure.parts[0] and r.is_absolute()
+                ]
+            return out
         lexical = Path(os.path.normpath(raw))
         if not any(lexical.is_relative_to(r) for r in (*self.roots, *self.configured)):
             raise Refused(
@@ -176,15 +248,47 @@ class FileReader:
     # -- reading ----------------------------------------------------------------------
 
     def read(self, requested: str) -> ToolResult:
-        real = self.locate(requested)
-        fd, st = self._open(real, requested)
+        path, first, last = split_range(requested)
+        real = self.locate(path)
+        fd, st = self._open(real, path)
         with os.fdopen(fd, "rb") as f:
-            data = f.read(self.max_bytes)
-        if b"\x00" in data[:8192]:
-            raise Refused(f"{requested!r} is a binary file ({st.st_size} bytes); not shown")
-        more = st.st_size > len(data)
-        note = f"showing the first {len(data)} of {st.st_size} bytes" if more else ""
-        return ToolResult(data.decode("utf-8", errors="replace"), str(real), more, note)
+            head = f.read(8192)
+            if b"\x00" in head:
+                raise Refused(f"{path!r} is a binary file ({st.st_size:,} bytes); not shown")
+            f.seek(0)
+            return self._lines(f, path, str(real), first, last)
+
+    def _lines(self, f: Any, path: str, source: str, first: int, last: int | None) -> ToolResult:
+        """Lines ``first``..``last`` (None: to the end) of the open file, as many as fit the
+        answer; the note says what is left and the NEED line that asks for it."""
+        shown: list[str] = []
+        size = n = scanned = 0
+        cut = False
+        exhausted = True
+        for raw in f:
+            n += 1
+            scanned += len(raw)
+            if n < first:
+                continue
+            line = raw.decode("utf-8", errors="replace")
+            if (last is not None and n > last) or size + len(line) > self.answer_chars:
+                if not shown and not (last is not None and n > last):
+                    shown.append(line[: self.answer_chars])  # one line longer than an answer
+                    cut = True
+                exhausted = False
+                break
+            shown.append(line)
+            size += len(line)
+        if not shown:
+            raise ToolError(f"{path!r} has {n:,} lines; there is no line {first:,}")
+        total, exact = (n, True) if exhausted else _count_rest(f, n, scanned)
+        end = first + len(shown) - 1
+        return ToolResult(
+            "".join(shown),
+            source,
+            False,
+            _part_note(path, first, end, last=last, total=total, exact=exact, cut=cut),
+        )
 
     def read_head(self, real: Path, limit: int) -> str:
         fd, _ = self._open(real, str(real))
@@ -253,3 +357,42 @@ class FileTree:
         return await asyncio.to_thread(
             self.reader.tree, path, depth=self.depth, max_entries=self.max_entries
         )
+
+
+def _count_rest(f: Any, counted: int, scanned: int) -> tuple[int, bool]:
+    """The file's number of lines: ``counted`` read so far (``scanned`` bytes) and the newlines
+    of the rest. Exact (True) unless the file is longer than COUNT_CAP: then a lower bound."""
+    total = counted
+    last = b"\n"
+    while True:
+        if scanned >= COUNT_CAP:
+            return total, False
+        chunk = f.read(CHUNK)
+        if not chunk:
+            break
+        total += chunk.count(b"\n")
+        last = chunk[-1:]
+        scanned += len(chunk)
+    return total + (last != b"\n"), True  # a last line with no newline counts too
+
+
+def _part_note(
+    path: str, first: int, end: int, *, last: int | None, total: int, exact: bool, cut: bool
+) -> str:
+    """What part of the file an answer holds, and the NEED line for the next part."""
+    of = f"{total:,}" + ("" if exact else "+")
+    want = total if last is None else min(last, total)
+    if cut:
+        nxt = f"NEED: File contents of {path} lines {first + 1}-{min(want, first + 40)}"
+        more = f"; the next part: {nxt}" if first < want else ""
+        return f"line {first:,} of {of} is longer than an answer: its first part only{more}"
+    if end < want:
+        nxt_end = min(want, end + (end - first + 1))
+        left = f"{want - end:,}" + ("" if exact or last is not None else "+")
+        return (
+            f"showing lines {first:,}-{end:,} of {of}; {left} more line(s) — the next part: "
+            f"NEED: File contents of {path} lines {end + 1}-{nxt_end}"
+        )
+    if first > 1 or end < total:
+        return f"lines {first:,}-{end:,} of {of}"
+    return ""

@@ -44,6 +44,7 @@ class _Note:
     title_terms: frozenset[str]
     length: int
     key: tuple[int, int]  # (size, mtime_ns)
+    partial: bool = False  # larger than max_note_bytes: only its head is searched
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +82,32 @@ class NotesSearch:
         hits, total = self.search(query)
         src = str(self.vault)
         if not hits:
-            return ToolResult(f"no notes match {query!r} ({total} notes searched)", src)
+            return ToolResult(
+                f"no notes match {query!r} ({total} notes searched)", src, note=self._left_out()
+            )
         lines = [f"{len(hits)} of the notes that match {query!r} ({total} notes searched):"]
         for i, h in enumerate(hits, 1):
             lines.append(f"{i}. {h.title} ({h.path})\n   {h.snippet}")
-        return ToolResult("\n".join(lines), src)
+        return ToolResult("\n".join(lines), src, note=self._left_out())
+
+    def _left_out(self) -> str:
+        """What the search did not see whole: notes over the size bound (their first part was
+        searched) and notes past the count bound (not searched)."""
+        with self._lock:
+            partial = sorted(n.rel for n in self._index.values() if n.partial)
+            skipped = self.skipped
+        said = []
+        if partial:
+            names = ", ".join(partial[:5]) + (
+                f" and {len(partial) - 5} more" if len(partial) > 5 else ""
+            )
+            said.append(
+                f"{len(partial)} note(s) over {self.max_note_bytes:,} bytes were searched in "
+                f"their first {self.max_note_bytes:,} bytes only: {names}"
+            )
+        if skipped:
+            said.append(f"{skipped:,} note(s) past the first {self.max_notes:,} were not searched")
+        return "; ".join(said)
 
     # -- index ------------------------------------------------------------------------
 
@@ -127,7 +149,7 @@ class NotesSearch:
                     return None  # a link out of the vault
                 st = os.stat(real)
                 path = real
-            if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_note_bytes:
+            if not stat.S_ISREG(st.st_mode):
                 return None
         except OSError:
             return None
@@ -153,6 +175,7 @@ class NotesSearch:
             frozenset(terms(title + " " + path.stem)),
             len(words),
             key,
+            st.st_size > self.max_note_bytes,
         )
 
     # -- search -----------------------------------------------------------------------
