@@ -47,7 +47,10 @@ def make_conv(home: Home, topic: str = "dashboard", reply: str = "Hello there.")
 def client(home: Home) -> Iterator[TestClient]:
     settings = settings_mod.load(home=home.root, env={}, config=None)
     dash = Dashboard(settings, token=TOKEN)
-    with TestClient(dash.asgi(), base_url=BASE) as c:
+    # every /api/ read needs the token (on loopback too): the page sends it with each one
+    with TestClient(
+        dash.asgi(), base_url=BASE, headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as c:
         yield c
 
 
@@ -81,7 +84,9 @@ def test_state_changes_need_token_json_and_our_origin(home: Home, client: TestCl
     url = f"/api/conversations/{conv.id}/messages"
     body = json.dumps({"text": "hi"})
     assert (
-        client.post(url, content=body, headers={"Content-Type": "application/json"}).status_code
+        client.post(
+            url, content=body, headers={"Content-Type": "application/json", "Authorization": ""}
+        ).status_code
         == 401
     )
     wrong = {"Authorization": "Bearer " + "x" * 43, "Content-Type": "application/json"}
@@ -148,13 +153,19 @@ def test_respond_to_a_need_through_the_api(home: Home, client: TestClient) -> No
     detail = client.get(f"/api/conversations/{conv.id}").json()
     assert detail["pending_needs"] == ["the schema", "the counts"]
     url = f"/api/conversations/{conv.id}/respond"
-    r = client.post(url, content=json.dumps({"text": "12 rows", "need": "2"}), headers=auth())
+    counts = next(w for w in detail["waiting"] if w["need"] == "the counts")
+    assert counts["kind"] == "need"
+    two = client.post(url, content=json.dumps({"text": "12 rows"}), headers=auth())
+    assert two.status_code == 422 and "2 needs wait" in two.json()["error"]
+    r = client.post(
+        url, content=json.dumps({"text": "12 rows", "need": counts["id"]}), headers=auth()
+    )
     assert r.status_code == 200 and r.json()["answered"] == "the counts"
     body = (conv.inbox / r.json()["queued"]).read_text().split("\n")
     assert body[0] == "RESPONSE TO NEED: the counts" and body[2] == "12 rows"
     assert client.get(f"/api/conversations/{conv.id}").json()["pending_needs"] == ["the schema"]
     bad = client.post(url, content=json.dumps({"text": "x", "need": "nope"}), headers=auth())
-    assert bad.status_code == 422 and "no pending need" in bad.json()["error"]
+    assert bad.status_code == 422 and "is 'nope'; waiting: " in bad.json()["error"]
 
 
 def test_metrics_percentiles() -> None:
@@ -293,8 +304,43 @@ def test_dashboard_in_real_chromium(
             assert errors == []
         finally:
             browser.close()
-    with urllib.request.urlopen(f"{base}/api/metrics", timeout=10) as r:
+    req = urllib.request.Request(
+        f"{base}/api/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
         metrics: dict[str, Any] = json.loads(r.read())
     assert metrics["live"]["turns"] >= 3 and metrics["live"]["response_ms"]["p50"] is not None
     assert metrics["turns_total"] >= 3
     assert d.stop() == 0
+
+
+def test_every_read_of_conversation_data_needs_the_token_on_loopback_too(
+    home: Home, client: TestClient
+) -> None:
+    """Any local user of a shared machine reaches 127.0.0.1: reads need the token as writes
+    do (a header, or ?token= for the event stream and download links)."""
+    conv = make_conv(home)
+    reads = [
+        "/api/conversations",
+        f"/api/conversations/{conv.id}",
+        f"/api/conversations/{conv.id}/blocks",
+        f"/api/conversations/{conv.id}/export.md",
+        f"/api/conversations/{conv.id}/export.json",
+        "/api/search?q=hello",
+        "/api/status",
+        "/api/metrics",
+    ]
+    for path in reads:
+        bare = client.get(path, headers={"Authorization": ""})
+        assert bare.status_code == 401, path
+        assert "token" in bare.json()["error"] and "Hello there" not in bare.text
+        wrong = client.get(path, headers={"Authorization": "Bearer " + "x" * 43})
+        assert wrong.status_code == 401, path
+        assert client.get(path).status_code == 200, path  # the fixture's client has the token
+    link = client.get(
+        f"/api/conversations/{conv.id}/export.md?token={TOKEN}", headers={"Authorization": ""}
+    )
+    assert link.status_code == 200 and "Hello there." in link.text
+    page = client.get("/", headers={"Authorization": ""})  # the page shell holds no data
+    assert page.status_code == 200 and conv.id not in page.text
+

@@ -35,7 +35,8 @@ def served(home: Home) -> Iterator[Served]:
 
 @pytest.fixture
 def web(served: Served) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served.base, timeout=10) as c:
+    headers = {"Authorization": f"Bearer {served.token}"}  # reads need the token too
+    with httpx.Client(base_url=served.base, timeout=10, headers=headers) as c:
         yield c
 
 
@@ -63,7 +64,7 @@ def untouched(home: Home, conv: Conv) -> None:
 
 BODIES: dict[str, dict[str, Any]] = {
     "messages": {"text": "hi"},
-    "respond": {"text": "the answer", "need": "the schema"},
+    "respond": {"text": "the answer"},  # a turn is running: a plain message
     "cancel": {},
     "archive": {},
 }
@@ -76,7 +77,7 @@ def test_every_write_endpoint_needs_the_token_and_our_origin(
     conv = generating(home)
     url = f"/api/conversations/{conv.id}/{action}"
     body = json.dumps(BODIES[action])
-    json_only = {"Content-Type": "application/json"}
+    json_only = {"Content-Type": "application/json", "Authorization": ""}  # no token
     r = web.post(url, content=body, headers=json_only)
     assert r.status_code == 401 and "token" in r.json()["error"]
     wrong = {**json_only, "Authorization": "Bearer " + "x" * 43}
@@ -96,7 +97,9 @@ def test_an_unknown_action_is_404_and_still_needs_the_token(
     conv = generating(home)
     url = f"/api/conversations/{conv.id}/delete"  # no such action
     assert (
-        web.post(url, content=b"{}", headers={"Content-Type": "application/json"}).status_code
+        web.post(
+            url, content=b"{}", headers={"Content-Type": "application/json", "Authorization": ""}
+        ).status_code
         == 401
     )
     assert web.post(url, content=b"{}", headers=auth(served)).status_code == 404
@@ -175,7 +178,8 @@ def test_detail_offers_the_actions_that_fit_the_status(
         content=json.dumps({"need": "the counts", "text": "12 rows"}),
         headers=auth(served),
     )
-    assert r.status_code == 200 and r.json()["still_pending"] == ["the schema"]
+    assert r.status_code == 200
+    assert [(w["kind"], w["need"]) for w in r.json()["still_waiting"]] == [("need", "the schema")]
     done = make_conv(home, "done", "Q", "A")
     assert (
         web.post(
@@ -285,7 +289,8 @@ def test_a_running_search_blocks_neither_the_loop_nor_other_reads(
     results: list[httpx.Response] = []
 
     def search() -> None:
-        with httpx.Client(base_url=served.base, timeout=30) as c:
+        headers = {"Authorization": f"Bearer {served.token}"}
+        with httpx.Client(base_url=served.base, timeout=30, headers=headers) as c:
             results.append(c.get("/api/search", params={"q": "needle"}))
 
     threads = [threading.Thread(target=search) for _ in range(app_mod.SEARCHES_AT_ONCE)]

@@ -142,6 +142,9 @@ def test_answers_to_needs_and_a_message_in_chromium(home: Home, browser: Any, ta
     tab.goto(f"/c/{conv.id}")
     forms = page.locator("#needs form.need-form")
     expect(forms).to_have_count(2)
+    # each NEED line of the model's block is shown once (the block's text holds them)
+    expect(page.locator("#log article.model pre.text")).to_contain_text("NEED: the schema")
+    assert page.locator("#log").inner_text().count("NEED: the schema") == 1
     expect(forms.nth(0)).to_have_attribute("data-need", "the schema")
     expect(forms.nth(1)).to_contain_text("NEED: the counts")
     expect(page.locator("#send-form label")).to_have_text("send a message")
@@ -177,6 +180,28 @@ def test_answers_to_needs_and_a_message_in_chromium(home: Home, browser: Any, ta
     expect(page.locator("#needs")).to_be_hidden()
     assert len(list(conv.inbox.iterdir())) == 3
     assert tab.failed == [f"422 {tab.base}/api/conversations/{conv.id}/respond"]
+
+
+def test_the_list_puts_what_waits_for_you_first_and_coloured(
+    home: Home, browser: Any, tab: Tab
+) -> None:
+    from playwright.sync_api import expect
+
+    waiting = make_conv(home, "Waits", "Q", "Before I answer:\nNEED: the schema")
+    with open_writer(waiting) as w:
+        w.set_status(Status.AWAITING_APPROVAL)
+    make_conv(home, "Newer", "Q", "A")  # newer activity, but nothing waits
+    page = tab.page
+    tab.goto("/")
+    rows = page.locator("#conversations tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_have_attribute("data-id", waiting.id)
+    cell = rows.first.locator("td.status")
+    expect(cell).to_have_text("awaiting_approval")
+    plain = rows.nth(1).locator("td.status")
+    colour = cell.evaluate("e => getComputedStyle(e).color")
+    assert colour != plain.evaluate("e => getComputedStyle(e).color")
+    tab.shot(browser, "list-waiting-first")
 
 
 def test_cancel_in_chromium_writes_the_flag(home: Home, browser: Any, tab: Tab) -> None:

@@ -31,7 +31,14 @@ from contemplation.dashboard import search as full_text
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
 from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
-from contemplation.layout import Conv, Home, read_metadata, read_state
+from contemplation.layout import (
+    Conv,
+    Home,
+    inbox_entries,
+    processing_entries,
+    read_metadata,
+    read_state,
+)
 from contemplation.models import CANCELLABLE
 from contemplation.reading import Reader
 from contemplation.settings import Settings
@@ -206,16 +213,16 @@ class Dashboard:
             meta = read_metadata(conv)
             state = read_state(conv)
             out = dict(self.reader.summary(conv))
-            out["pending_needs"] = (
-                self.reader.pending_needs(conv, meta) if meta and not conv.is_completed else []
-            )
+            items = self.reader.waiting(conv)
+            out["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
+            out["pending_needs"] = [i.need for i in items if i.kind == "need"]
             out["template"] = meta.template if meta else ""
             out["cancel_requested"] = os.path.lexists(conv.cancel_flag)
-            out["pending_approvals"] = (
-                [r.model_dump(mode="json") for r in state.pending_approvals]
-                if state is not None and not conv.is_completed
-                else []
-            )
+            asked = {r.id: r for r in state.pending_approvals} if state is not None else {}
+            out["pending_approvals"] = [
+                asked[i.id].model_dump(mode="json") for i in items if i.id in asked
+            ]
+            out["queued_messages"] = len(inbox_entries(conv)) + len(processing_entries(conv))
             out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
             if state is not None:
@@ -349,7 +356,7 @@ class Dashboard:
         )
 
     async def approve(self, request: Request) -> Response:
-        """``{"decision": "once" | "always" | "reject", "need": text or number}``."""
+        """``{"decision": "once" | "always" | "reject", "need": its id or text}``."""
         try:
             body = await self._body(request)
         except InputRejected as exc:
@@ -365,6 +372,7 @@ class Dashboard:
                 self._conv(request),
                 decision,
                 str(need) if need not in (None, "") else None,
+                reader=self.reader,
             )
         )
 
@@ -429,7 +437,6 @@ class Dashboard:
             Starlette(routes=routes, exception_handlers={HTTPException: _http_error}),
             token=lambda: self.token,
             hosts=lambda: allowed_hosts(self.host, self.port),
-            reads_need_token=self.settings.dashboard_allow_remote,
             max_body=2 * self.settings.max_message_bytes + BODY_SLACK,
         )
 
@@ -451,7 +458,8 @@ def available_actions(detail: dict[str, Any]) -> list[str]:
         out.append("approve")
     if detail.get("status") in CANCELLABLE:  # what actions.cancel stops (409 otherwise)
         out.append("cancel")
-    out.append("archive")
+    if detail.get("status") not in CANCELLABLE and not detail.get("queued_messages"):
+        out.append("archive")  # what archive refuses: a turn in flight or a message queued
     return out
 
 

@@ -79,9 +79,10 @@ def _in_header(text: str, start: int, end: int) -> bool:
 
 
 def _said(lines: list[str]) -> str:
-    """Lines as one line of what was said (blank and header lines left out)."""
+    """What was said, line by line (blank and header lines left out; the line breaks kept,
+    runs of spaces within a line made one)."""
     kept = [ln for ln in lines if ln.strip() and not _HEADER_LINE.fullmatch(ln)]
-    return _SPACES.sub(" ", " · ".join(kept))
+    return "\n".join(_SPACES.sub(" ", ln) for ln in kept)
 
 
 def _before(text: str, at: int, width: int) -> str:
@@ -92,7 +93,9 @@ def _before(text: str, at: int, width: int) -> str:
     if lo > 0 and len(lines) > 1:
         lines = lines[1:]
     said = _said(lines)
-    return ("…" if lo > 0 or len(said) > width else "") + said[-width:].lstrip()
+    if said and not lines[-1].strip():
+        said += "\n"  # the match begins its line: the line before ends here
+    return ("…" if lo > 0 or len(said) > width else "") + said[-width:].lstrip(" ")
 
 
 def _after(text: str, at: int, width: int) -> str:
@@ -101,7 +104,9 @@ def _after(text: str, at: int, width: int) -> str:
     if hi < len(text) and len(lines) > 1:
         lines = lines[:-1]
     said = _said(lines)
-    return said[:width].rstrip() + ("…" if hi < len(text) or len(said) > width else "")
+    if said and not lines[0].strip():
+        said = "\n" + said  # the match ends its line: what follows is on the next
+    return said[:width].rstrip(" ") + ("…" if hi < len(text) or len(said) > width else "")
 
 
 def snippets(

@@ -2,6 +2,9 @@
 
 * every request: the ``Host`` header must name this server (127.0.0.1 / localhost / [::1]
   with our port): a DNS-rebinding page gets 400, whatever its address resolves to;
+* every read of conversation data (``/api/…``): the token too, as ``Authorization: Bearer``
+  or ``?token=`` (an event stream or a download link cannot send headers), on loopback as
+  well: any local user of a shared machine can reach 127.0.0.1;
 * every state-changing request (anything but GET/HEAD): ``Authorization: Bearer <token>``
   (the token from the 0600 file), ``Content-Type: application/json`` and, when the browser
   sends one, an ``Origin`` of this server; and a body of at most ``max_body`` bytes (413
@@ -50,13 +53,13 @@ class Guard:
         *,
         token: Callable[[], str],
         hosts: Callable[[], set[str]],
-        reads_need_token: bool = False,
+        reads_need_token: bool = True,
         max_body: int = 1 << 20,
     ) -> None:
         self.app = app
         self.token = token
         self.hosts = hosts
-        self.reads_need_token = reads_need_token  # served beyond loopback
+        self.reads_need_token = reads_need_token
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -68,7 +71,7 @@ class Guard:
         if refusal is None and self.reads_need_token and _holds_data(scope["path"]):
             given = _bearer(headers) or _query_token(scope.get("query_string", b""))
             if not given or not hmac.compare_digest(given.encode(), self.token().encode()):
-                refusal = 401, "this dashboard is served beyond loopback: reads need the token"
+                refusal = 401, "reads need the token (see `contemplation status`)"
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -60,6 +60,7 @@ async function daemonPill() {
 
 // -- the list page -----------------------------------------------------------------------
 let rows = [];
+const WAITING = new Set(["awaiting_agent", "awaiting_approval"]);
 
 function matches(r, q, status) {
   if (status === "archived" && !r.completed) return false;
@@ -73,7 +74,9 @@ function renderList() {
   const q = $("search").value.trim().toLowerCase();
   const status = $("status-filter").value;
   const body = document.querySelector("#conversations tbody");
-  const shown = rows.filter((r) => matches(r, q, status));
+  // what waits for you first (then newest activity, as the server sends them)
+  const waits = (r) => (!r.completed && WAITING.has(r.status) ? 0 : 1);
+  const shown = rows.filter((r) => matches(r, q, status)).sort((a, b) => waits(a) - waits(b));
   const frag = document.createDocumentFragment();
   for (const r of shown) {
     const tr = el("tr");
@@ -217,8 +220,7 @@ function renderBlock(b) {
     d.append(el("summary", null, "thinking"), el("pre", null, b.thinking));
     box.append(d);
   }
-  box.append(el("pre", "text", b.text));
-  for (const n of b.needs || []) box.append(el("div", "need", "NEED: " + n));
+  box.append(el("pre", "text", b.text));  // its NEED lines are in the text: shown once
   for (const [k, t] of b.markers || []) box.append(el("div", "marker", k + (t ? ": " + t : "")));
   return box;
 }
@@ -402,9 +404,10 @@ function convPage(id) {
   convId = id;
   $("conv-page").hidden = false;
   const base = "/api/conversations/" + encodeURIComponent(id);
-  $("export-md").href = base + "/export.md";
+  const t = "?token=" + encodeURIComponent(token());  // a download link cannot send headers
+  $("export-md").href = base + "/export.md" + t;
   $("export-md").setAttribute("download", id + ".md");
-  $("export-json").href = base + "/export.json";
+  $("export-json").href = base + "/export.json" + t;
   $("export-json").setAttribute("download", id + ".json");
   $("send-form").addEventListener("submit", async (e) => {
     e.preventDefault();
