@@ -217,6 +217,10 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         return AGAIN
     if note:
         w.warn(f"{claimed.name}: {note}")
+        # said in the log too, before the message (a line after it would sit between the
+        # claimed message and its reply, where recovery looks for the reply)
+        name = claimed.name.split("-", 2)[-1]  # as the agent named it (claim's prefix off)
+        w.append_marker(MarkerKind.NOTE, f"the next message ({name}) was not UTF-8: {note}")
     # fsynced, committed and its file removed by the turn's first state write (off the loop)
     w.append_block(
         w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name, claimed=claimed

@@ -17,6 +17,9 @@ ADVICE = {
 }
 
 
+MIN_RATED_MS = 1.0  # a shorter generation (an empty reply's) has no meaningful rate
+
+
 def ago(epoch: float | None, now: float | None = None) -> str:
     """``3 s ago``, ``5 min ago``, ``2 h ago``, ``4 d ago``."""
     if epoch is None:
@@ -55,8 +58,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
         turn = state.last_turn
         if turn is not None and turn.eval_count:
             rate = ""
-            if turn.eval_duration_ms:
-                rate = f", {turn.eval_count / (turn.eval_duration_ms / 1000):.1f} tok/s"
+            if turn.eval_count > 1 and (turn.eval_duration_ms or 0) >= MIN_RATED_MS:
+                rate = f", {turn.eval_count / ((turn.eval_duration_ms or 1) / 1000):.1f} tok/s"
             prompt = f"{turn.prompt_eval_count} prompt + " if turn.prompt_eval_count else ""
             lines.append(("last turn", f"{prompt}{turn.eval_count} tokens{rate}"))
         if state.status is Status.RETRYING and state.next_retry_at:

@@ -33,6 +33,7 @@ from contemplation.models import (
     BackendSession,
     Block,
     ChatRequest,
+    ErrorInfo,
     MarkerKind,
     Metadata,
     Status,
@@ -46,7 +47,7 @@ from contemplation.runtime import Runtime, backoff, set_status
 from contemplation.scheduler import Held
 from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.tracking import Tracked
-from contemplation.writer import ConvWriter, ReplyStream, clear_cancel
+from contemplation.writer import ConvWriter, ReplyStream, clear_cancel, now_iso
 
 log = structlog.get_logger("contemplation.turn")
 
@@ -55,6 +56,10 @@ SUMMARY_TIMEOUT = 120.0  # seconds for the one summary call a turn may make
 TOOL_CALL_PREFIX = "(tool call "
 LONG_HISTORY = 200  # blocks above which a turn's request is built and fitted on a thread
 _TEXT = frozenset({"content", "thinking"})
+
+
+class _Gone(Exception):
+    """The conversation's folder was deleted while its reply streamed: stop the stream."""
 
 
 class _Cancelled(Exception):
@@ -291,6 +296,9 @@ async def _run_reply(
             held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
         return _cancelled(conv, rt, w, reply)
+    except _Gone:  # the stream is closed; there is no folder left to write the outcome in
+        log.warning("conversation_removed", conv=conv.id, during="a reply")
+        return AGAIN
     except asyncio.CancelledError:
         if conv.id in seen.cancelled:
             seen.cancelled.discard(conv.id)
@@ -504,6 +512,8 @@ async def _pump(
                 next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
                 if conv.cancel_flag.exists():
                     raise _Cancelled
+                if not conv.dir.is_dir():
+                    raise _Gone
             if pump.held and not start.done():
                 # held text goes to the log the moment the write is durable, not with the
                 # next event (a slow model may send that much later)
@@ -572,13 +582,20 @@ async def _finish(
             rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
     # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
     # state write that commits the reply
-    done = not reply.saw_complete and not find_needs("".join(reply.content_parts))
+    said = "".join(reply.content_parts)
+    done = not reply.saw_complete and not find_needs(said)
+    status = Status.IDLE if done else None
+    if not said.strip() and not got.calls:  # nothing to show for the turn: not a success
+        empty = "the model returned an empty reply (no text and no tool call)"
+        markers.append((MarkerKind.ERROR, empty))
+        w.state.last_error = ErrorInfo(kind=ErrorKind.PROTOCOL, message=empty, time=now_iso())
+        status = Status.ERROR
     if got.session is not None:  # committed with the reply: the next start goes on in it
         w.state.backend_session = got.session
     # the fsyncs of the commit run off the loop: the next conversation's request goes out
     try:
         await rt.committer.run(
-            reply.finish_steps(markers=markers, usage=usage, status=Status.IDLE if done else None)
+            reply.finish_steps(markers=markers, usage=usage, status=status)
         )
     finally:
         if reply.committed:  # a cancel that came meanwhile finds the reply committed

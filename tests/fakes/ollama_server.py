@@ -70,6 +70,7 @@ class FakeOllama:
         self.script: deque[Step] = deque()
         self.requests: list[dict[str, Any]] = []
         self.request_times: list[float] = []
+        self.aborted = 0  # streams the client closed before their end
         self.models: dict[str, dict[str, Any]] = {
             "llama3.2": {"capabilities": ["completion", "tools"], "arch": "llama", "ctx": 131072},
             "qwen3": {
@@ -376,6 +377,8 @@ class _Handler(JsonHandler):
             )
             self._end_chunks()
         except (BrokenPipeError, ConnectionResetError):
+            with self.server_fake.lock:
+                self.server_fake.aborted += 1
             return
 
 

@@ -1,0 +1,93 @@
+"""Say what is happening (issue 23): an empty reply is a marked failure, not a success, and no
+rate is made up from a zero duration; a message that is not UTF-8 is kept with a NOTE saying
+so; a folder deleted while its reply streams stops the stream. A real daemon process or the
+real pipeline, against the scripted fake Ollama; real folders."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+
+from contemplation import show
+from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.models import Status, Usage
+from contemplation.parser import parse
+from contemplation.runtime import Runtime
+from contemplation.settings import Settings
+from contemplation.writer import new_conversation
+from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+
+
+def _conv(home: Home, topic: str = "states") -> Conv:
+    return new_conversation(
+        home, topic, template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
+
+
+def test_an_empty_reply_is_a_marked_failure_with_no_made_up_rate(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(Step(text="", no_content=True), Step(text="Now an answer."))
+    conv_id = cli(env, "new", "empty").stdout.strip()
+    out = cli(env, "send", conv_id, "say something", "--wait", "--timeout", "30", check=False)
+    assert out.returncode == 1, out.stderr
+    assert "error: the model returned an empty reply (no text and no tool call)" in out.stderr
+    conv = Conv(home.active / conv_id)
+    st = read_state(conv)
+    assert st is not None and st.status is Status.ERROR and st.last_error is not None
+    assert "=== ERROR: the model returned an empty reply" in conv.log.read_text()
+    again = cli(env, "send", conv_id, "try again", "--wait", "--timeout", "30")
+    assert again.stdout.rstrip().endswith("Now an answer.")  # the agent's next message goes on
+
+
+def test_no_rate_from_a_zero_duration() -> None:
+    summary = {
+        "id": "c", "completed": False, "topic": "t", "model": "m", "backend": "b",
+        "status": "idle", "messages": 1, "turns": 1,
+    }  # fmt: skip
+    from contemplation.models import State
+
+    tiny = State(status=Status.IDLE, last_turn=Usage(eval_count=1, eval_duration_ms=0.001))
+    assert "tok/s" not in show.conversation(summary, tiny, None)
+    real = State(status=Status.IDLE, last_turn=Usage(eval_count=40, eval_duration_ms=1000.0))
+    assert "40 tokens, 40.0 tok/s" in show.conversation(summary, real, None)
+
+
+def test_a_message_that_is_not_utf8_is_kept_with_a_note(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    conv = _conv(home)
+    (conv.inbox / "latin1.txt").write_bytes("Grüße aus Köln".encode("latin-1"))
+    fake_ollama.enqueue(Step(text="Danke."))
+    s = make_settings(fake_ollama)
+    run_burst(Runtime(settings=s, home=Home(s.home)))
+    log = conv.log.read_text()
+    assert (
+        "=== NOTE: the next message (latin1.txt) was not UTF-8: invalid UTF-8 was replaced by "
+        "U+FFFD ===" in log
+    )
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert blocks[0].text == "Gr\ufffd\ufffde aus K\ufffdln" and blocks[-1].text == "Danke."
+    assert fake_ollama.chat_requests()[0]["messages"][-1]["content"].startswith("Gr\ufffd")
+
+
+def test_a_folder_deleted_mid_generation_stops_its_stream(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    slow = " ".join(f"w{i}" for i in range(200))
+    fake_ollama.enqueue(Step(text=slow, chunk_delay=0.05), Step(text="still serving"))
+    doomed = cli(env, "new", "doomed", "--message", "talk a lot").stdout.strip()
+    wait_for(lambda: b"w5" in (home.active / doomed / "messages.log").read_bytes(), 30)
+    started = time.monotonic()
+    shutil.rmtree(home.active / doomed)
+    wait_for(lambda: fake_ollama.aborted == 1, 5, what="the stream closed")
+    assert time.monotonic() - started < 5  # not the 10 s the whole reply takes
+    other = cli(env, "new", "other", "--message", "hello", "--wait", "--timeout", "30")
+    assert other.stdout.rstrip().endswith("still serving")
+    assert not (home.active / doomed).exists()
