@@ -34,6 +34,7 @@ from contemplation.layout import (
     read_log_bytes,
     read_metadata,
     read_state,
+    refused_folders,
 )
 from contemplation.models import State, Status
 from contemplation.reading import Reader, log_text, summary
@@ -284,27 +285,32 @@ def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
 @click.pass_context
 def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     """List conversations, the latest activity first."""
-    rows = Reader(ctx_home(ctx)).summaries(include_completed=show_all)
+    home = ctx_home(ctx)
+    rows = Reader(home).summaries(include_completed=show_all)
+    refused = refused_folders(home) if show_all else []
     if as_json:
         emit(rows, True, "")
         return
-    if not rows:
+    if not rows and not refused:
         click.echo("no conversations")
         return
-    click.echo(
-        show.table(
-            [
-                (
-                    r["id"],
-                    r["status"] + (" (archived)" if r["completed"] else ""),
-                    f"{r['backend']}/{r['model']}",
-                    r["last_activity"],
-                )
-                for r in rows
-            ],
-            ("ID", "STATUS", "MODEL", "LAST ACTIVITY"),
+    if rows:
+        click.echo(
+            show.table(
+                [
+                    (
+                        r["id"],
+                        r["status"] + (" (archived)" if r["completed"] else ""),
+                        f"{r['backend']}/{r['model']}",
+                        r["last_activity"],
+                    )
+                    for r in rows
+                ],
+                ("ID", "STATUS", "MODEL", "LAST ACTIVITY"),
+            )
         )
-    )
+    for where, why in refused:  # folders made by hand that are not taken, and why
+        click.echo(safe(f"not taken: {where}: {why}"), err=True)
 
 
 @click.command()

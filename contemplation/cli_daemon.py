@@ -20,9 +20,7 @@ from contemplation.cli_common import (
 )
 from contemplation.cli_models import in_use
 from contemplation.errors import ConfigError
-from contemplation.layout import (
-    Home,
-)
+from contemplation.layout import Home, refused_folders
 from contemplation.writer import daemon_alive, ensure_home
 
 
@@ -106,6 +104,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("home", True, f"{home.root} is writable")
     except OSError as exc:
         add("home", False, f"{home.root}: {exc}")
+    for where, why in refused_folders(home):
+        add("folders", True, f"{where} is not taken: {why}", warn=True)
     add(
         "daemon",
         True,

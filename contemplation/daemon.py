@@ -98,6 +98,7 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
         watcher.start()
         for conv in list_conversations(rt.home):
             dispatcher.poke(conv.id)
+        await dispatcher.say_refused()
         for extra in extras or []:
             extra_tasks.append(asyncio.create_task(extra(rt, stop)))
         sdnotify.notify("READY=1", f"STATUS=watching {rt.home.active}")

@@ -18,12 +18,15 @@ from pathlib import Path
 
 import structlog
 
-from contemplation.layout import Conv, valid_id
+from contemplation.layout import Conv, refused_folders, valid_id
 from contemplation.pipeline import process_safely
 from contemplation.runtime import Runtime
 from contemplation.tracking import Tracked
 
 log = structlog.get_logger("contemplation.dispatcher")
+
+
+REFUSED_KEPT = 10_000  # folders not taken that the log has named (each once)
 
 
 class Dispatcher:
@@ -38,6 +41,7 @@ class Dispatcher:
         self._scan: asyncio.Task[None] | None = None
         self._scan_again = False
         self._scanner: ThreadPoolExecutor | None = None  # one thread, made at the first scan
+        self.refused_said: set[str] = set()  # folders not taken, already named in the log
 
     def poke_threadsafe(
         self, conv_id: str, ready: Path | None = None, log_only: bool = False
@@ -139,6 +143,7 @@ class Dispatcher:
         except OSError as exc:
             log.warning("rescan_failed", error=str(exc))
             return 0
+        await self.say_refused()
         poked = 0
         for name in names:
             if self.stopping or name in self.tasks or name in self.timers:
@@ -146,6 +151,21 @@ class Dispatcher:
             self.poke(name)
             poked += 1
         return poked
+
+    async def say_refused(self) -> None:
+        """Each folder the daemon will not take, named once in the log with why (at start,
+        then at each rescan for folders made since)."""
+        if self._scanner is None:
+            self._scanner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rescan")
+        home = self.rt.home
+        try:
+            refused = await self._loop.run_in_executor(self._scanner, refused_folders, home)
+        except OSError:
+            return
+        for where, why in refused:
+            if where not in self.refused_said and len(self.refused_said) < REFUSED_KEPT:
+                self.refused_said.add(where)
+                log.warning("folder_not_taken", folder=where, why=why)
 
     def _wake(self, conv_id: str) -> None:
         self.timers.pop(conv_id, None)

@@ -93,6 +93,34 @@ def valid_id(name: str) -> bool:
     return bool(CONV_ID_RE.match(name)) and name not in {".", ".."}
 
 
+ID_RULE = (
+    "a conversation folder's name is its id: letters, digits, '.', '_' and '-', starting "
+    "with a letter or digit, at most 128 characters"
+)
+
+
+def refused_folders(home: Home) -> list[tuple[str, str]]:
+    """Folders in ``active/`` and ``completed/`` the daemon will not take, each with why (a
+    name that is no id, a symbolic link): listed by ``doctor`` and ``list --all`` and logged
+    once by the daemon, so a folder made by hand is never ignored without a word."""
+    out: list[tuple[str, str]] = []
+    for d in (home.active, home.completed):
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            continue
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            where = f"{d.name}/{e.name}"
+            if e.is_symlink():
+                out.append((where, "a symbolic link: folders are never followed"))
+            elif e.is_dir(follow_symlinks=False) and not valid_id(e.name):
+                out.append((where, f"not a conversation id ({ID_RULE})"))
+    return out
+
+
 def slugify(topic: str, limit: int = 40) -> str:
     text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode()
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

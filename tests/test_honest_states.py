@@ -91,3 +91,27 @@ def test_a_folder_deleted_mid_generation_stops_its_stream(
     other = cli(env, "new", "other", "--message", "hello", "--wait", "--timeout", "30")
     assert other.stdout.rstrip().endswith("still serving")
     assert not (home.active / doomed).exists()
+
+
+def test_a_folder_the_daemon_will_not_take_is_named_with_why(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """A hand-made folder whose name has a space was ignored without a word: it is named once
+    in the daemon's log, by doctor and by list --all, with the naming rule."""
+    env = base_env(home, fake_ollama)
+    home.active.mkdir(parents=True, exist_ok=True)
+    bad = home.active / "my notes"
+    (bad / "inbox").mkdir(parents=True)
+    (bad / "inbox" / "q.txt").write_text("hello?")
+    d = daemon_factory(env, home).wait_ready()
+    good = cli(env, "new", "fine", "--message", "hi", "--wait", "--timeout", "30")
+    assert good.returncode == 0
+    doctor = cli(env, "doctor").stdout
+    assert "warn folders  active/my notes is not taken: not a conversation id (" in doctor
+    listed = cli(env, "list", "--all")
+    assert "not taken: active/my notes: not a conversation id" in listed.stderr
+    assert cli(env, "list").stderr == ""  # the plain list stays quiet
+    assert d.stop() == 0  # said at start (long before the reply came), by no rescan again
+    log = d.stderr()
+    assert log.count('"folder_not_taken"') == 1 and "my notes" in log
+    assert (bad / "inbox" / "q.txt").exists()  # nothing of it was touched
