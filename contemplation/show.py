@@ -54,7 +54,14 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
     ]
     if state is not None:
         if state.status is Status.GENERATING and state.generating_since is not None:
-            lines.append(("generating", f"since {ago(state.generating_since)}"))
+            stale = summary.get("daemon_running") is False
+            lines.append(
+                (
+                    "generating",
+                    f"since {ago(state.generating_since)}"
+                    + (" — stale: no daemon is running; redone when one starts" if stale else ""),
+                )
+            )
         turn = state.last_turn
         if turn is not None and turn.eval_count:
             rate = ""

@@ -115,3 +115,15 @@ def test_a_folder_the_daemon_will_not_take_is_named_with_why(
     log = d.stderr()
     assert log.count('"folder_not_taken"') == 1 and "my notes" in log
     assert (bad / "inbox" / "q.txt").exists()  # nothing of it was touched
+
+
+def test_status_after_the_daemon_died_says_the_generation_is_stale(home: Home) -> None:
+    from contemplation.writer import open_writer
+
+    conv = _conv(home, "died")
+    with open_writer(conv) as w:  # as a daemon killed mid-reply leaves it
+        w.state.generating_since = time.time() - 7
+        w.set_status(Status.GENERATING)
+    out = cli(base_env(home), "status", conv.id).stdout
+    assert "generating:   since 7 s ago — stale: no daemon is running" in out
+    assert "now:          stalled: no daemon is running" in out
