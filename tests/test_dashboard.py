@@ -48,9 +48,7 @@ def client(home: Home) -> Iterator[TestClient]:
     settings = settings_mod.load(home=home.root, env={}, config=None)
     dash = Dashboard(settings, token=TOKEN)
     # every /api/ read needs the token (on loopback too): the page sends it with each one
-    with TestClient(
-        dash.asgi(), base_url=BASE, headers={"Authorization": f"Bearer {TOKEN}"}
-    ) as c:
+    with TestClient(dash.asgi(), base_url=BASE, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
         yield c
 
 
@@ -343,4 +341,3 @@ def test_every_read_of_conversation_data_needs_the_token_on_loopback_too(
     assert link.status_code == 200 and "Hello there." in link.text
     page = client.get("/", headers={"Authorization": ""})  # the page shell holds no data
     assert page.status_code == 200 and conv.id not in page.text
-

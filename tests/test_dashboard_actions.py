@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from contemplation import settings as settings_mod
+from contemplation.conversation import need_id
 from contemplation.dashboard import search as full_text
-from contemplation.layout import Conv, Home, read_state
-from contemplation.models import Status
+from contemplation.layout import Conv, Home, read_json, read_state
+from contemplation.models import ApprovalRequest, Status
+from contemplation.parser import parse
 from contemplation.reading import Reader
 from contemplation.writer import open_writer
 from tests.conftest import wait_for
@@ -53,6 +55,32 @@ def generating(home: Home, reply: str = "Need it.\nNEED: the schema") -> Conv:
     conv = make_conv(home, "busy", "Question", reply)
     with open_writer(conv) as w:
         w.set_status(Status.GENERATING)
+    return conv
+
+
+LOOKUP = "file: ~/secrets/plan.md"
+
+
+def asking(home: Home, topic: str = "asks", other: str | None = "the schema") -> Conv:
+    """A conversation whose reply asks for a lookup a permission marks ``ask`` (waiting for
+    approval, as the daemon records it in state.json) and, with ``other``, a need no rule
+    answers."""
+    reply = f"Two things.\nNEED: {LOOKUP}" + (f"\nNEED: {other}" if other else "")
+    conv = make_conv(home, topic, "Plan it", reply)
+    block = parse(conv.log.read_bytes()).blocks[-1]
+    with open_writer(conv) as w:
+        w.state.status = Status.AWAITING_APPROVAL
+        w.state.pending_approvals = [
+            ApprovalRequest(
+                id=need_id(block, LOOKUP),
+                need=LOOKUP,
+                rule="read_file",
+                tool="files.read",
+                arguments={"path": "~/secrets/plan.md"},
+                why='read_file "~/secrets/**" = "ask"',
+            )
+        ]
+        w.save()
     return conv
 
 
@@ -190,6 +218,81 @@ def test_detail_offers_the_actions_that_fit_the_status(
     assert web.get(f"/api/conversations/{done.id}").json()["actions"] == []
 
 
+def test_detail_offers_only_the_actions_that_will_succeed(
+    home: Home, served: Served, web: httpx.Client
+) -> None:
+    """What the page offers is what the endpoint then accepts: archive neither while a turn
+    runs (the busy lock) nor while a message is queued; respond only for a need-kind item,
+    approve only for a lookup waiting for approval (each refuses the other's id)."""
+
+    def offered(conv: Conv) -> list[str]:
+        actions: list[str] = web.get(f"/api/conversations/{conv.id}").json()["actions"]
+        return actions
+
+    def post(conv: Conv, action: str, body: dict[str, Any]) -> httpx.Response:
+        url = f"/api/conversations/{conv.id}/{action}"
+        return web.post(url, content=json.dumps(body), headers=auth(served))
+
+    busy = generating(home)
+    assert offered(busy) == ["messages", "cancel"]
+    assert web.get(f"/api/conversations/{busy.id}").json()["waiting"] == []  # the daemon's
+    idle = make_conv(home, "queued", "Q", "A")
+    assert offered(idle) == ["messages", "archive"]
+    assert post(idle, "messages", {"text": "one more"}).status_code == 200
+    assert offered(idle) == ["messages"]  # queued: archive would strand it
+    refused = post(idle, "archive", {})
+    assert refused.status_code == 422 and "queued" in refused.json()["error"]
+
+    both = asking(home)
+    d = web.get(f"/api/conversations/{both.id}").json()
+    assert [(w["kind"], w["need"]) for w in d["waiting"]] == [
+        ("approval", LOOKUP),
+        ("need", "the schema"),
+    ]
+    lookup, need = d["waiting"]
+    assert lookup["tool"] == "files.read" and lookup["arguments"] == {"path": "~/secrets/plan.md"}
+    assert d["pending_needs"] == ["the schema"]  # the lookup is no need to answer
+    assert [r["id"] for r in d["pending_approvals"]] == [lookup["id"]]
+    assert d["actions"] == ["messages", "respond", "approve", "archive"]
+
+    only = asking(home, "only asks", other=None)
+    d = web.get(f"/api/conversations/{only.id}").json()
+    assert d["actions"] == ["messages", "approve", "archive"]  # nothing to answer with text
+    (item,) = d["waiting"]
+    wrong = post(only, "respond", {"need": item["id"], "text": "here it is"})
+    assert wrong.status_code == 422 and "not a need to answer" in wrong.json()["error"]
+    assert list(only.inbox.iterdir()) == []
+    r = post(only, "approve", {"need": item["id"], "decision": "once"})
+    assert r.status_code == 200 and r.json()["request"] == item["id"]
+    meta = read_json(only.metadata)
+    assert meta is not None
+    assert [(a["request"], a["decision"]) for a in meta["approvals"]] == [(item["id"], "once")]
+    assert offered(only) == ["messages", "archive"]  # decided: nothing waits for you
+
+    wrong = post(both, "approve", {"need": need["id"], "decision": "once"})
+    assert wrong.status_code == 422 and "not a lookup to approve" in wrong.json()["error"]
+
+
+def test_the_live_event_stream_needs_the_token_too(served: Served) -> None:
+    """An EventSource cannot send headers: the stream takes ?token=, and without it (or with
+    a wrong one) it is refused with a one-line JSON error before any event is sent."""
+    with httpx.Client(base_url=served.base, timeout=10) as bare:
+        for params in ({}, {"token": "x" * 43}):
+            r = bare.get("/api/events", params=params)
+            assert r.status_code == 401, params
+            assert r.headers["content-type"] == "application/json"
+            assert "\n" not in r.text and "token" in r.json()["error"]
+        with bare.stream("GET", "/api/events", params={"token": served.token}) as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            got = ""
+            for chunk in stream.iter_text():
+                got += chunk
+                if "event: hello" in got:
+                    break
+            assert "event: hello" in got
+
+
 # --------------------------------------------------------------------------- search
 
 
@@ -225,6 +328,19 @@ def test_full_text_search_finds_log_text_case_insensitively(home: Home, web: htt
 def test_a_bad_search_is_400(web: httpx.Client, params: dict[str, str], expect: str) -> None:
     r = web.get("/api/search", params=params)
     assert r.status_code == 400 and expect in r.json()["error"]
+
+
+def test_search_snippets_keep_their_line_breaks(home: Home, web: httpx.Client) -> None:
+    """A snippet is what was said line by line: its lines are not run together."""
+    conv = make_conv(
+        home, "Lines", "List them", "Three animals:\n- the wombat\n- the quokka\n- the numbat"
+    )
+    (hit,) = web.get("/api/search", params={"q": "quokka"}).json()["results"]
+    assert hit["id"] == conv.id
+    snip = hit["snippets"][0]
+    assert snip["before"].endswith("Three animals:\n- the wombat\n- the ")
+    assert snip["after"] == "\n- the numbat"
+    assert "·" not in snip["before"] + snip["after"]
 
 
 def test_search_bounds_bytes_results_and_snippets(home: Home) -> None:
