@@ -19,7 +19,7 @@ import pytest
 
 from contemplation import settings as settings_mod
 from contemplation.dashboard import read_token
-from contemplation.layout import Home, read_state
+from contemplation.layout import Home, read_json, read_state
 from contemplation.models import Status
 from contemplation.writer import open_writer
 from tests.conftest import DaemonProc, base_env, cli, wait_for
@@ -33,6 +33,7 @@ from tests.dashboard_served import (
 )
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.test_dashboard import dashboard_port
+from tests.test_dashboard_actions import LOOKUP, asking
 
 pytestmark = pytest.mark.real
 TIMEOUT = 15_000  # ms; two shared cores
@@ -69,10 +70,19 @@ class Tab:
         self.shots = shots
         self.errors: list[str] = []
         self.failed: list[str] = []
+        self.posted: list[tuple[str, Any]] = []  # (path, JSON body) of each POST the page sent
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on(
             "response",
             lambda r: self.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+        )
+        self.page.on(
+            "request",
+            lambda r: (
+                self.posted.append((r.url[len(base) :], r.post_data_json))
+                if r.method == "POST"
+                else None
+            ),
         )
         self.page.goto(f"{base}/#token={token}")
 
@@ -118,6 +128,9 @@ def test_full_text_search_in_chromium(home: Home, browser: Any, tab: Tab) -> Non
     expect(page.locator(f'li.hit[data-id="{animals.id}"] .snippet')).to_contain_text(
         "Where do QUOKKAS live?"
     )
+    # a snippet keeps its line breaks, shown as lines (as text, never as markup)
+    lines = page.locator(f'li.hit[data-id="{islands.id}"] .snippet').inner_text()
+    assert lines.endswith("Rottnest.\nIt is the home of the quokka."), lines
     assert page.locator("#text-hits script, #text-hits img").count() == 0
     tab.shot(browser, "search")
     # a hit opens the conversation at the block that holds the match
@@ -147,8 +160,11 @@ def test_answers_to_needs_and_a_message_in_chromium(home: Home, browser: Any, ta
     assert page.locator("#log").inner_text().count("NEED: the schema") == 1
     expect(forms.nth(0)).to_have_attribute("data-need", "the schema")
     expect(forms.nth(1)).to_contain_text("NEED: the counts")
+    waiting = {w["need"]: w["id"] for w in served_detail(tab, conv.id)["waiting"]}
+    expect(forms.nth(1)).to_have_attribute("data-id", waiting["the counts"])
     expect(page.locator("#send-form label")).to_have_text("send a message")
     expect(page.locator("#cancel")).to_be_hidden()  # nothing runs
+    expect(page.locator("#archive")).to_be_visible()
     # an empty answer is refused with the reason, and nothing is written
     forms.nth(1).locator("button").click()
     expect(page.locator("#flash")).to_have_text("refused: the response is empty")
@@ -157,6 +173,12 @@ def test_answers_to_needs_and_a_message_in_chromium(home: Home, browser: Any, ta
     tab.shot(browser, "respond-before")
     forms.nth(1).locator("button").click()
     expect(page.locator("#flash")).to_have_text("answered: the counts")
+    # the answer names its need by the stable id the server listed, not by its text
+    respond = f"/api/conversations/{conv.id}/respond"
+    assert tab.posted[-1] == (
+        respond,
+        {"need": waiting["the counts"], "text": "12 rows\nin 3 tables"},
+    )
     expect(forms).to_have_count(1)
     expect(forms.first).to_have_attribute("data-need", "the schema")
     files = list(conv.inbox.iterdir())
@@ -180,6 +202,52 @@ def test_answers_to_needs_and_a_message_in_chromium(home: Home, browser: Any, ta
     expect(page.locator("#needs")).to_be_hidden()
     assert len(list(conv.inbox.iterdir())) == 3
     assert tab.failed == [f"422 {tab.base}/api/conversations/{conv.id}/respond"]
+
+
+def served_detail(tab: Tab, conv_id: str) -> dict[str, Any]:
+    """The conversation's detail as the page gets it (with the page's token)."""
+    got: dict[str, Any] = tab.page.evaluate(
+        """async (id) => (await fetch("/api/conversations/" + id,
+             { headers: { Authorization: "Bearer " + sessionStorage.getItem("token") } })).json()""",
+        conv_id,
+    )
+    return got
+
+
+def test_a_lookup_is_decided_with_buttons_and_a_need_answered_in_a_box_in_chromium(
+    home: Home, browser: Any, tab: Tab
+) -> None:
+    """The forms come from the one list of what waits: a lookup waiting for approval gets
+    once / always / reject buttons (never an answer box: the tool answers it), a need gets an
+    answer box; each posts its item's id."""
+    from playwright.sync_api import expect
+
+    conv = asking(home)
+    page = tab.page
+    tab.goto(f"/c/{conv.id}")
+    ids = {w["need"]: w["id"] for w in served_detail(tab, conv.id)["waiting"]}
+    rows = page.locator("#approvals .approval")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-request", ids[LOOKUP])
+    expect(rows.first).to_contain_text("NEED: " + LOOKUP)
+    expect(rows.first.locator(".tool")).to_have_text('files.read {"path":"~/secrets/plan.md"}')
+    expect(rows.first.locator("button")).to_have_text(["approve once", "always approve", "reject"])
+    forms = page.locator("#needs form.need-form")
+    expect(forms).to_have_count(1)  # the lookup has no answer box
+    expect(forms.first).to_have_attribute("data-id", ids["the schema"])
+    tab.shot(browser, "approve-before")
+    rows.first.locator('button[data-decision="once"]').click()
+    expect(page.locator("#flash")).to_have_text("approved once: " + LOOKUP)
+    expect(page.locator("#approvals")).to_be_hidden()
+    approve = f"/api/conversations/{conv.id}/approve"
+    assert tab.posted == [(approve, {"need": ids[LOOKUP], "decision": "once"})]
+    meta = read_json(conv.metadata)
+    assert meta is not None
+    assert [(a["request"], a["decision"]) for a in meta["approvals"]] == [(ids[LOOKUP], "once")]
+    expect(forms).to_have_count(1)  # the need still waits for its answer
+    assert list(conv.inbox.iterdir()) == []
+    tab.shot(browser, "approve-after")
+    assert tab.failed == []
 
 
 def test_the_list_puts_what_waits_for_you_first_and_coloured(
@@ -216,6 +284,7 @@ def test_cancel_in_chromium_writes_the_flag(home: Home, browser: Any, tab: Tab) 
     expect(cancel).to_be_visible()
     expect(cancel).to_be_enabled()
     expect(page.locator("#conv-meta")).to_have_attribute("data-status", "generating")
+    expect(page.locator("#archive")).to_be_hidden()  # refused while a turn runs: not offered
     tab.shot(browser, "cancel-before")
     cancel.click()
     expect(page.locator("#flash")).to_have_text("cancel requested (it was generating)")

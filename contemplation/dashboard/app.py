@@ -452,9 +452,10 @@ def available_actions(detail: dict[str, Any]) -> list[str]:
     if detail.get("completed"):
         return []
     out = ["messages"]
-    if detail.get("pending_needs"):
+    kinds = {item["kind"] for item in detail.get("waiting", [])}  # waiting.items, as dicts
+    if "need" in kinds:  # respond refuses a lookup's id, approve a need's
         out.append("respond")
-    if detail.get("pending_approvals"):
+    if "approval" in kinds:
         out.append("approve")
     if detail.get("status") in CANCELLABLE:  # what actions.cancel stops (409 otherwise)
         out.append("cancel")

@@ -282,11 +282,11 @@ function showDetail(c) {
     "turns: " + c.turns, c.completed ? "archived" : ""].filter(Boolean).join(" · ");
   $("conv-meta").dataset.status = c.status;
   const can = new Set(c.actions || []);
-  const approvals = can.has("approve") ? c.pending_approvals || [] : [];
-  renderApprovals(approvals);
-  // a lookup that waits for approval is decided there, not answered in a box
-  const asked = new Set(approvals.map((r) => r.need));
-  renderNeeds(can.has("respond") ? c.pending_needs.filter((n) => !asked.has(n)) : []);
+  // the one list of what waits: a lookup is decided with buttons (the tool answers it, never
+  // the agent's text), a need is answered in a box; each posts its item's stable id
+  const waiting = c.waiting || [];
+  renderApprovals(can.has("approve") ? waiting.filter((w) => w.kind === "approval") : []);
+  renderNeeds(can.has("respond") ? waiting.filter((w) => w.kind === "need") : []);
   const cancel = $("cancel");
   cancel.hidden = !can.has("cancel");
   cancel.disabled = !!c.cancel_requested;
@@ -295,19 +295,21 @@ function showDetail(c) {
   $("archive").hidden = !can.has("archive");
 }
 
-// one form per pending need; kept as they are (with what is typed) while the list is unchanged
+// one form per need to answer; kept as they are (with what is typed) while the list is unchanged
 let shownNeeds = "[]";
 function renderNeeds(needs) {
-  const key = JSON.stringify(needs);
+  const key = JSON.stringify(needs.map((n) => n.id));
   $("needs").hidden = needs.length === 0;
   if (key === shownNeeds) return;
   shownNeeds = key;
   $("need-forms").replaceChildren(...needs.map(needForm));
 }
 
-function needForm(need) {
+function needForm(item) {
+  const need = item.need;
   const f = el("form", "need-form");
   f.dataset.need = need;
+  f.dataset.id = item.id;
   const box = el("textarea", "need-answer");
   box.rows = 3;
   box.setAttribute("aria-label", "answer to: " + need);
@@ -319,7 +321,7 @@ function needForm(need) {
     e.preventDefault();
     button.disabled = true;
     try {
-      const r = await post(convBase() + "/respond", { need, text: box.value });
+      const r = await post(convBase() + "/respond", { need: item.id, text: box.value });
       flash("answered: " + r.answered);
       f.classList.add("sent");
       await loadDetail();
@@ -332,7 +334,8 @@ function needForm(need) {
   return f;
 }
 
-// lookups the permissions ask about: one row each, approve once / always, or reject
+// lookups the permissions ask about (approval items of the list): one row each, approve once /
+// always, or reject
 let shownApprovals = "[]";
 function renderApprovals(requests) {
   let box = $("approvals");
