@@ -21,6 +21,7 @@ from contemplation.cli_common import (
 from contemplation.cli_models import in_use
 from contemplation.errors import ConfigError
 from contemplation.layout import Home, refused_folders
+from contemplation.settings import Settings
 from contemplation.writer import daemon_alive, ensure_home
 
 
@@ -56,7 +57,18 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
         from contemplation.notify import run_notifications
 
         extras.append(run_notifications)
-    code = asyncio.run(daemon.run_once(s) if once else daemon.serve(s, extras=extras))
+    obj = ctx.find_root().ensure_object(dict)
+
+    def loader() -> Settings:  # SIGHUP: the same sources, read anew
+        from contemplation import settings as settings_mod
+
+        return settings_mod.load(
+            config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
+        )
+
+    code = asyncio.run(
+        daemon.run_once(s) if once else daemon.serve(s, extras=extras, loader=loader)
+    )
     sys.exit(code)
 
 
@@ -104,6 +116,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("home", True, f"{home.root} is writable")
     except OSError as exc:
         add("home", False, f"{home.root}: {exc}")
+    from contemplation.reload import drift
+
+    differs = drift(home, s)
+    if differs:
+        add("daemon", True, differs, warn=True)
     for where, why in refused_folders(home):
         add("folders", True, f"{where} is not taken: {why}", warn=True)
     add(

@@ -1,4 +1,5 @@
-"""``contemplation service install|uninstall|status|logs``: the daemon as a user service."""
+"""``contemplation service install|uninstall|status|logs|reload``: the daemon as a user
+service."""
 
 from __future__ import annotations
 
@@ -90,3 +91,30 @@ def logs(ctx: click.Context, manager: str, dry_run: bool, lines: int, follow: bo
     p = _plan(ctx, "logs", manager, dry_run, lines=lines, follow=follow)
     if p is not None:
         sys.exit(service.passthrough(p))
+
+
+@service_group.command()
+@click.pass_context
+def reload(ctx: click.Context) -> None:
+    """Make the running daemon re-read its configuration (SIGHUP): turns in flight finish,
+    new turns use the new settings; a bad file is refused and the old settings kept."""
+    import os
+    import signal
+
+    from contemplation.exits import fail
+    from contemplation.layout import Home, read_json
+    from contemplation.writer import daemon_alive
+
+    home = Home(ctx_settings(ctx).home)
+    info = read_json(home.daemon_info) or {}
+    pid = info.get("pid")
+    if not daemon_alive(home) or not isinstance(pid, int):
+        fail(f"no daemon is running on {home.root}: nothing to reload")
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        fail(f"the daemon (pid {pid}) is gone: nothing to reload")
+    click.echo(
+        f"asked the daemon (pid {pid}) to reload its settings; its log says what changed "
+        "(`contemplation service logs`, or stderr of `contemplation run`)"
+    )

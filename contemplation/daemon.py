@@ -14,20 +14,26 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from contemplation import sdnotify
+from contemplation.backends import available as backend_families
 from contemplation.dispatcher import Dispatcher
+from contemplation.errors import ContemplationError
 from contemplation.layout import Home, list_conversations
 from contemplation.limits import raise_fd_limit
 from contemplation.pipeline import process_pending
+from contemplation.reload import compare, fingerprint, load_new
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.validate import validate
 from contemplation.watcher import Watcher, make_watcher
 from contemplation.writer import DaemonLock, atomic_write_json, ensure_home
+
+if TYPE_CHECKING:
+    from contemplation.needs.router import NeedRouter
 
 log = structlog.get_logger("contemplation.daemon")
 
@@ -56,7 +62,14 @@ async def run_once(settings: Settings) -> int:
     return 0
 
 
-async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int:
+async def serve(
+    settings: Settings,
+    *,
+    extras: list[Extra] | None = None,
+    loader: Callable[[], Settings] | None = None,
+) -> int:
+    """Run until a signal. ``loader`` reads the settings anew from the sources they came
+    from: SIGHUP reloads them with it (see :mod:`contemplation.reload`)."""
     rt = build_runtime(settings)
     lock = DaemonLock(rt.home)
     lock.acquire()
@@ -84,9 +97,7 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     # announced once a signal can stop it cleanly: a Ctrl-C right after start is a clean stop
-    atomic_write_json(
-        rt.home.daemon_info, {"pid": os.getpid(), "started": time.time()}, durable=False
-    )
+    _on_hup_reload(loop, rt, dispatcher, loader)()
 
     def resync() -> None:  # events were lost (from the watcher's thread): catch up
         watcher.watch_all()  # folders whose creation event was lost
@@ -113,11 +124,69 @@ async def serve(settings: Settings, *, extras: list[Extra] | None = None) -> int
         with contextlib.suppress(BaseException):
             await asyncio.gather(*extra_tasks, return_exceptions=True)
         await rt.aclose()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         lock.release()
         log.info("stopped")
     return 0
+
+
+def _on_hup_reload(
+    loop: asyncio.AbstractEventLoop,
+    rt: Runtime,
+    dispatcher: Dispatcher,
+    loader: Callable[[], Settings] | None,
+) -> Callable[[], None]:
+    """SIGHUP reloads the settings (one reload task at a time is plenty: they are quick);
+    returns what writes the daemon's info file (pid, start, the settings' fingerprint)."""
+    started = time.time()
+    reloads: set[asyncio.Task[None]] = set()
+
+    def announce() -> None:
+        info = {"pid": os.getpid(), "started": started, "settings": fingerprint(rt.settings)}
+        atomic_write_json(rt.home.daemon_info, info, durable=False)
+
+    def on_hup() -> None:
+        if loader is None:
+            log.warning("reload_unsupported", why="this daemon was started without a loader")
+            return
+        task = asyncio.create_task(_reload(rt, dispatcher, loader, announce))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    return announce
+
+
+async def _reload(
+    rt: Runtime,
+    dispatcher: Dispatcher,
+    loader: Callable[[], Settings],
+    announce: Callable[[], None],
+) -> None:
+    """SIGHUP: the settings read anew and checked as at a start; a bad file is refused with one
+    line and the old settings stay. Never raises: a reload cannot stop the daemon."""
+    try:
+        routers: list[NeedRouter] = []
+
+        def check(new: Settings) -> None:
+            routers.append(validate(new))
+
+        new = await asyncio.to_thread(load_new, loader, check)
+    except ContemplationError as exc:
+        log.error("reload_refused", error=str(exc), kept="the settings it runs with")  # noqa: TRY400 - the message is the whole story
+        return
+    except Exception as exc:
+        log.exception("reload_failed", error=str(exc))
+        return
+    change = compare(rt.settings, new, backend_families())
+    if change.restart:
+        log.warning("reload_needs_restart", keys=list(change.restart))
+        new = new.model_copy(update={k: getattr(rt.settings, k) for k in change.restart})
+    rt.apply(new, routers[0], change.backends)
+    woken = dispatcher.retry_now(change.backends)
+    announce()
+    log.info("reloaded", backends=sorted(change.backends), retrying_now=woken)
 
 
 def _finishing(turns: int, grace: float) -> str:

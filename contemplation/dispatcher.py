@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from contemplation.layout import Conv, refused_folders, valid_id
+from contemplation.layout import Conv, read_metadata, refused_folders, valid_id
 from contemplation.pipeline import process_safely
 from contemplation.runtime import Runtime
 from contemplation.tracking import Tracked
@@ -166,6 +166,21 @@ class Dispatcher:
             if where not in self.refused_said and len(self.refused_said) < REFUSED_KEPT:
                 self.refused_said.add(where)
                 log.warning("folder_not_taken", folder=where, why=why)
+
+    def retry_now(self, families: frozenset[str]) -> int:
+        """After a reload: the conversations asleep until a retry on a backend whose settings
+        changed are woken and retry at once. How many."""
+        woken = 0
+        for conv_id in list(self.timers):
+            meta = read_metadata(Conv(self.rt.home.active / conv_id))
+            if meta is not None and meta.backend in families:
+                self.rt.retry_now.add(conv_id)
+                timer = self.timers.get(conv_id)
+                if timer is not None:
+                    timer.cancel()
+                self._wake(conv_id)
+                woken += 1
+        return woken
 
     def _wake(self, conv_id: str) -> None:
         self.timers.pop(conv_id, None)

@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -50,6 +51,9 @@ class Runtime:
     calibration: Calibration = field(default_factory=Calibration)
     breakers: dict[str, Breaker] = field(default_factory=dict)
     committer: GroupCommitter = field(default_factory=GroupCommitter)  # turns' durable writes
+    started: float = field(default_factory=time.time)  # when this process began its work
+    retry_now: set[str] = field(default_factory=set)  # backoffs to cut short (a reload)
+    retired: list[Any] = field(default_factory=list)  # clients a reload replaced: closed at the end
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
 
@@ -135,8 +139,41 @@ class Runtime:
             )
         return self.assembler
 
+    def apply(self, settings: Settings, router: NeedRouter, changed: frozenset[str]) -> None:
+        """New settings from a reload: turns from now on use them. The clients of the backends
+        in ``changed`` and the old router are kept (turns in flight still use them) and closed
+        when the daemon stops; at most RETIRED_KEPT are kept, the oldest closed first."""
+        self.settings = settings
+        if self.router is not None:
+            self.retired.append(self.router)
+        self.router, self.assembler = router, None
+        self.templates.clear()
+        self._cap_failed.clear()
+        for name in changed:
+            backend = self.backends.pop(name, None)
+            self.schedulers.pop(name, None)
+            if backend is not None:
+                self.retired.append(backend)
+        while len(self.retired) > RETIRED_KEPT:
+            old = self.retired.pop(0)
+            asyncio.get_running_loop().create_task(_close_quietly(old))
+
+    def backoff_outdated(self, conv_id: str, failed_at: str) -> bool:
+        """A backoff to cut short: its backend's settings were reloaded since, or it was set
+        before this daemon started (a restart is how settings change without a reload)."""
+        if conv_id in self.retry_now:
+            self.retry_now.discard(conv_id)
+            return True
+        try:
+            return datetime.fromisoformat(failed_at).timestamp() < self.started
+        except ValueError:
+            return False
+
     async def aclose(self) -> None:
         """Close clients and tool servers (they belong to the running event loop)."""
+        for old in self.retired:
+            await _close_quietly(old)
+        self.retired.clear()
         backends, self.backends = list(self.backends.values()), {}
         for b in backends:
             with contextlib.suppress(Exception):
@@ -156,6 +193,14 @@ def backoff(rt: Runtime, attempt: int, retry_after: float | None) -> float:
     if retry_after is not None:
         delay = max(delay, min(retry_after, r.cap))
     return delay
+
+
+RETIRED_KEPT = 32  # clients replaced by reloads kept open for the turns still using them
+
+
+async def _close_quietly(obj: Any) -> None:
+    with contextlib.suppress(Exception):
+        await obj.aclose()
 
 
 PENDING_NEEDS_KEPT = 50  # state.json shows the first ones; the log holds them all

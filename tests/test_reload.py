@@ -1,0 +1,145 @@
+"""Configuration changes without a restart (issue 23): SIGHUP (``contemplation service
+reload``) re-reads the config; the next turn uses it, a bad file is refused and the old
+settings kept, a conversation waiting out a backoff for the changed backend retries at once,
+and ``doctor`` says when the running daemon's settings differ from the file. A real daemon
+process, two scripted Ollama servers on loopback, the real CLI."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from contemplation import service
+from contemplation import settings as settings_mod
+from contemplation.layout import Conv, Home, read_state
+from contemplation.models import Status
+from contemplation.reload import drift
+from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+
+
+def _config(path: Path, url: str, extra: str = "") -> None:
+    path.write_text(f'[ollama]\nhost = "{url}"\n{extra}')
+
+
+def _reloaded(home: Home, config: Path, env: dict[str, str]) -> Callable[[], bool]:
+    """The daemon runs what ``config`` (and ``env``) say: its info file's fingerprint matches."""
+
+    def check() -> bool:
+        s = settings_mod.load(env=env, config=config)
+        return drift(home, s) is None
+
+    return check
+
+
+def test_reload_switches_the_backend_and_refuses_a_bad_file(
+    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    a, b = FakeOllama().start(), FakeOllama().start()
+    try:
+        config = tmp_path / "config.toml"
+        _config(config, a.url)
+        env = base_env(home, CONTEMPLATION_CONFIG=str(config))
+        d = daemon_factory(env, home).wait_ready()
+        a.enqueue(Step(text="from A"))
+        first = cli(env, "new", "r", "--message", "one", "--wait", "--timeout", "30")
+        conv_id = first.stderr.splitlines()[0]
+        assert first.stdout.rstrip().endswith("from A")
+
+        _config(config, b.url)  # changed on disk: doctor says the daemon runs other settings
+        doctor = cli(env, "doctor", check=False).stdout
+        assert "runs other settings than" in doctor and "contemplation service reload" in doctor
+        said = cli(env, "service", "reload").stdout
+        assert said.startswith("asked the daemon (pid ")
+        wait_for(_reloaded(home, config, env), 10, what="the reload")
+        assert "runs other settings" not in cli(env, "doctor", check=False).stdout
+        b.enqueue(Step(text="from B"))
+        second = cli(env, "send", conv_id, "two", "--wait", "--timeout", "30")
+        assert second.stdout.rstrip().endswith("from B")
+        assert len(a.chat_requests()) == 1 and len(b.chat_requests()) == 1
+
+        config.write_text("[ollama\nhost = broken")  # not TOML: refused, B stays
+        refused = cli(env, "service", "reload", check=False)
+        assert refused.returncode == 1 and "cannot parse" in refused.stderr
+        d.proc.send_signal(signal.SIGHUP)  # the daemon refuses it too, and goes on
+        b.enqueue(Step(text="still B"))
+        conv = Conv(home.active / conv_id)  # the CLI refuses the broken file: drop by hand
+        (conv.inbox / "three.txt").write_text("three")
+        wait_for(lambda: b"still B" in conv.log.read_bytes(), 30, what="the reply from B")
+        assert len(a.chat_requests()) == 1
+        assert d.stop() == 0
+        log = d.stderr()
+        assert log.count('"reload_refused"') == 1 and log.count('"reloaded"') == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_backoff_for_a_changed_backend_is_cut_short(
+    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    down, up = FakeOllama().start(), FakeOllama().start()
+    try:
+        config = tmp_path / "config.toml"
+        _config(config, down.url)
+        env = base_env(
+            home,
+            CONTEMPLATION_CONFIG=str(config),
+            CONTEMPLATION_RETRY__BASE="600",  # a long backoff: only a reload cuts it short
+            CONTEMPLATION_RETRY__CAP="600",
+        )
+        d = daemon_factory(env, home).wait_ready()
+        down.enqueue(Step(kind="error", status=503, error="loading"))
+        conv_id = cli(env, "new", "backoff", "--message", "hello").stdout.strip()
+        conv = Conv(home.active / conv_id)
+        wait_for(
+            lambda: (st := read_state(conv)) is not None and st.status is Status.RETRYING,
+            30,
+            what="retrying",
+        )
+        state = read_state(conv)
+        assert state is not None and state.next_retry_at is not None
+        _config(config, up.url)
+        up.enqueue(Step(text="back up"))
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: b"back up" in conv.log.read_bytes(), 15, what="the retry after reload")
+        assert len(up.chat_requests()) == 1
+    finally:
+        down.stop()
+        up.stop()
+
+
+def test_the_unit_reloads_with_sighup(home: Home) -> None:
+    s = settings_mod.load(home=home.root, env={}, config=None)
+    unit = service.render_systemd(service.context(s, env={}))
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in unit
+
+
+def test_a_turn_in_flight_finishes_through_a_reload(
+    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    a, b = FakeOllama().start(), FakeOllama().start()
+    try:
+        config = tmp_path / "config.toml"
+        _config(config, a.url)
+        env = base_env(home, CONTEMPLATION_CONFIG=str(config))
+        d = daemon_factory(env, home).wait_ready()
+        words = " ".join(f"w{i}" for i in range(40))
+        a.enqueue(Step(text=words, chunk_delay=0.05))
+        conv_id = cli(env, "new", "flight", "--message", "go").stdout.strip()
+        conv = Conv(home.active / conv_id)
+        wait_for(lambda: b"w3" in conv.log.read_bytes(), 30, what="the reply streaming")
+        _config(config, b.url)
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(_reloaded(home, config, env), 10, what="the reload")
+        wait_for(
+            lambda: (st := read_state(conv)) is not None and st.status is Status.IDLE,
+            30,
+            what="the reply committed",
+        )
+        assert b"w39" in conv.log.read_bytes()
+        assert a.aborted == 0 and "INTERRUPTED" not in conv.log.read_text()
+    finally:
+        a.stop()
+        b.stop()
