@@ -150,6 +150,7 @@ def test_respond_to_a_need_through_the_api(home: Home, client: TestClient) -> No
     conv = make_conv(home, reply="Need two things.\nNEED: the schema\nNEED: the counts")
     detail = client.get(f"/api/conversations/{conv.id}").json()
     assert detail["pending_needs"] == ["the schema", "the counts"]
+    assert detail["activity"] == "waiting for your answer to 2 need(s)"  # status's words
     url = f"/api/conversations/{conv.id}/respond"
     counts = next(w for w in detail["waiting"] if w["need"] == "the counts")
     assert counts["kind"] == "need"

@@ -25,7 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from contemplation import actions
+from contemplation import actions, activity
 from contemplation.dashboard import export
 from contemplation.dashboard import search as full_text
 from contemplation.dashboard.live import Broker
@@ -223,6 +223,19 @@ class Dashboard:
                 asked[i.id].model_dump(mode="json") for i in items if i.id in asked
             ]
             out["queued_messages"] = len(inbox_entries(conv)) + len(processing_entries(conv))
+            asks = sum(1 for i in items if i.kind == "approval")
+            behind = 0
+            if out["queued_messages"] and meta is not None:
+                rows = self.reader.summaries(include_completed=False)
+                behind = activity.queued_behind(conv.id, meta.backend, meta.model, rows)
+            out["activity"] = activity.describe(  # the words of status and MCP progress
+                state,
+                model=meta.model if meta else "",
+                daemon=daemon_alive(self.home),
+                queued=out["queued_messages"],
+                behind=behind,
+                waiting=(len(items) - asks, asks),
+            )
             out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
             if state is not None:
