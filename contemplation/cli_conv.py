@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from contemplation import actions, activity, backends, cli_wait, show, waiting
+from contemplation import actions, activity, backends, cli_wait, paging, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
@@ -281,15 +281,28 @@ def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
 
 @click.command("list")
 @click.option("--all", "show_all", is_flag=True, help="Include completed conversations.")
-@json_option("Print the conversations' summaries as a JSON array.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="At most this many (a page)."
+)
+@click.option("--cursor", help="The next page: the cursor a --limit page ended with.")
+@json_option(
+    "Print the summaries as a JSON array (with --limit: {conversations, total, cursor})."
+)
 @click.pass_context
-def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
+def list_(
+    ctx: click.Context, show_all: bool, limit: int | None, cursor: str | None, as_json: bool
+) -> None:
     """List conversations, the latest activity first."""
     home = ctx_home(ctx)
     rows = Reader(home).summaries(include_completed=show_all)
     refused = refused_folders(home) if show_all else []
+    nxt = None
+    total = len(rows)
+    if limit is not None or cursor:
+        rows, nxt = paging.page_rows(rows, limit or len(rows) or 1, cursor)
     if as_json:
-        emit(rows, True, "")
+        paged = {"conversations": rows, "total": total, "cursor": nxt}
+        emit(paged if limit is not None or cursor else rows, True, "")
         return
     if not rows and not refused:
         click.echo("no conversations")
@@ -311,6 +324,9 @@ def list_(ctx: click.Context, show_all: bool, as_json: bool) -> None:
         )
     for where, why in refused:  # folders made by hand that are not taken, and why
         click.echo(safe(f"not taken: {where}: {why}"), err=True)
+    if nxt is not None:
+        more = " --all" if show_all else ""
+        click.echo(f"more: contemplation list{more} --limit {limit} --cursor {nxt}", err=True)
 
 
 @click.command()

@@ -6,7 +6,6 @@ progress, a page of the list, the models. Everything here reads the folder
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -336,22 +335,15 @@ class Faces:
         if query:
             words = query.casefold().split()
             rows = [r for r in rows if all(w in str(r["topic"]).casefold() for w in words)]
-        rows.sort(key=lambda r: (r["last_activity_ts"], r["id"]), reverse=True)
-        total = len(rows)
-        if cursor:
-            after = _decode_cursor(cursor)
-            rows = [r for r in rows if (r["last_activity_ts"], r["id"]) < after]
-        size = min(max(int(limit), 1), LIST_CAP)
-        page, more = rows[:size], len(rows) > size
+        page, nxt = paging.page_rows(rows, min(max(int(limit), 1), LIST_CAP), cursor)
         out: dict[str, Any] = {
             "conversations": [self._row(r) for r in page],
             "count": len(page),
-            "total": total,
-            "more": more,
+            "total": len(rows),
+            "more": nxt is not None,
         }
-        if more:
-            last = page[-1]
-            out["cursor"] = _encode_cursor(last["last_activity_ts"], last["id"])
+        if nxt is not None:
+            out["cursor"] = nxt
         return out
 
     def _row(self, r: dict[str, Any]) -> dict[str, Any]:
@@ -372,20 +364,5 @@ def _backend_row(entry: dict[str, Any]) -> dict[str, Any]:
     more = len(names) - MODELS_SHOWN + int(entry.get("more") or 0)
     row: dict[str, Any] = {"backend": entry["backend"], "models": names[:MODELS_SHOWN]}
     return row | {"more": more} if more > 0 else row
-
-
-def _encode_cursor(ts: float, conv_id: str) -> str:
-    raw = json.dumps([ts, conv_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        ts, conv_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return float(ts), str(conv_id)
-    except (ValueError, TypeError) as exc:
-        raise InputRejected(
-            "not a cursor this server gave (pass the `cursor` of the previous page as it is)"
-        ) from exc
 
 

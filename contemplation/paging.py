@@ -11,10 +11,13 @@ position always falls before the block's end and means the same block on the nex
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from contemplation.errors import InputRejected
 
 PAGE_BYTES = 32_000  # the default budget of one result's blocks
 PAGE_CAP = 64_000  # the most a caller may ask for: well under 25,000 tokens of any script
@@ -97,3 +100,36 @@ def fit(
         }
         return page
     return page
+
+
+def encode_cursor(ts: float, conv_id: str) -> str:
+    """An opaque cursor for a list of conversations newest first (keyset: activity and id, so
+    rows that change between pages are neither repeated nor skipped)."""
+    raw = json.dumps([ts, conv_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        ts, conv_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return float(ts), str(conv_id)
+    except (ValueError, TypeError) as exc:
+        raise InputRejected(
+            "not a cursor this server gave (pass the `cursor` of the previous page as it is)"
+        ) from exc
+
+
+def page_rows(
+    rows: list[dict[str, Any]], limit: int, cursor: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of summary rows (newest activity first) after ``cursor``, and the cursor of
+    the next page (None: this is the last)."""
+    rows = sorted(rows, key=lambda r: (r["last_activity_ts"], r["id"]), reverse=True)
+    if cursor:
+        after = decode_cursor(cursor)
+        rows = [r for r in rows if (r["last_activity_ts"], r["id"]) < after]
+    page = rows[:limit]
+    if len(rows) <= limit:
+        return page, None
+    last = page[-1]
+    return page, encode_cursor(last["last_activity_ts"], last["id"])

@@ -164,3 +164,23 @@ def test_the_budget_is_clamped(home: Home, budget: int) -> None:
     out = mcp_faces.Faces(settings_for(home)).check(conv.id, 0, max_bytes=budget)
     shown = len(out["blocks"][0]["text"])
     assert paging.PAGE_FLOOR // 2 <= shown <= paging.PAGE_CAP
+
+
+def test_list_json_pages_with_limit_and_cursor(home: Home) -> None:
+    from tests.conftest import base_env, cli
+
+    made = {_conv(home, f"t{i}").id for i in range(5)}
+    env = base_env(home)
+    seen: list[str] = []
+    args = ["list", "--json", "--limit", "2"]
+    for _ in range(5):
+        page = json.loads(cli(env, *args).stdout)
+        assert page["total"] == 5 and len(page["conversations"]) <= 2
+        seen += [r["id"] for r in page["conversations"]]
+        if page["cursor"] is None:
+            break
+        args = ["list", "--json", "--limit", "2", "--cursor", page["cursor"]]
+    assert sorted(seen) == sorted(made) and len(seen) == 5
+    human = cli(env, "list", "--limit", "2")
+    assert "more: contemplation list --limit 2 --cursor " in human.stderr
+    assert len(human.stdout.strip().splitlines()) == 3  # the header and two rows
