@@ -211,6 +211,7 @@ class State(BaseModel):
     last_error: ErrorInfo | None = None
     retry_count: int = 0
     next_retry_at: float | None = None
+    retry_settings: str = ""  # fingerprint of the backend's settings when the backoff was set
     last_turn: Usage | None = None
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     backend_session: BackendSession | None = None  # the server-side session of the history

@@ -124,11 +124,10 @@ def _decide(
     if nxt.action == "turn":
         retry_at = w.state.next_retry_at
         if retry_at is not None and retry_at > now:
-            failed_at = w.state.last_error.time if w.state.last_error is not None else ""
-            if not rt.backoff_outdated(conv.id, failed_at):
+            if not rt.backoff_outdated(conv.id, w.meta.backend, w.state.retry_settings):
                 set_status(w, Status.RETRYING)
                 return Wait(retry_at)
-            log.info("retry_at_once", conv=conv.id, why="settings reloaded or daemon restarted")
+            log.info("retry_at_once", conv=conv.id, why="the backend's settings changed")
         return TurnDue(w.meta)
     if nxt.action == "complete":
         # archived once, when the COMPLETE marker is first seen: a conversation reopened (or

@@ -37,6 +37,16 @@ def fingerprint(settings: Settings) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def backend_fingerprint(settings: Settings, family: str) -> str:
+    """A hash of what a backend family's clients are made from: a backoff recorded with it is
+    cut short once the settings say something else (a reload, or a restart after an edit)."""
+    data = {
+        "section": _section(settings, family),
+        **{k: getattr(settings, k) for k in BACKEND_WIDE},
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     settings: Settings

@@ -8,7 +8,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import structlog
@@ -22,6 +21,7 @@ from contemplation.errors import BackendError, LockBusy
 from contemplation.layout import Conv, Home, Template, load_template
 from contemplation.models import Metadata, Status
 from contemplation.needs.router import NeedRouter
+from contemplation.reload import backend_fingerprint
 from contemplation.scheduler import ModelScheduler
 from contemplation.settings import Settings
 from contemplation.writer import ConvWriter, now_iso, open_writer
@@ -51,7 +51,6 @@ class Runtime:
     calibration: Calibration = field(default_factory=Calibration)
     breakers: dict[str, Breaker] = field(default_factory=dict)
     committer: GroupCommitter = field(default_factory=GroupCommitter)  # turns' durable writes
-    started: float = field(default_factory=time.time)  # when this process began its work
     retry_now: set[str] = field(default_factory=set)  # backoffs to cut short (a reload)
     retired: list[Any] = field(default_factory=list)  # clients a reload replaced: closed at the end
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -158,16 +157,13 @@ class Runtime:
             old = self.retired.pop(0)
             asyncio.get_running_loop().create_task(_close_quietly(old))
 
-    def backoff_outdated(self, conv_id: str, failed_at: str) -> bool:
-        """A backoff to cut short: its backend's settings were reloaded since, or it was set
-        before this daemon started (a restart is how settings change without a reload)."""
+    def backoff_outdated(self, conv_id: str, backend: str, recorded: str) -> bool:
+        """A backoff to cut short: its backend's settings changed since it was set (a reload
+        says so at once; a restart after an edit shows it in the recorded fingerprint)."""
         if conv_id in self.retry_now:
             self.retry_now.discard(conv_id)
             return True
-        try:
-            return datetime.fromisoformat(failed_at).timestamp() < self.started
-        except ValueError:
-            return False
+        return bool(recorded) and recorded != backend_fingerprint(self.settings, backend)
 
     async def aclose(self) -> None:
         """Close clients and tool servers (they belong to the running event loop)."""

@@ -43,6 +43,7 @@ from contemplation.models import (
 from contemplation.needs import rules
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
+from contemplation.reload import backend_fingerprint
 from contemplation.runtime import Runtime, backoff, set_status
 from contemplation.scheduler import Held
 from contemplation.steps import AGAIN, Outcome, Wait
@@ -117,6 +118,7 @@ def _rest(rt: Runtime, w: ConvWriter, until: float) -> Wait:
     meta = w.meta
     if w.state.next_retry_at is None or w.state.next_retry_at < until:
         w.state.next_retry_at = until
+        w.state.retry_settings = backend_fingerprint(rt.settings, meta.backend)
         w.record_error(
             ErrorKind.CIRCUIT_OPEN,
             f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times in a row; "
@@ -720,6 +722,7 @@ def _failed(
             reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
         w.state.retry_count = attempt
         w.state.next_retry_at = rt.clock() + delay
+        w.state.retry_settings = backend_fingerprint(rt.settings, w.meta.backend)
         w.record_error(exc.kind, str(exc), status=Status.RETRYING)
         log.warning(
             "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)

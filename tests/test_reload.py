@@ -143,3 +143,37 @@ def test_a_turn_in_flight_finishes_through_a_reload(
     finally:
         a.stop()
         b.stop()
+
+
+def test_after_a_restart_a_backoff_is_kept_unless_the_backend_changed(
+    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """A restart with the same settings honours the backoff (a server's Retry-After too); a
+    restart after the backend's settings were edited retries at once."""
+    down, up = FakeOllama().start(), FakeOllama().start()
+    try:
+        config = tmp_path / "config.toml"
+        _config(config, down.url)
+        env = base_env(
+            home,
+            CONTEMPLATION_CONFIG=str(config),
+            CONTEMPLATION_RETRY__BASE="600",
+            CONTEMPLATION_RETRY__CAP="600",
+        )
+        d = daemon_factory(env, home).wait_ready()
+        down.enqueue(Step(kind="error", status=503, error="loading"))
+        conv_id = cli(env, "new", "restart", "--message", "hello").stdout.strip()
+        conv = Conv(home.active / conv_id)
+        wait_for(
+            lambda: (st := read_state(conv)) is not None and st.status is Status.RETRYING, 30
+        )
+        assert d.stop() == 0
+        cli(env, "run", "--once")  # the same settings: the backoff stands
+        assert len(down.chat_requests()) == 1 and b"back up" not in conv.log.read_bytes()
+        _config(config, up.url)  # edited while stopped
+        up.enqueue(Step(text="back up"))
+        daemon_factory(env, home).wait_ready()
+        wait_for(lambda: b"back up" in conv.log.read_bytes(), 15, what="the retry at start")
+    finally:
+        down.stop()
+        up.stop()
