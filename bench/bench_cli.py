@@ -93,7 +93,16 @@ def main() -> None:
     ap.add_argument("--active", type=int, default=500)
     ap.add_argument("--archived", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="run the CLI of another checkout instead (an A/B: git worktree add /tmp/old REV)",
+    )
     a = ap.parse_args()
+    if a.tree is not None:
+        boot = f"import sys; sys.path.insert(0, {str(a.tree)!r}); from contemplation.cli import main"
+        EXE[:] = [PY, "-c", boot + "; sys.argv[0] = 'contemplation'; main()"]
     tmp = Path(tempfile.mkdtemp(prefix="contemplation-cli-"))
     home = tmp / "home"
     build(home, a.active, a.archived)
