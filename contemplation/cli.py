@@ -49,6 +49,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "The NEED routing rules, in the order they...",
     ),
     "run": ("contemplation.cli_daemon", "run", "Run the daemon in the foreground."),
+    "search": ("contemplation.cli_conv", "search", "Search the text of every conversation..."),
     "send": ("contemplation.cli_conv", "send", "Send TEXT (or - for stdin) to a..."),
     "service": (
         "contemplation.cli_service",

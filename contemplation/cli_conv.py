@@ -285,9 +285,7 @@ def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
     "--limit", type=click.IntRange(min=1), default=None, help="At most this many (a page)."
 )
 @click.option("--cursor", help="The next page: the cursor a --limit page ended with.")
-@json_option(
-    "Print the summaries as a JSON array (with --limit: {conversations, total, cursor})."
-)
+@json_option("Print the summaries as a JSON array (with --limit: {conversations, total, cursor}).")
 @click.pass_context
 def list_(
     ctx: click.Context, show_all: bool, limit: int | None, cursor: str | None, as_json: bool
@@ -467,3 +465,39 @@ def reopen(ctx: click.Context, conversation: str) -> None:
     """Bring an archived conversation back to active/ to continue it; prints where it is."""
     conv = actions.reopen(ctx_home(ctx), lookup(ctx, conversation))
     click.echo(str(conv.dir))
+
+
+@click.command()
+@click.argument("query")
+@click.option("--all", "include_archived", is_flag=True, help="Archived conversations too.")
+@click.option("--thinking", is_flag=True, help="Search the models' thinking too.")
+@click.option(
+    "--limit", type=click.IntRange(min=1, max=200), default=20, show_default=True, help="Hits."
+)
+@json_option("One JSON object per hit, a line each.")
+@click.pass_context
+def search(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    query: str,
+    include_archived: bool,
+    thinking: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Search the text of every conversation (FTS5 syntax: words, "a phrase", OR, prefix*);
+    best matches first."""
+    from contemplation import search_index
+
+    hits = search_index.search(
+        ctx_home(ctx), query, include_archived=include_archived, thinking=thinking, limit=limit
+    )
+    if as_json:
+        for h in hits:
+            click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
+        return
+    if not hits:
+        click.echo(f"no block matches {query!r}", err=True)
+        return
+    for h in hits:
+        where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
+        click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))

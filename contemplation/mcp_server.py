@@ -354,6 +354,22 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc
 
+    @tool(read_only)
+    @_errors_as_tool_errors
+    def conversation_search(
+        query: Annotated[
+            str, Field(description='words, "a phrase", a OR b, prefix* (FTS5 syntax)')
+        ],
+        archived: Annotated[bool, Field(description="search archived conversations too")] = False,
+        limit: Annotated[int, Field(ge=1, le=50, description="hits at most")] = 10,
+    ) -> str:
+        """Search the text of every conversation; best matches first, each with the
+        conversation, block and a snippet with the match marked «…»."""
+        from contemplation import search_index
+
+        hits = search_index.search(faces.home, query, include_archived=archived, limit=limit)
+        return _json({"hits": [h.as_dict() for h in hits], "count": len(hits)})
+
     @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
     @_errors_as_tool_errors
     def conversation_reopen(conversation_id: Id) -> str:

@@ -41,6 +41,7 @@ TOOLS = {
     "conversation_cancel",
     "conversation_models",
     "conversation_reopen",
+    "conversation_search",
 }
 
 
