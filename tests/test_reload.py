@@ -7,8 +7,11 @@ process, two scripted Ollama servers on loopback, the real CLI."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from contemplation import service
 from contemplation import settings as settings_mod
@@ -21,6 +24,47 @@ from tests.fakes.ollama_server import FakeOllama, Step
 
 def _config(path: Path, url: str, extra: str = "") -> None:
     path.write_text(f'[ollama]\nhost = "{url}"\n{extra}')
+
+
+@dataclass
+class Two:
+    """Two scripted servers, a config that names the first, and the environment using it."""
+
+    a: FakeOllama
+    b: FakeOllama
+    config: Path
+    env: dict[str, str]
+
+
+@pytest.fixture
+def two(home: Home, tmp_path: Path) -> Iterator[Two]:
+    a, b = FakeOllama().start(), FakeOllama().start()
+    config = tmp_path / "config.toml"
+    _config(config, a.url)
+    env = base_env(
+        home,
+        CONTEMPLATION_CONFIG=str(config),
+        CONTEMPLATION_RETRY__BASE="600",  # a long backoff: only a settings change cuts it short
+        CONTEMPLATION_RETRY__CAP="600",
+    )
+    try:
+        yield Two(a, b, config, env)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _retrying(home: Home, two: Two, topic: str) -> Conv:
+    """A conversation waiting out a long backoff after the first server's 503."""
+    two.a.enqueue(Step(kind="error", status=503, error="loading"))
+    conv_id = cli(two.env, "new", topic, "--message", "hello").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(
+        lambda: (st := read_state(conv)) is not None and st.status is Status.RETRYING,
+        30,
+        what="retrying",
+    )
+    return conv
 
 
 def _reloaded(home: Home, config: Path, env: dict[str, str]) -> Callable[[], bool]:
@@ -77,37 +121,17 @@ def test_reload_switches_the_backend_and_refuses_a_bad_file(
 
 
 def test_a_backoff_for_a_changed_backend_is_cut_short(
-    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+    home: Home, two: Two, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
-    down, up = FakeOllama().start(), FakeOllama().start()
-    try:
-        config = tmp_path / "config.toml"
-        _config(config, down.url)
-        env = base_env(
-            home,
-            CONTEMPLATION_CONFIG=str(config),
-            CONTEMPLATION_RETRY__BASE="600",  # a long backoff: only a reload cuts it short
-            CONTEMPLATION_RETRY__CAP="600",
-        )
-        d = daemon_factory(env, home).wait_ready()
-        down.enqueue(Step(kind="error", status=503, error="loading"))
-        conv_id = cli(env, "new", "backoff", "--message", "hello").stdout.strip()
-        conv = Conv(home.active / conv_id)
-        wait_for(
-            lambda: (st := read_state(conv)) is not None and st.status is Status.RETRYING,
-            30,
-            what="retrying",
-        )
-        state = read_state(conv)
-        assert state is not None and state.next_retry_at is not None
-        _config(config, up.url)
-        up.enqueue(Step(text="back up"))
-        d.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: b"back up" in conv.log.read_bytes(), 15, what="the retry after reload")
-        assert len(up.chat_requests()) == 1
-    finally:
-        down.stop()
-        up.stop()
+    d = daemon_factory(two.env, home).wait_ready()
+    conv = _retrying(home, two, "backoff")
+    state = read_state(conv)
+    assert state is not None and state.next_retry_at is not None
+    _config(two.config, two.b.url)
+    two.b.enqueue(Step(text="back up"))
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: b"back up" in conv.log.read_bytes(), 15, what="the retry after reload")
+    assert len(two.b.chat_requests()) == 1
 
 
 def test_the_unit_reloads_with_sighup(home: Home) -> None:
@@ -146,34 +170,16 @@ def test_a_turn_in_flight_finishes_through_a_reload(
 
 
 def test_after_a_restart_a_backoff_is_kept_unless_the_backend_changed(
-    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+    home: Home, two: Two, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
     """A restart with the same settings honours the backoff (a server's Retry-After too); a
     restart after the backend's settings were edited retries at once."""
-    down, up = FakeOllama().start(), FakeOllama().start()
-    try:
-        config = tmp_path / "config.toml"
-        _config(config, down.url)
-        env = base_env(
-            home,
-            CONTEMPLATION_CONFIG=str(config),
-            CONTEMPLATION_RETRY__BASE="600",
-            CONTEMPLATION_RETRY__CAP="600",
-        )
-        d = daemon_factory(env, home).wait_ready()
-        down.enqueue(Step(kind="error", status=503, error="loading"))
-        conv_id = cli(env, "new", "restart", "--message", "hello").stdout.strip()
-        conv = Conv(home.active / conv_id)
-        wait_for(
-            lambda: (st := read_state(conv)) is not None and st.status is Status.RETRYING, 30
-        )
-        assert d.stop() == 0
-        cli(env, "run", "--once")  # the same settings: the backoff stands
-        assert len(down.chat_requests()) == 1 and b"back up" not in conv.log.read_bytes()
-        _config(config, up.url)  # edited while stopped
-        up.enqueue(Step(text="back up"))
-        daemon_factory(env, home).wait_ready()
-        wait_for(lambda: b"back up" in conv.log.read_bytes(), 15, what="the retry at start")
-    finally:
-        down.stop()
-        up.stop()
+    d = daemon_factory(two.env, home).wait_ready()
+    conv = _retrying(home, two, "restart")
+    assert d.stop() == 0
+    cli(two.env, "run", "--once")  # the same settings: the backoff stands
+    assert len(two.a.chat_requests()) == 1 and b"back up" not in conv.log.read_bytes()
+    _config(two.config, two.b.url)  # edited while stopped
+    two.b.enqueue(Step(text="back up"))
+    daemon_factory(two.env, home).wait_ready()
+    wait_for(lambda: b"back up" in conv.log.read_bytes(), 15, what="the retry at start")
