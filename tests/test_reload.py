@@ -78,46 +78,39 @@ def _reloaded(home: Home, config: Path, env: dict[str, str]) -> Callable[[], boo
 
 
 def test_reload_switches_the_backend_and_refuses_a_bad_file(
-    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+    home: Home, two: Two, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
-    a, b = FakeOllama().start(), FakeOllama().start()
-    try:
-        config = tmp_path / "config.toml"
-        _config(config, a.url)
-        env = base_env(home, CONTEMPLATION_CONFIG=str(config))
-        d = daemon_factory(env, home).wait_ready()
-        a.enqueue(Step(text="from A"))
-        first = cli(env, "new", "r", "--message", "one", "--wait", "--timeout", "30")
-        conv_id = first.stderr.splitlines()[0]
-        assert first.stdout.rstrip().endswith("from A")
+    a, b, config, env = two.a, two.b, two.config, two.env
+    d = daemon_factory(env, home).wait_ready()
+    a.enqueue(Step(text="from A"))
+    first = cli(env, "new", "r", "--message", "one", "--wait", "--timeout", "30")
+    conv_id = first.stderr.splitlines()[0]
+    assert first.stdout.rstrip().endswith("from A")
 
-        _config(config, b.url)  # changed on disk: doctor says the daemon runs other settings
-        doctor = cli(env, "doctor", check=False).stdout
-        assert "runs other settings than" in doctor and "contemplation service reload" in doctor
-        said = cli(env, "service", "reload").stdout
-        assert said.startswith("asked the daemon (pid ")
-        wait_for(_reloaded(home, config, env), 10, what="the reload")
-        assert "runs other settings" not in cli(env, "doctor", check=False).stdout
-        b.enqueue(Step(text="from B"))
-        second = cli(env, "send", conv_id, "two", "--wait", "--timeout", "30")
-        assert second.stdout.rstrip().endswith("from B")
-        assert len(a.chat_requests()) == 1 and len(b.chat_requests()) == 1
+    _config(config, b.url)  # changed on disk: doctor says the daemon runs other settings
+    doctor = cli(env, "doctor", check=False).stdout
+    assert "runs other settings than" in doctor and "contemplation service reload" in doctor
+    said = cli(env, "service", "reload").stdout
+    assert said.startswith("asked the daemon (pid ")
+    wait_for(_reloaded(home, config, env), 10, what="the reload")
+    assert "runs other settings" not in cli(env, "doctor", check=False).stdout
+    b.enqueue(Step(text="from B"))
+    second = cli(env, "send", conv_id, "two", "--wait", "--timeout", "30")
+    assert second.stdout.rstrip().endswith("from B")
+    assert len(a.chat_requests()) == 1 and len(b.chat_requests()) == 1
 
-        config.write_text("[ollama\nhost = broken")  # not TOML: refused, B stays
-        refused = cli(env, "service", "reload", check=False)
-        assert refused.returncode == 1 and "cannot parse" in refused.stderr
-        d.proc.send_signal(signal.SIGHUP)  # the daemon refuses it too, and goes on
-        b.enqueue(Step(text="still B"))
-        conv = Conv(home.active / conv_id)  # the CLI refuses the broken file: drop by hand
-        (conv.inbox / "three.txt").write_text("three")
-        wait_for(lambda: b"still B" in conv.log.read_bytes(), 30, what="the reply from B")
-        assert len(a.chat_requests()) == 1
-        assert d.stop() == 0
-        log = d.stderr()
-        assert log.count('"reload_refused"') == 1 and log.count('"reloaded"') == 1
-    finally:
-        a.stop()
-        b.stop()
+    config.write_text("[ollama\nhost = broken")  # not TOML: refused, B stays
+    refused = cli(env, "service", "reload", check=False)
+    assert refused.returncode == 1 and "cannot parse" in refused.stderr
+    d.proc.send_signal(signal.SIGHUP)  # the daemon refuses it too, and goes on
+    b.enqueue(Step(text="still B"))
+    conv = Conv(home.active / conv_id)  # the CLI refuses the broken file: drop by hand
+    (conv.inbox / "three.txt").write_text("three")
+    wait_for(lambda: b"still B" in conv.log.read_bytes(), 30, what="the reply from B")
+    assert len(a.chat_requests()) == 1
+    assert d.stop() == 0
+    log = d.stderr()
+    assert log.count('"reload_refused"') == 1 and log.count('"reloaded"') == 1
 
 
 def test_a_backoff_for_a_changed_backend_is_cut_short(
@@ -141,32 +134,25 @@ def test_the_unit_reloads_with_sighup(home: Home) -> None:
 
 
 def test_a_turn_in_flight_finishes_through_a_reload(
-    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+    home: Home, two: Two, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
-    a, b = FakeOllama().start(), FakeOllama().start()
-    try:
-        config = tmp_path / "config.toml"
-        _config(config, a.url)
-        env = base_env(home, CONTEMPLATION_CONFIG=str(config))
-        d = daemon_factory(env, home).wait_ready()
-        words = " ".join(f"w{i}" for i in range(40))
-        a.enqueue(Step(text=words, chunk_delay=0.05))
-        conv_id = cli(env, "new", "flight", "--message", "go").stdout.strip()
-        conv = Conv(home.active / conv_id)
-        wait_for(lambda: b"w3" in conv.log.read_bytes(), 30, what="the reply streaming")
-        _config(config, b.url)
-        d.proc.send_signal(signal.SIGHUP)
-        wait_for(_reloaded(home, config, env), 10, what="the reload")
-        wait_for(
-            lambda: (st := read_state(conv)) is not None and st.status is Status.IDLE,
-            30,
-            what="the reply committed",
-        )
-        assert b"w39" in conv.log.read_bytes()
-        assert a.aborted == 0 and "INTERRUPTED" not in conv.log.read_text()
-    finally:
-        a.stop()
-        b.stop()
+    a, b, config, env = two.a, two.b, two.config, two.env
+    d = daemon_factory(env, home).wait_ready()
+    words = " ".join(f"w{i}" for i in range(40))
+    a.enqueue(Step(text=words, chunk_delay=0.05))
+    conv_id = cli(env, "new", "flight", "--message", "go").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: b"w3" in conv.log.read_bytes(), 30, what="the reply streaming")
+    _config(config, b.url)
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(_reloaded(home, config, env), 10, what="the reload")
+    wait_for(
+        lambda: (st := read_state(conv)) is not None and st.status is Status.IDLE,
+        30,
+        what="the reply committed",
+    )
+    assert b"w39" in conv.log.read_bytes()
+    assert a.aborted == 0 and "INTERRUPTED" not in conv.log.read_text()
 
 
 def test_after_a_restart_a_backoff_is_kept_unless_the_backend_changed(
