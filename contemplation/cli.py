@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "models": ("contemplation.cli_models", "models", "Each configured backend's models: tools,..."),
     "new": ("contemplation.cli_conv", "new", "Start a conversation; prints its id (with..."),
+    "reindex": ("contemplation.cli_conv", "reindex", "Make the search index anew from the..."),
     "reopen": ("contemplation.cli_conv", "reopen", "Bring an archived conversation back to..."),
     "respond": ("contemplation.cli_conv", "respond", "Answer a need the model is waiting for..."),
     "routes": (

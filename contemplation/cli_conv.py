@@ -16,6 +16,7 @@ from contemplation import actions, activity, backends, cli_wait, paging, show, w
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
+    EXIT_ERROR,
     TEMPLATE,
     ctx_home,
     ctx_settings,
@@ -501,3 +502,31 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     for h in hits:
         where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
         click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))
+
+
+@click.command()
+@click.option("--check", is_flag=True, help="Say what the index lacks; write nothing.")
+@json_option('With --check: {"missing", "gone", "changed"} as JSON.')
+@click.pass_context
+def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
+    """Make the search index anew from the folders (it is derived: safe at any time)."""
+    from contemplation import search_index
+
+    home = ctx_home(ctx)
+    if check:
+        found = search_index.drift(home)
+        human = "\n".join(
+            f"{k}: {len(v)}" + (f" ({', '.join(v[:5])})" if v else "") for k, v in found.items()
+        )
+        emit(found, as_json, human)
+        if any(found.values()):
+            sys.exit(EXIT_ERROR)
+        return
+    with click.progressbar(length=1, label="indexing", file=sys.stderr) as bar:
+
+        def step(done: int, total: int) -> None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+        count = search_index.rebuild(home, step)
+    click.echo(f"indexed {count} conversation(s) into {search_index.db_path(home)}")

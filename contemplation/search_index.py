@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +176,38 @@ def refresh(conn: sqlite3.Connection, home: Home) -> int:
         conn.execute("ROLLBACK")
         raise
     return changed
+
+
+def drift(home: Home) -> dict[str, list[str]]:
+    """What the index does not know yet, without writing: conversations it lacks, holds
+    though they are gone, or recorded before they changed."""
+    folders = _folders(home)
+    with opened(home) as conn:
+        known = dict(conn.execute("SELECT id, key FROM convs").fetchall())
+    return {
+        "missing": sorted(set(folders) - set(known)),
+        "gone": sorted(set(known) - set(folders)),
+        "changed": sorted(c for c, f in folders.items() if c in known and known[c] != _key(f)),
+    }
+
+
+def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> int:
+    """The index made anew from the folders (``progress(done, total)`` as it goes); how many
+    conversations it holds."""
+    _remove(db_path(home))
+    folders = _folders(home)
+    with opened(home) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for done, (_, folder) in enumerate(sorted(folders.items()), 1):
+                _index(conn, Conv(Path(folder)), _key(folder))
+                if progress is not None:
+                    progress(done, len(folders))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return len(folders)
 
 
 def _index(conn: sqlite3.Connection, conv: Conv, key: str) -> None:

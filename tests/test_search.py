@@ -122,3 +122,21 @@ def test_query_syntax_passes_through_and_a_bad_one_is_a_phrase(home: Home) -> No
     assert len(search_index.search(home, "AND")) == 1
     with pytest.raises(InputRejected, match="needs a query"):
         search_index.search(home, "   ")
+
+
+def test_reindex_and_check_say_and_mend_what_the_index_lacks(home: Home) -> None:
+    env = base_env(home)
+    _by_hand(home, "one", "the albatross question", "an answer")
+    assert len(search_index.search(home, "albatross")) == 1
+    _by_hand(home, "two", "another albatross", "more")
+    check = cli(env, "reindex", "--check", "--json", check=False)
+    assert check.returncode == 1 and json.loads(check.stdout) == {
+        "missing": ["two"],
+        "gone": [],
+        "changed": [],
+    }
+    done = cli(env, "reindex")
+    assert done.stdout.strip() == f"indexed 2 conversation(s) into {search_index.db_path(home)}"
+    again = cli(env, "reindex", "--check")
+    assert again.returncode == 0 and again.stdout.splitlines()[0] == "missing: 0"
+    assert len(search_index.search(home, "albatross")) == 2
