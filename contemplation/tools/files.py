@@ -9,8 +9,7 @@ The path comes from model output, so it is hostile until proven otherwise:
 3. a deny-list second layer inside the roots (``.ssh``, ``.gnupg``, ``.env*``, ``*.pem``,
    ``id_*``, ``.netrc`` ...), compared case-insensitively on every component;
 4. ``O_NOFOLLOW | O_NONBLOCK`` on open (a FIFO cannot block us), ``fstat`` must say regular
-   file, the descriptor's real path is checked again on Linux, and at most ``max_bytes`` are
-   read (the answer says how much more there is).
+   file, and the descriptor's real path is checked again on Linux.
 
 Paths as models write them: ``~`` and ``~/…`` are the user's home (``~user`` is refused); a
 relative path is tried under each root, and also with a leading folder equal to a root's own
@@ -18,9 +17,10 @@ name left out (``notes/plan.md`` under the root ``~/notes``); a path found under
 is refused with the candidates. Every form goes through the checks above. No ``$VAR``
 expansion, no shell, no subprocess.
 
-A part of a file: ``PATH lines 120-180`` (also ``line 120``, ``lines 120-``). An answer holds
-at most ``answer_chars`` characters, cut at a line end; when it is cut, its note says which
-lines it shows, how many are left and the exact NEED line for the next part.
+A part of a file: ``PATH lines 120-180`` (also ``line 120``, ``lines 120-``; see
+:mod:`contemplation.tools.parts`). An answer holds at most ``answer_chars`` characters, cut at
+a line end; when it is cut, its note says which lines it shows of how many, how many are left
+and the exact NEED line for the next part.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 
 from contemplation.errors import ToolError
 from contemplation.tools.base import Refused, ToolResult, Unconfigured, text_arg
+from contemplation.tools.parts import read_part, split_range
 
 DEFAULT_DENY = (
     ".ssh",
@@ -57,12 +58,6 @@ DEFAULT_DENY = (
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".tox"}
 _DEF_RE = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _PROC_FD = Path("/proc/self/fd")
-_RANGE_RE = re.compile(
-    r"^(?P<path>.*?\S)\s+lines?\s+(?P<first>\d{1,9})(?:\s*(?:-|\u2013|to)\s*(?P<last>\d{1,9})?)?\s*$",
-    re.IGNORECASE,
-)
-COUNT_CAP = 64 * 1024 * 1024  # bytes read at most to count a file's lines
-CHUNK = 1 << 20
 
 
 def _home(raw: str) -> str:
@@ -71,27 +66,27 @@ def _home(raw: str) -> str:
         return raw
     if raw != "~" and not raw.startswith("~/"):
         raise Refused(f"{raw!r}: only ~/ (your own home) is understood, not ~user")
-    return str(Path.home()) + raw[1:]
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):
+        why = "there is no home folder to expand ~ to; write the full path"
+        raise Refused(f"{raw!r}: {why}") from None
+    return str(home) + raw[1:]
 
 
-def split_range(requested: str) -> tuple[str, int, int | None]:
-    """``PATH lines A-B`` → (PATH, A, B); ``line A`` → (PATH, A, A); ``lines A-`` → (PATH, A,
-    None: to the end); a plain path → (PATH, 1, None)."""
-    m = _RANGE_RE.match(requested.strip())
-    if m is None:
-        return requested, 1, None
-    first = max(1, int(m["first"]))
-    if m["last"] is not None:
-        return m["path"], first, max(first, int(m["last"]))
-    dash = requested.rstrip()[-1:] in "-\u2013" or requested.rstrip().lower().endswith("to")
-    return m["path"], first, None if dash else first
+def _expanded(root: Path) -> Path:
+    """A configured root with ``~`` expanded (as it is if there is no home to expand to)."""
+    try:
+        return root.expanduser()
+    except RuntimeError:
+        return root
 
 
 def _real_roots(roots: Sequence[Path]) -> tuple[Path, ...]:
     out: list[Path] = []
     for r in roots:
         try:
-            out.append(Path(r).expanduser().resolve(strict=True))
+            out.append(r.resolve(strict=True))
         except OSError:
             continue  # a root that does not exist allows nothing
     return tuple(out)
@@ -110,7 +105,7 @@ class FileReader:
         deny: Sequence[str] = (),
         answer_chars: int = 2000,
     ) -> None:
-        self.configured = tuple(Path(r) for r in roots)
+        self.configured = tuple(_expanded(Path(r)) for r in roots)
         self.roots = _real_roots(self.configured)
         self.max_bytes = max_bytes
         self.answer_chars = min(answer_chars, max_bytes)
@@ -256,39 +251,7 @@ class FileReader:
             if b"\x00" in head:
                 raise Refused(f"{path!r} is a binary file ({st.st_size:,} bytes); not shown")
             f.seek(0)
-            return self._lines(f, path, str(real), first, last)
-
-    def _lines(self, f: Any, path: str, source: str, first: int, last: int | None) -> ToolResult:
-        """Lines ``first``..``last`` (None: to the end) of the open file, as many as fit the
-        answer; the note says what is left and the NEED line that asks for it."""
-        shown: list[str] = []
-        size = n = scanned = 0
-        cut = False
-        exhausted = True
-        for raw in f:
-            n += 1
-            scanned += len(raw)
-            if n < first:
-                continue
-            line = raw.decode("utf-8", errors="replace")
-            if (last is not None and n > last) or size + len(line) > self.answer_chars:
-                if not shown and not (last is not None and n > last):
-                    shown.append(line[: self.answer_chars])  # one line longer than an answer
-                    cut = True
-                exhausted = False
-                break
-            shown.append(line)
-            size += len(line)
-        if not shown:
-            raise ToolError(f"{path!r} has {n:,} lines; there is no line {first:,}")
-        total, exact = (n, True) if exhausted else _count_rest(f, n, scanned)
-        end = first + len(shown) - 1
-        return ToolResult(
-            "".join(shown),
-            source,
-            False,
-            _part_note(path, first, end, last=last, total=total, exact=exact, cut=cut),
-        )
+            return read_part(f, path, str(real), (first, last), self.answer_chars)
 
     def read_head(self, real: Path, limit: int) -> str:
         fd, _ = self._open(real, str(real))
@@ -357,42 +320,3 @@ class FileTree:
         return await asyncio.to_thread(
             self.reader.tree, path, depth=self.depth, max_entries=self.max_entries
         )
-
-
-def _count_rest(f: Any, counted: int, scanned: int) -> tuple[int, bool]:
-    """The file's number of lines: ``counted`` read so far (``scanned`` bytes) and the newlines
-    of the rest. Exact (True) unless the file is longer than COUNT_CAP: then a lower bound."""
-    total = counted
-    last = b"\n"
-    while True:
-        if scanned >= COUNT_CAP:
-            return total, False
-        chunk = f.read(CHUNK)
-        if not chunk:
-            break
-        total += chunk.count(b"\n")
-        last = chunk[-1:]
-        scanned += len(chunk)
-    return total + (last != b"\n"), True  # a last line with no newline counts too
-
-
-def _part_note(
-    path: str, first: int, end: int, *, last: int | None, total: int, exact: bool, cut: bool
-) -> str:
-    """What part of the file an answer holds, and the NEED line for the next part."""
-    of = f"{total:,}" + ("" if exact else "+")
-    want = total if last is None else min(last, total)
-    if cut:
-        nxt = f"NEED: File contents of {path} lines {first + 1}-{min(want, first + 40)}"
-        more = f"; the next part: {nxt}" if first < want else ""
-        return f"line {first:,} of {of} is longer than an answer: its first part only{more}"
-    if end < want:
-        nxt_end = min(want, end + (end - first + 1))
-        left = f"{want - end:,}" + ("" if exact or last is not None else "+")
-        return (
-            f"showing lines {first:,}-{end:,} of {of}; {left} more line(s) — the next part: "
-            f"NEED: File contents of {path} lines {end + 1}-{nxt_end}"
-        )
-    if first > 1 or end < total:
-        return f"lines {first:,}-{end:,} of {of}"
-    return ""
