@@ -243,3 +243,47 @@ def test_routing_never_raises_and_never_returns_a_long_need(text: str) -> None:
     if found is not None:
         assert len(found.need) <= needrules.MAX_NEED_CHARS
         assert "\n" not in found.need
+
+
+# --------------------------------------------------------------------------- a part of a file
+
+
+@pytest.mark.parametrize(
+    ("need", "path"),
+    [
+        ("File contents of ~/notes/plan.md lines 120-180", "~/notes/plan.md lines 120-180"),
+        ("File contents of `notes/plan.md` line 120", "`notes/plan.md` line 120"),
+        ("File contents of notes/plan.md (lines 120-)", "notes/plan.md (lines 120-)"),
+    ],
+)
+def test_a_part_of_a_file_routes_to_the_reader_whole(need: str, path: str) -> None:
+    """The built-in rule passes the path and its part as one argument; the reader splits them
+    (so a native call's path may carry a part too)."""
+    found = DEFAULTS.route(need)
+    assert found is not None and found.tool == "files.read"
+    assert found.arguments == {"path": path}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "~/secret/plan.md lines 1-3",
+        "`~/secret/plan.md` lines 1-3",
+        "'~/secret/plan.md', lines 1-3",
+        "~/secret/plan.md (lines 1 to 3)",
+        "`~/secret/plan.md`",
+        "/home/u/secret/plan.md line 2",
+    ],
+)
+def test_a_part_of_a_file_is_judged_as_the_file_however_it_is_quoted(path: str) -> None:
+    perms = [
+        *needrules.DEFAULT_PERMISSIONS,
+        *needrules.compile_permissions(
+            {"read_file": {"~/secret/**": "deny"}},
+            source="t.toml",
+            names=[*needrules.BUILTIN_TOOLS, "read_file"],
+            home="/home/u",
+        ),
+    ]
+    verdict = needrules.decide("read_file", "files.read", {"path": path}, perms, "/home/u")
+    assert verdict.action == "deny"

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from contemplation.errors import ConfigError
 from contemplation.logformat import canonical_need
+from contemplation.tools.parts import split_range
 
 MAX_NEED_CHARS = 1000
 MAX_ARG_CHARS = 1000
@@ -684,14 +685,12 @@ def subjects(arguments: Mapping[str, Any]) -> list[str]:
     return found or [""]
 
 
-_LINES_RE = re.compile(r"\s+lines?\s+\d+(?:\s*(?:-|\u2013|to)\s*\d*)?\s*$", re.IGNORECASE)
-
-
 def _forms(value: str, home: str) -> list[str]:
-    """A value as written and, for a path, as meant (``~`` expanded, ``..`` folded, a
-    trailing ``lines A-B`` left out: a part of a file is judged as the file)."""
+    """A value as written and, for a path, as meant (``~`` expanded, ``..`` folded, quotes
+    and a trailing ``lines A-B`` left out as the file reader does: a part of a file is judged
+    as the file)."""
     forms = [value]
-    bare = _LINES_RE.sub("", value)
+    bare = split_range(value)[0]
     if bare != value:
         forms.append(bare)
     if "/" in bare or bare.startswith("~"):
