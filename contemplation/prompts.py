@@ -24,27 +24,36 @@ When the conversation has reached its goal and nothing more is needed, end your 
 line that says exactly:
 === COMPLETE ==="""
 MAX_OFFERED = 30  # need forms listed in the prompt at most
-MAX_DESCRIPTION = 300  # a rule's description in the prompt (the file rule names its folders)
+MAX_DESCRIPTION = 300  # a rule's description in the prompt
+# the file rule's description names the readable folders (up to 8, whole) and the part form
+MAX_FOLDERS_DESCRIPTION = 1500
+FOLDERS_TOOL = "files.read"
 
 
 @dataclass(frozen=True, slots=True)
 class NeedForm:
     """One way of asking that a rule answers: what follows ``NEED: `` with ``<param>``
-    placeholders, and what it gives."""
+    placeholders, and what it gives (cut at a word end past ``limit`` characters)."""
 
     form: str
     description: str = ""
+    limit: int = MAX_DESCRIPTION
 
     def line(self) -> str:
         """The form as the prompt lists it; its description, if any, on a line of its own
         (a model that copies the NEED line copies only the form)."""
         if not self.description:
             return f"  NEED: {self.form}"
-        return f"  NEED: {self.form}\n      {_one_line(self.description)}"
+        return f"  NEED: {self.form}\n      {_one_line(self.description, self.limit)}"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:MAX_DESCRIPTION]
+def _one_line(text: str, limit: int = MAX_DESCRIPTION) -> str:
+    """``text`` on one line, at most ``limit`` characters: cut at a word end, marked "…"."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    space = flat.rfind(" ", 0, limit - 1)
+    return flat[: space if space > limit // 2 else limit - 2].rstrip(" ,;:") + " …"
 
 
 def need_forms(rules: Iterable[Rule], limit: int = MAX_OFFERED) -> tuple[NeedForm, ...]:
@@ -57,7 +66,8 @@ def need_forms(rules: Iterable[Rule], limit: int = MAX_OFFERED) -> tuple[NeedFor
             break
         form = _form(rule)
         if form and form.casefold() not in out:
-            out[form.casefold()] = NeedForm(form, rule.description)
+            cap = MAX_FOLDERS_DESCRIPTION if rule.tool == FOLDERS_TOOL else MAX_DESCRIPTION
+            out[form.casefold()] = NeedForm(form, rule.description, cap)
     return tuple(out.values())
 
 

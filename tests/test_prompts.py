@@ -258,3 +258,39 @@ def test_the_research_template_gathers_memory_about_the_topic_before_the_first_r
         BlockKind.AGENT,
         BlockKind.MODEL,
     ]
+
+
+def test_the_prompt_names_the_readable_folders_and_how_to_ask_for_a_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Home-relative, at most 8 then "and N more", whole (never cut mid-name), and the
+    `lines A-B` form after them, however long the folder names are."""
+    home = tmp_path / "u"
+    monkeypatch.setenv("HOME", str(home))
+    roots = [home / "projects" / f"client-work-2026-research-notes-{i:02d}" for i in range(10)]
+    for r in roots:
+        r.mkdir(parents=True)
+    router = _router(tmp_path, tools={"allowed_roots": [str(r) for r in roots]})
+    text = system_prompt(meta(), needs=need_forms(router.offered()))
+    [told] = [line for line in text.splitlines() if "client-work" in line]
+    listed = ", ".join(f"~/projects/client-work-2026-research-notes-{i:02d}" for i in range(8))
+    assert f"{listed} and 2 more." in told
+    assert "research-notes-08" not in told
+    assert told.rstrip().endswith("A part: add lines 120-180 after the path.")
+
+
+def test_a_long_description_is_cut_at_a_word_end_and_marked() -> None:
+    [rule] = needrules.compile_rules(
+        [
+            {
+                "prefix": "Runbook for",
+                "tool": "agent",
+                "param": "service",
+                "description": "word " * 90,
+            }
+        ],
+        source="test",
+    )
+    [form] = need_forms([rule])
+    told = form.line().splitlines()[1].strip()
+    assert told.endswith("word …") and len(told) <= 300
