@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,22 +102,60 @@ def test_no_vault_configured_or_missing(tmp_path: Path) -> None:
         asyncio.run(NotesSearch(tmp_path).call({"query": "  "}))
 
 
-def test_a_note_over_the_size_bound_is_searched_in_its_head_and_named(vault: Path) -> None:
-    """A vault of 4 with one 2 MiB note: 4 are searched (not 3), a word in its head is found,
-    and the answer names the note whose tail was not searched."""
+def test_a_note_over_the_size_bound_is_searched_whole_by_streaming(vault: Path) -> None:
+    """A vault of 4 with one 2 MiB note: 4 are searched (not 3), a word in its head and a word
+    in its last line are both found, the snippet is the line that holds it, and nothing is
+    said to be left out."""
     big = vault / "journal.md"
-    big.write_text("# Journal\nthe zebra crossing\n" + "filler words here\n" * 130_000)
-    assert big.stat().st_size > 1024 * 1024
+    big.write_text(
+        "# Journal\nthe zebra crossing\n"
+        + "filler words here\n" * 130_000
+        + "at the very end a unicorn appeared\n"
+    )
+    assert big.stat().st_size > 2 * 1024 * 1024
     tool = NotesSearch(vault)
     found = tool.answer("zebra")
     assert "(4 notes searched)" in found.text and "journal.md" in found.text
-    assert found.note == (
-        "1 note(s) over 1,048,576 bytes were searched in their first 1,048,576 bytes only: "
-        "journal.md"
+    assert found.note == ""
+    tail = tool.answer("unicorn")
+    assert tail.text == (
+        "1 of the notes that match 'unicorn' (4 notes searched):\n"
+        "1. Journal (journal.md)\n   at the very end a unicorn appeared"
     )
-    missing = tool.answer("unicorn")
-    assert missing.text == "no notes match 'unicorn' (4 notes searched)"
-    assert "journal.md" in missing.note
+    assert tail.note == ""
+    assert tool.answer("dragon").text == "no notes match 'dragon' (4 notes searched)"
+
+
+def test_a_note_over_the_scan_bound_is_searched_in_part_and_named(vault: Path) -> None:
+    big = vault / "huge.md"
+    big.write_text("# Huge\nthe zebra crossing\n" + "filler words here\n" * 10_000 + "unicorn\n")
+    size = big.stat().st_size
+    tool = NotesSearch(vault, max_note_bytes=1024, max_scan_bytes=64 * 1024)
+    out = tool.answer("unicorn")
+    assert out.text == "no notes match 'unicorn' (4 notes searched)"
+    assert out.note == (
+        f"1 note was searched in part only (too large): huge.md (its first 65,536 of {size:,} "
+        "bytes)"
+    )
+    assert "huge.md" in tool.answer("zebra").text
+
+
+def test_a_note_that_cannot_be_read_is_named(vault: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (vault / "locked.md").write_text("# Locked\nredis\n")
+    real_open = os.open
+
+    def open_(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        if str(path).endswith("locked.md"):  # as a file of another user would be, even to root
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", open_)
+    out = NotesSearch(vault).answer("redis")
+    assert "(3 notes searched)" in out.text
+    assert out.note == "1 note could not be read: locked.md"
+    (vault / "projects" / "locked.md").write_text("redis\n")
+    two = NotesSearch(vault).answer("redis")
+    assert two.note == "2 notes could not be read: locked.md, projects/locked.md"
 
 
 def test_notes_past_the_count_bound_are_said(vault: Path) -> None:

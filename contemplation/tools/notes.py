@@ -5,6 +5,12 @@ symlinks that leave the vault ignored) and indexed in memory; a note is re-read 
 its size or mtime changes. Ranking is BM25 over the body plus a boosted title match (the
 first ``# heading``, else the file name). Each hit comes back with its title, its path in the
 vault and a snippet around the best-matching line.
+
+A note is read in chunks: its words are counted over its first ``max_scan_bytes`` (32 MiB)
+while only its first ``max_note_bytes`` (1 MiB) are kept as text; a hit whose words lie past
+that text gets its snippet by reading the note again, line by line. A note larger than the
+scan bound, and one that cannot be read, is named in the answer's note, so "N notes
+searched" is what was searched.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ import re
 import stat
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from contemplation.errors import ToolError
 from contemplation.tools.base import ToolResult, Unconfigured, text_arg
@@ -29,6 +35,9 @@ _TITLE_RE = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.MULTILINE)
 _STOP = "a an and are as at be by for from how in is it of on or that the this to was what when"
 STOPWORDS = frozenset((_STOP + " where which who why with about into notes note matching").split())
 K1, B, TITLE_BOOST = 1.4, 0.75, 2.5
+CHUNK = 1 << 20  # bytes read at a time
+MAX_LINE = 64 * 1024  # bytes of one line looked at for a snippet
+NAMED = 5  # notes named in the answer's note at most
 
 
 def terms(text: str) -> list[str]:
@@ -44,7 +53,12 @@ class _Note:
     title_terms: frozenset[str]
     length: int
     key: tuple[int, int]  # (size, mtime_ns)
-    partial: bool = False  # larger than max_note_bytes: only its head is searched
+    searched: int  # bytes whose words were counted (less than the size: searched in part)
+    path: Path  # the note's real path, to find a snippet past ``text``
+
+    @property
+    def partial(self) -> bool:
+        return self.searched < self.key[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +78,18 @@ class NotesSearch:
         *,
         max_notes: int = 20_000,
         max_note_bytes: int = 1024 * 1024,
+        max_scan_bytes: int = 32 * 1024 * 1024,
         results: int = 5,
     ) -> None:
         self.vault = Path(vault).expanduser() if vault else None
         self.max_notes = max_notes
         self.max_note_bytes = max_note_bytes
+        self.max_scan_bytes = max(max_scan_bytes, max_note_bytes)
         self.results = results
         self._index: dict[str, _Note] = {}
         self._lock = threading.Lock()
         self.skipped = 0
+        self.unreadable: list[str] = []
 
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         query = text_arg(arguments, "query")
@@ -91,20 +108,21 @@ class NotesSearch:
         return ToolResult("\n".join(lines), src, note=self._left_out())
 
     def _left_out(self) -> str:
-        """What the search did not see whole: notes over the size bound (their first part was
-        searched) and notes past the count bound (not searched)."""
+        """What the search did not see whole: notes over the scan bound (their first part was
+        searched), notes that could not be read and notes past the count bound."""
         with self._lock:
-            partial = sorted(n.rel for n in self._index.values() if n.partial)
+            partial = sorted((n for n in self._index.values() if n.partial), key=lambda n: n.rel)
+            unreadable = list(self.unreadable)
             skipped = self.skipped
         said = []
         if partial:
-            names = ", ".join(partial[:5]) + (
-                f" and {len(partial) - 5} more" if len(partial) > 5 else ""
-            )
+            shown = [f"{n.rel} (its first {n.searched:,} of {n.key[0]:,} bytes)" for n in partial]
+            was = "was" if len(partial) == 1 else "were"
             said.append(
-                f"{len(partial)} note(s) over {self.max_note_bytes:,} bytes were searched in "
-                f"their first {self.max_note_bytes:,} bytes only: {names}"
+                f"{_notes(len(partial))} {was} searched in part only (too large): {_names(shown)}"
             )
+        if unreadable:
+            said.append(f"{_notes(len(unreadable))} could not be read: {_names(unreadable)}")
         if skipped:
             said.append(f"{skipped:,} note(s) past the first {self.max_notes:,} were not searched")
         return "; ".join(said)
@@ -123,6 +141,7 @@ class NotesSearch:
         root = self._root()
         seen: dict[str, _Note] = {}
         skipped = 0
+        unreadable: list[str] = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
@@ -132,15 +151,22 @@ class NotesSearch:
                     skipped += 1
                     continue
                 path = Path(dirpath) / name
-                note = self._load(root, path)
+                try:
+                    note = self._load(root, path)
+                except OSError:
+                    unreadable.append(path.relative_to(root).as_posix())
+                    continue
                 if note is not None:
                     seen[note.rel] = note
         with self._lock:
             self._index = seen
             self.skipped = skipped
+            self.unreadable = unreadable
         return seen
 
     def _load(self, root: Path, path: Path) -> _Note | None:
+        """The note at ``path`` (from the index when unchanged); None when it is no note (a
+        link out of the vault, not a regular file); OSError when it cannot be read."""
         try:
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
@@ -158,24 +184,21 @@ class NotesSearch:
         old = self._index.get(rel)
         if old is not None and old.key == key:
             return old
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as f:
-                text = f.read(self.max_note_bytes).decode("utf-8", errors="replace")
-        except OSError:
-            return None
+        with _open(path) as f:
+            head, tf, searched = scan(f, self.max_note_bytes, self.max_scan_bytes)
+        text = head.decode("utf-8", errors="replace")
         m = _TITLE_RE.search(text)
         title = m.group(1).strip() if m else path.stem
-        words = terms(text)
         return _Note(
             rel,
             title,
             text,
-            Counter(words),
+            tf,
             frozenset(terms(title + " " + path.stem)),
-            len(words),
+            tf.total(),
             key,
-            st.st_size > self.max_note_bytes,
+            searched,
+            path,
         )
 
     # -- search -----------------------------------------------------------------------
@@ -204,26 +227,98 @@ class NotesSearch:
                 scored.append((score, note))
         scored.sort(key=lambda s: (-s[0], s[1].rel))
         hits = [
-            Hit(note.title, note.rel, round(score, 3), snippet(note.text, q))
+            Hit(note.title, note.rel, round(score, 3), self._snippet(note, q))
             for score, note in scored[: self.results]
         ]
         return hits, n
 
+    def _snippet(self, note: _Note, q: list[str]) -> str:
+        """The snippet from the note's text; when its words lie past that text (a large
+        note), from the line that holds the most of them, read again in chunks."""
+        score, line = best_line(note.text.splitlines(), q)
+        if score > 0 or note.searched <= self.max_note_bytes:
+            return around(line, q)
+        try:
+            with _open(note.path) as f:
+                score, line = best_line(_lines(f, note.searched), q)
+        except OSError:
+            pass  # gone or changed since it was indexed: the head's best line stands
+        return around(line, q)
 
-def snippet(text: str, q: list[str], width: int = 220) -> str:
-    """The line that holds the most query terms, cut to ``width`` around the first one."""
-    best, best_line = -1, ""
-    for line in text.splitlines():
+
+def _notes(n: int) -> str:
+    return "1 note" if n == 1 else f"{n:,} notes"
+
+
+def _names(names: list[str]) -> str:
+    more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+    return ", ".join(names[:NAMED]) + more
+
+
+def _open(path: Path) -> BinaryIO:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    return os.fdopen(fd, "rb")
+
+
+def scan(f: BinaryIO, keep: int, cap: int) -> tuple[bytes, Counter[str], int]:
+    """A note read in chunks: its first ``keep`` bytes, the terms of its first ``cap`` bytes
+    (cut between lines, else between words), and how many bytes that was."""
+    head = bytearray()
+    tf: Counter[str] = Counter()
+    carry = b""
+    read = 0
+    while read < cap:
+        chunk = f.read(min(CHUNK, cap - read))
+        if not chunk:
+            break
+        read += len(chunk)
+        if len(head) < keep:
+            head += chunk[: keep - len(head)]
+        data = carry + chunk
+        cut = max(data.rfind(b"\n"), data.rfind(b" ") if len(data) > CHUNK else -1)
+        if cut < 0 and len(data) <= CHUNK:
+            carry = data
+            continue
+        cut = cut if cut >= 0 else len(data) - 1
+        tf.update(terms(data[: cut + 1].decode("utf-8", errors="replace")))
+        carry = data[cut + 1 :]
+    tf.update(terms(carry.decode("utf-8", errors="replace")))
+    return bytes(head), tf, read
+
+
+def _lines(f: BinaryIO, cap: int) -> Iterator[str]:
+    """The lines of ``f`` within its first ``cap`` bytes, each at most MAX_LINE bytes."""
+    read = 0
+    while read < cap:
+        raw = f.readline(min(MAX_LINE, cap - read))
+        if not raw:
+            return
+        read += len(raw)
+        yield raw.decode("utf-8", errors="replace")
+
+
+def best_line(lines: Iterable[str], q: list[str]) -> tuple[int, str]:
+    """The line that holds the most query terms (headings and blank lines left out), and
+    how many it holds."""
+    best, found = -1, ""
+    for line in lines:
         if not line.strip() or line.startswith("#"):
             continue
         words = set(terms(line))
         score = sum(1 for t in q if t in words)
         if score > best:
-            best, best_line = score, line.strip()
-    if not best_line:
+            best, found = score, line.strip()
+            if score == len(q):
+                break
+    return best, found
+
+
+def around(line: str, q: list[str], width: int = 220) -> str:
+    """``line`` cut to ``width`` around the first query term in it."""
+    if not line:
         return ""
-    low = best_line.casefold()
+    low = line.casefold()
     first = min((p for p in (low.find(t) for t in q) if p >= 0), default=0)
     start = max(0, first - width // 3)
-    cut = best_line[start : start + width]
-    return ("…" if start else "") + cut + ("…" if start + width < len(best_line) else "")
+    cut = line[start : start + width]
+    return ("…" if start else "") + cut + ("…" if start + width < len(line) else "")
