@@ -221,11 +221,15 @@ class ToolSettings(_Section):
     answer_budget_chars: int = Field(
         2000,
         ge=200,
-        description="characters of one need's answer (~500 tokens); a file is cut at a line "
-        "end and its answer names the NEED for the next part (`… lines A-B`)",
+        description="characters of one need's answer (~500 tokens), for every tool: a longer "
+        "answer is cut at a line end and says how many characters were left out; a file is "
+        "read in parts of this size, each naming the NEED for the next (`… lines A-B`)",
     )
     max_file_bytes: int = Field(
-        256 * 1024, ge=1024, description="characters of a file shown at most in one answer"
+        256 * 1024,
+        ge=1024,
+        description="characters of a file shown at most in one answer (the smaller of this "
+        "and answer_budget_chars)",
     )
     deny: list[str] = Field(default_factory=list, description="more names never read (globs)")
     search_tool: str = Field("", description="`server:tool` for `Search results for`")
