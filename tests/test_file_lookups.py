@@ -140,3 +140,12 @@ def test_counting_and_skipping_stop_at_the_bound_and_say_so(
     with pytest.raises(ToolError, match="past the first 17,000 bytes"):
         r.read("big.log lines 4000-4010")
     assert r.read("big.log lines 900-901").text == "line of log text\n" * 2
+
+
+def test_an_empty_file_is_an_empty_answer_and_a_part_of_it_is_not_there(home: Path) -> None:
+    (home / "notes" / "empty.md").write_text("")
+    r = FileReader([home / "notes"])
+    result = r.read("empty.md")
+    assert (result.text, result.note) == ("", "the file is empty")
+    with pytest.raises(ToolError, match="has 0 lines; there is no line 2"):
+        r.read("empty.md line 2")

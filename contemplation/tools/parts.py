@@ -94,6 +94,18 @@ class LineReader:
         return total + (last != b"\n"), True  # a last line with no newline counts too
 
 
+def _skip_to(lines: LineReader, first: int, path: str) -> None:
+    """Read past the lines before ``first``, within COUNT_CAP bytes."""
+    while lines.n < first - 1 and not lines.capped and lines.scanned < COUNT_CAP:
+        if lines.next(CHUNK) is None:
+            raise ToolError(f"{path!r} has {lines.n:,} lines; there is no line {first:,}")
+    if lines.n < first - 1 or lines.capped:
+        raise ToolError(
+            f"line {first:,} of {path!r} is past the first {COUNT_CAP:,} bytes, which is as "
+            "far as a file is read"
+        )
+
+
 def read_part(
     f: BinaryIO, path: str, source: str, span: tuple[int, int | None], budget: int
 ) -> ToolResult:
@@ -102,19 +114,7 @@ def read_part(
     note says which lines it shows of how many and the NEED line for the next part."""
     first, last = span
     lines = LineReader(f)
-    while lines.n < first - 1:
-        if lines.scanned >= COUNT_CAP or lines.capped:
-            raise ToolError(
-                f"line {first:,} of {path!r} is past the first {COUNT_CAP:,} bytes, which is "
-                "as far as a file is read"
-            )
-        if lines.next(CHUNK) is None:
-            raise ToolError(f"{path!r} has {lines.n:,} lines; there is no line {first:,}")
-    if lines.capped:
-        raise ToolError(
-            f"line {first:,} of {path!r} is past the first {COUNT_CAP:,} bytes, which is "
-            "as far as a file is read"
-        )
+    _skip_to(lines, first, path)
     keep = budget * 4 + 4  # bytes that hold the budget's characters and one more
     shown: list[str] = []
     size = 0
