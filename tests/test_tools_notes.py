@@ -133,11 +133,27 @@ def test_a_note_over_the_scan_bound_is_searched_in_part_and_named(vault: Path) -
     tool = NotesSearch(vault, max_note_bytes=1024, max_scan_bytes=64 * 1024)
     out = tool.answer("unicorn")
     assert out.text == "no notes match 'unicorn' (4 notes searched)"
-    assert out.note == (
-        f"1 note was searched in part only (too large): huge.md (its first 65,536 of {size:,} "
-        "bytes)"
+    assert (
+        out.note
+        == f"1 note was searched in part only: huge.md (its first 65,536 of {size:,} bytes)"
     )
     assert "huge.md" in tool.answer("zebra").text
+
+
+def test_large_notes_past_one_searchs_read_bound_are_read_by_the_next_search(
+    vault: Path,
+) -> None:
+    """One search reads at most ``max_scan_total`` bytes of large notes: the rest are searched
+    in their head and named, and a later search reads them whole."""
+    for name in ("a-big.md", "b-big.md"):
+        (vault / name).write_text(f"# {name}\n" + "filler words here\n" * 2_000 + "unicorn\n")
+    tool = NotesSearch(vault, max_note_bytes=1024, max_scan_total=40_000)
+    first = tool.answer("unicorn")
+    assert first.text.startswith("1 of the notes that match 'unicorn' (5 notes searched):")
+    assert first.note.startswith("1 note was searched in part only: b-big.md (its first 1,024 of")
+    second = tool.answer("unicorn")
+    assert second.text.startswith("2 of the notes that match 'unicorn' (5 notes searched):")
+    assert second.note == ""
 
 
 def test_a_note_that_cannot_be_read_is_named(vault: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,9 +8,10 @@ vault and a snippet around the best-matching line.
 
 A note is read in chunks: its words are counted over its first ``max_scan_bytes`` (32 MiB)
 while only its first ``max_note_bytes`` (1 MiB) are kept as text; a hit whose words lie past
-that text gets its snippet by reading the note again, line by line. A note larger than the
-scan bound, and one that cannot be read, is named in the answer's note, so "N notes
-searched" is what was searched.
+that text gets its snippet by reading the note again, line by line. One search reads at most
+``max_scan_total`` (64 MiB) of notes past their first MiB; a note it cannot afford is searched
+in its first MiB this time and read whole by a later search. A note searched in part, and
+one that cannot be read, is named in the answer's note, so "N notes searched" is true.
 """
 
 from __future__ import annotations
@@ -79,12 +80,14 @@ class NotesSearch:
         max_notes: int = 20_000,
         max_note_bytes: int = 1024 * 1024,
         max_scan_bytes: int = 32 * 1024 * 1024,
+        max_scan_total: int = 64 * 1024 * 1024,
         results: int = 5,
     ) -> None:
         self.vault = Path(vault).expanduser() if vault else None
         self.max_notes = max_notes
         self.max_note_bytes = max_note_bytes
         self.max_scan_bytes = max(max_scan_bytes, max_note_bytes)
+        self.max_scan_total = max_scan_total
         self.results = results
         self._index: dict[str, _Note] = {}
         self._lock = threading.Lock()
@@ -118,9 +121,7 @@ class NotesSearch:
         if partial:
             shown = [f"{n.rel} (its first {n.searched:,} of {n.key[0]:,} bytes)" for n in partial]
             was = "was" if len(partial) == 1 else "were"
-            said.append(
-                f"{_notes(len(partial))} {was} searched in part only (too large): {_names(shown)}"
-            )
+            said.append(f"{_notes(len(partial))} {was} searched in part only: {_names(shown)}")
         if unreadable:
             said.append(f"{_notes(len(unreadable))} could not be read: {_names(unreadable)}")
         if skipped:
@@ -142,6 +143,7 @@ class NotesSearch:
         seen: dict[str, _Note] = {}
         skipped = 0
         unreadable: list[str] = []
+        left = self.max_scan_total  # bytes this refresh may read of notes over max_note_bytes
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
@@ -152,10 +154,11 @@ class NotesSearch:
                     continue
                 path = Path(dirpath) / name
                 try:
-                    note = self._load(root, path)
+                    note, spent = self._load(root, path, left)
                 except OSError:
                     unreadable.append(path.relative_to(root).as_posix())
                     continue
+                left -= spent
                 if note is not None:
                     seen[note.rel] = note
         with self._lock:
@@ -164,32 +167,37 @@ class NotesSearch:
             self.unreadable = unreadable
         return seen
 
-    def _load(self, root: Path, path: Path) -> _Note | None:
-        """The note at ``path`` (from the index when unchanged); None when it is no note (a
-        link out of the vault, not a regular file); OSError when it cannot be read."""
+    def _load(self, root: Path, path: Path, left: int) -> tuple[_Note | None, int]:
+        """The note at ``path`` (from the index when unchanged, and searched whole or as far
+        as it can be) and the bytes read of it past ``max_note_bytes``; None when it is no
+        note (a link out of the vault, not a regular file); OSError when it cannot be read.
+        A large note is read up to ``max_scan_bytes`` when ``left`` holds that, else only its
+        first ``max_note_bytes`` (a later refresh reads it again)."""
         try:
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
                 real = path.resolve(strict=True)
                 if not real.is_relative_to(root):
-                    return None  # a link out of the vault
+                    return None, 0  # a link out of the vault
                 st = os.stat(real)
                 path = real
             if not stat.S_ISREG(st.st_mode):
-                return None
+                return None, 0
         except OSError:
-            return None
+            return None, 0
         rel = path.relative_to(root).as_posix()
         key = (st.st_size, st.st_mtime_ns)
+        whole = min(st.st_size, self.max_scan_bytes)
         old = self._index.get(rel)
-        if old is not None and old.key == key:
-            return old
+        if old is not None and old.key == key and old.searched >= whole:
+            return old, 0
+        cap = whole if whole <= self.max_note_bytes + max(left, 0) else self.max_note_bytes
         with _open(path) as f:
-            head, tf, searched = scan(f, self.max_note_bytes, self.max_scan_bytes)
+            head, tf, searched = scan(f, self.max_note_bytes, cap)
         text = head.decode("utf-8", errors="replace")
         m = _TITLE_RE.search(text)
         title = m.group(1).strip() if m else path.stem
-        return _Note(
+        note = _Note(
             rel,
             title,
             text,
@@ -200,6 +208,7 @@ class NotesSearch:
             searched,
             path,
         )
+        return note, max(0, searched - self.max_note_bytes)
 
     # -- search -----------------------------------------------------------------------
 
