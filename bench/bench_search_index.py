@@ -20,9 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_cli import build  # noqa: E402
 from bench.turnbench import percentile  # noqa: E402
-from contemplation import search_index  # noqa: E402
+from contemplation import index_db, search_index  # noqa: E402
 from contemplation.layout import Home  # noqa: E402
 
+ALL = search_index.Filters(archived=True)
 QUERIES = ("plain", "Answer 42", "question 9999", "blocks", "hold*", '"one per message"')
 
 
@@ -37,14 +38,14 @@ def main() -> None:
     build(home.root, a.active, a.archived)
     text = sum(p.stat().st_size for p in home.root.glob("*/*/messages.log"))
     t0 = time.perf_counter()
-    search_index.search(home, "folder", include_archived=True)
+    search_index.search(home, "folder", ALL)
     first = time.perf_counter() - t0
     times: list[float] = []
     for i in range(a.runs):
         t0 = time.perf_counter()
-        search_index.search(home, QUERIES[i % len(QUERIES)], include_archived=True)
+        search_index.search(home, QUERIES[i % len(QUERIES)], ALL)
         times.append((time.perf_counter() - t0) * 1000)
-    size = search_index.db_path(home).stat().st_size
+    size = index_db.db_path(home).stat().st_size
     print(f"home: {a.active} active, {a.archived} archived; {text / 1e6:.1f} MB of logs")
     print(f"first search (builds the index): {first:.2f} s")
     print(

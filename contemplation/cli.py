@@ -41,7 +41,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "models": ("contemplation.cli_models", "models", "Each configured backend's models: tools,..."),
     "new": ("contemplation.cli_conv", "new", "Start a conversation; prints its id (with..."),
-    "reindex": ("contemplation.cli_conv", "reindex", "Make the search index anew from the..."),
+    "prune": ("contemplation.cli_index", "prune", "Delete archived conversations whose last..."),
+    "reindex": ("contemplation.cli_index", "reindex", "Make the search index anew from the..."),
     "reopen": ("contemplation.cli_conv", "reopen", "Bring an archived conversation back to..."),
     "respond": ("contemplation.cli_conv", "respond", "Answer a need the model is waiting for..."),
     "routes": (
@@ -50,7 +51,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "The NEED routing rules, in the order they...",
     ),
     "run": ("contemplation.cli_daemon", "run", "Run the daemon in the foreground."),
-    "search": ("contemplation.cli_conv", "search", "Search the text of every conversation..."),
+    "search": ("contemplation.cli_index", "search", "Search the text of every conversation..."),
     "send": ("contemplation.cli_conv", "send", "Send TEXT (or - for stdin) to a..."),
     "service": (
         "contemplation.cli_service",

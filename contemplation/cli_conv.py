@@ -12,11 +12,10 @@ from typing import Any
 
 import click
 
-from contemplation import actions, activity, backends, cli_wait, paging, show, waiting
+from contemplation import actions, activity, backends, cli_wait, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
-    EXIT_ERROR,
     TEMPLATE,
     ctx_home,
     ctx_settings,
@@ -30,7 +29,6 @@ from contemplation.layout import (
     Conv,
     Home,
     inbox_entries,
-    list_conversations,
     processing_entries,
     read_log_bytes,
     read_metadata,
@@ -38,7 +36,7 @@ from contemplation.layout import (
     refused_folders,
 )
 from contemplation.models import State, Status
-from contemplation.reading import Reader, log_text, summary
+from contemplation.reading import Reader, log_text
 from contemplation.terminal import safe
 from contemplation.writer import daemon_alive
 
@@ -292,16 +290,14 @@ def list_(
     ctx: click.Context, show_all: bool, limit: int | None, cursor: str | None, as_json: bool
 ) -> None:
     """List conversations, the latest activity first."""
+    from contemplation import listing
+
     home = ctx_home(ctx)
-    rows = Reader(home).summaries(include_completed=show_all)
+    page = listing.page(home, listing.Query(scope="all" if show_all else "active"), limit, cursor)
+    rows, nxt = page.rows, page.cursor
     refused = refused_folders(home) if show_all else []
-    nxt = None
-    total = len(rows)
-    if limit is not None or cursor:
-        rows, nxt = paging.page_rows(rows, limit or len(rows) or 1, cursor)
     if as_json:
-        paged = {"conversations": rows, "total": total, "cursor": nxt}
-        emit(paged if limit is not None or cursor else rows, True, "")
+        emit(page.as_dict() if limit is not None or cursor else rows, True, "")
         return
     if not rows and not refused:
         click.echo("no conversations")
@@ -341,7 +337,7 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         return
     conv = lookup(ctx, conversation)
     reader = Reader(home)
-    data = summary(conv)
+    data = reader.summary(conv)
     state = read_state(conv)
     if state:
         data.update(_state_details(state))
@@ -400,21 +396,22 @@ def _state_details(state: State) -> dict[str, Any]:
 
 
 def _daemon_status(home: Home) -> dict[str, Any]:
-    convs = list_conversations(home, include_completed=True)
+    from contemplation import listing
+
+    counts = listing.counts(home)
     data: dict[str, Any] = {
         "home": str(home.root),
         "daemon_running": daemon_alive(home),
-        "active": sum(1 for c in convs if not c.is_completed),
-        "completed": sum(1 for c in convs if c.is_completed),
+        "active": counts["active"],
+        "completed": counts["completed"],
+        "disk_active": show.size(counts["active_bytes"]),
+        "disk_completed": show.size(counts["completed_bytes"]),
     }
+    now = time.time()
     generating = [
-        f"{c.id} since {time.strftime('%H:%M:%S', time.localtime(st.generating_since))} "
-        f"({time.time() - st.generating_since:.0f} s)"
-        for c in convs
-        if not c.is_completed
-        and (st := read_state(c)) is not None
-        and st.status is Status.GENERATING
-        and st.generating_since is not None
+        f"{r['id']} since {time.strftime('%H:%M:%S', time.localtime(since))} ({now - since:.0f} s)"
+        for r in listing.page(home, listing.Query(status=Status.GENERATING.value)).rows
+        if (since := r.get("generating_since")) is not None
     ]
     if generating:
         data["generating"] = generating  # the conversations holding backend slots
@@ -466,67 +463,3 @@ def reopen(ctx: click.Context, conversation: str) -> None:
     """Bring an archived conversation back to active/ to continue it; prints where it is."""
     conv = actions.reopen(ctx_home(ctx), lookup(ctx, conversation))
     click.echo(str(conv.dir))
-
-
-@click.command()
-@click.argument("query")
-@click.option("--all", "include_archived", is_flag=True, help="Archived conversations too.")
-@click.option("--thinking", is_flag=True, help="Search the models' thinking too.")
-@click.option(
-    "--limit", type=click.IntRange(min=1, max=200), default=20, show_default=True, help="Hits."
-)
-@json_option("One JSON object per hit, a line each.")
-@click.pass_context
-def search(  # noqa: PLR0917 - click passes every option positionally
-    ctx: click.Context,
-    query: str,
-    include_archived: bool,
-    thinking: bool,
-    limit: int,
-    as_json: bool,
-) -> None:
-    """Search the text of every conversation (FTS5 syntax: words, "a phrase", OR, prefix*);
-    best matches first."""
-    from contemplation import search_index
-
-    hits = search_index.search(
-        ctx_home(ctx), query, include_archived=include_archived, thinking=thinking, limit=limit
-    )
-    if as_json:
-        for h in hits:
-            click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
-        return
-    if not hits:
-        click.echo(f"no block matches {query!r}", err=True)
-        return
-    for h in hits:
-        where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
-        click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))
-
-
-@click.command()
-@click.option("--check", is_flag=True, help="Say what the index lacks; write nothing.")
-@json_option('With --check: {"missing", "gone", "changed"} as JSON.')
-@click.pass_context
-def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
-    """Make the search index anew from the folders (it is derived: safe at any time)."""
-    from contemplation import search_index
-
-    home = ctx_home(ctx)
-    if check:
-        found = search_index.drift(home)
-        human = "\n".join(
-            f"{k}: {len(v)}" + (f" ({', '.join(v[:5])})" if v else "") for k, v in found.items()
-        )
-        emit(found, as_json, human)
-        if any(found.values()):
-            sys.exit(EXIT_ERROR)
-        return
-    with click.progressbar(length=1, label="indexing", file=sys.stderr) as bar:
-
-        def step(done: int, total: int) -> None:
-            bar.length = total
-            bar.update(done - bar.pos)
-
-        count = search_index.rebuild(home, step)
-    click.echo(f"indexed {count} conversation(s) into {search_index.db_path(home)}")

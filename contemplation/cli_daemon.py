@@ -48,7 +48,9 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
     if no_dashboard:
         overrides["dashboard_enabled"] = False
     s = ctx_settings(ctx)
-    extras: list[daemon.Extra] = []
+    from contemplation.index_keeper import keep_index
+
+    extras: list[daemon.Extra] = [keep_index]
     if s.dashboard_enabled:
         from contemplation.dashboard import serve_dashboard
 

@@ -14,7 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
-from contemplation import activity, paging
+from contemplation import activity, listing, paging
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import (
     Conv,
@@ -325,21 +325,19 @@ class Faces:
             raise InputRejected(
                 f"unknown status filter {status!r}; use one of: {', '.join(LIST_FILTERS)}"
             )
-        rows = self.reader.summaries(include_completed=want in {"all", "archived", "complete"})
-        if want == "archived":
-            rows = [r for r in rows if r["completed"]]
-        elif want not in {"active", "all"}:
-            rows = [r for r in rows if r["status"] == want]
-        if model:
-            rows = [r for r in rows if model in {r["model"], f"{r['backend']}/{r['model']}"}]
-        if query:
-            words = query.casefold().split()
-            rows = [r for r in rows if all(w in str(r["topic"]).casefold() for w in words)]
-        page, nxt = paging.page_rows(rows, min(max(int(limit), 1), LIST_CAP), cursor)
+        scope = {"archived": "archived", "all": "all", "complete": "all"}.get(want, "active")
+        q = listing.Query(
+            scope=scope,
+            status="" if want in {"active", "all", "archived"} else want,
+            model=model or "",
+            words=query or "",
+        )
+        got = listing.page(self.home, q, min(max(int(limit), 1), LIST_CAP), cursor)
+        page, nxt, total = got.rows, got.cursor, got.total
         out: dict[str, Any] = {
             "conversations": [self._row(r) for r in page],
             "count": len(page),
-            "total": len(rows),
+            "total": total,
             "more": nxt is not None,
         }
         if nxt is not None:

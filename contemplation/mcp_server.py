@@ -356,18 +356,31 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
 
     @tool(read_only)
     @_errors_as_tool_errors
-    def conversation_search(
+    def conversation_search(  # noqa: PLR0917 - the SDK passes the arguments by name
         query: Annotated[
             str, Field(description='words, "a phrase", a OR b, prefix* (FTS5 syntax)')
         ],
         archived: Annotated[bool, Field(description="search archived conversations too")] = False,
+        model: Annotated[str, Field(description='only this model ("name" or "backend/name")')] = "",
+        status: Annotated[
+            str, Field(description='only conversations in this status ("archived" too)')
+        ] = "",
+        since: Annotated[
+            str, Field(description="only blocks from this day on: YYYY-MM-DD[ HH:MM]")
+        ] = "",
         limit: Annotated[int, Field(ge=1, le=50, description="hits at most")] = 10,
     ) -> str:
         """Search the text of every conversation; best matches first, each with the
         conversation, block and a snippet with the match marked «…»."""
         from contemplation import search_index
 
-        hits = search_index.search(faces.home, query, include_archived=archived, limit=limit)
+        filters = search_index.Filters(
+            archived=archived,
+            model=model,
+            status=status.strip().lower(),
+            since=search_index.since_bound(since),
+        )
+        hits = search_index.search(faces.home, query, filters, limit)
         return _json({"hits": [h.as_dict() for h in hits], "count": len(hits)})
 
     @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))

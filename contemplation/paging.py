@@ -117,19 +117,3 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise InputRejected(
             "not a cursor this server gave (pass the `cursor` of the previous page as it is)"
         ) from exc
-
-
-def page_rows(
-    rows: list[dict[str, Any]], limit: int, cursor: str | None
-) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of summary rows (newest activity first) after ``cursor``, and the cursor of
-    the next page (None: this is the last)."""
-    rows = sorted(rows, key=lambda r: (r["last_activity_ts"], r["id"]), reverse=True)
-    if cursor:
-        after = decode_cursor(cursor)
-        rows = [r for r in rows if (r["last_activity_ts"], r["id"]) < after]
-    page = rows[:limit]
-    if len(rows) <= limit:
-        return page, None
-    last = page[-1]
-    return page, encode_cursor(last["last_activity_ts"], last["id"])

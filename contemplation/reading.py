@@ -9,16 +9,13 @@ before a reply that is still being streamed, so the next read returns that block
 
 from __future__ import annotations
 
-import json
 import os
-import stat
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contemplation import listing
 from contemplation.conversation import next_action
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
@@ -38,7 +35,7 @@ from contemplation.layout import (
     valid_id,
 )
 from contemplation.logformat import MARKER_RE
-from contemplation.models import BUSY, Block, MarkerKind, Metadata, State
+from contemplation.models import BUSY, Block, MarkerKind
 from contemplation.parser import find_responses, parse
 from contemplation.waiting import WaitItem
 from contemplation.waiting import items as waiting_items
@@ -234,88 +231,26 @@ def _live_size(conv: Conv) -> int:
         return 0
 
 
-def _clock(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
-
-
-def _stat_key(*paths: Path) -> tuple[int, ...]:
-    key: list[int] = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-        except (FileNotFoundError, NotADirectoryError):
-            key.extend((0, 0))
-            continue
-        key.extend((st.st_mtime_ns, st.st_size))
-    return tuple(key)
-
-
 @dataclass
 class Reader:
-    """Cached reads of one home: summaries keyed by folder stats, incremental log views."""
+    """Reads of one home: summaries from the index, incremental log views."""
 
     home: Home
-    _summaries: dict[str, tuple[tuple[int, int], dict[str, Any], bytes]] = field(
-        default_factory=dict
-    )
     _views: OrderedDict[Path, LogView] = field(default_factory=OrderedDict)
 
     def conversations(self, *, include_completed: bool = True) -> list[Conv]:
         return list_conversations(self.home, include_completed=include_completed)
 
     def summary(self, conv: Conv) -> dict[str, Any]:
-        """One conversation's summary (read fresh)."""
-        return summary(conv)
-
-    def _rows(self, include_completed: bool) -> list[tuple[dict[str, Any], bytes]]:
-        """Summaries with their JSON, newest activity first. One ``stat`` of the folder per
-        conversation decides whether the cached row is current: the writer replaces
-        state.json and metadata.json by rename, and every rename changes the folder's mtime."""
-        dirs = [(self.home.active, False)] + (
-            [(self.home.completed, True)] if include_completed else []
-        )
-        rows: list[tuple[float, dict[str, Any], bytes]] = []
-        cache = self._summaries
-        seen: set[str] = set()
-        for d, _ in dirs:
-            try:
-                it = os.scandir(d)
-            except FileNotFoundError:
-                continue
-            with it:
-                for e in it:
-                    if e.name.startswith(".") or not valid_id(e.name):
-                        continue
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if not stat.S_ISDIR(st.st_mode):
-                        continue
-                    seen.add(e.path)
-                    key = (st.st_mtime_ns, st.st_ino)
-                    hit = cache.get(e.path)
-                    if hit is None or hit[0] != key:
-                        conv = Conv(Path(e.path))
-                        row = _summary(conv, read_metadata(conv), read_state(conv), st.st_mtime)
-                        hit = cache[e.path] = (
-                            key,
-                            row,
-                            json.dumps(row, ensure_ascii=False).encode(),
-                        )
-                    rows.append((hit[1]["last_activity_ts"], hit[1], hit[2]))
-        if len(cache) > len(seen) + 64:
-            self._summaries = {k: v for k, v in cache.items() if k in seen}
-        rows.sort(key=lambda r: r[0], reverse=True)
-        return [(row, raw) for _, row, raw in rows]
+        """One conversation's summary (its folder read again if it changed)."""
+        row = listing.one(self.home, conv.id)
+        if row is None:
+            raise NotFound(f"no conversation {conv.id!r}")
+        return row
 
     def summaries(self, *, include_completed: bool = True) -> list[dict[str, Any]]:
-        return [row for row, _ in self._rows(include_completed)]
-
-    def summaries_json(self, keep: Callable[[dict[str, Any]], bool] | None = None) -> bytes:
-        """``{"conversations": [...], "count": n}`` encoded, from the cached rows."""
-        parts = [raw for row, raw in self._rows(True) if keep is None or keep(row)]
-        return b'{"conversations":[' + b",".join(parts) + b'],"count":%d}' % len(parts)
+        """Every summary from the index, newest activity first."""
+        return listing.summaries(self.home, include_completed=include_completed)
 
     def view(self, conv: Conv, agent_label: str) -> LogView:
         v = self._views.get(conv.dir)
@@ -450,31 +385,3 @@ class Reader:
         return locate(self.home, name)
 
 
-def summary(conv: Conv) -> dict[str, Any]:
-    """One conversation's summary, read fresh (``status``, ``list``, the MCP and dashboard
-    rows all come from :func:`_summary`). Its activity is the newer of state.json and the log."""
-    key = _stat_key(conv.state, conv.metadata, conv.log)
-    mtime = max(key[0], key[4]) / 1e9
-    return _summary(conv, read_metadata(conv), read_state(conv), mtime)
-
-
-def _summary(
-    conv: Conv, meta: Metadata | None, state: State | None, mtime: float
-) -> dict[str, Any]:
-    """The one summary builder."""
-    return {
-        "id": conv.id,
-        "topic": meta.topic if meta else "",
-        "status": state.status.value if state else "pending",
-        "completed": conv.is_completed,
-        "model": meta.model if meta else "",
-        "backend": meta.backend if meta else "",
-        "created": meta.created if meta else "",
-        "last_activity": _clock(mtime),
-        "last_activity_ts": mtime,
-        "turns": state.turns if state else 0,
-        "messages": state.messages_processed if state else 0,
-        "pending_needs": list(state.pending_needs) if state else [],
-        "last_error": state.last_error.model_dump() if state and state.last_error else None,
-        "retry_count": state.retry_count if state else 0,
-    }

@@ -72,6 +72,15 @@ class RetrySettings(_Section):
     max_attempts: int = Field(50, ge=1, description="then the turn fails with status error")
 
 
+class RetentionSettings(_Section):
+    archived_days: int | None = Field(
+        None,
+        ge=1,
+        description="the daemon deletes archived conversations whose last activity is older, "
+        "once a day (unset: never)",
+    )
+
+
 class NotificationRule(_Section):
     """``[[notifications]]``: run ``command`` (an argv list, never a shell line) on events."""
 
@@ -302,6 +311,7 @@ class Settings(BaseSettings):
     )
     notifications: list[NotificationRule] = Field(default_factory=list)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     ollama: OllamaSettings = Field(default_factory=OllamaSettings)
     routes: list[dict[str, Any]] = Field(
         default_factory=list, description="[[routes]]: NEED rules, checked by contemplation.router"

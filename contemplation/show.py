@@ -31,6 +31,16 @@ def ago(epoch: float | None, now: float | None = None) -> str:
     return f"{s:.0f} s ago"
 
 
+def size(n: int) -> str:
+    """``812 B``, ``4.2 KB``, ``1.3 GB`` (powers of 1000, as ``du --si`` prints)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     """Columns aligned to their widest cell, a header row first."""
     cells = [list(header), *([str(c) for c in r] for r in rows)]

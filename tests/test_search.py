@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from contemplation import mcp_server, search_index
+from contemplation import index_db, mcp_server, search_index
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv, Home, load_template
 from contemplation.writer import archive, new_conversation, open_writer
@@ -62,7 +62,7 @@ def test_ranked_hits_with_block_and_snippet_on_cli_and_mcp(home: Home) -> None:
     assert (first.block, first.sender) == (1, "CLAUDE")
     # the thinking is left out unless asked for
     assert search_index.search(home, "zeppelin") == []
-    assert len(search_index.search(home, "zeppelin", thinking=True)) == 3
+    assert len(search_index.search(home, "zeppelin", search_index.Filters(thinking=True))) == 3
     env = base_env(home)
     lines = cli(env, "search", "rottnest", "--json").stdout.strip().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["snippet"].count("«") == 1
@@ -87,7 +87,7 @@ def test_hand_edits_archives_and_removals_are_found_without_a_restart(home: Home
     conv = _made(home, "Gone soon", "the narwhal question", "narwhal answer")
     archive(home, conv)
     assert search_index.search(home, "narwhal") == []  # archived: only with include_archived
-    assert {h.archived for h in search_index.search(home, "narwhal", include_archived=True)} == {
+    assert {h.archived for h in search_index.search(home, "narwhal", search_index.Filters(archived=True))} == {
         True
     }
     import shutil
@@ -100,7 +100,7 @@ def test_hand_edits_archives_and_removals_are_found_without_a_restart(home: Home
 def test_a_damaged_index_is_made_anew(home: Home, damage: str) -> None:
     _by_hand(home, "kept", "the octopus question", "eight arms")
     assert len(search_index.search(home, "octopus")) == 1
-    path = search_index.db_path(home)
+    path = index_db.db_path(home)
     if damage == "garbage":
         path.write_bytes(b"this is not a database" * 100)
     elif damage == "truncated":
@@ -136,7 +136,7 @@ def test_reindex_and_check_say_and_mend_what_the_index_lacks(home: Home) -> None
         "changed": [],
     }
     done = cli(env, "reindex")
-    assert done.stdout.strip() == f"indexed 2 conversation(s) into {search_index.db_path(home)}"
+    assert done.stdout.strip() == f"indexed 2 conversation(s) into {index_db.db_path(home)}"
     again = cli(env, "reindex", "--check")
     assert again.returncode == 0 and again.stdout.splitlines()[0] == "missing: 0"
     assert len(search_index.search(home, "albatross")) == 2

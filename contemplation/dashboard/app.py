@@ -25,9 +25,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from contemplation import actions, activity
+from contemplation import actions, activity, listing, search_index
 from contemplation.dashboard import export
-from contemplation.dashboard import search as full_text
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
 from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
@@ -46,7 +45,11 @@ from contemplation.writer import daemon_alive
 
 STATIC = Path(__file__).parent / "static"
 HEARTBEAT = 15.0
-SEARCHES_AT_ONCE = 4  # running or waiting; more get 429 (each one is bounded in time)
+SEARCHES_AT_ONCE = 4  # running or waiting; more get 429
+SEARCH_HITS = 50
+MAX_QUERY_CHARS = 200
+PAGE_ROWS = 100  # the list's page when the browser does not say
+MAX_PAGE_ROWS = 500
 BODY_SLACK = 64 * 1024  # a JSON body may exceed max_message_bytes by its escaping and fields
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -81,8 +84,6 @@ class Dashboard:
         self.port = settings.dashboard_port
         self.started = time.time()
         self._lock = threading.Lock()
-        self.search_limits = full_text.Limits()
-        self._search_lock = asyncio.Lock()
         self._searches = 0
 
     @property
@@ -160,34 +161,42 @@ class Dashboard:
         return await self._call(self.status_data)
 
     async def conversations(self, request: Request) -> Response:
-        q = request.query_params.get("q", "").strip().casefold()
-        status = request.query_params.get("status", "").strip()
+        """``GET /api/conversations?status=&q=&limit=&cursor=``: a page of summaries from the
+        index, newest activity first; ``cursor`` continues where the last page ended."""
+        params = request.query_params
+        status = params.get("status", "").strip()
+        scope = status if status in {"active", "archived"} else "all"
+        q = listing.Query(
+            scope=scope,
+            status="" if status in {"", "active", "archived"} else status,
+            words=params.get("q", ""),
+        )
+        try:
+            limit = min(max(int(params.get("limit", PAGE_ROWS)), 1), MAX_PAGE_ROWS)
+        except ValueError:
+            return JSONResponse({"error": "limit must be a number"}, status_code=400)
+        cursor = params.get("cursor") or None
 
-        def keep(r: dict[str, Any]) -> bool:
-            if status == "archived" and not r["completed"]:
-                return False
-            if status == "active" and r["completed"]:
-                return False
-            if status not in {"", "archived", "active"} and r["status"] != status:
-                return False
-            return not q or q in _haystack(r)
-
-        def rows() -> Response:
-            body = self.reader.summaries_json(keep if q or status else None)
-            return Response(
-                body, media_type="application/json", headers={"cache-control": "no-store"}
-            )
+        def rows() -> dict[str, Any]:
+            page = listing.page(self.home, q, limit, cursor)
+            return {
+                "conversations": page.rows,
+                "count": len(page.rows),
+                "total": page.total,
+                "cursor": page.cursor,
+            }
 
         return await self._call(rows)
 
     async def search(self, request: Request) -> Response:
-        """``GET /api/search?q=TEXT``: the logs' full text (see :mod:`.search` for the bounds).
-        The scan runs in a worker thread, outside the reads' lock, a few at a time."""
-        limits = self.search_limits
-        try:
-            query = full_text.check_query(request.query_params.get("q", ""), limits)
-        except InputRejected as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+        """``GET /api/search?q=TEXT``: every log's full text, from the index (each hit a block,
+        best first; archived conversations too). A few at a time, each in a worker thread."""
+        query = request.query_params.get("q", "").strip()
+        if not query or len(query) > MAX_QUERY_CHARS:
+            return JSONResponse(
+                {"error": f"the search needs a query of 1 to {MAX_QUERY_CHARS} characters: ?q="},
+                status_code=400,
+            )
         if self._searches >= SEARCHES_AT_ONCE:
             return JSONResponse(
                 {"error": "too many searches at once; try again in a moment"},
@@ -196,15 +205,16 @@ class Dashboard:
             )
         self._searches += 1
         try:
-            rows = await self._run(self.reader.summaries)
-            async with self._search_lock:
-                data = await anyio.to_thread.run_sync(
-                    lambda: full_text.search(self.home, rows, query, limits)
-                )
-        except OSError as exc:
-            return JSONResponse({"error": f"{exc.strerror or exc}"}, status_code=500)
+            filters = search_index.Filters(archived=True)
+            typed = search_index.as_typed(query)
+            hits = await anyio.to_thread.run_sync(
+                lambda: search_index.search(self.home, typed, filters, SEARCH_HITS)
+            )
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
         finally:
             self._searches -= 1
+        data = {"hits": [h.as_dict() for h in hits], "count": len(hits)}
         return JSONResponse(data, headers={"cache-control": "no-store"})
 
     async def conversation(self, request: Request) -> Response:
@@ -482,9 +492,3 @@ def _text(body: dict[str, Any]) -> str:
     if not isinstance(text, str):
         raise InputRejected("the body needs a text field (a string)")
     return text
-
-
-def _haystack(row: dict[str, Any]) -> str:
-    return " ".join(
-        str(row.get(k, "")) for k in ("id", "topic", "model", "backend", "status")
-    ).casefold()

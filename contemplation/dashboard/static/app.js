@@ -59,24 +59,28 @@ async function daemonPill() {
 }
 
 // -- the list page -----------------------------------------------------------------------
+// The server filters and pages (from its index); the page holds what was loaded so far and
+// "more" asks for the next page with the cursor the last one ended with.
 let rows = [];
+let total = 0;
+let nextCursor = null;
 const WAITING = new Set(["awaiting_agent", "awaiting_approval"]);
 
-function matches(r, q, status) {
-  if (status === "archived" && !r.completed) return false;
-  if (status === "active" && r.completed) return false;
-  if (status && status !== "archived" && status !== "active" && r.status !== status) return false;
-  if (!q) return true;
-  return [r.id, r.topic, r.model, r.backend, r.status].join(" ").toLowerCase().includes(q);
+function listQuery(cursor) {
+  const p = new URLSearchParams({ limit: "100" });
+  const q = $("search").value.trim();
+  const status = $("status-filter").value;
+  if (q) p.set("q", q);
+  if (status) p.set("status", status);
+  if (cursor) p.set("cursor", cursor);
+  return "/api/conversations?" + p.toString();
 }
 
 function renderList() {
-  const q = $("search").value.trim().toLowerCase();
-  const status = $("status-filter").value;
   const body = document.querySelector("#conversations tbody");
   // what waits for you first (then newest activity, as the server sends them)
   const waits = (r) => (!r.completed && WAITING.has(r.status) ? 0 : 1);
-  const shown = rows.filter((r) => matches(r, q, status)).sort((a, b) => waits(a) - waits(b));
+  const shown = rows.slice().sort((a, b) => waits(a) - waits(b));
   const frag = document.createDocumentFragment();
   for (const r of shown) {
     const tr = el("tr");
@@ -92,7 +96,8 @@ function renderList() {
     frag.append(tr);
   }
   body.replaceChildren(frag);
-  $("count").textContent = shown.length + " of " + rows.length;
+  $("count").textContent = shown.length + " of " + total;
+  $("more").hidden = !nextCursor;
 }
 
 // Run a loader one call at a time, and once more if it was asked for meanwhile: two loads in
@@ -114,9 +119,29 @@ function oneAtATime(load) {
   };
 }
 
+// a reload keeps as many rows as were shown (pages of 100), so "more" is not undone by an event
 const loadList = oneAtATime(async () => {
-  const data = await getJSON("/api/conversations");
-  rows = data.conversations;
+  const want = Math.max(rows.length, 100);
+  let got = [];
+  let cursor = null;
+  let data = null;
+  do {
+    data = await getJSON(listQuery(cursor));
+    got = got.concat(data.conversations);
+    cursor = data.cursor;
+  } while (cursor && got.length < want);
+  rows = got;
+  total = data.total;
+  nextCursor = cursor;
+  renderList();
+});
+
+const loadMore = oneAtATime(async () => {
+  if (!nextCursor) return;
+  const data = await getJSON(listQuery(nextCursor));
+  rows = rows.concat(data.conversations);
+  total = data.total;
+  nextCursor = data.cursor;
   renderList();
 });
 
@@ -143,31 +168,30 @@ const loadMetrics = oneAtATime(async () => {
 let searching = null;
 let searchTimer = null;
 
+// a snippet marks its match «like this»: shown as text with <mark>, never as HTML
+function markedSnippet(text) {
+  const d = el("div", "snippet");
+  text.split(/(«[^»]*»)/).forEach((part) => {
+    if (part.startsWith("«") && part.endsWith("»")) d.append(el("mark", null, part.slice(1, -1)));
+    else if (part) d.append(el("span", null, part));
+  });
+  return d;
+}
+
 function renderHit(h) {
   const li = el("li", "hit");
-  li.dataset.id = h.id;
-  const a = el("a", null, h.topic || h.id);
-  const first = h.snippets[0];
-  a.href = "/c/" + encodeURIComponent(h.id) + (first ? "#at=" + first.offset : "");
-  const counted = h.hits + (h.more_hits ? "+" : "");
-  const where = [h.hits ? counted + " in the log" : "", h.fields.length ? "in " + h.fields.join(", ") : "",
-    h.partial ? "log searched in part" : ""].filter(Boolean).join(" · ");
-  li.append(a, el("span", "where", " " + where + " · " + h.status));
-  for (const sn of h.snippets) {
-    const d = el("div", "snippet");
-    d.append(el("span", null, sn.before), el("mark", null, sn.match), el("span", null, sn.after));
-    li.append(d);
-  }
+  li.dataset.id = h.conversation_id;
+  const a = el("a", null, h.topic || h.conversation_id);
+  a.href = "/c/" + encodeURIComponent(h.conversation_id) + "#at=" + h.at;
+  const where = ["#" + h.block + " " + h.from, h.time, h.archived ? "archived" : h.status];
+  li.append(a, el("span", "where", " " + where.filter(Boolean).join(" · ")), markedSnippet(h.snippet));
   return li;
 }
 
 function renderHits(data) {
-  const s = data.scanned;
-  const bound = { results: "the result limit", bytes: "the byte limit", time: "the time limit" }[data.stopped];
-  $("text-note").textContent = data.count + " conversation" + (data.count === 1 ? "" : "s") +
-    " · searched " + s.conversations + " of " + s.of + " (" + Math.round(s.bytes / 1024) + " KiB)" +
-    (bound ? " · stopped at " + bound : "");
-  $("text-hits").replaceChildren(...data.results.map(renderHit));
+  $("text-note").textContent = data.count + " block" + (data.count === 1 ? "" : "s") +
+    " · best first" + (data.count >= 50 ? " · the first 50" : "");
+  $("text-hits").replaceChildren(...data.hits.map(renderHit));
   $("text-results").hidden = false;
 }
 
@@ -185,12 +209,12 @@ async function fullText() {
 
 function listPage() {
   $("list-page").hidden = false;
-  $("search").addEventListener("input", renderList);
   $("search").addEventListener("input", () => {
     clearTimeout(searchTimer);
-    searchTimer = setTimeout(fullText, 250);
+    searchTimer = setTimeout(() => { rows = []; loadList().catch((e) => flash(e.message, true)); fullText(); }, 250);
   });
-  $("status-filter").addEventListener("change", renderList);
+  $("status-filter").addEventListener("change", () => { rows = []; loadList().catch((e) => flash(e.message, true)); });
+  $("more").addEventListener("click", () => loadMore().catch((e) => flash(e.message, true)));
   let timer = null;
   const refresh = () => {
     clearTimeout(timer);

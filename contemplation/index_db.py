@@ -1,0 +1,501 @@
+"""The derived index of every conversation: one SQLite database under the home.
+
+The folders stay the truth. ``<home>/.index.sqlite3`` (WAL, ``synchronous=NORMAL``: it can be
+made again at any time) holds one row per conversation, with the summary every face shows,
+and an FTS5 table over the blocks' text (headers and framing left out; thinking in a column
+of its own). Whoever reads it first brings it up to date: each folder's own stat and its log's
+are compared with what was recorded, a folder whose state alone changed gets its row read
+again, one whose log changed gets its text indexed again, and a folder that is gone loses
+its rows. So a conversation made, edited, restored or deleted by hand is seen without a
+restart, by the daemon, the CLI, the MCP server and the dashboard alike.
+
+A missing, truncated, corrupt or other-version database is made anew with one log line; a
+database another process holds locked past the busy timeout is read as it stands (WAL lets
+readers through a writer). Nothing here raises for the index's sake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from contemplation.errors import InputRejected
+from contemplation.layout import (
+    Conv,
+    Home,
+    log_segments,
+    parse_segment,
+    read_json,
+    read_regular,
+    valid_id,
+)
+
+log = structlog.get_logger("contemplation.index")
+
+T = TypeVar("T")
+
+# 3: one summary row per conversation (turns, messages and activity from the log's own
+#    blocks); 2: the owned table; 1: the first
+SCHEMA = 3
+DB_NAME = ".index.sqlite3"
+BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
+BATCH = 200  # conversations indexed per transaction: a long rebuild lets others in between
+MAX_SEGMENT_BYTES = 256 << 20  # one log file read whole to index it; a larger one is named
+HEADER_TIME = "%Y-%m-%d %H:%M:%S"  # the log's headers, local time
+
+_COLUMNS = (
+    "id TEXT PRIMARY KEY, archived INTEGER NOT NULL, topic TEXT, model TEXT, backend TEXT, "
+    "template TEXT, status TEXT, created TEXT, last_ts REAL, blocks INTEGER, "
+    "agent_msgs INTEGER, model_turns INTEGER, tokens_in INTEGER, tokens_out INTEGER, "
+    "bytes INTEGER, disk INTEGER, log_ts REAL, hay TEXT, row TEXT, key TEXT, log_key TEXT"
+)
+_DDL = (
+    f"CREATE TABLE convs ({_COLUMNS})",
+    "CREATE INDEX convs_recent ON convs (archived, last_ts DESC, id DESC)",
+    # which rows of the text table a conversation owns (an FTS5 column cannot be indexed)
+    "CREATE TABLE owned (conv TEXT, rid INTEGER)",
+    "CREATE INDEX owned_conv ON owned (conv)",
+    "CREATE VIRTUAL TABLE text USING fts5(conv UNINDEXED, block UNINDEXED, sender UNINDEXED, "
+    "time UNINDEXED, at UNINDEXED, body, thinking, tokenize = 'unicode61')",
+)
+_TABLES = ("convs", "owned", "text")
+
+
+def db_path(home: Home) -> Path:
+    return home.root / DB_NAME
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA:
+            _migrate(conn, version)
+        conn.execute("SELECT count(*) FROM convs").fetchone()  # a truncated file fails here
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Every older (or newer) schema is made anew: the index is derived, so its migration is
+    a rebuild (the folders are read again by the next refresh)."""
+    if version:
+        log.warning("index_rebuilt", why=f"schema {version}, this version reads {SCHEMA}")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA:  # another did it
+            conn.execute("COMMIT")
+            return
+        for table in _TABLES:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        for ddl in _DDL:
+            conn.execute(ddl)
+        conn.execute(f"PRAGMA user_version={SCHEMA}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _remove(path: Path) -> None:
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+@contextlib.contextmanager
+def opened(home: Home) -> Iterator[sqlite3.Connection]:
+    """The index, made (or made anew) when it is missing, corrupt or of another version."""
+    path = db_path(home)
+    home.root.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = _connect(path)
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            raise
+        conn = _anew(path, exc)
+    except sqlite3.DatabaseError as exc:
+        conn = _anew(path, exc)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _anew(path: Path, exc: Exception) -> sqlite3.Connection:
+    log.warning("index_rebuilt", why=str(exc))
+    _remove(path)
+    return _connect(path)
+
+
+def read(home: Home, fn: Callable[[sqlite3.Connection], T], only: Iterable[str] | None = None) -> T:
+    """``fn`` run on the index after it was brought up to date (with every folder, or with
+    ``only`` these conversations). A database that turns out damaged on the way is made anew
+    once; one that stays locked is read as it stands."""
+    for attempt in (1, 2):
+        try:
+            with opened(home) as conn:
+                try:
+                    refresh(conn, home, only)
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc):
+                        raise
+                    log.info("index_busy", why=str(exc), reading="the index as it stands")
+                return fn(conn)
+        except sqlite3.DatabaseError as exc:
+            if attempt == 2 or "locked" in str(exc):
+                raise
+            log.warning("index_rebuilt", why=str(exc))
+            _remove(db_path(home))
+    raise AssertionError("unreachable")
+
+
+def _stat_key(path: str) -> str:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return "-"
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _keys(folder: str, archived: bool) -> tuple[str, str]:
+    """What the index records of a folder: its own inode and mtime, which every rename in it
+    changes (the writer replaces state.json and metadata.json by rename, and a rotation makes a
+    file), with where it lives; and its log's inode, size and mtime, which an append changes.
+    Plain strings and two system calls: it runs for every folder."""
+    return f"{int(archived)}|{_stat_key(folder)}", _stat_key(folder + "/messages.log")
+
+
+def folders(home: Home) -> dict[str, tuple[str, bool]]:
+    """Every conversation folder: id → (path, archived). An id in both places is the active one."""
+    out: dict[str, tuple[str, bool]] = {}
+    for d, archived in ((home.active, False), (home.completed, True)):
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if valid_id(e.name) and e.is_dir(follow_symlinks=False):
+                        out.setdefault(e.name, (e.path, archived))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def _located(home: Home, only: Iterable[str]) -> dict[str, tuple[str, bool]]:
+    out: dict[str, tuple[str, bool]] = {}
+    for conv_id in only:
+        for d, archived in ((home.active, False), (home.completed, True)):
+            path = os.path.join(d, conv_id)
+            if valid_id(conv_id) and os.path.isdir(path) and not os.path.islink(path):
+                out[conv_id] = (path, archived)
+                break
+    return out
+
+
+def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = None) -> int:
+    """Bring the index up to date with the folders (all, or ``only`` these); how many
+    conversations were read again. The folders are looked at before the write lock is taken;
+    what the index holds is read under it, so two processes never index a folder twice."""
+    ids = None if only is None else list(only)
+    found = folders(home) if ids is None else _located(home, ids)
+    seen = {c: (_keys(path, archived), path, archived) for c, (path, archived) in found.items()}
+    known = _known(conn, ids)
+    if all(known.get(c) == keys for c, (keys, _, _) in seen.items()) and set(known) <= set(seen):
+        return 0  # nothing changed: no write lock taken
+    conn.execute("BEGIN IMMEDIATE")
+    changed = 0
+    try:
+        known = _known(conn, ids)
+        for gone in set(known) - set(seen):
+            _forget(conn, gone)
+            conn.execute("DELETE FROM convs WHERE id = ?", (gone,))
+        for conv_id, (keys, path, archived) in seen.items():
+            was = known.get(conv_id)
+            if was == keys:
+                continue
+            conv = Conv(Path(path))
+            if was is not None and was[1] == keys[1]:
+                _update_row(conn, conv, archived, keys)
+            else:
+                _index(conn, conv, archived, keys)
+            changed += 1
+            if changed % BATCH == 0:  # let readers and other writers in between
+                conn.execute("COMMIT")
+                conn.execute("BEGIN IMMEDIATE")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return changed
+
+
+def _known(conn: sqlite3.Connection, ids: list[str] | None) -> dict[str, tuple[str, str]]:
+    if ids is None:
+        rows = conn.execute("SELECT id, key, log_key FROM convs").fetchall()
+    else:
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(
+            f"SELECT id, key, log_key FROM convs WHERE id IN ({marks})", ids
+        ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def drift(home: Home) -> dict[str, list[str]]:
+    """What the index does not know yet, without writing: conversations it lacks, holds
+    though they are gone, or recorded before they changed."""
+    found = folders(home)
+    with opened(home) as conn:
+        known = _known(conn, None)
+    return {
+        "missing": sorted(set(found) - set(known)),
+        "gone": sorted(set(known) - set(found)),
+        "changed": sorted(
+            c for c, (path, arch) in found.items() if c in known and known[c] != _keys(path, arch)
+        ),
+    }
+
+
+def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> int:
+    """The index made anew from the folders (``progress(done, total)`` as it goes); how many
+    conversations it holds."""
+    _remove(db_path(home))
+    found = sorted(folders(home).items())
+    with opened(home) as conn:
+        for start in range(0, len(found), BATCH):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for conv_id, (path, archived) in found[start : start + BATCH]:
+                    if conn.execute("SELECT 1 FROM convs WHERE id = ?", (conv_id,)).fetchone():
+                        continue  # another process indexed it meanwhile
+                    _index(conn, Conv(Path(path)), archived, _keys(path, archived))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            if progress is not None:
+                progress(min(start + BATCH, len(found)), len(found))
+    return len(found)
+
+
+def forget(home: Home, ids: Iterable[str]) -> None:
+    """Drop conversations' rows now (``prune`` removed their folders)."""
+    with opened(home) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for conv_id in ids:
+                _forget(conn, conv_id)
+                conn.execute("DELETE FROM convs WHERE id = ?", (conv_id,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the log itself says of a conversation (kept in the row, so that a change of state
+    alone does not read the log again)."""
+
+    blocks: int = 0
+    agent_msgs: int = 0  # the agent's blocks (messages and answers to needs)
+    model_turns: int = 0  # the model's blocks
+    log_ts: float = 0.0  # the last dated header (local time), 0: none
+    bytes: int = 0  # every segment of the log
+
+
+def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
+    """A conversation's text and row, read from its folder."""
+    _forget(conn, conv.id)
+    meta = read_json(conv.metadata) or {}  # plain JSON: a few fields, no model to build
+    label = str(meta.get("agent_label") or "CLAUDE")
+    rows: list[tuple[str, int, str, str, int, str, str]] = []
+    size = agent = model = 0
+    last = ""
+    for seg in log_segments(conv):
+        try:  # never through a link, never a FIFO, never a file past the bound
+            data = read_regular(seg, MAX_SEGMENT_BYTES, "the index's bound for one log file")
+        except (OSError, InputRejected) as exc:
+            log.warning("index_skipped", conv=conv.id, file=seg.name, why=str(exc))
+            continue
+        for b in parse_segment(data, agent_label=label).blocks:
+            at = size + b.offset  # a cursor: the block's offset in the whole conversation
+            rows.append((conv.id, len(rows) + 1, b.sender, b.timestamp, at, b.text, b.thinking))
+            if b.sender == label:
+                agent += 1
+            else:
+                model += 1
+            last = b.timestamp or last
+        size += len(data)
+    owned = []
+    for row in rows:
+        cur = conn.execute(
+            "INSERT INTO text (conv, block, sender, time, at, body, thinking) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            row,
+        )
+        owned.append((conv.id, cur.lastrowid))
+    conn.executemany("INSERT INTO owned VALUES (?, ?)", owned)
+    facts = Facts(len(rows), agent, model, header_ts(last), size)
+    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts)
+
+
+def _update_row(
+    conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]
+) -> None:
+    got = conn.execute(
+        "SELECT blocks, agent_msgs, model_turns, log_ts, bytes FROM convs WHERE id = ?",
+        (conv.id,),
+    ).fetchone()
+    facts = Facts(*got) if got else Facts()
+    _put_row(conn, conv, archived, keys=keys, meta=read_json(conv.metadata) or {}, facts=facts)
+
+
+def _put_row(
+    conn: sqlite3.Connection,
+    conv: Conv,
+    archived: bool,
+    *,
+    keys: tuple[str, str],
+    meta: dict[str, Any],
+    facts: Facts,
+) -> None:
+    state = read_json(conv.state) or {}
+    row = summary_row(conv, archived, meta, state, facts)
+    turn = state.get("last_turn")
+    usage: dict[str, Any] = turn if isinstance(turn, dict) else {}
+    conn.execute(
+        "INSERT OR REPLACE INTO convs VALUES "
+        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            conv.id,
+            int(archived),
+            row["topic"],
+            row["model"],
+            row["backend"],
+            row["template"],
+            row["status"],
+            row["created"],
+            row["last_activity_ts"],
+            facts.blocks,
+            facts.agent_msgs,
+            facts.model_turns,
+            _int(usage.get("prompt_eval_count")),
+            _int(usage.get("eval_count")),
+            facts.bytes,
+            disk_use(str(conv.dir)),
+            facts.log_ts,
+            " ".join(str(row[k]) for k in ("id", "topic", "model", "backend", "status")).casefold(),
+            json.dumps(row, ensure_ascii=False),
+            keys[0],
+            keys[1],
+        ),
+    )
+
+
+def disk_use(path: str, depth: int = 3) -> int:
+    """Bytes of the regular files in a folder and its folders (``depth`` levels; links are
+    not followed)."""
+    total = 0
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        total += e.stat(follow_symlinks=False).st_size
+                    elif depth > 1 and e.is_dir(follow_symlinks=False):
+                        total += disk_use(e.path, depth - 1)
+                except OSError:
+                    continue
+    except OSError:
+        return total
+    return total
+
+
+def _forget(conn: sqlite3.Connection, conv_id: str) -> None:
+    conn.execute(
+        "DELETE FROM text WHERE rowid IN (SELECT rid FROM owned WHERE conv = ?)", (conv_id,)
+    )
+    conn.execute("DELETE FROM owned WHERE conv = ?", (conv_id,))
+
+
+def header_ts(text: str) -> float:
+    """A header's time as epoch seconds (0: none or not a time)."""
+    if text:
+        with contextlib.suppress(ValueError, OverflowError):
+            return datetime.strptime(text, HEADER_TIME).timestamp()
+    return 0.0
+
+
+def _iso_ts(text: str) -> float:
+    with contextlib.suppress(ValueError, OverflowError):
+        return datetime.fromisoformat(text).timestamp()
+    return 0.0
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _str(value: Any, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def clock(ts: float) -> str:
+    return time.strftime(HEADER_TIME, time.localtime(ts)) if ts else ""
+
+
+def summary_row(
+    conv: Conv, archived: bool, meta: dict[str, Any], state: dict[str, Any], facts: Facts
+) -> dict[str, Any]:
+    """The one summary every face shows (``list``, ``status``, MCP, the dashboard). Turns,
+    messages and activity come from the log's own blocks where state has nothing better, so a
+    folder made by hand, restored from a backup or imported shows when it was really used:
+    activity is the log's last dated header (or the turn on the backend now; with nothing said
+    yet, the folder's own time)."""
+    status = _str(state.get("status"), "pending")
+    since = state.get("generating_since")
+    last = facts.log_ts
+    if status == "generating" and isinstance(since, int | float):
+        last = max(last, float(since))
+    if not last:  # nothing said yet: the folder's own time (to the nanosecond), else created
+        with contextlib.suppress(OSError):
+            last = os.stat(conv.dir).st_mtime
+    if not last:
+        last = _iso_ts(_str(meta.get("created")))
+    error = state.get("last_error")
+    pending = state.get("pending_needs")
+    return {
+        "id": conv.id,
+        "topic": _str(meta.get("topic")),
+        "status": status,
+        "completed": archived,
+        "model": _str(meta.get("model")),
+        "backend": _str(meta.get("backend")),
+        "template": _str(meta.get("template")),
+        "created": _str(meta.get("created")),
+        "last_activity": clock(last),
+        "last_activity_ts": last,
+        "turns": max(_int(state.get("turns")), facts.model_turns),
+        "messages": max(_int(state.get("messages_processed")), facts.agent_msgs),
+        "blocks": facts.blocks,
+        "bytes": facts.bytes,
+        "pending_needs": [str(n) for n in pending] if isinstance(pending, list) else [],
+        "last_error": error if isinstance(error, dict) else None,
+        "retry_count": _int(state.get("retry_count")),
+        "generating_since": float(since)
+        if status == "generating" and isinstance(since, int | float)
+        else None,
+    }
