@@ -39,6 +39,7 @@ from contemplation.layout import (
     read_regular,
     valid_id,
 )
+from contemplation.testing import crashpoint
 
 log = structlog.get_logger("contemplation.index")
 
@@ -348,6 +349,7 @@ def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str
         )
         owned.append((conv.id, cur.lastrowid))
     conn.executemany("INSERT INTO owned VALUES (?, ?)", owned)
+    crashpoint("index_write")
     facts = Facts(len(rows), agent, model, header_ts(last), size)
     _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts)
 

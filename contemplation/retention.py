@@ -22,6 +22,7 @@ import structlog
 from contemplation import index_db
 from contemplation.errors import InputRejected
 from contemplation.layout import Home
+from contemplation.testing import crashpoint
 
 log = structlog.get_logger("contemplation.retention")
 
@@ -82,6 +83,7 @@ def _delete(home: Home, conv_id: str) -> bool:
         os.rename(src, gone)  # out of sight at once: reopen or a reader never sees it half gone
     except FileNotFoundError:
         return False  # reopened or removed meanwhile
+    crashpoint("prune")
     shutil.rmtree(gone, ignore_errors=True)
     return True
 

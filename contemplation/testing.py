@@ -29,6 +29,12 @@ POINTS = (
     "rotate_renamed",  # after messages.log became messages.1.log, before the new log exists
 )
 
+# the derived index and retention (reached by search, list, reindex and prune, not by a turn)
+INDEX_POINTS = (
+    "index_write",  # inside an index transaction: a conversation's text written, not its row
+    "prune",  # after an archived conversation was renamed out of sight, before its deletion
+)
+
 _enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"
 _target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1") if _enabled and _target else 0

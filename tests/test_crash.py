@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import time
@@ -217,3 +218,96 @@ def test_random_sigkill_storm_long(
 
 def _unused(p: Path) -> None:
     del p
+
+
+# --------------------------------------------------------------------------- the index
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under the conversation folders, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".index.sqlite3")
+    }
+
+
+def _cli(
+    env: dict[str, str], *args: str, crash: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    e = dict(env)
+    if crash:
+        e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
+    return subprocess.run(
+        [sys.executable, "-m", "contemplation", *args],
+        env=e,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "how,nth",
+    [  # a refresh rewrites the 43 changed conversations; a rebuild writes all 300
+        *((("search", "--all", "kiwi"), n) for n in (1, 20, 43)),
+        *((("reindex",), n) for n in (1, 40, 250)),
+    ],
+)
+def test_kill_during_an_index_write_leaves_folders_untouched_and_the_index_whole(
+    home: Home, how: tuple[str, ...], nth: int
+) -> None:
+    """SIGKILL inside an index transaction (a conversation's text written, its row not):
+    the folders are byte for byte as they were, and the next command finds every
+    conversation, each block indexed once."""
+    from contemplation import index_db
+
+    for i in range(300):
+        d = (home.completed if i % 3 else home.active) / f"c{i:03d}"
+        (d / "inbox").mkdir(parents=True)
+        (d / "messages.log").write_text(
+            f"=== CLAUDE -> OLLAMA [2025-03-03 10:00:00] ===\nkiwi question {i}\n\n"
+            f"=== OLLAMA -> CLAUDE [2025-03-03 10:00:05] ===\nanswer {i}\n"
+        )
+    env = base_env(home)
+    assert _cli(env, "search", "nothing-yet").returncode == 0  # an index exists, empty of kiwis
+    for i in range(0, 300, 7):  # some change after it was made: a refresh rewrites them
+        d = (home.completed if i % 3 else home.active) / f"c{i:03d}"
+        with (d / "messages.log").open("a") as f:
+            f.write("\n=== CLAUDE -> OLLAMA [2025-03-04 10:00:00] ===\nkiwi again\n")
+    before = _tree(home.root)
+    done = _cli(env, *how, crash=f"index_write:{nth}")
+    assert done.returncode == -9, done.stderr
+    assert _tree(home.root) == before
+    found = _cli(env, "search", "--all", "--limit", "200", "kiwi", "--json")
+    assert found.returncode == 0, found.stderr
+    assert len(found.stdout.splitlines()) == 200
+    conn = sqlite3.connect(index_db.db_path(home))
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT count(*) FROM convs").fetchone()[0] == 300
+        blocks = 300 * 2 + len(range(0, 300, 7))
+        assert conn.execute("SELECT count(*) FROM text").fetchone()[0] == blocks
+    finally:
+        conn.close()
+
+
+def test_kill_during_prune_hides_the_conversation_and_the_next_prune_finishes(
+    home: Home,
+) -> None:
+    for name in ("old-1", "old-2"):
+        d = home.completed / name
+        d.mkdir(parents=True)
+        (d / "messages.log").write_text(
+            "=== CLAUDE -> OLLAMA [2024-01-01 10:00:00] ===\nold words\n"
+        )
+    env = base_env(home)
+    done = _cli(env, "prune", "--older-than", "30d", crash="prune:1")
+    assert done.returncode == -9
+    listed = json.loads(_cli(env, "list", "--all", "--json").stdout)
+    assert [r["id"] for r in listed] == ["old-2"]  # the first is out of sight, not half there
+    assert [p.name.startswith(".pruning-old-1") for p in home.completed.iterdir()].count(True) == 1
+    again = _cli(env, "prune", "--older-than", "30d", "--json")
+    assert json.loads(again.stdout)["removed"][0]["id"] == "old-2"
+    assert list(home.completed.iterdir()) == []
