@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from contemplation.budget import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.errors import InputRejected
 from contemplation.layout import (
     Conv,
@@ -333,7 +334,8 @@ def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str
             continue
         for b in parse_segment(data, agent_label=label).blocks:
             at = size + b.offset  # a cursor: the block's offset in the whole conversation
-            rows.append((conv.id, len(rows) + 1, b.sender, b.timestamp, at, b.text, b.thinking))
+            body = _said(b.text)
+            rows.append((conv.id, len(rows) + 1, b.sender, b.timestamp, at, body, b.thinking))
             if b.sender == label:
                 agent += 1
             else:
@@ -404,6 +406,17 @@ def _put_row(
             keys[0],
             keys[1],
         ),
+    )
+
+
+def _said(text: str) -> str:
+    """A block's text without the tool output's framing lines (what was said, not how)."""
+    if TOOL_OUTPUT_BEGIN not in text:
+        return text
+    return "\n".join(
+        ln
+        for ln in text.split("\n")
+        if not ln.startswith(TOOL_OUTPUT_BEGIN) and ln != TOOL_OUTPUT_END
     )
 
 

@@ -285,3 +285,16 @@ def test_two_processes_bringing_the_index_up_to_date_at_once_index_each_block_on
         assert conn.execute("SELECT count(*) FROM convs").fetchone()[0] == 300
     finally:
         conn.close()
+
+
+def test_tool_output_framing_is_not_indexed_but_what_it_framed_is(home: Home) -> None:
+    d = by_hand(home, "framed", "2025-07-07")
+    with (d / "messages.log").open("a") as f:
+        f.write(
+            "\n=== CLAUDE -> OLLAMA [2025-07-07 10:01:00] ===\n"
+            "RESPONSE TO NEED: File contents of notes.md\n"
+            "BEGIN TOOL OUTPUT (files.read)\nthe axolotl section\nEND TOOL OUTPUT\n"
+        )
+    assert [h.block for h in search_index.search(home, "axolotl")] == [3]
+    assert search_index.search(home, '"TOOL OUTPUT"') == []
+    assert [h.block for h in search_index.search(home, "notes")] == [3]
