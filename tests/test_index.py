@@ -298,3 +298,34 @@ def test_tool_output_framing_is_not_indexed_but_what_it_framed_is(home: Home) ->
     assert [h.block for h in search_index.search(home, "axolotl")] == [3]
     assert search_index.search(home, '"TOOL OUTPUT"') == []
     assert [h.block for h in search_index.search(home, "notes")] == [3]
+
+
+def test_archived_folders_are_looked_at_when_completed_changes_or_each_minute(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh stats the active folders every time and the archived ones when completed/
+    itself changed (an archive, a reopen, a restore) or at least every FULL_SWEEP_S; a hand
+    edit inside an archived folder is found by the next full sweep."""
+    for i in range(3):
+        d = by_hand(home, f"old-{i}", "2025-01-01", word="lemur")
+        archive(home, listing_conv(home, d.name))
+    every = search_index.Filters(archived=True)
+    now = time.time()
+    monkeypatch.setattr(index_db.time, "time", lambda: now)  # one sweep window, then the next
+    assert len(search_index.search(home, "lemur", every)) == 3
+    stats: list[str] = []
+    real = index_db._stat_key
+    monkeypatch.setattr(index_db, "_stat_key", lambda p: stats.append(p) or real(p))
+    search_index.search(home, "lemur", every)
+    assert not [p for p in stats if "/completed/" in p]  # nothing of completed/ changed
+    with (home.completed / "old-1" / "messages.log").open("a") as f:
+        f.write("\n=== CLAUDE -> OLLAMA [2025-01-02 10:00:00] ===\na tapir by hand\n")
+    later = time.time() + index_db.FULL_SWEEP_S
+    monkeypatch.setattr(index_db.time, "time", lambda: later)
+    assert [h.conv for h in search_index.search(home, "tapir", every)] == ["old-1"]
+    restored = home.completed / "restored"
+    (restored / "inbox").mkdir(parents=True)
+    (restored / "messages.log").write_text(
+        EXCHANGE.format(day="2024-02-02", question="q okapi", answer="a")
+    )
+    assert [h.conv for h in search_index.search(home, "okapi", every)] == ["restored"]
