@@ -21,6 +21,7 @@ import json
 import os
 import sqlite3
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,14 +66,19 @@ _COLUMNS = (
 _DDL = (
     f"CREATE TABLE convs ({_COLUMNS})",
     "CREATE INDEX convs_recent ON convs (archived, last_ts DESC, id DESC)",
-    # which rows of the text table a conversation owns (an FTS5 column cannot be indexed)
-    "CREATE TABLE owned (conv TEXT, rid INTEGER)",
-    "CREATE INDEX owned_conv ON owned (conv)",
+    # each block, its text kept compressed (zlib: about half the bytes; the FTS5 table reads
+    # it through the view, for snippets and to delete a block's terms)
+    "CREATE TABLE blocks (id INTEGER PRIMARY KEY, conv TEXT NOT NULL, block INTEGER, "
+    "sender TEXT, time TEXT, at INTEGER, zbody BLOB, zthinking BLOB)",
+    "CREATE INDEX blocks_conv ON blocks (conv)",
+    "CREATE VIEW block_text AS SELECT id, unz(zbody) AS body, unz(zthinking) AS thinking "
+    "FROM blocks",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",  # the last full sweep's mark
-    "CREATE VIRTUAL TABLE text USING fts5(conv UNINDEXED, block UNINDEXED, sender UNINDEXED, "
-    "time UNINDEXED, at UNINDEXED, body, thinking, tokenize = 'unicode61')",
+    "CREATE VIRTUAL TABLE text USING fts5(body, thinking, content = 'block_text', "
+    "content_rowid = 'id', tokenize = 'unicode61')",
 )
-_TABLES = ("convs", "owned", "text", "meta")
+_TABLES = ("convs", "owned", "blocks", "text", "meta")
+_VIEWS = ("block_text",)
 
 
 def db_path(home: Home) -> Path:
@@ -81,6 +87,7 @@ def db_path(home: Home) -> Path:
 
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
+    conn.create_function("unz", 1, _unz, deterministic=True)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -104,6 +111,8 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
         if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA:  # another did it
             conn.execute("COMMIT")
             return
+        for view in _VIEWS:
+            conn.execute(f"DROP VIEW IF EXISTS {view}")
         for table in _TABLES:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
         for ddl in _DDL:
@@ -316,6 +325,7 @@ def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> i
     _remove(db_path(home))
     found = sorted(folders(home).items())
     with opened(home) as conn:
+        conn.execute("PRAGMA synchronous=OFF")  # derived: a crash mid-rebuild is a rebuild
         for start in range(0, len(found), BATCH):
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -329,6 +339,7 @@ def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> i
                 raise
             if progress is not None:
                 progress(min(start + BATCH, len(found)), len(found))
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL back to nothing
     return len(found)
 
 
@@ -382,15 +393,17 @@ def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str
                 model += 1
             last = b.timestamp or last
         size += len(data)
-    owned = []
-    for row in rows:
-        cur = conn.execute(
-            "INSERT INTO text (conv, block, sender, time, at, body, thinking) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            row,
+    if rows:  # ids taken under the write lock: two batched inserts, not two per block
+        first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM blocks").fetchone()[0]
+        conn.executemany(
+            "INSERT INTO blocks (id, conv, block, sender, time, at, zbody, zthinking) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(first + i, *r[:5], _z(r[5]), _z(r[6])) for i, r in enumerate(rows)],
         )
-        owned.append((conv.id, cur.lastrowid))
-    conn.executemany("INSERT INTO owned VALUES (?, ?)", owned)
+        conn.executemany(
+            "INSERT INTO text (rowid, body, thinking) VALUES (?, ?, ?)",
+            [(first + i, r[5], r[6]) for i, r in enumerate(rows)],
+        )
     crashpoint("index_write")
     facts = Facts(len(rows), agent, model, header_ts(last), size)
     _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts)
@@ -449,6 +462,14 @@ def _put_row(
     )
 
 
+def _z(text: str) -> bytes | None:
+    return zlib.compress(text.encode(), 1) if text else None
+
+
+def _unz(data: bytes | None) -> str:
+    return zlib.decompress(data).decode() if data else ""
+
+
 def _said(text: str) -> str:
     """A block's text without the tool output's framing lines (what was said, not how)."""
     if TOOL_OUTPUT_BEGIN not in text:
@@ -480,10 +501,13 @@ def disk_use(path: str, depth: int = 3) -> int:
 
 
 def _forget(conn: sqlite3.Connection, conv_id: str) -> None:
+    # an external-content FTS5 table forgets a row's terms when told what they were
     conn.execute(
-        "DELETE FROM text WHERE rowid IN (SELECT rid FROM owned WHERE conv = ?)", (conv_id,)
+        "INSERT INTO text (text, rowid, body, thinking) "
+        "SELECT 'delete', id, unz(zbody), unz(zthinking) FROM blocks WHERE conv = ?",
+        (conv_id,),
     )
-    conn.execute("DELETE FROM owned WHERE conv = ?", (conv_id,))
+    conn.execute("DELETE FROM blocks WHERE conv = ?", (conv_id,))
 
 
 def header_ts(text: str) -> float:

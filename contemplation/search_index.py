@@ -124,12 +124,12 @@ def _run(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[H
         where.append("(c.model = ? OR c.backend || '/' || c.model = ?)")
         args += [f.model, f.model]
     if f.since:
-        where.append("t.time >= ?")
+        where.append("b.time >= ?")
         args.append(f.since)
     rows = conn.execute(
-        "SELECT t.conv, c.topic, c.archived, c.status, t.block, t.sender, t.time, "
-        "snippet(text, -1, '«', '»', '…', 16), t.at "  # about 16 words around the match
-        "FROM text t JOIN convs c ON c.id = t.conv "
+        "SELECT b.conv, c.topic, c.archived, c.status, b.block, b.sender, b.time, "
+        "snippet(text, -1, '«', '»', '…', 16), b.at "  # about 16 words around the match
+        "FROM text JOIN blocks b ON b.id = text.rowid JOIN convs c ON c.id = b.conv "
         f"WHERE {' AND '.join(where)} "
         "ORDER BY bm25(text), c.last_ts DESC LIMIT ?",
         (*args, limit),

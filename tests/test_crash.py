@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sqlite3
 import subprocess
 import sys
 import time
@@ -283,14 +282,11 @@ def test_kill_during_an_index_write_leaves_folders_untouched_and_the_index_whole
     found = _cli(env, "search", "--all", "--limit", "200", "kiwi", "--json")
     assert found.returncode == 0, found.stderr
     assert len(found.stdout.splitlines()) == 200
-    conn = sqlite3.connect(index_db.db_path(home))
-    try:
+    with index_db.opened(home) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        conn.execute("INSERT INTO text (text) VALUES ('integrity-check')")  # terms = blocks
         assert conn.execute("SELECT count(*) FROM convs").fetchone()[0] == 300
-        blocks = 300 * 2 + 100
-        assert conn.execute("SELECT count(*) FROM text").fetchone()[0] == blocks
-    finally:
-        conn.close()
+        assert conn.execute("SELECT count(*) FROM blocks").fetchone()[0] == 300 * 2 + 100
 
 
 def test_kill_during_prune_hides_the_conversation_and_the_next_prune_finishes(
