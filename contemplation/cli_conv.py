@@ -309,7 +309,7 @@ def list_(
                     (
                         r["id"],
                         r["status"] + (" (archived)" if r["completed"] else ""),
-                        f"{r['backend']}/{r['model']}",
+                        f"{r['backend']}/{r['model']}" if r["model"] else "-",
                         r["last_activity"],
                     )
                     for r in rows

@@ -39,6 +39,7 @@ from contemplation.layout import (
     parse_segment,
     read_json,
     read_regular,
+    topic_of_id,
     valid_id,
 )
 from contemplation.testing import crashpoint
@@ -558,7 +559,7 @@ def summary_row(
     pending = state.get("pending_needs")
     return {
         "id": conv.id,
-        "topic": _str(meta.get("topic")),
+        "topic": _str(meta.get("topic")) or topic_of_id(conv.id),
         "status": status,
         "completed": archived,
         "model": _str(meta.get("model")),

@@ -121,6 +121,12 @@ def refused_folders(home: Home) -> list[tuple[str, str]]:
     return out
 
 
+def topic_of_id(conv_id: str) -> str:
+    """The topic a folder without one is given: the slug of ``conv_<stamp>_<slug>`` in words,
+    or the folder's name."""
+    return conv_id.split("_", 2)[-1].replace("-", " ") if conv_id.startswith("conv_") else conv_id
+
+
 def slugify(topic: str, limit: int = 40) -> str:
     text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode()
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

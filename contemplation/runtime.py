@@ -18,7 +18,7 @@ from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import BackendError, LockBusy
-from contemplation.layout import Conv, Home, Template, load_template
+from contemplation.layout import Conv, Home, Template, load_template, topic_of_id
 from contemplation.models import Metadata, Status
 from contemplation.needs.router import NeedRouter
 from contemplation.reload import backend_fingerprint
@@ -111,9 +111,7 @@ class Runtime:
 
     def default_metadata(self, conv: Conv) -> Metadata:
         tpl = self.template(self.settings.default_template)
-        topic = (
-            conv.id.split("_", 2)[-1].replace("-", " ") if conv.id.startswith("conv_") else conv.id
-        )
+        topic = topic_of_id(conv.id)
         return Metadata(
             id=conv.id,
             topic=topic,

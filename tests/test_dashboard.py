@@ -123,6 +123,34 @@ def test_pages_and_api_carry_a_strict_csp(client: TestClient) -> None:
     assert "<script>" not in html and 'src="/static/app.js"' in html  # no inline script
 
 
+def test_the_list_comes_a_page_at_a_time_with_a_cursor(home: Home, client: TestClient) -> None:
+    """The browser asks for one page (not the whole home), filtered on the server; the
+    cursor continues exactly where the page ended."""
+    for i in range(25):
+        d = home.completed / f"old-{i:02d}"
+        (d / "inbox").mkdir(parents=True)
+        (d / "messages.log").write_text(
+            f"=== CLAUDE -> OLLAMA [2025-02-{i + 1:02d} 10:00:00] ===\nquestion {i}\n"
+        )
+    make_conv(home, topic="current one")
+    first = client.get("/api/conversations", params={"limit": 10}).json()
+    assert (first["count"], first["total"]) == (10, 26) and first["cursor"]
+    assert first["conversations"][0]["topic"] == "current one"
+    seen = [r["id"] for r in first["conversations"]]
+    cursor = first["cursor"]
+    while cursor:
+        page = client.get("/api/conversations", params={"limit": 10, "cursor": cursor}).json()
+        seen += [r["id"] for r in page["conversations"]]
+        cursor = page["cursor"]
+    assert len(seen) == len(set(seen)) == 26
+    archived = client.get("/api/conversations", params={"status": "archived", "q": "old-0"})
+    assert archived.json()["total"] == 10  # old-00 .. old-09
+    bad = client.get("/api/conversations", params={"limit": "many"})
+    assert bad.status_code == 400 and "limit" in bad.json()["error"]
+    worse = client.get("/api/conversations", params={"cursor": "forged"})
+    assert worse.status_code == 422 and "cursor" in worse.json()["error"]
+
+
 def test_api_reads_exports_and_actions(home: Home, client: TestClient) -> None:
     conv = make_conv(home, topic="Export me")
     rows = client.get("/api/conversations").json()["conversations"]

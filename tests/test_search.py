@@ -54,7 +54,7 @@ def test_ranked_hits_with_block_and_snippet_on_cli_and_mcp(home: Home) -> None:
     _made(home, "Arithmetic", "What is 2+2?", "4")
     hand = _by_hand(home, "imported-notes", "Did the quokka come up?", "Yes, twice.")
     hits = search_index.search(home, "quokka*")  # a prefix: quokkas too
-    assert {h.topic for h in hits} == {"Animals", "Islands", ""} and hand.name in {
+    assert {h.topic for h in hits} == {"Animals", "Islands", "imported-notes"} and hand.name in {
         h.conv for h in hits
     }
     assert len(hits) == 3 and all("«quokka" in h.snippet.lower() for h in hits)
