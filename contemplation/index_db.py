@@ -370,12 +370,23 @@ class Facts:
     bytes: int = 0  # every segment of the log
 
 
-def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
-    """A conversation's text and row, read from its folder."""
-    _forget(conn, conv.id)
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A conversation as its folder gives it to the index: read, parsed and compressed
+    before the database is touched."""
+
+    conv: Conv
+    archived: bool
+    keys: tuple[str, str]
+    meta: dict[str, Any]
+    blocks: list[tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]]
+    facts: Facts
+
+
+def _read(conv: Conv, archived: bool, keys: tuple[str, str]) -> _Read:
     meta = read_json(conv.metadata) or {}  # plain JSON: a few fields, no model to build
     label = str(meta.get("agent_label") or "CLAUDE")
-    rows: list[tuple[str, int, str, str, int, str, str]] = []
+    blocks: list[tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]] = []
     size = agent = model = 0
     last = ""
     for seg in log_segments(conv):
@@ -387,27 +398,40 @@ def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str
         for b in parse_segment(data, agent_label=label).blocks:
             at = size + b.offset  # a cursor: the block's offset in the whole conversation
             body = _said(b.text)
-            rows.append((conv.id, len(rows) + 1, b.sender, b.timestamp, at, body, b.thinking))
+            n = len(blocks) + 1
+            blocks.append(
+                (conv.id, n, b.sender, b.timestamp, at, body, b.thinking, _z(body), _z(b.thinking))
+            )
             if b.sender == label:
                 agent += 1
             else:
                 model += 1
             last = b.timestamp or last
         size += len(data)
-    if rows:  # ids taken under the write lock: two batched inserts, not two per block
+    facts = Facts(len(blocks), agent, model, header_ts(last), size)
+    return _Read(conv, archived, keys, meta, blocks, facts)
+
+
+def _store(conn: sqlite3.Connection, r: _Read) -> None:
+    _forget(conn, r.conv.id)
+    if r.blocks:  # ids taken under the write lock: two batched inserts, not two per block
         first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM blocks").fetchone()[0]
         conn.executemany(
             "INSERT INTO blocks (id, conv, block, sender, time, at, zbody, zthinking) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(first + i, *r[:5], _z(r[5]), _z(r[6])) for i, r in enumerate(rows)],
+            [(first + i, *b[:5], b[7], b[8]) for i, b in enumerate(r.blocks)],
         )
         conn.executemany(
             "INSERT INTO text (rowid, body, thinking) VALUES (?, ?, ?)",
-            [(first + i, r[5], r[6]) for i, r in enumerate(rows)],
+            [(first + i, b[5], b[6]) for i, b in enumerate(r.blocks)],
         )
     crashpoint("index_write")
-    facts = Facts(len(rows), agent, model, header_ts(last), size)
-    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts)
+    _put_row(conn, r.conv, r.archived, keys=r.keys, meta=r.meta, facts=r.facts)
+
+
+def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
+    """A conversation's text and row, read from its folder."""
+    _store(conn, _read(conv, archived, keys))
 
 
 def _update_row(
