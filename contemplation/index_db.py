@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -54,6 +55,7 @@ SCHEMA = 3
 DB_NAME = ".index.sqlite3"
 BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
+NOTICE_AT = 500  # a refresh that reads this many folders again says so on a terminal
 BATCH = 200  # conversations indexed per transaction: a long rebuild lets others in between
 MAX_SEGMENT_BYTES = 256 << 20  # one log file read whole to index it; a larger one is named
 HEADER_TIME = "%Y-%m-%d %H:%M:%S"  # the log's headers, local time
@@ -246,6 +248,7 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
         if sweep is not None and full:
             _set_meta(conn, "sweep", sweep)
         return 0  # nothing changed: no write lock taken (but for the sweep's mark)
+    _say_if_long(sum(1 for c, (keys, _, _) in seen.items() if known.get(c) != keys))
     conn.execute("BEGIN IMMEDIATE")
     changed = 0
     try:
@@ -273,6 +276,14 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
         conn.execute("ROLLBACK")
         raise
     return changed
+
+
+def _say_if_long(stale: int) -> None:
+    """The first command after an upgrade or a restore reads every folder: say why it waits."""
+    if stale >= NOTICE_AT:
+        log.info("index_building", conversations=stale)
+        if sys.stderr.isatty():
+            sys.stderr.write(f"indexing {stale} conversations (once; kept current after)\n")
 
 
 def _sweep_mark(home: Home) -> str:
