@@ -75,9 +75,5 @@ class Keeper:
 async def keep_index(rt: Runtime, stop: asyncio.Event) -> None:
     """Extra for :func:`contemplation.daemon.serve`."""
     keeper = Keeper(rt)
-    rt.observers.append(keeper.observe)
-    try:
+    with rt.observing(keeper.observe):
         await keeper.run(stop)
-    finally:
-        with contextlib.suppress(ValueError):
-            rt.observers.remove(keeper.observe)

@@ -28,22 +28,28 @@ class Query:
     model: str = ""
     words: str = ""
 
-    def where(self) -> tuple[str, list[Any]]:
+    def clauses(self, table: str = "") -> tuple[list[str], list[Any]]:
+        """SQL conditions on the ``convs`` table (``table``: its alias in a join, "c.")."""
+        t = table
         clauses: list[str] = []
         args: list[Any] = []
         if self.scope == "active":
-            clauses.append("archived = 0")
+            clauses.append(f"{t}archived = 0")
         elif self.scope == "archived":
-            clauses.append("archived = 1")
+            clauses.append(f"{t}archived = 1")
         if self.status:
-            clauses.append("status = ?")
+            clauses.append(f"{t}status = ?")
             args.append(self.status)
         if self.model:
-            clauses.append("(model = ? OR backend || '/' || model = ?)")
+            clauses.append(f"({t}model = ? OR {t}backend || '/' || {t}model = ?)")
             args += [self.model, self.model]
         for word in self.words.casefold().split():
-            clauses.append("instr(hay, ?) > 0")
+            clauses.append(f"instr({t}hay, ?) > 0")
             args.append(word)
+        return clauses, args
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses, args = self.clauses()
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 

@@ -190,9 +190,5 @@ class Notifier:
 async def run_notifications(rt: Runtime, stop: asyncio.Event) -> None:
     """Extra for :func:`contemplation.daemon.serve`."""
     notifier = Notifier(rt.home, list(rt.settings.notifications))
-    rt.observers.append(notifier.observe)
-    try:
+    with rt.observing(notifier.observe):
         await notifier.run(stop)
-    finally:
-        with contextlib.suppress(ValueError):
-            rt.observers.remove(notifier.observe)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +101,16 @@ class Runtime:
         if name not in self.templates:
             self.templates[name] = load_template(self.home, name)
         return self.templates[name]
+
+    @contextlib.contextmanager
+    def observing(self, observer: Observer) -> Iterator[None]:
+        """``observer`` sees every event while the block runs (an extra's lifetime)."""
+        self.observers.append(observer)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                self.observers.remove(observer)
 
     def notify(self, conv_id: str, event: str, **data: Any) -> None:
         for obs in list(self.observers):

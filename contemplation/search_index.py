@@ -21,6 +21,7 @@ from typing import Any
 from contemplation import index_db
 from contemplation.errors import InputRejected
 from contemplation.layout import Home
+from contemplation.listing import Query
 
 MAX_LIMIT = 200
 
@@ -110,19 +111,12 @@ def search(home: Home, query: str, filters: Filters | None = None, limit: int = 
 
 def _run(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[Hit]:
     columns = "{body thinking}" if f.thinking else "{body}"
-    where = ["text MATCH ?"]
-    args: list[Any] = [f"{columns} : ({query})"]
-    if f.status == "archived":
-        where.append("c.archived = 1")
-    else:
-        if not f.archived:
-            where.append("c.archived = 0")
-        if f.status:
-            where.append("c.status = ?")
-            args.append(f.status)
-    if f.model:
-        where.append("(c.model = ? OR c.backend || '/' || c.model = ?)")
-        args += [f.model, f.model]
+    archived = f.status == "archived"
+    scope = "archived" if archived else "all" if f.archived else "active"
+    of_convs = Query(scope=scope, status="" if archived else f.status, model=f.model)
+    where, args = of_convs.clauses("c.")
+    where.insert(0, "text MATCH ?")
+    args.insert(0, f"{columns} : ({query})")
     if f.since:
         where.append("b.time >= ?")
         args.append(f.since)

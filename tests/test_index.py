@@ -6,11 +6,13 @@ processes refreshing it at once. Real folders, real SQLite, the real CLI."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from contemplation.daemon import build_runtime
 from contemplation.errors import InputRejected
 from contemplation.index_keeper import Keeper
 from contemplation.layout import Home
+from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.writer import archive
 from tests.conftest import ROOT, base_env, cli, wait_for
@@ -111,6 +114,22 @@ def test_status_counts_conversations_and_disk_use_from_the_index(home: Home) -> 
 # --------------------------------------------------------------------------- prune
 
 
+@contextlib.asynccontextmanager
+async def keeping(rt: Runtime) -> AsyncIterator[Keeper]:
+    """The daemon's keeper running, seeing the runtime's events, stopped and closed after."""
+    keeper = Keeper(rt)
+    stop = asyncio.Event()
+    with rt.observing(keeper.observe):
+        task = asyncio.create_task(keeper.run(stop))
+        try:
+            yield keeper
+        finally:
+            stop.set()
+            keeper.stale.set()
+            await asyncio.wait_for(task, 10)
+            await rt.aclose()
+
+
 def test_prune_dry_run_then_real_never_touches_active_ones(home: Home) -> None:
     for name, day in (("old-a", "2025-01-05"), ("old-b", "2025-02-05"), ("recent", "")):
         d = by_hand(home, name, day or time.strftime("%Y-%m-%d"), word=f"word{name[-1]}")
@@ -142,25 +161,13 @@ def test_the_daemon_prunes_once_a_day_when_retention_is_set(home: Home) -> None:
     rt = build_runtime(settings)
 
     async def scenario() -> None:
-        keeper = Keeper(rt)
-        stop = asyncio.Event()
-        task = asyncio.create_task(keeper.run(stop))
-        try:
-            for _ in range(200):
-                if not (home.completed / "very-old").exists():
-                    break
-                await asyncio.sleep(0.05)
-            assert not (home.completed / "very-old").exists()
+        async with keeping(rt) as keeper:
+            gone = lambda: not (home.completed / "very-old").exists()  # noqa: E731
+            await asyncio.to_thread(wait_for, gone, 10, 0.02, "the daily prune")
             assert (home.active / "old-active").is_dir()
             pruned_at = keeper.last_prune
-            keeper.stale.set()
-            await asyncio.sleep(1.0)
+            await keeper.maybe_prune()
             assert keeper.last_prune == pruned_at  # not again within the day
-        finally:
-            stop.set()
-            keeper.stale.set()
-            await asyncio.wait_for(task, 10)
-            await rt.aclose()
 
     asyncio.run(scenario())
 
@@ -184,11 +191,7 @@ def test_the_daemon_keeps_the_index_current_from_its_events(home: Home) -> None:
     rt = build_runtime(Settings(home=home.root))
 
     async def scenario() -> None:
-        keeper = Keeper(rt)
-        rt.observers.append(keeper.observe)
-        stop = asyncio.Event()
-        task = asyncio.create_task(keeper.run(stop))
-        try:
+        async with keeping(rt) as keeper:
             await asyncio.to_thread(wait_for, lambda: keeper.refreshes >= 1, 10, 0.01, "first")
             by_hand(home, "arrived", "2025-04-04", word="capybara")
             before = keeper.refreshes
@@ -201,11 +204,6 @@ def test_the_daemon_keeps_the_index_current_from_its_events(home: Home) -> None:
             )
             assert keeper.refreshes == before + 1  # one refresh for the burst
             assert on_loop < 0.005  # an Event.set, not a refresh, on the loop
-        finally:
-            stop.set()
-            keeper.stale.set()
-            await asyncio.wait_for(task, 10)
-            await rt.aclose()
 
     asyncio.run(scenario())
     row = _indexed(home, "arrived")
