@@ -26,10 +26,9 @@ from contemplation.exits import (
     EXIT_NEEDS_AGENT,
     EXIT_OK,
     EXIT_TIMEOUT,
-    EXIT_USAGE,
     fail,
 )
-from contemplation.layout import Conv, Home, valid_id
+from contemplation.layout import Conv, Home, shipped_templates, valid_id
 from contemplation.logs import configure
 from contemplation.reading import locate
 from contemplation.settings import Settings
@@ -37,7 +36,7 @@ from contemplation.terminal import safe
 
 __all__ = [
     "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NEEDS_AGENT", "EXIT_OK",
-    "EXIT_TIMEOUT", "EXIT_USAGE", "fail",
+    "EXIT_TIMEOUT", "fail",
 ]  # fmt: skip
 
 COMPLETIONS_MAX = 500  # candidates offered to the shell at most
@@ -123,7 +122,7 @@ def conversation_ids(home: Home) -> list[str]:
 
 def template_names(home: Home) -> list[str]:
     """The home's templates and the shipped ones (``default``)."""
-    shipped = Path(__file__).parent / "skeleton" / "templates"
+    shipped = shipped_templates()
     found = [
         name
         for folder in (home.templates, shipped)

@@ -62,14 +62,6 @@ class InputRejected(ContemplationError):
     """A message that cannot become a block (empty, binary, too large)."""
 
 
-class ParseError(ContemplationError):
-    """A log that cannot be read at all (the parser itself is tolerant)."""
-
-
-class NoRoute(ContemplationError):
-    """A NEED that no rule matches."""
-
-
 class ToolError(ContemplationError):
     """A tool that failed or timed out."""
 

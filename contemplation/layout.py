@@ -404,11 +404,6 @@ def _read_segments(segments: list[Path], agent_label: str) -> tuple[Block, ...]:
     return tuple(blocks)
 
 
-def read_history(conv: Conv, agent_label: str) -> tuple[Block, ...]:
-    """Blocks of the rotated segments, oldest first (offsets are within their own segment)."""
-    return _read_segments(log_segments(conv)[:-1], agent_label)
-
-
 @dataclass
 class LogView:
     """An incrementally refreshed parse of one whole conversation.

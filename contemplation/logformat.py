@@ -26,8 +26,6 @@ HEADER_RE = re.compile(
 )
 _MARKER_WORDS = "|".join(re.escape(m.value) for m in MarkerKind)
 MARKER_RE = re.compile(rb"^=== (" + _MARKER_WORDS.encode() + rb")(?:: (.*?))? ===\r?$")
-# every line that starts with optional spaces then "===": candidates for frames or stuffing
-FRAME_CANDIDATE_RE = re.compile(rb"^ *===.*$", re.MULTILINE)
 LABEL_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 NEED_PREFIX = "NEED:"
 RESPONSE_PREFIX = "RESPONSE TO NEED:"
@@ -71,10 +69,6 @@ def stuff(text: str) -> str:
     if "===" not in text:
         return text
     return "\n".join(" " + ln if _needs_stuffing(ln) else ln for ln in text.split("\n"))
-
-
-def unstuff_line(line: str) -> str:
-    return line[1:] if line.startswith(" ") and _needs_stuffing(line) else line
 
 
 def body(text: str) -> str:

@@ -235,9 +235,3 @@ def build_request(
         think=meta.think,
         conversation_id=meta.id,
     )
-
-
-def estimate_tokens(request: ChatRequest) -> int:
-    """A cheap estimate (about 4 characters a token for English text)."""
-    chars = sum(len(m.content) for m in request.messages)
-    return chars // 4 + 4 * len(request.messages)

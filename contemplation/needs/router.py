@@ -36,7 +36,7 @@ from typing import Any, Literal, NamedTuple
 import structlog
 
 from contemplation.errors import ConfigError, ToolError
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home, Template, load_template
 from contemplation.logformat import RESPONSE_PREFIX, canonical_need, one_line, timestamp
 from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
@@ -282,12 +282,11 @@ class NeedRouter:
     def _compile_template_permissions(
         self, name: str, table: needrules.RuleTable
     ) -> tuple[needrules.Permission, ...]:
-        raw = load_template(self.home, name).extra.get("permissions")
+        tpl = load_template(self.home, name)
+        raw = tpl.extra.get("permissions")
         if raw is None:
             return ()
-        path = self.home.templates / name / "template.toml"
-        if not path.is_file():
-            path = Path(__file__).parent / "skeleton" / "templates" / name / "template.toml"
+        path = _template_file(tpl)
         return needrules.compile_permissions(
             raw,
             source=str(path),
@@ -327,9 +326,7 @@ class NeedRouter:
         raws = tpl.extra.get("routes")
         if not raws:
             return ()
-        path = self.home.templates / name / "template.toml"
-        if not path.is_file():
-            path = Path(__file__).parent / "skeleton" / "templates" / name / "template.toml"
+        path = _template_file(tpl)
         return needrules.compile_rules(
             raws, source=str(path), text=_config_text(path), servers=list(self.settings.mcp_servers)
         )
@@ -605,9 +602,9 @@ def _again(earlier: Answer) -> Answer:
     return replace(earlier, notes=(*earlier.notes, note))
 
 
-def check_config(settings: Settings) -> None:
-    """Validate rules, the search tool and MCP roots without starting anything."""
-    NeedRouter(settings)
+def _template_file(tpl: Template) -> Path:
+    """Where a template was read from (the home's copy or the package's), for its errors."""
+    return (tpl.folder or Path(tpl.name)) / "template.toml"
 
 
 __all__ = [
@@ -616,5 +613,4 @@ __all__ = [
     "NeedRouter",
     "TokenBucket",
     "ToolResult",
-    "check_config",
 ]
