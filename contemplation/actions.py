@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any, get_args
 
-from contemplation import backends, waiting
+from contemplation import backends, logformat, waiting
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
@@ -224,7 +224,7 @@ def _respond(
             "still_waiting": [],
         }
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    body = f"RESPONSE TO NEED: {chosen.need}\n(source: agent, {stamp})\n{text}"
+    body = f"{logformat.RESPONSE_PREFIX} {chosen.need}\n(source: agent, {stamp})\n{text}"
     name = drop_message(conv, body).name
     return {
         "answered": chosen.need,

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from contemplation import prompts
+from contemplation.logformat import RESPONSE_PREFIX, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.models import Block, ChatMessage, ChatRequest, MarkerKind
 
 DEFAULT_RATIO = 0.25  # tokens per character: about 4 characters a token for English
@@ -197,9 +198,6 @@ def fit_request(
 # and finishes with :meth:`Plan.with_summary` or :meth:`Plan.without_summary`.
 
 DEFAULT_RESERVE = 1024  # tokens kept free for the reply
-TOOL_OUTPUT_BEGIN = "BEGIN TOOL OUTPUT"  # = needs.router.BEGIN / END (a test keeps them equal)
-TOOL_OUTPUT_END = "END TOOL OUTPUT"
-RESPONSE_PREFIX = "RESPONSE TO NEED:"
 SUMMARY_MAX_WORDS = 150  # asked of the model
 SUMMARY_MAX_TOKENS = 400  # num_predict of the summary call
 SUMMARY_MAX_CHARS = 1200  # what is kept of its answer (written to the log, sent every turn)

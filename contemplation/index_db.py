@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 
 import structlog
 
-from contemplation.budget import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.errors import InputRejected
 from contemplation.layout import (
     Conv,
@@ -43,6 +42,7 @@ from contemplation.layout import (
     topic_of_id,
     valid_id,
 )
+from contemplation.logformat import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.testing import crashpoint
 
 log = structlog.get_logger("contemplation.index")
@@ -64,7 +64,8 @@ _COLUMNS = (
     "id TEXT PRIMARY KEY, archived INTEGER NOT NULL, topic TEXT, model TEXT, backend TEXT, "
     "template TEXT, status TEXT, created TEXT, last_ts REAL, blocks INTEGER, "
     "agent_msgs INTEGER, model_turns INTEGER, tokens_in INTEGER, tokens_out INTEGER, "
-    "bytes INTEGER, disk INTEGER, log_ts REAL, hay TEXT, row TEXT, key TEXT, log_key TEXT"
+    "bytes INTEGER, disk INTEGER, log_ts REAL, hay TEXT, topic_key TEXT, row TEXT, key TEXT, "
+    "log_key TEXT"
 )
 _DDL = (
     f"CREATE TABLE convs ({_COLUMNS})",
@@ -471,7 +472,7 @@ def _put_row(
     usage: dict[str, Any] = turn if isinstance(turn, dict) else {}
     conn.execute(
         "INSERT OR REPLACE INTO convs VALUES "
-        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             conv.id,
             int(archived),
@@ -491,6 +492,7 @@ def _put_row(
             disk_use(str(conv.dir)),
             facts.log_ts,
             " ".join(str(row[k]) for k in ("id", "topic", "model", "backend", "status")).casefold(),
+            str(row["topic"]).casefold(),
             json.dumps(row, ensure_ascii=False),
             keys[0],
             keys[1],

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from contemplation.aio import on_thread
 from contemplation.errors import Ambiguous, ConfigError, InputRejected, NotFound
-from contemplation.models import Block, Metadata, ParseResult, State
+from contemplation.models import Block, MarkerKind, Metadata, ParseResult, State
 from contemplation.parser import merge, parse
 
 CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -364,7 +364,7 @@ def read_log_bytes(conv: Conv) -> bytes:
         return b""
 
 
-_CONTINUED = b"=== CONTINUED"
+_CONTINUED = f"=== {MarkerKind.CONTINUED.value}".encode()
 
 
 def parse_segment(data: bytes, *, agent_label: str = "CLAUDE") -> ParseResult:

@@ -21,12 +21,14 @@ from contemplation.layout import Home
 @dataclass(frozen=True, slots=True)
 class Query:
     """Which conversations. ``scope``: active, archived or all; ``status``: one status;
-    ``model``: "name" or "backend/name"; ``words``: each in the id, topic, model or status."""
+    ``model``: "name" or "backend/name"; ``words``: each in the id, topic, model or status;
+    ``topic``: each of its words in the topic."""
 
     scope: str = "active"
     status: str = ""
     model: str = ""
     words: str = ""
+    topic: str = ""
 
     def clauses(self, table: str = "") -> tuple[list[str], list[Any]]:
         """SQL conditions on the ``convs`` table (``table``: its alias in a join, "c.")."""
@@ -43,9 +45,10 @@ class Query:
         if self.model:
             clauses.append(f"({t}model = ? OR {t}backend || '/' || {t}model = ?)")
             args += [self.model, self.model]
-        for word in self.words.casefold().split():
-            clauses.append(f"instr({t}hay, ?) > 0")
-            args.append(word)
+        for column, text in (("hay", self.words), ("topic_key", self.topic)):
+            for word in text.casefold().split():
+                clauses.append(f"instr({t}{column}, ?) > 0")
+                args.append(word)
         return clauses, args
 
     def where(self) -> tuple[str, list[Any]]:

@@ -29,6 +29,8 @@ MARKER_RE = re.compile(rb"^=== (" + _MARKER_WORDS.encode() + rb")(?:: (.*?))? ==
 LABEL_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 NEED_PREFIX = "NEED:"
 RESPONSE_PREFIX = "RESPONSE TO NEED:"
+TOOL_OUTPUT_BEGIN = "BEGIN TOOL OUTPUT"  # frames a tool's answer inside a RESPONSE TO NEED block
+TOOL_OUTPUT_END = "END TOOL OUTPUT"
 COMPLETE_LINE = "=== COMPLETE ==="
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 

@@ -330,7 +330,7 @@ class Faces:
             scope=scope,
             status="" if want in {"active", "all", "archived"} else want,
             model=model or "",
-            words=query or "",
+            topic=query or "",
         )
         got = listing.page(self.home, q, min(max(int(limit), 1), LIST_CAP), cursor)
         page, nxt, total = got.rows, got.cursor, got.total

@@ -151,7 +151,7 @@ def _loose_markers(preamble: str, offset: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for line in preamble.splitlines():
         m = MARKER_RE.match(line.encode())
-        if m and m.group(1) != b"CONTINUED":
+        if m and m.group(1) != MarkerKind.CONTINUED.value.encode():
             text = (m.group(2) or b"").decode("utf-8", errors="replace")
             out.append(
                 {"offset": offset, "kind": "marker", "marker": m.group(1).decode(), "text": text}

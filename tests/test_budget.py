@@ -155,11 +155,6 @@ def request_of(blocks: list[Block], system: str = "You are helpful.") -> ChatReq
     return ChatRequest(model="m", messages=tuple(msgs), options={"num_ctx": 2048})
 
 
-def test_the_tool_output_markers_are_the_routers() -> None:
-    assert (budget.TOOL_OUTPUT_BEGIN, budget.TOOL_OUTPUT_END) == (router.BEGIN, router.END)
-    assert budget.RESPONSE_PREFIX == logformat.RESPONSE_PREFIX
-
-
 def test_a_tool_output_becomes_a_stub_that_names_the_need_to_ask_again() -> None:
     text = tool_answer("File contents of x.md", "line\n" * 300)
     short = budget.stub_tool_output(ChatMessage("user", text))

@@ -37,7 +37,14 @@ import structlog
 
 from contemplation.errors import ConfigError, ToolError
 from contemplation.layout import Home, Template, load_template
-from contemplation.logformat import RESPONSE_PREFIX, canonical_need, one_line, timestamp
+from contemplation.logformat import (
+    RESPONSE_PREFIX,
+    TOOL_OUTPUT_BEGIN,
+    TOOL_OUTPUT_END,
+    canonical_need,
+    one_line,
+    timestamp,
+)
 from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
@@ -51,8 +58,8 @@ from contemplation.tools.state import StateLookup
 log = structlog.get_logger("contemplation.needs.router")
 
 Status = Literal["ok", "refused", "failed", "timeout", "limited", "unconfigured"]
-BEGIN = "BEGIN TOOL OUTPUT"
-END = "END TOOL OUTPUT"
+BEGIN = TOOL_OUTPUT_BEGIN
+END = TOOL_OUTPUT_END
 KEPT_CONVERSATIONS = 512
 
 
