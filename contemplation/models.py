@@ -46,6 +46,26 @@ class BlockKind(enum.StrEnum):
     MODEL = "model"  # written by the model side
 
 
+class ConvEvent(enum.StrEnum):
+    """What the daemon tells its observers (the dashboard's live feed, notifications, the
+    index keeper) about a conversation: one spelling, checked by the type checker."""
+
+    MESSAGE = "message"  # an agent's message is in the log
+    GENERATING = "generating"  # a turn took its backend slot
+    TOKEN = "token"  # noqa: S105 - reply text streamed, not a secret
+    THINKING = "thinking"  # thinking streamed
+    REPLY = "reply"  # a reply was committed
+    NOTE = "note"
+    ERROR = "error"
+    RETRYING = "retrying"
+    CANCELLED = "cancelled"
+    AWAITING_AGENT = "awaiting_agent"
+    AWAITING_APPROVAL = "awaiting_approval"
+    NEED_ANSWERED = "need_answered"
+    REJECTED = "rejected"  # an input file that could not be a message
+    ARCHIVED = "archived"
+
+
 class MarkerKind(enum.StrEnum):
     """System lines of the form ``=== WORD[: text] ===`` (never a header)."""
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from contemplation.layout import Conv, Home, read_metadata, read_state
-from contemplation.models import BlockKind, Status
+from contemplation.models import BlockKind, ConvEvent, Status
 from contemplation.reading import blocks_since, segments
 from contemplation.settings import NotificationRule
 
@@ -38,7 +38,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("contemplation.notify")
 
 EXCERPT_CHARS = 2000
-WATCHED = {"reply", "error", "awaiting_agent", "awaiting_approval"}  # events that can notify
+WATCHED = {  # events that can notify
+    ConvEvent.REPLY,
+    ConvEvent.ERROR,
+    ConvEvent.AWAITING_AGENT,
+    ConvEvent.AWAITING_APPROVAL,
+}
 QUEUE_SIZE = 1000
 OUTPUT_KEPT = 500
 
@@ -82,17 +87,17 @@ def derive(home: Home, conv_id: str, event: str, data: dict[str, Any]) -> list[E
         "status": state.status.value if state else "",
         "path": str(conv.dir),
     }
-    if event == "error":
+    if event == ConvEvent.ERROR:
         return [Event("error", conv_id, base | {"error": str(data.get("error", ""))})]
     block = _last_model_block(conv, meta.agent_label if meta else "CLAUDE")
     out: list[Event] = []
-    if event == "reply" and block is not None:
+    if event == ConvEvent.REPLY and block is not None:
         excerpt = block["text"][:EXCERPT_CHARS]
         out.append(Event("reply", conv_id, base | {"reply": excerpt, "usage": data.get("usage")}))
         if block.get("complete"):
             out.append(Event("complete", conv_id, base | {"reply": excerpt}))
-    needs = [str(n) for n in data.get("needs") or []] if event == "awaiting_agent" else []
-    if event == "awaiting_approval":  # the agent must act: a need event, as for a NEED
+    needs = [str(n) for n in data.get("needs") or []] if event == ConvEvent.AWAITING_AGENT else []
+    if event == ConvEvent.AWAITING_APPROVAL:  # the agent must act: a need event, as for a NEED
         needs = [str(r.get("need", "")) for r in data.get("requests") or []]
     if not needs and state is not None and state.status is Status.AWAITING_AGENT:
         needs = list(state.pending_needs)  # set right after the reply, with no event of its own

@@ -29,7 +29,7 @@ from contemplation.layout import (
     read_metadata,
     read_state,
 )
-from contemplation.models import BackendSession, Block, MarkerKind, Status
+from contemplation.models import BackendSession, Block, ConvEvent, MarkerKind, Status
 from contemplation.needs import cycle
 from contemplation.runtime import Runtime, set_status
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
@@ -119,7 +119,7 @@ def _decide(
         if nxt.action == "turn":
             w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
             set_status(w, Status.CANCELLED)
-            rt.notify(conv.id, "cancelled")
+            rt.notify(conv.id, ConvEvent.CANCELLED)
             return AGAIN
     if nxt.action == "turn":
         retry_at = w.state.next_retry_at
@@ -136,7 +136,7 @@ def _decide(
         set_status(w, Status.COMPLETE)
         if first and w.meta.archive_on_complete and rt.settings.archive_on_complete:
             dest = archive(rt.home, conv)
-            rt.notify(conv.id, "archived", path=str(dest.dir))
+            rt.notify(conv.id, ConvEvent.ARCHIVED, path=str(dest.dir))
             log.info("archived", conv=conv.id)
             return AGAIN  # the next round sees the folder gone and lets backends forget it
     if nxt.action == "needs":  # looked up outside the lock, unless the model loops
@@ -174,7 +174,7 @@ def _say_why(w: ConvWriter, rt: Runtime, nxt: Next, *, has_blocks: bool) -> None
         if w.state.status is not Status.AWAITING_APPROVAL:
             asked = [r.model_dump(mode="json") for r in w.state.pending_approvals]
             log.info("awaiting_approval", conv=w.conv.id, requests=len(asked))
-            rt.notify(w.conv.id, "awaiting_approval", requests=asked)
+            rt.notify(w.conv.id, ConvEvent.AWAITING_APPROVAL, requests=asked)
         set_status(w, Status.AWAITING_APPROVAL, nxt.needs)
     elif nxt.action == "needs":
         set_status(w, Status.AWAITING_AGENT, nxt.needs)
@@ -215,7 +215,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
             MarkerKind.NOTE,
             f"message {claimed.name} was not taken: {note}; kept in failed/{dest.name}",
         )
-        rt.notify(w.conv.id, "rejected", reason=note)
+        rt.notify(w.conv.id, ConvEvent.REJECTED, reason=note)
         return AGAIN
     if note:
         w.warn(f"{claimed.name}: {note}")
@@ -227,7 +227,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     w.append_block(
         w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name, claimed=claimed
     )
-    rt.notify(w.conv.id, "message", text=text)
+    rt.notify(w.conv.id, ConvEvent.MESSAGE, text=text)
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again
 
 

@@ -19,7 +19,7 @@ from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import BackendError, LockBusy
 from contemplation.layout import Conv, Home, Template, load_template, topic_of_id
-from contemplation.models import Metadata, Status
+from contemplation.models import ConvEvent, Metadata, Status
 from contemplation.needs.router import NeedRouter
 from contemplation.reload import backend_fingerprint
 from contemplation.scheduler import ModelScheduler
@@ -29,7 +29,7 @@ from contemplation.writer.durable import GroupCommitter
 
 log = structlog.get_logger("contemplation.pipeline")
 
-Observer = Callable[[str, str, dict[str, Any]], None]
+Observer = Callable[[str, ConvEvent, dict[str, Any]], None]
 CAPS_RETRY = 30.0  # seconds before a failed capability lookup is tried again
 
 
@@ -112,7 +112,7 @@ class Runtime:
             with contextlib.suppress(ValueError):
                 self.observers.remove(observer)
 
-    def notify(self, conv_id: str, event: str, **data: Any) -> None:
+    def notify(self, conv_id: str, event: ConvEvent, **data: Any) -> None:
         for obs in list(self.observers):
             try:
                 obs(conv_id, event, data)

@@ -33,6 +33,7 @@ from contemplation.models import (
     BackendSession,
     Block,
     ChatRequest,
+    ConvEvent,
     ErrorInfo,
     MarkerKind,
     Metadata,
@@ -263,7 +264,7 @@ async def _stream(
     w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
     w.state.status = Status.GENERATING  # written by _pump while the request is on its way
     w.state.pending_needs = []
-    rt.notify(conv.id, "generating", model=meta.model)
+    rt.notify(conv.id, ConvEvent.GENERATING, model=meta.model)
     reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
     if prepared.error is not None:
         return _failed(conv, rt, w, reply, prepared.error)
@@ -410,7 +411,7 @@ async def _pump_guarded(
     )
     reply._end_thinking()  # the NOTE goes after the thinking section, not inside it
     reply.note(note)
-    rt.notify(conv.id, "note", text=note)
+    rt.notify(conv.id, ConvEvent.NOTE, text=note)
     log.info("thinking_budget_spent", conv=conv.id, tokens=usage.eval_count)
     meta = reply.w.meta
     async with rt.scheduler(meta.backend).slot(meta.model) as again_held:  # let go of at the end
@@ -602,7 +603,7 @@ async def _finish(
     finally:
         if reply.committed:  # a cancel that came meanwhile finds the reply committed
             rt.guard(meta).success()
-            rt.notify(conv.id, "reply", usage=usage.model_dump() if usage else None)
+            rt.notify(conv.id, ConvEvent.REPLY, usage=usage.model_dump() if usage else None)
     return AGAIN
 
 
@@ -623,20 +624,20 @@ def _write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OS
     log.error("write_failed", conv=conv.id, error=str(exc))
     with contextlib.suppress(OSError):  # the state write may fail for the same reason
         w.record_error(ErrorKind.WRITE_FAILED, message, status=Status.ERROR)
-    rt.notify(conv.id, "error", error=message)
+    rt.notify(conv.id, ConvEvent.ERROR, error=message)
     return Wait(rt.clock() + rt.settings.rescan_interval)
 
 
 def _apply(ev: StreamEvent, reply: ReplyStream, rt: Runtime, conv_id: str) -> Usage | None:
     if ev.kind == "content":
         reply.content(ev.text)
-        rt.notify(conv_id, "token", text=ev.text)
+        rt.notify(conv_id, ConvEvent.TOKEN, text=ev.text)
     elif ev.kind == "thinking":
         reply.thinking(ev.text)
-        rt.notify(conv_id, "thinking", text=ev.text)
+        rt.notify(conv_id, ConvEvent.THINKING, text=ev.text)
     elif ev.kind == "note":
         reply.note(ev.text)
-        rt.notify(conv_id, "note", text=ev.text)
+        rt.notify(conv_id, ConvEvent.NOTE, text=ev.text)
     elif ev.kind == "done":
         return ev.usage
     return None
@@ -699,7 +700,7 @@ def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream) -> Ou
     else:
         w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
     set_status(w, Status.CANCELLED)
-    rt.notify(conv.id, "cancelled")
+    rt.notify(conv.id, ConvEvent.CANCELLED)
     return AGAIN
 
 
@@ -727,7 +728,7 @@ def _failed(
         log.warning(
             "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
         )
-        rt.notify(conv.id, "retrying", error=str(exc), attempt=attempt, delay=delay)
+        rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
         return Wait(w.state.next_retry_at)
     message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
     if reply.started:
@@ -738,5 +739,5 @@ def _failed(
     w.state.next_retry_at = None
     w.record_error(exc.kind, message, status=Status.ERROR)
     log.error("turn_failed", conv=conv.id, error=message)
-    rt.notify(conv.id, "error", error=message)
+    rt.notify(conv.id, ConvEvent.ERROR, error=message)
     return Wait(None)

@@ -14,8 +14,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from contemplation.models import ConvEvent
+
 QUEUE_SIZE = 2000
-STREAM_ONLY = {"token", "thinking"}  # only sent to a stream that follows that conversation
+STREAM_ONLY = {
+    ConvEvent.TOKEN,
+    ConvEvent.THINKING,
+}  # only sent to a stream that follows that conversation
 RESPONSE_TIMES_KEPT = 1000
 
 
@@ -54,12 +59,12 @@ class Metrics:
         route = data.get("route") or data.get("tool")
         if isinstance(route, str) and route:
             self.tools[route] += 1
-        if event == "generating":
+        if event == ConvEvent.GENERATING:
             self._turn_started[conv_id] = time.monotonic()
-        elif event in {"reply", "error", "cancelled", "retrying"}:
+        elif event in {ConvEvent.REPLY, ConvEvent.ERROR, ConvEvent.CANCELLED, ConvEvent.RETRYING}:
             began = self._turn_started.pop(conv_id, None)
             usage = data.get("usage") or {}
-            if event == "reply":
+            if event == ConvEvent.REPLY:
                 wall = usage.get("wall_ms")
                 if wall is None and began is not None:
                     wall = (time.monotonic() - began) * 1000
@@ -76,8 +81,8 @@ class Metrics:
         return {
             "since": self.started,
             "uptime_s": round(time.time() - self.started, 1),
-            "turns": self.events["reply"],
-            "messages": self.events["message"],
+            "turns": self.events[ConvEvent.REPLY],
+            "messages": self.events[ConvEvent.MESSAGE],
             "errors": self.events["error"],
             "retries": self.events["retrying"],
             "cancelled": self.events["cancelled"],

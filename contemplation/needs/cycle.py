@@ -30,6 +30,7 @@ from contemplation.models import (
     ApprovalDecision,
     ApprovalRequest,
     Block,
+    ConvEvent,
     Metadata,
     Status,
 )
@@ -172,7 +173,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 ans.render_block(need),
                 msg_id=f"{base}-{asked_in.index(need) if need in asked_in else i}",
             )
-            rt.notify(conv.id, "need_answered", need=need, tool=ans.tool, status=ans.status)
+            rt.notify(conv.id, ConvEvent.NEED_ANSWERED, need=need, tool=ans.tool, status=ans.status)
             await asyncio.sleep(0)  # a batch of appends never holds the loop
         over = [need for need, _ in answered[cap:] if need in still]
         limit = answered[cap].answer if len(answered) > cap else None
@@ -185,7 +186,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
             )
             rt.notify(
                 conv.id,
-                "need_answered",
+                ConvEvent.NEED_ANSWERED,
                 need=f"{len(over)} needs",
                 tool=limit.tool,
                 status=limit.status,
@@ -208,7 +209,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
         if left:
             set_status(w, Status.AWAITING_AGENT, tuple(left))
             log.info("awaiting_agent", conv=conv.id, needs=len(left))
-            rt.notify(conv.id, "awaiting_agent", needs=left)
+            rt.notify(conv.id, ConvEvent.AWAITING_AGENT, needs=left)
             # the agent may have answered already (while a lookup waited for approval): its
             # answer in inbox/ would otherwise wait for the next rescan
             return AGAIN if inbox_entries(conv) else Wait(None)
