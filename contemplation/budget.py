@@ -97,14 +97,12 @@ def fit(
     *,
     reserve: int = 1024,
     ratio: float = DEFAULT_RATIO,
-    summary: str | None = None,
 ) -> tuple[list[ChatMessage], int, str]:
     """``messages`` made to fit ``context_window - reserve`` tokens.
 
     Returns the messages to send, how many were dropped, and a one-line note (empty when
     nothing was dropped). System messages and the newest turn are always kept; the oldest
-    whole turns go first. With ``summary``, it stands in for what was dropped.
-    """
+    whole turns go first (what :func:`plan` falls back to when no summary can be made)."""
     budget = max(0, context_window - reserve)
     msgs = list(messages)
     if estimate(msgs, ratio) <= budget:
@@ -112,9 +110,6 @@ def fit(
     system = [i for i, m in enumerate(msgs) if m.role == "system"]
     turns = _turns(msgs)
     head_cost = sum(message_tokens(msgs[i], ratio) for i in system)
-    summary_msg = _summary_message(summary) if summary else None
-    if summary_msg is not None:
-        head_cost += message_tokens(summary_msg, ratio)
     costs = [sum(message_tokens(msgs[i], ratio) for i in t) for t in turns]
     kept_from = len(turns) - 1 if turns else 0  # the newest turn is always kept
     total = head_cost + sum(costs[kept_from:])
@@ -124,62 +119,16 @@ def fit(
     dropped_idx = {i for t in turns[:kept_from] for i in t}
     dropped = len(dropped_idx)
     kept = [m for i, m in enumerate(msgs) if i not in dropped_idx]
-    if dropped and summary_msg is not None:
-        at = len([i for i in system if i < min(dropped_idx)])
-        kept.insert(at, summary_msg)
     note = ""
     if dropped:
-        how = "summarised" if summary_msg is not None else "left out"
         note = (
-            f"{dropped} earlier message(s) were {how} to fit the model's context window "
+            f"{dropped} earlier message(s) were left out to fit the model's context window "
             f"({context_window} tokens)"
         )
     if total > budget:
         over = f"the prompt (~{total} tokens) is still larger than the window less the reserve"
         note = f"{note}; {over}" if note else over
     return kept, dropped, note
-
-
-def dropped_messages(messages: Sequence[ChatMessage], dropped: int) -> list[ChatMessage]:
-    """The oldest ``dropped`` non-system messages (what :func:`fit` left out)."""
-    return [m for m in messages if m.role != "system"][:dropped]
-
-
-def _summary_message(summary: str) -> ChatMessage:
-    return ChatMessage("system", f"{SUMMARY_PREFIX}\n{summary.strip()}")
-
-
-def summary_request(
-    model: str, dropped: Sequence[ChatMessage], *, max_words: int = 200
-) -> ChatRequest:
-    """A request that asks the model to summarise the turns :func:`fit` dropped."""
-    transcript = "\n\n".join(f"{m.role.upper()}: {m.content}" for m in dropped)
-    ask = (
-        f"Summarise this earlier part of a conversation in at most {max_words} words. Keep "
-        "facts, decisions, open questions and the answers to requests for context; leave out "
-        "pleasantries.\n\n" + transcript
-    )
-    return ChatRequest(model=model, messages=(ChatMessage("user", ask),))
-
-
-def fit_request(
-    request: ChatRequest,
-    context_window: int,
-    *,
-    reserve: int = 1024,
-    ratio: float = DEFAULT_RATIO,
-    summary: str | None = None,
-) -> tuple[ChatRequest, int, str]:
-    """:func:`fit` for a whole request (the tool definitions count against the window)."""
-    tools_cost = estimate((), ratio, request.tools)
-    kept, dropped, note = fit(
-        request.messages,
-        context_window,
-        reserve=reserve + tools_cost,
-        ratio=ratio,
-        summary=summary,
-    )
-    return replace(request, messages=tuple(kept)), dropped, note
 
 
 # --------------------------------------------------------------------------- history that fits

@@ -27,7 +27,7 @@ from contemplation.settings import Settings
 from contemplation.writer import ConvWriter, now_iso, open_writer
 from contemplation.writer.durable import GroupCommitter
 
-log = structlog.get_logger("contemplation.pipeline")
+log = structlog.get_logger("contemplation.runtime")
 
 Observer = Callable[[str, ConvEvent, dict[str, Any]], None]
 CAPS_RETRY = 30.0  # seconds before a failed capability lookup is tried again

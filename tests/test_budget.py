@@ -49,22 +49,6 @@ def test_the_oldest_turns_are_dropped_with_a_note_system_and_newest_kept() -> No
     assert note == f"{dropped} earlier message(s) were left out {window}"
 
 
-def test_a_summary_stands_in_for_the_dropped_turns() -> None:
-    msgs = convo(20)
-    _, dropped, _ = budget.fit(msgs, 2048, reserve=512)
-    old = budget.dropped_messages(msgs, dropped)
-    assert old == msgs[1 : 1 + dropped]
-    request = budget.summary_request("llama3.2", old)
-    assert "question 0" in request.messages[0].content and request.model == "llama3.2"
-    kept, dropped2, note = budget.fit(msgs, 2048, reserve=512, summary="They discussed q and a.")
-    assert kept[1].role == "system"
-    assert kept[1].content.startswith(budget.SUMMARY_PREFIX)
-    assert "They discussed q and a." in kept[1].content
-    assert dropped2 >= dropped
-    assert "summarised" in note
-    assert budget.estimate(kept) <= 2048 - 512
-
-
 def test_when_even_the_newest_turn_is_too_big_the_note_says_so() -> None:
     msgs = [ChatMessage("system", "s"), ChatMessage("user", "x" * 40_000)]
     kept, dropped, note = budget.fit(msgs, 4096, reserve=512)
@@ -72,19 +56,17 @@ def test_when_even_the_newest_turn_is_too_big_the_note_says_so() -> None:
     assert "still larger than the window" in note
 
 
-def test_fit_request_counts_the_tool_definitions() -> None:
+def test_the_plan_counts_the_tool_definitions() -> None:
     msgs = convo(6)
     tools = tuple(
         {"type": "function", "function": {"name": f"t{i}", "description": "d" * 400}}
         for i in range(10)
     )
     request = ChatRequest(model="m", messages=tuple(msgs), tools=tools)
-    plain, d1, _ = budget.fit_request(
-        ChatRequest(model="m", messages=tuple(msgs)), 2048, reserve=256
-    )
-    with_tools, d2, _ = budget.fit_request(request, 2048, reserve=256)
-    assert d2 > d1
-    assert with_tools.tools == tools and plain.messages == tuple(msgs)
+    plain = budget.plan(ChatRequest(model="m", messages=tuple(msgs)), 2048, blocks=(), reserve=256)
+    with_tools = budget.plan(request, 2048, blocks=(), reserve=256)
+    assert len(with_tools.request.messages) < len(plain.request.messages) == len(msgs)
+    assert with_tools.request.tools == tools
 
 
 def test_calibration_learns_a_ratio_per_model_and_ignores_implausible_samples() -> None:
