@@ -36,9 +36,11 @@ from contemplation.layout import (
     Conv,
     Home,
     log_segments,
+    open_regular_stat,
     parse_segment,
     read_json,
     read_regular,
+    read_to_end,
     topic_of_id,
     valid_id,
 )
@@ -264,7 +266,7 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
             conv = Conv(Path(path))
             if was is not None and was[1] == keys[1]:
                 _update_row(conn, conv, archived, keys)
-            else:
+            elif not (was and _grew(was[1], keys[1]) and _append(conn, conv, archived, keys)):
                 _index(conn, conv, archived, keys)
             changed += 1
             if changed % BATCH == 0:  # let readers and other writers in between
@@ -382,6 +384,10 @@ class Facts:
     bytes: int = 0  # every segment of the log
 
 
+# conv, number, sender, time, offset, text, thinking, and the two compressed
+_Block = tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
     """A conversation as its folder gives it to the index: read, parsed and compressed
@@ -391,14 +397,14 @@ class _Read:
     archived: bool
     keys: tuple[str, str]
     meta: dict[str, Any]
-    blocks: list[tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]]
+    blocks: list[_Block]
     facts: Facts
 
 
 def _read(conv: Conv, archived: bool, keys: tuple[str, str]) -> _Read:
     meta = read_json(conv.metadata) or {}  # plain JSON: a few fields, no model to build
     label = str(meta.get("agent_label") or "CLAUDE")
-    blocks: list[tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]] = []
+    blocks: list[_Block] = []
     size = agent = model = 0
     last = ""
     for seg in log_segments(conv):
@@ -426,24 +432,92 @@ def _read(conv: Conv, archived: bool, keys: tuple[str, str]) -> _Read:
 
 def _store(conn: sqlite3.Connection, r: _Read) -> None:
     _forget(conn, r.conv.id)
-    if r.blocks:  # ids taken under the write lock: two batched inserts, not two per block
-        first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM blocks").fetchone()[0]
-        conn.executemany(
-            "INSERT INTO blocks (id, conv, block, sender, time, at, zbody, zthinking) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(first + i, *b[:5], b[7], b[8]) for i, b in enumerate(r.blocks)],
-        )
-        conn.executemany(
-            "INSERT INTO text (rowid, body, thinking) VALUES (?, ?, ?)",
-            [(first + i, b[5], b[6]) for i, b in enumerate(r.blocks)],
-        )
+    _insert(conn, r.blocks)
     crashpoint("index_write")
     _put_row(conn, r.conv, r.archived, keys=r.keys, meta=r.meta, facts=r.facts)
+
+
+def _insert(conn: sqlite3.Connection, blocks: list[_Block]) -> None:
+    """Blocks into the table and their terms into FTS5: ids taken under the write lock, two
+    batched inserts rather than two per block."""
+    if not blocks:
+        return
+    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM blocks").fetchone()[0]
+    conn.executemany(
+        "INSERT INTO blocks (id, conv, block, sender, time, at, zbody, zthinking) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(first + i, *b[:5], b[7], b[8]) for i, b in enumerate(blocks)],
+    )
+    conn.executemany(
+        "INSERT INTO text (rowid, body, thinking) VALUES (?, ?, ?)",
+        [(first + i, b[5], b[6]) for i, b in enumerate(blocks)],
+    )
 
 
 def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
     """A conversation's text and row, read from its folder."""
     _store(conn, _read(conv, archived, keys))
+
+
+def _grew(old: str, new: str) -> bool:
+    """The same log file, longer: what an append (a block, a reply streamed) leaves."""
+    if old == "-" or new == "-":
+        return False
+    old_ino, old_size, _ = old.split(":")
+    new_ino, new_size, _ = new.split(":")
+    return old_ino == new_ino and int(new_size) > int(old_size)
+
+
+def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> bool:
+    """Index only what was appended to the live log: its last indexed block (a reply may have
+    been growing) and the blocks after it. False when that cannot be done (the bytes where the
+    last block was are not a header any more: the log was rewritten), for a full index."""
+    segs = log_segments(conv)
+    if not segs or segs[-1] != conv.log:
+        return False
+    try:
+        live_start = sum(os.stat(p, follow_symlinks=False).st_size for p in segs[:-1])
+        fd, st = open_regular_stat(conv.log)
+    except (OSError, InputRejected):
+        return False
+    try:
+        tail = conn.execute("SELECT max(at) FROM blocks WHERE conv = ?", (conv.id,)).fetchone()[0]
+        start = max(int(tail if tail is not None else 0), live_start)
+        if st.st_size - (start - live_start) > MAX_SEGMENT_BYTES:
+            return False
+        data = read_to_end(fd, st.st_size - (start - live_start), start - live_start)
+    finally:
+        os.close(fd)
+    if data and not data.startswith(b"=== "):
+        return False
+    meta = read_json(conv.metadata) or {}
+    label = str(meta.get("agent_label") or "CLAUDE")
+    conn.execute(
+        "INSERT INTO text (text, rowid, body, thinking) SELECT 'delete', id, unz(zbody), "
+        "unz(zthinking) FROM blocks WHERE conv = ? AND at >= ?",
+        (conv.id, start),
+    )
+    conn.execute("DELETE FROM blocks WHERE conv = ? AND at >= ?", (conv.id, start))
+    kept = conn.execute("SELECT count(*) FROM blocks WHERE conv = ?", (conv.id,)).fetchone()[0]
+    new: list[_Block] = []
+    for b in parse_segment(data, agent_label=label).blocks:
+        body = _said(b.text)
+        n = kept + len(new) + 1
+        at = start + b.offset
+        new.append(
+            (conv.id, n, b.sender, b.timestamp, at, body, b.thinking, _z(body), _z(b.thinking))
+        )
+    _insert(conn, new)
+    crashpoint("index_write")
+    count, agent, last = conn.execute(
+        "SELECT count(*), coalesce(sum(sender = ?), 0), "
+        "(SELECT time FROM blocks WHERE conv = ? ORDER BY at DESC LIMIT 1) "
+        "FROM blocks WHERE conv = ?",
+        (label, conv.id, conv.id),
+    ).fetchone()
+    facts = Facts(count, agent, count - agent, header_ts(last or ""), live_start + st.st_size)
+    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts)
+    return True
 
 
 def _update_row(

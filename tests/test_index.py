@@ -324,3 +324,34 @@ def test_archived_folders_are_looked_at_when_completed_changes_or_each_minute(
         EXCHANGE.format(day="2024-02-02", question="q okapi", answer="a")
     )
     assert [h.conv for h in search_index.search(home, "okapi", every)] == ["restored"]
+
+
+def test_an_append_indexes_only_the_growing_tail(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply streamed into the log and a block after it: the index reads only from the last
+    block it holds (which may have been growing), keeps each block once, and counts right. A
+    log rewritten in place (the bytes where that block was are no header now) is read whole."""
+    d = by_hand(home, "growing", "2025-08-08", word="first", rounds=2)
+    assert len(search_index.search(home, "first")) == 2
+    whole: list[str] = []
+    real = index_db._read
+    monkeypatch.setattr(index_db, "_read", lambda conv, *a: whole.append(conv.id) or real(conv, *a))
+    with (d / "messages.log").open("a") as f:
+        f.write("\n=== OLLAMA -> CLAUDE [2025-08-09 11:00:00] ===\nhalf of a gecko")
+    assert [h.block for h in search_index.search(home, "gecko")] == [5]
+    with (d / "messages.log").open("a") as f:
+        f.write(" and a newt\n\n=== CLAUDE -> OLLAMA [2025-08-09 11:05:00] ===\nthanks, okapi\n")
+    assert [h.block for h in search_index.search(home, "gecko newt")] == [5]  # once, whole
+    assert [h.block for h in search_index.search(home, "okapi")] == [6]
+    assert whole == []  # never read whole
+    (row,) = listing.page(home, listing.Query(words="growing")).rows
+    assert (row["blocks"], row["turns"], row["messages"]) == (6, 3, 3)
+    assert row["last_activity"] == "2025-08-09 11:05:00"
+    text = (d / "messages.log").read_text()
+    (d / "messages.log").write_text("a line written above it all\n" + text)  # same file
+    search_index.search(home, "okapi")
+    assert whole == ["growing"]  # longer, but not by an append: read whole
+    with index_db.opened(home) as conn:
+        conn.execute("INSERT INTO text (text) VALUES ('integrity-check')")
+        assert conn.execute("SELECT count(*) FROM blocks").fetchone()[0] == 6
