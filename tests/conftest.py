@@ -9,9 +9,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +23,34 @@ from tests.fakes.ollama_server import FakeOllama
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
+T = TypeVar("T")
+
+
+async def within(aw: Awaitable[T], what: str, seconds: float = 5.0) -> T:
+    """``await aw``, failing the test after ``seconds``. A task is never cancelled by the
+    timeout (that would be a cancel the code under test might handle, and then pass)."""
+    fut = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({fut}, timeout=seconds)
+    if not done:
+        if fut is not aw:
+            fut.cancel()
+        raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+    return fut.result()
+
+
+async def poll(pred: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
+    """For states no event announces (a turn queued in the scheduler, a reply's first bytes
+    in the log): a bounded poll, never a sleep that hopes the state has come."""
+    deadline = time.monotonic() + seconds
+    while not pred():  # nothing to wait on: the code under test sets no event here
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def runtime_for(settings: Settings) -> Runtime:
+    """The services a step uses, for these settings and their home."""
+    return Runtime(settings=settings, home=Home(settings.home))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -30,36 +30,14 @@ from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation, request_cancel
+from tests.conftest import poll, runtime_for, within
 from tests.fakes.backend import FakeBackend, Reply, install
 
 T = TypeVar("T")
 
 
-async def within(aw: Awaitable[T], what: str, seconds: float = 5.0) -> T:
-    """``await aw``, failing the test after ``seconds``. A task is never cancelled by the
-    timeout (that would be a cancel the code under test might handle, and then pass)."""
-    fut = asyncio.ensure_future(aw)
-    done, _ = await asyncio.wait({fut}, timeout=seconds)
-    if not done:
-        if fut is not aw:
-            fut.cancel()
-        raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-    return fut.result()
-
-
-async def poll(pred: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """For states no event announces (a turn queued in the scheduler, a reply's first bytes
-    in the log): a bounded poll, never a sleep that hopes the state has come."""
-    deadline = time.monotonic() + seconds
-    while not pred():  # nothing to wait on: the code under test sets no event here
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 def runtime(make_settings: Callable[..., Settings]) -> Runtime:
-    s = make_settings()
-    return Runtime(settings=s, home=Home(s.home))
+    return runtime_for(make_settings())
 
 
 # --------------------------------------------------------------------------- scripted steps

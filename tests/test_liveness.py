@@ -18,7 +18,7 @@ from contemplation.parser import parse
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import base_env, run_burst, wait_for
+from tests.conftest import base_env, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -32,8 +32,7 @@ def runtime(
     make_settings: Callable[..., Settings], fake: FakeOllama, root: Path, **kw: object
 ) -> Runtime:
     tools = {"allowed_roots": [str(root)], **kw.pop("tools", {})}  # type: ignore[dict-item]
-    s = make_settings(fake, tools=tools, **kw)
-    return Runtime(settings=s, home=Home(s.home))
+    return runtime_for(make_settings(fake, tools=tools, **kw))
 
 
 def whole_log(conv: Conv) -> str:

@@ -22,7 +22,7 @@ from contemplation.pipeline import Runtime, process, process_safely
 from contemplation.settings import Settings
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation, open_writer, request_cancel
-from tests.conftest import run_burst
+from tests.conftest import run_burst, runtime_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -42,8 +42,7 @@ def blocks(conv: Conv) -> list[tuple[BlockKind, str]]:
 
 
 def runtime(make_settings: Callable[..., Settings], fake: FakeOllama, **kw: object) -> Runtime:
-    s = make_settings(fake, **kw)
-    return Runtime(settings=s, home=Home(s.home))
+    return runtime_for(make_settings(fake, **kw))
 
 
 def test_a_dropped_message_gets_one_streamed_reply_and_state(

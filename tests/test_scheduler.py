@@ -4,27 +4,15 @@ cancelled while it waits (or just as it is granted a slot) gives nothing away.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 import pytest
 
 from contemplation.scheduler import GRANTS_KEPT, Held, ModelScheduler
+from tests.conftest import within
 
 T = TypeVar("T")
-
-
-async def within(aw: Awaitable[T], what: str, seconds: float = 2.0) -> T:
-    """``await aw``, failing the test after ``seconds``. A task is never cancelled by the
-    timeout (that would be a cancel the code under test might handle, and then pass)."""
-    fut = asyncio.ensure_future(aw)
-    done, _ = await asyncio.wait({fut}, timeout=seconds)
-    if not done:
-        if fut is not aw:
-            fut.cancel()
-        raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-    return fut.result()
 
 
 class Turns:
