@@ -13,7 +13,7 @@ import pytest
 from contemplation import logformat
 from contemplation import settings as settings_mod
 from contemplation.conversation import next_action
-from contemplation.errors import ToolError
+from contemplation.errors import ConfigError, ToolError
 from contemplation.needs.router import Answer, Answered, NeedRouter, TokenBucket
 from contemplation.parser import parse
 from contemplation.settings import Settings
@@ -339,3 +339,47 @@ def test_token_bucket_refills_at_its_rate() -> None:
     assert bucket.take()
     clock.t += 3600
     assert [bucket.take() for _ in range(3)] == [True, True, False]  # never more than capacity
+
+
+class Upper:
+    """A tool from outside the package: the text it is given, in capitals."""
+
+    name = "upper"
+
+    def __init__(self, ready: bool = True) -> None:
+        self.ready = ready
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        return ToolResult(str(arguments["text"]).upper(), "upper")
+
+
+def test_a_tool_registered_from_outside_is_made_routed_and_offered_like_a_built_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One registry: a kind registered by its name, description, default argument and maker
+    is made with the others, may be named by a [[routes]] rule (its capture fills the default
+    argument), answers, and is offered to the model only while it says it is ready."""
+    from contemplation.tools import registry
+
+    monkeypatch.setattr(registry, "_KINDS", dict(registry.kinds()))
+    made: list[Upper] = []
+
+    def make_upper(m: registry.Made) -> Upper:
+        assert "files.read" in m.tools  # made after the built-ins registered before it
+        made.append(Upper())
+        return made[-1]
+
+    registry.register(registry.ToolKind("upper", "the text in capitals", "text", make_upper))
+    with pytest.raises(ValueError, match="registered already"):
+        registry.register(registry.ToolKind("upper", "again"))
+    settings = make(tmp_path, routes=[{"prefix": "Upper case of", "tool": "upper"}])
+    router = NeedRouter(settings, now=lambda: NOW)
+    assert router.tools["upper"] is made[0]
+    (got,) = answers(router, ["Upper case of hello there"])
+    assert (got.answer.content, got.answer.tool) == ("HELLO THERE", "upper")
+    assert "upper" in [r.tool for r in router.offered()]
+    made[0].ready = False
+    assert "upper" not in [r.tool for r in router.offered()]
+    unknown = make(tmp_path, routes=[{"prefix": "Lower case of", "tool": "lower"}])
+    with pytest.raises(ConfigError, match=r"unknown tool .lower.*upper"):
+        NeedRouter(unknown, now=lambda: NOW)

@@ -13,6 +13,7 @@ from contemplation import settings as settings_mod
 from contemplation.errors import ConfigError
 from contemplation.needs import rules as needrules
 from contemplation.needs.router import NeedRouter
+from contemplation.tools import registry
 
 DEFAULTS = needrules.table()
 
@@ -281,7 +282,7 @@ def test_a_part_of_a_file_is_judged_as_the_file_however_it_is_quoted(path: str) 
         *needrules.compile_permissions(
             {"read_file": {"~/secret/**": "deny"}},
             source="t.toml",
-            names=[*needrules.BUILTIN_TOOLS, "read_file"],
+            names=[*registry.kinds(), "read_file"],
             home="/home/u",
         ),
     ]

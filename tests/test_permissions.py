@@ -27,6 +27,7 @@ from contemplation.parser import parse
 from contemplation.reading import Reader
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.tools import registry
 from contemplation.validate import validate
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
@@ -41,7 +42,7 @@ HOME = "/home/u"
 
 def perms(table: dict[str, Any], names: tuple[str, ...] = ("read_file",)) -> list[rules.Permission]:
     compiled = rules.compile_permissions(
-        table, source="test.toml", names=[*rules.BUILTIN_TOOLS, *names], home=HOME
+        table, source="test.toml", names=[*registry.kinds(), *names], home=HOME
     )
     return [*rules.DEFAULT_PERMISSIONS, *compiled]
 

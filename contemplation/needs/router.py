@@ -47,13 +47,10 @@ from contemplation.logformat import (
 )
 from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
+from contemplation.tools import registry
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
-from contemplation.tools.files import FileReader, FileTree
+from contemplation.tools.files import FileReader
 from contemplation.tools.mcp import McpPool, McpTool
-from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore, MemorySearch
-from contemplation.tools.notes import NotesSearch
-from contemplation.tools.search import ConfiguredSearch
-from contemplation.tools.state import StateLookup
 
 log = structlog.get_logger("contemplation.needs.router")
 
@@ -169,22 +166,8 @@ MAX_ROOTS_TOLD = 8  # readable folders named in the system prompt at most
 
 
 def build_tools(settings: Settings, pool: McpPool) -> dict[str, Tool]:
-    """The built-in tools from settings (MCP tools are made on demand)."""
-    t = settings.tools
-    home = Home(settings.home)
-    durable = settings.durability == "fsync"
-    search = ConfiguredSearch(pool, t.search_tool, t.search_arguments)
-    reader = FileReader(
-        t.allowed_roots, max_bytes=t.max_file_bytes, deny=t.deny, answer_chars=t.answer_budget_chars
-    )
-    return {
-        "files.read": reader,
-        "files.tree": FileTree(reader),
-        "notes.search": NotesSearch(t.notes_vault),
-        "memory.search": MemorySearch(JsonStore(home, MEMORY_FILE, durable=durable)),
-        "state.get": StateLookup(JsonStore(home, STATE_FILE, durable=durable)),
-        "web.search": search,
-    }
+    """The registered tools, made from settings (MCP tools are made on demand)."""
+    return registry.make_all(settings, pool)
 
 
 def _config_text(path: Path | None) -> str | None:
@@ -284,7 +267,7 @@ class NeedRouter:
     @staticmethod
     def _names(table: needrules.RuleTable) -> list[str]:
         """What a plain ``[permissions]`` key may name: a rule of the table or a built-in tool."""
-        return [*needrules.BUILTIN_TOOLS, *(r.name for r in table.rules)]
+        return [*registry.kinds(), *(r.name for r in table.rules)]
 
     def _compile_template_permissions(
         self, name: str, table: needrules.RuleTable
@@ -517,15 +500,7 @@ class NeedRouter:
     # -- native tool calls ------------------------------------------------------------
 
     def _usable(self, rule: needrules.Rule) -> bool:
-        tool = self.tools.get(rule.tool)
-        if isinstance(tool, ConfiguredSearch):
-            return tool.configured
-        if isinstance(tool, NotesSearch):
-            return tool.vault is not None
-        if isinstance(tool, FileReader | FileTree):
-            reader = tool if isinstance(tool, FileReader) else tool.reader
-            return bool(reader.roots)
-        return True
+        return registry.ready(self.tools.get(rule.tool))
 
     def offered(self, template: str | None = None) -> list[needrules.Rule]:
         """The rules a model is told about (the system prompt's NEED forms), in matching

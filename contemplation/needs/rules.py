@@ -7,7 +7,7 @@ then the five defaults of the protocol. Arguments are templates filled from the 
 from ``{need}`` (the whole need) and ``{rest}`` (what follows a prefix), e.g.
 ``args = {path = "{path}"}``.
 
-Tools are named ``family.verb`` for the built-in ones (see :data:`BUILTIN_TOOLS`),
+Tools are named ``family.verb`` for the registered ones (:mod:`contemplation.tools.registry`),
 ``server:tool`` for a tool of a configured MCP server, or ``agent`` (the agent answers).
 
 Permissions (the second half): ``[permissions]`` says per rule or tool and argument pattern
@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from contemplation.errors import ConfigError
 from contemplation.logformat import canonical_need
+from contemplation.tools import registry
 from contemplation.tools.parts import split_range
 
 MAX_NEED_CHARS = 1000
@@ -41,23 +42,6 @@ _MCP_TOOL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([A-Za-z0-9_][A-Za-z0-
 _ROUTES_HEADER_RE = re.compile(r"^[ \t]*\[\[[ \t]*routes[ \t]*\]\]", re.MULTILINE)
 _QUOTES = ("``", '""', "''", "<>", "“”", "‘’")  # noqa: RUF001 - typographic quotes on purpose
 
-BUILTIN_TOOLS: dict[str, str] = {
-    "memory.search": "search the durable memory store",
-    "notes.search": "full-text search of the Markdown notes vault",
-    "files.read": "read a file inside the allowed folders",
-    "files.tree": "the layout of a folder inside the allowed folders",
-    "web.search": "the configured search tool (tools.search_tool)",
-    "state.get": "look up the recorded current state of something",
-    "agent": "no tool: the agent answers",
-}
-_DEFAULT_ARG = {
-    "memory.search": "query",
-    "notes.search": "query",
-    "files.read": "path",
-    "files.tree": "path",
-    "web.search": "query",
-    "state.get": "thing",
-}
 Action = Literal["allow", "ask", "deny"]  # a permission (see "permissions" below)
 ACTIONS: tuple[Action, ...] = ("allow", "ask", "deny")
 RULE_KEYS = {"name", "prefix", "match", "tool", "args", "param", "description", "case_sensitive"}
@@ -179,11 +163,11 @@ def _where(source: str, index: int, lines: Sequence[int], count: int) -> str:
 
 def _tool_ok(tool: str, servers: Iterable[str]) -> str | None:
     """None when ``tool`` exists, else why not."""
-    if tool in BUILTIN_TOOLS:
+    if tool in registry.kinds():
         return None
     m = _MCP_TOOL_RE.match(tool)
     if m is None:
-        known = ", ".join(sorted(BUILTIN_TOOLS))
+        known = ", ".join(sorted(registry.kinds()))
         return f"unknown tool {tool!r} (built in: {known}; or server:tool for an MCP server)"
     names = sorted(servers)
     if m.group(1) not in names:
@@ -253,7 +237,7 @@ def _checked_fields(
     case_sensitive = raw.get("case_sensitive", False)
     if not isinstance(case_sensitive, bool):
         raise bad("'case_sensitive' must be true or false")
-    param = str(raw.get("param", _DEFAULT_ARG.get(tool, "query")))
+    param = str(raw.get("param", registry.default_arg(tool) or "query"))
     if not _IDENT_RE.match(param):
         raise bad(f"'param' must be a plain name, not {param!r}")
     return tool, param, case_sensitive
@@ -282,7 +266,7 @@ def _default_args(tool: str, pattern: re.Pattern[str] | None, param: str) -> dic
     """Arguments when a rule gives none: the built-in tool's one argument, or for an MCP tool
     the captures under their own names (``args = {}`` in the rule means really none)."""
     groups = list(pattern.groupindex) if pattern is not None else []
-    key = _DEFAULT_ARG.get(tool)
+    key = registry.default_arg(tool)
     if key is None:
         if tool == "agent":
             return {}

@@ -113,6 +113,10 @@ class FileReader:
         self._deny_names = tuple(p for p in patterns if "/" not in p)
         self._deny_paths = tuple(p.strip("/") for p in patterns if "/" in p)
 
+    @property
+    def ready(self) -> bool:  # offered to the model only with a folder it may read
+        return bool(self.roots)
+
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         path = text_arg(arguments, "path")
         return await asyncio.to_thread(self.read, path)
@@ -314,6 +318,10 @@ class FileTree:
         self.reader = reader
         self.depth = depth
         self.max_entries = max_entries
+
+    @property
+    def ready(self) -> bool:
+        return self.reader.ready
 
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         path = str(arguments.get("path") or ".")

@@ -94,6 +94,10 @@ class NotesSearch:
         self.skipped = 0
         self.unreadable: list[str] = []
 
+    @property
+    def ready(self) -> bool:  # offered to the model only with a vault
+        return self.vault is not None
+
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         query = text_arg(arguments, "query")
         return await asyncio.to_thread(self.answer, query)

@@ -31,6 +31,10 @@ class ConfiguredSearch:
     def configured(self) -> bool:
         return bool(self.server and self.tool)
 
+    @property
+    def ready(self) -> bool:  # offered to the model only when a search server is set
+        return self.configured
+
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         if not self.configured:
             raise Unconfigured(NOT_CONFIGURED)

@@ -1,0 +1,146 @@
+"""The NEED tools by name: one registry, the built-ins registered through it.
+
+A tool kind says, in one place, everything the rest of the daemon needs of it: its name
+(``family.verb``), the one-line description the rule table and ``routes`` show, the argument a
+rule's capture fills (``path``, ``query``; None for a kind that takes none), and how it is
+made from the settings. The rule compiler (``needs/rules.py``) reads names, descriptions and
+default arguments from here; the router makes the tools from here; whether a made tool is set
+up in this configuration (a vault, allowed folders, a search server) is the tool's own
+``ready`` (a tool without one is always ready).
+
+Adding a built-in tool is one module plus its :func:`register` call in :func:`_builtins`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # making a tool imports its module: naming one does not
+    from contemplation.settings import Settings
+    from contemplation.tools.base import Tool
+    from contemplation.tools.mcp import McpPool
+    from contemplation.tools.memory import JsonStore
+
+
+@dataclass(frozen=True, slots=True)
+class Made:
+    """What a tool is made from: the settings, the MCP servers, the tools made before it."""
+
+    settings: Settings
+    pool: McpPool
+    tools: dict[str, Tool]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolKind:
+    name: str
+    description: str
+    default_arg: str | None = "query"  # None: the tool takes no argument from the need
+    make: Callable[[Made], Tool] | None = None  # None: nothing to make ("agent")
+
+
+_KINDS: dict[str, ToolKind] = {}
+
+
+def register(kind: ToolKind) -> None:
+    """Add a tool kind (a second one of the same name is refused: names are what rules say)."""
+    if kind.name in _KINDS:
+        raise ValueError(f"a tool named {kind.name!r} is registered already")
+    _KINDS[kind.name] = kind
+
+
+def kinds() -> dict[str, ToolKind]:
+    """Every registered kind, by name, in the order they were registered."""
+    if not _KINDS:
+        _builtins()
+    return dict(_KINDS)
+
+
+def descriptions() -> dict[str, str]:
+    return {k.name: k.description for k in kinds().values()}
+
+
+def default_arg(name: str) -> str | None:
+    kind = kinds().get(name)
+    return kind.default_arg if kind is not None else None
+
+
+def make_all(settings: Settings, pool: McpPool) -> dict[str, Tool]:
+    """Every kind that makes a tool, made from ``settings`` in registration order."""
+    made: dict[str, Tool] = {}
+    for kind in kinds().values():
+        if kind.make is not None:
+            made[kind.name] = kind.make(Made(settings, pool, made))
+    return made
+
+
+def ready(tool: object) -> bool:
+    """Whether a made tool is set up in this configuration (its own ``ready``; else yes)."""
+    return bool(getattr(tool, "ready", True))
+
+
+def _files_read(m: Made) -> Tool:
+    from contemplation.tools.files import FileReader
+
+    t = m.settings.tools
+    return FileReader(
+        t.allowed_roots, max_bytes=t.max_file_bytes, deny=t.deny, answer_chars=t.answer_budget_chars
+    )
+
+
+def _files_tree(m: Made) -> Tool:
+    from contemplation.tools.files import FileReader, FileTree
+
+    reader = m.tools["files.read"]
+    assert isinstance(reader, FileReader)  # registered before it, below
+    return FileTree(reader)
+
+
+def _notes(m: Made) -> Tool:
+    from contemplation.tools.notes import NotesSearch
+
+    return NotesSearch(m.settings.tools.notes_vault)
+
+
+def _store(m: Made, file: str) -> JsonStore:
+    from contemplation.layout import Home
+    from contemplation.tools.memory import JsonStore
+
+    return JsonStore(Home(m.settings.home), file, durable=m.settings.durability == "fsync")
+
+
+def _memory(m: Made) -> Tool:
+    from contemplation.tools.memory import MEMORY_FILE, MemorySearch
+
+    return MemorySearch(_store(m, MEMORY_FILE))
+
+
+def _state(m: Made) -> Tool:
+    from contemplation.tools.memory import STATE_FILE
+    from contemplation.tools.state import StateLookup
+
+    return StateLookup(_store(m, STATE_FILE))
+
+
+def _web(m: Made) -> Tool:
+    from contemplation.tools.search import ConfiguredSearch
+
+    t = m.settings.tools
+    return ConfiguredSearch(m.pool, t.search_tool, t.search_arguments)
+
+
+def _builtins() -> None:
+    for kind in (
+        ToolKind("memory.search", "search the durable memory store", "query", _memory),
+        ToolKind("notes.search", "full-text search of the Markdown notes vault", "query", _notes),
+        ToolKind("files.read", "read a file inside the allowed folders", "path", _files_read),
+        ToolKind(
+            "files.tree", "the layout of a folder inside the allowed folders", "path", _files_tree
+        ),
+        ToolKind("web.search", "the configured search tool (tools.search_tool)", "query", _web),
+        ToolKind("state.get", "look up the recorded current state of something", "thing", _state),
+        ToolKind("agent", "no tool: the agent answers", None),
+    ):
+        register(kind)
