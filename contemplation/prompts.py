@@ -12,7 +12,7 @@ from contemplation.conversation import whole
 from contemplation.layout import PromptMode
 from contemplation.logformat import canonical_need
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata
-from contemplation.needs.rules import DEFAULT_RULES, Rule
+from contemplation.needs.rules import Rule, default_rules
 
 INTRO = (
     "You are in an asynchronous conversation with {agent} (an AI agent or a person), "
@@ -108,7 +108,6 @@ def sketch_pattern(pattern: str) -> str:
     return " ".join(text.split())
 
 
-DEFAULT_NEEDS: tuple[NeedForm, ...] = need_forms(DEFAULT_RULES)
 
 
 def protocol(needs: Sequence[NeedForm]) -> str:
@@ -145,7 +144,7 @@ def system_prompt(
 
     ``{agent}`` and ``{topic}`` are filled everywhere, ``{needs}`` in the own prompt (the
     offered NEED lines)."""
-    offered = DEFAULT_NEEDS if needs is None else needs
+    offered = need_forms(default_rules()) if needs is None else needs
     own = (meta.system_prompt or template_prompt).strip()
     chosen = (meta.model_extra or {}).get("prompt_mode")
     mode = chosen if chosen in ("add", "replace") else prompt_mode

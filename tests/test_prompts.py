@@ -17,7 +17,6 @@ from contemplation.needs.router import NeedRouter
 from contemplation.parser import parse
 from contemplation.prompts import (
     COMPLETE_RULE,
-    DEFAULT_NEEDS,
     NeedForm,
     build_request,
     need_forms,
@@ -153,7 +152,7 @@ def test_need_forms_keep_rule_order_drop_repeats_and_stop_at_the_limit() -> None
         ],
         source="test",
     )
-    forms = need_forms([*rules, *needrules.DEFAULT_RULES])
+    forms = need_forms([*rules, *needrules.default_rules()])
     assert [f.form for f in forms] == [
         "File contents of <path>",
         "time in <tz>",
@@ -164,8 +163,8 @@ def test_need_forms_keep_rule_order_drop_repeats_and_stop_at_the_limit() -> None
         "Current state of <thing>",
     ]
     assert forms[1].description == "Clock." and forms[0].description == ""
-    assert len(need_forms(needrules.DEFAULT_RULES, limit=2)) == 2
-    assert [f.form for f in DEFAULT_NEEDS] == ALL_FIVE
+    assert len(need_forms(needrules.default_rules(), limit=2)) == 2
+    assert [f.form for f in need_forms(needrules.default_rules())] == ALL_FIVE
 
 
 def _router(tmp_path: Path, **overrides: Any) -> NeedRouter:

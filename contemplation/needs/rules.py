@@ -88,48 +88,10 @@ class Route:
     why: str = ""  # what decided it (a permission rule, the agent)
 
 
-DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule(
-        "brain_memory",
-        "memory.search",
-        {"query": "{topic}"},
-        prefix="Brain memory about",
-        param="topic",
-        description="What the shared memory holds about a topic.",
-    ),
-    Rule(
-        "search_notes",
-        "notes.search",
-        {"query": "{query}"},
-        prefix="Obsidian notes matching",
-        param="query",
-        description="Notes in the Markdown vault that match a query (titles, paths, snippets).",
-    ),
-    Rule(
-        "read_file",
-        "files.read",
-        {"path": "{path}"},
-        prefix="File contents of",
-        param="path",
-        description="The contents of a text file inside the allowed folders.",
-    ),
-    Rule(
-        "web_search",
-        "web.search",
-        {"query": "{query}"},
-        prefix="Search results for",
-        param="query",
-        description="Results of a search for a query.",
-    ),
-    Rule(
-        "current_state",
-        "state.get",
-        {"thing": "{thing}"},
-        prefix="Current state of",
-        param="thing",
-        description="The recorded current state of a thing (a service, a project, a task).",
-    ),
-)
+def default_rules() -> tuple[Rule, ...]:
+    """The rules the registered tool kinds offer, in registration order (the built-ins'
+    first): checked after the template's and the config's."""
+    return tuple(r for kind in registry.kinds().values() for r in kind.rules)
 
 
 # --------------------------------------------------------------------------- compiling
@@ -394,7 +356,7 @@ def _as_text(value: Any) -> str:
 class RuleTable:
     """Ordered rules; the first that matches wins."""
 
-    rules: tuple[Rule, ...] = DEFAULT_RULES
+    rules: tuple[Rule, ...] = field(default_factory=default_rules)
 
     def route(self, need: str) -> Route | None:
         return route(need, self.rules)
@@ -413,7 +375,7 @@ class RuleTable:
 
 
 def table(config_rules: Sequence[Rule] = (), template_rules: Sequence[Rule] = ()) -> RuleTable:
-    return RuleTable((*template_rules, *config_rules, *DEFAULT_RULES))
+    return RuleTable((*template_rules, *config_rules, *default_rules()))
 
 
 # --------------------------------------------------------------------------- native tools

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # making a tool imports its module: naming one does not
+    from contemplation.needs.rules import Rule
     from contemplation.settings import Settings
     from contemplation.tools.base import Tool
     from contemplation.tools.mcp import McpPool
@@ -39,6 +40,7 @@ class ToolKind:
     description: str
     default_arg: str | None = "query"  # None: the tool takes no argument from the need
     make: Callable[[Made], Tool] | None = None  # None: nothing to make ("agent")
+    rules: tuple[Rule, ...] = ()  # the NEED rules it offers (after the config's own)
 
 
 _KINDS: dict[str, ToolKind] = {}
@@ -132,15 +134,87 @@ def _web(m: Made) -> Tool:
 
 
 def _builtins() -> None:
+    from contemplation.needs.rules import Rule
+
+    memory = Rule(
+        "brain_memory",
+        "memory.search",
+        {"query": "{topic}"},
+        prefix="Brain memory about",
+        param="topic",
+        description="What the shared memory holds about a topic.",
+    )
+    notes = Rule(
+        "search_notes",
+        "notes.search",
+        {"query": "{query}"},
+        prefix="Obsidian notes matching",
+        param="query",
+        description="Notes in the Markdown vault that match a query (titles, paths, snippets).",
+    )
+    files = Rule(
+        "read_file",
+        "files.read",
+        {"path": "{path}"},
+        prefix="File contents of",
+        param="path",
+        description="The contents of a text file inside the allowed folders.",
+    )
+    web = Rule(
+        "web_search",
+        "web.search",
+        {"query": "{query}"},
+        prefix="Search results for",
+        param="query",
+        description="Results of a search for a query.",
+    )
+    state = Rule(
+        "current_state",
+        "state.get",
+        {"thing": "{thing}"},
+        prefix="Current state of",
+        param="thing",
+        description="The recorded current state of a thing (a service, a project, a task).",
+    )
     for kind in (
-        ToolKind("memory.search", "search the durable memory store", "query", _memory),
-        ToolKind("notes.search", "full-text search of the Markdown notes vault", "query", _notes),
-        ToolKind("files.read", "read a file inside the allowed folders", "path", _files_read),
         ToolKind(
-            "files.tree", "the layout of a folder inside the allowed folders", "path", _files_tree
+            "memory.search",
+            "search the durable memory store",
+            make=_memory,
+            rules=(memory,),
         ),
-        ToolKind("web.search", "the configured search tool (tools.search_tool)", "query", _web),
-        ToolKind("state.get", "look up the recorded current state of something", "thing", _state),
-        ToolKind("agent", "no tool: the agent answers", None),
+        ToolKind(
+            "notes.search",
+            "full-text search of the Markdown notes vault",
+            make=_notes,
+            rules=(notes,),
+        ),
+        ToolKind(
+            "files.read",
+            "read a file inside the allowed folders",
+            default_arg="path",
+            make=_files_read,
+            rules=(files,),
+        ),
+        ToolKind(
+            "files.tree",
+            "the layout of a folder inside the allowed folders",
+            default_arg="path",
+            make=_files_tree,
+        ),
+        ToolKind(
+            "web.search",
+            "the configured search tool (tools.search_tool)",
+            make=_web,
+            rules=(web,),
+        ),
+        ToolKind(
+            "state.get",
+            "look up the recorded current state of something",
+            default_arg="thing",
+            make=_state,
+            rules=(state,),
+        ),
+        ToolKind("agent", "no tool: the agent answers", default_arg=None),
     ):
         register(kind)
