@@ -41,6 +41,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "models": ("contemplation.cli_models", "models", "Each configured backend's models: tools,..."),
     "new": ("contemplation.cli_conv", "new", "Start a conversation; prints its id (with..."),
+    "plugins": (
+        "contemplation.cli_plugins",
+        "plugins",
+        "The NEED tools, built in and from plugins,...",
+    ),
     "prune": ("contemplation.cli_index", "prune", "Delete archived conversations whose last..."),
     "reindex": ("contemplation.cli_index", "reindex", "Make the search index anew from the..."),
     "reopen": ("contemplation.cli_conv", "reopen", "Bring an archived conversation back to..."),

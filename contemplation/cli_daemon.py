@@ -125,6 +125,10 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("daemon", True, differs, warn=True)
     for where, why in refused_folders(home):
         add("folders", True, f"{where} is not taken: {why}", warn=True)
+    from contemplation.tools import registry
+
+    for where, why in registry.failures():  # the daemon starts without it
+        add("plugin", False, f"{where} was not loaded: {why}")
     add(
         "daemon",
         True,

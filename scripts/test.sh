@@ -6,10 +6,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 echo "== ruff"
-ruff check contemplation tests bench scripts
+ruff check contemplation tests bench scripts examples
 echo "== mypy --strict"
 mypy
 mypy --strict --explicit-package-bases bench  # the benchmarks: scripts, not the package
+mypy --strict examples/contemplation-echo/contemplation_echo  # the example plugin, as its users would check theirs
 echo "== pytest"
 # pytest exits 5 when it collects nothing: with set -e that fails the run, as it must.
 python -m pytest -p no:cacheprovider "$@"

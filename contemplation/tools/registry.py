@@ -9,13 +9,19 @@ up in this configuration (a vault, allowed folders, a search server) is the tool
 ``ready`` (a tool without one is always ready).
 
 Adding a built-in tool is one module plus its :func:`register` call in :func:`_builtins`.
+A plugin adds one through the same call: a distribution that declares an entry point in the
+group ``contemplation.tools`` naming a :class:`ToolKind` (or a callable that returns one or
+several) is loaded when the registry is first read. A plugin that fails to import or to
+register costs one log line and a row in ``doctor`` and ``plugins``, never the daemon.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+import structlog
 
 if TYPE_CHECKING:  # making a tool imports its module: naming one does not
     from contemplation.needs.rules import Rule
@@ -43,21 +49,70 @@ class ToolKind:
     rules: tuple[Rule, ...] = ()  # the NEED rules it offers (after the config's own)
 
 
+GROUP = "contemplation.tools"
+BUILT_IN = "built in"
+log = structlog.get_logger("contemplation.plugins")
+
 _KINDS: dict[str, ToolKind] = {}
+_ORIGINS: dict[str, str] = {}  # kind name -> the distribution that registered it
+_FAILED: list[tuple[str, str]] = []  # (entry point and distribution, why it was not loaded)
 
 
-def register(kind: ToolKind) -> None:
+def register(kind: ToolKind, origin: str = BUILT_IN) -> None:
     """Add a tool kind (a second one of the same name is refused: names are what rules say)."""
+    if not isinstance(kind, ToolKind):
+        raise TypeError(f"not a ToolKind: {kind!r}")
     if kind.name in _KINDS:
         raise ValueError(f"a tool named {kind.name!r} is registered already")
+    if origin != BUILT_IN:  # its rules say where they come from (`routes`, errors)
+        rules = tuple(replace(r, source=f"plugin {origin}") for r in kind.rules)
+        kind = replace(kind, rules=rules)
     _KINDS[kind.name] = kind
+    _ORIGINS[kind.name] = origin
 
 
 def kinds() -> dict[str, ToolKind]:
-    """Every registered kind, by name, in the order they were registered."""
+    """Every registered kind, by name, in the order they were registered (the built-ins, then
+    the plugins')."""
     if not _KINDS:
         _builtins()
+        _plugins()
     return dict(_KINDS)
+
+
+def origins() -> dict[str, str]:
+    """Which distribution registered each kind (``built in`` for the package's own)."""
+    kinds()
+    return dict(_ORIGINS)
+
+
+def failures() -> list[tuple[str, str]]:
+    """The plugins that could not be loaded: (entry point and distribution, why)."""
+    kinds()
+    return list(_FAILED)
+
+
+def _plugins() -> None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        where = f"{ep.name} ({dist})"
+        try:
+            found = ep.load()
+            if callable(found) and not isinstance(found, ToolKind):
+                found = found()
+            for kind in [found] if isinstance(found, ToolKind) else _each(found):
+                register(kind, dist)
+        except Exception as exc:  # a plugin's bug must not stop the daemon
+            _FAILED.append((where, f"{type(exc).__name__}: {exc}"))
+            log.warning("plugin_failed", plugin=where, error=str(exc))
+
+
+def _each(found: object) -> Iterable[ToolKind]:
+    if not isinstance(found, Iterable):
+        raise TypeError(f"gave {type(found).__name__}, not a ToolKind or several")
+    return list(found)
 
 
 def descriptions() -> dict[str, str]:
