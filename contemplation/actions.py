@@ -84,7 +84,7 @@ def _resolve(
         raise InputRejected("a conversation needs a topic")
     tpl = load_template(home, template or settings.default_template)
     backend_name = backend or tpl.backend or settings.default_backend
-    if backend_name not in backends.available():
+    if not backends.known(backend_name):
         known = ", ".join(backends.available())
         raise InputRejected(f"unknown backend {backend_name!r}; known: {known}")
     return tpl, backend_name, model or tpl.model or settings.default_model

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from contemplation import actions, activity, backends, cli_wait, show, waiting
+from contemplation import actions, activity, cli_wait, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
@@ -62,7 +62,7 @@ def _follow(reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float) -
 @click.command()
 @click.argument("topic")
 @click.option("--model", "-m", help="Model name (default: template, then config).")
-@click.option("--backend", "-b", help=f"Backend ({', '.join(backends.available())}).")
+@click.option("--backend", "-b", help="Backend: ollama, openai, opencode, local or a plugin's.")
 @click.option("--template", "-t", type=TEMPLATE, help="Template name (default: default).")
 @click.option(
     "--think/--no-think",

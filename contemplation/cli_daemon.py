@@ -127,7 +127,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("folders", True, f"{where} is not taken: {why}", warn=True)
     from contemplation.tools import registry
 
-    for where, why in registry.failures():  # the daemon starts without it
+    for where, why in (*backends.failures(), *registry.failures()):  # it starts without them
         add("plugin", False, f"{where} was not loaded: {why}")
     add(
         "daemon",

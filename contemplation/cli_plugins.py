@@ -2,9 +2,9 @@
 
     contemplation plugins [--json]
 
-Lists every NEED tool kind, the distribution that registered it (``built in`` for the
-package's own, else the plugin's), the argument a rule's capture fills and the rules it
-offers; then each plugin that could not be loaded, with why (exit 1 when there is one).
+Lists every backend family and NEED tool kind with the distribution it comes from (``built
+in`` for the package's own, else the plugin's; for a tool, the rules it offers too); then
+each plugin that could not be loaded, with why (exit 1 when there is one).
 """
 
 from __future__ import annotations
@@ -20,11 +20,17 @@ from contemplation.terminal import safe
 
 
 @click.command()
-@json_option('Print {"tools": [{name, from, argument, rules, description}], "failed": [...]}.')
+@json_option(
+    'Print {"backends": [{name, from}], "tools": [{name, from, argument, rules, description}], '
+    '"failed": [{plugin, error}]}.'
+)
 def plugins(as_json: bool) -> None:
-    """The NEED tools, built in and from plugins, and the plugins that failed to load."""
+    """The backends and NEED tools, built in and from plugins, and the plugins that failed to
+    load."""
+    from contemplation import backends
     from contemplation.tools import registry
 
+    families = [{"name": n, "from": d} for n, d in backends.origins().items()]
     origins = registry.origins()
     kinds = list(registry.kinds().values())
     tools = [
@@ -37,14 +43,18 @@ def plugins(as_json: bool) -> None:
         }
         for k in kinds
     ]
-    failed = [{"plugin": where, "error": why} for where, why in registry.failures()]
+    failed = [
+        {"plugin": where, "error": why}
+        for where, why in (*backends.failures(), *registry.failures())
+    ]
+    human = show.table([(f["name"], f["from"]) for f in families], ("BACKEND", "FROM"))
     rows = [
         (k.name, origins.get(k.name, registry.BUILT_IN), ", ".join(r.name for r in k.rules) or "-",
          k.description)
         for k in kinds
     ]  # fmt: skip
-    human = show.table(rows, ("TOOL", "FROM", "RULES", "WHAT"))
+    human += "\n\n" + show.table(rows, ("TOOL", "FROM", "RULES", "WHAT"))
     human += "".join(f"\nFAILED {f['plugin']}: {f['error']}" for f in failed)
-    emit({"tools": tools, "failed": failed}, as_json, safe(human))
+    emit({"backends": families, "tools": tools, "failed": failed}, as_json, safe(human))
     if failed:
         sys.exit(EXIT_ERROR)

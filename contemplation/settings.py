@@ -334,6 +334,10 @@ class Settings(BaseSettings):
     think_unsupported: Literal["error", "downgrade"] = Field(
         "downgrade", description="think asked of a model that cannot: fail, or drop it with a note"
     )
+    plugins: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="[plugins.<name>]: a plugin backend's own settings (its model checks them)",
+    )
     capabilities: dict[str, CapabilityOverride] = Field(
         default_factory=dict, description="per-model overrides, keyed by model name"
     )

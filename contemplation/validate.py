@@ -23,7 +23,7 @@ REQUIREMENT_TYPES = frozenset(TYPE_LABEL)  # what a context requirement may be
 
 
 def _backend_name(settings: Settings, key: str, name: str) -> None:
-    if name not in backends.available():
+    if not backends.known(name):
         raise ConfigError(
             f"invalid setting {key} in {settings.source(key)}: unknown backend {name!r}; "
             f"known: {', '.join(backends.available())}"
@@ -53,7 +53,7 @@ def check_template(tpl: Template) -> None:
     """What loading a template cannot check alone: its backend exists and its context
     requirements are of known types. Raises :class:`ConfigError` naming the template."""
     where = tpl.folder / "template.toml" if tpl.folder else tpl.name
-    if tpl.backend and tpl.backend not in backends.available():
+    if tpl.backend and not backends.known(tpl.backend):
         raise ConfigError(
             f"invalid backend {tpl.backend!r} in template {tpl.name} ({where}): "
             f"known: {', '.join(backends.available())}"
@@ -73,6 +73,8 @@ def validate(settings: Settings) -> NeedRouter:
     _backend_name(settings, "default_backend", settings.default_backend)
     for name in settings.fallback:
         _backend_name(settings, "fallback", name)
+    for name in settings.plugins:  # each plugin's own section, checked by its own model
+        backends.own_settings(name, settings)
     _dashboard_host(settings)
     router = NeedRouter(settings)  # the [[routes]] table and the search tool
     home = Home(settings.home)

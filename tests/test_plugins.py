@@ -1,8 +1,9 @@
 """Plugins by entry point (issue 25): the example in examples/contemplation-echo installed by
-real pip, found by importlib.metadata in a fresh CLI process, listed by ``plugins``, routed
-by ``routes test``, and answering a model's NEED in a real ``run --once`` against the fake
-Ollama; a plugin that cannot be imported is one line in ``plugins`` and ``doctor``, and the
-daemon runs without it."""
+real pip, found by importlib.metadata in fresh CLI processes, listed by ``plugins``, its
+``upper`` tool routed by ``routes test`` and answering a model's NEED in a real ``run --once``
+(against the fake Ollama, and with its own ``echo`` backend: a conversation through both),
+its ``[plugins.echo]`` settings checked by its model at start; a plugin that cannot be
+imported is one line in ``plugins`` and ``doctor``, and the daemon runs without it."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_the_example_plugin_is_listed_routed_and_answers_a_need(
 ) -> None:
     env = with_path(base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0"), installed)
     listed = json.loads(cli(env, "plugins", "--json").stdout)
+    assert {"name": "echo", "from": "contemplation-echo"} in listed["backends"]
     upper = next(t for t in listed["tools"] if t["name"] == "upper")
     assert upper["from"] == "contemplation-echo" and upper["rules"] == ["upper_case"]
     assert listed["failed"] == []
@@ -90,3 +92,28 @@ def test_a_plugin_that_fails_to_load_is_one_line_and_the_daemon_runs_without_it(
     drop_message(conv, "hi")
     assert cli(env, "run", "--once", timeout=60, check=False).returncode == 0
     assert "fine" in conv.log.read_text()
+
+
+def test_a_conversation_through_the_plugin_backend_and_tool(
+    home: Home, tmp_path: Path, installed: Path
+) -> None:
+    """``new --backend echo``: the echo backend streams back the agent's message, its NEED
+    line is answered by the upper tool, and the echo of that answer ends the exchange."""
+    config = tmp_path / "config.toml"
+    config.write_text('[plugins.echo]\nprefix = "Echo: "\n')
+    env = with_path(base_env(home, CONTEMPLATION_SETTLE_SECONDS="0"), installed)
+    env["CONTEMPLATION_CONFIG"] = str(config)
+    conv_id = cli(env, "new", "through both", "--backend", "echo", "--model", "any").stdout.strip()
+    cli(env, "send", conv_id, "hello\nNEED: Upper case of hello")
+    cli(env, "run", "--once", timeout=60)
+    log = (home.active / conv_id / "messages.log").read_text()
+    assert "=== ECHO -> CLAUDE [" in log and "Echo: hello\nNEED: Upper case of hello" in log
+    assert "RESPONSE TO NEED: Upper case of hello" in log and "\nHELLO\n" in log
+    assert log.count("=== ECHO -> CLAUDE [") == 2  # the echo of the answer asks for nothing
+    config.write_text('[plugins.echo]\nprefx = "Echo: "\n')
+    bad = cli(env, "doctor", check=False)
+    assert bad.returncode == 1 and "[plugins.echo] prefx in" in bad.stdout + bad.stderr
+    config.write_text("[plugins.nothing]\nx = 1\n")
+    worse = cli(env, "run", "--once", check=False, timeout=30)
+    assert worse.returncode != 0
+    assert "no installed plugin has a backend named 'nothing'" in worse.stderr

@@ -17,11 +17,9 @@ register costs one log line and a row in ``doctor`` and ``plugins``, never the d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-
-import structlog
 
 if TYPE_CHECKING:  # making a tool imports its module: naming one does not
     from contemplation.needs.rules import Rule
@@ -51,7 +49,6 @@ class ToolKind:
 
 GROUP = "contemplation.tools"
 BUILT_IN = "built in"
-log = structlog.get_logger("contemplation.plugins")
 
 _KINDS: dict[str, ToolKind] = {}
 _ORIGINS: dict[str, str] = {}  # kind name -> the distribution that registered it
@@ -93,26 +90,9 @@ def failures() -> list[tuple[str, str]]:
 
 
 def _plugins() -> None:
-    from importlib.metadata import entry_points
+    from contemplation import plugins
 
-    for ep in entry_points(group=GROUP):
-        dist = ep.dist.name if ep.dist is not None else "?"
-        where = f"{ep.name} ({dist})"
-        try:
-            found = ep.load()
-            if callable(found) and not isinstance(found, ToolKind):
-                found = found()
-            for kind in [found] if isinstance(found, ToolKind) else _each(found):
-                register(kind, dist)
-        except Exception as exc:  # a plugin's bug must not stop the daemon
-            _FAILED.append((where, f"{type(exc).__name__}: {exc}"))
-            log.warning("plugin_failed", plugin=where, error=str(exc))
-
-
-def _each(found: object) -> Iterable[ToolKind]:
-    if not isinstance(found, Iterable):
-        raise TypeError(f"gave {type(found).__name__}, not a ToolKind or several")
-    return list(found)
+    _FAILED.extend(plugins.load(GROUP, ToolKind, register))
 
 
 def descriptions() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""An example plugin: ``NEED: Upper case of hello`` is answered with ``HELLO``.
+"""An example plugin: ``NEED: Upper case of hello`` is answered with ``HELLO`` (this module),
+and the ``echo`` backend (:mod:`contemplation_echo.backend`).
 
 A NEED tool is a :class:`~contemplation.tools.registry.ToolKind`: its name (what a rule's
 ``tool`` says), a one-line description, the argument a rule's capture fills, how the tool is
