@@ -25,13 +25,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
 from contemplation.errors import InputRejected
+from contemplation.index_rows import Facts, as_int, disk_use, header_ts, summary_row
 from contemplation.layout import (
     Conv,
     Home,
@@ -41,7 +41,6 @@ from contemplation.layout import (
     read_json,
     read_regular,
     read_to_end,
-    topic_of_id,
     valid_id,
 )
 from contemplation.logformat import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
@@ -60,7 +59,6 @@ FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this oft
 NOTICE_AT = 500  # a refresh that reads this many folders again says so on a terminal
 BATCH = 200  # conversations indexed per transaction: a long rebuild lets others in between
 MAX_SEGMENT_BYTES = 256 << 20  # one log file read whole to index it; a larger one is named
-HEADER_TIME = "%Y-%m-%d %H:%M:%S"  # the log's headers, local time
 
 _COLUMNS = (
     "id TEXT PRIMARY KEY, archived INTEGER NOT NULL, topic TEXT, model TEXT, backend TEXT, "
@@ -372,18 +370,6 @@ def forget(home: Home, ids: Iterable[str]) -> None:
             raise
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What the log itself says of a conversation (kept in the row, so that a change of state
-    alone does not read the log again)."""
-
-    blocks: int = 0
-    agent_msgs: int = 0  # the agent's blocks (messages and answers to needs)
-    model_turns: int = 0  # the model's blocks
-    log_ts: float = 0.0  # the last dated header (local time), 0: none
-    bytes: int = 0  # every segment of the log
-
-
 # conv, number, sender, time, offset, text, thinking, and the two compressed
 _Block = tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]
 
@@ -560,8 +546,8 @@ def _put_row(
             facts.blocks,
             facts.agent_msgs,
             facts.model_turns,
-            _int(usage.get("prompt_eval_count")),
-            _int(usage.get("eval_count")),
+            as_int(usage.get("prompt_eval_count")),
+            as_int(usage.get("eval_count")),
             facts.bytes,
             disk_use(str(conv.dir)),
             facts.log_ts,
@@ -593,25 +579,6 @@ def _said(text: str) -> str:
     )
 
 
-def disk_use(path: str, depth: int = 3) -> int:
-    """Bytes of the regular files in a folder and its folders (``depth`` levels; links are
-    not followed)."""
-    total = 0
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                try:
-                    if e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-                    elif depth > 1 and e.is_dir(follow_symlinks=False):
-                        total += disk_use(e.path, depth - 1)
-                except OSError:
-                    continue
-    except OSError:
-        return total
-    return total
-
-
 def _forget(conn: sqlite3.Connection, conv_id: str) -> None:
     # an external-content FTS5 table forgets a row's terms when told what they were
     conn.execute(
@@ -620,73 +587,3 @@ def _forget(conn: sqlite3.Connection, conv_id: str) -> None:
         (conv_id,),
     )
     conn.execute("DELETE FROM blocks WHERE conv = ?", (conv_id,))
-
-
-def header_ts(text: str) -> float:
-    """A header's time as epoch seconds (0: none or not a time)."""
-    if text:
-        with contextlib.suppress(ValueError, OverflowError):
-            return datetime.strptime(text, HEADER_TIME).timestamp()
-    return 0.0
-
-
-def _iso_ts(text: str) -> float:
-    with contextlib.suppress(ValueError, OverflowError):
-        return datetime.fromisoformat(text).timestamp()
-    return 0.0
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _str(value: Any, default: str = "") -> str:
-    return value if isinstance(value, str) else default
-
-
-def clock(ts: float) -> str:
-    return time.strftime(HEADER_TIME, time.localtime(ts)) if ts else ""
-
-
-def summary_row(
-    conv: Conv, archived: bool, meta: dict[str, Any], state: dict[str, Any], facts: Facts
-) -> dict[str, Any]:
-    """The one summary every face shows (``list``, ``status``, MCP, the dashboard). Turns,
-    messages and activity come from the log's own blocks where state has nothing better, so a
-    folder made by hand, restored from a backup or imported shows when it was really used:
-    activity is the log's last dated header (or the turn on the backend now; with nothing said
-    yet, the folder's own time)."""
-    status = _str(state.get("status"), "pending")
-    since = state.get("generating_since")
-    last = facts.log_ts
-    if status == "generating" and isinstance(since, int | float):
-        last = max(last, float(since))
-    if not last:  # nothing said yet: the folder's own time (to the nanosecond), else created
-        with contextlib.suppress(OSError):
-            last = os.stat(conv.dir).st_mtime
-    if not last:
-        last = _iso_ts(_str(meta.get("created")))
-    error = state.get("last_error")
-    pending = state.get("pending_needs")
-    return {
-        "id": conv.id,
-        "topic": _str(meta.get("topic")) or topic_of_id(conv.id),
-        "status": status,
-        "completed": archived,
-        "model": _str(meta.get("model")),
-        "backend": _str(meta.get("backend")),
-        "template": _str(meta.get("template")),
-        "created": _str(meta.get("created")),
-        "last_activity": clock(last),
-        "last_activity_ts": last,
-        "turns": max(_int(state.get("turns")), facts.model_turns),
-        "messages": max(_int(state.get("messages_processed")), facts.agent_msgs),
-        "blocks": facts.blocks,
-        "bytes": facts.bytes,
-        "pending_needs": [str(n) for n in pending] if isinstance(pending, list) else [],
-        "last_error": error if isinstance(error, dict) else None,
-        "retry_count": _int(state.get("retry_count")),
-        "generating_since": float(since)
-        if status == "generating" and isinstance(since, int | float)
-        else None,
-    }

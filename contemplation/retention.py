@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from contemplation import index_db
+from contemplation import index_db, index_rows
 from contemplation.errors import InputRejected
 from contemplation.layout import Home
 from contemplation.testing import crashpoint
@@ -65,7 +65,7 @@ def prune(home: Home, older_than_s: float, *, dry_run: bool = False) -> Pruned:
     if not dry_run:
         _finish_left(home)
     for conv_id, last_ts, disk in index_db.read(home, old):
-        row = {"id": conv_id, "last_activity": index_db.clock(last_ts), "bytes": disk}
+        row = {"id": conv_id, "last_activity": index_rows.clock(last_ts), "bytes": disk}
         if not dry_run and not _delete(home, conv_id):
             continue
         out.removed.append(row)

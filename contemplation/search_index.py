@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from contemplation import index_db
+from contemplation import index_db, index_rows
 from contemplation.errors import InputRejected
 from contemplation.layout import Home
 from contemplation.listing import Query
@@ -70,7 +70,7 @@ def since_bound(text: str) -> str:
         return ""
     for form in ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"):
         with contextlib.suppress(ValueError):
-            return datetime.strptime(text, form).strftime(index_db.HEADER_TIME)
+            return datetime.strptime(text, form).strftime(index_rows.HEADER_TIME)
     raise InputRejected(f"not a day or a moment: {text!r} (write YYYY-MM-DD or YYYY-MM-DD HH:MM)")
 
 
