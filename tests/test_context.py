@@ -13,9 +13,9 @@ import pytest
 from contemplation import settings as settings_mod
 from contemplation.context import ContextAssembler, Section, render, saved_context
 from contemplation.layout import Conv, Home
-from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter
+from contemplation.needs.router import NeedRouter
 from contemplation.tools.base import ToolResult
-from contemplation.tools.memory import JsonStore
+from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore
 from tests import peers
 
 

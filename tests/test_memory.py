@@ -14,8 +14,8 @@ import pytest
 from contemplation import settings as settings_mod
 from contemplation.errors import InputRejected, ToolError
 from contemplation.layout import Home
-from contemplation.needs.router import MEMORY_FILE, STATE_FILE, NeedRouter
-from contemplation.tools.memory import JsonStore, MemorySearch, StoreError
+from contemplation.needs.router import NeedRouter
+from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore, MemorySearch, StoreError
 from contemplation.tools.state import StateLookup
 
 
