@@ -119,6 +119,20 @@ def one(home: Home, conv_id: str) -> dict[str, Any] | None:
     return index_db.read(home, run, only=[conv_id])
 
 
+def stats(home: Home) -> dict[str, Any]:
+    """The dashboard's figures, counted in SQL: conversations by status, turns over all of
+    them, and the bytes ``active/`` and ``completed/`` hold."""
+
+    def run(conn: sqlite3.Connection) -> dict[str, Any]:
+        by_status = dict(conn.execute("SELECT status, count(*) FROM convs GROUP BY status"))
+        turns = conn.execute(
+            "SELECT coalesce(sum(json_extract(row, '$.turns')), 0) FROM convs"
+        ).fetchone()[0]
+        return {"by_status": by_status, "turns_total": int(turns)}
+
+    return counts(home) | index_db.read(home, run)
+
+
 def counts(home: Home) -> dict[str, int]:
     """How many conversations are active and archived, and the bytes each place holds."""
 

@@ -145,6 +145,11 @@ def test_the_list_comes_a_page_at_a_time_with_a_cursor(home: Home, client: TestC
     assert len(seen) == len(set(seen)) == 26
     archived = client.get("/api/conversations", params={"status": "archived", "q": "old-0"})
     assert archived.json()["total"] == 10  # old-00 .. old-09
+    status = client.get("/api/status").json()
+    assert (status["active"], status["completed"]) == (1, 25)
+    assert status["disk_completed_bytes"] > 25 * 40  # each archived log, counted from the index
+    metrics = client.get("/api/metrics").json()
+    assert metrics["conversations"] == 26 and metrics["disk"]["completed"] > 0
     bad = client.get("/api/conversations", params={"limit": "many"})
     assert bad.status_code == 400 and "limit" in bad.json()["error"]
     worse = client.get("/api/conversations", params={"cursor": "forged"})
@@ -338,6 +343,7 @@ def test_dashboard_in_real_chromium(
         metrics: dict[str, Any] = json.loads(r.read())
     assert metrics["live"]["turns"] >= 3 and metrics["live"]["response_ms"]["p50"] is not None
     assert metrics["turns_total"] >= 3
+    assert metrics["disk"]["active"] > 0 and metrics["by_status"]
     assert d.stop() == 0
 
 

@@ -148,12 +148,14 @@ class Dashboard:
         )
 
     def status_data(self) -> dict[str, Any]:
-        rows = self.reader.summaries()
+        counts = listing.counts(self.home)
         return {
             "home": str(self.home.root),
             "daemon_running": daemon_alive(self.home),
-            "active": sum(1 for r in rows if not r["completed"]),
-            "completed": sum(1 for r in rows if r["completed"]),
+            "active": counts["active"],
+            "completed": counts["completed"],
+            "disk_active_bytes": counts["active_bytes"],
+            "disk_completed_bytes": counts["completed_bytes"],
             "dashboard": self.url,
         }
 
@@ -296,18 +298,17 @@ class Dashboard:
         return await self._call(build)
 
     async def metrics(self, request: Request) -> Response:
-        def build() -> dict[str, Any]:
-            rows = self.reader.summaries()
-            by_status: dict[str, int] = {}
-            for r in rows:
-                by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+        def build() -> dict[str, Any]:  # counted in SQL, never a walk through every row
+            s = listing.stats(self.home)
+            by_status = s["by_status"]
             return {
                 "live": self.broker.metrics.snapshot(),
-                "conversations": len(rows),
+                "conversations": s["active"] + s["completed"],
                 "by_status": by_status,
-                "turns_total": sum(int(r["turns"]) for r in rows),
-                "errors_now": sum(1 for r in rows if r["status"] == "error"),
-                "retrying_now": sum(1 for r in rows if r["status"] == "retrying"),
+                "turns_total": s["turns_total"],
+                "errors_now": by_status.get("error", 0),
+                "retrying_now": by_status.get("retrying", 0),
+                "disk": {"active": s["active_bytes"], "completed": s["completed_bytes"]},
             }
 
         return await self._call(build)

@@ -145,6 +145,8 @@ const loadMore = oneAtATime(async () => {
   renderList();
 });
 
+const mb = (n) => (n / 1e6).toFixed(1) + " MB";
+
 const loadMetrics = oneAtATime(async () => {
   const m = await getJSON("/api/metrics");
   const live = m.live;
@@ -158,6 +160,7 @@ const loadMetrics = oneAtATime(async () => {
     ["errors / retries (this run)", live.errors + " / " + live.retries],
     ["in error / retrying now", m.errors_now + " / " + m.retrying_now],
     ["tool requests", Object.entries(live.tool_requests).map(([k, v]) => k + ": " + v).join(", ") || "–"],
+    ["disk: active / completed", mb(m.disk.active) + " / " + mb(m.disk.completed)],
   ];
   const dl = $("metrics");
   dl.replaceChildren();
