@@ -2,10 +2,12 @@
 
 Every event the daemon already has (a committed block, a status change, an archive, a folder
 adopted) marks the index stale; that is all the event loop does, a flag set in an observer. A
-worker thread brings the index up to date from the folders at most once per ``BATCH_S``
-seconds however many events came (one batch), and on every rescan tick, so hand edits are
-caught too. With ``[retention] archived_days`` set it prunes once a day. An index that cannot
-be written (locked, corrupt, a full disk) costs a log line, never the daemon.
+worker thread brings the index up to date from the folders once the events pause for
+``BATCH_S`` seconds however many came (one batch), and every ``IDLE_S``, so hand edits are
+caught too. A burst of turns is indexed once it has passed (or 5 s after it began), so the
+refresh does not compete with the turns. With ``[retention] archived_days`` set it prunes once
+a day. An index that cannot be written (locked, corrupt, a full disk) costs a log line, never
+the daemon.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("contemplation.index")
 
-BATCH_S = 0.5  # events within this long are one refresh
+BATCH_S = 0.5  # a refresh waits for this long without an event ...
+MAX_WAIT_S = 5.0  # ... but never longer than this after the first
 IDLE_S = 30.0  # a refresh at least this often (hand edits, folders made by hand)
 DAY_S = 86400.0
 
@@ -47,10 +50,20 @@ class Keeper:
                 await asyncio.wait_for(self.stale.wait(), timeout=IDLE_S)
             if stop.is_set():
                 return
-            await asyncio.sleep(BATCH_S)  # let a burst of events become one refresh
-            self.stale.clear()
+            await self.quiet()
             await asyncio.to_thread(self.refresh)
             await self.maybe_prune()
+
+    async def quiet(self) -> None:
+        """Wait until no event came for BATCH_S (a burst of turns is indexed once, after it,
+        not on a thread that competes with the turns for the interpreter), at most MAX_WAIT_S
+        from the first event."""
+        first = time.monotonic()
+        while True:
+            self.stale.clear()
+            await asyncio.sleep(BATCH_S)
+            if not self.stale.is_set() or time.monotonic() - first >= MAX_WAIT_S:
+                return
 
     def refresh(self) -> None:
         home = self.rt.home
