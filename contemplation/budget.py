@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from contemplation import prompts
 from contemplation.logformat import RESPONSE_PREFIX, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
-from contemplation.models import Block, ChatMessage, ChatRequest, MarkerKind
+from contemplation.models import Block, ChatMessage, ChatRequest, MarkerKind, Usage
 
 DEFAULT_RATIO = 0.25  # tokens per character: about 4 characters a token for English
 PER_MESSAGE = 4  # role markers and separators in chat templates
@@ -44,6 +44,22 @@ def estimate(
 
 def estimate_request(request: ChatRequest, ratio: float = DEFAULT_RATIO) -> int:
     return estimate(request.messages, ratio, request.tools)
+
+
+def context_warning(usage: Usage, estimate: int) -> str:
+    """A WARNING for a reply whose prompt (``usage``, or our ``estimate`` of it) filled the
+    window it was sent with: the server may have cut the history; "" when it fitted."""
+    window = usage.context_window
+    if not window:
+        return ""
+    used = usage.prompt_eval_count or 0
+    if used >= 0.98 * window or estimate > window:
+        return (
+            f"the prompt (~{max(used, estimate)} tokens) filled the context window ({window}); "
+            "the server may have dropped the oldest messages — raise num_ctx or start a new "
+            "conversation"
+        )
+    return ""
 
 
 def prompt_chars(messages: Sequence[ChatMessage]) -> int:

@@ -31,7 +31,7 @@ from contemplation.layout import (
 )
 from contemplation.models import BackendSession, Block, ConvEvent, MarkerKind, Status
 from contemplation.needs import cycle
-from contemplation.runtime import Runtime, set_status
+from contemplation.runtime import Runtime
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
 from contemplation.tracking import Tracked
 from contemplation.turn import run_turn
@@ -62,9 +62,7 @@ async def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decisi
     if unsettled is not None:
         return unsettled
     parsed = await seen.view(conv, w.meta.agent_label).refreshed(known, w.folder_names, w.fd)
-    if list(parsed.errors[:20]) != w.state.parse_errors:
-        w.state.parse_errors = list(parsed.errors[:20])
-        w.save()
+    w.record_parse_errors(list(parsed.errors))
     nxt = next_action(parsed.blocks)
     decided = _decide(conv, rt, w, parsed.blocks, nxt=nxt, now=now)
     if decided is not None:
@@ -113,19 +111,19 @@ def _decide(
     """What the log says is due: a cancel, a turn, an archive, needs to look up. None: take
     the next message."""
     if nxt.action != "needs":
-        cycle.record_asked(w, ())  # a message or a turn since: nothing waits for approval
+        w.record_asked(())  # a message or a turn since: nothing waits for approval
     if conv.cancel_flag.exists():  # honoured once, never left for a future turn
         clear_cancel(conv)
         if nxt.action == "turn":
             w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
-            set_status(w, Status.CANCELLED)
+            w.show(Status.CANCELLED)
             rt.notify(conv.id, ConvEvent.CANCELLED)
             return AGAIN
     if nxt.action == "turn":
         retry_at = w.state.next_retry_at
         if retry_at is not None and retry_at > now:
             if not rt.backoff_outdated(conv.id, w.meta.backend, w.state.retry_settings):
-                set_status(w, Status.RETRYING)
+                w.show(Status.RETRYING)
                 return Wait(retry_at)
             log.info("retry_at_once", conv=conv.id, why="the backend's settings changed")
         return TurnDue(w.meta)
@@ -133,7 +131,7 @@ def _decide(
         # archived once, when the COMPLETE marker is first seen: a conversation reopened (or
         # moved back into active/ by hand) keeps its status COMPLETE and stays
         first = w.state.status is not Status.COMPLETE
-        set_status(w, Status.COMPLETE)
+        w.show(Status.COMPLETE)
         if first and w.meta.archive_on_complete and rt.settings.archive_on_complete:
             dest = archive(rt.home, conv)
             rt.notify(conv.id, ConvEvent.ARCHIVED, path=str(dest.dir))
@@ -142,7 +140,7 @@ def _decide(
     if nxt.action == "needs":  # looked up outside the lock, unless the model loops
         due = _needs(w, rt, blocks, nxt)
         if due is not None:
-            set_status(w, Status.ROUTING, nxt.needs)
+            w.show(Status.ROUTING, nxt.needs)
             return due
     return None
 
@@ -175,13 +173,13 @@ def _say_why(w: ConvWriter, rt: Runtime, nxt: Next, *, has_blocks: bool) -> None
             asked = [r.model_dump(mode="json") for r in w.state.pending_approvals]
             log.info("awaiting_approval", conv=w.conv.id, requests=len(asked))
             rt.notify(w.conv.id, ConvEvent.AWAITING_APPROVAL, requests=asked)
-        set_status(w, Status.AWAITING_APPROVAL, nxt.needs)
+        w.show(Status.AWAITING_APPROVAL, nxt.needs)
     elif nxt.action == "needs":
-        set_status(w, Status.AWAITING_AGENT, nxt.needs)
+        w.show(Status.AWAITING_AGENT, nxt.needs)
     elif nxt.action == "stopped":
-        set_status(w, Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
+        w.show(Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR)
     elif nxt.action == "idle" and w.state.status is not Status.COMPLETE:
-        set_status(w, Status.IDLE if has_blocks else Status.PENDING)
+        w.show(Status.IDLE if has_blocks else Status.PENDING)
 
 
 def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> NeedsDue | None:
@@ -189,7 +187,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
     to the agent's approval (recorded in state.json for :func:`_say_why`)."""
     limit = rt.settings.max_need_rounds
     if nxt.rounds > limit:
-        cycle.record_asked(w, ())
+        w.record_asked(())
         if not any(t.startswith(ROUND_LIMIT_NOTE) for _, t in blocks[-1].markers):
             w.append_marker(
                 MarkerKind.NOTE,
@@ -198,7 +196,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
             )
         return None
     planned = cycle.plan(rt, w.meta, blocks, nxt.needs)
-    cycle.record_asked(w, planned.asked)
+    w.record_asked(planned.asked)
     return planned.due
 
 

@@ -19,7 +19,7 @@ from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import BackendError, LockBusy
 from contemplation.layout import Conv, Home, Template, load_template, topic_of_id
-from contemplation.models import ConvEvent, Metadata, Status
+from contemplation.models import ConvEvent, Metadata
 from contemplation.needs.router import NeedRouter
 from contemplation.reload import backend_fingerprint
 from contemplation.scheduler import ModelScheduler
@@ -205,17 +205,6 @@ RETIRED_KEPT = 32  # clients replaced by reloads kept open for the turns still u
 async def _close_quietly(obj: Any) -> None:
     with contextlib.suppress(Exception):
         await obj.aclose()
-
-
-PENDING_NEEDS_KEPT = 50  # state.json shows the first ones; the log holds them all
-
-
-def set_status(w: ConvWriter, status: Status, needs: tuple[str, ...] = ()) -> None:
-    shown = list(needs[:PENDING_NEEDS_KEPT])
-    if w.state.status != status or shown != w.state.pending_needs:
-        w.state.status = status
-        w.state.pending_needs = shown
-        w.save(durable=False)
 
 
 async def lock(conv: Conv, rt: Runtime, meta: Metadata) -> tuple[contextlib.ExitStack, ConvWriter]:

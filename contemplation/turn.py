@@ -13,16 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 
 from contemplation import budget
-from contemplation.aio import on_thread, settled
+from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
@@ -34,30 +33,25 @@ from contemplation.models import (
     Block,
     ChatRequest,
     ConvEvent,
-    ErrorInfo,
     MarkerKind,
     Metadata,
     Status,
-    StreamEvent,
-    Usage,
 )
-from contemplation.needs import rules
+from contemplation.needs import calls
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
 from contemplation.reload import backend_fingerprint
-from contemplation.runtime import Runtime, backoff, set_status
+from contemplation.runtime import Runtime, backoff
 from contemplation.scheduler import Held
 from contemplation.steps import AGAIN, Outcome, Wait
+from contemplation.summarise import summarise
 from contemplation.tracking import Tracked
-from contemplation.writer import ConvWriter, ReplyStream, clear_cancel, now_iso
+from contemplation.writer import ConvWriter, LiveReply, Streamed, clear_cancel
 
 log = structlog.get_logger("contemplation.turn")
 
 CANCEL_CHECK_INTERVAL = 0.2
-SUMMARY_TIMEOUT = 120.0  # seconds for the one summary call a turn may make
-TOOL_CALL_PREFIX = "(tool call "
 LONG_HISTORY = 200  # blocks above which a turn's request is built and fitted on a thread
-_TEXT = frozenset({"content", "thinking"})
 
 
 class _Gone(Exception):
@@ -118,13 +112,12 @@ def _rest(rt: Runtime, w: ConvWriter, until: float) -> Wait:
     """The backend keeps failing: wait for the breaker instead of calling it again."""
     meta = w.meta
     if w.state.next_retry_at is None or w.state.next_retry_at < until:
-        w.state.next_retry_at = until
-        w.state.retry_settings = backend_fingerprint(rt.settings, meta.backend)
-        w.record_error(
-            ErrorKind.CIRCUIT_OPEN,
-            f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times in a row; "
-            f"resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
-            status=Status.RETRYING,
+        w.retry_at(
+            until,
+            settings=backend_fingerprint(rt.settings, meta.backend),
+            kind=ErrorKind.CIRCUIT_OPEN,
+            message=f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times "
+            f"in a row; resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
         )
     return Wait(until)
 
@@ -261,15 +254,17 @@ async def _stream(
     held: Held,
 ) -> Outcome:
     meta = w.meta
-    w.state.generating_since = rt.clock()  # status shows who holds the slot, since when
-    w.state.status = Status.GENERATING  # written by _pump while the request is on its way
-    w.state.pending_needs = []
+    w.generating(rt.clock())  # status shows who holds the slot, since when
     rt.notify(conv.id, ConvEvent.GENERATING, model=meta.model)
-    reply = w.reply(meta.sender_label(), meta.agent_label, f"reply-{w.state.log.size}")
+    reply = w.live_reply(
+        rt.committer,
+        limit=rt.settings.max_reply_bytes,
+        on_event=lambda kind, text: rt.notify(conv.id, kind, text=text),
+    )
     if prepared.error is not None:
         return _failed(conv, rt, w, reply, prepared.error)
     if prepared.note:
-        await _note(rt, reply, prepared.note)
+        await reply.note(prepared.note)
     return await _run_reply(
         conv, rt, w, seen=seen, backend=backend, reply=reply, planned=planned, held=held
     )
@@ -282,7 +277,7 @@ async def _run_reply(
     *,
     seen: Tracked,
     backend: Backend,
-    reply: ReplyStream,
+    reply: LiveReply,
     planned: _Planned,
     held: Held,
 ) -> Outcome:
@@ -291,9 +286,9 @@ async def _run_reply(
     failed write (redone once the disk has room)."""
     try:
         try:
-            request, notes = await _fit(conv, rt, w, backend, planned.fitted)
+            request, notes = await _fit(conv, rt, backend, reply, planned.fitted)
             for note in notes:
-                await _note(rt, reply, note)
+                await reply.note(note)
             got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
@@ -309,7 +304,7 @@ async def _run_reply(
         reply.abort(
             MarkerKind.INTERRUPTED, "the daemon stopped during this reply; it will be redone"
         )
-        set_status(w, Status.PENDING)
+        w.show(Status.PENDING)
         raise
     except BackendError as exc:
         if exc.kind == "cancelled":  # the server aborted the turn at our request
@@ -323,62 +318,31 @@ async def _run_reply(
         return _write_failed(conv, rt, seen, w, exc)
 
 
-async def _note(rt: Runtime, reply: ReplyStream, text: str) -> None:
-    """A NOTE on how the reply is made. Before the reply starts it is a marker of its own,
-    appended and made durable by the committer (off the loop: two fsyncs)."""
-    if reply.started:
-        reply.note(text)
-    else:
-        await rt.committer.run(reply.w.marker_steps(MarkerKind.NOTE, text))
+def _check_cancel(conv: Conv) -> None:
+    """Raise _Cancelled when the agent asked to cancel the turn."""
+    if conv.cancel_flag.exists():
+        raise _Cancelled
 
 
 async def _fit(
-    conv: Conv, rt: Runtime, w: ConvWriter, backend: Backend, fitted: budget.Plan
+    conv: Conv, rt: Runtime, backend: Backend, reply: LiveReply, fitted: budget.Plan
 ) -> tuple[ChatRequest, list[str]]:
     """The request that fits the window, and the NOTEs that say how. When the plan asks for
     a summary this is the turn's one summary call; if it fails, the oldest turns are left
     out. Raises _Cancelled on the agent's cancel."""
     if not fitted.summarise:
         return fitted.request, list(fitted.notes)
-    await rt.committer.run(w.save_steps(durable=False))  # says generating while it is made
-    text, why = await _summarise(conv, rt, w.meta, backend, fitted)
-    return fitted.with_summary(text) if text else fitted.without_summary(why)
-
-
-async def _summarise(
-    conv: Conv, rt: Runtime, meta: Metadata, backend: Backend, fitted: budget.Plan
-) -> tuple[str, str]:
-    """The model's summary of what ``fitted`` leaves out, or "" and why there is none. One
-    call, at most SUMMARY_TIMEOUT seconds, budget.SUMMARY_MAX_TOKENS tokens, no thinking."""
+    await reply.save()  # says generating while it is made
+    meta = reply.meta
     caps = await rt.capabilities(meta.backend, meta.model)
-    think = False if caps is not None and caps.thinking else None
-    # what is left out is the long part of a long history: made on a thread
-    request = await on_thread(functools.partial(budget.summary_request_for, fitted, think=think))
-    parts: list[str] = []
-    cancel_path = conv.cancel_flag
-    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    try:
-        async with asyncio.timeout(SUMMARY_TIMEOUT):
-            stream = backend.stream(request)
-            try:
-                async for ev in stream:
-                    if ev.kind == "content":
-                        parts.append(ev.text)
-                    if time.monotonic() >= next_check:
-                        next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-                        if cancel_path.exists():
-                            raise _Cancelled
-            finally:
-                await stream.aclose()
-    except TimeoutError:
-        return "", f"no answer within {SUMMARY_TIMEOUT:g} s"
-    except BackendError as exc:
-        return "", str(exc)
-    text = "".join(parts).strip()
-    if not text:
-        return "", "the model wrote no summary"
-    log.info("history_summarised", conv=conv.id, messages=len(fitted.summarise))
-    return text, ""
+    text, why = await summarise(
+        backend,
+        fitted,
+        think=False if caps is not None and caps.thinking else None,
+        check=functools.partial(_check_cancel, conv),
+        conv_id=conv.id,
+    )
+    return fitted.with_summary(text) if text else fitted.without_summary(why)
 
 
 async def _pump_guarded(
@@ -386,14 +350,14 @@ async def _pump_guarded(
     rt: Runtime,
     backend: Backend,
     request: ChatRequest,
-    reply: ReplyStream,
+    reply: LiveReply,
     *,
     held: Held,
-) -> _Streamed:
+) -> Streamed:
     """:func:`_pump`, and the reasoning budget guard: a reply that spent all its tokens
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
-    got = await _pump(conv, rt, backend, request, reply, on_end=held.release)
+    got = await _pump(conv, backend, request, reply, on_end=held.release)
     usage = got.usage
     if (
         usage is None
@@ -401,174 +365,77 @@ async def _pump_guarded(
         or request.think is False
         or not reply.started  # nothing at all was written: not a thinking reply
         or got.calls
-        or "".join(reply.content_parts).strip()
+        or reply.text.strip()
     ):
         return got
     spent = f"all {usage.eval_count} tokens" if usage.eval_count else "all its tokens"
-    note = (
+    await reply.note(
         f"the model spent {spent} of this reply thinking and wrote no answer; "
         "asked once more with thinking off"
     )
-    reply._end_thinking()  # the NOTE goes after the thinking section, not inside it
-    reply.note(note)
-    rt.notify(conv.id, ConvEvent.NOTE, text=note)
     log.info("thinking_budget_spent", conv=conv.id, tokens=usage.eval_count)
-    meta = reply.w.meta
+    meta = reply.meta
     async with rt.scheduler(meta.backend).slot(meta.model) as again_held:  # let go of at the end
         again = await _pump(
-            conv, rt, backend, replace(request, think=False), reply, on_end=again_held.release
+            conv, backend, replace(request, think=False), reply, on_end=again_held.release
         )
     again.truncated = again.truncated or got.truncated
     return again
 
 
-@dataclass
-class _Streamed:
-    """What a reply's stream brought besides its text (which is already in the log)."""
-
-    usage: Usage | None = None
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    truncated: bool = False  # cut at max_reply_bytes
-    session: BackendSession | None = None  # the server-side session now holding the history
-
-
-class _Pump:
-    """The events of one request, applied to the reply; held in memory while the state write
-    that journals the reply is not durable yet (no text may reach the log before it)."""
-
-    def __init__(self, conv: Conv, rt: Runtime, reply: ReplyStream) -> None:
-        self.rt, self.reply, self.conv_id = rt, reply, conv.id
-        self.limit = rt.settings.max_reply_bytes
-        self.got = _Streamed()
-        self.held: list[StreamEvent] | None = []  # None once the write is durable
-        self.held_bytes = 0
-
-    async def feed_done(self, start: asyncio.Future[None]) -> None:
-        """Apply the held events once ``start`` (the write they wait for) is done."""
-        if self.held is not None and start.done():
-            start.result()  # a failed write raises here
-            await self.release()
-
-    async def feed(self, ev: StreamEvent, start: asyncio.Future[None]) -> bool:
-        """Take one event (held, or applied once ``start`` is done); True: stop reading."""
-        await self.feed_done(start)
-        if self.got.truncated:
-            return True
-        if self.held is not None:
-            self.held.append(ev)
-            self.held_bytes += len(ev.text)
-            # enough to fill the reply: stop reading; release() then cuts it at the limit
-            return self.held_bytes > self.limit
-        await self._take(ev)
-        return self.got.truncated
-
-    async def release(self) -> None:
-        """Apply the held events (the write is durable)."""
-        held, self.held = self.held or [], None
-        for ev in held:
-            if self.got.truncated:
-                break
-            await self._take(ev)
-
-    async def _take(self, ev: StreamEvent) -> None:
-        reply, got = self.reply, self.got
-        if not reply.started and ev.kind in _TEXT and ev.text and not reply.begin_reserved():
-            await self.rt.committer.run(reply.begin_steps())  # the intent's writes off the loop
-        if ev.kind == "tool_call" and ev.tool_call is not None:
-            got.calls.append(ev.tool_call)
-        elif ev.kind == "session" and ev.session is not None:
-            got.session = ev.session
-        got.usage = _apply(ev, reply, self.rt, self.conv_id) or got.usage
-        got.truncated = reply.bytes_written > self.limit
-
-
 async def _pump(
     conv: Conv,
-    rt: Runtime,
     backend: Backend,
     request: ChatRequest,
-    reply: ReplyStream,
+    reply: LiveReply,
     *,
     on_end: Callable[[], None],
-) -> _Streamed:
-    """Stream the backend's events into the reply; raises _Cancelled on the agent's cancel.
-
-    The request goes out while the state write that says "generating" is made (it also
-    journals the reply's intent, so the first text writes no state of its own). Until that
-    write is durable the events are held (see :class:`_Pump`), so the stream is still read
-    at the server's pace and ``on_end`` (the slot's release) runs as soon as it ends. If the
-    stream ends before a committer thread has begun that write, the write is taken back and
-    the reply's commit does its work too (see :meth:`ReplyStream.merge_into_commit`)."""
-    pump = _Pump(conv, rt, reply)
+) -> Streamed:
+    """Read the backend's stream into the reply (which makes it durable, see
+    :meth:`LiveReply.attempt`); raises _Cancelled on the agent's cancel, _Gone when the
+    folder is deleted. The request goes out first, while the reply's first state write is
+    made; ``on_end`` (the slot's release) runs as soon as the stream ends."""
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    reserved = reply.reserve()
-    ended = False
     stream = backend.stream(request)
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
-    starting = reply.w.save_steps(durable=reserved)
-    start = asyncio.ensure_future(rt.committer.run(starting))
-    nxt = first
-    try:
-        ev = await first
-        while ev is not None and not await pump.feed(ev, start):
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-                if conv.cancel_flag.exists():
-                    raise _Cancelled
-                if not conv.dir.is_dir():
-                    raise _Gone
-            if pump.held and not start.done():
-                # held text goes to the log the moment the write is durable, not with the
-                # next event (a slow model may send that much later)
-                nxt = asyncio.ensure_future(anext(stream, None))
-                await asyncio.wait([nxt, start], return_when=asyncio.FIRST_COMPLETED)
-                await pump.feed_done(start)
-                ev = await nxt
-            else:
-                ev = await anext(stream, None)
-        ended = True
-        await stream.aclose()
-        on_end()  # the server is done with this request: the slot goes on
-        if not start.done() and reserved:
-            # the whole reply came while the committer was busy (a burst): its commit will
-            # also do what this write was for, so a turn makes one state write, not two
-            reply.merge_into_commit(lambda: rt.committer.withdraw(starting))
-    finally:
-        if not nxt.done():
-            nxt.cancel()
-            await asyncio.wait([nxt])
-        await stream.aclose()
-        await settled(start)  # nothing else touches the files while it runs
-        if not ended:
-            await _flush_held(pump, start)  # what came before a failure or cancel is shown
-            reply.unreserve()  # before the way out appends its marker
-    start.result()
-    await pump.release()
-    return pump.got
-
-
-async def _flush_held(pump: _Pump, start: asyncio.Future[None]) -> None:
-    """On a way out (the stream failed, the agent cancelled): the text received so far goes
-    into the log, as it would have without the wait, to be marked by the way out. Best
-    effort: the way out's own error is the one reported."""
-    if start.cancelled() or start.exception() is not None:
-        return
-    with contextlib.suppress(OSError, BackendError):
-        await pump.release()
+    async with reply.attempt() as feed:  # ...while the write that journals the reply is made
+        nxt = first
+        try:
+            ev = await first
+            while ev is not None and not await feed.take(ev):
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+                    _check_cancel(conv)
+                    if not conv.dir.is_dir():
+                        raise _Gone
+                if feed.holding:
+                    nxt = asyncio.ensure_future(anext(stream, None))
+                    await feed.durable_or(nxt)
+                    ev = await nxt
+                else:
+                    ev = await anext(stream, None)
+            await stream.aclose()
+            on_end()  # the server is done with this request: the slot goes on
+        finally:
+            if not nxt.done():
+                nxt.cancel()
+                await asyncio.wait([nxt])
+            await stream.aclose()
+    return feed.got
 
 
 async def _finish(
     conv: Conv,
     rt: Runtime,
     w: ConvWriter,
-    reply: ReplyStream,
-    got: _Streamed,
+    reply: LiveReply,
+    got: Streamed,
     *,
     request: ChatRequest,
     planned: _Planned,
 ) -> Outcome:
     meta, usage = w.meta, got.usage
-    _write_tool_calls(rt, reply, meta, got.calls)
+    await _write_tool_calls(rt, reply, meta, got.calls)
     markers: list[tuple[MarkerKind, str]] = []
     if got.truncated:
         limit = rt.settings.max_reply_bytes
@@ -577,7 +444,7 @@ async def _finish(
         )
     if usage is not None:
         usage.context_window = usage.context_window or planned.window
-        warning = _context_warning(usage, budget.estimate_request(request, planned.ratio))
+        warning = budget.context_warning(usage, budget.estimate_request(request, planned.ratio))
         if warning:
             usage.context_full = True
             markers.append((MarkerKind.WARNING, warning))
@@ -585,20 +452,18 @@ async def _finish(
             rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
     # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
     # state write that commits the reply
-    said = "".join(reply.content_parts)
-    done = not reply.saw_complete and not find_needs(said)
-    status = Status.IDLE if done else None
+    said = reply.text
+    status = Status.IDLE if not reply.saw_complete and not find_needs(said) else None
+    error: tuple[ErrorKind, str] | None = None
     if not said.strip() and not got.calls:  # nothing to show for the turn: not a success
-        empty = "the model returned an empty reply (no text and no tool call)"
-        markers.append((MarkerKind.ERROR, empty))
-        w.state.last_error = ErrorInfo(kind=ErrorKind.PROTOCOL, message=empty, time=now_iso())
+        error = (ErrorKind.PROTOCOL, "the model returned an empty reply (no text and no tool call)")
+        markers.append((MarkerKind.ERROR, error[1]))
         status = Status.ERROR
-    if got.session is not None:  # committed with the reply: the next start goes on in it
-        w.state.backend_session = got.session
-    # the fsyncs of the commit run off the loop: the next conversation's request goes out
+    # the fsyncs of the commit run off the loop: the next conversation's request goes out;
+    # the backend session is committed with the reply: the next start goes on in it
     try:
-        await rt.committer.run(
-            reply.finish_steps(markers=markers, usage=usage, status=status)
+        await reply.finish(
+            markers=markers, usage=usage, status=status, error=error, session=got.session
         )
     finally:
         if reply.committed:  # a cancel that came meanwhile finds the reply committed
@@ -628,85 +493,34 @@ def _write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OS
     return Wait(rt.clock() + rt.settings.rescan_interval)
 
 
-def _apply(ev: StreamEvent, reply: ReplyStream, rt: Runtime, conv_id: str) -> Usage | None:
-    if ev.kind == "content":
-        reply.content(ev.text)
-        rt.notify(conv_id, ConvEvent.TOKEN, text=ev.text)
-    elif ev.kind == "thinking":
-        reply.thinking(ev.text)
-        rt.notify(conv_id, ConvEvent.THINKING, text=ev.text)
-    elif ev.kind == "note":
-        reply.note(ev.text)
-        rt.notify(conv_id, ConvEvent.NOTE, text=ev.text)
-    elif ev.kind == "done":
-        return ev.usage
-    return None
-
-
-def _write_tool_calls(
-    rt: Runtime, reply: ReplyStream, meta: Metadata, calls: list[dict[str, Any]]
+async def _write_tool_calls(
+    rt: Runtime, reply: LiveReply, meta: Metadata, native: list[dict[str, Any]]
 ) -> None:
     """Record native tool calls (or tool-call JSON the model wrote as text) as NEED lines."""
-    written_as_text = False
-    if not calls:
-        text = "".join(reply.content_parts)
-        if "NEED:" in text or '"name"' not in text:
-            return
-        try:
-            found = rt.need_router().parse_text_tool_call(text, template=meta.template)
-        except ContemplationError:
-            return
-        calls = [{"function": {"name": n, "arguments": a}} for n, a in found]
-        written_as_text = bool(calls)
-    if not calls:
-        return
+    if not native and ('"name"' not in reply.text or "NEED:" in reply.text):
+        return  # the common case: no call, and no JSON that could be one
     try:
         functions = rt.need_router().rules(meta.template).functions()
     except ContemplationError:
         functions = {}
-    lines: list[str] = []
-    for i, call in enumerate(calls):
-        fn = call.get("function") or {}
-        name = str(fn.get("name") or "?")
-        call_id = str(call.get("id") or f"call_{i}")
-        rule = functions.get(name)
-        args = rules.heal_arguments(fn.get("arguments"), rule.params if rule else ())
-        need = rules.route_call(rule, args).need if rule else f"{name} {json.dumps(args)}"
-        shown = json.dumps(args, ensure_ascii=False)
-        lines.append(f"{TOOL_CALL_PREFIX}{call_id}: {name} {shown})\nNEED: {need}\n")
-    if written_as_text:
-        reply.note("tool calls written as JSON text were read as NEED lines")
-    reply.content(("\n" if reply.content_parts else "") + "".join(lines))
+    found = native or calls.calls_in_text(reply.text, functions)
+    if not found:
+        return
+    if not native:
+        await reply.note("tool calls written as JSON text were read as NEED lines")
+    reply.content(("\n" if reply.text else "") + calls.need_lines(found, functions))
 
 
-def _context_warning(usage: Usage, estimate: int) -> str:
-    window = usage.context_window
-    if not window:
-        return ""
-    used = usage.prompt_eval_count or 0
-    if used >= 0.98 * window or estimate > window:
-        return (
-            f"the prompt (~{max(used, estimate)} tokens) filled the context window ({window}); "
-            "the server may have dropped the oldest messages — raise num_ctx or start a new "
-            "conversation"
-        )
-    return ""
-
-
-def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream) -> Outcome:
+def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply) -> Outcome:
     clear_cancel(conv)
-    if reply.started:
-        reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent")
-    else:
+    if not reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent"):
         w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
-    set_status(w, Status.CANCELLED)
+    w.show(Status.CANCELLED)
     rt.notify(conv.id, ConvEvent.CANCELLED)
     return AGAIN
 
 
-def _failed(
-    conv: Conv, rt: Runtime, w: ConvWriter, reply: ReplyStream, exc: BackendError
-) -> Outcome:
+def _failed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: BackendError) -> Outcome:
     attempt = w.state.retry_count + 1
     transient = exc.transient and attempt < rt.settings.retry.max_attempts
     guard = rt.guard(w.meta)
@@ -719,25 +533,24 @@ def _failed(
         resting = guard.resting()
         if resting is not None:  # the breaker just opened: that is when the retry comes
             delay = max(delay, resting - rt.clock())
-        if reply.started:
-            reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
-        w.state.retry_count = attempt
-        w.state.next_retry_at = rt.clock() + delay
-        w.state.retry_settings = backend_fingerprint(rt.settings, w.meta.backend)
-        w.record_error(exc.kind, str(exc), status=Status.RETRYING)
+        reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
+        at = rt.clock() + delay
+        w.retry_at(
+            at,
+            settings=backend_fingerprint(rt.settings, w.meta.backend),
+            kind=exc.kind,
+            message=str(exc),
+            attempt=attempt,
+        )
         log.warning(
             "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
         )
         rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
-        return Wait(w.state.next_retry_at)
+        return Wait(at)
     message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
-    if reply.started:
-        reply.abort(MarkerKind.ERROR, message)
-    else:
+    if not reply.abort(MarkerKind.ERROR, message):
         w.append_marker(MarkerKind.ERROR, message)
-    w.state.retry_count = 0
-    w.state.next_retry_at = None
-    w.record_error(exc.kind, message, status=Status.ERROR)
+    w.gave_up(exc.kind, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
     return Wait(None)

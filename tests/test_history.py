@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from contemplation import budget, turn
+from contemplation import budget, summarise
 from contemplation.layout import Conv, Home, load_template, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
@@ -257,7 +257,7 @@ def test_a_summary_call_that_hangs_is_given_up_after_its_timeout(
     make_settings: Callable[..., Settings],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(turn, "SUMMARY_TIMEOUT", 0.5)
+    monkeypatch.setattr(summarise, "SUMMARY_TIMEOUT", 0.5)
     rt = Runtime(settings=make_settings(fake_ollama), home=home)
     conv = make(home)
     _long_history(rt, conv, fake_ollama)

@@ -14,6 +14,7 @@ from contemplation import logformat
 from contemplation import settings as settings_mod
 from contemplation.conversation import next_action
 from contemplation.errors import ConfigError, ToolError
+from contemplation.needs import calls
 from contemplation.needs.router import Answer, Answered, NeedRouter, TokenBucket
 from contemplation.parser import parse
 from contemplation.settings import Settings
@@ -281,32 +282,37 @@ def test_a_broken_template_rule_answers_every_need_with_the_reason(tmp_path: Pat
         "caching",
     ],
 )
-def test_call_tool_heals_arguments(tmp_path: Path, arguments: object) -> None:
-    tool = CountingTool()
-    router = router_with(tmp_path, tool)
+def test_native_calls_become_need_lines_with_healed_arguments(
+    tmp_path: Path, arguments: object
+) -> None:
+    """A native tool call is written into the reply as a NEED line (its arguments healed:
+    an object, a JSON string, a double-escaped one, a bare value), and that line routes to
+    the same tool with the same argument as the call asked for."""
+    router = router_with(tmp_path, CountingTool())
+    functions = router.rules().functions()
+    lines = calls.need_lines(
+        [{"id": "c1", "function": {"name": "brain_memory", "arguments": arguments}}], functions
+    )
+    assert lines.splitlines() == [
+        '(tool call c1: brain_memory {"topic": "caching"})',
+        "NEED: Brain memory about caching",
+    ]
+    route = router.rules().route("Brain memory about caching")
+    assert route is not None and route.tool == "memory.search"
+    assert route.arguments == {"query": "caching"}
 
-    async def main() -> Answer:
-        return await router.call_tool("brain_memory", arguments, conv_id="c", turn_key="t")  # type: ignore[arg-type]
 
-    answer = asyncio.run(main())
-    assert answer.ok
-    assert tool.calls == [{"query": "caching"}]
-    assert answer.asked == "Brain memory about caching"
-
-
-def test_call_tool_unknown_names_and_missing_arguments(tmp_path: Path) -> None:
-    tool = CountingTool()
-    router = router_with(tmp_path, tool)
-
-    async def main() -> tuple[Answer, Answer]:
-        unknown = await router.call_tool("shell", {"cmd": "rm -rf ~"}, conv_id="c", turn_key="t")
-        missing = await router.call_tool("brain_memory", "{}", conv_id="c", turn_key="t")
-        return unknown, missing
-
-    unknown, missing = asyncio.run(main())
-    assert unknown.status == "failed" and "unknown tool 'shell'" in unknown.content
-    assert missing.status == "failed" and "missing argument(s): topic" in missing.content
-    assert tool.calls == []
+def test_native_calls_to_unknown_names_are_not_routed(tmp_path: Path) -> None:
+    """A call to a function that was not offered keeps its name and arguments as its NEED,
+    which no rule answers: it waits for the agent, nothing is run."""
+    router = router_with(tmp_path, CountingTool())
+    functions = router.rules().functions()
+    lines = calls.need_lines(
+        [{"function": {"name": "shell", "arguments": {"cmd": "rm -rf ~"}}}], functions
+    )
+    need = lines.splitlines()[1].removeprefix("NEED: ")
+    assert need == 'shell {"cmd": "rm -rf ~"}'
+    assert router.rules().route(need) is None
 
 
 def test_tool_specs_offer_only_usable_tools_and_text_calls_are_recognised(
@@ -324,8 +330,11 @@ def test_tool_specs_offer_only_usable_tools_and_text_calls_are_recognised(
     names = [s["function"]["name"] for s in full.tool_specs()]
     assert names == ["brain_memory", "search_notes", "read_file", "current_state"]
     text = 'I will call {"name": "read_file", "arguments": "{\\"path\\": \\"a.md\\"}"} now'
-    assert full.parse_text_tool_call(text) == [("read_file", {"path": "a.md"})]
-    assert full.parse_text_tool_call('{"name": "format_disk", "arguments": {}}') == []
+    known = full.rules().functions()
+    assert calls.calls_in_text(text, known) == [
+        {"function": {"name": "read_file", "arguments": {"path": "a.md"}}}
+    ]
+    assert calls.calls_in_text('{"name": "format_disk", "arguments": {}}', known) == []
 
 
 def test_token_bucket_refills_at_its_rate() -> None:

@@ -35,11 +35,9 @@ from contemplation.models import (
     Status,
 )
 from contemplation.needs.rules import Route
-from contemplation.runtime import Runtime, lock, set_status
+from contemplation.runtime import Runtime, lock
 from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
 from contemplation.tracking import Tracked
-from contemplation.writer import ConvWriter
-from contemplation.writer.files import now_iso
 
 log = structlog.get_logger("contemplation.needs.cycle")
 
@@ -120,21 +118,6 @@ def plan(rt: Runtime, meta: Metadata, blocks: tuple[Block, ...], needs: tuple[st
     )
 
 
-def record_asked(w: ConvWriter, asked: tuple[ApprovalRequest, ...]) -> bool:
-    """Keep the pending approval requests in state.json (a request keeps the time it was
-    first asked). True when there is a request that was not pending before."""
-    before = {r.id: r for r in w.state.pending_approvals}
-    now = [
-        r.model_copy(update={"asked": before[r.id].asked if r.id in before else now_iso()})
-        for r in asked
-    ]
-    if now == w.state.pending_approvals:
-        return False
-    w.state.pending_approvals = now
-    w.save(durable=False)
-    return any(r.id not in before for r in now)
-
-
 async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outcome:
     meta = due.meta
     answered = await rt.need_router().answer_all(
@@ -207,7 +190,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
         if asked.intersection(still):
             return AGAIN  # the step records what waits for approval and says so
         if left:
-            set_status(w, Status.AWAITING_AGENT, tuple(left))
+            w.show(Status.AWAITING_AGENT, tuple(left))
             log.info("awaiting_agent", conv=conv.id, needs=len(left))
             rt.notify(conv.id, ConvEvent.AWAITING_AGENT, needs=left)
             # the agent may have answered already (while a lookup waited for approval): its

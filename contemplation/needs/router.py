@@ -533,43 +533,6 @@ class NeedRouter:
             if self._usable(rule)
         ]
 
-    def parse_text_tool_call(
-        self, text: str, *, template: str | None = None
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """Tool calls a model wrote as JSON text, limited to the offered tool names."""
-        return needrules.parse_text_tool_calls(text, known=self.rules(template).functions())
-
-    async def call_tool(
-        self,
-        name: str,
-        arguments: Mapping[str, Any] | str | None,
-        *,
-        conv_id: str,
-        turn_key: str,
-        template: str | None = None,
-    ) -> Answer:
-        """A native tool call: arguments healed (JSON string, double-escaped, object)."""
-        rule = self.rules(template).functions().get(name)
-        if rule is None:
-            known = ", ".join(self.rules(template).functions()) or "none"
-            return self._plain(name, "failed", f"unknown tool {name!r}; tools: {known}", name)
-        args = needrules.heal_arguments(arguments, rule.params)
-        missing = needrules.missing_params(rule, args)
-        if missing:
-            return self._plain(
-                rule.tool, "failed", f"missing argument(s): {', '.join(missing)}", name
-            )
-        found = needrules.route_call(rule, args)
-        turn = self._turn(conv_id, turn_key)
-        key = canonical_need(found.need)
-        earlier = turn.answers.get(key)
-        if earlier is not None:
-            return _again(earlier)
-        answer = await self._answer(found, conv_id)
-        if answer.status != "limited":
-            turn.answers[key] = answer
-        return answer
-
     def describe(self, *, template: str | None = None) -> list[str]:
         """One line per rule, in matching order (for ``contemplation routes``)."""
         return [r.describe() for r in self.rules(template).rules]

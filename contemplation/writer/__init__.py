@@ -4,7 +4,8 @@
 * :mod:`.folders` — creating conversations, the inbox (drop, claim, reject), archive, flags;
 * :mod:`.session` — :func:`open_writer`: appends, state, rotation and crash recovery under the
   conversation's lock;
-* :mod:`.reply` — a reply streamed into the log as it arrives.
+* :mod:`.reply` — a reply streamed into the log as it arrives, and its durable stream
+  (:class:`~.reply.LiveReply`: journaled, held, merged, committed).
 
 People who append by hand take the same lock:
 ``flock <conv>/.lock -c 'cat msg >> <conv>/messages.log'``.
@@ -36,13 +37,15 @@ from contemplation.writer.folders import (
     write_context_file,
     write_metadata,
 )
-from contemplation.writer.reply import ReplyStream
+from contemplation.writer.reply import LiveReply, ReplyStream, Streamed
 from contemplation.writer.session import ConvWriter, open_writer, rebuild_state
 
 __all__ = [
     "ConvWriter",
     "DaemonLock",
+    "LiveReply",
     "ReplyStream",
+    "Streamed",
     "archive",
     "atomic_write_bytes",
     "atomic_write_json",

@@ -1,18 +1,73 @@
-"""A model reply streamed into the log as it arrives (see :class:`ReplyStream`)."""
+"""A model reply streamed into the log as it arrives.
+
+* :class:`ReplyStream` writes the reply's bytes: its header with the first text, stuffed
+  content, the thinking section, NOTE lines, the closing markers and the commit.
+* :class:`LiveReply` owns the reply's durable stream for a turn: it journals the reply's
+  intent ahead of the request (:meth:`LiveReply.attempt`), holds what the server sends until
+  that write is durable, takes the write back when the whole reply came first, and ends the
+  reply with one commit (:meth:`LiveReply.finish`) or a marker (:meth:`LiveReply.abort`). The
+  turn only reads the backend's stream and feeds it in.
+
+Both reach the conversation's session through :class:`Session`, the part of
+:class:`~contemplation.writer.session.ConvWriter` they use (so this module does not import
+the session's, which makes the replies).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from contemplation import logformat
-from contemplation.models import Intent, MarkerKind, Status, Usage
+from contemplation.aio import settled
+from contemplation.errors import BackendError, ErrorKind
+from contemplation.models import (
+    BackendSession,
+    ConvEvent,
+    ErrorInfo,
+    Intent,
+    MarkerKind,
+    Metadata,
+    State,
+    Status,
+    StreamEvent,
+    Usage,
+)
 from contemplation.testing import crashpoint
 from contemplation.writer.durable import Steps, run_now
-from contemplation.writer.files import write_all
+from contemplation.writer.files import now_iso, write_all
 
-if TYPE_CHECKING:
-    from contemplation.writer.session import ConvWriter
+T = TypeVar("T")
+
+
+class Session(Protocol):
+    """What a reply needs of the conversation's session (a ``ConvWriter``)."""
+
+    state: State
+    saved_intent: Intent | None
+    held: list[Path]
+    durable: bool
+
+    def log_size(self) -> int: ...
+    def append_fd(self) -> int: ...
+    def separator(self, offset: int) -> bytes: ...
+    def save(self, *, durable: bool = True) -> None: ...
+    def save_steps(
+        self, *, durable: bool = True, also: tuple[int | Path, ...] = ()
+    ) -> Steps[None]: ...
+    def append_marker(self, kind: MarkerKind, text: str = "") -> None: ...
+    def marker_steps(self, kind: MarkerKind, text: str = "") -> Steps[None]: ...
+
+
+class Committer(Protocol):
+    """Drives durable writes off the loop (a :class:`~.durable.GroupCommitter`)."""
+
+    async def run(self, steps: Steps[T]) -> T: ...
+    def withdraw(self, steps: Steps[Any]) -> bool: ...
 
 
 class ReplyStream:
@@ -23,7 +78,7 @@ class ReplyStream:
     goes into a ``=== THINKING === … === END THINKING ===`` section.
     """
 
-    def __init__(self, w: ConvWriter, sender: str, recipient: str, reply_id: str) -> None:
+    def __init__(self, w: Session, sender: str, recipient: str, reply_id: str) -> None:
         self.w = w
         self.sender = sender
         self.recipient = recipient
@@ -130,7 +185,7 @@ class ReplyStream:
         return True
 
     def _start(self, offset: int) -> None:
-        prefix = self.w._separator(offset).decode()
+        prefix = self.w.separator(offset).decode()
         self._reserved = None
         self.started = True
         self._write(prefix + logformat.header(self.sender, self.recipient))
@@ -159,7 +214,8 @@ class ReplyStream:
             self._in_thinking = True
         self._write(self._think_stuffer.feed(text))
 
-    def _end_thinking(self) -> None:
+    def end_thinking(self) -> None:
+        """Close the thinking section, if one is open (what follows is not thinking)."""
         if self._in_thinking:
             self._write(self._think_stuffer.flush())
             self._ensure_newline()
@@ -171,7 +227,7 @@ class ReplyStream:
             return
         if not self.started:
             self.begin()
-        self._end_thinking()
+        self.end_thinking()
         self.content_parts.append(text)
         self._write(self._stuffer.feed(text))
         crashpoint("reply_stream")
@@ -205,11 +261,13 @@ class ReplyStream:
         markers: list[tuple[MarkerKind, str]] | None = None,
         usage: Usage | None = None,
         status: Status | None = None,
+        error: ErrorInfo | None = None,
+        session: BackendSession | None = None,
     ) -> Steps[int]:
         """:meth:`finish` as steps (see :mod:`.durable`)."""
         if not self.started:
             yield from self.begin_steps()
-        self._end_thinking()
+        self.end_thinking()
         self._write(self._stuffer.flush())
         self._ensure_newline()
         for kind, text in markers or []:
@@ -226,6 +284,10 @@ class ReplyStream:
         self.w.state.next_retry_at = None
         if status is not None:
             self.w.state.status = status
+        if error is not None:
+            self.w.state.last_error = error
+        if session is not None:  # the server-side session now holding the history
+            self.w.state.backend_session = session
         # the block is durable with the state's temp file, before the state is renamed in
         yield from self.w.save_steps(also=(fd,) if self.w.durable else ())
         self.committed = True
@@ -234,10 +296,230 @@ class ReplyStream:
     def abort(self, kind: MarkerKind, reason: str) -> None:
         """End a reply that did not finish: mark it so it is never taken for a whole answer."""
         if self.started:
-            self._end_thinking()
+            self.end_thinking()
             self._write(self._stuffer.flush())
             self._ensure_newline()
             self._write(logformat.marker(kind, reason))
             self.w.state.intent = None
             self.w.state.log.size = self.w.log_size()
             self.w.save()
+
+
+_TEXT = frozenset({"content", "thinking"})
+_SHOWN = {"content": ConvEvent.TOKEN, "thinking": ConvEvent.THINKING, "note": ConvEvent.NOTE}
+
+OnEvent = Callable[[ConvEvent, str], None]  # what a reply shows as it is written
+
+
+@dataclass
+class Streamed:
+    """What a reply's stream brought besides its text (which is already in the log)."""
+
+    usage: Usage | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    truncated: bool = False  # cut at the reply's byte limit
+    session: BackendSession | None = None  # the server-side session now holding the history
+
+
+class LiveReply:
+    """A turn's reply and its durable stream (see the module's text). Made by
+    ``ConvWriter.live_reply``; one turn, one reply, one or more attempts (a continuation
+    with thinking off is a second attempt into the same block)."""
+
+    def __init__(
+        self,
+        stream: ReplyStream,
+        committer: Committer,
+        *,
+        meta: Metadata,
+        limit: int,
+        on_event: OnEvent,
+    ) -> None:
+        self._r = stream
+        self._meta = meta
+        self._committer = committer
+        self.limit = limit
+        self._on_event = on_event
+
+    @property
+    def meta(self) -> Metadata:
+        """The conversation's metadata (its backend and model)."""
+        return self._meta
+
+    @property
+    def started(self) -> bool:
+        """The reply's header is in the log."""
+        return self._r.started
+
+    @property
+    def committed(self) -> bool:
+        return self._r.committed
+
+    @property
+    def text(self) -> str:
+        """The reply's answer so far (its content, thinking left out)."""
+        return "".join(self._r.content_parts)
+
+    @property
+    def saw_complete(self) -> bool:
+        return self._r.saw_complete
+
+    def content(self, text: str) -> None:
+        """Text the turn adds to the answer itself (native tool calls as NEED lines)."""
+        self._r.content(text)
+
+    async def note(self, text: str) -> None:
+        """A NOTE on how the reply is made. Before the reply starts it is a marker of its
+        own, appended and made durable by the committer (off the loop: two fsyncs)."""
+        if self._r.started:
+            self._r.end_thinking()  # a NOTE goes after the thinking section, not inside it
+            self._r.note(text)
+        else:
+            await self._committer.run(self._r.w.marker_steps(MarkerKind.NOTE, text))
+        self._on_event(ConvEvent.NOTE, text)
+
+    async def save(self) -> None:
+        """The session's state, written now (not durably): it says "generating" while the
+        turn does slow work before its request."""
+        await self._committer.run(self._r.w.save_steps(durable=False))
+
+    @contextlib.asynccontextmanager
+    async def attempt(self) -> AsyncIterator[Feed]:
+        """One request's stream into the reply. On entry the state write that says
+        "generating" and journals the reply's intent is handed to the committer; the body
+        feeds the server's events in (:meth:`Feed.take`). On a way out by an exception, what
+        came is written (to be marked by the way out) and an intent that no text used is
+        taken back, durably, before the exception goes on."""
+        feed = Feed(self)
+        try:
+            yield feed
+        except BaseException:
+            await feed.close(ended=False)
+            raise
+        await feed.close(ended=True)
+
+    async def finish(
+        self,
+        *,
+        markers: list[tuple[MarkerKind, str]] | None = None,
+        usage: Usage | None = None,
+        status: Status | None = None,
+        error: tuple[ErrorKind, str] | None = None,
+        session: BackendSession | None = None,
+    ) -> None:
+        """Close the block and commit it, with ``status``, ``error`` (recorded, e.g. an empty
+        reply) and the backend ``session`` in the same state write; its fsyncs run off the
+        loop."""
+        info = ErrorInfo(kind=error[0], message=error[1], time=now_iso()) if error else None
+        await self._committer.run(
+            self._r.finish_steps(
+                markers=markers, usage=usage, status=status, error=info, session=session
+            )
+        )
+
+    def abort(self, kind: MarkerKind, reason: str) -> bool:
+        """End a reply that did not finish with a marker after its text, so it is never
+        taken for a whole answer. False: it had not started (nothing was written)."""
+        self._r.abort(kind, reason)
+        return self._r.started
+
+    def _show(self, ev: StreamEvent) -> Usage | None:
+        r = self._r
+        if ev.kind == "content":
+            r.content(ev.text)
+        elif ev.kind == "thinking":
+            r.thinking(ev.text)
+        elif ev.kind == "note":
+            r.note(ev.text)
+        elif ev.kind == "done":
+            return ev.usage
+        if ev.kind in _SHOWN:
+            self._on_event(_SHOWN[ev.kind], ev.text)
+        return None
+
+
+class Feed:
+    """One request's events, applied to the reply; held in memory while the state write
+    that journals the reply is not durable yet (no text may reach the log before it). The
+    server's stream is still read at its pace meanwhile, so the turn lets go of its slot as
+    soon as the stream ends. If the stream ends before a committer thread has begun that
+    write, the write is taken back and the reply's commit does its work too (see
+    :meth:`ReplyStream.merge_into_commit`): a turn in a burst makes one state write."""
+
+    def __init__(self, live: LiveReply) -> None:
+        self._live = live
+        self._r = live._r
+        self.got = Streamed()
+        self._held: list[StreamEvent] | None = []  # None once the write is durable
+        self._held_bytes = 0
+        self._reserved = self._r.reserve()
+        self._starting = self._r.w.save_steps(durable=self._reserved)
+        self._start = asyncio.ensure_future(live._committer.run(self._starting))
+
+    @property
+    def holding(self) -> bool:
+        """Events wait for the journaling write (see :meth:`durable_or`)."""
+        return bool(self._held) and not self._start.done()
+
+    async def take(self, ev: StreamEvent) -> bool:
+        """Take one event (held, or applied once the write is durable); True: stop reading
+        (the reply reached its byte limit)."""
+        await self._release_if_durable()
+        if self.got.truncated:
+            return True
+        if self._held is not None:
+            self._held.append(ev)
+            self._held_bytes += len(ev.text)
+            # enough to fill the reply: stop reading; the release cuts it at the limit
+            return self._held_bytes > self._live.limit
+        await self._apply(ev)
+        return self.got.truncated
+
+    async def durable_or(self, nxt: asyncio.Future[Any]) -> None:
+        """Wait for ``nxt`` (the next event) or the journaling write, whichever is first:
+        held text goes to the log the moment the write is durable, not with the next event
+        (a slow model may send that much later)."""
+        await asyncio.wait([nxt, self._start], return_when=asyncio.FIRST_COMPLETED)
+        await self._release_if_durable()
+
+    async def close(self, *, ended: bool) -> None:
+        """The stream is over (``ended``) or was left by a way out (see
+        :meth:`LiveReply.attempt`)."""
+        if ended and not self._start.done() and self._reserved:
+            # the whole reply came while the committer was busy (a burst): its commit will
+            # also do what this write was for, so a turn makes one state write, not two
+            committer, starting = self._live._committer, self._starting
+            self._r.merge_into_commit(lambda: committer.withdraw(starting))
+        await settled(self._start)  # nothing else touches the files while it runs
+        if not ended:
+            if not self._start.cancelled() and self._start.exception() is None:
+                # best effort: the way out's own error is the one reported
+                with contextlib.suppress(OSError, BackendError):
+                    await self._release()
+            self._r.unreserve()  # before the way out appends its marker
+            return
+        self._start.result()  # a failed write raises here
+        await self._release()
+
+    async def _release_if_durable(self) -> None:
+        if self._held is not None and self._start.done():
+            self._start.result()  # a failed write raises here
+            await self._release()
+
+    async def _release(self) -> None:
+        held, self._held = self._held or [], None
+        for ev in held:
+            if self.got.truncated:
+                break
+            await self._apply(ev)
+
+    async def _apply(self, ev: StreamEvent) -> None:
+        r, got = self._r, self.got
+        if not r.started and ev.kind in _TEXT and ev.text and not r.begin_reserved():
+            await self._live._committer.run(r.begin_steps())  # the intent's writes off the loop
+        if ev.kind == "tool_call" and ev.tool_call is not None:
+            got.calls.append(ev.tool_call)
+        elif ev.kind == "session" and ev.session is not None:
+            got.session = ev.session
+        got.usage = self._live._show(ev) or got.usage
+        got.truncated = r.bytes_written > self._live.limit

@@ -40,6 +40,7 @@ from contemplation.layout import (
     read_state,
 )
 from contemplation.models import (
+    ApprovalRequest,
     ErrorInfo,
     Intent,
     LogIdentity,
@@ -60,9 +61,11 @@ from contemplation.writer.files import (
     write_all,
 )
 from contemplation.writer.folders import adopt_folder, remove_tmp_files
-from contemplation.writer.reply import ReplyStream
+from contemplation.writer.reply import Committer, LiveReply, OnEvent, ReplyStream
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
+PENDING_NEEDS_KEPT = 50  # state.json shows the first ones; the log holds them all
+PARSE_ERRORS_KEPT = 20
 
 
 # --------------------------------------------------------------------------- the session
@@ -179,15 +182,77 @@ class ConvWriter:
         if self.unsaved or self.held:
             self.save(durable=False)
 
+    # -- state transitions: nothing outside the writer assigns the state's fields -------
+
     def set_status(self, status: Status, *, save: bool = True) -> None:
         self.state.status = status
         if save:
             self.save()
 
+    def show(self, status: Status, needs: tuple[str, ...] = ()) -> None:
+        """Say what the conversation waits for (and the needs it waits on): written, not
+        durably, when it changed (a status is rebuilt from the log after a power loss)."""
+        shown = list(needs[:PENDING_NEEDS_KEPT])
+        if self.state.status != status or shown != self.state.pending_needs:
+            self.state.status = status
+            self.state.pending_needs = shown
+            self.save(durable=False)
+
+    def generating(self, since: float) -> None:
+        """A turn holds a slot since ``since`` (a monotonic time): written by the reply's
+        first state write (see :meth:`LiveReply.attempt`)."""
+        self.state.generating_since = since
+        self.state.status = Status.GENERATING
+        self.state.pending_needs = []
+
+    def retry_at(
+        self,
+        at: float,
+        *,
+        settings: str,
+        kind: ErrorKind,
+        message: str,
+        attempt: int | None = None,
+    ) -> None:
+        """The turn is redone at ``at`` (a monotonic time), unless the backend's settings
+        (``settings``, their fingerprint) change first; ``attempt``: the failed attempts."""
+        if attempt is not None:
+            self.state.retry_count = attempt
+        self.state.next_retry_at = at
+        self.state.retry_settings = settings
+        self.record_error(kind, message, status=Status.RETRYING)
+
+    def gave_up(self, kind: ErrorKind, message: str) -> None:
+        """The turn failed for good: the error stands until the agent says something."""
+        self.state.retry_count = 0
+        self.state.next_retry_at = None
+        self.record_error(kind, message, status=Status.ERROR)
+
     def record_error(self, kind: ErrorKind, message: str, *, status: Status = Status.ERROR) -> None:
         self.state.last_error = ErrorInfo(kind=kind, message=message, time=now_iso())
         self.state.status = status
         self.save()
+
+    def record_parse_errors(self, errors: list[str]) -> None:
+        """The log's parse errors (the first ones), written when they changed."""
+        kept = errors[:PARSE_ERRORS_KEPT]
+        if kept != self.state.parse_errors:
+            self.state.parse_errors = kept
+            self.save()
+
+    def record_asked(self, asked: tuple[ApprovalRequest, ...]) -> bool:
+        """Keep the pending approval requests (a request keeps the time it was first asked).
+        True when there is a request that was not pending before."""
+        before = {r.id: r for r in self.state.pending_approvals}
+        now = [
+            r.model_copy(update={"asked": before[r.id].asked if r.id in before else now_iso()})
+            for r in asked
+        ]
+        if now == self.state.pending_approvals:
+            return False
+        self.state.pending_approvals = now
+        self.save(durable=False)
+        return any(r.id not in before for r in now)
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -280,7 +345,7 @@ class ConvWriter:
     ) -> bytes:
         """The bytes of a block appended at ``offset`` (the separator included)."""
         block = logformat.header(sender, recipient, ts) + logformat.body(text)
-        return self._separator(offset) + block.encode("utf-8")
+        return self.separator(offset) + block.encode("utf-8")
 
     def append_block(
         self,
@@ -336,7 +401,7 @@ class ConvWriter:
         self._commit_message(msg_id, offset + len(data), save=claimed is None)
         return offset
 
-    def _separator(self, offset: int) -> bytes:
+    def separator(self, offset: int) -> bytes:
         """A blank line before a new header (as in the documented format)."""
         if offset == 0:
             return b""
@@ -378,7 +443,21 @@ class ConvWriter:
         yield from self.save_steps(also=(fd,) if self.durable else ())
 
     def reply(self, sender: str, recipient: str, reply_id: str) -> ReplyStream:
+        """A reply written here and now (each durable point fsync'ed on this thread)."""
         return ReplyStream(self, sender, recipient, reply_id)
+
+    def live_reply(
+        self, committer: Committer, *, limit: int, on_event: OnEvent, reply_id: str = ""
+    ) -> LiveReply:
+        """The turn's reply (see :class:`LiveReply`), after the log's end; its durable
+        writes are driven by ``committer``."""
+        stream = ReplyStream(
+            self,
+            self.meta.sender_label(),
+            self.meta.agent_label,
+            reply_id or f"reply-{self.state.log.size}",
+        )
+        return LiveReply(stream, committer, meta=self.meta, limit=limit, on_event=on_event)
 
     # -- rotation -----------------------------------------------------------------------
 
