@@ -384,7 +384,20 @@ def plan(
     ratio: float = DEFAULT_RATIO,
 ) -> Plan:
     """How ``request`` (built from ``blocks``) is made to fit ``window`` tokens less
-    ``reserve`` for the reply (the tool definitions count too)."""
+    ``reserve`` for the reply (the tool definitions count too). The plan keeps ``window``
+    and ``ratio``: the reply's usage is measured against them."""
+    fitted = _plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
+    return replace(fitted, window=window, ratio=ratio)
+
+
+def _plan(
+    request: ChatRequest,
+    window: int,
+    *,
+    blocks: Sequence[Block],
+    reserve: int,
+    ratio: float,
+) -> Plan:
     tools_cost = estimate((), ratio, request.tools)
     budget = max(0, window - reserve - tools_cost)
     msgs = list(request.messages)

@@ -179,18 +179,9 @@ def _window(request: ChatRequest, known: int | None) -> int:
     return int(request.options.get("num_ctx") or known or 4096)
 
 
-@dataclass(frozen=True, slots=True)
-class _Planned:
-    """The request fitted to the model's window, and what its reply is measured against."""
-
-    fitted: budget.Plan
-    window: int
-    ratio: float
-
-
 async def _plan(
     conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, prepared: _Prepared
-) -> _Planned | None:
+) -> budget.Plan | None:
     """The turn's request, built from the log before the slot is granted (the lock is held
     since the step decided the turn, so the log cannot change meanwhile but for bytes
     appended by hand, which wait for the next step). None: no turn is due after all."""
@@ -223,7 +214,7 @@ def _fitted(
     prepared: _Prepared,
     session: BackendSession | None,
     ratio: float,
-) -> _Planned:
+) -> budget.Plan:
     """The request built from ``blocks`` and fitted to the window (pure: runs on a thread)."""
     request = build_request(
         meta,
@@ -238,8 +229,7 @@ def _fitted(
     )
     window = _window(request, prepared.window)
     reserve = budget.reply_reserve(window, request.options)
-    fitted = budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
-    return _Planned(fitted=fitted, window=window, ratio=ratio)
+    return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
 
 
 async def _stream(
@@ -250,7 +240,7 @@ async def _stream(
     *,
     backend: Backend,
     prepared: _Prepared,
-    planned: _Planned,
+    planned: budget.Plan,
     held: Held,
 ) -> Outcome:
     meta = w.meta
@@ -278,7 +268,7 @@ async def _run_reply(
     seen: Tracked,
     backend: Backend,
     reply: LiveReply,
-    planned: _Planned,
+    planned: budget.Plan,
     held: Held,
 ) -> Outcome:
     """Fit the request (a summary call at most), stream the reply and end it one of five
@@ -286,7 +276,7 @@ async def _run_reply(
     failed write (redone once the disk has room)."""
     try:
         try:
-            request, notes = await _fit(conv, rt, backend, reply, planned.fitted)
+            request, notes = await _fit(conv, rt, backend, reply, planned)
             for note in notes:
                 await reply.note(note)
             got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
@@ -432,7 +422,7 @@ async def _finish(
     got: Streamed,
     *,
     request: ChatRequest,
-    planned: _Planned,
+    planned: budget.Plan,
 ) -> Outcome:
     meta, usage = w.meta, got.usage
     await _write_tool_calls(rt, reply, meta, got.calls)
