@@ -42,7 +42,8 @@ from bench.turnbench import TurnHome, percentile  # noqa: E402
 from contemplation.backends.base import PhaseTimeouts  # noqa: E402
 from contemplation.backends.local import default_model_path  # noqa: E402
 from contemplation.backends.openai import OpenAIBackend  # noqa: E402
-from contemplation.layout import LogView, read_state  # noqa: E402
+from contemplation.layout import read_state  # noqa: E402
+from contemplation.logview import LogView  # noqa: E402
 from contemplation.pipeline import process_pending  # noqa: E402
 from contemplation.prompts import build_request  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402

@@ -34,9 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_foundation import InstantBackend  # noqa: E402
 from contemplation import backends  # noqa: E402
-from contemplation.layout import Home, load_template  # noqa: E402
+from contemplation.layout import Home  # noqa: E402
 from contemplation.pipeline import Runtime, process_pending  # noqa: E402
 from contemplation.settings import load  # noqa: E402
+from contemplation.templates import load_template  # noqa: E402
 from contemplation.writer import (  # noqa: E402
     drop_message,
     durable,

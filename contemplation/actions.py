@@ -18,9 +18,7 @@ from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
     Home,
-    Template,
     inbox_entries,
-    load_template,
     processing_entries,
     read_json,
     read_state,
@@ -35,6 +33,7 @@ from contemplation.models import (
 )
 from contemplation.reading import Reader
 from contemplation.settings import Settings
+from contemplation.templates import Template, load_template
 from contemplation.waiting import Face
 from contemplation.writer import (
     archive,

@@ -28,10 +28,11 @@ from contemplation.exits import (
     EXIT_TIMEOUT,
     fail,
 )
-from contemplation.layout import Conv, Home, shipped_templates, valid_id
+from contemplation.layout import Conv, Home, valid_id
 from contemplation.logs import configure
 from contemplation.reading import locate
 from contemplation.settings import Settings
+from contemplation.templates import shipped_templates
 from contemplation.terminal import safe
 
 __all__ = [

@@ -30,11 +30,11 @@ from contemplation.layout import (
     Home,
     inbox_entries,
     processing_entries,
-    read_log_bytes,
     read_metadata,
     read_state,
     refused_folders,
 )
+from contemplation.logview import read_log_bytes
 from contemplation.models import State, Status
 from contemplation.reading import Reader, log_text
 from contemplation.terminal import safe

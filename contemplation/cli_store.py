@@ -31,8 +31,9 @@ from contemplation.cli_common import (
     text_arg,
 )
 from contemplation.errors import ConfigError
-from contemplation.layout import Home, Template, load_template, template_dirs
+from contemplation.layout import Home
 from contemplation.models import Metadata
+from contemplation.templates import Template, load_template, template_dirs
 from contemplation.terminal import safe
 from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, Entry, JsonStore
 

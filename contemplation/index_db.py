@@ -35,15 +35,14 @@ from contemplation.index_rows import Facts, as_int, disk_use, header_ts, summary
 from contemplation.layout import (
     Conv,
     Home,
-    log_segments,
     open_regular_stat,
-    parse_segment,
     read_json,
     read_regular,
     read_to_end,
     valid_id,
 )
 from contemplation.logformat import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
+from contemplation.logview import log_segments, parse_segment
 from contemplation.testing import crashpoint
 
 log = structlog.get_logger("contemplation.index")

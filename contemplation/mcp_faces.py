@@ -224,7 +224,7 @@ class Faces:
         """Backends with their model names (bounded: MODELS_SHOWN each, MODELS_WAIT in all),
         the defaults and the templates: what conversation_start can name."""
         from contemplation import cli_models
-        from contemplation.layout import load_template, template_dirs
+        from contemplation.templates import load_template, template_dirs
 
         s = self.settings
         with anyio.move_on_after(MODELS_WAIT) as scope:
@@ -362,5 +362,3 @@ def _backend_row(entry: dict[str, Any]) -> dict[str, Any]:
     more = len(names) - MODELS_SHOWN + int(entry.get("more") or 0)
     row: dict[str, Any] = {"backend": entry["backend"], "models": names[:MODELS_SHOWN]}
     return row | {"more": more} if more > 0 else row
-
-

@@ -43,6 +43,7 @@ from contemplation.writer import (
     open_writer,
     reject_input,
 )
+from contemplation.writer.recovery import recover
 
 log = structlog.get_logger("contemplation.pipeline")
 
@@ -82,7 +83,7 @@ def _tidy(
     # an intent or rotation left in state.json is a write that did not finish (a crash, a
     # full disk): nobody else writes while we hold the lock, so it is recovered now
     if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
-        for what in w.recover(rt.settings.max_message_bytes):
+        for what in recover(w, rt.settings.max_message_bytes):
             log.warning("recovered", conv=conv.id, what=what)
         seen.recovered.add(conv.id)
     foreign = w.check_identity()

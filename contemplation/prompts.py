@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from contemplation.conversation import whole
-from contemplation.layout import PromptMode
 from contemplation.logformat import canonical_need
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata
 from contemplation.needs.rules import Rule, default_rules
+from contemplation.templates import PromptMode
 
 INTRO = (
     "You are in an asynchronous conversation with {agent} (an AI agent or a person), "
@@ -106,8 +106,6 @@ def sketch_pattern(pattern: str) -> str:
     if _LEFT_RE.search(text.replace("<", "").replace(">", "")):
         return ""
     return " ".join(text.split())
-
-
 
 
 def protocol(needs: Sequence[NeedForm]) -> str:

@@ -21,20 +21,17 @@ from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
     Home,
-    LogView,
     find_conversation,
     inbox_entries,
     list_conversations,
-    log_segments,
-    parse_segment,
     processing_entries,
     read_metadata,
     read_regular,
     read_state,
-    segment_inodes,
     valid_id,
 )
 from contemplation.logformat import MARKER_RE
+from contemplation.logview import LogView, log_segments, parse_segment, segment_inodes
 from contemplation.models import BUSY, Block, MarkerKind
 from contemplation.parser import find_responses, parse
 from contemplation.waiting import WaitItem
@@ -383,5 +380,3 @@ class Reader:
 
     def locate(self, name: str) -> Conv:
         return locate(self.home, name)
-
-

@@ -18,12 +18,13 @@ from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
 from contemplation.errors import BackendError, LockBusy
-from contemplation.layout import Conv, Home, Template, load_template, topic_of_id
+from contemplation.layout import Conv, Home, topic_of_id
 from contemplation.models import ConvEvent, Metadata
 from contemplation.needs.router import NeedRouter
 from contemplation.reload import backend_fingerprint
 from contemplation.scheduler import ModelScheduler
 from contemplation.settings import Settings
+from contemplation.templates import Template, load_template
 from contemplation.writer import ConvWriter, now_iso, open_writer
 from contemplation.writer.durable import GroupCommitter
 

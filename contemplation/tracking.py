@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contemplation.layout import Conv, LogView
+from contemplation.layout import Conv
+from contemplation.logview import LogView
 
 
 @dataclass

@@ -27,7 +27,7 @@ from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
 from contemplation.conversation import still_due
 from contemplation.errors import BackendError, ContemplationError, ErrorKind
-from contemplation.layout import Conv, Template
+from contemplation.layout import Conv
 from contemplation.models import (
     BackendSession,
     Block,
@@ -45,6 +45,7 @@ from contemplation.runtime import Runtime, backoff
 from contemplation.scheduler import Held
 from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.summarise import summarise
+from contemplation.templates import Template
 from contemplation.tracking import Tracked
 from contemplation.writer import ConvWriter, LiveReply, Streamed, clear_cancel
 

@@ -15,9 +15,10 @@ import ipaddress
 from contemplation import backends
 from contemplation.context import TYPE_LABEL
 from contemplation.errors import ConfigError, NotFound
-from contemplation.layout import Home, Template, load_template, template_dirs
+from contemplation.layout import Home
 from contemplation.needs.router import NeedRouter
 from contemplation.settings import Settings
+from contemplation.templates import Template, load_template, template_dirs
 
 REQUIREMENT_TYPES = frozenset(TYPE_LABEL)  # what a context requirement may be
 

@@ -17,8 +17,9 @@ from typing import Any
 import uvicorn
 
 from contemplation.dashboard.app import Dashboard
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import peers
 from tests.conftest import wait_for

@@ -19,12 +19,13 @@ import pytest
 from contemplation import actions
 from contemplation import settings as settings_mod
 from contemplation.errors import InputRejected
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import Status
 from contemplation.parser import parse
 from contemplation.reading import Reader
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import run_burst
 from tests.fakes.ollama_server import FakeOllama, Step

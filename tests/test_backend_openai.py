@@ -12,11 +12,12 @@ import pytest
 from contemplation.backends.base import PhaseTimeouts
 from contemplation.backends.openai import OpenAIBackend, normalize_base_url
 from contemplation.errors import BackendError, ContextOverflow
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home
 from contemplation.models import BlockKind, ChatMessage, ChatRequest, StreamEvent
 from contemplation.parser import parse
 from contemplation.pipeline import Runtime
 from contemplation.settings import CapabilityOverride, Settings
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests import realpeers
 from tests.conftest import run_burst

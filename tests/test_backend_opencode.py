@@ -13,10 +13,11 @@ import structlog
 
 from contemplation.backends.opencode import OpenCodeBackend, digest, flatten, new_messages
 from contemplation.errors import BackendError, ContextOverflow
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, State, StreamEvent
 from contemplation.pipeline import Runtime, process
 from contemplation.settings import OPENCODE_TOOLS, OpenCodeTimeouts, Settings
+from contemplation.templates import load_template
 from contemplation.tracking import Tracked
 from contemplation.writer import archive, drop_message, new_conversation
 from tests import realpeers

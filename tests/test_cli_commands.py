@@ -13,11 +13,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from contemplation.cli import main
-from contemplation.layout import Conv, Home, load_template, read_metadata
+from contemplation.layout import Conv, Home, read_metadata
 from contemplation.models import BUSY, CANCELLABLE, SETTLED, Status
 from contemplation.reading import Reader
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import archive, drop_message, new_conversation
 from tests.conftest import run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -235,7 +236,9 @@ def test_routes_test_shows_the_permission_and_call_obeys_it(
     called = invoke(home, "--config", str(config), "routes", "test", "--call", need)
     assert called.exit_code == 1 and "the secret plan" not in called.output
     assert f"not called: the permissions say {action}" in called.stderr
-    data = json.loads(invoke(home, "--config", str(config), "routes", "test", need, "--json").stdout)
+    data = json.loads(
+        invoke(home, "--config", str(config), "routes", "test", need, "--json").stdout
+    )
     assert data["permission"]["action"] == action and "answer" not in data
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from contemplation.cli import main
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home
 from contemplation.show import ago
+from contemplation.templates import load_template
 from contemplation.writer import archive, drop_message, new_conversation
 from tests.conftest import base_env, cli
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -101,8 +102,6 @@ def test_status_of_a_conversation_awaiting_approval_says_what_asks_and_how_to_de
     asked = need_id(block, need)
     other = need_id(block, "The release manager")
     assert f"  lookup {asked}: {need}  (files.read " in got.output
-    assert (
-        f"contemplation approve {conv.id} --need {asked} --once|--always|--reject" in got.output
-    )
+    assert f"contemplation approve {conv.id} --need {asked} --once|--always|--reject" in got.output
     assert f'contemplation respond {conv.id} "…" --need {other}' in got.output
     assert "waiting for your approval of 1 lookup(s) and your answer to 1 need(s)" in got.output

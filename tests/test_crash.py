@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from contemplation.conversation import whole
-from contemplation.layout import Conv, Home, LogView, list_conversations, load_template, read_state
+from contemplation.layout import Conv, Home, list_conversations, read_state
+from contemplation.logview import LogView
 from contemplation.models import BlockKind
+from contemplation.templates import load_template
 from contemplation.testing import POINTS
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from contemplation import actions, mcp_faces, paging
 from contemplation import settings as settings_mod
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home
 from contemplation.parser import parse
 from contemplation.reading import own_block
+from contemplation.templates import load_template
 from contemplation.writer import ReplyStream, new_conversation, open_writer
 
 OPS = st.lists(

@@ -18,7 +18,8 @@ from contemplation.dashboard import dashboard_link, ensure_token, read_token
 from contemplation.dashboard.app import Dashboard
 from contemplation.dashboard.live import percentile
 from contemplation.dashboard.security import CSP
-from contemplation.layout import Conv, Home, load_template, read_json
+from contemplation.layout import Conv, Home, read_json
+from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import peers
 from tests.conftest import ARTIFACTS, DaemonProc, base_env, cli, wait_for

@@ -23,11 +23,12 @@ import pytest
 from contemplation import dispatcher as dispatcher_mod
 from contemplation.dispatcher import Dispatcher
 from contemplation.errors import BackendError, ErrorKind
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import MarkerKind, Status
 from contemplation.parser import parse
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation, request_cancel
 from tests.conftest import poll, runtime_for, within

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
+from contemplation.templates import load_template
 from contemplation.writer import claim, drop_message, new_conversation, open_writer
 from contemplation.writer import durable as durable_mod
 from contemplation.writer.durable import Durable, GroupCommitter, Steps, run_now

@@ -18,12 +18,13 @@ import pytest
 from contemplation import backends
 from contemplation.backends.base import Capabilities, Check
 from contemplation.breaker import Breaker
-from contemplation.layout import Conv, Home, list_conversations, load_template, read_state
+from contemplation.layout import Conv, Home, list_conversations, read_state
 from contemplation.models import BlockKind, ChatRequest, Status, StreamEvent, Usage
 from contemplation.parser import parse
 from contemplation.pipeline import process
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env, run_burst, wait_for

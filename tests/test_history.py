@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from contemplation import budget, summarise
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests import realpeers
 from tests.conftest import run_burst

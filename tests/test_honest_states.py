@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 
 from contemplation import show
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import Status, Usage
 from contemplation.parser import parse
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import new_conversation
 from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BlockKind, Status
 from contemplation.parser import parse
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import base_env, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step

@@ -14,9 +14,10 @@ import pytest
 from mcp import Client
 
 from contemplation import mcp_faces, paging
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home
 from contemplation.parser import parse
 from contemplation.reading import own_block
+from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests.fakes.ollama_server import FakeOllama
 from tests.test_mcp_server import run_calls, settings_for, tool, tool_error

@@ -21,10 +21,11 @@ from mcp.client.stdio import StdioServerParameters
 
 from contemplation import logformat, mcp_faces, mcp_server
 from contemplation import settings as settings_mod
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import Status
 from contemplation.reading import Reader
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import DaemonLock, atomic_write_json, new_conversation, open_writer
 from tests import peers
 from tests.conftest import ARTIFACTS, ROOT, DaemonProc, base_env, wait_for

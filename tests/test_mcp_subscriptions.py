@@ -21,8 +21,9 @@ from mcp.shared.exceptions import MCPError
 
 from contemplation import mcp_server, mcp_subscriptions
 from contemplation import settings as settings_mod
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation, open_writer
 from tests.conftest import ROOT, DaemonProc, base_env, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step

@@ -293,8 +293,9 @@ def test_a_part_of_a_file_is_judged_as_the_file_however_it_is_quoted(path: str) 
 def test_a_template_s_errors_name_the_file_it_was_read_from(tmp_path: Path) -> None:
     """A template the home lacks is the package's: its routes and permissions name that file
     (the router once built contemplation/needs/skeleton/..., which does not exist)."""
-    from contemplation.layout import Home, load_template
+    from contemplation.layout import Home
     from contemplation.needs.router import _template_file
+    from contemplation.templates import load_template
 
     bare = Home(tmp_path / "bare")  # no templates/ of its own
     shipped = load_template(bare, "default")

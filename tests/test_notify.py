@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home
 from contemplation.notify import Event, derive, run_command
 from contemplation.settings import NotificationRule
+from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests.conftest import DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step

@@ -19,7 +19,7 @@ import pytest
 from contemplation import actions
 from contemplation import settings as settings_mod
 from contemplation.errors import ConfigError, InputRejected
-from contemplation.layout import Conv, Home, load_template, read_metadata, read_state
+from contemplation.layout import Conv, Home, read_metadata, read_state
 from contemplation.models import Status
 from contemplation.needs import rules
 from contemplation.needs.router import NeedRouter
@@ -27,6 +27,7 @@ from contemplation.parser import parse
 from contemplation.reading import Reader
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.tools import registry
 from contemplation.validate import validate
 from contemplation.writer import drop_message, new_conversation

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
-from contemplation import layout, logformat, turn
-from contemplation.layout import Conv, Home, LogView, load_template, read_state
+from contemplation import logformat, logview, turn
+from contemplation.layout import Conv, Home, read_state
+from contemplation.logview import LogView
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
 from contemplation.pipeline import Runtime, process, process_safely
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation, open_writer, request_cancel
 from tests.conftest import run_burst, runtime_for
@@ -200,7 +202,7 @@ def test_a_long_log_is_parsed_and_fitted_off_the_loop(
     on a thread while the loop goes on (4 KB and 10 blocks stand here for LONG_PARSE's 256 KB
     and LONG_HISTORY's 200 blocks; a 10 MB log took ~90 ms to parse and ~100 ms to fit). Each
     call off the loop waits for a callback the loop must run meanwhile: on the loop it hangs."""
-    monkeypatch.setattr(layout, "LONG_PARSE", 4096)
+    monkeypatch.setattr(logview, "LONG_PARSE", 4096)
     monkeypatch.setattr(turn, "LONG_HISTORY", 10)
     conv = make_conv(home)
     with open_writer(conv, durable=False) as w:

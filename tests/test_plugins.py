@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env, cli
 from tests.fakes.ollama_server import FakeOllama, Step

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.layout import Home, load_template
+from contemplation.layout import Home
 from contemplation.models import BlockKind, Metadata
 from contemplation.needs import rules as needrules
 from contemplation.needs.router import NeedRouter
@@ -25,6 +25,7 @@ from contemplation.prompts import (
 )
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.tools.memory import MEMORY_FILE, JsonStore
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import run_burst

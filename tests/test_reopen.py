@@ -59,7 +59,7 @@ def test_reopen_and_a_folder_moved_back_by_hand_stay_and_continue(
 
 
 def test_conversation_reopen_over_mcp(home: Home) -> None:
-    from contemplation.layout import load_template
+    from contemplation.templates import load_template
     from contemplation.writer import archive, new_conversation
 
     conv = new_conversation(

@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from contemplation import layout
-from contemplation.layout import Conv, Home, LogView, load_template, log_segments, read_state
+from contemplation import logview
+from contemplation.layout import Conv, Home, read_state
+from contemplation.logview import LogView, log_segments
 from contemplation.pipeline import Runtime, process_pending
 from contemplation.reading import blocks_since, log_text, segments
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
+from contemplation.writer.recovery import recover
 from tests.conftest import ROOT, wait_for
 from tests.fakes.ollama_server import FakeOllama
 
@@ -86,7 +89,7 @@ def test_a_refresh_says_when_it_would_parse_a_long_stretch(
     """long_refresh is True exactly when refresh would parse more than LONG_PARSE bytes: a
     long log at first sight, a long block appended, any log with rotated segments behind it
     (read whole again after each rotation); False for what a turn usually appends."""
-    monkeypatch.setattr(layout, "LONG_PARSE", 4096)
+    monkeypatch.setattr(logview, "LONG_PARSE", 4096)
     conv = make_conv(home)
     view = LogView(conv, locked=True)
     with open_writer(conv) as w:
@@ -220,7 +223,7 @@ def test_a_crash_during_rotation_is_completed_by_recovery(home: Home, point: str
     st = read_state(conv)
     assert st is not None and st.rotation is not None  # journaled before any rename
     with open_writer(conv) as w:
-        done = w.recover()
+        done = recover(w)
     assert any("rotated" in d for d in done)
     st = read_state(conv)
     assert st is not None and st.rotation is None

@@ -9,11 +9,12 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.parser import parse
 from contemplation.runtime import Runtime
 from contemplation.settings import Settings
+from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests import peers
 from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for

@@ -15,7 +15,8 @@ from mcp import Client
 
 from contemplation import index_db, mcp_server, search_index
 from contemplation.errors import InputRejected
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home
+from contemplation.templates import load_template
 from contemplation.writer import archive, new_conversation, open_writer
 from tests.conftest import base_env, cli
 from tests.test_mcp_server import settings_for, tool
@@ -50,7 +51,12 @@ def _by_hand(home: Home, name: str, question: str, answer: str, day: int = 1) ->
 
 def test_ranked_hits_with_block_and_snippet_on_cli_and_mcp(home: Home) -> None:
     a = _made(home, "Animals", "Where do quokkas live?", "On Rottnest Island, mostly.")
-    _made(home, "Islands", "Name an island", "Rottnest: the home of the quokka.\nAlso Kangaroo Island.")
+    _made(
+        home,
+        "Islands",
+        "Name an island",
+        "Rottnest: the home of the quokka.\nAlso Kangaroo Island.",
+    )
     _made(home, "Arithmetic", "What is 2+2?", "4")
     hand = _by_hand(home, "imported-notes", "Did the quokka come up?", "Yes, twice.")
     hits = search_index.search(home, "quokka*")  # a prefix: quokkas too
@@ -87,9 +93,10 @@ def test_hand_edits_archives_and_removals_are_found_without_a_restart(home: Home
     conv = _made(home, "Gone soon", "the narwhal question", "narwhal answer")
     archive(home, conv)
     assert search_index.search(home, "narwhal") == []  # archived: only with include_archived
-    assert {h.archived for h in search_index.search(home, "narwhal", search_index.Filters(archived=True))} == {
-        True
-    }
+    assert {
+        h.archived
+        for h in search_index.search(home, "narwhal", search_index.Filters(archived=True))
+    } == {True}
     import shutil
 
     shutil.rmtree(d)

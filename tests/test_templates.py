@@ -9,13 +9,8 @@ import pytest
 
 from contemplation import settings as settings_mod
 from contemplation.errors import ConfigError, NotFound
-from contemplation.layout import (
-    Home,
-    load_template,
-    read_metadata,
-    shipped_templates,
-    template_dirs,
-)
+from contemplation.layout import Home, read_metadata
+from contemplation.templates import load_template, shipped_templates, template_dirs
 from contemplation.validate import validate
 from contemplation.writer import ensure_home, new_conversation
 from contemplation.writer.templates import _place, seed_templates

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from contemplation import watcher as w
-from contemplation.layout import Conv, Home, load_template
+from contemplation.layout import Conv, Home
+from contemplation.templates import load_template
 from contemplation.watcher import InotifyWatcher, relevant
 from contemplation.writer import (
     archive,

@@ -14,9 +14,10 @@ import pytest
 
 from contemplation import logformat
 from contemplation.errors import AlreadyRunning, InputRejected
-from contemplation.layout import Conv, Home, load_template, read_state
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import Intent, MarkerKind, Metadata, Status
 from contemplation.parser import parse
+from contemplation.templates import load_template
 from contemplation.writer import (
     ConvWriter,
     DaemonLock,
@@ -29,6 +30,7 @@ from contemplation.writer import (
     open_writer,
 )
 from contemplation.writer.durable import Steps
+from contemplation.writer.recovery import recover
 from tests.peers import executable
 
 
@@ -106,7 +108,7 @@ def test_recovery_rolls_a_complete_append_forward(home: Home) -> None:
     (conv.processing).mkdir(exist_ok=True)
     (conv.processing / "m9").write_text("whole")
     with open_writer(conv) as w:
-        done = w.recover()
+        done = recover(w)
     st = read_state(conv)
     assert st is not None and st.intent is None and "m9" in st.done_ids and st.log.size == len(data)
     assert not (conv.processing / "m9").exists()
@@ -122,7 +124,7 @@ def test_recovery_rolls_a_torn_append_back_and_keeps_the_message(home: Home) -> 
     conv.processing.mkdir(exist_ok=True)
     (conv.processing / "m9").write_text("x" * 1000)
     with open_writer(conv) as w:
-        w.recover()
+        recover(w)
     assert conv.log.read_bytes() == b""
     st = read_state(conv)
     assert st is not None and st.intent is None and "m9" not in st.done_ids
@@ -137,7 +139,7 @@ def test_recovery_never_truncates_bytes_it_cannot_prove_are_its_own(home: Home) 
     with open(conv.log, "ab") as f:
         f.write(foreign)
     with open_writer(conv) as w:
-        w.recover()
+        recover(w)
     assert conv.log.read_bytes() == foreign
 
 
@@ -149,7 +151,7 @@ def test_recovery_marks_a_cut_off_reply_interrupted(home: Home) -> None:
         r.content("half an ans")
         # the process "dies" here: no finish(), the intent stays in state.json
     with open_writer(conv) as w:
-        w.recover()
+        recover(w)
     blocks = parse(conv.log.read_bytes()).blocks
     assert blocks[-1].interrupted and blocks[-1].text == "half an ans"
     assert (MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone") in blocks[
@@ -203,7 +205,7 @@ def test_a_reserved_reply_that_never_began_leaves_no_marker(home: Home) -> None:
         # the process "dies" during the request: no text, the intent stays in state.json
     size = conv.log.stat().st_size
     with open_writer(conv) as w:
-        w.recover()
+        recover(w)
     assert conv.log.stat().st_size == size  # nothing to mark: the reply wrote nothing
     st = read_state(conv)
     assert st is not None and st.intent is None
@@ -218,7 +220,7 @@ def test_an_unbegun_reply_takes_its_reservation_back_before_a_marker(home: Home)
         assert st is not None and st.intent is None  # durable before the ERROR marker
         w.append_marker(MarkerKind.ERROR, "the server said no")
     with open_writer(conv) as w:  # a restart finds no reply to mark interrupted
-        assert w.recover() == []
+        assert recover(w) == []
     assert not parse(conv.log.read_bytes()).blocks[-1].interrupted
 
 
@@ -233,7 +235,7 @@ def test_a_reply_begun_after_the_log_moved_journals_its_own_intent(home: Home) -
         st = read_state(conv)
         assert st is not None and st.intent is not None and st.intent.offset == moved
     with open_writer(conv) as w:
-        w.recover()  # cut off: the reply (not the NOTE) is marked
+        recover(w)  # cut off: the reply (not the NOTE) is marked
     blocks = parse(conv.log.read_bytes()).blocks
     assert blocks[-1].interrupted and blocks[-1].text.strip() == "half"
 
@@ -251,7 +253,7 @@ def test_state_is_rebuilt_from_the_log_and_inputs_already_in_it_are_not_redone(h
     conv.state.write_text('{"seq":')  # corrupt
     with open_writer(conv) as w:
         assert w.rebuilt
-        w.recover()
+        recover(w)
         assert w.state.turns == 1 and w.state.messages_processed == 1
     assert not (conv.processing / "x1").exists()
     assert (conv.processing / "x2").exists()
@@ -402,7 +404,7 @@ def test_recovery_commits_a_whole_claimed_block_whatever_the_header_time(
     with open(conv.log, "ab") as f:
         f.write(data)
     with open_writer(conv) as w:
-        done = w.recover()
+        done = recover(w)
     st = read_state(conv)
     assert st is not None and st.log.size == len(data) and "00-m1" in st.done_ids
     assert not claimed.exists()
@@ -423,7 +425,7 @@ def test_recovery_cuts_a_torn_claimed_block_and_keeps_the_file(home: Home) -> No
         with open(conv.log, "ab") as f:
             f.write(data[:cut])
         with open_writer(conv) as w:
-            done = w.recover()
+            done = recover(w)
         assert conv.log.stat().st_size == start, cut
         assert any("rolled back a torn append of 01-m2" in d for d in done)
         assert claimed.exists()
@@ -436,7 +438,7 @@ def test_recovery_leaves_bytes_that_are_not_the_claimed_block(home: Home) -> Non
     with open(conv.log, "ab") as f:
         f.write(by_hand)
     with open_writer(conv) as w:
-        assert w.recover() == []
+        assert recover(w) == []
     assert conv.log.read_bytes() == by_hand  # left for adoption as a hand append
     assert claimed.exists()
 
@@ -464,7 +466,7 @@ def test_recovery_marks_an_unjournaled_reply_after_a_claimed_block_interrupted(
         with open(conv.log, "r+b") as f:
             f.truncate(end_of_block + 8)
     with open_writer(conv) as w:
-        done = w.recover()
+        done = recover(w)
     blocks = parse(conv.log.read_bytes()).blocks
     assert [b.text.strip() for b in blocks if b.kind.value == "agent"] == ["hello"]
     assert not claimed.exists()
@@ -521,7 +523,7 @@ def test_recovery_leaves_a_hand_block_after_an_uncommitted_claimed_block(home: H
     with open(conv.log, "ab") as f:
         f.write(by_hand)
     with open_writer(conv) as w:
-        done = w.recover()
+        done = recover(w)
     assert not any("interrupted" in d for d in done)
     assert conv.log.read_bytes()[end_of_block:] == by_hand
     st = read_state(conv)

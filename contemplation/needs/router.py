@@ -36,7 +36,7 @@ from typing import Any, Literal, NamedTuple
 import structlog
 
 from contemplation.errors import ConfigError, ToolError
-from contemplation.layout import Home, Template, load_template
+from contemplation.layout import Home
 from contemplation.logformat import (
     RESPONSE_PREFIX,
     TOOL_OUTPUT_BEGIN,
@@ -47,6 +47,7 @@ from contemplation.logformat import (
 )
 from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
+from contemplation.templates import Template, load_template
 from contemplation.tools import registry
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
 from contemplation.tools.files import FileReader

@@ -16,7 +16,6 @@ from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
     Home,
-    Template,
     ignored_name,
     list_folder,
     read_json,
@@ -25,6 +24,7 @@ from contemplation.layout import (
     slugify,
 )
 from contemplation.models import LogIdentity, Metadata, State
+from contemplation.templates import Template
 from contemplation.testing import crashpoint
 from contemplation.writer.files import (
     atomic_write_bytes,

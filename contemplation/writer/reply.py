@@ -130,7 +130,7 @@ class ReplyStream:
         Allowed only right after the claimed message's block, uncommitted on disk (held for
         the next state write): a crash before the commit then leaves the claimed file, its
         block and the reply's bytes right after it, which recovery marks INTERRUPTED (see
-        ``ConvWriter._recover_claimed``) as it does a reply whose intent was journaled.
+        :mod:`.recovery`) as it does a reply whose intent was journaled.
 
         ``withdraw`` takes the journaling write back (True) unless it has begun (False).
         Returns whether the reply will begin so; when not, nothing has changed."""

@@ -1,19 +1,9 @@
-"""A locked session on one conversation: appends, state, rotation and crash recovery.
+"""A locked session on one conversation: appends, state and rotation.
 
 Every change to ``messages.log`` and ``state.json`` happens in a :class:`ConvWriter` opened by
-:func:`open_writer`, i.e. while holding ``flock(<conv>/.lock)``.
-
-An agent message needs no journal entry of its own: its file stays in ``processing/`` until
-the block is durable and committed, and the block is a pure function of that file, the
-labels and the log (:meth:`ConvWriter.block_bytes`). So :meth:`ConvWriter.recover` finds,
-past the committed size, either the whole block of a claimed file (rolled forward), a torn
-prefix of it (cut away), or something else (left for adoption as a hand append). Other
-appends (the answers to needs) first record an *intent* (offset, length, sha256) in
-``state.json``, rolled forward or back the same way. A streamed reply records an intent (its
-offset); a cut-off one is marked ``=== INTERRUPTED ===`` so the turn is redone. A reply begun
-with no journaled intent (``ReplyStream.merge_into_commit``: its turn makes one state write)
-follows a claimed message's uncommitted block, and is found and marked right after it.
-Recovery also completes an interrupted rotation.
+:func:`open_writer`, i.e. while holding ``flock(<conv>/.lock)``. What the writes leave for a
+crash to interrupt (claimed files, intents, a rotation) is finished or undone by
+:func:`contemplation.writer.recovery.recover` at the conversation's first step.
 """
 
 from __future__ import annotations
@@ -30,15 +20,12 @@ from contemplation import logformat
 from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
-    LogView,
     list_folder,
-    log_segments,
     processing_entries,
-    read_message,
     read_metadata,
-    read_regular,
     read_state,
 )
+from contemplation.logview import LogView, log_segments
 from contemplation.models import (
     ApprovalRequest,
     ErrorInfo,
@@ -50,7 +37,6 @@ from contemplation.models import (
     State,
     Status,
 )
-from contemplation.parser import parse
 from contemplation.testing import armed, crashpoint
 from contemplation.writer.durable import Durable, Steps, run_now
 from contemplation.writer.files import (
@@ -60,7 +46,7 @@ from contemplation.writer.files import (
     now_iso,
     write_all,
 )
-from contemplation.writer.folders import adopt_folder, remove_tmp_files
+from contemplation.writer.folders import adopt_folder
 from contemplation.writer.reply import Committer, LiveReply, OnEvent, ReplyStream
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
@@ -331,7 +317,7 @@ class ConvWriter:
         if sync and self.durable:
             os.fsync(fd)
 
-    def _rollback(self, offset: int) -> None:
+    def rollback(self, offset: int) -> None:
         """Cut the log back to ``offset`` (never through a symlink)."""
         with contextlib.suppress(OSError):
             fd = os.open(self.conv.log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -389,7 +375,7 @@ class ConvWriter:
             else:
                 self._append_raw(data, sync=claimed is None)
         except OSError:
-            self._rollback(offset)
+            self.rollback(offset)
             if claimed is None:
                 self.state.intent = None
                 with contextlib.suppress(OSError):
@@ -398,7 +384,7 @@ class ConvWriter:
         crashpoint("appended")
         if claimed is not None:
             self.held.append(claimed)
-        self._commit_message(msg_id, offset + len(data), save=claimed is None)
+        self.commit_message(msg_id, offset + len(data), save=claimed is None)
         return offset
 
     def separator(self, offset: int) -> bytes:
@@ -410,7 +396,7 @@ class ConvWriter:
     def _ends_with_newline(self, size: int) -> bool:
         return os.pread(self.append_fd(), 1, size - 1) == b"\n"
 
-    def _commit_message(self, msg_id: str, end: int, *, save: bool = True) -> None:
+    def commit_message(self, msg_id: str, end: int, *, save: bool = True) -> None:
         self.state.intent = None
         self.state.log.size = end
         self.state.done_ids = [*self.state.done_ids, msg_id][-DONE_IDS_KEPT:]
@@ -480,9 +466,9 @@ class ConvWriter:
         self.state.rotation = Rotation(segments=top, ino=os.stat(self.conv.log).st_ino)
         self.save()
         crashpoint("rotate")
-        self._complete_rotation()
+        self.complete_rotation()
 
-    def _complete_rotation(self) -> str:
+    def complete_rotation(self) -> str:
         rot = self.state.rotation
         if rot is None:
             return ""
@@ -518,147 +504,7 @@ class ConvWriter:
         self.save()
         return f"rotated messages.log into messages.1.log ({rot.segments + 1} segments)"
 
-    # -- recovery -----------------------------------------------------------------------
-
-    def recover(self, max_message_bytes: int = 16 * 1024 * 1024) -> list[str]:
-        """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
-        done: list[str] = []
-        remove_tmp_files(self.conv, self.folder_names())
-        if self.state.rotation is not None:
-            done.append(self._complete_rotation())
-        intent = self.state.intent
-        if intent is not None:
-            what = (
-                self._recover_message(intent)
-                if intent.kind == "message"
-                else self._recover_reply(intent)
-            )
-            done.extend([what] if what else [])
-        claimed = self.claimed_files()
-        done.extend(self._recover_claimed(claimed, max_message_bytes))
-        done.extend(self._clean_processing(claimed))
-        if done:
-            self.save()
-        return done
-
-    def _recover_message(self, intent: Intent) -> str:
-        """A whole block is committed (roll forward); a torn one proven ours is cut away."""
-        size = self.log_size()
-        end = intent.offset + intent.length
-        data = b""
-        if size >= end:
-            data = self._log_bytes(intent.offset, intent.length)
-        if size >= end and hashlib.sha256(data).hexdigest() == intent.sha256:
-            self._commit_message(intent.id, end)
-            return f"committed message {intent.id} found whole in the log"
-        what = ""
-        if size > intent.offset:
-            if size < end and self._starts_with_header(intent.offset):
-                self._rollback(intent.offset)
-                what = f"rolled back a torn append of {intent.id}"
-            else:
-                self.warn(f"bytes at {intent.offset} are not the intended block; kept")
-            self.state.log.size = self.log_size()
-        self.state.intent = None
-        self.save()
-        return what
-
-    def _recover_claimed(self, claimed_files: list[Path], max_message_bytes: int) -> list[str]:
-        """Bytes past the committed size that are the block of a claimed message: a whole
-        block is committed (its file then goes), a torn prefix is cut away. Anything else is
-        left alone, to be adopted as a hand append."""
-        done: list[str] = []
-        if self.state.intent is not None or self.state.rotation is not None:
-            return done
-        for claimed in claimed_files:
-            start, size = self.state.log.size, self.log_size()
-            if size <= start or claimed.name in self.state.done_ids:
-                break
-            text, _ = read_message(claimed, max_message_bytes)
-            if text is None:
-                break
-            expected, found = self._claimed_block(text, start)
-            if found == expected:
-                self._commit_message(claimed.name, start + len(expected))
-                done.append(f"committed message {claimed.name} found whole in the log")
-                reply = self._recover_unjournaled_reply(start + len(expected))
-                if reply:
-                    done.append(reply)
-                    break
-                continue
-            if size - start < len(expected) and _same_but_time(expected, found):
-                self._rollback(start)
-                done.append(f"rolled back a torn append of {claimed.name}")
-            break
-        return done
-
-    def _claimed_block(self, text: str, start: int) -> tuple[bytes, bytes]:
-        """The block a claimed message would have been appended as at ``start`` (with the
-        header time found there), and the bytes the log holds in its place."""
-        sender, recipient = self.meta.agent_label, self.meta.sender_label()
-        shape = self.block_bytes(sender, recipient, text, start, ts=_TIME_SHAPE)
-        found = self._log_bytes(start, len(shape))
-        at = shape.index(b"[") + 1
-        ts = found[at : at + len(_TIME_SHAPE)]
-        if len(ts) == len(_TIME_SHAPE) and ts.isascii():
-            shape = self.block_bytes(sender, recipient, text, start, ts=ts.decode())
-        return shape, found
-
-    def _recover_unjournaled_reply(self, offset: int) -> str:
-        """The bytes right after a claimed message's block that recovery has just committed:
-        if they are (the start of) this conversation's reply block, they are a reply that
-        was begun without a journaled intent (``ReplyStream.merge_into_commit``) and never
-        committed: marked INTERRUPTED like any reply a crash cut, so the turn is redone; a
-        header torn before its line ended is cut away. Anything else is left alone, for
-        adoption as a hand append."""
-        raw = self._log_bytes(offset, 256)
-        found = raw.lstrip(b"\n")
-        head = f"=== {self.meta.sender_label()} -> {self.meta.agent_label} [".encode()
-        if not raw or len(raw) - len(found) > 2 or not head.startswith(found[: len(head)]):
-            return ""
-        if b"\n" not in found:  # the separator, or a header cut before its line's end
-            self._rollback(offset)
-            self.save()
-            return f"rolled back the torn start of a reply at byte {offset}"
-        return self._recover_reply(Intent(kind="reply", id=f"unjournaled-{offset}", offset=offset))
-
-    def _recover_reply(self, intent: Intent) -> str:
-        """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone."""
-        self.state.intent = None
-        size = self.log_size()
-        if size <= intent.offset:
-            self.save()
-            return ""
-        self.state.log.size = size
-        self.append_marker(MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone")
-        return f"marked the interrupted reply at byte {intent.offset}"
-
-    def _clean_processing(self, claimed_files: list[Path]) -> list[str]:
-        """Inputs already in the log are removed; the rest stay queued in processing/."""
-        recent: set[str] = set()
-        if self.rebuilt:
-            result = parse(
-                self.conv.log.read_bytes() if self.conv.log.exists() else b"",
-                agent_label=self.meta.agent_label,
-            )
-            recent = {b.text.strip() for b in result.blocks[-100:] if b.kind.value == "agent"}
-        done: list[str] = []
-        for p in list(claimed_files):
-            if p.name in self.state.done_ids:
-                p.unlink(missing_ok=True)
-                done.append(f"removed {p.name} (already in the log)")
-            elif self.rebuilt and _read_text(p).strip() in recent:
-                p.unlink(missing_ok=True)
-                done.append(f"removed {p.name} (its text is already in the log)")
-            else:
-                continue
-            self.took(p)
-        return done
-
-    def _starts_with_header(self, offset: int) -> bool:
-        return self._log_bytes(offset, 200).lstrip(b"\n").startswith(b"=== ")
-
-    def _log_bytes(self, offset: int, n: int) -> bytes:
+    def log_bytes(self, offset: int, n: int) -> bytes:
         """At most ``n`` bytes of messages.log from ``offset`` (recovery's look at the log)."""
         with open(self.conv.log, "rb") as f:
             f.seek(offset)
@@ -668,25 +514,6 @@ class ConvWriter:
 def _file(model: Metadata | State) -> bytes:
     """metadata.json's or state.json's bytes."""
     return model.model_dump_json(indent=2).encode() + b"\n"
-
-
-_TIME_SHAPE = logformat.timestamp()  # every header time has this length
-
-
-def _same_but_time(expected: bytes, found: bytes) -> bool:
-    """``found`` is a prefix of ``expected`` apart from the header's time."""
-    at = expected.index(b"[") + 1
-    span = slice(at, at + len(_TIME_SHAPE))
-    a, b = bytearray(expected[: len(found)]), bytearray(found)
-    a[span], b[span] = b"", b""
-    return a == b
-
-
-def _read_text(p: Path) -> str:
-    try:
-        return read_regular(p).decode("utf-8", errors="replace")
-    except (OSError, InputRejected):
-        return ""
 
 
 @contextlib.contextmanager

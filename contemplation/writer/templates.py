@@ -13,7 +13,8 @@ import secrets
 import shutil
 from pathlib import Path
 
-from contemplation.layout import Home, shipped_templates, valid_id
+from contemplation.layout import Home, valid_id
+from contemplation.templates import shipped_templates
 from contemplation.writer.files import atomic_write_bytes, fsync_dir
 
 MAX_TEMPLATE_FILE_BYTES = 1024 * 1024

@@ -1,0 +1,190 @@
+"""Recovery at a conversation's first step: finish or undo what a crash interrupted.
+
+An agent message needs no journal entry of its own: its file stays in ``processing/`` until
+the block is durable and committed, and the block is a pure function of that file, the
+labels and the log (:meth:`ConvWriter.block_bytes`). So :func:`recover` finds, past the
+committed size, either the whole block of a claimed file (rolled forward), a torn prefix of
+it (cut away), or something else (left for adoption as a hand append). Other appends (the
+answers to needs) first record an *intent* (offset, length, sha256) in ``state.json``,
+rolled forward or back the same way. A streamed reply records an intent (its offset); a
+cut-off one is marked ``=== INTERRUPTED ===`` so the turn is redone. A reply begun with no
+journaled intent (``ReplyStream.merge_into_commit``: its turn makes one state write) follows
+a claimed message's uncommitted block, and is found and marked right after it. Recovery also
+completes an interrupted rotation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from contemplation import logformat
+from contemplation.errors import InputRejected
+from contemplation.layout import read_message, read_regular
+from contemplation.models import Intent, MarkerKind
+from contemplation.parser import parse
+from contemplation.writer.folders import remove_tmp_files
+from contemplation.writer.session import ConvWriter
+
+
+def recover(w: ConvWriter, max_message_bytes: int = 16 * 1024 * 1024) -> list[str]:
+    """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
+    done: list[str] = []
+    remove_tmp_files(w.conv, w.folder_names())
+    if w.state.rotation is not None:
+        done.append(w.complete_rotation())
+    intent = w.state.intent
+    if intent is not None:
+        what = (
+            _recover_message(w, intent) if intent.kind == "message" else _recover_reply(w, intent)
+        )
+        done.extend([what] if what else [])
+    claimed = w.claimed_files()
+    done.extend(_recover_claimed(w, claimed, max_message_bytes))
+    done.extend(_clean_processing(w, claimed))
+    if done:
+        w.save()
+    return done
+
+
+def _recover_message(w: ConvWriter, intent: Intent) -> str:
+    """A whole block is committed (roll forward); a torn one proven ours is cut away."""
+    size = w.log_size()
+    end = intent.offset + intent.length
+    data = b""
+    if size >= end:
+        data = w.log_bytes(intent.offset, intent.length)
+    if size >= end and hashlib.sha256(data).hexdigest() == intent.sha256:
+        w.commit_message(intent.id, end)
+        return f"committed message {intent.id} found whole in the log"
+    what = ""
+    if size > intent.offset:
+        if size < end and _starts_with_header(w, intent.offset):
+            w.rollback(intent.offset)
+            what = f"rolled back a torn append of {intent.id}"
+        else:
+            w.warn(f"bytes at {intent.offset} are not the intended block; kept")
+        w.state.log.size = w.log_size()
+    w.state.intent = None
+    w.save()
+    return what
+
+
+def _recover_claimed(w: ConvWriter, claimed_files: list[Path], max_message_bytes: int) -> list[str]:
+    """Bytes past the committed size that are the block of a claimed message: a whole
+    block is committed (its file then goes), a torn prefix is cut away. Anything else is
+    left alone, to be adopted as a hand append."""
+    done: list[str] = []
+    if w.state.intent is not None or w.state.rotation is not None:
+        return done
+    for claimed in claimed_files:
+        start, size = w.state.log.size, w.log_size()
+        if size <= start or claimed.name in w.state.done_ids:
+            break
+        text, _ = read_message(claimed, max_message_bytes)
+        if text is None:
+            break
+        expected, found = _claimed_block(w, text, start)
+        if found == expected:
+            w.commit_message(claimed.name, start + len(expected))
+            done.append(f"committed message {claimed.name} found whole in the log")
+            reply = _recover_unjournaled_reply(w, start + len(expected))
+            if reply:
+                done.append(reply)
+                break
+            continue
+        if size - start < len(expected) and _same_but_time(expected, found):
+            w.rollback(start)
+            done.append(f"rolled back a torn append of {claimed.name}")
+        break
+    return done
+
+
+def _claimed_block(w: ConvWriter, text: str, start: int) -> tuple[bytes, bytes]:
+    """The block a claimed message would have been appended as at ``start`` (with the
+    header time found there), and the bytes the log holds in its place."""
+    sender, recipient = w.meta.agent_label, w.meta.sender_label()
+    shape = w.block_bytes(sender, recipient, text, start, ts=_TIME_SHAPE)
+    found = w.log_bytes(start, len(shape))
+    at = shape.index(b"[") + 1
+    ts = found[at : at + len(_TIME_SHAPE)]
+    if len(ts) == len(_TIME_SHAPE) and ts.isascii():
+        shape = w.block_bytes(sender, recipient, text, start, ts=ts.decode())
+    return shape, found
+
+
+def _recover_unjournaled_reply(w: ConvWriter, offset: int) -> str:
+    """The bytes right after a claimed message's block that recovery has just committed:
+    if they are (the start of) this conversation's reply block, they are a reply that
+    was begun without a journaled intent (``ReplyStream.merge_into_commit``) and never
+    committed: marked INTERRUPTED like any reply a crash cut, so the turn is redone; a
+    header torn before its line ended is cut away. Anything else is left alone, for
+    adoption as a hand append."""
+    raw = w.log_bytes(offset, 256)
+    found = raw.lstrip(b"\n")
+    head = f"=== {w.meta.sender_label()} -> {w.meta.agent_label} [".encode()
+    if not raw or len(raw) - len(found) > 2 or not head.startswith(found[: len(head)]):
+        return ""
+    if b"\n" not in found:  # the separator, or a header cut before its line's end
+        w.rollback(offset)
+        w.save()
+        return f"rolled back the torn start of a reply at byte {offset}"
+    return _recover_reply(w, Intent(kind="reply", id=f"unjournaled-{offset}", offset=offset))
+
+
+def _recover_reply(w: ConvWriter, intent: Intent) -> str:
+    """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone."""
+    w.state.intent = None
+    size = w.log_size()
+    if size <= intent.offset:
+        w.save()
+        return ""
+    w.state.log.size = size
+    w.append_marker(MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone")
+    return f"marked the interrupted reply at byte {intent.offset}"
+
+
+def _clean_processing(w: ConvWriter, claimed_files: list[Path]) -> list[str]:
+    """Inputs already in the log are removed; the rest stay queued in processing/."""
+    recent: set[str] = set()
+    if w.rebuilt:
+        result = parse(
+            w.conv.log.read_bytes() if w.conv.log.exists() else b"",
+            agent_label=w.meta.agent_label,
+        )
+        recent = {b.text.strip() for b in result.blocks[-100:] if b.kind.value == "agent"}
+    done: list[str] = []
+    for p in list(claimed_files):
+        if p.name in w.state.done_ids:
+            p.unlink(missing_ok=True)
+            done.append(f"removed {p.name} (already in the log)")
+        elif w.rebuilt and _read_text(p).strip() in recent:
+            p.unlink(missing_ok=True)
+            done.append(f"removed {p.name} (its text is already in the log)")
+        else:
+            continue
+        w.took(p)
+    return done
+
+
+def _starts_with_header(w: ConvWriter, offset: int) -> bool:
+    return w.log_bytes(offset, 200).lstrip(b"\n").startswith(b"=== ")
+
+
+_TIME_SHAPE = logformat.timestamp()  # every header time has this length
+
+
+def _same_but_time(expected: bytes, found: bytes) -> bool:
+    """``found`` is a prefix of ``expected`` apart from the header's time."""
+    at = expected.index(b"[") + 1
+    span = slice(at, at + len(_TIME_SHAPE))
+    a, b = bytearray(expected[: len(found)]), bytearray(found)
+    a[span], b[span] = b"", b""
+    return a == b
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return read_regular(p).decode("utf-8", errors="replace")
+    except (OSError, InputRejected):
+        return ""
