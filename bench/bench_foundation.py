@@ -56,6 +56,9 @@ class InstantBackend:
     async def check(self, model: str | None) -> list[Check]:
         return []
 
+    async def models(self) -> list[str]:
+        return []
+
     async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,11 +26,6 @@ if TYPE_CHECKING:  # aiohttp comes with the families: only when a command talks 
 
 MAX_MODELS = 200  # per backend; the rest are counted, not described
 AT_ONCE = 4  # capability look-ups in flight per backend
-
-
-@runtime_checkable
-class ListsModels(Protocol):
-    async def models(self) -> list[str]: ...
 
 
 def configured(settings: Settings, asked: tuple[str, ...]) -> list[str]:
@@ -83,8 +78,6 @@ async def _one(settings: Settings, name: str) -> dict[str, Any]:
     except ConfigError as exc:
         return {"backend": name, "ok": False, "error": str(exc)}
     try:
-        if not isinstance(backend, ListsModels):
-            return {"backend": name, "ok": False, "error": "this backend cannot list its models"}
         try:
             names = await backend.models()
         except BackendError as exc:

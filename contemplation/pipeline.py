@@ -19,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from contemplation import answering
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
@@ -30,7 +31,6 @@ from contemplation.layout import (
     read_state,
 )
 from contemplation.models import BackendSession, Block, ConvEvent, MarkerKind, Status
-from contemplation.needs import cycle
 from contemplation.runtime import Runtime
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
 from contemplation.tracking import Tracked
@@ -196,7 +196,7 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
                 f"message (max_need_rounds = {limit}); the agent can answer or send a message",
             )
         return None
-    planned = cycle.plan(rt, w.meta, blocks, nxt.needs)
+    planned = answering.plan(rt, w.meta, blocks, nxt.needs)
     w.record_asked(planned.asked)
     return planned.due
 
@@ -309,7 +309,7 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
         seen.recovered.discard(conv.id)
         raise
     if isinstance(decision, NeedsDue):
-        outcome = await cycle.answer(conv, rt, seen, decision)
+        outcome = await answering.answer(conv, rt, seen, decision)
         seen.remember_size(conv)
         return outcome
     return decision

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from contemplation import settings as settings_mod
 from contemplation.errors import ConfigError
+from contemplation.needs import permissions
 from contemplation.needs import rules as needrules
 from contemplation.needs.router import NeedRouter
 from contemplation.tools import registry
@@ -278,15 +279,15 @@ def test_a_part_of_a_file_routes_to_the_reader_whole(need: str, path: str) -> No
 )
 def test_a_part_of_a_file_is_judged_as_the_file_however_it_is_quoted(path: str) -> None:
     perms = [
-        *needrules.DEFAULT_PERMISSIONS,
-        *needrules.compile_permissions(
+        *permissions.DEFAULT_PERMISSIONS,
+        *permissions.compile_permissions(
             {"read_file": {"~/secret/**": "deny"}},
             source="t.toml",
             names=[*registry.kinds(), "read_file"],
             home="/home/u",
         ),
     ]
-    verdict = needrules.decide("read_file", "files.read", {"path": path}, perms, "/home/u")
+    verdict = permissions.decide("read_file", "files.read", {"path": path}, perms, "/home/u")
     assert verdict.action == "deny"
 
 

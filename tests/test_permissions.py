@@ -21,7 +21,7 @@ from contemplation import settings as settings_mod
 from contemplation.errors import ConfigError, InputRejected
 from contemplation.layout import Conv, Home, read_metadata, read_state
 from contemplation.models import Status
-from contemplation.needs import rules
+from contemplation.needs import permissions
 from contemplation.needs.router import NeedRouter
 from contemplation.parser import parse
 from contemplation.reading import Reader
@@ -41,16 +41,18 @@ browser = _browser  # the Chromium of the dashboard tests, as this module's fixt
 HOME = "/home/u"
 
 
-def perms(table: dict[str, Any], names: tuple[str, ...] = ("read_file",)) -> list[rules.Permission]:
-    compiled = rules.compile_permissions(
+def perms(
+    table: dict[str, Any], names: tuple[str, ...] = ("read_file",)
+) -> list[permissions.Permission]:
+    compiled = permissions.compile_permissions(
         table, source="test.toml", names=[*registry.kinds(), *names], home=HOME
     )
-    return [*rules.DEFAULT_PERMISSIONS, *compiled]
+    return [*permissions.DEFAULT_PERMISSIONS, *compiled]
 
 
 def verdict(table: dict[str, Any], path: str, rule: str = "read_file") -> str:
     tool = "files.read" if rule == "read_file" else "state.get"
-    return rules.decide(rule, tool, {"path": path}, perms(table), HOME).action
+    return permissions.decide(rule, tool, {"path": path}, perms(table), HOME).action
 
 
 # --------------------------------------------------------------------------- pure
@@ -78,7 +80,7 @@ def verdict(table: dict[str, Any], path: str, rule: str = "read_file") -> str:
     ],
 )
 def test_argument_patterns(pattern: str, value: str, hit: bool) -> None:
-    assert bool(rules.glob_regex(pattern, HOME).fullmatch(value)) is hit
+    assert bool(permissions.glob_regex(pattern, HOME).fullmatch(value)) is hit
 
 
 def test_everything_is_allowed_but_env_files_by_default() -> None:
@@ -88,7 +90,10 @@ def test_everything_is_allowed_but_env_files_by_default() -> None:
     for fine in ("/srv/app/prod.env", "/srv/app/.envrc", "how do I set .env values"):
         assert verdict({}, fine) == "allow", fine
     # any tool: a state lookup named like one is refused as well
-    assert rules.decide("current_state", "state.get", {"thing": ".env"}, perms({})).action == "deny"
+    assert (
+        permissions.decide("current_state", "state.get", {"thing": ".env"}, perms({})).action
+        == "deny"
+    )
 
 
 def test_the_last_matching_pattern_wins() -> None:
@@ -107,30 +112,38 @@ def test_the_last_matching_pattern_wins() -> None:
 def test_keys_name_a_rule_a_tool_or_a_pattern_of_them() -> None:
     by_tool = perms({"files.read": "ask"})
     by_pattern = perms({"files.*": "deny"})
-    assert rules.decide("read_file", "files.read", {"path": "/x"}, by_tool).action == "ask"
-    assert rules.decide("read_file", "files.read", {"path": "/x"}, by_pattern).action == "deny"
-    assert rules.decide("current_state", "state.get", {"thing": "x"}, by_tool).action == "allow"
-    mcp = rules.compile_permissions(
+    assert permissions.decide("read_file", "files.read", {"path": "/x"}, by_tool).action == "ask"
+    assert (
+        permissions.decide("read_file", "files.read", {"path": "/x"}, by_pattern).action == "deny"
+    )
+    assert (
+        permissions.decide("current_state", "state.get", {"thing": "x"}, by_tool).action == "allow"
+    )
+    mcp = permissions.compile_permissions(
         {"git:*": "ask", "time:get_current_time": "deny"},
         source="t",
         names=[],
         servers=["git", "time"],
     )
-    assert rules.decide("commits", "git:git_log", {"repo": "/r"}, mcp).action == "ask"
-    assert rules.decide("now", "time:get_current_time", {}, mcp).action == "deny"  # no arguments
+    assert permissions.decide("commits", "git:git_log", {"repo": "/r"}, mcp).action == "ask"
+    assert (
+        permissions.decide("now", "time:get_current_time", {}, mcp).action == "deny"
+    )  # no arguments
 
 
 def test_the_strictest_argument_decides() -> None:
     table = perms({"copy": {"~/vault/**": "ask"}}, names=("copy",))
     args = {"src": "/home/u/vault/k", "dst": "/tmp/k"}
-    v = rules.decide("copy", "fs:copy", args, table, HOME)
+    v = permissions.decide("copy", "fs:copy", args, table, HOME)
     assert (v.action, v.value) == ("ask", "/home/u/vault/k")
     nested = {"paths": ["/tmp/a", "/srv/.env"], "depth": 2}
-    assert rules.decide("copy", "fs:copy", nested, table, HOME).action == "deny"
+    assert permissions.decide("copy", "fs:copy", nested, table, HOME).action == "deny"
     # a path is judged as written and as meant: .. cannot step around a pattern
     sneaky = {"path": "/home/u/notes/../vault/key"}
-    assert rules.decide("copy", "fs:copy", sneaky, table, HOME).action == "ask"
-    assert rules.decide("copy", "fs:copy", {"path": "~/vault/key"}, table, HOME).action == "ask"
+    assert permissions.decide("copy", "fs:copy", sneaky, table, HOME).action == "ask"
+    assert (
+        permissions.decide("copy", "fs:copy", {"path": "~/vault/key"}, table, HOME).action == "ask"
+    )
 
 
 @pytest.mark.parametrize(
@@ -150,7 +163,7 @@ def test_the_strictest_argument_decides() -> None:
 )
 def test_a_bad_table_is_one_line_naming_file_and_key(table: Any, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        rules.compile_permissions(table, source="/etc/c.toml", names=["read_file"])
+        permissions.compile_permissions(table, source="/etc/c.toml", names=["read_file"])
     text = str(info.value)
     assert text.startswith("/etc/c.toml: [permissions]") and message in text and "\n" not in text
 

@@ -111,6 +111,12 @@ def test_a_conversation_through_the_plugin_backend_and_tool(
     assert "=== ECHO -> CLAUDE [" in log and "Echo: hello\nNEED: Upper case of hello" in log
     assert "RESPONSE TO NEED: Upper case of hello" in log and "\nHELLO\n" in log
     assert log.count("=== ECHO -> CLAUDE [") == 2  # the echo of the answer asks for nothing
+    # models lists a plugin backend through the same protocol as a built-in one
+    listed = json.loads(cli(env, "models", "-b", "echo", "--json").stdout)["backends"]
+    assert [(b["backend"], b["ok"], [m["name"] for m in b["models"]]) for b in listed] == [
+        ("echo", True, ["echo"])
+    ]
+    assert listed[0]["models"][0]["context_length"] == 32_768
     config.write_text('[plugins.echo]\nprefx = "Echo: "\n')
     bad = cli(env, "doctor", check=False)
     assert bad.returncode == 1 and "[plugins.echo] prefx in" in bad.stdout + bad.stderr

@@ -55,6 +55,11 @@ class Backend(Protocol):
 
     async def check(self, model: str | None) -> list[Check]: ...
 
+    async def models(self) -> list[str]:
+        """The model names the server offers (``contemplation models``); a server that
+        cannot be asked raises BackendError, one that does not say returns []."""
+        ...
+
     async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         """Drop server-side state kept for a conversation (called when it is archived);
         ``session`` is the one its state.json names, known even after a restart. Never raises

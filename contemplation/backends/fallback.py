@@ -73,6 +73,9 @@ class FallbackBackend:
                 errors.append(exc)
         raise errors[0]
 
+    async def models(self) -> list[str]:
+        return await self.chain[0].models()
+
     async def check(self, model: str | None) -> list[Check]:
         checks: list[Check] = []
         for i, backend in enumerate(self.chain):

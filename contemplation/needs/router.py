@@ -16,7 +16,7 @@ Tool output is data, not instructions: :meth:`Answer.render_block` wraps it betw
 ``BEGIN TOOL OUTPUT`` and ``END TOOL OUTPUT``, and agent blocks are never scanned for NEEDs.
 
 Permissions (``[permissions]``, see :mod:`contemplation.needs.rules`): :meth:`NeedRouter.permit`
-says allow / ask / deny for a routed need; :mod:`contemplation.needs.cycle` marks each route
+says allow / ask / deny for a routed need; :mod:`contemplation.answering` marks each route
 with it (and with the agent's decisions), and :meth:`NeedRouter.answer_all` refuses a denied
 route with an answer that says so and leaves an asked one alone (nothing is looked up).
 """
@@ -45,6 +45,7 @@ from contemplation.logformat import (
     one_line,
     timestamp,
 )
+from contemplation.needs import permissions
 from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
 from contemplation.templates import Template, load_template
@@ -221,8 +222,8 @@ class NeedRouter:
         self.table = needrules.table(self.config_rules)
         self.user_home = str(Path.home())
         self.permissions = (
-            *needrules.DEFAULT_PERMISSIONS,
-            *needrules.compile_permissions(
+            *permissions.DEFAULT_PERMISSIONS,
+            *permissions.compile_permissions(
                 settings.permissions,
                 source=settings.source("permissions"),
                 names=self._names(self.table),
@@ -236,7 +237,7 @@ class NeedRouter:
         self.tools: dict[str, Tool] = build_tools(settings, self.pool)
         self.tools.update(tools or {})
         self._templates: dict[str, needrules.RuleTable] = {}
-        self._template_permissions: dict[str, tuple[needrules.Permission, ...]] = {}
+        self._template_permissions: dict[str, tuple[permissions.Permission, ...]] = {}
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
         self._gate = asyncio.Semaphore(self.limits.parallel)
@@ -272,13 +273,13 @@ class NeedRouter:
 
     def _compile_template_permissions(
         self, name: str, table: needrules.RuleTable
-    ) -> tuple[needrules.Permission, ...]:
+    ) -> tuple[permissions.Permission, ...]:
         tpl = load_template(self.home, name)
         raw = tpl.extra.get("permissions")
         if raw is None:
             return ()
         path = _template_file(tpl)
-        return needrules.compile_permissions(
+        return permissions.compile_permissions(
             raw,
             source=str(path),
             names=self._names(table),
@@ -286,7 +287,7 @@ class NeedRouter:
             home=self.user_home,
         )
 
-    def permission_rules(self, template: str | None = None) -> tuple[needrules.Permission, ...]:
+    def permission_rules(self, template: str | None = None) -> tuple[permissions.Permission, ...]:
         """The permissions in the order they are tried (the last match wins): the defaults,
         the config's ``[permissions]``, then the template's."""
         if not template:
@@ -294,7 +295,7 @@ class NeedRouter:
         self.rules(template)
         return (*self.permissions, *self._template_permissions.get(template, ()))
 
-    def permit(self, found: needrules.Route, *, template: str | None = None) -> needrules.Verdict:
+    def permit(self, found: needrules.Route, *, template: str | None = None) -> permissions.Verdict:
         """allow / ask / deny for one routed need, by the permissions alone. A file is also
         judged by the real path it is found at (``notes/x.md`` under a root, ``~/x``): a
         pattern on the real path cannot be passed by writing the path another way."""
@@ -304,7 +305,7 @@ class NeedRouter:
             real = reader.resolved(str(arguments.get("path", "")))
             if real is not None:
                 arguments["(found at)"] = str(real)
-        return needrules.decide(
+        return permissions.decide(
             found.rule.name,
             found.tool,
             arguments,

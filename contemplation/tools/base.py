@@ -7,6 +7,7 @@ The answer budget (characters per answer) is applied on top by the caller.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -57,3 +58,25 @@ def trim(text: str, budget: int) -> tuple[str, int]:
         cut = text.rfind(" ", floor, budget)
     kept = text[: cut if cut > 0 else budget].rstrip()
     return kept, len(text) - len(kept)
+
+
+PLACEHOLDER_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")  # {name} in a tool's arguments
+
+
+def fill(template: Any, values: Mapping[str, str]) -> Any:
+    """Fill ``{name}`` placeholders (``{{``/``}}`` are literal braces) in nested values."""
+    if isinstance(template, str):
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(0) == "{{":
+                return "{"
+            if m.group(0) == "}}":
+                return "}"
+            return values.get(m.group(1) or "", "")
+
+        return PLACEHOLDER_RE.sub(sub, template)
+    if isinstance(template, Mapping):
+        return {k: fill(v, values) for k, v in template.items()}
+    if isinstance(template, list | tuple):
+        return [fill(v, values) for v in template]
+    return template

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contemplation.needs.rules import fill
-from contemplation.tools.base import ToolResult, Unconfigured, text_arg
+from contemplation.tools.base import ToolResult, Unconfigured, fill, text_arg
 from contemplation.tools.mcp import McpPool
 
 NOT_CONFIGURED = (

@@ -49,6 +49,9 @@ class EchoBackend:
     async def check(self, model: str | None) -> list[Check]:
         return [Check("echo", True, "answers at once (no server)")]
 
+    async def models(self) -> list[str]:
+        return ["echo"]  # any model name works; this is the one it suggests
+
     async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None
 

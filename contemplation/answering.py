@@ -39,7 +39,7 @@ from contemplation.runtime import Runtime, lock
 from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
 from contemplation.tracking import Tracked
 
-log = structlog.get_logger("contemplation.needs.cycle")
+log = structlog.get_logger("contemplation.answering")
 
 
 @dataclass(frozen=True, slots=True)
