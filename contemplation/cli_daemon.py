@@ -125,9 +125,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("daemon", True, differs, warn=True)
     for where, why in refused_folders(home):
         add("folders", True, f"{where} is not taken: {why}", warn=True)
+    from contemplation import context_kinds
     from contemplation.tools import registry
 
-    for where, why in (*backends.failures(), *registry.failures()):  # it starts without them
+    failed = (*backends.failures(), *registry.failures(), *context_kinds.failures())
+    for where, why in failed:  # it starts without them
         add("plugin", False, f"{where} was not loaded: {why}")
     add(
         "daemon",

@@ -2,8 +2,9 @@
 
     contemplation plugins [--json]
 
-Lists every backend family and NEED tool kind with the distribution it comes from (``built
-in`` for the package's own, else the plugin's; for a tool, the rules it offers too); then
+Lists every backend family, NEED tool kind and context requirement kind with the
+distribution it comes from (``built in`` for the package's own, else the plugin's; for a
+tool, the rules it offers too); then
 each plugin that could not be loaded, with why (exit 1 when there is one).
 """
 
@@ -22,12 +23,12 @@ from contemplation.terminal import safe
 @click.command()
 @json_option(
     'Print {"backends": [{name, from}], "tools": [{name, from, argument, rules, description}], '
-    '"failed": [{plugin, error}]}.'
+    '"context": [{name, from, label, description}], "failed": [{plugin, error}]}.'
 )
 def plugins(as_json: bool) -> None:
     """The backends and NEED tools, built in and from plugins, and the plugins that failed to
     load."""
-    from contemplation import backends
+    from contemplation import backends, context_kinds
     from contemplation.tools import registry
 
     families = [{"name": n, "from": d} for n, d in backends.origins().items()]
@@ -43,9 +44,15 @@ def plugins(as_json: bool) -> None:
         }
         for k in kinds
     ]
+    context_from = context_kinds.origins()
+    context = [
+        {"name": k.name, "from": context_from[k.name], "label": k.label,
+         "description": k.description}
+        for k in context_kinds.kinds().values()
+    ]  # fmt: skip
     failed = [
         {"plugin": where, "error": why}
-        for where, why in (*backends.failures(), *registry.failures())
+        for where, why in (*backends.failures(), *registry.failures(), *context_kinds.failures())
     ]
     human = show.table([(f["name"], f["from"]) for f in families], ("BACKEND", "FROM"))
     rows = [
@@ -54,7 +61,15 @@ def plugins(as_json: bool) -> None:
         for k in kinds
     ]  # fmt: skip
     human += "\n\n" + show.table(rows, ("TOOL", "FROM", "RULES", "WHAT"))
+    human += "\n\n" + show.table(
+        [(c["name"], c["from"], c["label"], c["description"]) for c in context],
+        ("CONTEXT", "FROM", "SECTION", "WHAT"),
+    )
     human += "".join(f"\nFAILED {f['plugin']}: {f['error']}" for f in failed)
-    emit({"backends": families, "tools": tools, "failed": failed}, as_json, safe(human))
+    emit(
+        {"backends": families, "tools": tools, "context": context, "failed": failed},
+        as_json,
+        safe(human),
+    )
     if failed:
         sys.exit(EXIT_ERROR)

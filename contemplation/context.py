@@ -1,6 +1,7 @@
 """Context assembly at conversation start, from ``metadata.json``'s ``context_requirements``.
 
-Each requirement is a small dict::
+Each requirement is a small dict; its ``type`` is a kind in :mod:`.context_kinds` (these are
+built in, a plugin may add more)::
 
     {"type": "code_structure", "path": "src"}        folder layout + top-level Python names
     {"type": "files", "paths": ["README.md", ...]}   file contents
@@ -28,6 +29,8 @@ from typing import Any
 
 import structlog
 
+from contemplation import context_kinds
+from contemplation.context_kinds import LABELS
 from contemplation.layout import Conv
 from contemplation.logformat import one_line
 from contemplation.needs.router import Answer, NeedRouter, neutralise
@@ -35,23 +38,7 @@ from contemplation.writer import write_context_file
 
 log = structlog.get_logger("contemplation.context")
 
-LABELS = {
-    "background": "Background",
-    "state": "Current state",
-    "constraints": "Constraints",
-    "notes": "Related notes",
-}
-TYPE_LABEL = {
-    "code_structure": "background",
-    "files": "background",
-    "memory": "background",
-    "need": "background",
-    "state": "state",
-    "constraints": "constraints",
-    "notes": "notes",
-}
 MAX_REQUIREMENTS = 20
-MAX_FILES = 10
 CONTEXT_FILE = "context.md"
 
 
@@ -74,83 +61,25 @@ class _Job:
     arguments: Mapping[str, Any]
 
 
-_Spec = tuple[str, str, dict[str, Any]]  # title, tool, arguments
-
-
-def _text(req: Mapping[str, Any], *keys: str) -> str:
-    return next((str(req[k]).strip() for k in keys if req.get(k)), "")
-
-
-def _code_structure(req: Mapping[str, Any]) -> list[_Spec] | str:
-    path = str(req.get("path") or ".")
-    return [(f"code structure: {path}", "files.tree", {"path": path})]
-
-
-def _files(req: Mapping[str, Any]) -> list[_Spec] | str:
-    paths = req.get("paths") or ([req["path"]] if req.get("path") else [])
-    if not isinstance(paths, list) or not paths:
-        return "has no 'paths' list"
-    return [(f"file: {p}", "files.read", {"path": str(p)}) for p in paths[:MAX_FILES]]
-
-
-def _search(kind: str) -> Callable[[Mapping[str, Any]], list[_Spec] | str]:
-    def spec(req: Mapping[str, Any]) -> list[_Spec] | str:
-        query = _text(req, "query")
-        return (
-            [(f"{kind}: {query}", f"{kind}.search", {"query": query})]
-            if query
-            else ("has no 'query'")
-        )
-
-    return spec
-
-
-def _state(req: Mapping[str, Any]) -> list[_Spec] | str:
-    thing = _text(req, "thing", "query")
-    return [(f"state of {thing}", "state.get", {"thing": thing})] if thing else "has no 'thing'"
-
-
-def _constraints(req: Mapping[str, Any]) -> list[_Spec] | str:
-    items = req.get("items")
-    text = "\n".join(f"- {i}" for i in items) if isinstance(items, list) else ""
-    text = text or _text(req, "text")
-    return [("constraints", "", {"text": text})] if text else "is empty"
-
-
-def _need(req: Mapping[str, Any]) -> list[_Spec] | str:
-    need = _text(req, "need")
-    return [(need, "need", {"need": need})] if need else "has no 'need'"
-
-
-_KINDS: dict[str, Callable[[Mapping[str, Any]], list[_Spec] | str]] = {
-    "code_structure": _code_structure,
-    "files": _files,
-    "notes": _search("notes"),
-    "memory": _search("memory"),
-    "state": _state,
-    "constraints": _constraints,
-    "need": _need,
-}
-
-
 def _jobs(requirements: Sequence[Mapping[str, Any]]) -> tuple[list[_Job], list[str]]:
     """Requirements → tool jobs; and the problems with ones that cannot be used."""
     jobs: list[_Job] = []
     problems: list[str] = []
+    known = context_kinds.kinds()
     for n, req in enumerate(requirements[:MAX_REQUIREMENTS], 1):
         if not isinstance(req, Mapping):
             problems.append(f"requirement {n} is not an object")
             continue
         kind = str(req.get("type", ""))
-        make = _KINDS.get(kind)
-        if make is None:
+        found = known.get(kind)
+        if found is None:
             problems.append(f"requirement {n} has an unknown type {kind!r}")
             continue
-        specs = make(req)
+        specs = found.jobs(req)
         if isinstance(specs, str):
             problems.append(f"requirement {n} ({kind}) {specs}")
             continue
-        label = str(req.get("label") or TYPE_LABEL.get(kind, "background"))
+        label = str(req.get("label") or found.label)
         label = label if label in LABELS else "background"
         for title, tool, args in specs:
             key = tool + " " + json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import ipaddress
 
-from contemplation import backends
-from contemplation.context import TYPE_LABEL
+from contemplation import backends, context_kinds
 from contemplation.errors import ConfigError, NotFound
 from contemplation.layout import Home
 from contemplation.needs.router import NeedRouter
 from contemplation.settings import Settings
 from contemplation.templates import Template, load_template, template_dirs
-
-REQUIREMENT_TYPES = frozenset(TYPE_LABEL)  # what a context requirement may be
 
 
 def _backend_name(settings: Settings, key: str, name: str) -> None:
@@ -61,10 +58,10 @@ def check_template(tpl: Template) -> None:
         )
     for n, req in enumerate(tpl.context_requirements, 1):
         kind = req.get("type")
-        if kind not in REQUIREMENT_TYPES:
+        if kind not in (known := context_kinds.kinds()):
             raise ConfigError(
                 f"invalid context_requirements in template {where}: entry {n} has type "
-                f"{kind!r}; known: {', '.join(sorted(REQUIREMENT_TYPES))}"
+                f"{kind!r}; known: {', '.join(sorted(known))}"
             )
 
 

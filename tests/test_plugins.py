@@ -52,8 +52,15 @@ def test_the_example_plugin_is_listed_routed_and_answers_a_need(
     assert listed["failed"] == []
     routed = cli(env, "routes", "test", "NEED: Upper case of hello").stdout
     assert "upper_case (plugin contemplation-echo)" in routed and '{"text": "hello"}' in routed
+    assert {"name": "upper", "from": "contemplation-echo", "label": "background",
+            "description": "the text in capitals"} in listed["context"]  # fmt: skip
     conv = new_conversation(
-        home, "plugin", template=load_template(home, "default"), model="llama3.2", backend="ollama"
+        home,
+        "plugin",
+        template=load_template(home, "default"),
+        model="llama3.2",
+        backend="ollama",
+        extra={"context_requirements": [{"type": "upper", "text": "from the plugin"}]},
     )
     fake_ollama.enqueue(Step(text="Let me check.\nNEED: Upper case of hello"))
     fake_ollama.enqueue(Step(text="It is HELLO."))
@@ -66,6 +73,8 @@ def test_the_example_plugin_is_listed_routed_and_answers_a_need(
     # the model was told of the plugin's rule in its system prompt
     system = fake_ollama.chat_requests()[0]["messages"][0]["content"]
     assert "Upper case of" in system
+    # and the plugin's context kind gathered its requirement through its tool
+    assert "FROM THE PLUGIN" in system
 
 
 def test_a_plugin_that_fails_to_load_is_one_line_and_the_daemon_runs_without_it(

@@ -1,5 +1,6 @@
 """An example plugin: ``NEED: Upper case of hello`` is answered with ``HELLO`` (this module),
-and the ``echo`` backend (:mod:`contemplation_echo.backend`).
+a context requirement ``{"type": "upper", "text": "hello"}`` puts ``HELLO`` into a new
+conversation's system prompt, and the ``echo`` backend (:mod:`contemplation_echo.backend`).
 
 A NEED tool is a :class:`~contemplation.tools.registry.ToolKind`: its name (what a rule's
 ``tool`` says), a one-line description, the argument a rule's capture fills, how the tool is
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from contemplation.context_kinds import ContextKind, Job, text
 from contemplation.errors import ToolError
 from contemplation.needs.rules import Rule
 from contemplation.tools.base import ToolResult
@@ -51,3 +53,13 @@ upper = ToolKind(
         ),
     ),
 )
+
+
+def _upper_jobs(requirement: Mapping[str, Any]) -> list[Job] | str:
+    """A requirement -> the tool jobs that gather it, or why it cannot be used."""
+    said = text(requirement, "text")
+    return [(f"upper: {said}", "upper", {"text": said})] if said else "has no 'text'"
+
+
+# a context requirement kind: its "type", the prompt section it lands in, its jobs
+upper_context = ContextKind("upper", "background", _upper_jobs, "the text in capitals")

@@ -1,0 +1,135 @@
+"""The kinds of context requirement by ``type``: one registry, the built-ins registered
+through it, plugins through the entry point group ``contemplation.context``.
+
+A kind says which section of the system prompt its text lands in (``background``, ``state``,
+``constraints``, ``notes``) and what one requirement of it becomes: the tool jobs to run
+(a title, a NEED tool's name and its arguments; the tool "" gives the ``text`` argument
+verbatim, the tool "need" routes a NEED through the rule table), or one phrase saying why
+it cannot be used ("has no 'query'"). A plugin's kind usually names a NEED tool that the
+same plugin registers (``contemplation.tools``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Job = tuple[str, str, dict[str, Any]]  # title, tool, arguments
+Jobs = Callable[[Mapping[str, Any]], list[Job] | str]
+
+LABELS = {
+    "background": "Background",
+    "state": "Current state",
+    "constraints": "Constraints",
+    "notes": "Related notes",
+}
+MAX_FILES = 10  # files one "files" requirement reads
+
+
+@dataclass(frozen=True, slots=True)
+class ContextKind:
+    name: str  # the requirement's "type"
+    label: str  # the section its text lands in (a key of LABELS)
+    jobs: Jobs  # a requirement -> its tool jobs, or why it cannot be used
+    description: str = ""
+
+
+GROUP = "contemplation.context"
+BUILT_IN = "built in"
+
+_KINDS: dict[str, ContextKind] = {}
+_ORIGINS: dict[str, str] = {}
+_FAILED: list[tuple[str, str]] = []
+
+
+def register(kind: ContextKind, origin: str = BUILT_IN) -> None:
+    """Add a kind (a second one of the same name is refused: names are what requirements
+    say; a label that is not a section is refused too)."""
+    if not isinstance(kind, ContextKind):
+        raise TypeError(f"not a ContextKind: {kind!r}")
+    if kind.name in _KINDS:
+        raise ValueError(f"a context kind named {kind.name!r} is registered already")
+    if kind.label not in LABELS:
+        raise ValueError(f"{kind.name}: label {kind.label!r} is not one of {', '.join(LABELS)}")
+    _KINDS[kind.name] = kind
+    _ORIGINS[kind.name] = origin
+
+
+def kinds() -> dict[str, ContextKind]:
+    """Every registered kind by name: the built-ins, then the plugins'."""
+    if not _KINDS:
+        _builtins()
+        from contemplation import plugins
+
+        _FAILED.extend(plugins.load(GROUP, ContextKind, register))
+    return dict(_KINDS)
+
+
+def origins() -> dict[str, str]:
+    kinds()
+    return dict(_ORIGINS)
+
+
+def failures() -> list[tuple[str, str]]:
+    kinds()
+    return list(_FAILED)
+
+
+def text(req: Mapping[str, Any], *keys: str) -> str:
+    """The first of ``keys`` the requirement has, as stripped text ("" when none)."""
+    return next((str(req[k]).strip() for k in keys if req.get(k)), "")
+
+
+def _code_structure(req: Mapping[str, Any]) -> list[Job] | str:
+    path = str(req.get("path") or ".")
+    return [(f"code structure: {path}", "files.tree", {"path": path})]
+
+
+def _files(req: Mapping[str, Any]) -> list[Job] | str:
+    paths = req.get("paths") or ([req["path"]] if req.get("path") else [])
+    if not isinstance(paths, list) or not paths:
+        return "has no 'paths' list"
+    return [(f"file: {p}", "files.read", {"path": str(p)}) for p in paths[:MAX_FILES]]
+
+
+def _search(kind: str) -> Jobs:
+    def jobs(req: Mapping[str, Any]) -> list[Job] | str:
+        query = text(req, "query")
+        return (
+            [(f"{kind}: {query}", f"{kind}.search", {"query": query})]
+            if query
+            else ("has no 'query'")
+        )
+
+    return jobs
+
+
+def _state(req: Mapping[str, Any]) -> list[Job] | str:
+    thing = text(req, "thing", "query")
+    return [(f"state of {thing}", "state.get", {"thing": thing})] if thing else "has no 'thing'"
+
+
+def _constraints(req: Mapping[str, Any]) -> list[Job] | str:
+    items = req.get("items")
+    said = "\n".join(f"- {i}" for i in items) if isinstance(items, list) else ""
+    said = said or text(req, "text")
+    return [("constraints", "", {"text": said})] if said else "is empty"
+
+
+def _need(req: Mapping[str, Any]) -> list[Job] | str:
+    need = text(req, "need")
+    return [(need, "need", {"need": need})] if need else "has no 'need'"
+
+
+def _builtins() -> None:
+    for kind in (
+        ContextKind("code_structure", "background", _code_structure, "folder layout + names"),
+        ContextKind("files", "background", _files, "file contents"),
+        ContextKind("notes", "notes", _search("notes"), "notes vault search"),
+        ContextKind("memory", "background", _search("memory"), "memory store search"),
+        ContextKind("state", "state", _state, "recorded current state"),
+        ContextKind("constraints", "constraints", _constraints, "given verbatim"),
+        ContextKind("need", "background", _need, "anything a routing rule answers"),
+    ):
+        register(kind)
