@@ -2,10 +2,10 @@
 
 Every registry (NEED tools, backends, context kinds) loads its group through :func:`load`:
 an entry point names one kind, several, or a callable that returns one or several; a plugin
-that fails to
-import, returns something else or raises costs one log line and a ``failed`` row (shown by
-``plugins`` and ``doctor``), never the process. Reading the entry points costs about 25 ms,
-so a registry reads them only when it is asked for something it does not hold already.
+that fails to import, returns something else or raises costs one log line and a ``failed``
+row (shown by ``plugins`` and ``doctor``), never the process. Reading the entry points costs
+about 25 ms, so a registry reads them only when it is asked for something it does not hold
+already.
 """
 
 from __future__ import annotations
