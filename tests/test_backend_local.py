@@ -189,6 +189,7 @@ def test_requests_llama_cpp_rejects_are_permanent(gguf: Path) -> None:
 
 
 def test_a_missing_model_file_is_permanent(tmp_path: Path) -> None:
+    peers.xllamacpp_available()  # the [local] extra, as for its siblings
     b = LocalBackend(model_path=str(tmp_path / "none.gguf"), timeouts=TIMEOUTS)
     with pytest.raises(BackendError) as info:
         collect(b, req("hi"))
@@ -198,6 +199,7 @@ def test_a_missing_model_file_is_permanent(tmp_path: Path) -> None:
 
 
 def test_a_file_that_is_not_a_model_is_a_permanent_load_error(tmp_path: Path) -> None:
+    peers.xllamacpp_available()  # loading needs the [local] extra
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file")
     with pytest.raises(BackendError) as info:
