@@ -32,9 +32,9 @@ from contemplation.models import (
     Block,
     ConvEvent,
     Metadata,
+    Route,
     Status,
 )
-from contemplation.needs.rules import Route
 from contemplation.runtime import Runtime, lock
 from contemplation.steps import AGAIN, NeedsDue, Outcome, Wait
 from contemplation.tracking import Tracked

@@ -28,8 +28,8 @@ from contemplation.logformat import NEED_PREFIX
 from contemplation.terminal import safe
 
 if TYPE_CHECKING:  # the router pulls in the MCP SDK: only load it when a routes command runs
+    from contemplation.models import Rule
     from contemplation.needs.router import NeedRouter
-    from contemplation.needs.rules import Rule
 
 
 @click.group(invoke_without_command=True)

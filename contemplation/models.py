@@ -8,6 +8,9 @@ Nothing here imports from the package.
 from __future__ import annotations
 
 import enum
+import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -306,3 +309,51 @@ class StreamEvent:
     tool_call: dict[str, Any] | None = None
     usage: Usage | None = None
     session: BackendSession | None = None
+
+
+# --------------------------------------------------------------------------- NEED rules
+
+Action = Literal["allow", "ask", "deny"]  # a permission (see needs/permissions.py)
+ACTIONS: tuple[Action, ...] = ("allow", "ask", "deny")
+FUNCTION_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")  # a rule's name as a native tool
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    tool: str
+    args: Mapping[str, Any]
+    prefix: str = ""
+    pattern: re.Pattern[str] | None = None
+    param: str = "query"  # the capture a prefix rule gives the text after the prefix
+    description: str = ""
+    source: str = "built in"
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The values a caller supplies (native tool calls): captures, or the prefix's param."""
+        if self.pattern is not None:
+            return tuple(self.pattern.groupindex)
+        return (self.param,)
+
+    @property
+    def function(self) -> str | None:
+        """The name under which the rule is offered as a native tool (None: not offered)."""
+        return self.name if FUNCTION_RE.match(self.name) and self.tool != "agent" else None
+
+    def describe(self) -> str:
+        how = (
+            f"prefix {self.prefix!r}" if self.pattern is None else f"match {self.pattern.pattern!r}"
+        )
+        return f"{self.name}: {how} -> {self.tool} {json.dumps(dict(self.args))} ({self.source})"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    rule: Rule
+    need: str
+    tool: str
+    arguments: dict[str, Any]
+    captures: dict[str, str] = field(default_factory=dict)
+    verdict: Action = "allow"  # its permission: "ask" waits for the agent, "deny" is refused
+    why: str = ""  # what decided it (a permission rule, the agent)

@@ -10,9 +10,9 @@ from typing import Any
 
 from contemplation.conversation import whole
 from contemplation.logformat import canonical_need
-from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata
-from contemplation.needs.rules import Rule, default_rules
+from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata, Rule
 from contemplation.templates import PromptMode
+from contemplation.tools import registry
 
 INTRO = (
     "You are in an asynchronous conversation with {agent} (an AI agent or a person), "
@@ -142,7 +142,7 @@ def system_prompt(
 
     ``{agent}`` and ``{topic}`` are filled everywhere, ``{needs}`` in the own prompt (the
     offered NEED lines)."""
-    offered = need_forms(default_rules()) if needs is None else needs
+    offered = need_forms(registry.default_rules()) if needs is None else needs
     own = (meta.system_prompt or template_prompt).strip()
     chosen = (meta.model_extra or {}).get("prompt_mode")
     mode = chosen if chosen in ("add", "replace") else prompt_mode

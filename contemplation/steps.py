@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contemplation.models import Metadata
-from contemplation.needs.rules import Route
+from contemplation.models import Metadata, Route
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from contemplation.models import Rule
 from contemplation.needs import rules
-from contemplation.needs.rules import Rule
 
 TOOL_CALL_PREFIX = "(tool call "
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contemplation.errors import ConfigError
-from contemplation.needs.rules import ACTIONS, MCP_TOOL_RE, Action, tool_ok
+from contemplation.models import ACTIONS, Action
+from contemplation.needs.rules import MCP_TOOL_RE, tool_ok
 from contemplation.tools.parts import split_range
 
 _STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}

@@ -25,71 +25,23 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from contemplation.errors import ConfigError
 from contemplation.logformat import canonical_need
+from contemplation.models import ACTIONS, FUNCTION_RE, Action, Route, Rule
 from contemplation.tools import registry
 from contemplation.tools.base import PLACEHOLDER_RE, fill
+from contemplation.tools.registry import default_rules
 
 MAX_NEED_CHARS = 1000
 MAX_ARG_CHARS = 1000
-FUNCTION_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MCP_TOOL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):([A-Za-z0-9_][A-Za-z0-9_./-]*)$")
 _ROUTES_HEADER_RE = re.compile(r"^[ \t]*\[\[[ \t]*routes[ \t]*\]\]", re.MULTILINE)
 _QUOTES = ("``", '""', "''", "<>", "“”", "‘’")  # noqa: RUF001 - typographic quotes on purpose
 
-Action = Literal["allow", "ask", "deny"]  # a permission (see :mod:`.permissions`)
-ACTIONS: tuple[Action, ...] = ("allow", "ask", "deny")
 RULE_KEYS = {"name", "prefix", "match", "tool", "args", "param", "description", "case_sensitive"}
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    name: str
-    tool: str
-    args: Mapping[str, Any]
-    prefix: str = ""
-    pattern: re.Pattern[str] | None = None
-    param: str = "query"  # the capture a prefix rule gives the text after the prefix
-    description: str = ""
-    source: str = "built in"
-
-    @property
-    def params(self) -> tuple[str, ...]:
-        """The values a caller supplies (native tool calls): captures, or the prefix's param."""
-        if self.pattern is not None:
-            return tuple(self.pattern.groupindex)
-        return (self.param,)
-
-    @property
-    def function(self) -> str | None:
-        """The name under which the rule is offered as a native tool (None: not offered)."""
-        return self.name if FUNCTION_RE.match(self.name) and self.tool != "agent" else None
-
-    def describe(self) -> str:
-        how = (
-            f"prefix {self.prefix!r}" if self.pattern is None else f"match {self.pattern.pattern!r}"
-        )
-        return f"{self.name}: {how} -> {self.tool} {json.dumps(dict(self.args))} ({self.source})"
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    rule: Rule
-    need: str
-    tool: str
-    arguments: dict[str, Any]
-    captures: dict[str, str] = field(default_factory=dict)
-    verdict: Action = "allow"  # its permission: "ask" waits for the agent, "deny" is refused
-    why: str = ""  # what decided it (a permission rule, the agent)
-
-
-def default_rules() -> tuple[Rule, ...]:
-    """The rules the registered tool kinds offer, in registration order (the built-ins'
-    first): checked after the template's and the config's."""
-    return tuple(r for kind in registry.kinds().values() for r in kind.rules)
 
 
 # --------------------------------------------------------------------------- compiling
@@ -461,3 +413,18 @@ def parse_text_tool_calls(
             out.append((name, heal_arguments(args)))
         i = end
     return out[:limit]
+
+
+__all__ = [  # the names a plugin uses (Rule) and the table's own
+    "ACTIONS",
+    "Action",
+    "Route",
+    "Rule",
+    "RuleTable",
+    "compile_rule",
+    "compile_rules",
+    "default_rules",
+    "route",
+    "route_call",
+    "table",
+]

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from contemplation.models import Rule
+
 if TYPE_CHECKING:  # making a tool imports its module: naming one does not
-    from contemplation.needs.rules import Rule
     from contemplation.settings import Settings
     from contemplation.tools.base import Tool
     from contemplation.tools.mcp import McpPool
@@ -169,8 +170,6 @@ def _web(m: Made) -> Tool:
 
 
 def _builtins() -> None:
-    from contemplation.needs.rules import Rule
-
     memory = Rule(
         "brain_memory",
         "memory.search",
@@ -253,3 +252,9 @@ def _builtins() -> None:
         ToolKind("agent", "no tool: the agent answers", default_arg=None),
     ):
         register(kind)
+
+
+def default_rules() -> tuple[Rule, ...]:
+    """The rules the registered tool kinds offer, in registration order (the built-ins'
+    first): checked after the template's and the config's."""
+    return tuple(r for kind in kinds().values() for r in kind.rules)

@@ -1,0 +1,235 @@
+"""The shape of the package, measured: import arrows that go up the layers, import circles,
+the largest modules, and the module boundaries one message crosses on its way.
+
+    .venv/bin/python scripts/architecture.py [--tree DIR]   (DIR: a checkout; default: here)
+
+Layers, lowest first (a module may import its own layer and those below; an import of a
+higher layer is an arrow up). Modules named by prefix; the first match wins:
+
+    0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
+                  sdnotify logs plugins
+    1 reading     layout logview templates settings conversation reload breaker activity
+                  waiting context_kinds index_rows
+    2 writer      writer/
+    3 services    tools/ backends/ index_db listing search_index retention
+    4 needs       needs/ context summarise prompts budget (what is sent to the model)
+    5 runtime     runtime tracking scheduler validate
+    6 steps       turn answering pipeline
+    7 engine      dispatcher watcher daemon index_keeper notify
+    8 faces       everything else (cli*, mcp_*, dashboard/, reading, actions, service, show)
+
+Imports under ``if TYPE_CHECKING:`` are not counted (they never run). A function-level import
+is counted (it runs). The message path is traced with ``sys.setprofile`` while one message
+dropped into a new conversation is answered by an in-process backend (``process_pending``):
+every call from one contemplation module into another is a crossing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+LAYERS: list[tuple[int, tuple[str, ...]]] = [
+    (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
+         "exits", "terminal", "paging", "sdnotify", "logs", "plugins")),
+    (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
+         "activity", "waiting", "context_kinds", "index_rows")),
+    (2, ("writer",)),
+    (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
+    (4, ("needs", "context", "summarise", "prompts", "budget")),
+    (5, ("runtime", "tracking", "scheduler", "validate")),
+    (6, ("turn", "answering", "pipeline")),
+    (7, ("dispatcher", "watcher", "daemon", "index_keeper", "notify")),
+]  # fmt: skip
+FACES = 8
+
+
+def layer(module: str) -> int:
+    """``module`` without the package prefix (``writer.session``)."""
+    head = module.split(".", maxsplit=1)[0]
+    for n, names in LAYERS:
+        if head in names:
+            return n
+    return FACES
+
+
+def modules(root: Path) -> dict[str, Path]:
+    pkg = root / "contemplation"
+    out: dict[str, Path] = {}
+    for f in sorted(pkg.rglob("*.py")):
+        rel = f.relative_to(pkg).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        out[".".join(parts) or "__init__"] = f
+    return out
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The package's modules ``path`` imports when it runs (TYPE_CHECKING blocks left out)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for branch in node.orelse:
+                visit(branch)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("contemplation"):
+                base = node.module.removeprefix("contemplation").lstrip(".")
+                for alias in node.names:
+                    full = f"{base}.{alias.name}" if base else alias.name
+                    found.add(full if full in known else base)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("contemplation."):
+                    found.add(alias.name.removeprefix("contemplation."))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in known}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of two or more modules (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def trace_path(root: Path, *, verbose: bool = False) -> tuple[int, int]:
+    """(distinct module-to-module edges, calls across modules) while one message is answered."""
+    code = r"""
+import asyncio, sys, tempfile
+from collections import defaultdict
+from pathlib import Path
+sys.path.insert(0, ".")
+from bench.bench_foundation import InstantBackend
+from contemplation import backends
+from contemplation.layout import Home
+from contemplation.pipeline import Runtime, process_pending
+from contemplation.settings import load
+from contemplation.writer import drop_message, new_conversation
+try:
+    from contemplation.templates import load_template
+except ImportError:
+    from contemplation.layout import load_template
+tmp = Path(tempfile.mkdtemp())
+home = Home(tmp / "home")
+s = load(overrides={"home": str(home.root), "settle_seconds": 0, "durability": "none"})
+rt = Runtime(settings=s, home=home)
+rt.backends["ollama"] = InstantBackend()
+tpl = load_template(home, "default")
+conv = new_conversation(home, "trace", template=tpl, model="m", backend="ollama")
+asyncio.run(process_pending(rt))  # warm: imports, first sight
+drop_message(conv, "hello")
+edges = defaultdict(int)
+pkg = str(Path("contemplation").resolve())
+def mod(f):
+    if not f.startswith(pkg):
+        return None
+    return f[len(pkg) + 1:-3].replace("/", ".").removesuffix(".__init__")
+def prof(frame, event, arg):
+    if event != "call":
+        return
+    callee = mod(frame.f_code.co_filename)
+    caller = frame.f_back and mod(frame.f_back.f_code.co_filename)
+    if callee and caller and callee != caller:
+        edges[(caller, callee)] += 1
+sys.setprofile(prof)
+asyncio.run(process_pending(rt))
+sys.setprofile(None)
+assert "hello" in conv.log.read_text() and "ok" in conv.log.read_text()
+print(len(edges), sum(edges.values()))
+for (a, b), n in sorted(edges.items()):
+    print(f"{a} -> {b} {n}", file=sys.stderr)
+"""
+    got = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False
+    )
+    if got.returncode != 0:
+        raise SystemExit(f"the trace failed in {root}:\n{got.stderr[-2000:]}")
+    a, b = got.stdout.split()
+    if verbose:
+        print(got.stderr, end="")
+    return int(a), int(b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent)
+    ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--edges", action="store_true", help="print each crossing of the message")
+    args = ap.parse_args()
+    root: Path = args.tree
+    mods = modules(root)
+    known = set(mods)
+    graph = {m: imports(p, known) - {m} for m, p in mods.items()}
+    up: list[tuple[str, str]] = []
+    for m, deps in graph.items():
+        for d in deps:
+            if d != "__init__" and layer(d) > layer(m) and not m.startswith(d + "."):
+                up.append((m, d))
+    sizes = sorted(((len(p.read_text().splitlines()), m) for m, p in mods.items()), reverse=True)
+    print(f"tree: {root}")
+    print(f"modules: {len(mods)}, lines: {sum(n for n, _ in sizes)}")
+    print(f"arrows up: {len(up)}")
+    for m, d in sorted(up):
+        print(f"  {m} (layer {layer(m)}) -> {d} (layer {layer(d)})")
+    found = circles(graph)
+    print(f"circles: {len(found)}")
+    for comp in found:
+        print("  " + " <-> ".join(comp))
+    print("largest: " + ", ".join(f"{m} {n}" for n, m in sizes[:5]))
+    by_layer: dict[int, int] = defaultdict(int)
+    for m in mods:
+        by_layer[layer(m)] += 1
+    if not args.no_trace:
+        edges, calls = trace_path(root, verbose=args.edges)
+        print(f"one message: {edges} module-to-module edges, {calls} calls across modules")
+
+
+if __name__ == "__main__":
+    main()
