@@ -29,6 +29,7 @@ def plugins(as_json: bool) -> None:
     """The backends and NEED tools, built in and from plugins, and the plugins that failed to
     load."""
     from contemplation import backends, context_kinds
+    from contemplation.plugins import BUILT_IN
     from contemplation.tools import registry
 
     families = [{"name": n, "from": d} for n, d in backends.origins().items()]
@@ -37,7 +38,7 @@ def plugins(as_json: bool) -> None:
     tools = [
         {
             "name": k.name,
-            "from": origins.get(k.name, registry.BUILT_IN),
+            "from": origins.get(k.name, BUILT_IN),
             "argument": k.default_arg,
             "rules": [r.name for r in k.rules],
             "description": k.description,
@@ -56,7 +57,7 @@ def plugins(as_json: bool) -> None:
     ]
     human = show.table([(f["name"], f["from"]) for f in families], ("BACKEND", "FROM"))
     rows = [
-        (k.name, origins.get(k.name, registry.BUILT_IN), ", ".join(r.name for r in k.rules) or "-",
+        (k.name, origins.get(k.name, BUILT_IN), ", ".join(r.name for r in k.rules) or "-",
          k.description)
         for k in kinds
     ]  # fmt: skip

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contemplation import plugins
+
 Job = tuple[str, str, dict[str, Any]]  # title, tool, arguments
 Jobs = Callable[[Mapping[str, Any]], list[Job] | str]
 
@@ -35,45 +37,16 @@ class ContextKind:
     description: str = ""
 
 
-GROUP = "contemplation.context"
-BUILT_IN = "built in"
-
-_KINDS: dict[str, ContextKind] = {}
-_ORIGINS: dict[str, str] = {}
-_FAILED: list[tuple[str, str]] = []
-
-
-def register(kind: ContextKind, origin: str = BUILT_IN) -> None:
-    """Add a kind (a second one of the same name is refused: names are what requirements
-    say; a label that is not a section is refused too)."""
-    if not isinstance(kind, ContextKind):
-        raise TypeError(f"not a ContextKind: {kind!r}")
-    if kind.name in _KINDS:
-        raise ValueError(f"a context kind named {kind.name!r} is registered already")
+def _adopt(kind: ContextKind, origin: str) -> ContextKind:
     if kind.label not in LABELS:
         raise ValueError(f"{kind.name}: label {kind.label!r} is not one of {', '.join(LABELS)}")
-    _KINDS[kind.name] = kind
-    _ORIGINS[kind.name] = origin
+    return kind
 
 
-def kinds() -> dict[str, ContextKind]:
-    """Every registered kind by name: the built-ins, then the plugins'."""
-    if not _KINDS:
-        _builtins()
-        from contemplation import plugins
-
-        _FAILED.extend(plugins.load(GROUP, ContextKind, register))
-    return dict(_KINDS)
-
-
-def origins() -> dict[str, str]:
-    kinds()
-    return dict(_ORIGINS)
-
-
-def failures() -> list[tuple[str, str]]:
-    kinds()
-    return list(_FAILED)
+KINDS: plugins.Registry[ContextKind] = plugins.Registry(
+    "contemplation.context", ContextKind, lambda: _builtins(), _adopt  # noqa: PLW0108 - below
+)
+register, kinds, origins, failures = KINDS.register, KINDS.kinds, KINDS.origins, KINDS.failures
 
 
 def text(req: Mapping[str, Any], *keys: str) -> str:

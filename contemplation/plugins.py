@@ -11,7 +11,7 @@ already.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
@@ -19,6 +19,61 @@ log = structlog.get_logger("contemplation.plugins")
 
 K = TypeVar("K")
 Failure = tuple[str, str]  # (entry point and distribution, why it was not loaded)
+BUILT_IN = "built in"
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+class Registry(Generic[N]):
+    """The kinds of one sort by name: the built-ins (``builtins`` registers them) then the
+    plugins of entry point ``group``, both through :meth:`register`, read on first use.
+    ``adopt`` checks or adapts a kind before it is kept (given its origin)."""
+
+    def __init__(
+        self,
+        group: str,
+        kind: type[N],
+        builtins: Callable[[], None],
+        adopt: Callable[[N, str], N] = lambda k, origin: k,
+    ) -> None:
+        self.group, self.kind = group, kind
+        self._builtins, self._adopt = builtins, adopt
+        self._kinds: dict[str, N] = {}
+        self._origins: dict[str, str] = {}  # kind name -> the distribution that registered it
+        self._failed: list[Failure] = []
+
+    def register(self, kind: N, origin: str = BUILT_IN) -> None:
+        """Add a kind (a second one of the same name is refused: names are what the
+        configuration and the models say)."""
+        if not isinstance(kind, self.kind):
+            raise TypeError(f"not a {self.kind.__name__}: {kind!r}")
+        if kind.name in self._kinds:
+            raise ValueError(f"a {self.kind.__name__} named {kind.name!r} is registered already")
+        self._kinds[kind.name] = self._adopt(kind, origin)
+        self._origins[kind.name] = origin
+
+    def kinds(self) -> dict[str, N]:
+        """Every kind by name, in the order they were registered."""
+        if not self._kinds:
+            self._builtins()
+            self._failed.extend(load(self.group, self.kind, self.register))
+        return dict(self._kinds)
+
+    def origins(self) -> dict[str, str]:
+        """Which distribution registered each kind (``built in`` for the package's own)."""
+        self.kinds()
+        return dict(self._origins)
+
+    def failures(self) -> list[Failure]:
+        """The plugins that could not be loaded: (entry point and distribution, why)."""
+        self.kinds()
+        return list(self._failed)
 
 
 def load(group: str, kind: type[K], register: Callable[[K, str], None]) -> list[Failure]:

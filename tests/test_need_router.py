@@ -370,7 +370,8 @@ def test_a_tool_registered_from_outside_is_made_routed_and_offered_like_a_built_
     argument), answers, and is offered to the model only while it says it is ready."""
     from contemplation.tools import registry
 
-    monkeypatch.setattr(registry, "_KINDS", dict(registry.kinds()))
+    monkeypatch.setattr(registry.KINDS, "_kinds", dict(registry.kinds()))
+    monkeypatch.setattr(registry.KINDS, "_origins", dict(registry.origins()))
     made: list[Upper] = []
 
     def make_upper(m: registry.Made) -> Upper:

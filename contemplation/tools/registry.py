@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from contemplation import plugins
 from contemplation.models import Rule
 
 if TYPE_CHECKING:  # making a tool imports its module: naming one does not
@@ -48,52 +49,17 @@ class ToolKind:
     rules: tuple[Rule, ...] = ()  # the NEED rules it offers (after the config's own)
 
 
-GROUP = "contemplation.tools"
-BUILT_IN = "built in"
-
-_KINDS: dict[str, ToolKind] = {}
-_ORIGINS: dict[str, str] = {}  # kind name -> the distribution that registered it
-_FAILED: list[tuple[str, str]] = []  # (entry point and distribution, why it was not loaded)
-
-
-def register(kind: ToolKind, origin: str = BUILT_IN) -> None:
-    """Add a tool kind (a second one of the same name is refused: names are what rules say)."""
-    if not isinstance(kind, ToolKind):
-        raise TypeError(f"not a ToolKind: {kind!r}")
-    if kind.name in _KINDS:
-        raise ValueError(f"a tool named {kind.name!r} is registered already")
-    if origin != BUILT_IN:  # its rules say where they come from (`routes`, errors)
-        rules = tuple(replace(r, source=f"plugin {origin}") for r in kind.rules)
-        kind = replace(kind, rules=rules)
-    _KINDS[kind.name] = kind
-    _ORIGINS[kind.name] = origin
+def _adopt(kind: ToolKind, origin: str) -> ToolKind:
+    if origin == plugins.BUILT_IN:
+        return kind
+    # a plugin's rules say where they come from (`routes`, errors)
+    return replace(kind, rules=tuple(replace(r, source=f"plugin {origin}") for r in kind.rules))
 
 
-def kinds() -> dict[str, ToolKind]:
-    """Every registered kind, by name, in the order they were registered (the built-ins, then
-    the plugins')."""
-    if not _KINDS:
-        _builtins()
-        _plugins()
-    return dict(_KINDS)
-
-
-def origins() -> dict[str, str]:
-    """Which distribution registered each kind (``built in`` for the package's own)."""
-    kinds()
-    return dict(_ORIGINS)
-
-
-def failures() -> list[tuple[str, str]]:
-    """The plugins that could not be loaded: (entry point and distribution, why)."""
-    kinds()
-    return list(_FAILED)
-
-
-def _plugins() -> None:
-    from contemplation import plugins
-
-    _FAILED.extend(plugins.load(GROUP, ToolKind, register))
+KINDS: plugins.Registry[ToolKind] = plugins.Registry(
+    "contemplation.tools", ToolKind, lambda: _builtins(), _adopt  # noqa: PLW0108 - defined below
+)
+register, kinds, origins, failures = KINDS.register, KINDS.kinds, KINDS.origins, KINDS.failures
 
 
 def descriptions() -> dict[str, str]:
