@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plugins": (
         "contemplation.cli_plugins",
         "plugins",
-        "The backends and NEED tools, built in and...",
+        "The backends, NEED tools and context...",
     ),
     "prune": ("contemplation.cli_index", "prune", "Delete archived conversations whose last..."),
     "reindex": ("contemplation.cli_index", "reindex", "Make the search index anew from the..."),

@@ -26,8 +26,8 @@ from contemplation.terminal import safe
     '"context": [{name, from, label, description}], "failed": [{plugin, error}]}.'
 )
 def plugins(as_json: bool) -> None:
-    """The backends and NEED tools, built in and from plugins, and the plugins that failed to
-    load."""
+    """The backends, NEED tools and context kinds, built in and from plugins, and the plugins
+    that failed to load."""
     from contemplation import backends, context_kinds
     from contemplation.plugins import BUILT_IN
     from contemplation.tools import registry

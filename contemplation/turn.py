@@ -488,7 +488,7 @@ async def _write_tool_calls(
     rt: Runtime, reply: LiveReply, meta: Metadata, native: list[dict[str, Any]]
 ) -> None:
     """Record native tool calls (or tool-call JSON the model wrote as text) as NEED lines."""
-    if not native and ('"name"' not in reply.text or "NEED:" in reply.text):
+    if not native and not calls.may_hold_calls(reply.text):
         return  # the common case: no call, and no JSON that could be one
     try:
         functions = rt.need_router().rules(meta.template).functions()

@@ -30,7 +30,6 @@ import argparse
 import ast
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
@@ -223,9 +222,6 @@ def main() -> None:
     for comp in found:
         print("  " + " <-> ".join(comp))
     print("largest: " + ", ".join(f"{m} {n}" for n, m in sizes[:5]))
-    by_layer: dict[int, int] = defaultdict(int)
-    for m in mods:
-        by_layer[layer(m)] += 1
     if not args.no_trace:
         edges, calls = trace_path(root, verbose=args.edges)
         print(f"one message: {edges} module-to-module edges, {calls} calls across modules")

@@ -14,10 +14,16 @@ from contemplation.needs import rules
 TOOL_CALL_PREFIX = "(tool call "
 
 
+def may_hold_calls(text: str) -> bool:
+    """Could ``text`` hold tool calls written as JSON (a JSON name, and no NEED line)? The
+    cheap test a reply passes before the offered functions are looked up."""
+    return "NEED:" not in text and '"name"' in text
+
+
 def calls_in_text(text: str, functions: Mapping[str, Rule]) -> list[dict[str, Any]]:
     """Tool calls a model wrote as JSON text instead of NEED lines, limited to the offered
     functions (none when the text has a NEED line or no JSON name at all)."""
-    if "NEED:" in text or '"name"' not in text:
+    if not may_hold_calls(text):
         return []
     found = rules.parse_text_tool_calls(text, known=dict(functions))
     return [{"function": {"name": n, "arguments": a}} for n, a in found]

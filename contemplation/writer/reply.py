@@ -38,7 +38,7 @@ from contemplation.models import (
     Usage,
 )
 from contemplation.testing import crashpoint
-from contemplation.writer.durable import Steps, run_now
+from contemplation.writer.durable import GroupCommitter, Steps, run_now
 from contemplation.writer.files import now_iso, write_all
 
 T = TypeVar("T")
@@ -61,13 +61,6 @@ class Session(Protocol):
     ) -> Steps[None]: ...
     def append_marker(self, kind: MarkerKind, text: str = "") -> None: ...
     def marker_steps(self, kind: MarkerKind, text: str = "") -> Steps[None]: ...
-
-
-class Committer(Protocol):
-    """Drives durable writes off the loop (a :class:`~.durable.GroupCommitter`)."""
-
-    async def run(self, steps: Steps[T]) -> T: ...
-    def withdraw(self, steps: Steps[Any]) -> bool: ...
 
 
 class ReplyStream:
@@ -329,7 +322,7 @@ class LiveReply:
     def __init__(
         self,
         stream: ReplyStream,
-        committer: Committer,
+        committer: GroupCommitter,
         *,
         meta: Metadata,
         limit: int,

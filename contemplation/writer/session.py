@@ -38,7 +38,7 @@ from contemplation.models import (
     Status,
 )
 from contemplation.testing import armed, crashpoint
-from contemplation.writer.durable import Durable, Steps, run_now
+from contemplation.writer.durable import Durable, GroupCommitter, Steps, run_now
 from contemplation.writer.files import (
     atomic_write_steps,
     conv_lock,
@@ -47,7 +47,7 @@ from contemplation.writer.files import (
     write_all,
 )
 from contemplation.writer.folders import adopt_folder
-from contemplation.writer.reply import Committer, LiveReply, OnEvent, ReplyStream
+from contemplation.writer.reply import LiveReply, OnEvent, ReplyStream
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
 PENDING_NEEDS_KEPT = 50  # state.json shows the first ones; the log holds them all
@@ -433,7 +433,7 @@ class ConvWriter:
         return ReplyStream(self, sender, recipient, reply_id)
 
     def live_reply(
-        self, committer: Committer, *, limit: int, on_event: OnEvent, reply_id: str = ""
+        self, committer: GroupCommitter, *, limit: int, on_event: OnEvent, reply_id: str = ""
     ) -> LiveReply:
         """The turn's reply (see :class:`LiveReply`), after the log's end; its durable
         writes are driven by ``committer``."""
