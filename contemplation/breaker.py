@@ -74,6 +74,13 @@ class Breaker:
         """A probe that ended without a verdict (cancelled): let another one try."""
         self.probing = False
 
+    def trip(self, until: float) -> None:
+        """Open now until ``until`` (a server's Retry-After, a provider that failed over),
+        whatever the count; then one turn probes as after any rest."""
+        now = self.clock()
+        self.opened_at, self.current_cooldown = now, max(0.0, until - now)
+        self.probing = False
+
 
 @dataclass
 class Guard:

@@ -210,6 +210,7 @@ class BackendSession(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     backend: str  # the backend family that made it ("opencode")
+    provider: str = ""  # the provider that holds it: the conversation's turns stay there
     id: str  # the server's id ("ses_…")
     messages: int = 0  # how many messages of the history (system prompt aside) it holds
     digest: str = ""  # sha256 of those messages (roles, and the text of all but replies)

@@ -56,6 +56,7 @@ class Change:
 
 def compare(old: Settings, new: Settings, families: list[str]) -> Change:
     """What a reload from ``old`` to ``new`` changes."""
+    families = names(old, new, families)
     wide = any(getattr(old, k) != getattr(new, k) for k in BACKEND_WIDE)
     changed = frozenset(
         f
@@ -66,9 +67,26 @@ def compare(old: Settings, new: Settings, families: list[str]) -> Change:
     return Change(new, changed, restart)
 
 
-def _section(settings: Settings, family: str) -> Any:
-    section = getattr(settings, family, None)
-    return section.model_dump(mode="json") if section is not None else None
+def _section(settings: Settings, name: str) -> Any:
+    """What provider ``name``'s clients are made from; for an alias, its own keys and each
+    of its providers'."""
+    from contemplation import providers
+
+    alias = settings.aliases.get(name)
+    if alias is not None:
+        return {
+            "alias": alias.model_dump(mode="json"),
+            "providers": {p: _section(settings, p) for p in alias.providers},
+        }
+    section = providers.config(settings, name).model_dump(mode="json")
+    return {**section, "plugin": settings.plugins.get(name)}
+
+
+def names(old: Settings, new: Settings, families: list[str]) -> list[str]:
+    """Every name a conversation's backend may say: kinds, providers and aliases, old and new."""
+    return list(
+        dict.fromkeys([*families, *old.providers, *new.providers, *old.aliases, *new.aliases])
+    )
 
 
 def _default_change(old: Settings, new: Settings) -> set[str]:

@@ -13,7 +13,8 @@ from typing import Any
 import structlog
 
 from contemplation import backends as backend_registry
-from contemplation.backends.base import Backend, Capabilities
+from contemplation import providers
+from contemplation.backends.base import Backend, Capabilities, KnowsLimits, Slots
 from contemplation.breaker import Breaker, Guard
 from contemplation.budget import Calibration
 from contemplation.context import ContextAssembler
@@ -54,6 +55,8 @@ class Runtime:
     committer: GroupCommitter = field(default_factory=GroupCommitter)  # turns' durable writes
     retry_now: set[str] = field(default_factory=set)  # backoffs to cut short (a reload)
     retired: list[Any] = field(default_factory=list)  # clients a reload replaced: closed at the end
+    slots_seen: dict[str, Slots] = field(default_factory=dict)  # what each provider said
+    _slots_asked: dict[str, float] = field(default_factory=dict)  # when (a failure: retried)
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
 
@@ -68,6 +71,41 @@ class Runtime:
                 slots=self.backend(name).concurrency, switch_after=self.settings.model_switch_after
             )
         return self.schedulers[name]
+
+    def target(self, meta: Metadata) -> providers.Target:
+        """Where ``meta``'s turns go (its provider, or its alias's providers)."""
+        return providers.target(
+            self.settings, meta.backend, meta.model, options=meta.options, think=meta.think
+        )
+
+    async def limits(self, name: str) -> None:
+        """Ask provider ``name`` how many slots it has, once (again after :meth:`stale`, and
+        CAPS_RETRY seconds after a failed ask), and size its scheduler to that."""
+        asked = self._slots_asked.get(name)
+        if asked is not None and (name in self.slots_seen or self.clock() - asked < CAPS_RETRY):
+            return
+        self._slots_asked[name] = self.clock()
+        backend = self.backend(name)
+        if not isinstance(backend, KnowsLimits):
+            self.slots_seen[name] = Slots(backend.concurrency, "the backend")
+            return
+        try:
+            found = await backend.slots()
+        except BackendError as exc:
+            log.info("slots_unknown", provider=name, error=str(exc))
+            return
+        self.slots_seen[name] = found
+        self.scheduler(name).resize(found.count)
+        log.info("slots", provider=name, slots=found.count, source=found.source)
+
+    def stale(self, name: str) -> None:
+        """Provider ``name`` went away (refused, cut): its limits are asked again when it is
+        next used, since a restarted server may have other slots or another window."""
+        self._slots_asked.pop(name, None)
+        self.slots_seen.pop(name, None)
+        backend = self.backends.get(name)
+        if isinstance(backend, KnowsLimits):
+            backend.stale()
 
     def breaker(self, name: str) -> Breaker:
         if name not in self.breakers:
@@ -94,9 +132,9 @@ class Runtime:
             self._cap_failed.pop(key, None)
             return caps
 
-    def guard(self, meta: Metadata) -> Guard:
-        """The breakers a turn of ``meta``'s model passes: its server's and its own."""
-        return Guard(self.breaker(meta.backend), self.breaker(f"{meta.backend}:{meta.model}"))
+    def guard(self, provider: str, model: str) -> Guard:
+        """The breakers a turn of ``model`` on ``provider`` passes: the server's and its own."""
+        return Guard(self.breaker(provider), self.breaker(f"{provider}:{model}"))
 
     def template(self, name: str) -> Template:
         if name not in self.templates:
@@ -160,6 +198,8 @@ class Runtime:
         for name in changed:
             backend = self.backends.pop(name, None)
             self.schedulers.pop(name, None)
+            self._slots_asked.pop(name, None)
+            self.slots_seen.pop(name, None)
             if backend is not None:
                 self.retired.append(backend)
         while len(self.retired) > RETIRED_KEPT:

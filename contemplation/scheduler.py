@@ -1,6 +1,9 @@
-"""Turn slots per backend, queued per model.
+"""Turn slots per provider, queued per model.
 
-A backend allows ``slots`` turns at once. Waiting turns are queued by model, and a free slot
+A provider allows ``slots`` turns at once (its server's own figure when it says, see
+:meth:`ModelScheduler.resize`); a turn of an alias over several providers waits in each of
+their queues at once and takes the first free slot (:func:`slot_any`: least busy first, the
+configured order on ties). Waiting turns are queued by model, and a free slot
 goes to the model that ran last while it still has turns waiting, so two conversations on
 different models do not make the server swap models in and out on every turn. After
 ``switch_after`` turns in a row on one model while another model waits, the longest-waiting
@@ -13,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 GRANTS_KEPT = 256
@@ -36,7 +39,7 @@ class Held:
 @dataclass
 class _Waiter:
     seq: int
-    future: asyncio.Future[None]
+    future: asyncio.Future[ModelScheduler]  # shared by the queues an alias's turn waits in
 
 
 @dataclass
@@ -60,6 +63,31 @@ class ModelScheduler:
     @property
     def running(self) -> int:
         return self.slots - self._free
+
+    @property
+    def load(self) -> float:
+        """How busy: turns running per slot (least busy first when an alias picks)."""
+        return self.running / self.slots
+
+    def resize(self, slots: int) -> None:
+        """The server said how many slots it has (at start, after it restarted): turns
+        running now keep theirs; a smaller figure holds new turns back until enough end."""
+        slots = max(1, slots)
+        self._free += slots - self.slots
+        self.slots = slots
+        self._dispatch()
+
+    def _enqueue(self, model: str, waiter: _Waiter) -> None:
+        self._queues.setdefault(model, deque()).append(waiter)
+
+    def _withdraw(self, model: str, waiter: _Waiter) -> None:
+        queue = self._queues.get(model)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+
+    def _give_back(self) -> None:
+        self._free += 1
+        self._dispatch()
 
     def _pick(self) -> str | None:
         live = {m: q for m, q in self._queues.items() if q}
@@ -86,11 +114,11 @@ class ModelScheduler:
             self.granted.append(model)
             if len(self.granted) > 2 * GRANTS_KEPT:  # a daemon runs for months: stay bounded
                 del self.granted[:-GRANTS_KEPT]
-            waiter.future.set_result(None)
+            waiter.future.set_result(self)
 
     @contextlib.asynccontextmanager
     async def slot(self, model: str) -> AsyncIterator[Held]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[ModelScheduler] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(next(self._seq), fut)
         queue = self._queues.setdefault(model, deque())
         queue.append(waiter)
@@ -109,3 +137,41 @@ class ModelScheduler:
             yield held
         finally:
             held.release()
+
+
+@contextlib.asynccontextmanager
+async def slot_any(
+    pool: Sequence[tuple[str, ModelScheduler]], model: str
+) -> AsyncIterator[tuple[str, Held]]:
+    """The first free slot among ``pool``'s providers, and which provider it is on.
+
+    The turn waits in every provider's queue with one future: the first scheduler to reach
+    it grants it, the others find it done and pass over it. Joining, it is offered to the
+    least busy provider first (the pool's order on ties), so a burst spreads evenly."""
+    if len(pool) == 1:
+        name, only = pool[0]
+        async with only.slot(model) as held:
+            yield name, held
+        return
+    fut: asyncio.Future[ModelScheduler] = asyncio.get_running_loop().create_future()
+    waiters = [(sched, _Waiter(next(sched._seq), fut)) for _, sched in pool]
+    for sched, waiter in waiters:
+        sched._enqueue(model, waiter)
+    for i in sorted(range(len(pool)), key=lambda i: (pool[i][1].load, i)):
+        if fut.done():
+            break
+        pool[i][1]._dispatch()
+    try:
+        granted = await fut
+    except asyncio.CancelledError:
+        if fut.done() and not fut.cancelled():
+            fut.result()._give_back()
+        raise
+    finally:
+        for sched, waiter in waiters:
+            sched._withdraw(model, waiter)
+    held = Held(granted)
+    try:
+        yield next(name for name, sched in pool if sched is granted), held
+    finally:
+        held.release()

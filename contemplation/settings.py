@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -89,6 +98,9 @@ class NotificationRule(_Section):
     timeout: float = Field(30.0, gt=0, description="seconds before the command is killed")
 
 
+Concurrency = Annotated[int, Field(ge=1, le=64)] | Literal["auto"]
+
+
 def _check_url(v: str) -> str:
     """An http(s) URL with a host and a valid port, or empty (the default)."""
     if not v:
@@ -103,21 +115,25 @@ def _check_url(v: str) -> str:
     return v
 
 
+def _ollama_url(v: str) -> str:
+    try:
+        parse_ollama_host(v)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return v
+
+
 class OllamaSettings(_Section):
     host: str = Field("", description="base URL; empty: OLLAMA_HOST, else http://127.0.0.1:11434")
     num_ctx: int = Field(8192, ge=256)
     keep_alive: str | int = "10m"
-    concurrency: int = Field(1, ge=1, le=64)
+    concurrency: Concurrency = Field(
+        "auto",
+        description="turns at once; auto: 1 (Ollama's parallelism is its own OLLAMA_NUM_PARALLEL)",
+    )
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
 
-    @field_validator("host", mode="after")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        try:
-            parse_ollama_host(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return v
+    _host = field_validator("host", mode="after")(_ollama_url)
 
 
 class OpenAISettings(_Section):
@@ -128,7 +144,14 @@ class OpenAISettings(_Section):
     )
     api_key: str = Field("", description="empty: OPENAI_API_KEY; none: no Authorization header")
     stream_usage: bool = Field(True, description="send stream_options.include_usage")
-    concurrency: int = Field(1, ge=1, le=64)
+    concurrency: Concurrency = Field(
+        "auto",
+        description="turns at once; auto: the server's slots (llama-server /props or /slots), "
+        "else default_concurrency",
+    )
+    default_concurrency: int = Field(
+        1, ge=1, le=64, description="slots of a server that does not say how many it has"
+    )
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
 
     _url = field_validator("base_url", mode="after")(_check_url)
@@ -160,7 +183,7 @@ class OpenCodeSettings(_Section):
         default_factory=lambda: dict.fromkeys(OPENCODE_TOOLS, False),
         description="OpenCode's own tools, on or off, sent with every prompt",
     )
-    concurrency: int = Field(1, ge=1, le=64)
+    concurrency: Concurrency = Field("auto", description="turns at once; auto: 1")
     timeouts: OpenCodeTimeouts = Field(default_factory=OpenCodeTimeouts)
 
     _url = field_validator("url", mode="after")(_check_url)
@@ -180,6 +203,76 @@ class LocalSettings(_Section):
     )
     n_threads: int | None = Field(None, ge=1)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+
+NAME_RE = r"^[a-z][a-z0-9_]{0,31}$"  # a provider or alias name: also the log's label, upper-cased
+
+
+class OllamaProvider(OllamaSettings):
+    """``[providers.<name>]`` with ``kind = "ollama"``: ``url`` is its ``host``."""
+
+    kind: Literal["ollama"]
+    url: str = Field("", description="base URL; empty: host, else OLLAMA_HOST, else loopback")
+
+    _url = field_validator("url", mode="after")(_ollama_url)
+
+
+class OpenAIProvider(OpenAISettings):
+    """``kind = "openai"``: ``url`` is its ``base_url``."""
+
+    kind: Literal["openai"]
+    url: str = Field("", description="base URL (…/v1); empty: base_url")
+
+    _url_ok = field_validator("url", mode="after")(_check_url)
+
+
+class OpenCodeProvider(OpenCodeSettings):
+    """``kind = "opencode"``."""
+
+    kind: Literal["opencode"]
+
+
+class LocalProvider(LocalSettings):
+    """``kind = "local"``: the embedded model (one per daemon: a second loads a second copy)."""
+
+    kind: Literal["local"]
+
+
+class PluginProvider(BaseModel):
+    """A plugin's kind: its own keys, checked by the plugin's settings model when it is made."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str = Field(min_length=1)
+    concurrency: Concurrency = 1
+
+
+BUILT_IN_KINDS = ("ollama", "openai", "opencode", "local")
+
+
+def _provider_tag(v: Any) -> str:
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return kind if kind in BUILT_IN_KINDS else "plugin"
+
+
+ProviderSettings = Annotated[
+    Annotated[OllamaProvider, Tag("ollama")]
+    | Annotated[OpenAIProvider, Tag("openai")]
+    | Annotated[OpenCodeProvider, Tag("opencode")]
+    | Annotated[LocalProvider, Tag("local")]
+    | Annotated[PluginProvider, Tag("plugin")],
+    Discriminator(_provider_tag),
+]
+AnyProvider = OllamaProvider | OpenAIProvider | OpenCodeProvider | LocalProvider | PluginProvider
+
+
+class AliasSettings(_Section):
+    """``[aliases.<name>]``: what a conversation names with ``--model``: the server's own model
+    name, the providers that serve it (a turn takes a free slot on any), options and think."""
+
+    model: str = Field(min_length=1, description="the server's own model name")
+    providers: list[str] = Field(min_length=1, max_length=64)
+    options: dict[str, Any] = Field(default_factory=dict)
+    think: bool | str | None = None
 
 
 class CapabilityOverride(_Section):
@@ -340,6 +433,15 @@ class Settings(BaseSettings):
     )
     capabilities: dict[str, CapabilityOverride] = Field(
         default_factory=dict, description="per-model overrides, keyed by model name"
+    )
+    providers: dict[str, ProviderSettings] = Field(
+        default_factory=dict,
+        description="[providers.<name>]: servers by name (kind, url, concurrency, ...); the "
+        "[ollama], [openai], [opencode] and [local] sections are the providers of those names",
+    )
+    aliases: dict[str, AliasSettings] = Field(
+        default_factory=dict,
+        description="[aliases.<name>]: a model name over one or more providers, with options",
     )
 
     _sources: _Sources | None = PrivateAttr(default=None)
@@ -544,6 +646,8 @@ _LOADING: ContextVar[_Loading | None] = ContextVar("contemplation_settings_loadi
 def _describe(exc: ValidationError, sources: _Sources) -> str:
     first = exc.errors()[0]
     loc = first["loc"]
+    if len(loc) > 2 and loc[0] == "providers" and loc[2] in (*BUILT_IN_KINDS, "plugin"):
+        loc = (*loc[:2], *loc[3:])  # the kind's tag pydantic adds to the path
     key = ".".join(str(p) for p in loc) or "(top level)"
     got = first.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
@@ -590,7 +694,40 @@ def load(
     finally:
         _LOADING.reset(token)
     settings._sources = loading.sources
+    check_names(settings)
     return settings
+
+
+def check_names(settings: Settings) -> None:
+    """Providers and aliases: names that can be labels, no alias named like a provider, no
+    alias naming a provider that does not exist, kinds that exist (plugins are read only
+    when a kind is not built in). One line naming the key and where it was set."""
+    import re
+
+    from contemplation import backends
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"invalid setting {key} in {settings.source(key)}: {why}")
+
+    for table in ("providers", "aliases"):
+        for name in getattr(settings, table):
+            if not re.match(NAME_RE, name):
+                raise bad(
+                    f"{table}.{name}",
+                    "a name is a lower-case word (a-z, 0-9, _; at most 32 characters)",
+                )
+    for name, p in settings.providers.items():
+        if p.kind not in BUILT_IN_KINDS and not backends.known(p.kind):
+            raise bad(
+                f"providers.{name}.kind",
+                f"no backend kind {p.kind!r}; known: {', '.join(backends.available())}",
+            )
+    for name, alias in settings.aliases.items():
+        if name in settings.providers:
+            raise bad(f"aliases.{name}", f"{name!r} is a provider's name too")
+        for used in alias.providers:
+            if used not in settings.providers and not backends.known(used):
+                raise bad(f"aliases.{name}.providers", f"no provider named {used!r}")
 
 
 def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:

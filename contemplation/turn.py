@@ -24,6 +24,7 @@ from contemplation import budget
 from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
+from contemplation.breaker import Guard
 from contemplation.context import saved_context
 from contemplation.conversation import still_due
 from contemplation.errors import BackendError, ContemplationError, ErrorKind
@@ -40,9 +41,10 @@ from contemplation.models import (
 from contemplation.needs import calls
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
+from contemplation.providers import Target
 from contemplation.reload import backend_fingerprint
 from contemplation.runtime import Runtime, backoff
-from contemplation.scheduler import Held
+from contemplation.scheduler import Held, slot_any
 from contemplation.steps import AGAIN, Outcome, Wait
 from contemplation.summarise import summarise
 from contemplation.templates import Template
@@ -75,41 +77,65 @@ class _Prepared:
     window: int | None = None  # the tokens a request gets, when the backend knows
 
 
+@dataclass(frozen=True, slots=True)
+class _On:
+    """Where this turn runs: the provider whose slot it holds, the server's model name, the
+    conversation's target (all the providers it may use) and the provider's breakers."""
+
+    provider: str
+    target: Target
+    guard: Guard
+
+    @property
+    def model(self) -> str:
+        return self.target.model
+
+
 async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Outcome:
     """The model's turn, under the lock and writer of the step that decided it."""
     meta = w.meta
-    backend = rt.backend(meta.backend)
-    breaker = rt.guard(meta)
-    until = breaker.resting()
-    if until is not None:
-        return _rest(rt, w, until)
-    prepared = await _prepare(conv, rt, meta)
-    planned = await _plan(conv, rt, seen, w, prepared)  # while the slot may still be busy
+    target = _pinned(rt.target(meta), w.state.backend_session)
+    guards = {p: rt.guard(p, target.model) for p in target.providers}
+    usable = [p for p in target.providers if guards[p].resting() is None]
+    if not usable:  # every provider rests: wait for the first to be tried again
+        until = min(t for g in guards.values() if (t := g.resting()) is not None)
+        return _rest(rt, w, until, max(g.failures for g in guards.values()))
+    for name in usable:
+        await rt.limits(name)  # its slots, asked once (again after it went away)
+    served = meta.model_copy(
+        update={"model": target.model, "options": target.options, "think": target.think}
+    )
+    prepared = await _prepare(conv, rt, served, usable)
+    planned = await _plan(
+        conv, rt, seen, w, meta=served, prepared=prepared
+    )  # while slots may be busy
     if planned is None:
         return AGAIN
-    async with rt.scheduler(meta.backend).slot(meta.model) as held:
+    pool = [(name, rt.scheduler(name)) for name in usable]
+    async with slot_any(pool, target.model) as (provider, held):
+        on = _On(provider, target, guards[provider])
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more
-        if not breaker.allow():
-            until = breaker.resting() or rt.clock() + 0.5
+        if not on.guard.allow():
+            until = on.guard.resting() or rt.clock() + 0.5
         else:
             try:
                 return await _stream(
-                    conv,
-                    rt,
-                    seen,
-                    w,
-                    backend=backend,
-                    prepared=prepared,
-                    planned=planned,
-                    held=held,
+                    conv, rt, seen, w, on=on, prepared=prepared, planned=planned, held=held
                 )
             finally:
-                breaker.release()  # a probe that ended without a verdict lets another try
-    return _rest(rt, w, until)
+                on.guard.release()  # a probe that ended without a verdict lets another try
+    return _rest(rt, w, until, on.guard.failures)
 
 
-def _rest(rt: Runtime, w: ConvWriter, until: float) -> Wait:
+def _pinned(target: Target, session: BackendSession | None) -> Target:
+    """A conversation whose history a server holds (an OpenCode session) stays on it."""
+    if session is not None and session.provider in target.providers[1:]:
+        return replace(target, providers=(session.provider,))
+    return target
+
+
+def _rest(rt: Runtime, w: ConvWriter, until: float, failures: int) -> Wait:
     """The backend keeps failing: wait for the breaker instead of calling it again."""
     meta = w.meta
     if w.state.next_retry_at is None or w.state.next_retry_at < until:
@@ -117,15 +143,20 @@ def _rest(rt: Runtime, w: ConvWriter, until: float) -> Wait:
             until,
             settings=backend_fingerprint(rt.settings, meta.backend),
             kind=ErrorKind.CIRCUIT_OPEN,
-            message=f"{meta.backend} ({meta.model}) failed {rt.guard(meta).failures} times "
-            f"in a row; resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
+            message=f"{meta.backend} ({meta.model}) failed {failures} times in a row; resting "
+            f"until {time.strftime('%H:%M:%S', time.localtime(until))}",
         )
     return Wait(until)
 
 
-async def _prepare(conv: Conv, rt: Runtime, meta: Metadata) -> _Prepared:
+async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -> _Prepared:
+    """``meta`` as served (the alias's model, options and think); ``usable``: the providers
+    the turn may land on. The request must fit the smallest window among them."""
     context = await _context(conv, rt, meta)
-    caps = await rt.capabilities(meta.backend, meta.model)  # None: the turn reports the error
+    found = [await rt.capabilities(name, meta.model) for name in usable]
+    known = [c for c in found if c is not None]
+    caps = known[0] if known else None  # None: the turn reports the error
+    windows = [w for c in known if (w := c.request_window or c.context_length)]
     think: bool | str | None = meta.think
     note: str | None = None
     if caps is not None and meta.think is not None:
@@ -146,7 +177,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata) -> _Prepared:
         tools=tools,
         think=think,
         note=note,
-        window=(caps.request_window or caps.context_length) if caps is not None else None,
+        window=min(windows) if windows else None,
     )
 
 
@@ -181,13 +212,12 @@ def _window(request: ChatRequest, known: int | None) -> int:
 
 
 async def _plan(
-    conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, prepared: _Prepared
+    conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, *, meta: Metadata, prepared: _Prepared
 ) -> budget.Plan | None:
     """The turn's request, built from the log before the slot is granted (the lock is held
     since the step decided the turn, so the log cannot change meanwhile but for bytes
     appended by hand, which wait for the next step). None: no turn is due after all."""
-    meta = w.meta
-    parsed = await seen.view(conv, meta.agent_label).refreshed(fd=w.fd)
+    parsed = await seen.view(conv, w.meta.agent_label).refreshed(fd=w.fd)
     if not still_due(parsed.blocks):
         return None
     tpl = rt.template(meta.template) if meta.template else None
@@ -239,26 +269,23 @@ async def _stream(
     seen: Tracked,
     w: ConvWriter,
     *,
-    backend: Backend,
+    on: _On,
     prepared: _Prepared,
     planned: budget.Plan,
     held: Held,
 ) -> Outcome:
-    meta = w.meta
     w.generating(rt.clock())  # status shows who holds the slot, since when
-    rt.notify(conv.id, ConvEvent.GENERATING, model=meta.model)
+    rt.notify(conv.id, ConvEvent.GENERATING, model=on.model, provider=on.provider)
     reply = w.live_reply(
         rt.committer,
         limit=rt.settings.max_reply_bytes,
         on_event=lambda kind, text: rt.notify(conv.id, kind, text=text),
     )
     if prepared.error is not None:
-        return _failed(conv, rt, w, reply, prepared.error)
+        return _failed(conv, rt, w, reply, prepared.error, on=on)
     if prepared.note:
         await reply.note(prepared.note)
-    return await _run_reply(
-        conv, rt, w, seen=seen, backend=backend, reply=reply, planned=planned, held=held
-    )
+    return await _run_reply(conv, rt, w, seen=seen, on=on, reply=reply, planned=planned, held=held)
 
 
 async def _run_reply(
@@ -267,7 +294,7 @@ async def _run_reply(
     w: ConvWriter,
     *,
     seen: Tracked,
-    backend: Backend,
+    on: _On,
     reply: LiveReply,
     planned: budget.Plan,
     held: Held,
@@ -277,10 +304,10 @@ async def _run_reply(
     failed write (redone once the disk has room)."""
     try:
         try:
-            request, notes = await _fit(conv, rt, backend, reply, planned)
+            request, notes = await _fit(conv, rt, on, reply, planned)
             for note in notes:
                 await reply.note(note)
-            got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
+            got = await _pump_guarded(conv, rt, on, request, reply, held=held)
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
@@ -300,11 +327,11 @@ async def _run_reply(
     except BackendError as exc:
         if exc.kind == "cancelled":  # the server aborted the turn at our request
             return _cancelled(conv, rt, w, reply)
-        return _failed(conv, rt, w, reply, exc)
+        return _failed(conv, rt, w, reply, exc, on=on)
     except OSError as exc:
         return _write_failed(conv, rt, seen, w, exc)
     try:
-        return await _finish(conv, rt, w, reply, got, request=request, planned=planned)
+        return await _finish(conv, rt, w, reply, got, on=on, request=request, planned=planned)
     except OSError as exc:
         return _write_failed(conv, rt, seen, w, exc)
 
@@ -316,7 +343,7 @@ def _check_cancel(conv: Conv) -> None:
 
 
 async def _fit(
-    conv: Conv, rt: Runtime, backend: Backend, reply: LiveReply, fitted: budget.Plan
+    conv: Conv, rt: Runtime, on: _On, reply: LiveReply, fitted: budget.Plan
 ) -> tuple[ChatRequest, list[str]]:
     """The request that fits the window, and the NOTEs that say how. When the plan asks for
     a summary this is the turn's one summary call; if it fails, the oldest turns are left
@@ -324,10 +351,9 @@ async def _fit(
     if not fitted.summarise:
         return fitted.request, list(fitted.notes)
     await reply.save()  # says generating while it is made
-    meta = reply.meta
-    caps = await rt.capabilities(meta.backend, meta.model)
+    caps = await rt.capabilities(on.provider, on.model)
     text, why = await summarise(
-        backend,
+        rt.backend(on.provider),
         fitted,
         think=False if caps is not None and caps.thinking else None,
         check=functools.partial(_check_cancel, conv),
@@ -339,7 +365,7 @@ async def _fit(
 async def _pump_guarded(
     conv: Conv,
     rt: Runtime,
-    backend: Backend,
+    on: _On,
     request: ChatRequest,
     reply: LiveReply,
     *,
@@ -348,6 +374,7 @@ async def _pump_guarded(
     """:func:`_pump`, and the reasoning budget guard: a reply that spent all its tokens
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
+    backend = rt.backend(on.provider)
     got = await _pump(conv, backend, request, reply, on_end=held.release)
     usage = got.usage
     if (
@@ -365,8 +392,7 @@ async def _pump_guarded(
         "asked once more with thinking off"
     )
     log.info("thinking_budget_spent", conv=conv.id, tokens=usage.eval_count)
-    meta = reply.meta
-    async with rt.scheduler(meta.backend).slot(meta.model) as again_held:  # let go of at the end
+    async with rt.scheduler(on.provider).slot(on.model) as again_held:  # let go of at the end
         again = await _pump(
             conv, backend, replace(request, think=False), reply, on_end=again_held.release
         )
@@ -422,6 +448,7 @@ async def _finish(
     reply: LiveReply,
     got: Streamed,
     *,
+    on: _On,
     request: ChatRequest,
     planned: budget.Plan,
 ) -> Outcome:
@@ -440,7 +467,7 @@ async def _finish(
             usage.context_full = True
             markers.append((MarkerKind.WARNING, warning))
         if usage.prompt_eval_count:
-            rt.calibration.observe(meta.model, request.messages, usage.prompt_eval_count)
+            rt.calibration.observe(on.model, request.messages, usage.prompt_eval_count)
     # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
     # state write that commits the reply
     said = reply.text
@@ -458,8 +485,58 @@ async def _finish(
         )
     finally:
         if reply.committed:  # a cancel that came meanwhile finds the reply committed
-            rt.guard(meta).success()
+            on.guard.success()
             rt.notify(conv.id, ConvEvent.REPLY, usage=usage.model_dump() if usage else None)
+    return AGAIN
+
+
+def _pause(rt: Runtime, on: _On, exc: BackendError) -> list[str]:
+    """The provider is in trouble. A 429 or 503 with Retry-After pauses it (for every
+    conversation) that long; an alias's provider rests for the breaker's cooldown so that
+    its turns go elsewhere. One that went away is asked its limits again when it is back.
+    Returns the alias's other providers that may take the turn now."""
+    if exc.server_down or exc.kind is ErrorKind.CUT:
+        rt.stale(on.provider)
+    several = len(on.target.providers) > 1
+    if exc.retry_after is not None or several:
+        rest = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
+        guard = on.guard
+        guard.server.trip(rt.clock() + min(rest, rt.settings.retry.cap))
+    if not several:
+        return []
+    return [
+        p
+        for p in on.target.providers
+        if p != on.provider and rt.guard(p, on.model).resting() is None
+    ]
+
+
+def _fail_over(
+    conv: Conv,
+    rt: Runtime,
+    w: ConvWriter,
+    reply: LiveReply,
+    exc: BackendError,
+    *,
+    on: _On,
+    others: list[str],
+    attempt: int,
+) -> Outcome:
+    """Redo the turn at once on another provider of the alias: a reply cut mid-stream is
+    marked INTERRUPTED (and redone whole, as after any cut); one that had not started leaves
+    a NOTE saying which provider failed and why."""
+    where = f"another provider of {on.target.alias} ({', '.join(others)})"
+    if not reply.abort(MarkerKind.INTERRUPTED, f"{on.provider}: {exc}; redone on {where}"):
+        w.append_marker(MarkerKind.NOTE, f"{on.provider} failed ({exc}); the turn goes to {where}")
+    w.retry_at(
+        rt.clock(),
+        settings=backend_fingerprint(rt.settings, w.meta.backend),
+        kind=exc.kind,
+        message=f"{on.provider}: {exc}",
+        attempt=attempt,
+    )
+    log.warning("fail_over", conv=conv.id, provider=on.provider, error=str(exc), to=others)
+    rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=0.0)
     return AGAIN
 
 
@@ -511,14 +588,27 @@ def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply) -> Outc
     return AGAIN
 
 
-def _failed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: BackendError) -> Outcome:
+# what says the provider itself is in trouble (not the request, not the model): the provider
+# rests and an alias's turn goes to another of its providers at once
+_PROVIDER_TROUBLE = frozenset(
+    {ErrorKind.SERVER_BUSY, ErrorKind.TIMEOUT, ErrorKind.CUT, ErrorKind.STALL}
+)
+
+
+def _failed(
+    conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: BackendError, *, on: _On
+) -> Outcome:
     attempt = w.state.retry_count + 1
     transient = exc.transient and attempt < rt.settings.retry.max_attempts
-    guard = rt.guard(w.meta)
+    guard = on.guard
     if exc.transient:
         guard.failure(exc)
     elif exc.status_code is not None:
         guard.server.success()  # the server answered: it is up, the request was wrong
+    if transient and (exc.server_down or exc.kind in _PROVIDER_TROUBLE):
+        others = _pause(rt, on, exc)
+        if others:
+            return _fail_over(conv, rt, w, reply, exc, on=on, others=others, attempt=attempt)
     if transient:
         delay = backoff(rt, attempt, exc.retry_after)
         resting = guard.resting()

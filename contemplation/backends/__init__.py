@@ -47,12 +47,11 @@ def phase_timeouts(t: TimeoutSettings, max_line: int = 4 * 1024 * 1024) -> Phase
     )
 
 
-def _ollama(settings: Settings) -> Backend:
+def _ollama(settings: Settings, name: str, s: Any) -> Backend:
     from contemplation.backends.ollama import OllamaBackend
-    from contemplation.settings import ollama_base
+    from contemplation.settings import parse_ollama_host
 
-    url, auth = ollama_base(settings)
-    s = settings.ollama
+    url, auth = parse_ollama_host(getattr(s, "url", "") or s.host)
     return OllamaBackend(
         url,
         auth=auth,
@@ -61,27 +60,28 @@ def _ollama(settings: Settings) -> Backend:
         timeouts=phase_timeouts(s.timeouts, settings.max_reply_bytes),
         concurrency=s.concurrency,
         overrides=settings.capabilities,
+        name=name,
     )
 
 
-def _openai(settings: Settings) -> Backend:
+def _openai(settings: Settings, name: str, s: Any) -> Backend:
     from contemplation.backends.openai import OpenAIBackend
 
-    s = settings.openai
     return OpenAIBackend(
-        s.base_url,
+        getattr(s, "url", "") or s.base_url,
         api_key=s.api_key,
         timeouts=phase_timeouts(s.timeouts, settings.max_reply_bytes),
         concurrency=s.concurrency,
+        default_concurrency=s.default_concurrency,
         stream_usage=s.stream_usage,
         overrides=settings.capabilities,
+        name=name,
     )
 
 
-def _opencode(settings: Settings) -> Backend:
+def _opencode(settings: Settings, name: str, s: Any) -> Backend:
     from contemplation.backends.opencode import OpenCodeBackend
 
-    s = settings.opencode
     return OpenCodeBackend(
         s.url,
         auth=(s.username or "opencode", s.password) if s.password else None,
@@ -90,13 +90,13 @@ def _opencode(settings: Settings) -> Backend:
         timeouts=s.timeouts,
         concurrency=s.concurrency,
         overrides=settings.capabilities,
+        name=name,
     )
 
 
-def _local(settings: Settings) -> Backend:
+def _local(settings: Settings, name: str, s: Any) -> Backend:
     from contemplation.backends.local import LocalBackend
 
-    s = settings.local
     return LocalBackend(
         model_path=s.model_path,
         n_ctx=s.n_ctx,
@@ -104,10 +104,13 @@ def _local(settings: Settings) -> Backend:
         n_threads=s.n_threads,
         timeouts=phase_timeouts(s.timeouts),
         overrides=settings.capabilities,
+        name=name,
     )
 
 
-_FACTORIES: dict[str, Callable[[Settings], Backend]] = {
+# a kind's maker: (the daemon's settings, the provider's name, its section) -> a backend
+Maker = Callable[["Settings", str, Any], "Backend"]
+_FACTORIES: dict[str, Maker] = {
     "ollama": _ollama,
     "openai": _openai,
     "opencode": _opencode,
@@ -115,6 +118,7 @@ _FACTORIES: dict[str, Callable[[Settings], Backend]] = {
 }
 
 
+_BUILT = frozenset(_FACTORIES)
 GROUP = "contemplation.backends"
 BUILT_IN = "built in"
 _ORIGINS: dict[str, str] = dict.fromkeys(_FACTORIES, BUILT_IN)
@@ -151,22 +155,25 @@ def _plugins() -> None:
     _FAILED.extend(plugins.load(GROUP, BackendKind, add))
 
 
-def _plugin_factory(kind: BackendKind) -> Callable[[Settings], Backend]:
-    def make(settings: Settings) -> Backend:
-        return kind.make(settings, own_settings(kind.name, settings))
+def _plugin_factory(kind: BackendKind) -> Maker:
+    def make(settings: Settings, name: str, section: Any) -> Backend:
+        extra = dict(section.model_extra or {}) if section is not None else {}
+        return kind.make(settings, own_settings(kind.name, settings, extra or None, name))
 
     return make
 
 
-def own_settings(name: str, settings: Settings) -> Any:
-    """A plugin family's ``[plugins.<name>]``, checked by its model (one line naming the key
-    and the file when it is wrong); a section no installed plugin claims is refused too."""
-    raw = settings.plugins.get(name, {})
+def own_settings(
+    name: str, settings: Settings, raw: dict[str, Any] | None = None, provider: str = ""
+) -> Any:
+    """A plugin family's ``[plugins.<name>]`` (or a ``[providers.<provider>]`` of its kind),
+    checked by its model (one line naming the key and the file when it is wrong); a section
+    no installed plugin claims is refused too."""
+    table = f"providers.{provider}" if raw is not None else f"plugins.{name}"
+    raw = settings.plugins.get(name, {}) if raw is None else raw
     where = settings.config_file or "the settings"
     if not known(name) or name not in _KINDS:
-        raise ConfigError(
-            f"[plugins.{name}] in {where}: no installed plugin has a backend named {name!r}"
-        )
+        raise ConfigError(f"[{table}] in {where}: no installed plugin has a backend named {name!r}")
     model = _KINDS[name].settings_model
     if model is None:
         return raw
@@ -177,7 +184,7 @@ def own_settings(name: str, settings: Settings) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"]) or "(the section)"
-        raise ConfigError(f"[plugins.{name}] {key} in {where}: {err['msg']}") from None
+        raise ConfigError(f"[{table}] {key} in {where}: {err['msg']}") from None
 
 
 def known(name: str) -> bool:
@@ -206,19 +213,30 @@ def failures() -> list[tuple[str, str]]:
 
 def register(name: str, factory: Callable[[Settings], Backend]) -> None:
     """Add a backend family (used by sibling modules and by tests for in-process fakes)."""
-    _FACTORIES[name] = factory
+    _FACTORIES[name] = lambda settings, _name, _section: factory(settings)
+
+
+def make(name: str, settings: Settings) -> Backend:
+    """The provider ``name`` (``[providers.<name>]``, an old section, a plugin kind)."""
+    from contemplation import providers
+
+    section = providers.config(settings, name)
+    if not known(section.kind):
+        known_names = sorted({*available(), *settings.providers})
+        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(known_names)}")
+    plugin_section = section if name in settings.providers else None
+    return _FACTORIES[section.kind](
+        settings, name, section if section.kind in _BUILT else plugin_section
+    )
 
 
 def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
-    """The backend ``name``, wrapped with ``settings.fallback`` when that list applies.
+    """The provider ``name``, wrapped with ``settings.fallback`` when that list applies.
 
     Fallback order: the backends listed after ``name`` (all of them when ``name`` is not
     listed); they take a turn only when the one before is unreachable.
     """
-    if not known(name):
-        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(available())}")
-    factory = _FACTORIES[name]
-    backend = factory(settings)
+    backend = make(name, settings)
     order = settings.fallback
     rest = order[order.index(name) + 1 :] if name in order else list(order)
     if not fallback or not rest:

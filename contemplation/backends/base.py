@@ -70,6 +70,24 @@ class Backend(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Slots:
+    """How many turns a server takes at once, and where that figure came from."""
+
+    count: int
+    source: str  # "config", "server /props", "server /slots", "n_parallel", "default ..."
+
+
+@runtime_checkable
+class KnowsLimits(Protocol):
+    """A backend that can ask its server for its own limits (slots; the window is part of
+    :meth:`Backend.capabilities`). ``stale`` forgets what was asked: the server restarted."""
+
+    async def slots(self) -> Slots: ...
+
+    def stale(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseTimeouts:
     """The phases of one streamed reply, and the longest line a server may send in it."""
 

@@ -153,6 +153,8 @@ class Http:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def url(self, path: str) -> str:
+        if "://" in path:  # absolute: the server's root beside its API (llama-server /props)
+            return path
         return f"{self.base_url}/{path.lstrip('/')}"
 
     def _client(self) -> aiohttp.ClientSession:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from contemplation.backends import capabilities
-from contemplation.backends.base import Capabilities, Check, PhaseTimeouts
+from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots
 from contemplation.backends.openai import ChunkTurn, chat_body, context_overflow, stream_error
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
@@ -185,7 +185,9 @@ class LocalBackend:
         n_threads: int | None = None,
         timeouts: PhaseTimeouts,
         overrides: Mapping[str, CapabilityOverride] | None = None,
+        name: str = "local",
     ) -> None:
+        self.name = name
         self.model_path = Path(model_path).expanduser() if model_path else None
         self.n_ctx = n_ctx
         self.n_parallel = n_parallel
@@ -273,6 +275,12 @@ class LocalBackend:
         finally:
             handoff.close()  # the thread's next chunk cancels the request and frees the slot
 
+    async def slots(self) -> Slots:
+        return Slots(self.n_parallel, "n_parallel")
+
+    def stale(self) -> None:
+        return None  # in this process: it cannot restart behind our back
+
     async def models(self) -> list[str]:
         """The one model file this backend runs."""
         return [self.resolve_model().name]
@@ -286,11 +294,11 @@ class LocalBackend:
 
     async def check(self, model: str | None) -> list[Check]:
         if importlib.util.find_spec("xllamacpp") is None:
-            return [Check("local", False, "xllamacpp is not installed", (INSTALL_HINT,))]
+            return [Check(self.name, False, "xllamacpp is not installed", (INSTALL_HINT,))]
         try:
             path = self.resolve_model()
         except BackendError as exc:
-            return [Check("local", False, str(exc))]
+            return [Check(self.name, False, str(exc))]
         try:
             version = importlib.metadata.version("xllamacpp")
         except importlib.metadata.PackageNotFoundError:
@@ -298,7 +306,7 @@ class LocalBackend:
         size_mb = path.stat().st_size / 1e6
         return [
             Check(
-                "local",
+                self.name,
                 True,
                 f"xllamacpp {version}, {path.name} ({size_mb:.0f} MB), "
                 f"{self.n_parallel} slot(s) of n_ctx {self.n_ctx}",

@@ -20,6 +20,7 @@ from contemplation.backends.base import (
     Capabilities,
     Check,
     PhaseTimeouts,
+    Slots,
     TimedLines,
     json_object,
     retry_after_seconds,
@@ -113,15 +114,18 @@ class OllamaBackend:
         num_ctx: int = 8192,
         keep_alive: str | int = "10m",
         timeouts: PhaseTimeouts,
-        concurrency: int = 1,
+        concurrency: int | str = 1,
         overrides: Mapping[str, CapabilityOverride] | None = None,
+        name: str = "ollama",
     ) -> None:
+        self.name = name
         self.base_url = base_url.rstrip("/")
         self.overrides = dict(overrides or {})
         self.num_ctx = num_ctx
         self.keep_alive = keep_alive
         self.timeouts = timeouts
-        self.concurrency = concurrency
+        self.auto = concurrency == "auto"
+        self.concurrency = 1 if self.auto else int(concurrency)
         self._http = Http(self.base_url, connect=timeouts.connect, auth=auth)
         self._caps: dict[str, Capabilities] = {}
 
@@ -198,6 +202,16 @@ class OllamaBackend:
         finally:
             resp.close()
 
+    async def slots(self) -> Slots:
+        """Ollama queues and runs requests itself (``OLLAMA_NUM_PARALLEL`` on the server), and
+        does not say how many at once: auto is 1, a number in the config wins."""
+        if self.auto:
+            return Slots(1, "auto: 1 (Ollama's own OLLAMA_NUM_PARALLEL is not visible)")
+        return Slots(self.concurrency, "config")
+
+    def stale(self) -> None:
+        self._caps.clear()
+
     async def models(self) -> list[str]:
         """The installed models (``/api/tags``), for ``contemplation models``."""
         resp = await self._http.request("GET", "/api/tags", within=self.timeouts.connect * 3)
@@ -270,7 +284,7 @@ class OllamaBackend:
         except BackendError as exc:
             return [
                 Check(
-                    "ollama",
+                    self.name,
                     False,
                     f"not reachable at {self.base_url} ({exc.kind})",
                     ("start it with `ollama serve`, or set OLLAMA_HOST",),
@@ -281,8 +295,8 @@ class OllamaBackend:
         except (ValueError, AttributeError):
             version = None
         if version is None:
-            return [Check("ollama", False, f"{self.base_url}/api/version answered {resp.status}")]
-        checks.append(Check("ollama", True, f"Ollama {version} at {self.base_url}"))
+            return [Check(self.name, False, f"{self.base_url}/api/version answered {resp.status}")]
+        checks.append(Check(self.name, True, f"Ollama {version} at {self.base_url}"))
         if model:
             try:
                 caps = await self.capabilities(model)

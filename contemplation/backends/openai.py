@@ -25,7 +25,7 @@ import json
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -34,6 +34,7 @@ from contemplation.backends.base import (
     Capabilities,
     Check,
     PhaseTimeouts,
+    Slots,
     TimedLines,
     json_object,
     retry_after_seconds,
@@ -448,13 +449,17 @@ class OpenAIBackend:
         *,
         api_key: str = "",
         timeouts: PhaseTimeouts,
-        concurrency: int = 1,
+        concurrency: int | str = 1,
+        default_concurrency: int = 1,
         stream_usage: bool = True,
         overrides: Mapping[str, CapabilityOverride] | None = None,
+        name: str = "openai",
     ) -> None:
+        self.name = name
         self.base_url = normalize_base_url(base_url)
         self.timeouts = timeouts
-        self.concurrency = concurrency
+        self.auto = concurrency == "auto"
+        self.concurrency = default_concurrency if self.auto else int(concurrency)
         self.stream_usage = stream_usage
         self.overrides = dict(overrides or {})
         headers: dict[str, str] = {}
@@ -462,6 +467,8 @@ class OpenAIBackend:
             headers["Authorization"] = f"Bearer {api_key}"
         self._http = Http(self.base_url, connect=timeouts.connect, headers=headers)
         self._caps: dict[str, Capabilities] = {}
+        self._props: dict[str, Any] | None = None  # llama-server's GET /props, once asked
+        self._props_asked = False
 
     def request_body(self, request: ChatRequest) -> dict[str, Any]:
         return chat_body(request, stream_usage=self.stream_usage)
@@ -550,24 +557,75 @@ class OpenAIBackend:
         """The served model ids (``GET /models``; none when the server has no such list)."""
         return [str(e["id"]) for e in await self._models() or [] if e.get("id")]
 
+    def root(self, path: str) -> str:
+        """A URL at the server's root, beside its API (``…/v1`` → ``…/props``)."""
+        parts = urlsplit(self.base_url)
+        base = parts.path.removesuffix("/v1").rstrip("/")
+        return urlunsplit((parts.scheme, parts.netloc, f"{base}/{path}", "", ""))
+
+    async def _server_json(self, path: str) -> Any:
+        """``GET <root>/<path>`` as JSON, or None when the server has no such page."""
+        resp = await self._http.request("GET", self.root(path), within=self.timeouts.connect * 3)
+        if resp.status != 200:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return None
+
+    async def props(self) -> dict[str, Any] | None:
+        """llama-server's ``/props`` (slots, the window per slot), asked once per start."""
+        if not self._props_asked:
+            data = await self._server_json("props")
+            self._props = data if isinstance(data, dict) else None
+            self._props_asked = True
+        return self._props
+
+    async def slots(self) -> Slots:
+        """The server's parallel slots: llama-server's ``/props`` ``total_slots``, else the
+        length of its ``/slots``, else ``default_concurrency`` (vLLM, LiteLLM, hosted APIs
+        do not say). A number in the config wins."""
+        if not self.auto:
+            return Slots(self.concurrency, "config")
+        total = (await self.props() or {}).get("total_slots")
+        if isinstance(total, int) and total > 0:
+            return Slots(min(total, 64), "server /props")
+        listed = await self._server_json("slots")
+        if isinstance(listed, list) and listed:
+            return Slots(min(len(listed), 64), "server /slots")
+        return Slots(self.concurrency, "default_concurrency (the server does not say)")
+
+    def stale(self) -> None:
+        self._caps.clear()
+        self._props, self._props_asked = None, False
+
     async def capabilities(self, model: str) -> Capabilities:
-        """The family table and config overrides; the context length from ``/models``."""
+        """The family table and config overrides; the context window the server gives each
+        request: llama-server's ``n_ctx`` per slot (``/models`` ``meta``, else ``/props``),
+        vLLM's ``max_model_len``, ``context_length``; the trained length only when the server
+        says nothing else."""
         if model in self._caps:
             return self._caps[model]
-        ctx: int | None = None
-        for entry in await self._models() or []:
-            if entry.get("id") != model:
-                continue
-            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
-            for value in (
-                entry.get("context_length"),  # OpenRouter, LM Studio
-                entry.get("max_model_len"),  # vLLM
-                (meta or {}).get("n_ctx_train"),  # llama.cpp
-            ):
-                if isinstance(value, int) and value > 0:
-                    ctx = value
-                    break
-        result = capabilities.resolve(model, context_length=ctx, overrides=self.overrides)
+        entries = await self._models() or []
+        entry = next((e for e in entries if e.get("id") == model), None)
+        if entry is None and len(entries) == 1:
+            entry = entries[0]  # a single-model server answers whatever the name
+        meta = entry.get("meta") if entry and isinstance(entry.get("meta"), dict) else {}
+        found = [
+            (meta or {}).get("n_ctx"),  # llama.cpp: per slot, what a request really gets
+            (entry or {}).get("max_model_len"),  # vLLM
+            (entry or {}).get("context_length"),  # OpenRouter, LM Studio
+        ]
+        window = next((v for v in found if isinstance(v, int) and v > 0), None)
+        if window is None and (props := await self.props()) is not None:
+            settings = props.get("default_generation_settings")
+            n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+            window = n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+        trained = (meta or {}).get("n_ctx_train")
+        known = window or (trained if isinstance(trained, int) and trained > 0 else None)
+        result = capabilities.resolve(model, context_length=known, overrides=self.overrides)
+        if window is not None:  # what each request gets: never more than the server gives
+            result = replace(result, request_window=min(window, result.context_length or window))
         self._caps[model] = result
         return result
 
@@ -580,17 +638,17 @@ class OpenAIBackend:
                 if exc.kind == "auth"
                 else "start the server, or set OPENAI_BASE_URL (or openai.base_url)"
             )
-            return [Check("openai", False, str(exc), (hint,))]
+            return [Check(self.name, False, str(exc), (hint,))]
         if entries is None:
             return [
                 Check(
-                    "openai",
+                    self.name,
                     True,
                     f"{self.base_url} answers (no model list at {self.base_url}/models)",
                 )
             ]
         ids = [str(e.get("id")) for e in entries]
-        checks = [Check("openai", True, f"{self.base_url} serves {', '.join(ids) or 'no models'}")]
+        checks = [Check(self.name, True, f"{self.base_url} serves {', '.join(ids) or 'no models'}")]
         if model:
             if model in ids:
                 checks.append(Check("model", True, f"{model} is served"))

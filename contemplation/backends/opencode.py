@@ -41,7 +41,7 @@ from urllib.parse import quote
 import structlog
 
 from contemplation.backends import capabilities
-from contemplation.backends.base import Capabilities, Check, json_object
+from contemplation.backends.base import Capabilities, Check, Slots, json_object
 from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
@@ -195,14 +195,17 @@ class OpenCodeBackend:
         tools: Mapping[str, bool] | None = None,
         agent: str = "",
         timeouts: OpenCodeTimeouts | None = None,
-        concurrency: int = 1,
+        concurrency: int | str = 1,
         overrides: Mapping[str, CapabilityOverride] | None = None,
+        name: str = "opencode",
     ) -> None:
+        self.name = name
         self.base_url = (base_url.strip() or DEFAULT_URL).rstrip("/")
         self.tools = dict(tools or {})
         self.agent = agent
         self.timeouts = timeouts or OpenCodeTimeouts.model_validate({})
-        self.concurrency = concurrency
+        self.configured = concurrency != "auto"
+        self.concurrency = int(concurrency) if self.configured else 1
         self.overrides = dict(overrides or {})
         self._http = Http(self.base_url, connect=self.timeouts.connect, auth=auth)
         self._sessions: dict[str, BackendSession] = {}  # what this process knows is held
@@ -272,6 +275,7 @@ class OpenCodeBackend:
             last = (info or {}).get("id")
             held = self._sessions[key] = BackendSession(
                 backend=FAMILY,
+                provider=self.name,
                 id=session.id,
                 messages=len(history) + 1,
                 digest=digest([*_pairs(history), ("assistant", reply)]),
@@ -326,7 +330,7 @@ class OpenCodeBackend:
                 transient=True,
                 kind=ErrorKind.PROTOCOL,
             )
-        session = self._sessions[key] = BackendSession(backend=FAMILY, id=sid)
+        session = self._sessions[key] = BackendSession(backend=FAMILY, id=sid, provider=self.name)
         return session
 
     async def _prompt(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -513,6 +517,13 @@ class OpenCodeBackend:
         models = await self._provider_models()
         return models is not None and model not in models
 
+    async def slots(self) -> Slots:
+        """OpenCode does not say how many prompts it runs at once: 1 unless configured."""
+        return Slots(self.concurrency, "config" if self.configured else "auto: 1")
+
+    def stale(self) -> None:
+        self._caps.clear()
+
     async def models(self) -> list[str]:
         """``provider/model`` names the server offers (``GET /config/providers``)."""
         found = await self._provider_models()
@@ -556,7 +567,7 @@ class OpenCodeBackend:
         except BackendError as exc:
             return [
                 Check(
-                    "opencode",
+                    self.name,
                     False,
                     f"not reachable at {self.base_url} ({exc.kind})",
                     ("start it with `opencode serve`, or set OPENCODE_SERVER_URL",),
@@ -565,7 +576,7 @@ class OpenCodeBackend:
         if resp.status == 401:
             return [
                 Check(
-                    "opencode",
+                    self.name,
                     False,
                     f"{self.base_url} wants a password (401)",
                     ("set OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME)",),
@@ -577,10 +588,10 @@ class OpenCodeBackend:
             health = None
         if resp.status != 200 or not isinstance(health, dict) or not health.get("healthy"):
             return [
-                Check("opencode", False, f"{self.base_url}/global/health answered {resp.status}")
+                Check(self.name, False, f"{self.base_url}/global/health answered {resp.status}")
             ]
         checks = [
-            Check("opencode", True, f"OpenCode {health.get('version', '?')} at {self.base_url}")
+            Check(self.name, True, f"OpenCode {health.get('version', '?')} at {self.base_url}")
         ]
         if model:
             try:
