@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any, get_args
 
-from contemplation import backends, logformat, waiting
+from contemplation import logformat, providers, waiting
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
@@ -82,11 +82,13 @@ def _resolve(
     if not topic.strip():
         raise InputRejected("a conversation needs a topic")
     tpl = load_template(home, template or settings.default_template)
-    backend_name = backend or tpl.backend or settings.default_backend
-    if not backends.known(backend_name):
-        known = ", ".join(backends.available())
-        raise InputRejected(f"unknown backend {backend_name!r}; known: {known}")
-    return tpl, backend_name, model or tpl.model or settings.default_model
+    model_name = model or tpl.model or settings.default_model
+    # a model that names an alias takes the alias's providers (unless a backend is named)
+    alias = model_name if model_name in settings.aliases else None
+    backend_name = backend or alias or tpl.backend or settings.default_backend
+    if not providers.known(settings, backend_name):
+        raise InputRejected(str(providers.unknown(settings, backend_name)))
+    return tpl, backend_name, model_name
 
 
 def _extra(reqs: list[dict[str, str]], think: bool | str | None) -> dict[str, Any] | None:

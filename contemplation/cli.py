@@ -24,6 +24,7 @@ PROG = "contemplation"
 
 #: name → (module, attribute, the one-line help ``--help`` shows)
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "aliases": ("contemplation.cli_models", "aliases", "The model aliases of [aliases.*]: what..."),
     "approve": ("contemplation.cli_conv", "approve", "Decide about a lookup that waits for..."),
     "archive": (
         "contemplation.cli_conv",

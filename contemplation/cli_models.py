@@ -29,12 +29,20 @@ AT_ONCE = 4  # capability look-ups in flight per backend
 
 
 def configured(settings: Settings, asked: tuple[str, ...]) -> list[str]:
-    """The backends to list: those asked for, else the default, its fallbacks and those the
-    active conversations use (as ``doctor`` checks them)."""
-    if asked:
-        return list(dict.fromkeys(asked))
-    used = sorted(in_use(Home(settings.home)))
-    return list(dict.fromkeys([settings.default_backend, *settings.fallback, *used]))
+    """The providers to list: those asked for (an alias: its providers), else the default,
+    its fallbacks, every ``[providers.*]`` and those the active conversations use (as
+    ``doctor`` checks them)."""
+    names = list(asked) or [
+        settings.default_backend,
+        *settings.fallback,
+        *settings.providers,
+        *sorted(in_use(Home(settings.home))),
+    ]
+    out: list[str] = []
+    for name in names:
+        alias = settings.aliases.get(name)
+        out.extend(alias.providers if alias is not None else [name])
+    return list(dict.fromkeys(out))
 
 
 def in_use(home: Home) -> set[str]:
@@ -89,9 +97,23 @@ async def _one(settings: Settings, name: str) -> dict[str, Any]:
             "ok": True,
             "models": list(rows),
             "more": max(0, len(names) - MAX_MODELS),
+            **await _slots(backend),
         }
     finally:
         await backend.aclose()
+
+
+async def _slots(backend: Backend) -> dict[str, Any]:
+    """How many turns the provider takes at once, and where that figure came from."""
+    from contemplation.backends.base import KnowsLimits
+
+    if not isinstance(backend, KnowsLimits):
+        return {"slots": backend.concurrency, "slots_from": "the backend"}
+    try:
+        found = await backend.slots()
+    except BackendError as exc:
+        return {"slots": backend.concurrency, "slots_from": f"not asked: {exc}"}
+    return {"slots": found.count, "slots_from": found.source}
 
 
 async def list_all(settings: Settings, names: list[str]) -> list[dict[str, Any]]:
@@ -115,7 +137,7 @@ def human(listing: list[dict[str, Any]]) -> str:
     for entry in listing:
         for m in entry.get("models", []):
             if "error" in m:
-                rows.append((entry["backend"], m["name"], "?", "?", "?", "?", m["error"]))
+                rows.append((entry["backend"], m["name"], "?", "?", "?", "?", "?", m["error"]))
                 continue
             rows.append(
                 (
@@ -125,16 +147,17 @@ def human(listing: list[dict[str, Any]]) -> str:
                     _yes(m["thinking"]),
                     _yes(m["vision"]),
                     _context(m),
+                    str(entry.get("slots", "?")),
                     m["source"],
                 )
             )
         if entry.get("more"):
-            rows.append((entry["backend"], f"… and {entry['more']} more", "", "", "", "", ""))
+            rows.append((entry["backend"], f"… and {entry['more']} more", *[""] * 6))
         if entry.get("ok") and not entry.get("models"):
-            rows.append((entry["backend"], "(no models)", "", "", "", "", ""))
+            rows.append((entry["backend"], "(no models)", *[""] * 6))
     if not rows:
         return ""
-    header = ("BACKEND", "MODEL", "TOOLS", "THINKING", "VISION", "CONTEXT", "FROM")
+    header = ("BACKEND", "MODEL", "TOOLS", "THINKING", "VISION", "CONTEXT", "SLOTS", "FROM")
     return show.table(rows, header)
 
 
@@ -168,5 +191,49 @@ def models(ctx: click.Context, asked: tuple[str, ...], as_json: bool) -> None:
         for entry in listing:
             if not entry["ok"]:
                 click.echo(safe(f"{entry['backend']}: {entry['error']}"), err=True)
+            elif entry.get("slots_from"):
+                click.echo(f"{entry['backend']}: {entry['slots']} slot(s), {entry['slots_from']}")
     if any(not e["ok"] and e["backend"] in needed for e in listing):
         sys.exit(EXIT_ERROR)
+
+
+def alias_rows(settings: Settings) -> list[dict[str, Any]]:
+    return [
+        {
+            "alias": name,
+            "model": a.model,
+            "providers": list(a.providers),
+            "options": dict(a.options),
+            "think": a.think,
+        }
+        for name, a in sorted(settings.aliases.items())
+    ]
+
+
+@click.command()
+@json_option('Print {"aliases": [{"alias", "model", "providers", "options", "think"}]}.')
+@click.pass_context
+def aliases(ctx: click.Context, as_json: bool) -> None:
+    """The model aliases of [aliases.*]: what --model names, and where it goes.
+
+    An alias is a server's model over one or more providers, with options and think; a
+    turn takes a free slot on any of its providers, the least busy first, and goes to
+    another when one fails. `contemplation models` shows each provider's slots."""
+    rows = alias_rows(ctx_settings(ctx))
+    if as_json:
+        emit({"aliases": rows}, True, "")
+        return
+    if not rows:
+        click.echo("no aliases ([aliases.<name>] in config.toml)")
+        return
+    table = [
+        (
+            r["alias"],
+            r["model"],
+            ", ".join(r["providers"]),
+            " ".join(f"{k}={v}" for k, v in r["options"].items()) or "-",
+            "-" if r["think"] is None else str(r["think"]).lower(),
+        )
+        for r in rows
+    ]
+    click.echo(show.table(table, ("ALIAS", "MODEL", "PROVIDERS", "OPTIONS", "THINK")))

@@ -100,11 +100,15 @@ def names(settings: Settings) -> list[str]:
     return list(dict.fromkeys([*BUILT_IN_KINDS, *settings.providers]))
 
 
-def check_target(settings: Settings, backend: str) -> None:
-    """A conversation's backend must be a provider, an alias or a backend kind."""
+def known(settings: Settings, backend: str) -> bool:
+    """Whether a conversation may name ``backend``: a provider, an alias or a backend kind."""
     from contemplation import backends
 
-    if backend in settings.providers or backend in settings.aliases or backends.known(backend):
-        return
-    known = sorted({*backends.available(), *settings.providers, *settings.aliases})
-    raise ConfigError(f"unknown backend {backend!r}; known: {', '.join(known)}")
+    return backend in settings.providers or backend in settings.aliases or backends.known(backend)
+
+
+def unknown(settings: Settings, backend: str) -> ConfigError:
+    from contemplation import backends
+
+    names = sorted({*backends.available(), *settings.providers, *settings.aliases})
+    return ConfigError(f"unknown backend {backend!r}; known: {', '.join(names)}")

@@ -34,6 +34,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
     PrivateAttr,
     Tag,
     ValidationError,
@@ -98,7 +99,18 @@ class NotificationRule(_Section):
     timeout: float = Field(30.0, gt=0, description="seconds before the command is killed")
 
 
-Concurrency = Annotated[int, Field(ge=1, le=64)] | Literal["auto"]
+def _concurrency(v: Any) -> int | Literal["auto"]:
+    if v == "auto":
+        return "auto"
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)  # from the environment
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+        raise ValueError('must be "auto" or a whole number from 1 to 64')
+    return v
+
+
+# turns a provider takes at once: "auto" asks the server (a number in the config wins)
+Concurrency = Annotated[int | Literal["auto"], PlainValidator(_concurrency)]
 
 
 def _check_url(v: str) -> str:
@@ -522,9 +534,10 @@ class _Sources:
             found = self.by_path.get(key[:n])
             if found:
                 return found
-        for path, found in self.by_path.items():  # a section given whole, e.g. a bad table
-            if path[: len(key)] == key:
-                return found
+        for n in range(len(key), 0, -1):  # a key left out: where its table was written
+            for path, found in self.by_path.items():
+                if path[:n] == key[:n]:
+                    return found
         return "the defaults"
 
 

@@ -54,6 +54,7 @@ from contemplation.writer import ConvWriter, LiveReply, Streamed, clear_cancel
 log = structlog.get_logger("contemplation.turn")
 
 CANCEL_CHECK_INTERVAL = 0.2
+RETRY_AFTER_CAP = 3600.0  # the longest pause a server's Retry-After can ask of a provider
 LONG_HISTORY = 200  # blocks above which a turn's request is built and fitted on a thread
 
 
@@ -501,7 +502,7 @@ def _pause(rt: Runtime, on: _On, exc: BackendError) -> list[str]:
     if exc.retry_after is not None or several:
         rest = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
         guard = on.guard
-        guard.server.trip(rt.clock() + min(rest, rt.settings.retry.cap))
+        guard.server.trip(rt.clock() + min(rest, RETRY_AFTER_CAP))
     if not several:
         return []
     return [

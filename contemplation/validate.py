@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import ipaddress
 
-from contemplation import backends, context_kinds
+from contemplation import backends, context_kinds, providers
 from contemplation.errors import ConfigError, NotFound
 from contemplation.layout import Home
 from contemplation.needs.router import NeedRouter
-from contemplation.settings import Settings
+from contemplation.settings import PluginProvider, Settings
 from contemplation.templates import Template, load_template, template_dirs
 
 
 def _backend_name(settings: Settings, key: str, name: str) -> None:
-    if not backends.known(name):
+    if not providers.known(settings, name):
         raise ConfigError(
-            f"invalid setting {key} in {settings.source(key)}: unknown backend {name!r}; "
-            f"known: {', '.join(backends.available())}"
+            f"invalid setting {key} in {settings.source(key)}: {providers.unknown(settings, name)}"
         )
 
 
@@ -47,11 +46,15 @@ def _dashboard_host(settings: Settings) -> None:
         )
 
 
-def check_template(tpl: Template) -> None:
-    """What loading a template cannot check alone: its backend exists and its context
-    requirements are of known types. Raises :class:`ConfigError` naming the template."""
+def check_template(tpl: Template, settings: Settings | None = None) -> None:
+    """What loading a template cannot check alone: its backend exists (a provider or an
+    alias of ``settings`` too) and its context requirements are of known types. Raises
+    :class:`ConfigError` naming the template."""
     where = tpl.folder / "template.toml" if tpl.folder else tpl.name
-    if tpl.backend and not backends.known(tpl.backend):
+    named = tpl.backend and (
+        providers.known(settings, tpl.backend) if settings else backends.known(tpl.backend)
+    )
+    if tpl.backend and not named:
         raise ConfigError(
             f"invalid backend {tpl.backend!r} in template {tpl.name} ({where}): "
             f"known: {', '.join(backends.available())}"
@@ -73,6 +76,9 @@ def validate(settings: Settings) -> NeedRouter:
         _backend_name(settings, "fallback", name)
     for name in settings.plugins:  # each plugin's own section, checked by its own model
         backends.own_settings(name, settings)
+    for name, p in settings.providers.items():  # a plugin kind's provider: the same check
+        if isinstance(p, PluginProvider):
+            backends.own_settings(p.kind, settings, dict(p.model_extra or {}), name)
     _dashboard_host(settings)
     router = NeedRouter(settings)  # the [[routes]] table and the search tool
     home = Home(settings.home)
@@ -86,6 +92,6 @@ def validate(settings: Settings) -> NeedRouter:
                     f"{settings.source('default_template')}: {exc}"
                 ) from None
             continue
-        check_template(tpl)
+        check_template(tpl, settings)
         router.rules(name)  # its routes compile
     return router

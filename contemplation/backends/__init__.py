@@ -247,13 +247,19 @@ def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
 
 
 async def check_all(settings: Settings, extra: Iterable[str] = ()) -> list[Check]:
-    """``doctor``: check the default backend (with the default model), its fallbacks and
-    ``extra`` backends (e.g. those named in conversations' metadata), concurrently."""
+    """``doctor``: check the default backend (with the default model), its fallbacks, every
+    ``[providers.*]`` and ``extra`` backends (e.g. those named in conversations' metadata;
+    an alias stands for its providers), concurrently."""
     import asyncio
 
     from contemplation.backends.base import Check
 
-    names = list(dict.fromkeys([settings.default_backend, *settings.fallback, *extra]))
+    named = [settings.default_backend, *settings.fallback, *settings.providers, *extra]
+    names: list[str] = []
+    for name in named:  # an alias is checked as its providers
+        alias = settings.aliases.get(name)
+        names.extend(alias.providers if alias is not None else [name])
+    names = list(dict.fromkeys(names))
 
     async def one(name: str) -> list[Check]:
         try:

@@ -52,6 +52,7 @@ class Step:
     after: int = 1  # content deltas sent before mid_error / cut / hang
     hang_seconds: float = 60.0
     hang_pings_every: float = 0.0  # keep sending ": ping" while hanging
+    delay: float = 0.0  # seconds before each content delta (a reply that takes time)
 
 
 class FakeOpenAI:
@@ -60,6 +61,9 @@ class FakeOpenAI:
         self.default_step = Step()
         self.requests: list[dict[str, Any]] = []
         self.models: list[dict[str, Any]] = [{"id": "fake-model", "object": "model"}]
+        self.props: dict[str, Any] | None = None  # GET /props (llama-server's shape) when set
+        self.active = 0  # chat calls streaming now
+        self.max_active = 0
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         fake = self
@@ -111,6 +115,8 @@ class _Handler(JsonHandler):
             fake.requests.append({"_path": self.path, "_headers": dict(self.headers)})
         if self.path in {"/v1/models", "/models"}:
             self._json(200, {"object": "list", "data": fake.models})
+        elif self.path == "/props" and fake.props is not None:
+            self._json(200, fake.props)
         else:
             self._json(404, {"detail": "Not Found"})
 
@@ -130,10 +136,16 @@ class _Handler(JsonHandler):
         if not body.get("stream"):
             self._json(200, _completion(body, step))
             return
+        with fake.lock:
+            fake.active += 1
+            fake.max_active = max(fake.max_active, fake.active)
         try:
             self._stream(body, step)
         except (BrokenPipeError, ConnectionResetError):
             return
+        finally:
+            with fake.lock:
+                fake.active -= 1
 
     def _stream(self, body: dict[str, Any], step: Step) -> None:
         fake = self.server_fake
@@ -173,6 +185,8 @@ class _Handler(JsonHandler):
         for i, piece in enumerate(pieces):
             if step.kind in {"mid_error", "cut", "hang"} and i >= step.after:
                 break
+            if step.delay and fake.stop_event.wait(step.delay):
+                return
             chunk({"content": piece})
         if step.kind == "mid_error":
             event({"error": step.error})
