@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from contemplation import actions, activity, cli_wait, show, waiting
+from contemplation import actions, activity, cli_wait, providers, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
@@ -345,6 +345,10 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
     data["activity"] = _activity(reader, conv, state, items)
     data["daemon_running"] = daemon_alive(home)
+    target = providers.target(ctx_settings(ctx), data["backend"], data["model"])
+    if target.alias is not None:  # what the alias stands for
+        where = list(target.providers)
+        data["alias"] = {"name": target.alias, "model": target.model, "providers": where}
     st = cli_wait.stat_or_none(conv.log)
     human = show.conversation(data, state, st.st_mtime if st else None)
     told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]

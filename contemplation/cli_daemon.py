@@ -138,11 +138,15 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     )
 
     used = in_use(home)
+    servers = {*backends.available(), *s.providers}  # a check of one of these is a server's
+    for name in list(used):  # a conversation on an alias uses each of its providers
+        alias = s.aliases.get(name)
+        used |= set(alias.providers) if alias is not None else set()
 
     async def probe_backends() -> None:
         for c in await backends.check_all(s, extra=sorted(used)):
             detail = c.detail + "".join(f"\n    hint: {h}" for h in c.hints)
-            if c.ok or c.name in used or c.name not in backends.available():
+            if c.ok or c.name in used or c.name not in servers:
                 add(c.name, c.ok, detail)  # (a model or other check: its failure stands)
             else:  # a backend nothing uses now is unreachable: worth saying, not a failure
                 add(c.name, True, f"{detail}\n    (no active conversation uses it)", warn=True)

@@ -49,6 +49,14 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return safe("\n".join(lines))
 
 
+def _model(summary: dict[str, Any]) -> str:
+    alias = summary.get("alias")
+    if not alias:
+        return f"{summary['model']} on {summary['backend']}"
+    where = " | ".join(alias["providers"])
+    return f"{summary['model']} (alias: {alias['model']} on {where}, a free slot on any)"
+
+
 def conversation(summary: dict[str, Any], state: State | None, log_mtime: float | None) -> str:
     """``contemplation status CONV``: one labelled line per fact, the error as a sentence."""
     lines = [
@@ -57,7 +65,7 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
             summary["id"] + ("  archived (in completed/)" if summary["completed"] else ""),
         ),
         ("topic", summary["topic"]),
-        ("model", f"{summary['model']} on {summary['backend']}"),
+        ("model", _model(summary)),
         ("status", summary["status"]),
         ("activity", ago(log_mtime)),
         ("messages", f"{summary['messages']} from the agent, {summary['turns']} model turns"),

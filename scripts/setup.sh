@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for contemplation: the Python environment (.venv) and every real
-# peer the test suite talks to (llama.cpp + SmolLM2, OpenCode, MCP servers, Chromium).
+# peer the test suite talks to (llama.cpp + SmolLM2, OpenCode, MCP servers, LiteLLM, Chromium).
 # Idempotent: re-running only installs what is missing. Peers live in .peers/ (not committed).
 # Everything comes from prebuilt wheels: no compiler runs.
 #   bash scripts/setup.sh           everything (what the tests need)
@@ -57,6 +57,14 @@ for pkg in mcp-server-time==2026.10.19 mcp-server-git==2026.10.19; do
     ".peers/$name/bin/pip" install -q "$pkg"
   fi
 done
+
+# LiteLLM's proxy: the router in front of several servers (docs/scale-out.md). 1.100.5 is the
+# newest whose [proxy] extra installs from PyPI alone (later ones need litellm-proxy, not on PyPI).
+if [ ! -x .peers/litellm/bin/litellm ]; then
+  log "LiteLLM proxy (.peers/litellm)"
+  "$PY" -m venv .peers/litellm
+  .peers/litellm/bin/pip install -q 'litellm[proxy]==1.100.5'
+fi
 
 log "npm peers (.peers/node_modules)"
 if [ ! -f .peers/package.json ]; then

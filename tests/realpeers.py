@@ -185,6 +185,54 @@ class OpenCodeServer(_Proc):
         return self
 
 
+class LiteLLMProxy(_Proc):
+    """LiteLLM's proxy (``.peers/litellm``) over ``servers``: one ``model_list`` entry per
+    server under the one name ``model`` (its router balances them), its own retries off so
+    that contemplation's decide (docs/scale-out.md has the same config)."""
+
+    def __init__(self, servers: list[str], *, model: str = "smollm2") -> None:
+        self.binary = peers.python_peer("litellm")
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="litellm-"))
+        self.log = self.dir / "proxy.log"
+        self.config = self.dir / "litellm.yaml"
+        entries = [
+            {
+                "model_name": model,
+                "litellm_params": {
+                    "model": f"openai/{model}",
+                    "api_base": f"{url}/v1",
+                    "api_key": "none",
+                },
+            }
+            for url in servers
+        ]
+        config = {
+            "model_list": entries,
+            "router_settings": {"num_retries": 0, "routing_strategy": "least-busy"},
+            "litellm_settings": {"num_retries": 0, "request_timeout": 120},
+        }
+        self.config.write_text(json.dumps(config, indent=2))  # JSON is YAML
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120) -> LiteLLMProxy:
+        argv = [
+            str(self.binary), "--config", str(self.config), "--host", "127.0.0.1",
+            "--port", str(self.port),
+        ]  # fmt: skip
+        env = {**os.environ, "LITELLM_LOG": "ERROR", "DISABLE_SCHEMA_UPDATE": "true"}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        _poll(f"{self.url}/health/liveliness", self.proc, self.log, timeout)
+        return self
+
+
 _shared: dict[str, LlamaServer] = {}
 
 
