@@ -58,8 +58,10 @@ def _answered_once(conv: Conv) -> bool:
     blocks = parse(conv.log.read_bytes()).blocks
     kinds = [b.kind for b in blocks if not (b.kind is BlockKind.MODEL and b.interrupted)]
     state = read_state(conv)
-    return kinds == [BlockKind.AGENT, BlockKind.MODEL] and state is not None and (
-        state.status is Status.IDLE
+    return (
+        kinds == [BlockKind.AGENT, BlockKind.MODEL]
+        and state is not None
+        and (state.status is Status.IDLE)
     )
 
 
@@ -178,9 +180,7 @@ def test_litellm_proxy_over_two_llama_servers_is_an_openai_provider(
         env = base_env(home, CONTEMPLATION_CONFIG=str(_config(tmp_path, body)))
         daemon_factory(env, home, "--no-dashboard").wait_ready()
         convs = _convs(home, 8, "small", "small")
-        wait_for(
-            lambda: sum(_answered_once(c) for c in convs) >= 2, 180, what="the first replies"
-        )
+        wait_for(lambda: sum(_answered_once(c) for c in convs) >= 2, 180, what="the first replies")
         b.kill()  # one server behind the proxy dies mid-burst: ours retry, the proxy reroutes
         wait_for(lambda: all(_answered_once(c) for c in convs), 300, what="every conversation")
         for c in convs:
