@@ -254,9 +254,9 @@ def test_check_all_covers_the_default_backend_and_its_fallbacks(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     factories = backends._FACTORIES
-    monkeypatch.setitem(factories, "scripted_ok", lambda s: _Scripted("scripted_ok"))
+    monkeypatch.setitem(factories, "scripted_ok", lambda s, name, sec: _Scripted("scripted_ok"))
     monkeypatch.setitem(
-        factories, "scripted_down", lambda s: _Scripted("scripted_down", error=DOWN)
+        factories, "scripted_down", lambda s, name, sec: _Scripted("scripted_down", error=DOWN)
     )
     s = make(default_backend="scripted_ok", fallback=["scripted_down"])
     checks = asyncio.run(backends.check_all(s, extra=["nosuch"]))
