@@ -534,7 +534,15 @@ class _Sources:
             found = self.by_path.get(key[:n])
             if found:
                 return found
-        for n in range(len(key), 0, -1):  # a key left out: where its table was written
+        for path, found in self.by_path.items():  # a section given whole, e.g. a bad table
+            if path[: len(key)] == key:
+                return found
+        return "the defaults"
+
+    def table_source(self, loc: tuple[str | int, ...]) -> str:
+        """Where the table holding ``loc`` was written (a required key left out of it)."""
+        key = tuple(str(p) for p in loc)
+        for n in range(len(key) - 1, 0, -1):
             for path, found in self.by_path.items():
                 if path[:n] == key[:n]:
                     return found
@@ -665,7 +673,8 @@ def _describe(exc: ValidationError, sources: _Sources) -> str:
     got = first.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     msg = first["msg"].removeprefix("Value error, ")
-    return f"invalid setting {key} in {sources.source(loc)}: {msg}{shown}"
+    where = sources.table_source(loc) if first["type"] == "missing" else sources.source(loc)
+    return f"invalid setting {key} in {where}: {msg}{shown}"
 
 
 def load(

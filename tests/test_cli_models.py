@@ -38,10 +38,14 @@ def test_models_lists_each_model_with_what_it_can_do(home: Home, fake_ollama: Fa
         "THINKING",
         "VISION",
         "CONTEXT",
+        "SLOTS",
         "FROM",
     ]
     row = next(line for line in table if "qwen3:latest" in line).split()
     assert row[:5] == ["ollama", "qwen3:latest", "yes", "yes", "no"]
+    assert row[-2:] == ["1", "server"]  # Ollama's auto: 1 (its own OLLAMA_NUM_PARALLEL)
+    assert "ollama: 1 slot(s), auto: 1" in "\n".join(table)
+    assert (ollama["slots"], ollama["slots_from"].split(":")[0]) == (1, "auto")
     assert "40960 (8192 per request)" in next(line for line in table if "qwen3" in line)
 
 
