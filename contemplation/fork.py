@@ -264,4 +264,3 @@ def _status(blocks: tuple[Block, ...]) -> Status:
     if nxt.action == "stopped":
         return Status.CANCELLED if nxt.reason == "cancelled" else Status.ERROR
     return Status.PENDING
-

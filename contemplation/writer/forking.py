@@ -65,46 +65,65 @@ def build_fork(
     staging = home.active / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        conv = Conv(staging)
-        _write_new(conv.log, log, durable=durable)
-        for n, seg in enumerate(reversed(segments), start=1):  # the newest is messages.1.log
-            _place_segment(seg, staging / f"messages.{n}.log", durable=durable)
-        if attachments is not None and attachments.is_dir():
-            shutil.copytree(
-                attachments,
-                staging / "attachments",
-                symlinks=True,
-                copy_function=lambda s, d: _link_or_copy(Path(s), Path(d), durable=durable),
-            )
-            if durable:  # the names in every folder of it (the files are durable already)
-                for folder, _, _ in os.walk(staging / "attachments"):
-                    fsync_dir(Path(folder))
-        crashpoint("fork_staged")
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = f"conv_{stamp}_{slugify(meta.topic)}"
-        state = rebuild_state(conv, meta, list_folder(conv))
-        state.status = status
-        state.updated = now_iso()
-        atomic_write_json(conv.state, state.model_dump(mode="json"), durable=durable)
-        for n in range(NAMES_TRIED):
-            name = base if n == 0 else f"{base}-{n + 1}"
-            if os.path.lexists(home.active / name) or os.path.lexists(home.completed / name):
-                continue
-            fields = meta.model_dump(mode="json") | {"id": name}
-            atomic_write_json(conv.metadata, fields, durable=durable)
-            ensure_conversation_files(conv, Metadata.model_validate(fields), durable=durable)
-            if durable:
-                fsync_dir(staging)
-            crashpoint("fork")
-            if _rename_noreplace(staging, home.active / name):
-                crashpoint("fork_renamed")
-                if durable:
-                    fsync_dir(home.active)
-                return Conv(home.active / name)
-        raise InputRejected(f"too many conversations named {base}")
+        _stage(Conv(staging), meta, log, segments, attachments, status, durable=durable)
+        made = _place(home, Conv(staging), meta, durable=durable)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return made
+
+
+def _stage(  # noqa: PLR0917 - the parts of one folder
+    conv: Conv,
+    meta: Metadata,
+    log: bytes,
+    segments: Sequence[Segment],
+    attachments: Path | None,
+    status: Status,
+    *,
+    durable: bool,
+) -> None:
+    """The fork's files under its dot-name: log, segments, attachments, state."""
+    _write_new(conv.log, log, durable=durable)
+    for n, seg in enumerate(reversed(segments), start=1):  # the newest is messages.1.log
+        _place_segment(seg, conv.dir / f"messages.{n}.log", durable=durable)
+    if attachments is not None and attachments.is_dir():
+        shutil.copytree(
+            attachments,
+            conv.dir / "attachments",
+            symlinks=True,
+            copy_function=lambda s, d: _link_or_copy(Path(s), Path(d), durable=durable),
+        )
+        if durable:  # the names in every folder of it (the files are durable already)
+            for folder, _, _ in os.walk(conv.dir / "attachments"):
+                fsync_dir(Path(folder))
+    crashpoint("fork_staged")
+    state = rebuild_state(conv, meta, list_folder(conv))
+    state.status = status
+    state.updated = now_iso()
+    atomic_write_json(conv.state, state.model_dump(mode="json"), durable=durable)
+
+
+def _place(home: Home, staging: Conv, meta: Metadata, *, durable: bool) -> Conv:
+    """Name the staged fork after its topic and rename it into ``active/`` (never over a
+    folder that exists: the next free name then)."""
+    base = f"conv_{time.strftime('%Y%m%d-%H%M%S')}_{slugify(meta.topic)}"
+    for n in range(NAMES_TRIED):
+        name = base if n == 0 else f"{base}-{n + 1}"
+        if os.path.lexists(home.active / name) or os.path.lexists(home.completed / name):
+            continue
+        fields = meta.model_dump(mode="json") | {"id": name}
+        atomic_write_json(staging.metadata, fields, durable=durable)
+        ensure_conversation_files(staging, Metadata.model_validate(fields), durable=durable)
+        if durable:
+            fsync_dir(staging.dir)
+        crashpoint("fork")
+        if _rename_noreplace(staging.dir, home.active / name):
+            crashpoint("fork_renamed")
+            if durable:
+                fsync_dir(home.active)
+            return Conv(home.active / name)
+    raise InputRejected(f"too many conversations named {base}")
 
 
 def remove_stale_staging(home: Home) -> None:
@@ -161,10 +180,11 @@ def _link_or_copy(src: Path, dst: Path, *, durable: bool) -> None:
     are only renamed), else a copy. A symbolic link is never followed."""
     try:
         os.link(src, dst, follow_symlinks=False)
-        return
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
             raise
+    else:
+        return
     shutil.copyfile(src, dst, follow_symlinks=False)
     if durable and not dst.is_symlink():
         fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
