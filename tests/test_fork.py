@@ -344,6 +344,21 @@ def test_kill_during_a_fork_leaves_no_half_made_folder_and_loses_nothing(
         assert staging(home) == []
 
 
+def test_a_fork_is_never_renamed_over_a_folder_that_exists(home: Home) -> None:
+    """A name ``new`` has just reserved (an empty folder) is not taken over: the rename
+    refuses, and the fork gets the next free name."""
+    from contemplation.writer.forking import _rename_noreplace
+
+    home.active.mkdir(parents=True)
+    src, taken = home.active / ".fork-x", home.active / "taken"
+    src.mkdir()
+    taken.mkdir()
+    assert _rename_noreplace(src, taken) is False
+    assert src.is_dir() and list(taken.iterdir()) == []
+    assert _rename_noreplace(src, home.active / "free") is True
+    assert (home.active / "free").is_dir() and not src.exists()
+
+
 # --------------------------------------------------------------------------- MCP
 
 
