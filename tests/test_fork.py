@@ -445,13 +445,18 @@ def test_the_dashboard_forks_at_a_block_behind_the_token(home: Home, served: Ser
 def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
     home: Home, fake_ollama: FakeOllama
 ) -> None:
+    """One fork ends on a reply and gets a new message; another ends on the agent's
+    question, which the daemon answers as any message. Each request holds its blocks 1..N
+    and nothing after them."""
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     src = make(home, "two questions")
     say(src, "First question?", "First answer.", n=1)
     say(src, "Second question?", "Second answer.", n=2)
     before = src.log.read_bytes()
-    new_id = cli(env, "fork", src.id, "--at", "2").stdout.strip()
-    new = home.conv(new_id)
+    new = home.conv(cli(env, "fork", src.id, "--at", "2").stdout.strip())
+    asked = home.conv(cli(env, "fork", src.id, "--at", "3", "--topic", "asked").stdout.strip())
+    st = read_state(asked)
+    assert st is not None and st.status is Status.PENDING  # a turn is due in it
     drop_message(new, "A different second question?")
     done = subprocess.run(
         [sys.executable, "-m", "contemplation", "run", "--once"],
@@ -462,16 +467,25 @@ def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    [request] = fake_ollama.chat_requests()  # the source had nothing to do
-    said = [(m["role"], m["content"]) for m in request["messages"] if m["role"] != "system"]
-    assert said == [
-        ("user", "First question?"),
-        ("assistant", "First answer."),
-        ("user", "A different second question?"),
+    sent = sorted(  # the source had nothing to do: two requests, one per fork
+        [(m["role"], m["content"]) for m in r["messages"] if m["role"] != "system"]
+        for r in fake_ollama.chat_requests()
+    )
+    assert sent == [
+        [
+            ("user", "First question?"),
+            ("assistant", "First answer."),
+            ("user", "A different second question?"),
+        ],
+        [("user", "First question?"), ("assistant", "First answer."), ("user", "Second question?")],
     ]
     got = blocks(new)
-    assert [b.text for b in got[:3]] == ["First question?", "First answer.", said[-1][1]]
+    assert [b.text for b in got[:3]] == [
+        "First question?", "First answer.", "A different second question?",
+    ]  # fmt: skip
     assert len(got) == 4 and got[3].sender == "OLLAMA"
-    st = read_state(new)
-    assert st is not None and (st.turns, st.messages_processed) == (2, 2)
+    assert len(blocks(asked)) == 4 and blocks(asked)[3].sender == "OLLAMA"
+    for conv in (new, asked):
+        st = read_state(conv)
+        assert st is not None and (st.turns, st.messages_processed) == (2, 2)
     assert src.log.read_bytes() == before  # the source goes on as it was
