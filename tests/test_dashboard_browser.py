@@ -437,6 +437,7 @@ def test_fork_here_in_chromium(home: Home, browser: Any, tab: Tab) -> None:
     page.wait_for_url(lambda url: "/c/conv_" in url and not url.endswith(conv.id))
     expect(page.locator("#log article")).to_have_count(4)
     expect(page.locator("#log article.model pre.text").last).to_have_text("Dana signs off.")
+    expect(page.locator("#conv-meta")).to_contain_text(f"forked from {conv.id} at block 4")
     [made] = [c for c in list_conversations(home) if c.id != conv.id]
     assert read_json(made.metadata)["forked_from"] == {"id": conv.id, "block": 4}  # type: ignore[index]
     assert page.url.endswith(f"/c/{made.id}")

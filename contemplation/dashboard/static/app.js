@@ -322,7 +322,9 @@ function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
   $("conv-meta").textContent = [c.id, c.backend + "/" + c.model, "status: " + c.status,
-    "turns: " + c.turns, c.completed ? "archived" : "", c.activity || ""].filter(Boolean).join(" · ");
+    "turns: " + c.turns, c.completed ? "archived" : "",
+    c.forked_from ? "forked from " + c.forked_from.id + " at block " + c.forked_from.block : "",
+    c.activity || ""].filter(Boolean).join(" · ");
   $("conv-meta").dataset.status = c.status;
   const can = new Set(c.actions || []);
   // the one list of what waits: a lookup is decided with buttons (the tool answers it, never
