@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "cancel": ("contemplation.cli_conv", "cancel", "Stop the in-flight generation and mark the..."),
     "doctor": ("contemplation.cli_daemon", "doctor", "Check the home, the config and every..."),
+    "fork": ("contemplation.cli_fork", "fork", "Start a new conversation from blocks 1..N..."),
     "list": ("contemplation.cli_conv", "list_", "List conversations, the latest activity..."),
     "mcp": ("contemplation.cli_daemon", "mcp", "MCP server for agents (stdio by default)."),
     "memory": (

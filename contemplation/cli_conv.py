@@ -303,6 +303,7 @@ def list_(
         click.echo("no conversations")
         return
     if rows:
+        forks = any(r.get("forked_from") for r in rows)  # a column only when a fork is listed
         click.echo(
             show.table(
                 [
@@ -311,10 +312,11 @@ def list_(
                         r["status"] + (" (archived)" if r["completed"] else ""),
                         f"{r['backend']}/{r['model']}" if r["model"] else "-",
                         r["last_activity"],
+                        *((show.fork_origin(r.get("forked_from")) or "-",) if forks else ()),
                     )
                     for r in rows
                 ],
-                ("ID", "STATUS", "MODEL", "LAST ACTIVITY"),
+                ("ID", "STATUS", "MODEL", "LAST ACTIVITY", *(("FORKED FROM",) if forks else ())),
             )
         )
     for where, why in refused:  # folders made by hand that are not taken, and why

@@ -115,4 +115,14 @@ def summary_row(
         "generating_since": float(since)
         if status == "generating" and isinstance(since, int | float)
         else None,
+        "forked_from": forked_from(meta),
     }
+
+
+def forked_from(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """metadata.json's ``forked_from`` ({id, block}: see :mod:`contemplation.fork`), or None."""
+    raw = meta.get("forked_from")
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        return None
+    block = raw.get("block")
+    return {"id": raw["id"], "block": block if isinstance(block, int) else 0}

@@ -393,6 +393,28 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
 
     @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
     @_errors_as_tool_errors
+    def conversation_fork(
+        conversation_id: Id,
+        at: Annotated[
+            int | None,
+            Field(ge=1, description="the last block the fork takes, from 1 (default: all)"),
+        ] = None,
+        topic: Annotated[str | None, Field(description="the fork's topic")] = None,
+    ) -> str:
+        """A new conversation holding blocks 1..at of this one (archived ones too); your next
+        message to it continues from there."""
+        from contemplation import fork, reading
+
+        src = faces.reader.locate(conversation_id)
+        done = fork.fork(
+            faces.home, src, at=at, topic=topic, durable=settings.durability == "fsync"
+        )
+        out = {"conversation_id": done.conv.id} | done.as_dict()
+        out["cursor"] = sum(s.size for s in reading.segments(done.conv))  # the log's end
+        return _json(out)
+
+    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    @_errors_as_tool_errors
     def conversation_archive(conversation_id: Id) -> str:
         """Move a finished conversation to completed/ (its files are kept)."""
         conv = faces.reader.locate(conversation_id)

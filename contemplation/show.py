@@ -57,6 +57,13 @@ def _model(summary: dict[str, Any]) -> str:
     return f"{summary['model']} (alias: {alias['model']} on {where}, a free slot on any)"
 
 
+def fork_origin(forked_from: Any) -> str:
+    """``<id>#<block>`` for a fork's summary ``forked_from``; "" for any other conversation."""
+    if not isinstance(forked_from, dict) or not forked_from.get("id"):
+        return ""
+    return f"{forked_from['id']}#{forked_from.get('block', 0)}"
+
+
 def conversation(summary: dict[str, Any], state: State | None, log_mtime: float | None) -> str:
     """``contemplation status CONV``: one labelled line per fact, the error as a sentence."""
     lines = [
@@ -70,6 +77,9 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
         ("activity", ago(log_mtime)),
         ("messages", f"{summary['messages']} from the agent, {summary['turns']} model turns"),
     ]
+    origin = fork_origin(summary.get("forked_from"))
+    if origin:
+        lines.append(("forked from", origin.replace("#", " at block ")))
     if state is not None:
         if state.status is Status.GENERATING and state.generating_since is not None:
             stale = summary.get("daemon_running") is False

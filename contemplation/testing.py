@@ -35,6 +35,13 @@ INDEX_POINTS = (
     "prune",  # after an archived conversation was renamed out of sight, before its deletion
 )
 
+# a fork (reached by `contemplation fork`, MCP conversation_fork, the dashboard's "fork here")
+FORK_POINTS = (
+    "fork_staged",  # the fork's log and segments written under its dot-name, nothing else
+    "fork",  # the fork whole (and durable) under its dot-name, before the rename into active/
+    "fork_renamed",  # after the rename into active/, before active/ was fsynced
+)
+
 _enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"
 _target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1") if _enabled and _target else 0

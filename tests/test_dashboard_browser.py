@@ -409,3 +409,39 @@ def test_cancel_and_answers_with_a_real_daemon(
     finally:
         tab.close()
     assert d.stop() == 0
+
+
+def test_fork_here_in_chromium(home: Home, browser: Any, tab: Tab) -> None:
+    """Each block has a "fork here" button: one in the middle of a NEED exchange is refused
+    with the server's one line; one after the answer makes the fork and opens it."""
+    from playwright.sync_api import expect
+
+    from contemplation.layout import list_conversations
+
+    conv = make_conv(home, "Forked", "Who signs off?", "I need the team.\nNEED: the manager")
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "RESPONSE TO NEED: the manager\nDana", msg_id="m2")
+        r = w.reply("OLLAMA", "CLAUDE", "r2")
+        r.content("Dana signs off.")
+        r.finish()
+    page = tab.page
+    tab.goto(f"/c/{conv.id}")
+    forks = page.locator("#log article button.fork")
+    expect(forks).to_have_count(4)
+    forks.nth(1).click()
+    expect(page.locator("#flash")).to_contain_text("refused: block 2 of ")
+    expect(page.locator("#flash")).to_contain_text("in the middle of a NEED exchange")
+    assert [c.id for c in list_conversations(home)] == [conv.id]
+    tab.shot(browser, "fork-refused")
+    forks.nth(3).click()
+    page.wait_for_url(lambda url: "/c/conv_" in url and not url.endswith(conv.id))
+    expect(page.locator("#log article")).to_have_count(4)
+    expect(page.locator("#log article.model pre.text").last).to_have_text("Dana signs off.")
+    expect(page.locator("#conv-meta")).to_contain_text(f"forked from {conv.id} at block 4")
+    [made] = [c for c in list_conversations(home) if c.id != conv.id]
+    assert read_json(made.metadata)["forked_from"] == {"id": conv.id, "block": 4}  # type: ignore[index]
+    assert page.url.endswith(f"/c/{made.id}")
+    tab.shot(browser, "fork-opened")
+    assert len(tab.failed) == 1 and tab.failed[0].startswith("422 ")  # the refusal only
+    offsets = [body["offset"] for path, body in tab.posted if path.endswith("/fork")]
+    assert len(offsets) == 2 and offsets[0] < offsets[1]  # each block posts its own cursor

@@ -43,6 +43,7 @@ TOOLS = {
     "conversation_models",
     "conversation_reopen",
     "conversation_search",
+    "conversation_fork",
 }
 
 

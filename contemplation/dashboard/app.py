@@ -424,6 +424,30 @@ class Dashboard:
 
         return await self._call(run)
 
+    async def fork(self, request: Request) -> Response:
+        """``{"offset": a block's cursor}`` (what the page's blocks carry) or ``{"at": N}``,
+        and ``"topic"`` if wanted: a new conversation from the blocks up to that one."""
+        try:
+            body = await self._body(request)
+            at, offset, topic = (_whole(body, "at"), _whole(body, "offset"), body.get("topic"))
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+        def run() -> dict[str, Any]:
+            from contemplation import fork
+
+            done = fork.fork(
+                self.home,
+                self._conv(request),
+                at=at,
+                offset=offset,
+                topic=topic if isinstance(topic, str) else None,
+                durable=self.settings.durability == "fsync",
+            )
+            return done.as_dict()
+
+        return await self._call(run)
+
     # -- the app ------------------------------------------------------------------------
 
     def actions(self) -> dict[str, Handler]:
@@ -436,6 +460,7 @@ class Dashboard:
             "approve": self.approve,
             "cancel": self.cancel,
             "archive": self.archive,
+            "fork": self.fork,  # offered on every block, not in available_actions
         }
 
     def asgi(self) -> ASGIApp:
@@ -493,3 +518,12 @@ def _text(body: dict[str, Any]) -> str:
     if not isinstance(text, str):
         raise InputRejected("the body needs a text field (a string)")
     return text
+
+
+def _whole(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputRejected(f"{key} must be a whole number")
+    return value

@@ -249,7 +249,23 @@ function renderBlock(b) {
   }
   box.append(el("pre", "text", b.text));  // its NEED lines are in the text: shown once
   for (const [k, t] of b.markers || []) box.append(el("div", "marker", k + (t ? ": " + t : "")));
+  const fork = el("button", "fork", "fork here");
+  fork.title = "a new conversation with the blocks up to this one";
+  fork.addEventListener("click", () => forkAt(b.offset, fork));
+  box.append(fork);
   return box;
+}
+
+async function forkAt(offset, button) {
+  button.disabled = true;
+  try {
+    const made = await post("/api/conversations/" + encodeURIComponent(convId) + "/fork", { offset });
+    flash("forked into " + made.id + " (blocks 1.." + made.blocks + ")");
+    location.assign("/c/" + encodeURIComponent(made.id));
+  } catch (err) {
+    flash("refused: " + err.message, true);
+  }
+  button.disabled = false;
 }
 
 const loadBlocks = oneAtATime(async () => {
@@ -306,7 +322,9 @@ function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
   $("conv-meta").textContent = [c.id, c.backend + "/" + c.model, "status: " + c.status,
-    "turns: " + c.turns, c.completed ? "archived" : "", c.activity || ""].filter(Boolean).join(" · ");
+    "turns: " + c.turns, c.completed ? "archived" : "",
+    c.forked_from ? "forked from " + c.forked_from.id + " at block " + c.forked_from.block : "",
+    c.activity || ""].filter(Boolean).join(" · ");
   $("conv-meta").dataset.status = c.status;
   const can = new Set(c.actions || []);
   // the one list of what waits: a lookup is decided with buttons (the tool answers it, never

@@ -1,0 +1,42 @@
+"""``contemplation fork``: a new conversation from blocks 1..N of another (see
+:mod:`contemplation.fork`). Loaded only when it runs (see :mod:`contemplation.cli`)."""
+
+from __future__ import annotations
+
+import click
+
+from contemplation.cli_common import CONVERSATION, ctx_home, ctx_settings, emit, json_option, lookup
+
+
+@click.command()
+@click.argument("conversation", type=CONVERSATION)
+@click.option(
+    "--at",
+    type=click.IntRange(min=1),
+    help="The last block the fork takes, counted from 1 (default: the last finished block).",
+)
+@click.option("--topic", help="The fork's topic (default: the conversation's).")
+@json_option('Print {"id", "path", "forked_from", "blocks", ...} as JSON.')
+@click.pass_context
+def fork(
+    ctx: click.Context, conversation: str, at: int | None, topic: str | None, as_json: bool
+) -> None:
+    """Start a new conversation from blocks 1..N of CONVERSATION (archived ones too);
+    prints its id. The next message to it continues from block N."""
+    from contemplation import fork as forking
+
+    settings = ctx_settings(ctx)
+    done = forking.fork(
+        ctx_home(ctx),
+        lookup(ctx, conversation),
+        at=at,
+        topic=topic,
+        durable=settings.durability == "fsync",
+    )
+    if not as_json:
+        where = " (archived)" if done.source.is_completed else ""
+        click.echo(
+            f"forked {done.source.id}{where} at block {done.block} of {done.source_blocks}",
+            err=True,
+        )
+    emit(done.as_dict(), as_json, done.conv.id)
