@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from contemplation import budget
+from contemplation import attachments, budget
 from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
@@ -73,6 +73,7 @@ class _Prepared:
     note: str | None = None  # a downgrade to record in the log
     error: BackendError | None = None  # a request the model cannot serve
     window: int | None = None  # the tokens a request gets, when the backend knows
+    vision: bool = True  # the model can see images (unknown: let the server say)
 
 
 async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Outcome:
@@ -147,6 +148,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata) -> _Prepared:
         think=think,
         note=note,
         window=(caps.request_window or caps.context_length) if caps is not None else None,
+        vision=caps is None or caps.vision,
     )
 
 
@@ -252,8 +254,9 @@ async def _stream(
         limit=rt.settings.max_reply_bytes,
         on_event=lambda kind, text: rt.notify(conv.id, kind, text=text),
     )
-    if prepared.error is not None:
-        return _failed(conv, rt, w, reply, prepared.error)
+    error = prepared.error or attachments.vision_error(planned.request, prepared.vision, meta.model)
+    if error is not None:
+        return _failed(conv, rt, w, reply, error)
     if prepared.note:
         await reply.note(prepared.note)
     return await _run_reply(
@@ -278,6 +281,9 @@ async def _run_reply(
     try:
         try:
             request, notes = await _fit(conv, rt, backend, reply, planned)
+            if attachments.carries_images(request):  # the images' bytes, read off the loop
+                kept = conv.dir / attachments.FOLDER
+                request = await on_thread(functools.partial(attachments.load_images, kept, request))
             for note in notes:
                 await reply.note(note)
             got = await _pump_guarded(conv, rt, backend, request, reply, held=held)
