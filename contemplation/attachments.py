@@ -130,7 +130,12 @@ def read_file(path: Path, limits: AttachmentSettings, name: str | None = None) -
     within ``max_file_bytes``, an image or UTF-8 text."""
     shown = name or path.name
     check_name(shown)
-    fd, st = open_regular_stat(path)
+    try:
+        fd, st = open_regular_stat(path)
+    except FileNotFoundError:
+        raise InputRejected(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputRejected(f"{shown} is a folder, not a regular file") from None
     try:
         if st.st_size > limits.max_file_bytes:
             raise InputRejected(
@@ -162,6 +167,17 @@ def check_all(files: Iterable[Attachment], limits: AttachmentSettings) -> None:
     names = [a.name for a in got]
     if len(set(names)) != len(names):
         raise InputRejected("two attachments have the same name")
+
+
+def read_paths(paths: Iterable[str | Path], limits: AttachmentSettings) -> tuple[Attachment, ...]:
+    """The files a face was asked to attach (``send --attach``, MCP ``attachments``),
+    checked like a folder message's: a bad one refuses the message with one line."""
+    files = tuple(read_file(Path(p), limits) for p in paths)
+    check_all(files, limits)
+    for a in files:
+        if a.name in MESSAGE_NAMES or ignored_name(a.name):
+            raise InputRejected(f"{a.name} cannot be attached under that name; rename it")
+    return files
 
 
 def read_folder(

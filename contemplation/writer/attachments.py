@@ -17,10 +17,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from contemplation.attachments import FOLDER, MESSAGE_NAMES, Attachment, check_all, read_file
+from contemplation.attachments import FOLDER, MESSAGE_NAMES, Attachment
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv, ignored_name
-from contemplation.settings import AttachmentSettings
 from contemplation.testing import armed, crashpoint
 from contemplation.writer.files import fsync_dir, write_all
 
@@ -77,21 +76,11 @@ def _remove_temps(folder: Path, block: str) -> None:
 
 
 def drop_folder_message(
-    conv: Conv,
-    text: str,
-    paths: Sequence[Path],
-    limits: AttachmentSettings,
-    *,
-    name: str | None = None,
+    conv: Conv, text: str, files: Sequence[Attachment], *, name: str | None = None
 ) -> Path:
-    """Maildir delivery of a message with files: a dot-folder in ``inbox/`` gets
-    ``message.txt`` and a copy of each file (each fsynced), then is renamed into place.
-    The files are checked first (kind and limits): a bad one refuses the whole message."""
-    files = [read_file(p, limits) for p in paths]
-    check_all(files, limits)
-    for a in files:
-        if a.name in MESSAGE_NAMES or ignored_name(a.name):
-            raise InputRejected(f"{a.name} cannot be attached under that name; rename it")
+    """Maildir delivery of a message with files (see
+    :func:`contemplation.attachments.read_paths`): a dot-folder in ``inbox/`` gets
+    ``message.txt`` and each file (each fsynced), then is renamed into place whole."""
     conv.inbox.mkdir(parents=True, exist_ok=True)
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
@@ -99,9 +88,8 @@ def drop_folder_message(
     staging = conv.inbox / f".{final}.tmp"
     staging.mkdir()
     try:
-        for leaf, data in [(MESSAGE_NAMES[0], text.encode("utf-8"))] + [
-            (a.name, a.data) for a in files
-        ]:
+        leaves = [(MESSAGE_NAMES[0], text.encode("utf-8")), *((a.name, a.data) for a in files)]
+        for leaf, data in leaves:
             fd = os.open(staging / leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
                 write_all(fd, data)
