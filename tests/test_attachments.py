@@ -25,7 +25,7 @@ from contemplation.pipeline import Runtime
 from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation
-from tests.conftest import base_env, cli, run_burst, runtime_for, wait_for
+from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama
 from tests.fakes.openai_server import FakeOpenAI
 
@@ -128,18 +128,18 @@ def test_a_folder_dropped_by_hand_is_one_message_and_its_image_goes_to_ollama(
 
 
 def test_a_folder_renamed_in_is_taken_by_a_running_daemon(
-    home: Home, vision_ollama: FakeOllama, daemon_factory: Callable[..., object]
+    home: Home, vision_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
     conv = make_conv(home)
     env = base_env(home, vision_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     d = daemon_factory(env, home)
-    d.wait_ready()  # type: ignore[attr-defined]
+    d.wait_ready()
     folder_message(conv, "live", {"message.md": b"# Look\n", "a.png": PNG})
     wait_for(lambda: len(parse(conv.log.read_bytes()).blocks) == 2, 15, what="the reply")
     assert vision_ollama.chat_requests()[-1]["messages"][-1]["images"] == [
         base64.b64encode(PNG).decode()
     ]
-    assert d.stop() == 0  # type: ignore[attr-defined]
+    assert d.stop() == 0
 
 
 # --------------------------------------------------------------------------- the CLI and OpenAI
