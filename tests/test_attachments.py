@@ -12,6 +12,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -28,6 +29,7 @@ from contemplation.writer import new_conversation
 from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama
 from tests.fakes.openai_server import FakeOpenAI
+from tests.test_mcp_server import run_calls, settings_for, tool, tool_error
 
 SPEC = Path("/work/shared/reference/fixtures/opencode-1.18.33-openapi.json")
 
@@ -389,3 +391,51 @@ def test_the_line_a_file_leaves_reads_back() -> None:
         "84 KB",
         "3 MB",
     ]
+
+
+# --------------------------------------------------------------------------- the other faces
+
+
+def test_new_attach_queues_the_first_message_as_one_folder(home: Home, tmp_path: Path) -> None:
+    env = base_env(home)
+    picture = tmp_path / "first.png"
+    picture.write_bytes(PNG)
+    conv_id = cli(env, "new", "first", "-m", "llava", "--attach", str(picture)).stdout.strip()
+    (queued,) = Home(home.root).conv(conv_id).inbox.iterdir()
+    assert queued.is_dir() and sorted(os.listdir(queued)) == ["first.png", "message.txt"]
+    assert (queued / "first.png").read_bytes() == PNG
+    assert (queued / "message.txt").read_text() == ""  # the file is the whole message
+
+
+def test_mcp_start_and_respond_take_attachments(home: Home, tmp_path: Path) -> None:
+    picture = tmp_path / "shot.png"
+    picture.write_bytes(PNG)
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(b"\x00\xff" * 8)
+
+    async def script(c: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+        started = await tool(
+            c, "conversation_start", topic="shots", initial_prompt="see", attachments=[str(picture)]
+        )
+        cid = started["conversation_id"]
+        sent = await tool(
+            c,
+            "conversation_respond",
+            conversation_id=cid,
+            response="and this",
+            attachments=[str(picture)],
+        )
+        refused = await tool_error(
+            c, "conversation_respond", conversation_id=cid, response="x", attachments=[str(blob)]
+        )
+        return started, sent, refused
+
+    started, sent, refused = run_calls(settings_for(home), script)
+    conv = home.conv(started["conversation_id"])
+    queued = sorted(p for p in conv.inbox.iterdir())
+    assert len(queued) == 2 and all(p.is_dir() for p in queued)
+    for q in queued:
+        assert (q / "shot.png").read_bytes() == PNG
+    assert {(q / "message.txt").read_text() for q in queued} == {"see", "and this"}
+    assert sent["queued"] in {q.name for q in queued}
+    assert "blob.bin is binary data" in refused
