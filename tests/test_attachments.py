@@ -27,7 +27,7 @@ from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation
 from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
-from tests.fakes.ollama_server import FakeOllama
+from tests.fakes.ollama_server import FakeOllama, Step
 from tests.fakes.openai_server import FakeOpenAI
 from tests.test_mcp_server import run_calls, settings_for, tool, tool_error
 
@@ -439,3 +439,18 @@ def test_mcp_start_and_respond_take_attachments(home: Home, tmp_path: Path) -> N
     assert {(q / "message.txt").read_text() for q in queued} == {"see", "and this"}
     assert sent["queued"] in {q.name for q in queued}
     assert "blob.bin is binary data" in refused
+
+
+def test_send_attach_wait_prints_the_exchange_it_starts(
+    home: Home, vision_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path
+) -> None:
+    env = base_env(home, vision_ollama)
+    daemon_factory(env, home).wait_ready()
+    vision_ollama.enqueue(Step(text="A grey square."))
+    conv_id = cli(env, "new", "wait for it", "-m", "llava").stdout.strip()
+    picture = tmp_path / "sq.png"
+    picture.write_bytes(PNG)
+    out = cli(env, "send", conv_id, "What?", "--attach", str(picture), "--wait", "--timeout", "30")
+    assert out.stdout.startswith("=== CLAUDE -> OLLAMA [") and "\nWhat?\n" in out.stdout
+    assert "[attachment: sq.png image/png" in out.stdout
+    assert out.stdout.rstrip().endswith("A grey square.")
