@@ -454,3 +454,21 @@ def test_send_attach_wait_prints_the_exchange_it_starts(
     assert out.stdout.startswith("=== CLAUDE -> OLLAMA [") and "\nWhat?\n" in out.stdout
     assert "[attachment: sq.png image/png" in out.stdout
     assert out.stdout.rstrip().endswith("A grey square.")
+
+
+def test_a_folder_made_in_place_waits_until_its_newest_file_has_settled(
+    home: Home, vision_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    conv = make_conv(home)
+    made = conv.inbox / "slow"
+    made.mkdir()
+    (made / "message.txt").write_text("written in place")
+    (made / "p.png").write_bytes(PNG)  # still being written, for all the daemon knows
+    old = made.stat().st_mtime - 60
+    os.utime(made, (old, old))
+    os.utime(made / "message.txt", (old, old))
+    burst(make_settings, vision_ollama, settle_seconds=30)
+    assert agent_blocks(conv) == [] and made.is_dir()
+    os.utime(made / "p.png", (old, old))
+    burst(make_settings, vision_ollama, settle_seconds=30)
+    assert len(agent_blocks(conv)) == 1 and not made.exists()
