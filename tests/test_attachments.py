@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -299,7 +300,7 @@ def test_a_refused_folder_goes_to_failed_with_its_reason(
     assert not (conv.dir / FOLDER).exists() and list(conv.processing.iterdir()) == []
 
 
-@pytest.mark.parametrize("odd", ["symlink", "fifo", "folder"])
+@pytest.mark.parametrize("odd", ["symlink", "fifo", "folder", "device"])
 def test_a_link_a_fifo_or_a_folder_inside_is_refused(
     home: Home,
     vision_ollama: FakeOllama,
@@ -319,6 +320,12 @@ def test_a_link_a_fifo_or_a_folder_inside_is_refused(
     elif odd == "fifo":
         os.mkfifo(staging / "pipe")
         says = "pipe is a FIFO, not a regular file"
+    elif odd == "device":
+        try:
+            os.mknod(staging / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device needs CAP_MKNOD")
+        says = "null is a character device, not a regular file"
     else:
         (staging / "sub").mkdir()
         says = "sub is a folder, not a regular file"
