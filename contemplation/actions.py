@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from typing import Any, get_args
 
 from contemplation import logformat, providers, waiting
+from contemplation.attachments import Attachment
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
@@ -47,6 +49,7 @@ from contemplation.writer import (
     request_cancel,
     unarchive,
 )
+from contemplation.writer.attachments import drop_folder_message
 
 KEY_TTL = 24 * 3600.0  # a client-supplied idempotency key is remembered this long
 SAME_ARGS_WINDOW = 120.0  # identical start calls within this window are one conversation
@@ -137,9 +140,10 @@ def start(
     context_requirements: list[str] | None = None,
     idempotency_key: str | None = None,
     think: bool | str | None = None,
+    files: Sequence[Attachment] = (),
 ) -> tuple[Conv, bool]:
     """A new conversation with its first message queued (none when ``initial_prompt`` is None:
-    it starts empty). Returns it and whether it is new."""
+    it starts empty), carrying ``files``. Returns it and whether it is new."""
     home = Home(settings.home)
     ensure_home(home)
     tpl, backend_name, model_name = _resolve(
@@ -152,6 +156,7 @@ def start(
         key, ttl = "key:" + idempotency_key, KEY_TTL
     else:
         args = [topic, initial_prompt, model_name, backend_name, tpl.name, reqs, think]
+        args += [a.sha256 for a in files]
         digest = hashlib.sha256(json.dumps(args, ensure_ascii=False).encode()).hexdigest()
         key, ttl = "args:" + digest, SAME_ARGS_WINDOW
 
@@ -165,16 +170,23 @@ def start(
             extra=_extra(reqs, think),
             durable=settings.durability == "fsync",
         )
-        if initial_prompt is not None:
+        if files:
+            drop_folder_message(conv, initial_prompt or "", files, name=INITIAL_NAME)
+        elif initial_prompt is not None:
             drop_message(conv, initial_prompt, name=INITIAL_NAME)
         return conv
 
     return idempotent_create(home, key, ttl, make)
 
 
-def send(settings: Settings, conv: Conv, text: str) -> str:
-    """Queue a plain message; returns the inbox file name."""
+def send(settings: Settings, conv: Conv, text: str, files: Sequence[Attachment] = ()) -> str:
+    """Queue a plain message (with ``files``: a folder message, its text may be empty);
+    returns the inbox name."""
     require_active(conv)
+    if files:
+        if text.strip():
+            check_text(text, settings)
+        return drop_folder_message(conv, text, files).name
     check_text(text, settings)
     return drop_message(conv, text).name
 
@@ -189,6 +201,7 @@ def respond(
     face: Face = "cli",
     plain: bool = False,
     since: int | None = None,
+    files: Sequence[Attachment] = (),
 ) -> dict[str, Any]:
     """Answer a need the model waits for (a RESPONSE TO NEED block), else send a plain message.
 
@@ -201,19 +214,29 @@ def respond(
     and ``cursor``: ``since`` (the cursor the agent holds) when given, so no block it has not
     been shown is passed over; else where this exchange's blocks begin."""
     require_active(conv)
-    check_text(text, settings, "the response")
+    if text.strip() or not files:
+        check_text(text, settings, "the response")
     with faces_lock(conv):  # two responders at once: the second sees the first's answer
         cursor = reader.boundary(conv) if since is None else since
         if plain:
             if need:
                 raise InputRejected("a plain message answers no need: leave out need or plain")
-            done = {"answered": None, "need_id": None, "queued": send(settings, conv, text)}
+            queued = send(settings, conv, text, files)
+            done = {"answered": None, "need_id": None, "queued": queued}
             return done | {"still_waiting": [], "cursor": cursor}
-        return _respond(settings, reader, conv, text, need, face=face) | {"cursor": cursor}
+        answered = _respond(settings, reader, conv, text, need, face=face, files=files)
+        return answered | {"cursor": cursor}
 
 
 def _respond(
-    settings: Settings, reader: Reader, conv: Conv, text: str, need: str | None, *, face: Face
+    settings: Settings,
+    reader: Reader,
+    conv: Conv,
+    text: str,
+    need: str | None,
+    *,
+    face: Face,
+    files: Sequence[Attachment] = (),
 ) -> dict[str, Any]:
     items = reader.waiting(conv)
     chosen = waiting.choose(conv.id, items, need, "need", face)
@@ -221,12 +244,12 @@ def _respond(
         return {
             "answered": None,
             "need_id": None,
-            "queued": send(settings, conv, text),
+            "queued": send(settings, conv, text, files),
             "still_waiting": [],
         }
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     body = f"{logformat.RESPONSE_PREFIX} {chosen.need}\n(source: agent, {stamp})\n{text}"
-    name = drop_message(conv, body).name
+    name = (drop_folder_message(conv, body, files) if files else drop_message(conv, body)).name
     return {
         "answered": chosen.need,
         "need_id": chosen.id,

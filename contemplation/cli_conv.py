@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 
-from contemplation import actions, activity, cli_wait, providers, show, waiting
+from contemplation import actions, activity, attachments, cli_wait, providers, show, waiting
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
@@ -37,6 +38,7 @@ from contemplation.layout import (
 from contemplation.logview import read_log_bytes
 from contemplation.models import State, Status
 from contemplation.reading import Reader, log_text
+from contemplation.settings import Settings
 from contemplation.terminal import safe
 from contemplation.writer import daemon_alive
 
@@ -45,6 +47,13 @@ from contemplation.writer import daemon_alive
 
 WAIT = click.option(
     "--wait", is_flag=True, help="Stream the exchange to stdout and return when it is done."
+)
+ATTACH = click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    type=click.Path(dir_okay=True, path_type=Path),
+    help="A file the message carries (repeatable): an image, or a text file inlined.",
 )
 TIMEOUT = click.option(
     "--timeout",
@@ -70,6 +79,7 @@ def _follow(reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float) -
     help="Ask the model to think before it answers, or not (default: the template's choice).",
 )
 @click.option("--message", "message", help="First message (TEXT, or - for stdin).")
+@ATTACH
 @WAIT
 @TIMEOUT
 @json_option('Print {"id", "path", "queued"} as JSON.')
@@ -82,6 +92,7 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     template: str | None,
     think: bool | None,
     message: str | None,
+    attach: tuple[Path, ...],
     wait: bool,
     timeout: float,
     as_json: bool,
@@ -90,15 +101,17 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     exchange on stdout)."""
     s = ctx_settings(ctx)
     text = None
-    if message is not None:
-        text = text_arg(message)
-        actions.check_text(text, s)  # before anything is created
+    files = attachments.read_paths(attach, s.attachments)  # before anything is created
+    if message is not None or files:
+        text = text_arg(message) if message is not None else ""
+        if text.strip() or not files:
+            actions.check_text(text, s)
     elif wait:
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
     conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
     reader = Reader(Home(s.home))
-    ex = cli_wait.begin(reader, conv, text)
-    queued = actions.send(s, conv, text) if text is not None else None
+    ex = cli_wait.begin(reader, conv, _block(text, files, s))
+    queued = actions.send(s, conv, text, files) if text is not None else None
     data = {"id": conv.id, "path": str(conv.dir), "queued": queued}
     if not wait or text is None:
         emit(data, as_json, conv.id)
@@ -107,14 +120,29 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     _follow(reader, conv, ex, timeout)
 
 
+def _block(text: str | None, files: tuple[attachments.Attachment, ...], s: Settings) -> str | None:
+    """The agent block a message becomes (with files: its lines too), for --wait to find."""
+    if text is None or not files:
+        return text
+    return attachments.block_text(text, files, s.attachments)
+
+
 @click.command(epilog=EXIT_CODES)
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
+@ATTACH
 @WAIT
 @TIMEOUT
 @click.pass_context
-def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: float) -> None:
-    """Send TEXT (or - for stdin) to a conversation's inbox.
+def send(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    conversation: str,
+    text: str,
+    attach: tuple[Path, ...],
+    wait: bool,
+    timeout: float,
+) -> None:
+    """Send TEXT (or - for stdin) to a conversation's inbox, with the files --attach names.
 
     With --wait, the exchange this message starts streams to stdout. When the model stops
     for the agent, each need and lookup waiting, with the command that settles it, go to
@@ -123,8 +151,9 @@ def send(ctx: click.Context, conversation: str, text: str, wait: bool, timeout: 
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     body = text_arg(text)
-    ex = cli_wait.begin(reader, conv, body)
-    name = actions.send(s, conv, body)
+    files = attachments.read_paths(attach, s.attachments)
+    ex = cli_wait.begin(reader, conv, _block(body, files, s))
+    name = actions.send(s, conv, body, files)
     if not wait:
         click.echo(f"queued for {conv.id} (inbox/{name})")
         return

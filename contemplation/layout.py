@@ -309,13 +309,30 @@ def inbox_entries(conv: Conv) -> list[InboxEntry]:
                     continue
                 try:
                     st = e.stat(follow_symlinks=False)
+                    mtime = (
+                        _newest(e.path, st.st_mtime_ns)
+                        if e.is_dir(follow_symlinks=False)
+                        else st.st_mtime_ns
+                    )
                 except FileNotFoundError:
                     continue
-                out.append(InboxEntry(e.name, Path(e.path), st.st_size, st.st_mtime_ns))
+                out.append(InboxEntry(e.name, Path(e.path), st.st_size, mtime))
     except (FileNotFoundError, NotADirectoryError):
         return []
     out.sort(key=lambda x: (x.mtime_ns, x.name))
     return out
+
+
+def _newest(folder: str, mtime_ns: int) -> int:
+    """A folder message made in place settles when the newest of its files has (a file
+    written into it changes its own time, not the folder's)."""
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                mtime_ns = max(mtime_ns, e.stat(follow_symlinks=False).st_mtime_ns)
+    except OSError:  # gone, or unreadable: claimed as it is, and refused if it must be
+        pass
+    return mtime_ns
 
 
 def processing_entries(conv: Conv) -> list[Path]:

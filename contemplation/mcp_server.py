@@ -31,6 +31,7 @@ from mcp_types import ToolAnnotations
 from pydantic import Field
 
 from contemplation import __version__, actions, paging
+from contemplation.attachments import read_paths
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import read_state
 from contemplation.mcp_faces import (
@@ -59,6 +60,10 @@ Subscribe to conversation://<id>/status or /log to be told when a conversation c
 P = ParamSpec("P")
 R = TypeVar("R")
 Id = Annotated[str, Field(description="conversation id (or a unique prefix)")]
+Attachments = Annotated[
+    list[str] | None,
+    Field(description="paths of files the message carries: images, or text files inlined"),
+]
 Cursor = Annotated[
     int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
 ]
@@ -192,10 +197,12 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         idempotency_key: Annotated[
             str | None, Field(description="a repeat with the same key returns the same id")
         ] = None,
+        attachments: Attachments = None,
     ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
         id and a cursor at once; the reply comes later (conversation_wait)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
+        files = read_paths(attachments or (), settings.attachments)
         conv, created = actions.start(
             settings,
             topic,
@@ -205,6 +212,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             template=template,
             context_requirements=context_requirements,
             idempotency_key=idempotency_key,
+            files=files,
         )
         alive = daemon_alive(faces.home)
         # a new conversation's blocks all come after 0; a repeat of an earlier start gets
@@ -248,13 +256,24 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         since: Annotated[
             int | None, Field(ge=0, description="your cursor, if you hold one: returned as is")
         ] = None,
+        *,
+        attachments: Attachments = None,
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
         waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
+        files = read_paths(attachments or (), settings.attachments)
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(
-                settings, faces.reader, conv, response, need, face="mcp", plain=plain, since=since
+                settings,
+                faces.reader,
+                conv,
+                response,
+                need,
+                face="mcp",
+                plain=plain,
+                since=since,
+                files=files,
             )
         return _json({"conversation_id": conv.id} | done)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from base64 import b64encode
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -277,12 +278,32 @@ class ParseResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageRef:
+    """An image a message carries (an ``[attachment: …]`` line of its block): ``data`` is
+    filled from ``<conv>/attachments/`` just before the request goes out."""
+
+    name: str
+    mime: str
+    sha256: str
+    data: bytes = b""
+
+    def b64(self) -> str:
+        """The bytes in standard base64 (with padding), as Ollama's ``images`` takes them."""
+        return b64encode(self.data).decode("ascii")
+
+    def data_uri(self) -> str:
+        """``data:<mime>;base64,<bytes>`` (OpenAI ``image_url``, OpenCode file parts)."""
+        return f"data:{self.mime};base64,{self.b64()}"
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_calls: tuple[dict[str, Any], ...] = ()
     tool_call_id: str | None = None
     tool_name: str | None = None
+    images: tuple[ImageRef, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import structlog
 
-from contemplation import answering
+from contemplation import answering, attachments
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
     inbox_entries,
     list_conversations,
-    read_message,
     read_metadata,
     read_state,
 )
@@ -43,6 +42,7 @@ from contemplation.writer import (
     open_writer,
     reject_input,
 )
+from contemplation.writer.attachments import store as store_attachments
 from contemplation.writer.recovery import recover
 
 log = structlog.get_logger("contemplation.pipeline")
@@ -83,7 +83,7 @@ def _tidy(
     # an intent or rotation left in state.json is a write that did not finish (a crash, a
     # full disk): nobody else writes while we hold the lock, so it is recovered now
     if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
-        for what in recover(w, rt.settings.max_message_bytes):
+        for what in recover(w, rt.settings.max_message_bytes, rt.settings.attachments):
             log.warning("recovered", conv=conv.id, what=what)
         seen.recovered.add(conv.id)
     foreign = w.check_identity()
@@ -204,10 +204,15 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     """Append a claimed message as an agent block, exactly once, then drop the claim."""
     w.took(claimed)
-    try:
-        text, note = read_message(claimed, rt.settings.max_message_bytes)
+    try:  # a file, or a folder with files (kept in attachments/ before the block names them)
+        msg = attachments.read_claimed(
+            claimed, rt.settings.max_message_bytes, rt.settings.attachments
+        )
     except FileNotFoundError:
         return AGAIN
+    text, note = msg.text, msg.note
+    if text is not None and msg.files:
+        store_attachments(w.conv, attachments.block_id(claimed.name), msg.files, durable=w.durable)
     if text is None:
         dest = reject_input(w.conv, claimed, note)
         w.append_marker(

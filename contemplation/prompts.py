@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contemplation.attachments import image_refs
 from contemplation.conversation import whole
 from contemplation.logformat import canonical_need
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata, Rule
@@ -194,8 +195,8 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
             call = calls_by_need.pop(b.response_to, None) if b.response_to else None
             if call is not None:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
-            else:
-                out.append((i, ChatMessage("user", text)))
+            else:  # the images its [attachment: …] lines name go with it
+                out.append((i, ChatMessage("user", text, images=image_refs(text))))
             continue
         content, calls = split_tool_calls(text)
         calls_by_need = {need: (cid, name) for cid, name, _, need in calls}

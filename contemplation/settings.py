@@ -358,6 +358,23 @@ class ToolSettings(_Section):
         return [p for p in v.split(os.pathsep) if p] if isinstance(v, str) else v
 
 
+class AttachmentSettings(_Section):
+    """What one message may carry (see :mod:`contemplation.attachments`); over a limit the
+    message goes to ``failed/`` with the reason."""
+
+    max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, description="bytes of one attached file")
+    max_message_bytes: int = Field(
+        20 * 1024 * 1024, ge=1, description="bytes of all the files one message carries"
+    )
+    max_files: int = Field(8, ge=1, description="files one message carries")
+    inline_text_bytes: int = Field(
+        64 * 1024,
+        ge=256,
+        description="bytes of an attached text file inlined into the message (cut at a line "
+        "end past it, saying how much was left out)",
+    )
+
+
 class Settings(BaseSettings):
     """Every setting. :func:`load` fills it from (highest first) the command-line flags,
     ``CONTEMPLATION_*``, the TOML file, the servers' own variables (:data:`SERVER_ENV`) and
@@ -379,6 +396,7 @@ class Settings(BaseSettings):
     settle_seconds: float = Field(1.0, ge=0, description="quiet time before a naive write counts")
     max_message_bytes: int = Field(2 * 1024 * 1024, ge=1)
     max_reply_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)
     archive_on_complete: bool = True
     stop_grace: float = Field(
         10.0, ge=0, description="seconds in-flight turns get to finish after SIGTERM"

@@ -16,6 +16,7 @@ import signal
 
 POINTS = (
     "claim",  # after an inbox file was renamed into processing/
+    "attachment_copy",  # half of a message's attached file copied into attachments/
     "intent",  # before a block is written (its intent journaled, or its file in processing/)
     "append",  # in the middle of appending a message block (half of it written)
     "appended",  # after the block was written, before the commit

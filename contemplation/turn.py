@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from contemplation import budget
+from contemplation import attachments, budget
 from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
@@ -76,6 +76,7 @@ class _Prepared:
     note: str | None = None  # a downgrade to record in the log
     error: BackendError | None = None  # a request the model cannot serve
     window: int | None = None  # the tokens a request gets, when the backend knows
+    vision: bool = True  # the model can see images (unknown: let the server say)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +180,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -
         think=think,
         note=note,
         window=min(windows) if windows else None,
+        vision=all(c.vision for c in known),  # (unknown: let the server say)
     )
 
 
@@ -282,8 +284,9 @@ async def _stream(
         limit=rt.settings.max_reply_bytes,
         on_event=lambda kind, text: rt.notify(conv.id, kind, text=text),
     )
-    if prepared.error is not None:
-        return _failed(conv, rt, w, reply, prepared.error, on=on)
+    error = prepared.error or attachments.vision_error(planned.request, prepared.vision, on.model)
+    if error is not None:
+        return _failed(conv, rt, w, reply, error, on=on)
     if prepared.note:
         await reply.note(prepared.note)
     return await _run_reply(conv, rt, w, seen=seen, on=on, reply=reply, planned=planned, held=held)
@@ -306,6 +309,9 @@ async def _run_reply(
     try:
         try:
             request, notes = await _fit(conv, rt, on, reply, planned)
+            if attachments.carries_images(request):  # the images' bytes, read off the loop
+                kept = conv.dir / attachments.FOLDER
+                request = await on_thread(functools.partial(attachments.load_images, kept, request))
             for note in notes:
                 await reply.note(note)
             got = await _pump_guarded(conv, rt, on, request, reply, held=held)

@@ -244,7 +244,8 @@ class InotifyWatcher(_Restarts):
                 self.poke(w.conv_id, None, False)
             elif name in _CONV_FILES and not mask & IN_ISDIR:
                 self.poke(w.conv_id, None, name == "messages.log")
-        elif not ignored_name(name) and not mask & IN_ISDIR:  # an inbox entry
+        elif not ignored_name(name) and (not mask & IN_ISDIR or mask & IN_MOVED_TO):
+            # an inbox entry: a file, or a folder message renamed in whole
             renamed_in = bool(mask & IN_MOVED_TO)
             self.poke(w.conv_id, w.path / name if renamed_in else None, False)
 

@@ -9,7 +9,7 @@ higher layer is an arrow up). Modules named by prefix; the first match wins:
     0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
                   sdnotify logs plugins
     1 reading     layout logview templates settings conversation reload breaker activity
-                  waiting context_kinds index_rows
+                  waiting context_kinds index_rows attachments
     2 writer      writer/
     3 services    tools/ backends/ index_db listing search_index retention
     4 needs       needs/ context summarise prompts budget (what is sent to the model)
@@ -36,7 +36,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
-         "activity", "waiting", "context_kinds", "index_rows")),
+         "activity", "waiting", "context_kinds", "index_rows", "attachments")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
     (4, ("needs", "context", "summarise", "prompts", "budget")),

@@ -6,6 +6,7 @@ interrupted replies marked and redone, state.json consistent with the log.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from contemplation.attachments import FOLDER, LINE_RE, read_claimed
 from contemplation.conversation import whole
 from contemplation.layout import Conv, Home, list_conversations, read_state
 from contemplation.logview import LogView
 from contemplation.models import BlockKind
+from contemplation.settings import AttachmentSettings
 from contemplation.templates import load_template
 from contemplation.testing import POINTS
 from contemplation.writer import drop_message, new_conversation
@@ -166,6 +169,48 @@ def test_kill_at_every_step_of_a_turn_with_one_state_write(
     check_invariants(home, expected)
     for conv_id in expected:
         assert json.loads(home.conv(conv_id).metadata.read_text())["id"] == conv_id
+
+
+def workload_with_files(home: Home) -> dict[str, list[str]]:
+    """Folder messages, each with a text file: the blocks they become name their files."""
+    expected: dict[str, list[str]] = {}
+    for c in range(CONVS):
+        conv = new_conversation(
+            home, f"files {c}", template=load_template(home, "default"), model="llama3.2",
+            backend="ollama",
+        )  # fmt: skip
+        texts = []
+        for i in range(MESSAGES):
+            staging = conv.dir / f".m{i}"
+            staging.mkdir()
+            (staging / "message.txt").write_text(f"conv {c} message {i}")
+            (staging / "notes.txt").write_text(f"notes of {c}/{i}\n" * (40 + i))
+            os.rename(staging, conv.inbox / f"{i:03d}.msg")
+            taken = read_claimed(conv.inbox / f"{i:03d}.msg", 1 << 20, AttachmentSettings())
+            assert taken.text is not None
+            texts.append(taken.text)
+        expected[conv.id] = texts
+    return expected
+
+
+@pytest.mark.parametrize("nth", [1, 2, 5])
+def test_kill_during_an_attachment_copy_names_no_half_file_and_loses_no_message(
+    home: Home, crash_env: dict[str, str], nth: int
+) -> None:
+    expected = workload_with_files(home)
+    assert run_once(crash_env, f"attachment_copy:{nth}") == -9
+    halves = [p for c in list_conversations(home) for p in (c.dir / FOLDER).glob(".*.tmp.*")]
+    assert halves  # the kill came in the middle of a copy
+    finish(crash_env)
+    check_invariants(home, expected)
+    for conv in list_conversations(home):
+        kept = {p.name: p.read_bytes() for p in (conv.dir / FOLDER).iterdir()}
+        assert not [n for n in kept if n.startswith(".")]  # the half copy is gone
+        named = [m["sha"] for t in expected[conv.id] for m in LINE_RE.finditer(t)]
+        assert len(named) == MESSAGES == len(kept)
+        for sha in named:  # each file the log names is whole
+            (data,) = [d for n, d in kept.items() if sha in n]
+            assert hashlib.sha256(data).hexdigest() == sha
 
 
 def test_state_json_deleted_is_rebuilt_from_the_log(home: Home, crash_env: dict[str, str]) -> None:

@@ -153,7 +153,9 @@ HANDLE = [
     (INBOX, w.IN_CLOSE_WRITE, ".q.txt.tmp", []),
     (INBOX, w.IN_MOVED_TO, "q.txt~", []),
     (INBOX, w.IN_CLOSE_WRITE, "#q.txt#", []),
-    (INBOX, w.IN_MOVED_TO | DIR, "sub", []),
+    # a folder renamed in is one message with files (ready at once); a dot-folder is staging
+    (INBOX, w.IN_MOVED_TO | DIR, "sub", [("c1", ROOT / "c1" / "inbox" / "sub", False)]),
+    (INBOX, w.IN_MOVED_TO | DIR, ".sub.tmp", []),
     # the watch itself going away is never a poke
     (ACT, w.IN_IGNORED, "", []),
     (CONV, w.IN_DELETE_SELF, "", []),

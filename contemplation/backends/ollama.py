@@ -41,6 +41,8 @@ def _message_json(m: ChatMessage) -> dict[str, Any]:
         out["tool_call_id"] = m.tool_call_id
     if m.tool_name:
         out["tool_name"] = m.tool_name
+    if m.images:  # docs/api.md: "images": a list of base64-encoded images
+        out["images"] = [i.b64() for i in m.images]
     return out
 
 

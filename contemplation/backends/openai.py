@@ -395,6 +395,11 @@ def _message_json(m: ChatMessage) -> dict[str, Any]:
         out["tool_calls"] = calls
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
+    if m.images:  # content parts: the text, then each image as a data URI
+        out["content"] = [
+            {"type": "text", "text": m.content},
+            *({"type": "image_url", "image_url": {"url": i.data_uri()}} for i in m.images),
+        ]
     return out
 
 

@@ -215,10 +215,19 @@ class OpenCodeBackend:
 
     # -- the turn ------------------------------------------------------------------------
 
-    def prompt_body(self, request: ChatRequest, text: str, system: str) -> dict[str, Any]:
+    def prompt_body(
+        self, request: ChatRequest, text: str, system: str, sent: Sequence[ChatMessage] = ()
+    ) -> dict[str, Any]:
+        """``sent``: the messages ``text`` holds; their images go as file parts
+        (``FilePartInput``: type, mime, url, filename) after the text."""
         provider, model_id = split_model(request.model)
+        files = [
+            {"type": "file", "mime": i.mime, "url": i.data_uri(), "filename": i.name}
+            for m in sent
+            for i in m.images
+        ]
         body: dict[str, Any] = {
-            "parts": [{"type": "text", "text": text}],
+            "parts": [{"type": "text", "text": text}, *files],
             "model": {"providerID": provider, "modelID": model_id},
         }
         if self.tools:
@@ -248,16 +257,17 @@ class OpenCodeBackend:
                 if session is not None:  # it holds a history we no longer have
                     await self._discard(key)
                 session = await self._create(key)
-                text = flatten(history)
+                text, sent = flatten(history), history
             else:
-                text = "\n\n".join(m.content for m in fresh)
+                text, sent = "\n\n".join(m.content for m in fresh), fresh
             try:
                 try:
-                    data = await self._prompt(session.id, self.prompt_body(request, text, system))
+                    body = self.prompt_body(request, text, system, sent)
+                    data = await self._prompt(session.id, body)
                 except _SessionGone:  # deleted on the server: once more with a new one
                     self._sessions.pop(key, None)
                     session = await self._create(key)
-                    body = self.prompt_body(request, flatten(history), system)
+                    body = self.prompt_body(request, flatten(history), system, history)
                     try:
                         data = await self._prompt(session.id, body)
                     except _SessionGone:

@@ -19,16 +19,23 @@ import hashlib
 from pathlib import Path
 
 from contemplation import logformat
+from contemplation.attachments import read_claimed
 from contemplation.errors import InputRejected
-from contemplation.layout import read_message, read_regular
+from contemplation.layout import read_regular
 from contemplation.models import Intent, MarkerKind
 from contemplation.parser import parse
+from contemplation.settings import AttachmentSettings
 from contemplation.writer.folders import remove_tmp_files
-from contemplation.writer.session import ConvWriter
+from contemplation.writer.session import ConvWriter, remove_claimed
 
 
-def recover(w: ConvWriter, max_message_bytes: int = 16 * 1024 * 1024) -> list[str]:
-    """Finish or undo what a crash interrupted. Returns what was done (for the log)."""
+def recover(
+    w: ConvWriter,
+    max_message_bytes: int = 16 * 1024 * 1024,
+    limits: AttachmentSettings | None = None,
+) -> list[str]:
+    """Finish or undo what a crash interrupted. Returns what was done (for the log).
+    ``limits``: those a folder message (with files) was taken under."""
     done: list[str] = []
     remove_tmp_files(w.conv, w.folder_names())
     if w.state.rotation is not None:
@@ -40,7 +47,7 @@ def recover(w: ConvWriter, max_message_bytes: int = 16 * 1024 * 1024) -> list[st
         )
         done.extend([what] if what else [])
     claimed = w.claimed_files()
-    done.extend(_recover_claimed(w, claimed, max_message_bytes))
+    done.extend(_recover_claimed(w, claimed, max_message_bytes, limits or AttachmentSettings()))
     done.extend(_clean_processing(w, claimed))
     if done:
         w.save()
@@ -70,7 +77,9 @@ def _recover_message(w: ConvWriter, intent: Intent) -> str:
     return what
 
 
-def _recover_claimed(w: ConvWriter, claimed_files: list[Path], max_message_bytes: int) -> list[str]:
+def _recover_claimed(
+    w: ConvWriter, claimed_files: list[Path], max_message_bytes: int, limits: AttachmentSettings
+) -> list[str]:
     """Bytes past the committed size that are the block of a claimed message: a whole
     block is committed (its file then goes), a torn prefix is cut away. Anything else is
     left alone, to be adopted as a hand append."""
@@ -81,7 +90,7 @@ def _recover_claimed(w: ConvWriter, claimed_files: list[Path], max_message_bytes
         start, size = w.state.log.size, w.log_size()
         if size <= start or claimed.name in w.state.done_ids:
             break
-        text, _ = read_message(claimed, max_message_bytes)
+        text = read_claimed(claimed, max_message_bytes, limits).text
         if text is None:
             break
         expected, found = _claimed_block(w, text, start)
@@ -156,10 +165,10 @@ def _clean_processing(w: ConvWriter, claimed_files: list[Path]) -> list[str]:
     done: list[str] = []
     for p in list(claimed_files):
         if p.name in w.state.done_ids:
-            p.unlink(missing_ok=True)
+            remove_claimed(p)
             done.append(f"removed {p.name} (already in the log)")
         elif w.rebuilt and _read_text(p).strip() in recent:
-            p.unlink(missing_ok=True)
+            remove_claimed(p)
             done.append(f"removed {p.name} (its text is already in the log)")
         else:
             continue
@@ -184,6 +193,8 @@ def _same_but_time(expected: bytes, found: bytes) -> bool:
 
 
 def _read_text(p: Path) -> str:
+    if p.is_dir() and not p.is_symlink():  # a folder message: its block's text
+        return read_claimed(p, 16 * 1024 * 1024, AttachmentSettings()).text or ""
     try:
         return read_regular(p).decode("utf-8", errors="replace")
     except (OSError, InputRejected):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -55,6 +56,15 @@ PARSE_ERRORS_KEPT = 20
 
 
 # --------------------------------------------------------------------------- the session
+
+
+def remove_claimed(path: Path) -> None:
+    """A claimed message whose block is committed: a file, or a folder with files (its
+    copies are in attachments/ already)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -153,7 +163,7 @@ class ConvWriter:
         self.unsaved = False
         held, self.held = self.held, []
         for path in held:  # the block is durable and committed: the record is done with
-            path.unlink(missing_ok=True)
+            remove_claimed(path)
 
     def mark_log_start(self) -> None:
         """Write state.json now, not durably, with the log as it is: a folder made by hand,

@@ -229,6 +229,8 @@ class _Handler(JsonHandler):
 def _echo(body: dict[str, Any]) -> list[str]:
     messages = body.get("messages") or []
     last = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
+    if isinstance(last, list):  # content parts: the text ones
+        last = "".join(p.get("text", "") for p in last if p.get("type") == "text")
     return ["Echo", ": ", str(last)[:60]]
 
 
