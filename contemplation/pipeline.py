@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from contemplation import answering
+from contemplation import answering, structured
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
@@ -208,6 +208,9 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         text, note = read_message(claimed, rt.settings.max_message_bytes)
     except FileNotFoundError:
         return AGAIN
+    bad_schema = structured.refused(text, rt.settings.max_schema_bytes) if text else None
+    if bad_schema is not None:
+        text, note = None, bad_schema
     if text is None:
         dest = reject_input(w.conv, claimed, note)
         w.append_marker(

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from contemplation import budget
+from contemplation import budget, structured
 from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
@@ -191,12 +191,15 @@ async def _plan(
     if not still_due(parsed.blocks):
         return None
     tpl = rt.template(meta.template) if meta.template else None
+    spec = structured.spec_for(parsed.blocks, tpl.schema if tpl else None)
     fit = functools.partial(
         _fitted,
         meta,
         parsed.blocks,
         template=tpl,
         needs=_offered(rt, meta),
+        spec=spec,
+        constrains=getattr(rt.backend(meta.backend), "structured_output", False),
         prepared=prepared,
         session=w.state.backend_session,
         ratio=rt.calibration.ratio(meta.model),
@@ -215,8 +218,11 @@ def _fitted(
     prepared: _Prepared,
     session: BackendSession | None,
     ratio: float,
+    spec: structured.Spec | None = None,
+    constrains: bool = False,
 ) -> budget.Plan:
-    """The request built from ``blocks`` and fitted to the window (pure: runs on a thread)."""
+    """The request built from ``blocks`` and fitted to the window (pure: runs on a thread).
+    A reply held to a schema (``spec``) is offered no NEED lines and no tools."""
     request = build_request(
         meta,
         blocks,
@@ -224,10 +230,13 @@ def _fitted(
         prompt_mode=template.prompt_mode if template else "add",
         needs=needs,
         context=prepared.context,
+        asking=spec is None,
     )
     request = replace(  # session: what the server already holds of the history (OpenCode)
-        request, tools=prepared.tools, think=prepared.think, session=session
+        request, tools=() if spec else prepared.tools, think=prepared.think, session=session
     )
+    if spec is not None:
+        request = structured.shape(request, spec, constrains=constrains)
     window = _window(request, prepared.window)
     reserve = budget.reply_reserve(window, request.options)
     return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
@@ -446,7 +455,11 @@ async def _finish(
     said = reply.text
     status = Status.IDLE if not reply.saw_complete and not find_needs(said) else None
     error: tuple[ErrorKind, str] | None = None
-    if not said.strip() and not got.calls:  # nothing to show for the turn: not a success
+    verdict = structured.judge(request, said)  # a reply held to a schema: checked
+    if verdict is not None:
+        markers.append(verdict.marker)
+        status, error = verdict.status or status, verdict.error
+    elif not said.strip() and not got.calls:  # nothing to show for the turn: not a success
         error = (ErrorKind.PROTOCOL, "the model returned an empty reply (no text and no tool call)")
         markers.append((MarkerKind.ERROR, error[1]))
         status = Status.ERROR
