@@ -30,7 +30,7 @@ from mcp_types import Resource as MCPResource
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from contemplation import __version__, actions, paging
+from contemplation import __version__, actions, paging, structured
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import read_state
 from contemplation.mcp_faces import (
@@ -59,6 +59,22 @@ Subscribe to conversation://<id>/status or /log to be told when a conversation c
 P = ParamSpec("P")
 R = TypeVar("R")
 Id = Annotated[str, Field(description="conversation id (or a unique prefix)")]
+Schema = Annotated[
+    dict[str, Any] | None,
+    Field(
+        description="a JSON Schema the reply must match: the reply is then JSON, and check/"
+        "wait return it parsed as `parsed`"
+    ),
+]
+
+
+def _with_schema(text: str | None, schema: dict[str, Any] | None, limit: int) -> str | None:
+    """The message that asks for a reply matching ``schema`` (its SCHEMA: line first)."""
+    if schema is None:
+        return text
+    if text is None:
+        raise InputRejected("a schema goes with a message: give the message too")
+    return structured.with_schema(text, structured.check_schema(schema, limit))
 Cursor = Annotated[
     int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
 ]
@@ -192,10 +208,12 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         idempotency_key: Annotated[
             str | None, Field(description="a repeat with the same key returns the same id")
         ] = None,
+        schema: Schema = None,
     ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
         id and a cursor at once; the reply comes later (conversation_wait)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
+        prompt = _with_schema(prompt, schema, settings.max_schema_bytes)
         conv, created = actions.start(
             settings,
             topic,
@@ -248,13 +266,26 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         since: Annotated[
             int | None, Field(ge=0, description="your cursor, if you hold one: returned as is")
         ] = None,
+        *,
+        schema: Schema = None,
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
-        waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
+        waits. Lookups waiting for approval take conversation_approve. Returns a cursor.
+        With a schema the response is a plain message whose reply must match it."""
+        if schema is not None and need:
+            raise InputRejected("a schema goes with a message, not with a need's answer")
+        text = _with_schema(response, schema, settings.max_schema_bytes) or response
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(
-                settings, faces.reader, conv, response, need, face="mcp", plain=plain, since=since
+                settings,
+                faces.reader,
+                conv,
+                text,
+                need,
+                face="mcp",
+                plain=plain or schema is not None,
+                since=since,
             )
         return _json({"conversation_id": conv.id} | done)
 
