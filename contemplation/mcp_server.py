@@ -75,6 +75,7 @@ def _with_schema(text: str | None, schema: dict[str, Any] | None, limit: int) ->
     if text is None:
         raise InputRejected("a schema goes with a message: give the message too")
     return structured.with_schema(text, structured.check_schema(schema, limit))
+
 Cursor = Annotated[
     int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
 ]
