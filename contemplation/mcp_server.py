@@ -62,8 +62,8 @@ Id = Annotated[str, Field(description="conversation id (or a unique prefix)")]
 Schema = Annotated[
     dict[str, Any] | None,
     Field(
-        description="a JSON Schema the reply must match: the reply is then JSON, and check/"
-        "wait return it parsed as `parsed`"
+        description="a JSON Schema the reply must match (the message is then a plain message);"
+        " check/wait return the reply parsed as `parsed`"
     ),
 ]
 
@@ -271,8 +271,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         schema: Schema = None,
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
-        waits. Lookups waiting for approval take conversation_approve. Returns a cursor.
-        With a schema the response is a plain message whose reply must match it."""
+        waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
         if schema is not None and need:
             raise InputRejected("a schema goes with a message, not with a need's answer")
         text = _with_schema(response, schema, settings.max_schema_bytes) or response

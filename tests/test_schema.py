@@ -391,3 +391,36 @@ def test_real_llama_server_constrains_smollm2_to_the_schema(
     value = Reader(home).since(conv, 0).blocks[-1]["parsed"]
     assert set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())
     assert structured.problem(reply.text, schema) is None
+
+
+@pytest.mark.real
+def test_the_embedded_local_backend_constrains_too() -> None:
+    """xllamacpp runs llama-server's own engine in process: the same response_format holds."""
+    from dataclasses import replace
+
+    from contemplation.backends.base import PhaseTimeouts
+    from contemplation.backends.local import LocalBackend
+    from contemplation.models import ChatMessage, ChatRequest
+    from tests import peers
+
+    peers.xllamacpp_available()
+    peers.smollm2_gguf()
+    schema = {
+        "type": "object",
+        "properties": {"fruit": {"type": "string"}, "colour": {"type": "string"}},
+        "required": ["fruit", "colour"],
+    }
+    request = ChatRequest(
+        "smollm2",
+        (ChatMessage("user", "Name a fruit and its colour."),),
+        options={"num_predict": 48, "temperature": 0},
+    )
+    backend = LocalBackend(timeouts=PhaseTimeouts(connect=1, first_byte=60, idle=30, total=120))
+    assert backend.structured_output
+
+    async def go() -> str:
+        events = [ev async for ev in backend.stream(replace(request, schema=schema))]
+        return "".join(ev.text for ev in events if ev.kind == "content")
+
+    text = asyncio.run(go())
+    assert structured.problem(text, schema) is None, text
