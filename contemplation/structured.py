@@ -17,6 +17,7 @@ in the log); a second miss ends with an ``ERROR`` marker that says what was wron
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ INSTRUCTION = (
     "that matches this JSON Schema:"
 )
 MAX_WHY = 300  # characters of the validator's message kept in a marker
+TEMPLATE_LIMIT = 1024 * 1024  # a schema not sent with a message: a template's, a hand append's
 
 
 # --------------------------------------------------------------------------- the schema
@@ -150,12 +152,7 @@ def spec_for(
         b = blocks[i]
         if b.kind is BlockKind.AGENT and b.response_to is None:
             raw, _ = split(b.text)
-            if raw is not None:
-                try:
-                    loaded = json.loads(raw)
-                except ValueError:
-                    loaded = None  # refused when it was taken; by hand: the turn is free-form
-                schema = loaded if isinstance(loaded, dict) else None
+            schema = _usable(raw) if raw is not None else None
             start = i
             break
     schema = schema if schema is not None else template_schema
@@ -169,6 +166,16 @@ def spec_for(
             if kind is MarkerKind.INTERRUPTED and detail.startswith(RETRY_PREFIX):
                 missed = (b.text, detail.partition(": ")[2])
     return Spec(schema, missed)
+
+
+@functools.lru_cache(maxsize=64)
+def _usable(raw: str) -> dict[str, Any] | None:
+    """The schema of a SCHEMA line, checked (a dropped file's was checked when it was taken;
+    one appended by hand that is not usable leaves the turn free-form)."""
+    try:
+        return parse_schema(raw, TEMPLATE_LIMIT)
+    except InputRejected:
+        return None
 
 
 def instruction(schema: Mapping[str, Any]) -> str:
@@ -193,13 +200,19 @@ def shape(request: ChatRequest, spec: Spec, *, constrains: bool) -> ChatRequest:
 def problem(text: str, schema: Mapping[str, Any]) -> str | None:
     """What is wrong with ``text`` as an answer to ``schema`` (None: it matches)."""
     from jsonschema import exceptions, validators  # heavy: imported on first use
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
 
     try:
         value = json.loads(text)
     except ValueError as exc:
         return f"not valid JSON ({exc})"
-    validator = validators.validator_for(schema)(schema)
-    error = exceptions.best_match(validator.iter_errors(value))
+    # an empty registry: a "$ref" is resolved within the schema, never fetched from a URL
+    validator = validators.validator_for(schema)(schema, registry=Registry())
+    try:
+        error = exceptions.best_match(validator.iter_errors(value))
+    except (exceptions.SchemaError, exceptions.UnknownType, Unresolvable) as exc:
+        return f"the schema cannot be applied ({type(exc).__name__}: {exc})"
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
@@ -248,8 +261,6 @@ def parsed(block: Block) -> tuple[bool, Any]:
 
 
 # --------------------------------------------------------------------------- templates
-
-TEMPLATE_LIMIT = 1024 * 1024  # a template's schema, checked when the template is read
 
 
 def template_schema(value: Any) -> dict[str, Any] | None:

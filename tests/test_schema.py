@@ -424,3 +424,25 @@ def test_the_embedded_local_backend_constrains_too() -> None:
 
     text = asyncio.run(go())
     assert structured.problem(text, schema) is None, text
+
+
+def test_a_ref_is_never_fetched_and_a_hand_appended_bad_schema_leaves_the_turn_free(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    port = realpeers.free_port()  # nothing listens there; a fetch would fail differently
+    remote = {"$ref": f"http://127.0.0.1:{port}/city.json"}
+    conv = make_conv(home)
+    ask(conv, "Largest city?", remote)
+    fake_ollama.enqueue(Step(text='{"city": "Lima"}'), Step(text='{"city": "Lima"}'))
+    run_burst(runtime_for(make_settings(fake_ollama)))
+    [(kind, text)] = model_blocks(conv)[-1].markers
+    assert kind is MarkerKind.ERROR
+    assert "the schema cannot be applied (_WrappedReferencingError: Unresolvable: http" in text
+
+    other = make_conv(home)
+    with other.log.open("a") as f:
+        f.write('=== CLAUDE -> OLLAMA [2026-11-25 10:00:00] ===\nSCHEMA: {"type": 5}\nHi\n')
+    fake_ollama.enqueue(Step(text="Hello."))
+    run_burst(runtime_for(make_settings(fake_ollama)))
+    assert "format" not in fake_ollama.chat_requests()[-1]
+    assert status(other) is Status.IDLE
