@@ -446,3 +446,45 @@ def test_a_ref_is_never_fetched_and_a_hand_appended_bad_schema_leaves_the_turn_f
     run_burst(runtime_for(make_settings(fake_ollama)))
     assert "format" not in fake_ollama.chat_requests()[-1]
     assert status(other) is Status.IDLE
+
+
+KILL_POINTS = ("claim", "intent", "append", "appended", "commit", "reply_header", "reply_stream", "reply_done")  # fmt: skip
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_sigkill_at_each_step_of_a_schema_turn_keeps_the_schema(
+    home: Home, fake_ollama: FakeOllama, point: str
+) -> None:
+    """A real daemon process (``run --once``) killed at each step from the claim to the
+    reply's commit: the turn that is redone still sends the schema, and its one whole reply
+    is the parsed answer."""
+    import subprocess
+    import sys
+
+    from contemplation.conversation import whole
+    from tests.conftest import ROOT
+
+    answer = '{"city": "Quito", "population": 2800000}'
+    fake_ollama.default_step = Step(text=answer, chunks=4)
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    conv = make_conv(home)
+    ask(conv, "Largest city of Ecuador?")
+
+    def run_once(**extra: str) -> int:
+        return subprocess.run(
+            [sys.executable, "-m", "contemplation", "run", "--once"],
+            env=env | extra, cwd=ROOT, capture_output=True, timeout=60,
+        ).returncode  # fmt: skip
+
+    assert run_once(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=f"{point}:1") == -9
+    assert run_once() == 0
+    sent = fake_ollama.chat_requests()
+    assert sent and all(r["format"] == CITY for r in sent)
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert [b.text for b in blocks if b.kind is BlockKind.AGENT] == [
+        structured.with_schema("Largest city of Ecuador?", CITY)
+    ]
+    [reply] = [b for b in blocks if b.kind is BlockKind.MODEL and whole(b)]
+    assert reply.text == answer and (MarkerKind.NOTE, structured.VALID_NOTE) in reply.markers
+    assert status(conv) is Status.IDLE
+    assert Reader(home).since(conv, 0).blocks[-1]["parsed"]["city"] == "Quito"
