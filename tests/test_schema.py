@@ -488,3 +488,18 @@ def test_a_sigkill_at_each_step_of_a_schema_turn_keeps_the_schema(
     assert reply.text == answer and (MarkerKind.NOTE, structured.VALID_NOTE) in reply.markers
     assert status(conv) is Status.IDLE
     assert Reader(home).since(conv, 0).blocks[-1]["parsed"]["city"] == "Quito"
+
+
+def test_a_schema_turn_gathers_the_context_requirements_and_offers_no_need_lines(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    conv = make_conv(home)
+    data = json.loads(conv.metadata.read_text())
+    data["context_requirements"] = [{"type": "constraints", "text": "Only cities in Europe."}]
+    conv.metadata.write_text(json.dumps(data))
+    ask(conv, "Largest city?")
+    fake_ollama.enqueue(Step(text='{"city": "Istanbul", "population": 15600000}'))
+    run_burst(runtime_for(make_settings(fake_ollama)))
+    system = fake_ollama.chat_requests()[-1]["messages"][0]["content"]
+    assert "Only cities in Europe." in system
+    assert "NEED" not in system and "=== COMPLETE ===" not in system
