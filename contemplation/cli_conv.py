@@ -13,7 +13,16 @@ from typing import Any
 
 import click
 
-from contemplation import actions, activity, attachments, cli_wait, providers, show, waiting
+from contemplation import (
+    actions,
+    activity,
+    attachments,
+    cli_wait,
+    providers,
+    show,
+    structured,
+    waiting,
+)
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
@@ -63,9 +72,11 @@ TIMEOUT = click.option(
 )
 
 
-def _follow(reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float) -> None:
+def _follow(
+    reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float, *, as_json: bool = False
+) -> None:
     cli_wait.note_no_daemon(reader.home)
-    sys.exit(cli_wait.follow(reader, conv, ex, timeout))
+    sys.exit(cli_wait.follow(reader, conv, ex, timeout, as_json=as_json))
 
 
 @click.command()
@@ -127,50 +138,72 @@ def _block(text: str | None, files: tuple[attachments.Attachment, ...], s: Setti
     return attachments.block_text(text, files, s.attachments)
 
 
+SCHEMA = click.option(
+    "--schema",
+    metavar="FILE_OR_JSON",
+    help="A JSON Schema the reply must match (JSON text, or a file holding it).",
+)
+WAIT_JSON = json_option(
+    'With --wait: print the exchange as one JSON object at the end ({"blocks", "text", '
+    '"parsed" when the reply matched its schema, "status", "exit_code"}).'
+)
+
+
 @click.command(epilog=EXIT_CODES)
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
 @ATTACH
+@SCHEMA
 @WAIT
 @TIMEOUT
+@WAIT_JSON
 @click.pass_context
 def send(  # noqa: PLR0917 - click passes every option positionally
     ctx: click.Context,
     conversation: str,
     text: str,
     attach: tuple[Path, ...],
+    schema: str | None,
     wait: bool,
     timeout: float,
+    as_json: bool,
 ) -> None:
     """Send TEXT (or - for stdin) to a conversation's inbox, with the files --attach names.
 
     With --wait, the exchange this message starts streams to stdout. When the model stops
     for the agent, each need and lookup waiting, with the command that settles it, go to
-    stderr and the exit code is 3."""
+    stderr and the exit code is 3. With --schema the reply must be JSON that matches it."""
     s = ctx_settings(ctx)
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     body = text_arg(text)
     files = attachments.read_paths(attach, s.attachments)
+    if schema is not None:
+        body = structured.with_schema(body, structured.load_schema(schema, s.max_schema_bytes))
     ex = cli_wait.begin(reader, conv, _block(body, files, s))
     name = actions.send(s, conv, body, files)
     if not wait:
-        click.echo(f"queued for {conv.id} (inbox/{name})")
+        if as_json:
+            click.echo(json.dumps({"conversation_id": conv.id, "queued": name}))
+        else:
+            click.echo(f"queued for {conv.id} (inbox/{name})")
         return
-    _follow(reader, conv, ex, timeout)
+    _follow(reader, conv, ex, timeout, as_json=as_json)
 
 
 @click.command(epilog=EXIT_CODES)
 @click.argument("conversation", type=CONVERSATION)
 @TIMEOUT
+@WAIT_JSON
 @click.pass_context
-def wait(ctx: click.Context, conversation: str, timeout: float) -> None:
+def wait(ctx: click.Context, conversation: str, timeout: float, as_json: bool) -> None:
     """Print the current exchange (from the agent's last own message) and follow it until the
     model is done; exit codes as `send --wait`."""
     home = ctx_home(ctx)
     conv = lookup(ctx, conversation)
     reader = Reader(home)
-    _follow(reader, conv, cli_wait.Exchange(reader.last_own(conv)), timeout)
+    ex = cli_wait.Exchange(reader.last_own(conv))
+    _follow(reader, conv, ex, timeout, as_json=as_json)
 
 
 @click.command()

@@ -11,11 +11,13 @@ written as the message is sent, one line on stderr says so and its tail is not p
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -134,8 +136,13 @@ def _start(reader: Reader, conv: Conv, ex: Exchange) -> int | None:
     return None
 
 
-def follow(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> int:
-    """Stream the exchange until the daemon is done with it; the exit code."""
+def follow(
+    reader: Reader, conv: Conv, ex: Exchange, timeout: float, *, as_json: bool = False
+) -> int:
+    """Stream the exchange until the daemon is done with it; the exit code. ``as_json``:
+    print nothing meanwhile, then the exchange as one JSON object (:func:`result`)."""
+    if as_json:
+        return _follow_json(reader, conv, ex, timeout)
     home = reader.home
     deadline = time.monotonic() + timeout if timeout else None
     follower: Follower | None = None
@@ -158,6 +165,51 @@ def follow(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> int:
         if deadline is not None and time.monotonic() > deadline:
             return timed_out(reader, conv, timeout)
         time.sleep(POLL)
+
+
+def _follow_json(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> int:
+    deadline = time.monotonic() + timeout if timeout else None
+    while True:
+        conv = current(reader.home, conv)
+        code = settled(reader, conv, ex)
+        if code is None and deadline is not None and time.monotonic() > deadline:
+            code = timed_out(reader, conv, timeout)
+        if code is not None:
+            if code != EXIT_TIMEOUT:
+                report(reader, conv, code)
+            click.echo(json.dumps(result(reader, conv, ex, code), ensure_ascii=False))
+            return code
+        time.sleep(POLL)
+
+
+def result(reader: Reader, conv: Conv, ex: Exchange, code: int) -> dict[str, Any]:
+    """The exchange as data: the blocks after the agent's own (the replies, the rules'
+    answers), the last reply's ``text`` and, when it matched its schema, its ``parsed``
+    JSON value."""
+    blocks = reader.since(conv, ex.after).blocks
+    want = ex.text.strip() if ex.text is not None else None
+    for i, b in enumerate(blocks):
+        body = str(b.get("text", ""))
+        if own(str(b.get("kind")), "response_to" in b, body) and (
+            want is None or body.rstrip().endswith(want)
+        ):
+            blocks = blocks[i + 1 :]  # the agent's own block: the exchange is what follows
+            break
+    state = read_state(conv)
+    out: dict[str, Any] = {
+        "conversation_id": conv.id,
+        "status": state.status.value if state is not None else None,
+        "exit_code": code,
+        "blocks": blocks,
+    }
+    replies = [b for b in blocks if b.get("kind") == "model"]
+    if replies:
+        out["text"] = replies[-1]["text"]
+        if "parsed" in replies[-1]:
+            out["parsed"] = replies[-1]["parsed"]
+    if state is not None and state.last_error is not None and code == EXIT_ERROR:
+        out["error"] = state.last_error.message
+    return out
 
 
 def settled(reader: Reader, conv: Conv, ex: Exchange) -> int | None:

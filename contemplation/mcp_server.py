@@ -30,7 +30,7 @@ from mcp_types import Resource as MCPResource
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from contemplation import __version__, actions, paging
+from contemplation import __version__, actions, paging, structured
 from contemplation.attachments import read_paths
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import read_state
@@ -64,6 +64,23 @@ Attachments = Annotated[
     list[str] | None,
     Field(description="paths of files the message carries: images, or text files inlined"),
 ]
+Schema = Annotated[
+    dict[str, Any] | None,
+    Field(
+        description="a JSON Schema the reply must match (the message is then a plain message);"
+        " check/wait return the reply parsed as `parsed`"
+    ),
+]
+
+
+def _with_schema(text: str | None, schema: dict[str, Any] | None, limit: int) -> str | None:
+    """The message that asks for a reply matching ``schema`` (its SCHEMA: line first)."""
+    if schema is None:
+        return text
+    if text is None:
+        raise InputRejected("a schema goes with a message: give the message too")
+    return structured.with_schema(text, structured.check_schema(schema, limit))
+
 Cursor = Annotated[
     int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
 ]
@@ -198,11 +215,13 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             str | None, Field(description="a repeat with the same key returns the same id")
         ] = None,
         attachments: Attachments = None,
+        schema: Schema = None,
     ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
         id and a cursor at once; the reply comes later (conversation_wait)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
         files = read_paths(attachments or (), settings.attachments)
+        prompt = _with_schema(prompt, schema, settings.max_schema_bytes)
         conv, created = actions.start(
             settings,
             topic,
@@ -258,20 +277,24 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         ] = None,
         *,
         attachments: Attachments = None,
+        schema: Schema = None,
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
         waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
         files = read_paths(attachments or (), settings.attachments)
+        if schema is not None and need:
+            raise InputRejected("a schema goes with a message, not with a need's answer")
+        text = _with_schema(response, schema, settings.max_schema_bytes) or response
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
             done = actions.respond(
                 settings,
                 faces.reader,
                 conv,
-                response,
+                text,
                 need,
                 face="mcp",
-                plain=plain,
+                plain=plain or schema is not None,
                 since=since,
                 files=files,
             )

@@ -315,6 +315,7 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     conversation_id: str = ""
     session: BackendSession | None = None  # what state.json says the server already holds
+    schema: dict[str, Any] | None = None  # a JSON Schema the reply must match (structured.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ def continuation(block: dict[str, Any], shown: int) -> dict[str, Any]:
     """``block`` (a :func:`~contemplation.reading.block_dict`) less the first ``shown`` bytes
     of its text, marked as the rest of a block cut before."""
     raw = str(block.get("text", "")).encode()
-    return block | {"text": raw[shown:].decode("utf-8", errors="replace"), "continues": shown}
+    rest = {k: v for k, v in block.items() if k != "parsed"}  # the whole answer's, not the rest's
+    return rest | {"text": raw[shown:].decode("utf-8", errors="replace"), "continues": shown}
 
 
 def cut_text(text: str, room: int) -> str:
@@ -80,16 +81,19 @@ def fit(
             page.cursor = int(block["offset"]) + (1 + before if before else 0)
             page.cut = {"reason": "budget", "budget": budget, "next_block": block["offset"]}
             return page
+        # a structured reply cut in pieces: its text is the answer, not a parsed copy
+        part = {k: v for k, v in block.items() if k != "parsed"}
+        need = size(part)  # the first block of the page: no comma
         room = max(budget - used - (need - size(text)), 256)
         head = cut_text(text, room)
         for _ in range(8):  # the JSON form escapes (a newline is two bytes): shrink to fit
-            over = size(block | {"text": head, "cut": True}) - (budget - used)
+            over = size(part | {"text": head, "cut": True}) - (budget - used)
             if over <= 0 or room <= 256:
                 break
             room = max(len(head.encode()) - over, 256)
             head = cut_text(text, room)
         shown = len(head.encode())
-        page.blocks.append(block | {"text": head, "cut": True})
+        page.blocks.append(part | {"text": head, "cut": True})
         page.cursor = int(block["offset"]) + 1 + before + shown
         page.cut = {
             "reason": "budget",

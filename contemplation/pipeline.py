@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from contemplation import answering, attachments
+from contemplation import answering, attachments, structured
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
@@ -211,6 +211,9 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     except FileNotFoundError:
         return AGAIN
     text, note = msg.text, msg.note
+    bad_schema = structured.refused(text, rt.settings.max_schema_bytes) if text else None
+    if bad_schema is not None:
+        text, note = None, bad_schema
     if text is not None and msg.files:
         store_attachments(w.conv, attachments.block_id(claimed.name), msg.files, durable=w.durable)
     if text is None:
@@ -267,10 +270,10 @@ async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
     the sessions its archived state.json names included. A failure is logged, never raised."""
     seen.forget(conv.id)
     sessions = _archived_sessions(rt, conv)
-    for name in sorted(set(rt.backends) | {s.backend for s in sessions}):
+    for name in sorted(set(rt.backends) | {s.provider or s.backend for s in sessions}):
         try:
             backend = rt.backend(name)
-            named = [s for s in sessions if s.backend == name]
+            named = [s for s in sessions if (s.provider or s.backend) == name]
             for session in named:
                 await backend.forget(conv.id, session)
             if not named:

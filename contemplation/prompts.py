@@ -12,6 +12,7 @@ from contemplation.attachments import image_refs
 from contemplation.conversation import whole
 from contemplation.logformat import canonical_need
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata, Rule
+from contemplation.structured import body as without_schema
 from contemplation.templates import PromptMode
 from contemplation.tools import registry
 
@@ -135,11 +136,13 @@ def system_prompt(
     *,
     prompt_mode: PromptMode = "add",
     needs: Sequence[NeedForm] | None = None,
+    asking: bool = True,
 ) -> str:
     """The system prompt: the introduction, the conversation's own prompt (metadata
     ``system_prompt``, else the template's), then the protocol (how to write NEED lines,
     offering ``needs``, and COMPLETE). With ``prompt_mode`` "replace" (the template's, or
-    metadata ``prompt_mode``) the own prompt is the whole system prompt instead.
+    metadata ``prompt_mode``) the own prompt is the whole system prompt instead. Without
+    ``asking`` (a reply held to a JSON Schema cannot hold a NEED line) there is no protocol.
 
     ``{agent}`` and ``{topic}`` are filled everywhere, ``{needs}`` in the own prompt (the
     offered NEED lines)."""
@@ -147,12 +150,13 @@ def system_prompt(
     own = (meta.system_prompt or template_prompt).strip()
     chosen = (meta.model_extra or {}).get("prompt_mode")
     mode = chosen if chosen in ("add", "replace") else prompt_mode
-    listed = "\n".join(n.line() for n in offered)
+    listed = "\n".join(n.line() for n in offered) if asking else ""
     own = own.replace("{needs}", listed)
     if mode == "replace" and own:
         text = own
     else:
-        text = "\n\n".join(part for part in (INTRO, own or STYLE, protocol(offered)) if part)
+        rules = protocol(offered) if asking else ""
+        text = "\n\n".join(part for part in (INTRO, own or STYLE, rules) if part)
     return text.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
 
@@ -192,6 +196,7 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
             continue
         text = b.text.strip("\n")
         if b.kind is BlockKind.AGENT:
+            text = without_schema(text)  # the schema goes as the request's, not as words
             call = calls_by_need.pop(b.response_to, None) if b.response_to else None
             if call is not None:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
@@ -219,10 +224,13 @@ def build_request(
     prompt_mode: PromptMode = "add",
     needs: Sequence[NeedForm] | None = None,
     context: str = "",
+    asking: bool = True,
 ) -> ChatRequest:
     """The request for the next reply: the system prompt (see :func:`system_prompt`), the
     assembled context after it, then the history."""
-    system = system_prompt(meta, template_prompt, prompt_mode=prompt_mode, needs=needs)
+    system = system_prompt(
+        meta, template_prompt, prompt_mode=prompt_mode, needs=needs, asking=asking
+    )
     if context:
         system = f"{system}\n\n{context}"
     messages = [ChatMessage("system", system), *history(blocks)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contemplation import listing
+from contemplation import listing, structured
 from contemplation.conversation import next_action
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
@@ -135,6 +135,9 @@ def block_dict(b: Block, offset: int, *, thinking: bool = False) -> dict[str, An
         d["complete"] = True
     if b.interrupted:
         d["interrupted"] = True
+    matched, value = structured.parsed(b)
+    if matched:
+        d["parsed"] = value  # the reply matched the schema its message asked for
     marks = [[k.value, t] for k, t in b.markers if k not in _HIDDEN_MARKERS]
     if marks:
         d["markers"] = marks

@@ -397,6 +397,9 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(2 * 1024 * 1024, ge=1)
     max_reply_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)
+    max_schema_bytes: int = Field(
+        16 * 1024, ge=64, description="largest JSON Schema a message or template may ask for"
+    )
     archive_on_complete: bool = True
     stop_grace: float = Field(
         10.0, ge=0, description="seconds in-flight turns get to finish after SIGTERM"

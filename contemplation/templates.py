@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from contemplation.errors import ConfigError, NotFound
+from contemplation import structured
+from contemplation.errors import ConfigError, InputRejected, NotFound
 from contemplation.layout import Home, valid_id
 
 PromptMode = Literal["add", "replace"]
@@ -34,6 +36,15 @@ class Template:
     folder: Path | None = None  # where it was read from
     shipped: bool = False  # the package's copy: the home has no template of this name
 
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON Schema every reply must match (``schema``; checked when read)."""
+        value = self.extra.get("schema")
+        if isinstance(value, str):
+            loaded = json.loads(value)
+            return loaded if isinstance(loaded, dict) else None
+        return value if isinstance(value, dict) else None
+
     def requirements_for(self, topic: str) -> list[dict[str, Any]]:
         """The context requirements a new conversation about ``topic`` gets from this
         template, with ``{topic}`` filled in every text value."""
@@ -53,7 +64,7 @@ def _fill_topic(value: Any, topic: str) -> Any:
 TEMPLATE_KEYS = frozenset({
     "model", "backend", "options", "think", "archive_on_complete", "system_prompt",
     "system_prompt_file", "routes", "permissions", "description", "prompt_mode",
-    "context_requirements",
+    "context_requirements", "schema",
 })  # fmt: skip
 _TEMPLATE_FIELDS = {
     "model", "backend", "options", "think", "archive_on_complete", "description", "prompt_mode",
@@ -150,6 +161,7 @@ _TEMPLATE_TYPES: dict[str, tuple[type, ...]] = {
     "routes": (list,),
     "permissions": (dict,),
     "context_requirements": (list,),
+    "schema": (dict, str),  # a JSON Schema every reply must match (structured.py)
 }
 
 
@@ -168,6 +180,10 @@ def _check_template_values(data: dict[str, Any], toml_path: Path) -> None:
             f'invalid prompt_mode in template {toml_path}: {mode!r}; use "add" (the '
             'template\'s prompt is added to the protocol instructions) or "replace"'
         )
+    try:
+        structured.template_schema(data.get("schema"))
+    except InputRejected as exc:
+        raise ConfigError(f"invalid schema in template {toml_path}: {exc}") from None
     reqs = data.get("context_requirements", [])
     if len(reqs) > MAX_TEMPLATE_REQUIREMENTS:
         raise ConfigError(

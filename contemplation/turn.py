@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from contemplation import attachments, budget
+from contemplation import attachments, budget, structured
 from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
@@ -77,6 +77,7 @@ class _Prepared:
     error: BackendError | None = None  # a request the model cannot serve
     window: int | None = None  # the tokens a request gets, when the backend knows
     vision: bool = True  # the model can see images (unknown: let the server say)
+    constrains: bool = False  # every provider can hold a reply to a JSON Schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +182,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -
         note=note,
         window=min(windows) if windows else None,
         vision=all(c.vision for c in known),  # (unknown: let the server say)
+        constrains=all(getattr(rt.backend(p), "structured_output", False) for p in usable),
     )
 
 
@@ -224,12 +226,15 @@ async def _plan(
     if not still_due(parsed.blocks):
         return None
     tpl = rt.template(meta.template) if meta.template else None
+    spec = structured.spec_for(parsed.blocks, tpl.schema if tpl else None)
     fit = functools.partial(
         _fitted,
         meta,
         parsed.blocks,
         template=tpl,
         needs=_offered(rt, meta),
+        spec=spec,
+        constrains=prepared.constrains,
         prepared=prepared,
         session=w.state.backend_session,
         ratio=rt.calibration.ratio(meta.model),
@@ -248,8 +253,11 @@ def _fitted(
     prepared: _Prepared,
     session: BackendSession | None,
     ratio: float,
+    spec: structured.Spec | None = None,
+    constrains: bool = False,
 ) -> budget.Plan:
-    """The request built from ``blocks`` and fitted to the window (pure: runs on a thread)."""
+    """The request built from ``blocks`` and fitted to the window (pure: runs on a thread).
+    A reply held to a schema (``spec``) is offered no NEED lines and no tools."""
     request = build_request(
         meta,
         blocks,
@@ -257,10 +265,13 @@ def _fitted(
         prompt_mode=template.prompt_mode if template else "add",
         needs=needs,
         context=prepared.context,
+        asking=spec is None,
     )
     request = replace(  # session: what the server already holds of the history (OpenCode)
-        request, tools=prepared.tools, think=prepared.think, session=session
+        request, tools=() if spec else prepared.tools, think=prepared.think, session=session
     )
+    if spec is not None:
+        request = structured.shape(request, spec, constrains=constrains)
     window = _window(request, prepared.window)
     reserve = budget.reply_reserve(window, request.options)
     return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
@@ -480,7 +491,11 @@ async def _finish(
     said = reply.text
     status = Status.IDLE if not reply.saw_complete and not find_needs(said) else None
     error: tuple[ErrorKind, str] | None = None
-    if not said.strip() and not got.calls:  # nothing to show for the turn: not a success
+    verdict = structured.judge(request, said)  # a reply held to a schema: checked
+    if verdict is not None:
+        markers.append(verdict.marker)
+        status, error = verdict.status or status, verdict.error
+    elif not said.strip() and not got.calls:  # nothing to show for the turn: not a success
         error = (ErrorKind.PROTOCOL, "the model returned an empty reply (no text and no tool call)")
         markers.append((MarkerKind.ERROR, error[1]))
         status = Status.ERROR

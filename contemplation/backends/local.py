@@ -175,6 +175,7 @@ class _Handoff:
 class LocalBackend:
     name = "local"
     label = "LOCAL"
+    structured_output = True  # request.schema constrains the reply (structured.py)
 
     def __init__(
         self,

@@ -107,6 +107,7 @@ def classify_status(status: int, text: str, retry_after: float | None, model: st
 class OllamaBackend:
     name = "ollama"
     label = "OLLAMA"
+    structured_output = True  # request.schema constrains the reply (structured.py)
 
     def __init__(
         self,
@@ -144,6 +145,8 @@ class OllamaBackend:
             body["think"] = request.think
         if request.tools:
             body["tools"] = list(request.tools)
+        if request.schema is not None:
+            body["format"] = request.schema  # structured outputs: the schema object itself
         return body
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:

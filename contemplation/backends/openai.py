@@ -425,6 +425,11 @@ def chat_body(request: ChatRequest, *, stream_usage: bool = True) -> dict[str, A
         body.setdefault("reasoning_effort", "high" if think == "max" else think)
     if request.tools:
         body["tools"] = list(request.tools)
+    if request.schema is not None:  # structured outputs (llama-server constrains decoding)
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": request.schema, "strict": True},
+        }
     return body
 
 
@@ -447,6 +452,7 @@ async def _sse_payloads(lines: TimedLines) -> AsyncIterator[tuple[str, str]]:
 class OpenAIBackend:
     name = "openai"
     label = "OPENAI"
+    structured_output = True  # request.schema constrains the reply (structured.py)
 
     def __init__(
         self,
