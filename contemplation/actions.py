@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, get_args
 
-from contemplation import logformat, providers, waiting
+from contemplation import backends, logformat, waiting
 from contemplation.attachments import Attachment
 from contemplation.errors import ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
@@ -89,8 +89,8 @@ def _resolve(
     # a model that names an alias takes the alias's providers (unless a backend is named)
     alias = model_name if model_name in settings.aliases else None
     backend_name = backend or alias or tpl.backend or settings.default_backend
-    if not providers.known(settings, backend_name):
-        raise InputRejected(str(providers.unknown(settings, backend_name)))
+    if not backends.named(settings, backend_name):
+        raise InputRejected(str(backends.unknown(settings, backend_name)))
     return tpl, backend_name, model_name
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from contemplation.errors import ConfigError
 from contemplation.settings import (
     BUILT_IN_KINDS,
     AliasSettings,
@@ -98,17 +97,3 @@ def config(settings: Settings, name: str) -> AnyProvider:
 def names(settings: Settings) -> list[str]:
     """Every provider the settings name: the built-in kinds' own and ``[providers.*]``."""
     return list(dict.fromkeys([*BUILT_IN_KINDS, *settings.providers]))
-
-
-def known(settings: Settings, backend: str) -> bool:
-    """Whether a conversation may name ``backend``: a provider, an alias or a backend kind."""
-    from contemplation import backends
-
-    return backend in settings.providers or backend in settings.aliases or backends.known(backend)
-
-
-def unknown(settings: Settings, backend: str) -> ConfigError:
-    from contemplation import backends
-
-    names = sorted({*backends.available(), *settings.providers, *settings.aliases})
-    return ConfigError(f"unknown backend {backend!r}; known: {', '.join(names)}")

@@ -743,11 +743,10 @@ def load(
 
 def check_names(settings: Settings) -> None:
     """Providers and aliases: names that can be labels, no alias named like a provider, no
-    alias naming a provider that does not exist, kinds that exist (plugins are read only
-    when a kind is not built in). One line naming the key and where it was set."""
+    alias naming a provider that is neither configured nor a built-in kind's. One line naming
+    the key and where it was set. (A plugin's kind is checked where plugins are read:
+    :func:`contemplation.validate.validate`, at start and by ``doctor``.)"""
     import re
-
-    from contemplation import backends
 
     def bad(key: str, why: str) -> ConfigError:
         return ConfigError(f"invalid setting {key} in {settings.source(key)}: {why}")
@@ -759,17 +758,25 @@ def check_names(settings: Settings) -> None:
                     f"{table}.{name}",
                     "a name is a lower-case word (a-z, 0-9, _; at most 32 characters)",
                 )
-    for name, p in settings.providers.items():
-        if p.kind not in BUILT_IN_KINDS and not backends.known(p.kind):
-            raise bad(
-                f"providers.{name}.kind",
-                f"no backend kind {p.kind!r}; known: {', '.join(backends.available())}",
-            )
-    for name, alias in settings.aliases.items():
+    for name in settings.aliases:
         if name in settings.providers:
             raise bad(f"aliases.{name}", f"{name!r} is a provider's name too")
+
+
+def check_plugin_names(settings: Settings, known: Callable[[str], bool], kinds: list[str]) -> None:
+    """What needs the plugins read: a provider's kind exists, an alias's providers exist."""
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"invalid setting {key} in {settings.source(key)}: {why}")
+
+    for name, p in settings.providers.items():
+        if not known(p.kind):
+            raise bad(
+                f"providers.{name}.kind", f"no backend kind {p.kind!r}; known: {', '.join(kinds)}"
+            )
+    for name, alias in settings.aliases.items():
         for used in alias.providers:
-            if used not in settings.providers and not backends.known(used):
+            if used not in settings.providers and not known(used):
                 raise bad(f"aliases.{name}.providers", f"no provider named {used!r}")
 
 

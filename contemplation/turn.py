@@ -11,7 +11,6 @@ streams into ``messages.log`` as it arrives, and a failure becomes either a retr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from contemplation import attachments, budget, structured
 from contemplation.aio import on_thread
 from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
-from contemplation.breaker import Guard
 from contemplation.context import saved_context
 from contemplation.conversation import still_due
 from contemplation.errors import BackendError, ContemplationError, ErrorKind
@@ -42,19 +40,18 @@ from contemplation.needs import calls
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
 from contemplation.providers import Target
-from contemplation.reload import backend_fingerprint
-from contemplation.runtime import Runtime, backoff
+from contemplation.retrying import On, cancelled, failed, rest, write_failed
+from contemplation.runtime import Runtime
 from contemplation.scheduler import Held, slot_any
-from contemplation.steps import AGAIN, Outcome, Wait
+from contemplation.steps import AGAIN, Outcome
 from contemplation.summarise import summarise
 from contemplation.templates import Template
 from contemplation.tracking import Tracked
-from contemplation.writer import ConvWriter, LiveReply, Streamed, clear_cancel
+from contemplation.writer import ConvWriter, LiveReply, Streamed
 
 log = structlog.get_logger("contemplation.turn")
 
 CANCEL_CHECK_INTERVAL = 0.2
-RETRY_AFTER_CAP = 3600.0  # the longest pause a server's Retry-After can ask of a provider
 LONG_HISTORY = 200  # blocks above which a turn's request is built and fitted on a thread
 
 
@@ -80,20 +77,6 @@ class _Prepared:
     constrains: bool = False  # every provider can hold a reply to a JSON Schema
 
 
-@dataclass(frozen=True, slots=True)
-class _On:
-    """Where this turn runs: the provider whose slot it holds, the server's model name, the
-    conversation's target (all the providers it may use) and the provider's breakers."""
-
-    provider: str
-    target: Target
-    guard: Guard
-
-    @property
-    def model(self) -> str:
-        return self.target.model
-
-
 async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Outcome:
     """The model's turn, under the lock and writer of the step that decided it."""
     meta = w.meta
@@ -102,7 +85,7 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     usable = [p for p in target.providers if guards[p].resting() is None]
     if not usable:  # every provider rests: wait for the first to be tried again
         until = min(t for g in guards.values() if (t := g.resting()) is not None)
-        return _rest(rt, w, until, max(g.failures for g in guards.values()))
+        return rest(rt, w, until, max(g.failures for g in guards.values()))
     for name in usable:
         await rt.limits(name)  # its slots, asked once (again after it went away)
     served = meta.model_copy(
@@ -116,7 +99,7 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
         return AGAIN
     pool = [(name, rt.scheduler(name)) for name in usable]
     async with slot_any(pool, target.model) as (provider, held):
-        on = _On(provider, target, guards[provider])
+        on = On(provider, target, guards[provider])
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more
         if not on.guard.allow():
@@ -128,7 +111,7 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
                 )
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try
-    return _rest(rt, w, until, on.guard.failures)
+    return rest(rt, w, until, on.guard.failures)
 
 
 def _pinned(target: Target, session: BackendSession | None) -> Target:
@@ -136,20 +119,6 @@ def _pinned(target: Target, session: BackendSession | None) -> Target:
     if session is not None and session.provider in target.providers[1:]:
         return replace(target, providers=(session.provider,))
     return target
-
-
-def _rest(rt: Runtime, w: ConvWriter, until: float, failures: int) -> Wait:
-    """The backend keeps failing: wait for the breaker instead of calling it again."""
-    meta = w.meta
-    if w.state.next_retry_at is None or w.state.next_retry_at < until:
-        w.retry_at(
-            until,
-            settings=backend_fingerprint(rt.settings, meta.backend),
-            kind=ErrorKind.CIRCUIT_OPEN,
-            message=f"{meta.backend} ({meta.model}) failed {failures} times in a row; resting "
-            f"until {time.strftime('%H:%M:%S', time.localtime(until))}",
-        )
-    return Wait(until)
 
 
 async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -> _Prepared:
@@ -283,7 +252,7 @@ async def _stream(
     seen: Tracked,
     w: ConvWriter,
     *,
-    on: _On,
+    on: On,
     prepared: _Prepared,
     planned: budget.Plan,
     held: Held,
@@ -297,7 +266,7 @@ async def _stream(
     )
     error = prepared.error or attachments.vision_error(planned.request, prepared.vision, on.model)
     if error is not None:
-        return _failed(conv, rt, w, reply, error, on=on)
+        return failed(conv, rt, w, reply, error, on=on)
     if prepared.note:
         await reply.note(prepared.note)
     return await _run_reply(conv, rt, w, seen=seen, on=on, reply=reply, planned=planned, held=held)
@@ -309,7 +278,7 @@ async def _run_reply(
     w: ConvWriter,
     *,
     seen: Tracked,
-    on: _On,
+    on: On,
     reply: LiveReply,
     planned: budget.Plan,
     held: Held,
@@ -329,14 +298,14 @@ async def _run_reply(
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
-        return _cancelled(conv, rt, w, reply)
+        return cancelled(conv, rt, w, reply)
     except _Gone:  # the stream is closed; there is no folder left to write the outcome in
         log.warning("conversation_removed", conv=conv.id, during="a reply")
         return AGAIN
     except asyncio.CancelledError:
         if conv.id in seen.cancelled:
             seen.cancelled.discard(conv.id)
-            return _cancelled(conv, rt, w, reply)
+            return cancelled(conv, rt, w, reply)
         reply.abort(
             MarkerKind.INTERRUPTED, "the daemon stopped during this reply; it will be redone"
         )
@@ -344,14 +313,14 @@ async def _run_reply(
         raise
     except BackendError as exc:
         if exc.kind == "cancelled":  # the server aborted the turn at our request
-            return _cancelled(conv, rt, w, reply)
-        return _failed(conv, rt, w, reply, exc, on=on)
+            return cancelled(conv, rt, w, reply)
+        return failed(conv, rt, w, reply, exc, on=on)
     except OSError as exc:
-        return _write_failed(conv, rt, seen, w, exc)
+        return write_failed(conv, rt, seen, w, exc)
     try:
         return await _finish(conv, rt, w, reply, got, on=on, request=request, planned=planned)
     except OSError as exc:
-        return _write_failed(conv, rt, seen, w, exc)
+        return write_failed(conv, rt, seen, w, exc)
 
 
 def _check_cancel(conv: Conv) -> None:
@@ -361,7 +330,7 @@ def _check_cancel(conv: Conv) -> None:
 
 
 async def _fit(
-    conv: Conv, rt: Runtime, on: _On, reply: LiveReply, fitted: budget.Plan
+    conv: Conv, rt: Runtime, on: On, reply: LiveReply, fitted: budget.Plan
 ) -> tuple[ChatRequest, list[str]]:
     """The request that fits the window, and the NOTEs that say how. When the plan asks for
     a summary this is the turn's one summary call; if it fails, the oldest turns are left
@@ -383,7 +352,7 @@ async def _fit(
 async def _pump_guarded(
     conv: Conv,
     rt: Runtime,
-    on: _On,
+    on: On,
     request: ChatRequest,
     reply: LiveReply,
     *,
@@ -466,7 +435,7 @@ async def _finish(
     reply: LiveReply,
     got: Streamed,
     *,
-    on: _On,
+    on: On,
     request: ChatRequest,
     planned: budget.Plan,
 ) -> Outcome:
@@ -512,77 +481,6 @@ async def _finish(
     return AGAIN
 
 
-def _pause(rt: Runtime, on: _On, exc: BackendError) -> list[str]:
-    """The provider is in trouble. A 429 or 503 with Retry-After pauses it (for every
-    conversation) that long; an alias's provider rests for the breaker's cooldown so that
-    its turns go elsewhere. One that went away is asked its limits again when it is back.
-    Returns the alias's other providers that may take the turn now."""
-    if exc.server_down or exc.kind is ErrorKind.CUT:
-        rt.stale(on.provider)
-    several = len(on.target.providers) > 1
-    if exc.retry_after is not None or several:
-        rest = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
-        guard = on.guard
-        guard.server.trip(rt.clock() + min(rest, RETRY_AFTER_CAP))
-    if not several:
-        return []
-    return [
-        p
-        for p in on.target.providers
-        if p != on.provider and rt.guard(p, on.model).resting() is None
-    ]
-
-
-def _fail_over(
-    conv: Conv,
-    rt: Runtime,
-    w: ConvWriter,
-    reply: LiveReply,
-    exc: BackendError,
-    *,
-    on: _On,
-    others: list[str],
-    attempt: int,
-) -> Outcome:
-    """Redo the turn at once on another provider of the alias: a reply cut mid-stream is
-    marked INTERRUPTED (and redone whole, as after any cut); one that had not started leaves
-    a NOTE saying which provider failed and why."""
-    where = f"another provider of {on.target.alias} ({', '.join(others)})"
-    if not reply.abort(MarkerKind.INTERRUPTED, f"{on.provider}: {exc}; redone on {where}"):
-        w.append_marker(MarkerKind.NOTE, f"{on.provider} failed ({exc}); the turn goes to {where}")
-    w.retry_at(
-        rt.clock(),
-        settings=backend_fingerprint(rt.settings, w.meta.backend),
-        kind=exc.kind,
-        message=f"{on.provider}: {exc}",
-        attempt=attempt,
-    )
-    log.warning("fail_over", conv=conv.id, provider=on.provider, error=str(exc), to=others)
-    rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=0.0)
-    return AGAIN
-
-
-def _seconds(delay: float) -> str:
-    return f"{delay:.1f} s" if delay < 10 else f"{delay:.0f} s"
-
-
-def _write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OSError) -> Wait:
-    """messages.log or state.json could not be written (disk full, file too large). The next
-    step recovers first, as after a restart: it finds the cut reply (by its intent, or right
-    after the claimed message's block) and marks it INTERRUPTED, so the turn is redone and a
-    cut reply never stands as a finished one, and the claimed message is taken once."""
-    seen.recovered.discard(conv.id)
-    message = (
-        f"writing messages.log failed ({exc.strerror or exc}); the reply will be marked "
-        "interrupted and redone once the disk has room"
-    )
-    log.error("write_failed", conv=conv.id, error=str(exc))
-    with contextlib.suppress(OSError):  # the state write may fail for the same reason
-        w.record_error(ErrorKind.WRITE_FAILED, message, status=Status.ERROR)
-    rt.notify(conv.id, ConvEvent.ERROR, error=message)
-    return Wait(rt.clock() + rt.settings.rescan_interval)
-
-
 async def _write_tool_calls(
     rt: Runtime, reply: LiveReply, meta: Metadata, native: list[dict[str, Any]]
 ) -> None:
@@ -599,61 +497,3 @@ async def _write_tool_calls(
     if not native:
         await reply.note("tool calls written as JSON text were read as NEED lines")
     reply.content(("\n" if reply.text else "") + calls.need_lines(found, functions))
-
-
-def _cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply) -> Outcome:
-    clear_cancel(conv)
-    if not reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent"):
-        w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
-    w.show(Status.CANCELLED)
-    rt.notify(conv.id, ConvEvent.CANCELLED)
-    return AGAIN
-
-
-# what says the provider itself is in trouble (not the request, not the model): the provider
-# rests and an alias's turn goes to another of its providers at once
-_PROVIDER_TROUBLE = frozenset(
-    {ErrorKind.SERVER_BUSY, ErrorKind.TIMEOUT, ErrorKind.CUT, ErrorKind.STALL}
-)
-
-
-def _failed(
-    conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: BackendError, *, on: _On
-) -> Outcome:
-    attempt = w.state.retry_count + 1
-    transient = exc.transient and attempt < rt.settings.retry.max_attempts
-    guard = on.guard
-    if exc.transient:
-        guard.failure(exc)
-    elif exc.status_code is not None:
-        guard.server.success()  # the server answered: it is up, the request was wrong
-    if transient and (exc.server_down or exc.kind in _PROVIDER_TROUBLE):
-        others = _pause(rt, on, exc)
-        if others:
-            return _fail_over(conv, rt, w, reply, exc, on=on, others=others, attempt=attempt)
-    if transient:
-        delay = backoff(rt, attempt, exc.retry_after)
-        resting = guard.resting()
-        if resting is not None:  # the breaker just opened: that is when the retry comes
-            delay = max(delay, resting - rt.clock())
-        reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
-        at = rt.clock() + delay
-        w.retry_at(
-            at,
-            settings=backend_fingerprint(rt.settings, w.meta.backend),
-            kind=exc.kind,
-            message=str(exc),
-            attempt=attempt,
-        )
-        log.warning(
-            "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
-        )
-        rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
-        return Wait(at)
-    message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
-    if not reply.abort(MarkerKind.ERROR, message):
-        w.append_marker(MarkerKind.ERROR, message)
-    w.gave_up(exc.kind, message)
-    log.error("turn_failed", conv=conv.id, error=message)
-    rt.notify(conv.id, ConvEvent.ERROR, error=message)
-    return Wait(None)

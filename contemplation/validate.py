@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import ipaddress
 
-from contemplation import backends, context_kinds, providers
+from contemplation import backends, context_kinds
 from contemplation.errors import ConfigError, NotFound
 from contemplation.layout import Home
 from contemplation.needs.router import NeedRouter
-from contemplation.settings import PluginProvider, Settings
+from contemplation.settings import PluginProvider, Settings, check_plugin_names
 from contemplation.templates import Template, load_template, template_dirs
 
 
 def _backend_name(settings: Settings, key: str, name: str) -> None:
-    if not providers.known(settings, name):
+    if not backends.named(settings, name):
         raise ConfigError(
-            f"invalid setting {key} in {settings.source(key)}: {providers.unknown(settings, name)}"
+            f"invalid setting {key} in {settings.source(key)}: {backends.unknown(settings, name)}"
         )
 
 
@@ -52,7 +52,7 @@ def check_template(tpl: Template, settings: Settings | None = None) -> None:
     :class:`ConfigError` naming the template."""
     where = tpl.folder / "template.toml" if tpl.folder else tpl.name
     named = tpl.backend and (
-        providers.known(settings, tpl.backend) if settings else backends.known(tpl.backend)
+        backends.named(settings, tpl.backend) if settings else backends.known(tpl.backend)
     )
     if tpl.backend and not named:
         raise ConfigError(
@@ -71,6 +71,7 @@ def check_template(tpl: Template, settings: Settings | None = None) -> None:
 def validate(settings: Settings) -> NeedRouter:
     """Raise :class:`ConfigError` (one line: key and source) on the first bad value; returns
     the checked need router, ready for the daemon to use."""
+    check_plugin_names(settings, backends.known, backends.available())
     _backend_name(settings, "default_backend", settings.default_backend)
     for name in settings.fallback:
         _backend_name(settings, "fallback", name)

@@ -8,13 +8,13 @@ higher layer is an arrow up). Modules named by prefix; the first match wins:
 
     0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
                   sdnotify logs plugins
-    1 reading     layout logview templates settings conversation reload breaker activity
-                  waiting context_kinds index_rows attachments
+    1 reading     layout logview templates settings conversation reload breaker providers
+                  activity waiting context_kinds index_rows attachments
     2 writer      writer/
     3 services    tools/ backends/ index_db listing search_index retention
     4 needs       needs/ context summarise prompts budget (what is sent to the model)
     5 runtime     runtime tracking scheduler validate
-    6 steps       turn answering pipeline
+    6 steps       turn retrying answering pipeline
     7 engine      dispatcher watcher daemon index_keeper notify
     8 faces       everything else (cli*, mcp_*, dashboard/, reading, actions, service, show)
 
@@ -36,12 +36,12 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
-         "activity", "waiting", "context_kinds", "index_rows", "attachments")),
+         "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
     (4, ("needs", "context", "summarise", "prompts", "budget")),
     (5, ("runtime", "tracking", "scheduler", "validate")),
-    (6, ("turn", "answering", "pipeline")),
+    (6, ("turn", "retrying", "answering", "pipeline")),
     (7, ("dispatcher", "watcher", "daemon", "index_keeper", "notify")),
 ]  # fmt: skip
 FACES = 8

@@ -24,6 +24,7 @@ from contemplation.runtime import Runtime
 from contemplation.scheduler import ModelScheduler, slot_any
 from contemplation.settings import Settings, load
 from contemplation.templates import load_template
+from contemplation.validate import validate
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import base_env, cli, run_burst, within
 from tests.fakes.openai_server import FakeOpenAI, Step
@@ -32,9 +33,12 @@ from tests.fakes.openai_server import FakeOpenAI, Step
 
 
 def _load(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Settings:
+    """Load and check the settings as the daemon does at start (``run``, ``doctor``)."""
     cfg = tmp_path / "config.toml"
     cfg.write_text(text)
-    return load(config=cfg, home=tmp_path / "home", env=env or {})
+    settings = load(config=cfg, home=tmp_path / "home", env=env or {})
+    validate(settings)
+    return settings
 
 
 CONFIG = """

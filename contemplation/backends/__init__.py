@@ -194,6 +194,17 @@ def known(name: str) -> bool:
     return name in _FACTORIES
 
 
+def named(settings: Settings, name: str) -> bool:
+    """Whether a conversation may name ``name``: a provider, an alias or a backend kind."""
+    return name in settings.providers or name in settings.aliases or known(name)
+
+
+def unknown(settings: Settings, name: str) -> ConfigError:
+    """The one line for a name that is none of those, with every name that is."""
+    names = sorted({*available(), *settings.providers, *settings.aliases})
+    return ConfigError(f"unknown backend {name!r}; known: {', '.join(names)}")
+
+
 def available() -> list[str]:
     """Every family, the plugins' too."""
     _plugins()

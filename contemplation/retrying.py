@@ -1,0 +1,189 @@
+"""How a model turn that did not end with a reply ends, and where it goes next.
+
+* a provider resting (its breakers open): the turn waits for it (:func:`rest`);
+* a failure: retried with backoff (transient), given up with a visible ERROR (permanent, or
+  too many attempts), or, when the provider itself is in trouble and the conversation's alias
+  has another provider free, redone there at once (:func:`failed`, :func:`fail_over`); a
+  429's Retry-After pauses that provider for every conversation (:func:`pause`);
+* cancelled by the agent (:func:`cancelled`), or cut by a failed write (:func:`write_failed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from contemplation.breaker import Guard
+from contemplation.errors import BackendError, ErrorKind
+from contemplation.layout import Conv
+from contemplation.models import ConvEvent, MarkerKind, Status
+from contemplation.providers import Target
+from contemplation.reload import backend_fingerprint
+from contemplation.runtime import Runtime, backoff
+from contemplation.steps import AGAIN, Outcome, Wait
+from contemplation.tracking import Tracked
+from contemplation.writer import ConvWriter, LiveReply, clear_cancel
+
+log = structlog.get_logger("contemplation.turn")
+
+RETRY_AFTER_CAP = 3600.0  # the longest pause a server's Retry-After can ask of a provider
+
+
+@dataclass(frozen=True, slots=True)
+class On:
+    """Where this turn runs: the provider whose slot it holds, the server's model name, the
+    conversation's target (all the providers it may use) and the provider's breakers."""
+
+    provider: str
+    target: Target
+    guard: Guard
+
+    @property
+    def model(self) -> str:
+        return self.target.model
+
+
+def rest(rt: Runtime, w: ConvWriter, until: float, failures: int) -> Wait:
+    """The backend keeps failing: wait for the breaker instead of calling it again."""
+    meta = w.meta
+    if w.state.next_retry_at is None or w.state.next_retry_at < until:
+        w.retry_at(
+            until,
+            settings=backend_fingerprint(rt.settings, meta.backend),
+            kind=ErrorKind.CIRCUIT_OPEN,
+            message=f"{meta.backend} ({meta.model}) failed {failures} times in a row; resting "
+            f"until {time.strftime('%H:%M:%S', time.localtime(until))}",
+        )
+    return Wait(until)
+
+
+def pause(rt: Runtime, on: On, exc: BackendError) -> list[str]:
+    """The provider is in trouble. A 429 or 503 with Retry-After pauses it (for every
+    conversation) that long; an alias's provider rests for the breaker's cooldown so that
+    its turns go elsewhere. One that went away is asked its limits again when it is back.
+    Returns the alias's other providers that may take the turn now."""
+    if exc.server_down or exc.kind is ErrorKind.CUT:
+        rt.stale(on.provider)
+    several = len(on.target.providers) > 1
+    if exc.retry_after is not None or several:
+        rest = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
+        guard = on.guard
+        guard.server.trip(rt.clock() + min(rest, RETRY_AFTER_CAP))
+    if not several:
+        return []
+    return [
+        p
+        for p in on.target.providers
+        if p != on.provider and rt.guard(p, on.model).resting() is None
+    ]
+
+
+def fail_over(
+    conv: Conv,
+    rt: Runtime,
+    w: ConvWriter,
+    reply: LiveReply,
+    exc: BackendError,
+    *,
+    on: On,
+    others: list[str],
+    attempt: int,
+) -> Outcome:
+    """Redo the turn at once on another provider of the alias: a reply cut mid-stream is
+    marked INTERRUPTED (and redone whole, as after any cut); one that had not started leaves
+    a NOTE saying which provider failed and why."""
+    where = f"another provider of {on.target.alias} ({', '.join(others)})"
+    if not reply.abort(MarkerKind.INTERRUPTED, f"{on.provider}: {exc}; redone on {where}"):
+        w.append_marker(MarkerKind.NOTE, f"{on.provider} failed ({exc}); the turn goes to {where}")
+    w.retry_at(
+        rt.clock(),
+        settings=backend_fingerprint(rt.settings, w.meta.backend),
+        kind=exc.kind,
+        message=f"{on.provider}: {exc}",
+        attempt=attempt,
+    )
+    log.warning("fail_over", conv=conv.id, provider=on.provider, error=str(exc), to=others)
+    rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=0.0)
+    return AGAIN
+
+
+def _seconds(delay: float) -> str:
+    return f"{delay:.1f} s" if delay < 10 else f"{delay:.0f} s"
+
+
+def write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OSError) -> Wait:
+    """messages.log or state.json could not be written (disk full, file too large). The next
+    step recovers first, as after a restart: it finds the cut reply (by its intent, or right
+    after the claimed message's block) and marks it INTERRUPTED, so the turn is redone and a
+    cut reply never stands as a finished one, and the claimed message is taken once."""
+    seen.recovered.discard(conv.id)
+    message = (
+        f"writing messages.log failed ({exc.strerror or exc}); the reply will be marked "
+        "interrupted and redone once the disk has room"
+    )
+    log.error("write_failed", conv=conv.id, error=str(exc))
+    with contextlib.suppress(OSError):  # the state write may fail for the same reason
+        w.record_error(ErrorKind.WRITE_FAILED, message, status=Status.ERROR)
+    rt.notify(conv.id, ConvEvent.ERROR, error=message)
+    return Wait(rt.clock() + rt.settings.rescan_interval)
+
+
+def cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply) -> Outcome:
+    clear_cancel(conv)
+    if not reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent"):
+        w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
+    w.show(Status.CANCELLED)
+    rt.notify(conv.id, ConvEvent.CANCELLED)
+    return AGAIN
+
+
+# what says the provider itself is in trouble (not the request, not the model): the provider
+# rests and an alias's turn goes to another of its providers at once
+_PROVIDER_TROUBLE = frozenset(
+    {ErrorKind.SERVER_BUSY, ErrorKind.TIMEOUT, ErrorKind.CUT, ErrorKind.STALL}
+)
+
+
+def failed(
+    conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: BackendError, *, on: On
+) -> Outcome:
+    attempt = w.state.retry_count + 1
+    transient = exc.transient and attempt < rt.settings.retry.max_attempts
+    guard = on.guard
+    if exc.transient:
+        guard.failure(exc)
+    elif exc.status_code is not None:
+        guard.server.success()  # the server answered: it is up, the request was wrong
+    if transient and (exc.server_down or exc.kind in _PROVIDER_TROUBLE):
+        others = pause(rt, on, exc)
+        if others:
+            return fail_over(conv, rt, w, reply, exc, on=on, others=others, attempt=attempt)
+    if transient:
+        delay = backoff(rt, attempt, exc.retry_after)
+        resting = guard.resting()
+        if resting is not None:  # the breaker just opened: that is when the retry comes
+            delay = max(delay, resting - rt.clock())
+        reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
+        at = rt.clock() + delay
+        w.retry_at(
+            at,
+            settings=backend_fingerprint(rt.settings, w.meta.backend),
+            kind=exc.kind,
+            message=str(exc),
+            attempt=attempt,
+        )
+        log.warning(
+            "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
+        )
+        rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
+        return Wait(at)
+    message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
+    if not reply.abort(MarkerKind.ERROR, message):
+        w.append_marker(MarkerKind.ERROR, message)
+    w.gave_up(exc.kind, message)
+    log.error("turn_failed", conv=conv.id, error=message)
+    rt.notify(conv.id, ConvEvent.ERROR, error=message)
+    return Wait(None)
