@@ -265,11 +265,13 @@ def remove_tmp_files(
         except (ValueError, IndexError):
             pid = 0
         with contextlib.suppress(OSError):
-            if (pid and not _pid_alive(pid)) or now - p.stat().st_mtime > older_than:
+            if (pid and not pid_alive(pid)) or now - p.stat().st_mtime > older_than:
                 p.unlink()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (this process counts as gone: what it left before a
+    restart cannot be in flight)."""
     if pid == os.getpid():
         return False  # our own leftovers from before a restart cannot be in flight
     try:

@@ -24,7 +24,7 @@ from contemplation.layout import Conv, Home, list_folder, slugify
 from contemplation.models import Metadata, Status
 from contemplation.testing import crashpoint
 from contemplation.writer.files import atomic_write_json, fsync_dir, now_iso, write_all
-from contemplation.writer.folders import ensure_conversation_files, ensure_home
+from contemplation.writer.folders import ensure_conversation_files, ensure_home, pid_alive
 from contemplation.writer.session import rebuild_state
 
 STAGING_PREFIX = ".fork-"
@@ -140,18 +140,8 @@ def remove_stale_staging(home: Home) -> None:
             age = now - os.stat(path, follow_symlinks=False).st_mtime
         except (ValueError, OSError):
             continue
-        if pid != os.getpid() and (not _pid_alive(pid) or age > STALE_STAGING_SECONDS):
+        if pid != os.getpid() and (not pid_alive(pid) or age > STALE_STAGING_SECONDS):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_new(path: Path, data: bytes, *, durable: bool) -> None:
