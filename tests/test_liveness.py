@@ -363,7 +363,8 @@ def test_odd_files_are_refused_without_following_or_blocking(
     failed = sorted(p.name for p in conv.failed.iterdir() if not p.name.endswith(".json"))
     assert len(failed) == 5 and not list(conv.processing.iterdir())
     reasons = " ".join(p.read_text() for p in conv.failed.glob("*.reason.json"))
-    for kind in ("symbolic link", "a FIFO", "a folder"):
+    # a folder is a message with files (attachments): an empty one is refused as such
+    for kind in ("symbolic link", "a FIFO", "the folder holds no message.txt and no file"):
         assert kind in reasons
     assert secret.read_text() == "TOP SECRET\n"  # the target is untouched
     assert "=== OLLAMA -> CLAUDE" in other.log.read_text()
