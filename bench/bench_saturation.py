@@ -48,7 +48,9 @@ from contemplation.layout import Conv, Home, read_state  # noqa: E402
 from contemplation.logformat import header  # noqa: E402
 from contemplation.models import BlockKind, Metadata, Status  # noqa: E402
 from contemplation.parser import parse  # noqa: E402
-from contemplation.prompts import build_request  # noqa: E402
+from contemplation.needs.router import NeedRouter  # noqa: E402
+from contemplation.prompts import build_request, need_forms  # noqa: E402
+from contemplation.settings import load  # noqa: E402
 from contemplation.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation  # noqa: E402
 from tests import peers  # noqa: E402
@@ -65,16 +67,26 @@ def options(max_tokens: int) -> dict[str, Any]:
     return {"temperature": 0, "num_predict": max_tokens, "ignore_eos": True, "seed": 1}
 
 
-def messages(home: Home, text: str, max_tokens: int) -> list[dict[str, str]]:
-    """What the daemon sends for a first message: its own code builds it."""
+def topic(i: int) -> str:
+    return f"story {i}"
+
+
+def messages(home: Home, i: int, max_tokens: int) -> list[dict[str, str]]:
+    """What the daemon sends for conversation ``i``'s first message (its topic included):
+    the daemon's own code builds it."""
     tpl = load_template(home, "default")
+    text = prompt(i)
     meta = Metadata(
-        id="conv_bench", topic="bench", created="2026-11-25T00:00:00", backend="small",
+        id="conv_bench", topic=topic(i), created="2026-11-25T00:00:00", backend="small",
         model="smollm2", options=options(max_tokens),
     )  # fmt: skip
     log = header("CLAUDE", "SMALL", "2026-11-25 00:00:00") + text + "\n"
     blocks = parse(log.encode()).blocks
-    req = build_request(meta, blocks, template_prompt=tpl.system_prompt, prompt_mode=tpl.prompt_mode)
+    settings = load(home=home.root, env={}, config=None)
+    offered = need_forms(NeedRouter(settings).offered(tpl.name))  # as the daemon offers them
+    req = build_request(
+        meta, blocks, template_prompt=tpl.system_prompt, prompt_mode=tpl.prompt_mode, needs=offered
+    )
     return [{"role": m.role, "content": m.content} for m in req.messages]
 
 
@@ -118,9 +130,11 @@ async def direct(
                 msgs = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            total += await _one(session, url, msgs, max_tokens)
+            got = await _one(session, url, msgs, max_tokens)  # (not `total += await`: that
+            total += got  # reads total before the await, and loses the others' updates)
 
-    conn = aiohttp.TCPConnector(limit=0)
+    # a fresh connection per request: llama-server closes kept-alive ones after a stream
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(session, u) for u in urls for _ in range(per_server)))
@@ -160,17 +174,17 @@ class Daemon:
         convs = []
         for i in range(n):
             self.made += 1
-            topic = f"burst {self.made}"
+            name = topic(i)
             if i % 2 == 0:
                 out = subprocess.run(
-                    [sys.executable, "-m", "contemplation", "new", topic, "--model", model],
+                    [sys.executable, "-m", "contemplation", "new", name, "--model", model],
                     env=self.env, cwd=ROOT, capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 convs.append(Conv(self.home.active / out.stdout.strip()))
             else:
                 tpl = load_template(self.home, "default")
                 convs.append(
-                    new_conversation(self.home, topic, template=tpl, model=model, backend=backend)
+                    new_conversation(self.home, name, template=tpl, model=model, backend=backend)
                 )
         return convs
 
@@ -181,18 +195,23 @@ class Daemon:
         for c, text in zip(convs, texts, strict=True):
             drop_message(c, text)
         killed = kill is None
-        while True:
-            done = [c for c in convs if _answered(c)]
-            if not killed and len(done) >= 3:
+        left, ended = list(convs), t0
+        while left:  # a light poll (state.json of those not done, every 20 ms): the harness
+            # must not take the cores the server and the daemon share
+            now = time.perf_counter()
+            still = [c for c in left if not _idle(c)]
+            if len(still) < len(left):
+                ended = now
+            left = still
+            if not killed and len(convs) - len(left) >= 3:
                 assert kill is not None
                 kill.kill()
                 killed = True
-            if len(done) == len(convs):
-                break
-            if time.perf_counter() - t0 > 900:
-                raise RuntimeError(f"only {len(done)} of {len(convs)} answered")
-            time.sleep(0.02)
-        wall = time.perf_counter() - t0
+            if now - t0 > 900:
+                raise RuntimeError(f"only {len(convs) - len(left)} of {len(convs)} answered")
+            if left:
+                time.sleep(0.02)
+        wall = ended - t0
         tokens = 0
         for c in convs:
             whole = [
@@ -211,12 +230,10 @@ class Daemon:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _answered(conv: Conv) -> bool:
+def _idle(conv: Conv) -> bool:
+    """The reply is committed (its whole-ness is checked from the log after the burst)."""
     state = read_state(conv)
-    if state is None or state.status is not Status.IDLE:
-        return False
-    last = parse(conv.log.read_bytes()).blocks[-1]
-    return last.kind is BlockKind.MODEL and not last.interrupted
+    return state is not None and state.status is Status.IDLE and state.last_turn is not None
 
 
 def _provider(name: str, url: str) -> str:
@@ -237,7 +254,7 @@ def compare(
     daemon = Daemon(config + _alias(names, args.max_tokens))
     try:
         texts = [prompt(i) for i in range(args.conversations)]
-        msgs = [messages(daemon.home, t, args.max_tokens) for t in texts]
+        msgs = [messages(daemon.home, i, args.max_tokens) for i in range(len(texts))]
         urls = [s.url for s in servers]
         asyncio.run(direct(urls, per_server, msgs[:2], args.max_tokens))  # warm
         daemon.burst(daemon.conversations(2, "small", "small"), texts[:2])
@@ -260,7 +277,7 @@ def compare(
 
 
 def failover(args: argparse.Namespace) -> None:
-    servers = [_server(2), _server(2)]
+    servers = [_server(2, share=2), _server(2, share=2)]
     config = _provider("box1", servers[0].url) + _provider("box2", servers[1].url)
     daemon = Daemon(config + _alias(["box1", "box2"], args.max_tokens))
     try:
@@ -282,8 +299,12 @@ def failover(args: argparse.Namespace) -> None:
             s.stop()
 
 
-def _server(slots: int) -> LlamaServer:
-    return LlamaServer(peers.smollm2_gguf(), n_ctx=2048, n_parallel=slots).start()
+def _server(slots: int, share: int = 1) -> LlamaServer:
+    """A llama-server with ``slots``; ``share``: servers on this machine (each gets its part of
+    the cores: llama.cpp's threads spin while they wait, two servers with all cores each
+    would fight over them)."""
+    threads = max(1, (os.cpu_count() or 2) // share) if share > 1 else 0
+    return LlamaServer(peers.smollm2_gguf(), n_ctx=2048, n_parallel=slots, threads=threads).start()
 
 
 def main() -> None:
@@ -301,7 +322,7 @@ def main() -> None:
         compare("one server, 4 slots", one, 4, args)
     finally:
         one[0].stop()
-    two = [_server(2), _server(2)]
+    two = [_server(2, share=2), _server(2, share=2)]
     try:
         compare("two servers, 2 slots each (alias)", two, 2, args)
     finally:

@@ -89,9 +89,16 @@ class LlamaServer(_Proc):
     ``alias``, with ``n_parallel`` slots of ``n_ctx`` tokens."""
 
     def __init__(
-        self, gguf: Path, *, n_ctx: int = 8192, n_parallel: int = 1, alias: str = "smollm2"
+        self,
+        gguf: Path,
+        *,
+        n_ctx: int = 8192,
+        n_parallel: int = 1,
+        alias: str = "smollm2",
+        threads: int = 0,
     ) -> None:
         self.gguf = gguf
+        self.threads = threads
         self.n_ctx = n_ctx
         self.n_parallel = n_parallel
         self.alias = alias
@@ -108,6 +115,7 @@ class LlamaServer(_Proc):
             sys.executable, str(Path(__file__).with_name("llama_server.py")), str(self.gguf),
             "--port", str(self.port), "--n-ctx", str(self.n_ctx),
             "--n-parallel", str(self.n_parallel), "--alias", self.alias,
+            "--threads", str(self.threads),
         ]  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
