@@ -256,7 +256,8 @@ def compare(
         texts = [prompt(i) for i in range(args.conversations)]
         msgs = [messages(daemon.home, i, args.max_tokens) for i in range(len(texts))]
         urls = [s.url for s in servers]
-        asyncio.run(direct(urls, per_server, msgs[:2], args.max_tokens))  # warm
+        # warm: the server's prompt cache holds these prompts for both sides from here on
+        asyncio.run(direct(urls, per_server, msgs, args.max_tokens))
         daemon.burst(daemon.conversations(2, "small", "small"), texts[:2])
         d_rates, c_rates = [], []
         for _ in range(args.rounds):

@@ -9,7 +9,8 @@ higher layer is an arrow up). Modules named by prefix; the first match wins:
     0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
                   sdnotify logs plugins
     1 reading     layout logview templates settings conversation reload breaker providers
-                  activity waiting context_kinds index_rows attachments
+                  activity waiting context_kinds index_rows attachments structured (pure: the
+                  templates check their schema with it)
     2 writer      writer/
     3 services    tools/ backends/ index_db listing search_index retention
     4 needs       needs/ context summarise prompts budget (what is sent to the model)
@@ -36,7 +37,8 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
-         "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments")),
+         "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
+         "structured")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
     (4, ("needs", "context", "summarise", "prompts", "budget")),

@@ -341,3 +341,17 @@ def test_the_window_and_slots_come_from_the_server(
     assert slots1 == Slots(1, "default_concurrency (the server does not say)")
     assert caps2.request_window is None  # says nothing: the family table, else the default
     assert slots2.count == 1
+
+
+def test_a_conversation_whose_session_a_provider_holds_stays_on_it(tmp_path: Path) -> None:
+    """OpenCode keeps the history in its session: the turns go where the session is."""
+    from contemplation.models import BackendSession
+    from contemplation.turn import _pinned
+
+    s = _load(tmp_path, CONFIG)
+    target = providers.target(s, "coder", "coder")
+    held = BackendSession(backend="opencode", id="ses_1", provider="box2")
+    assert _pinned(target, held).providers == ("box2",)
+    assert _pinned(target, None).providers == ("box1", "box2")
+    gone = BackendSession(backend="opencode", id="ses_2", provider="elsewhere")
+    assert _pinned(target, gone).providers == ("box1", "box2")  # not one of its providers

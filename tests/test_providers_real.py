@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,16 +28,20 @@ from tests.conftest import DaemonProc, base_env, cli, wait_for
 from tests.realpeers import LiteLLMProxy, LlamaServer
 
 
-def _server(n_ctx: int = 2048, n_parallel: int = 2) -> LlamaServer:
+def _server(n_ctx: int = 2048, n_parallel: int = 2, share: int = 1) -> LlamaServer:
+    """``share``: servers running at once (each gets its part of the cores: llama.cpp's
+    threads spin while they wait)."""
     peers.xllamacpp_available()
-    return LlamaServer(peers.smollm2_gguf(), n_ctx=n_ctx, n_parallel=n_parallel).start()
+    threads = max(1, (os.cpu_count() or 2) // share) if share > 1 else 0
+    gguf = peers.smollm2_gguf()
+    return LlamaServer(gguf, n_ctx=n_ctx, n_parallel=n_parallel, threads=threads).start()
 
 
 @pytest.fixture
 def servers() -> Iterator[list[LlamaServer]]:
     started: list[LlamaServer] = []
     try:
-        started.extend([_server(), _server()])
+        started.extend([_server(share=2), _server(share=2)])
         yield started
     finally:
         for s in started:
