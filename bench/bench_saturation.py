@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 from contemplation.layout import Conv, Home, read_state  # noqa: E402
 from contemplation.logformat import header  # noqa: E402
 from contemplation.models import BlockKind, Metadata, Status  # noqa: E402
-from contemplation.parser import parse  # noqa: E402
 from contemplation.needs.router import NeedRouter  # noqa: E402
+from contemplation.parser import parse  # noqa: E402
 from contemplation.prompts import build_request, need_forms  # noqa: E402
 from contemplation.settings import load  # noqa: E402
 from contemplation.templates import load_template  # noqa: E402
