@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 GRANTS_KEPT = 256
+SWEEP_AT = 256  # a queue this long is swept of waiters another provider took
 
 
 class Held:
@@ -36,7 +37,7 @@ class Held:
             scheduler._dispatch()
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a queue's `in` and remove stay cheap
 class _Waiter:
     seq: int
     future: asyncio.Future[ModelScheduler]  # shared by the queues an alias's turn waits in
@@ -58,7 +59,8 @@ class ModelScheduler:
 
     @property
     def waiting(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        """Turns waiting here (not those an alias's other provider has taken meanwhile)."""
+        return sum(1 for q in self._queues.values() for w in q if not w.future.done())
 
     @property
     def running(self) -> int:
@@ -78,12 +80,16 @@ class ModelScheduler:
         self._dispatch()
 
     def _enqueue(self, model: str, waiter: _Waiter) -> None:
-        self._queues.setdefault(model, deque()).append(waiter)
-
-    def _withdraw(self, model: str, waiter: _Waiter) -> None:
-        queue = self._queues.get(model)
-        if queue is not None and waiter in queue:
-            queue.remove(waiter)
+        """Join ``model``'s queue. Waiters another provider granted are passed over when
+        they reach the head (never searched for: a burst of thousands stays linear); a long
+        queue is swept of them now and then, so a provider whose slots stay busy does not
+        collect them."""
+        queue = self._queues.setdefault(model, deque())
+        if len(queue) >= SWEEP_AT and len(queue) % SWEEP_AT == 0:
+            live = [w for w in queue if not w.future.done()]
+            queue.clear()
+            queue.extend(live)
+        queue.append(waiter)
 
     def _give_back(self) -> None:
         self._free += 1
@@ -163,13 +169,10 @@ async def slot_any(
         pool[i][1]._dispatch()
     try:
         granted = await fut
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # the other queues pass over the cancelled future
         if fut.done() and not fut.cancelled():
             fut.result()._give_back()
         raise
-    finally:
-        for sched, waiter in waiters:
-            sched._withdraw(model, waiter)
     held = Held(granted)
     try:
         yield next(name for name, sched in pool if sched is granted), held

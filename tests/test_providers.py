@@ -355,3 +355,21 @@ def test_a_conversation_whose_session_a_provider_holds_stays_on_it(tmp_path: Pat
     assert _pinned(target, None).providers == ("box1", "box2")
     gone = BackendSession(backend="opencode", id="ses_2", provider="elsewhere")
     assert _pinned(target, gone).providers == ("box1", "box2")  # not one of its providers
+
+
+def test_a_busy_provider_does_not_collect_the_turns_another_took() -> None:
+    """Turns an alias's other provider granted are passed over, never searched for, and a
+    long queue is swept of them: a provider whose slot stays busy holds a bounded queue."""
+    from contemplation.scheduler import SWEEP_AT
+
+    async def go() -> None:
+        busy, free = ModelScheduler(slots=1), ModelScheduler(slots=1)
+        pool = [("busy", busy), ("free", free)]
+        async with busy.slot("m"):  # held all along
+            for _ in range(3 * SWEEP_AT):
+                assert await _take(pool) == "free"
+            assert busy.waiting == 0
+            assert len(busy._queues["m"]) <= SWEEP_AT + 1
+        assert busy.running == free.running == 0
+
+    asyncio.run(go())
