@@ -92,9 +92,8 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
         update={"model": target.model, "options": target.options, "think": target.think}
     )
     prepared = await _prepare(conv, rt, served, usable)
-    planned = await _plan(
-        conv, rt, seen, w, meta=served, prepared=prepared
-    )  # while slots may be busy
+    # the request is built while the slots may still be busy
+    planned = await _plan(conv, rt, seen, w, meta=served, prepared=prepared)
     if planned is None:
         return AGAIN
     pool = [(name, rt.scheduler(name)) for name in usable]
@@ -116,7 +115,7 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
 
 def _pinned(target: Target, session: BackendSession | None) -> Target:
     """A conversation whose history a server holds (an OpenCode session) stays on it."""
-    if session is not None and session.provider in target.providers[1:]:
+    if session is not None and len(target.providers) > 1 and session.provider in target.providers:
         return replace(target, providers=(session.provider,))
     return target
 

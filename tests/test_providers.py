@@ -352,6 +352,8 @@ def test_a_conversation_whose_session_a_provider_holds_stays_on_it(tmp_path: Pat
     target = providers.target(s, "coder", "coder")
     held = BackendSession(backend="opencode", id="ses_1", provider="box2")
     assert _pinned(target, held).providers == ("box2",)
+    first = BackendSession(backend="opencode", id="ses_0", provider="box1")
+    assert _pinned(target, first).providers == ("box1",)
     assert _pinned(target, None).providers == ("box1", "box2")
     gone = BackendSession(backend="opencode", id="ses_2", provider="elsewhere")
     assert _pinned(target, gone).providers == ("box1", "box2")  # not one of its providers
