@@ -69,9 +69,8 @@ def pause(rt: Runtime, on: On, exc: BackendError) -> list[str]:
         rt.stale(on.provider)
     several = len(on.target.providers) > 1
     if exc.retry_after is not None or several:
-        rest = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
-        guard = on.guard
-        guard.server.trip(rt.clock() + min(rest, RETRY_AFTER_CAP))
+        wait_s = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
+        on.guard.server.trip(rt.clock() + min(wait_s, RETRY_AFTER_CAP))
     if not several:
         return []
     return [
