@@ -151,7 +151,7 @@ class Daemon:
         self.tmp = Path(tempfile.mkdtemp(prefix="bench-saturation-"))
         self.home = Home(self.tmp / "home")
         cfg = self.tmp / "config.toml"
-        cfg.write_text(config)
+        cfg.write_text("archive_on_complete = false\n" + config)  # SmolLM2 may say COMPLETE
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("CONTEMPLATION_")},
             "CONTEMPLATION_HOME": str(self.home.root),
@@ -233,7 +233,8 @@ class Daemon:
 def _idle(conv: Conv) -> bool:
     """The reply is committed (its whole-ness is checked from the log after the burst)."""
     state = read_state(conv)
-    return state is not None and state.status is Status.IDLE and state.last_turn is not None
+    done = {Status.IDLE, Status.COMPLETE}  # (a reply may end with COMPLETE)
+    return state is not None and state.status in done and state.last_turn is not None
 
 
 def _provider(name: str, url: str) -> str:
