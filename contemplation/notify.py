@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from contemplation.cursors import blocks_since, segments
 from contemplation.layout import Conv, Home, read_metadata, read_state
 from contemplation.models import BlockKind, ConvEvent, Status
-from contemplation.reading import blocks_since, segments
 from contemplation.settings import NotificationRule
 
 if TYPE_CHECKING:

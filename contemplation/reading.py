@@ -9,14 +9,25 @@ before a reply that is still being streamed, so the next read returns that block
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contemplation import listing, structured
+from contemplation import listing
 from contemplation.conversation import next_action
+from contemplation.cursors import (
+    AGENT_SOURCE,
+    Segment,
+    Since,
+    block_dict,
+    blocks_since,
+    log_text,
+    own,
+    own_block,
+    read_range,
+    segments,
+)
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
@@ -30,14 +41,17 @@ from contemplation.layout import (
     read_state,
     valid_id,
 )
-from contemplation.logformat import MARKER_RE
-from contemplation.logview import LogView, log_segments, parse_segment, segment_inodes
-from contemplation.models import BUSY, Block, MarkerKind
-from contemplation.parser import find_responses, parse
+from contemplation.logview import LogView, parse_segment
+from contemplation.models import BUSY, Block
+from contemplation.parser import find_responses
 from contemplation.waiting import WaitItem
 from contemplation.waiting import items as waiting_items
 
-_HIDDEN_MARKERS = {MarkerKind.THINKING, MarkerKind.END_THINKING}
+__all__ = [  # the cursor space's names, which the faces read here
+    "AGENT_SOURCE", "Reader", "Segment", "Since", "block_dict", "blocks_since", "locate",
+    "log_text", "own", "own_block", "segments",
+]  # fmt: skip
+
 VIEWS_KEPT = 256
 
 
@@ -58,167 +72,7 @@ def locate(home: Home, name: str) -> Conv:
         raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
 
 
-# --------------------------------------------------------------------------- segments
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    path: Path
-    start: int  # cursor of its first byte
-    size: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
-
-
-def segments(conv: Conv) -> list[Segment]:
-    """The files of the log with their place in the cursor space (stable across a rotation)."""
-    for _ in range(20):
-        before = segment_inodes(conv)
-        out: list[Segment] = []
-        start = 0
-        for p in log_segments(conv):
-            try:
-                size = os.stat(p, follow_symlinks=False).st_size
-            except FileNotFoundError:
-                size = 0
-            out.append(Segment(p, start, size))
-            start += size
-        if segment_inodes(conv) == before:
-            return out
-    return out
-
-
-def _read(path: Path, offset: int, size: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(max(0, size - offset))
-    except FileNotFoundError:
-        return b""
-
-
-AGENT_SOURCE = "(source: agent,"  # the line under an agent's own RESPONSE TO NEED
 OWN_SEGMENTS_BACK = 8  # rotated segments searched for the agent's last own message
-
-
-def own(kind: str, response: bool, text: str) -> bool:
-    """A block the agent wrote: a message, or its own answer to a need (a rule's answer is
-    the tool's words, not the agent's, and a cursor must not pass over it)."""
-    if kind != "agent":
-        return False
-    if not response:
-        return True
-    lines = text.split("\n", 2)
-    return len(lines) > 1 and lines[1].startswith(AGENT_SOURCE)
-
-
-def own_block(b: Block) -> bool:
-    return own(b.kind.value, b.response_to is not None, b.text)
-
-
-def block_dict(b: Block, offset: int, *, thinking: bool = False) -> dict[str, Any]:
-    d: dict[str, Any] = {
-        "offset": offset,
-        "from": b.sender,
-        "to": b.recipient,
-        "time": b.timestamp,
-        "kind": b.kind.value,
-        "text": b.text,
-    }
-    if b.needs:
-        d["needs"] = list(b.needs)
-    if b.response_to is not None:
-        d["response_to"] = b.response_to
-    if b.complete:
-        d["complete"] = True
-    if b.interrupted:
-        d["interrupted"] = True
-    matched, value = structured.parsed(b)
-    if matched:
-        d["parsed"] = value  # the reply matched the schema its message asked for
-    marks = [[k.value, t] for k, t in b.markers if k not in _HIDDEN_MARKERS]
-    if marks:
-        d["markers"] = marks
-    if thinking and b.thinking:
-        d["thinking"] = b.thinking
-    return d
-
-
-def _loose_markers(preamble: str, offset: int) -> list[dict[str, Any]]:
-    """System lines that follow the cursor but belong to an earlier block (e.g. an ERROR)."""
-    out: list[dict[str, Any]] = []
-    for line in preamble.splitlines():
-        m = MARKER_RE.match(line.encode())
-        if m and m.group(1) != MarkerKind.CONTINUED.value.encode():
-            text = (m.group(2) or b"").decode("utf-8", errors="replace")
-            out.append(
-                {"offset": offset, "kind": "marker", "marker": m.group(1).decode(), "text": text}
-            )
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Since:
-    blocks: list[dict[str, Any]]
-    cursor: int  # where the next read starts
-    total: int  # bytes of the whole conversation
-    partial: dict[str, Any] | None = None  # a reply still being written (not past the cursor)
-    reset: bool = False  # the cursor was beyond the log (it was replaced or cut): read from 0
-
-
-def blocks_since(
-    conv: Conv,
-    cursor: int,
-    *,
-    agent_label: str = "CLAUDE",
-    writing_at: int | None = None,
-    thinking: bool = False,
-) -> Since:
-    """Whole blocks after ``cursor``. ``writing_at``: offset in the live log where a write is
-    in flight (state.json's intent); a block from there on may still grow."""
-    segs = segments(conv)
-    total = segs[-1].end if segs else 0
-    reset = cursor < 0 or cursor > total
-    if reset:
-        cursor = 0
-    out: list[dict[str, Any]] = []
-    last: Block | None = None
-    for seg in segs:
-        if seg.end <= cursor:
-            continue
-        local = max(0, cursor - seg.start)
-        data = _read(seg.path, local, seg.size)
-        if not data:
-            continue
-        result = (
-            parse_segment(data, agent_label=agent_label)
-            if local == 0
-            else parse(data, agent_label=agent_label)
-        )
-        out.extend(_loose_markers(result.preamble, seg.start + local))
-        for b in result.blocks:
-            start = seg.start + local + b.offset
-            out.append(block_dict(b, start, thinking=thinking))
-            last = b
-    new_cursor = total
-    partial = None
-    growing = (
-        writing_at is not None and segs and out and out[-1]["offset"] >= segs[-1].start + writing_at
-    )
-    if last is not None and out[-1].get("kind") != "marker" and (last.truncated or growing):
-        partial = out.pop()
-        new_cursor = int(partial["offset"])
-    return Since(out, new_cursor, total, partial, reset)
-
-
-def log_text(conv: Conv) -> str:
-    """The whole conversation as text (every segment, oldest first)."""
-    parts: list[bytes] = []
-    for seg in segments(conv):
-        parts.append(_read(seg.path, 0, seg.size))
-    return b"".join(parts).decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------- the reader
@@ -317,7 +171,7 @@ class Reader:
         if live:
             return segs[-1].start + live[-1].offset
         for seg in reversed(segs[:-1][-OWN_SEGMENTS_BACK:]):
-            parsed = parse_segment(_read(seg.path, 0, seg.size), agent_label=label)
+            parsed = parse_segment(read_range(seg.path, 0, seg.size), agent_label=label)
             found = [b for b in parsed.blocks if own_block(b)]
             if found:
                 return seg.start + found[-1].offset
@@ -361,7 +215,7 @@ class Reader:
             view.refresh()
             blocks = view.live.blocks
         else:
-            blocks = parse_segment(_read(seg.path, 0, seg.size), agent_label=label).blocks
+            blocks = parse_segment(read_range(seg.path, 0, seg.size), agent_label=label).blocks
         for b in blocks:
             if b.offset < local < b.end:
                 return b, seg.start + b.offset

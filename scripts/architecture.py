@@ -9,8 +9,8 @@ higher layer is an arrow up). Modules named by prefix; the first match wins:
     0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
                   sdnotify logs plugins
     1 reading     layout logview templates settings conversation reload breaker providers
-                  activity waiting context_kinds index_rows attachments structured (pure: the
-                  templates check their schema with it)
+                  activity waiting context_kinds index_rows attachments cursors structured
+                  (structured is pure: the templates check their schema with it)
     2 writer      writer/
     3 services    tools/ backends/ index_db listing search_index retention
     4 needs       needs/ context summarise prompts budget (what is sent to the model)
@@ -38,7 +38,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
          "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
-         "structured")),
+         "structured", "cursors")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
     (4, ("needs", "context", "summarise", "prompts", "budget")),
