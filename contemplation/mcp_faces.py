@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
@@ -38,6 +39,17 @@ WAIT_DEFAULT = 45.0
 WAIT_CAP = 50.0  # well under Claude Desktop's 60 s cut of a tool call
 POLL = 0.1
 PROGRESS_EVERY = 5.0  # seconds between two progress notifications of conversation_wait
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What bounds the MCP faces (tests and embedders pass smaller figures)."""
+
+    wait_cap: float = WAIT_CAP  # conversation_wait's longest wait
+    progress_every: float = PROGRESS_EVERY  # between two progress notifications
+    max_subscriptions: int = 64  # per session (resources/subscribe) and per listen stream
+    max_watched: int = 256  # resources watched at once, over all sessions
+    max_listen_streams: int = 32  # open subscriptions/listen streams
 
 LIST_FILTERS = ("active", "all", "archived", *(s.value for s in Status))
 EMPTY_HINT = "The conversation is empty: send the first message with conversation_respond."
@@ -73,8 +85,9 @@ def _log_size(conv: Conv) -> int:
 class Faces:
     """The tool bodies, kept apart from the SDK so they are plain, testable functions."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, limits: Limits | None = None) -> None:
         self.settings = settings
+        self.limits = limits or Limits()
         self.home = Home(settings.home)
         self.reader = Reader(self.home)
         self.lock = threading.RLock()  # sync tools run in worker threads; the caches are shared
@@ -270,9 +283,9 @@ class Faces:
         max_bytes: int = paging.PAGE_BYTES,
     ) -> dict[str, Any]:
         """Until the model has replied (after ``since``) or the conversation is settled, or
-        the time is up; ``progress`` is told what is happening every PROGRESS_EVERY seconds
+        the time is up; ``progress`` is told what is happening every ``progress_every`` s
         (MCP progress notifications: a client shows them, and its idle clock starts again)."""
-        budget = min(max(float(timeout_s), 0.0), WAIT_CAP)
+        budget = min(max(float(timeout_s), 0.0), self.limits.wait_cap)
         start = time.monotonic()
         deadline = start + budget
         conv = self.reader.locate(conversation_id)
@@ -291,7 +304,7 @@ class Faces:
             if now >= deadline:
                 timed_out = True
                 break
-            if progress is not None and now - told >= PROGRESS_EVERY:
+            if progress is not None and now - told >= self.limits.progress_every:
                 told = now
                 line = self.check(conv.id, since).get("activity", "")
                 await progress(now - start, budget, str(line))

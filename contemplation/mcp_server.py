@@ -41,6 +41,7 @@ from contemplation.mcp_faces import (
     WAIT_CAP,
     WAIT_DEFAULT,
     Faces,
+    Limits,
     _json,
 )
 from contemplation.mcp_subscriptions import Subscriptions
@@ -138,8 +139,8 @@ def _resources_of(row: dict[str, Any]) -> tuple[MCPResource, MCPResource]:
 class ContemplationServer(MCPServer[Any]):
     """The SDK's server with the conversations listed as resources, and the subscriptions."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.faces = Faces(settings)
+    def __init__(self, settings: Settings, limits: Limits | None = None) -> None:
+        self.faces = Faces(settings, limits)
         self.subs = Subscriptions(self.faces)
         subs = self.subs
 
@@ -167,8 +168,9 @@ class ContemplationServer(MCPServer[Any]):
         return [*await super().list_resources(), *extra]
 
 
-def build_server(settings: Settings) -> ContemplationServer:
-    server = ContemplationServer(settings)
+def build_server(settings: Settings, limits: Limits | None = None) -> ContemplationServer:
+    """The MCP server over ``settings``; ``limits`` bound its waits and subscriptions."""
+    server = ContemplationServer(settings, limits)
     _register_tools(server, server.faces, settings)
     _register_resources(server, server.faces)
     return server

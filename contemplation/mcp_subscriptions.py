@@ -41,9 +41,6 @@ from contemplation.writer import daemon_alive
 
 WATCH_EVERY = 0.25  # seconds between two looks at the subscribed resources
 RECOMPUTE_EVERY = 5.0  # a watched status is recomputed at least this often
-MAX_WATCHED = 256  # resources watched at once, over all sessions
-MAX_SUBSCRIPTIONS = 64  # per session (resources/subscribe) and per listen stream
-MAX_LISTEN_STREAMS = 32  # open subscriptions/listen streams
 LISTEN_BACKLOG = 256  # events a listen stream may hold unread before the SDK ends it
 SEND_TIMEOUT = 5.0  # a notification a session cannot take in this long is dropped
 
@@ -95,7 +92,9 @@ class Subscriptions:
         self.faces = faces
         self.bus = InMemorySubscriptionBus()
         self.listener = ListenHandler(
-            self.bus, max_subscriptions=MAX_LISTEN_STREAMS, max_buffered_events=LISTEN_BACKLOG
+            self.bus,
+            max_subscriptions=faces.limits.max_listen_streams,
+            max_buffered_events=LISTEN_BACKLOG,
         )
         self.watches: dict[str, _Watch] = {}
         self.peers: dict[int, _Peer] = {}
@@ -121,10 +120,11 @@ class Subscriptions:
             conv, kind = self._resolve(uri)
             watch = _Watch(uri, conv, kind)
             watch.conv, watch.gate, watch.value = await anyio.to_thread.run_sync(self._look, watch)
-            if uri not in self.watches and len(self.watches) >= MAX_WATCHED:  # after the await
+            watched = self.faces.limits.max_watched
+            if uri not in self.watches and len(self.watches) >= watched:  # after the await
                 raise MCPError(
                     INVALID_REQUEST,
-                    f"this server watches at most {MAX_WATCHED} resources at once; "
+                    f"this server watches at most {watched} resources at once; "
                     "unsubscribe from some first",
                 )
             self.watches.setdefault(uri, watch)
@@ -224,10 +224,10 @@ class Subscriptions:
         uri = str(params.uri)
         if uri not in peer.uris:
             self._resolve(uri)  # a bad resource is said to be bad before any limit
-            if len(peer.uris) >= MAX_SUBSCRIPTIONS:
+            if len(peer.uris) >= (most := self.faces.limits.max_subscriptions):
                 raise MCPError(
                     INVALID_REQUEST,
-                    f"at most {MAX_SUBSCRIPTIONS} subscriptions per session; "
+                    f"at most {most} subscriptions per session; "
                     "unsubscribe from one first",
                 )
             await self.hold(uri)
@@ -249,9 +249,9 @@ class Subscriptions:
     ) -> SubscriptionsListenResult:
         """The SDK's listen handler, with the stream's resources watched while it is open."""
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
-        if len(uris) > MAX_SUBSCRIPTIONS:
+        if len(uris) > (most := self.faces.limits.max_subscriptions):
             raise MCPError(
-                INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} resources per listen stream"
+                INVALID_PARAMS, f"at most {most} resources per listen stream"
             )
         held: list[str] = []
         try:

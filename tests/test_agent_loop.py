@@ -188,18 +188,16 @@ def test_every_face_lists_both_kinds_with_the_command(
     assert check["blocks"][1]["response_to"] == needs[1]
 
 
-def test_wait_reports_progress_while_the_model_works(
-    home: Home, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_wait_reports_progress_while_the_model_works(home: Home) -> None:
     """conversation_wait sends progress notifications (to the caller's progressToken) with
     what is happening, and returns under its cap with the cursor to go on."""
     from mcp import Client
 
-    from contemplation import mcp_faces, mcp_server
+    from contemplation import mcp_server
+    from contemplation.mcp_faces import Limits
     from contemplation.writer import DaemonLock
 
-    monkeypatch.setattr(mcp_faces, "PROGRESS_EVERY", 0.2)
-    monkeypatch.setattr(mcp_faces, "WAIT_CAP", 1.2)
+    limits = Limits(progress_every=0.2, wait_cap=1.2)
     settings = settings_mod.load(home=home.root, env={}, config=None)
     lock = DaemonLock(home)  # a daemon that holds the lock but never takes the message
     lock.acquire()
@@ -209,7 +207,7 @@ def test_wait_reports_progress_while_the_model_works(
         seen.append((done, total, message))
 
     async def session() -> dict[str, Any]:
-        async with Client(mcp_server.build_server(settings)) as c:
+        async with Client(mcp_server.build_server(settings, limits)) as c:
             started = await c.call_tool(
                 "conversation_start", {"topic": "p", "initial_prompt": "hello"}
             )

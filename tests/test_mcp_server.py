@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -51,11 +50,13 @@ def settings_for(home: Home) -> Settings:
     return settings_mod.load(home=home.root, env={}, config=None)
 
 
-def run_calls(settings: Settings, script: Callable[[Client], Any]) -> Any:
+def run_calls(
+    settings: Settings, script: Callable[[Client], Any], limits: mcp_faces.Limits | None = None
+) -> Any:
     """Run ``script(client)`` against an in-process server."""
 
     async def main() -> Any:
-        async with Client(mcp_server.build_server(settings)) as client:
+        async with Client(mcp_server.build_server(settings, limits)) as client:
             return await script(client)
 
     return asyncio.run(main())
@@ -262,9 +263,7 @@ def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -
     assert "empty" in empty
 
 
-def test_wait_is_capped_and_never_waits_without_a_daemon(
-    home: Home, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_wait_is_capped_and_never_waits_without_a_daemon(home: Home) -> None:
     settings = settings_for(home)
 
     async def start(c: Client) -> dict[str, Any]:
@@ -279,11 +278,10 @@ def test_wait_is_capped_and_never_waits_without_a_daemon(
 
     took, out = run_calls(settings, wait)
     assert took < 2 and out["daemon_alive"] is False and out["timed_out"] is False
-    monkeypatch.setattr(mcp_faces, "WAIT_CAP", 0.6)
     lock = DaemonLock(home)  # a daemon that holds the lock but never answers
     lock.acquire()
     try:
-        took, out = run_calls(settings, wait)
+        took, out = run_calls(settings, wait, mcp_faces.Limits(wait_cap=0.6))
     finally:
         lock.release()
     assert 0.5 <= took < 3, took

@@ -19,9 +19,10 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from contemplation import mcp_server, mcp_subscriptions
+from contemplation import mcp_server
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home
+from contemplation.mcp_faces import Limits
 from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation, open_writer
@@ -171,13 +172,10 @@ def test_a_session_that_ends_takes_its_subscriptions_and_others_keep_theirs(home
     assert server.subs.watches == {} and server.subs.peers == {}
 
 
-def test_subscription_limits_and_bad_resources_are_clear_errors(
-    home: Home, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_subscription_limits_and_bad_resources_are_clear_errors(home: Home) -> None:
     convs = [a_conversation(home, f"c{i}") for i in range(3)]
-    monkeypatch.setattr(mcp_subscriptions, "MAX_SUBSCRIPTIONS", 2)
-    monkeypatch.setattr(mcp_subscriptions, "MAX_WATCHED", 3)
-    server = mcp_server.build_server(settings_for(home))
+    limits = Limits(max_subscriptions=2, max_watched=3)
+    server = mcp_server.build_server(settings_for(home), limits)
     logs = [uris(c)[0] for c in convs]
     statuses = [uris(c)[1] for c in convs]
 
@@ -242,11 +240,10 @@ def test_listen_stream_gets_updates_follows_an_archive_and_lets_go_on_close(home
     assert left == 0
 
 
-def test_listen_limits(home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listen_limits(home: Home) -> None:
     conv = a_conversation(home)
-    monkeypatch.setattr(mcp_subscriptions, "MAX_SUBSCRIPTIONS", 1)
-    monkeypatch.setattr(mcp_subscriptions, "MAX_LISTEN_STREAMS", 1)
-    server = mcp_server.build_server(settings_for(home))
+    limits = Limits(max_subscriptions=1, max_listen_streams=1)
+    server = mcp_server.build_server(settings_for(home), limits)
 
     async def main() -> list[str]:
         errors: list[str] = []
