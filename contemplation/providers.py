@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contemplation.settings import (
-    BUILT_IN_KINDS,
     AliasSettings,
     AnyProvider,
     LocalProvider,
@@ -41,7 +40,7 @@ class Target:
     think: bool | str | None = None
 
 
-def alias_of(settings: Settings, backend: str, model: str) -> tuple[str, AliasSettings] | None:
+def _alias_of(settings: Settings, backend: str, model: str) -> tuple[str, AliasSettings] | None:
     """The alias a conversation names: its backend (``--backend coder``), else its model."""
     for name in (backend, model):
         found = settings.aliases.get(name)
@@ -62,7 +61,7 @@ def target(
     the backend is the alias (``new --model coder`` records that); an alias named only as
     the model (``--backend box1 --model coder``) lends its model, options and think to the
     provider named."""
-    found = alias_of(settings, backend, model)
+    found = _alias_of(settings, backend, model)
     if found is None:
         return Target((backend,), model, options=dict(options or {}), think=think)
     name, alias = found
@@ -92,8 +91,3 @@ def config(settings: Settings, name: str) -> AnyProvider:
     if name == "local":
         return LocalProvider(kind="local", **settings.local.model_dump())
     return PluginProvider(kind=name)
-
-
-def names(settings: Settings) -> list[str]:
-    """Every provider the settings name: the built-in kinds' own and ``[providers.*]``."""
-    return list(dict.fromkeys([*BUILT_IN_KINDS, *settings.providers]))

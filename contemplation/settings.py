@@ -811,7 +811,3 @@ def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
     auth = (parts.username or "", parts.password or "") if parts.username else None
     url = urlunsplit((scheme, f"{host}:{port}", parts.path.rstrip("/"), "", ""))
     return url, auth
-
-
-def ollama_base(settings: Settings) -> tuple[str, tuple[str, str] | None]:
-    return parse_ollama_host(settings.ollama.host)

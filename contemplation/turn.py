@@ -202,7 +202,6 @@ async def _plan(
         template=tpl,
         needs=_offered(rt, meta),
         spec=spec,
-        constrains=prepared.constrains,
         prepared=prepared,
         session=w.state.backend_session,
         ratio=rt.calibration.ratio(meta.model),
@@ -222,7 +221,6 @@ def _fitted(
     session: BackendSession | None,
     ratio: float,
     spec: structured.Spec | None = None,
-    constrains: bool = False,
 ) -> budget.Plan:
     """The request built from ``blocks`` and fitted to the window (pure: runs on a thread).
     A reply held to a schema (``spec``) is offered no NEED lines and no tools."""
@@ -239,7 +237,7 @@ def _fitted(
         request, tools=() if spec else prepared.tools, think=prepared.think, session=session
     )
     if spec is not None:
-        request = structured.shape(request, spec, constrains=constrains)
+        request = structured.shape(request, spec, constrains=prepared.constrains)
     window = _window(request, prepared.window)
     reserve = budget.reply_reserve(window, request.options)
     return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)

@@ -61,7 +61,7 @@ def test_ollama_host_forms(value: str | None, url: str, auth: tuple[str, str] | 
 
 def test_ollama_host_env_reaches_settings() -> None:
     s = S.load(env={"OLLAMA_HOST": "box:7000"}, config=None)
-    assert S.ollama_base(s) == ("http://box:7000", None)
+    assert S.parse_ollama_host(s.ollama.host) == ("http://box:7000", None)
 
 
 @pytest.mark.parametrize(
