@@ -126,9 +126,13 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     for where, why in refused_folders(home):
         add("folders", True, f"{where} is not taken: {why}", warn=True)
     from contemplation import context_kinds
+    from contemplation.dashboard import panels
     from contemplation.tools import registry
 
-    failed = (*backends.failures(), *registry.failures(), *context_kinds.failures())
+    failed = (
+        *backends.failures(), *registry.failures(), *context_kinds.failures(),
+        *panels.failures(),
+    )  # fmt: skip
     for where, why in failed:  # it starts without them
         add("plugin", False, f"{where} was not loaded: {why}")
     add(

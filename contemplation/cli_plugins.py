@@ -2,7 +2,7 @@
 
     contemplation plugins [--json]
 
-Lists every backend family, NEED tool kind and context requirement kind with the
+Lists every backend kind, NEED tool kind, context requirement kind and dashboard panel with the
 distribution it comes from (``built in`` for the package's own, else the plugin's; for a
 tool, the rules it offers too); then
 each plugin that could not be loaded, with why (exit 1 when there is one).
@@ -23,12 +23,14 @@ from contemplation.terminal import safe
 @click.command()
 @json_option(
     'Print {"backends": [{name, from}], "tools": [{name, from, argument, rules, description}], '
-    '"context": [{name, from, label, description}], "failed": [{plugin, error}]}.'
+    '"context": [{name, from, label, description}], "panels": [{name, from, title}], '
+    '"failed": [{plugin, error}]}.'
 )
 def plugins(as_json: bool) -> None:
     """The backends, NEED tools and context kinds, built in and from plugins, and the plugins
     that failed to load."""
     from contemplation import backends, context_kinds
+    from contemplation.dashboard import panels as dashboard_panels
     from contemplation.plugins import BUILT_IN
     from contemplation.tools import registry
 
@@ -51,10 +53,18 @@ def plugins(as_json: bool) -> None:
          "description": k.description}
         for k in context_kinds.kinds().values()
     ]  # fmt: skip
+    panel_from = dashboard_panels.origins()
+    panels = [
+        {"name": p.name, "from": panel_from[p.name], "title": p.title}
+        for p in dashboard_panels.kinds().values()
+    ]
     failed = [
         {"plugin": where, "error": why}
-        for where, why in (*backends.failures(), *registry.failures(), *context_kinds.failures())
-    ]
+        for where, why in (
+            *backends.failures(), *registry.failures(), *context_kinds.failures(),
+            *dashboard_panels.failures(),
+        )
+    ]  # fmt: skip
     human = show.table([(f["name"], f["from"]) for f in families], ("BACKEND", "FROM"))
     rows = [
         (k.name, origins.get(k.name, BUILT_IN), ", ".join(r.name for r in k.rules) or "-",
@@ -66,9 +76,18 @@ def plugins(as_json: bool) -> None:
         [(c["name"], c["from"], c["label"], c["description"]) for c in context],
         ("CONTEXT", "FROM", "SECTION", "WHAT"),
     )
+    human += "\n\n" + show.table(
+        [(p["name"], p["from"], p["title"]) for p in panels], ("PANEL", "FROM", "TITLE")
+    )
     human += "".join(f"\nFAILED {f['plugin']}: {f['error']}" for f in failed)
     emit(
-        {"backends": families, "tools": tools, "context": context, "failed": failed},
+        {
+            "backends": families,
+            "tools": tools,
+            "context": context,
+            "panels": panels,
+            "failed": failed,
+        },
         as_json,
         safe(human),
     )

@@ -32,8 +32,9 @@ N = TypeVar("N", bound=Named)
 
 class Registry(Generic[N]):
     """The kinds of one sort by name: the built-ins (``builtins`` registers them) then the
-    plugins of entry point ``group``, both through :meth:`register`, read on first use.
-    ``adopt`` checks or adapts a kind before it is kept (given its origin)."""
+    plugins of entry point ``group``, both through :meth:`register`, each read on first use
+    (a name a built-in has never reads the entry points). ``adopt`` checks or adapts a kind
+    before it is kept (given its origin)."""
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class Registry(Generic[N]):
         self._kinds: dict[str, N] = {}
         self._origins: dict[str, str] = {}  # kind name -> the distribution that registered it
         self._failed: list[Failure] = []
+        self._read: set[str] = set()  # "builtins", "plugins": what has been read
 
     def register(self, kind: N, origin: str = BUILT_IN) -> None:
         """Add a kind (a second one of the same name is refused: names are what the
@@ -58,11 +60,28 @@ class Registry(Generic[N]):
         self._kinds[kind.name] = self._adopt(kind, origin)
         self._origins[kind.name] = origin
 
+    def replace(self, kind: N) -> None:
+        """Put ``kind`` in place of any of its name (tests, and in-process fakes)."""
+        self._read_builtins()
+        self._kinds.pop(kind.name, None)
+        self.register(kind, "in process")
+
+    def forget(self, name: str) -> None:
+        """Take the kind ``name`` out (tests: what they put in place)."""
+        self._kinds.pop(name, None)
+        self._origins.pop(name, None)
+
+    def get(self, name: str) -> N | None:
+        """The kind ``name``: the built-ins first, the entry points only when none has it."""
+        self._read_builtins()
+        if name not in self._kinds:
+            self._read_plugins()
+        return self._kinds.get(name)
+
     def kinds(self) -> dict[str, N]:
         """Every kind by name, in the order they were registered."""
-        if not self._kinds:
-            self._builtins()
-            self._failed.extend(load(self.group, self.kind, self.register))
+        self._read_builtins()
+        self._read_plugins()
         return dict(self._kinds)
 
     def origins(self) -> dict[str, str]:
@@ -74,6 +93,16 @@ class Registry(Generic[N]):
         """The plugins that could not be loaded: (entry point and distribution, why)."""
         self.kinds()
         return list(self._failed)
+
+    def _read_builtins(self) -> None:
+        if "builtins" not in self._read:
+            self._read.add("builtins")
+            self._builtins()
+
+    def _read_plugins(self) -> None:
+        if "plugins" not in self._read:
+            self._read.add("plugins")
+            self._failed.extend(load(self.group, self.kind, self.register))
 
 
 def load(group: str, kind: type[K], register: Callable[[K, str], None]) -> list[Failure]:

@@ -13,18 +13,12 @@ Pure: settings in, a :class:`Target` out. Nothing here talks to a server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from contemplation.settings import (
-    AliasSettings,
-    AnyProvider,
-    LocalProvider,
-    OllamaProvider,
-    OpenAIProvider,
-    OpenCodeProvider,
-    PluginProvider,
-    Settings,
-)
+from contemplation.settings import AliasSettings, Settings
+
+# the sections written before providers existed: each is the provider of its name and kind
+SECTIONS = ("ollama", "openai", "opencode", "local")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +70,21 @@ def target(
     )
 
 
-def config(settings: Settings, name: str) -> AnyProvider:
-    """The settings of the provider ``name``: ``[providers.<name>]``, else the old section of
-    that kind, else a plugin kind of that name with its ``[plugins.<name>]`` keys."""
+class Table(NamedTuple):
+    """A provider's kind and its own keys as written (its kind's model checks them), and
+    where they are in the settings (``("providers", "box1")``), for errors."""
+
+    kind: str
+    raw: dict[str, Any]
+    at: tuple[str, ...]
+
+
+def table(settings: Settings, name: str) -> Table:
+    """The settings of the provider ``name``: ``[providers.<name>]``, else the old section
+    of that name (``[ollama]``), else a kind named directly with its ``[plugins.<name>]``."""
     found = settings.providers.get(name)
     if found is not None:
-        return found
-    if name == "ollama":
-        return OllamaProvider(kind="ollama", **settings.ollama.model_dump())
-    if name == "openai":
-        return OpenAIProvider(kind="openai", **settings.openai.model_dump())
-    if name == "opencode":
-        return OpenCodeProvider(kind="opencode", **settings.opencode.model_dump())
-    if name == "local":
-        return LocalProvider(kind="local", **settings.local.model_dump())
-    return PluginProvider(kind=name)
+        return Table(found.kind, found.own(), ("providers", name))
+    if name in SECTIONS:
+        return Table(name, dict(getattr(settings, name)), (name,))
+    return Table(name, dict(settings.plugins.get(name, {})), ("plugins", name))

@@ -78,8 +78,7 @@ def _section(settings: Settings, name: str) -> Any:
             "alias": alias.model_dump(mode="json"),
             "providers": {p: _section(settings, p) for p in alias.providers},
         }
-    section = providers.config(settings, name).model_dump(mode="json")
-    return {**section, "plugin": settings.plugins.get(name)}
+    return providers.table(settings, name)
 
 
 def names(old: Settings, new: Settings, families: list[str]) -> list[str]:

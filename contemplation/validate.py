@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import ipaddress
 
-from contemplation import backends, context_kinds
+from contemplation import backends, context_kinds, providers
 from contemplation.errors import ConfigError, NotFound
 from contemplation.layout import Home
 from contemplation.needs.router import NeedRouter
-from contemplation.settings import PluginProvider, Settings, check_plugin_names
+from contemplation.settings import Settings, check_kinds
 from contemplation.templates import Template, load_template, template_dirs
 
 
@@ -71,15 +71,13 @@ def check_template(tpl: Template, settings: Settings | None = None) -> None:
 def validate(settings: Settings) -> NeedRouter:
     """Raise :class:`ConfigError` (one line: key and source) on the first bad value; returns
     the checked need router, ready for the daemon to use."""
-    check_plugin_names(settings, backends.known, backends.available())
+    check_kinds(settings, backends.known, backends.available())
     _backend_name(settings, "default_backend", settings.default_backend)
     for name in settings.fallback:
         _backend_name(settings, "fallback", name)
-    for name in settings.plugins:  # each plugin's own section, checked by its own model
-        backends.own_settings(name, settings)
-    for name, p in settings.providers.items():  # a plugin kind's provider: the same check
-        if isinstance(p, PluginProvider):
-            backends.own_settings(p.kind, settings, dict(p.model_extra or {}), name)
+    # every provider's table, each checked by its kind's own model (built-in or plugin)
+    for name in (*settings.providers, *providers.SECTIONS, *settings.plugins):
+        backends.config(settings, name)
     _dashboard_host(settings)
     router = NeedRouter(settings)  # the [[routes]] table and the search tool
     home = Home(settings.home)

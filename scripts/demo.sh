@@ -10,7 +10,7 @@ bash scripts/setup.sh --main
 . .venv/bin/activate
 
 export CONTEMPLATION_HOME=${CONTEMPLATION_HOME:-$(mktemp -d)/contemplation}
-host=$(python -c 'from contemplation.settings import parse_ollama_host as p; import os; print(p(os.environ.get("OLLAMA_HOST"))[0])')
+host=$(python -c 'from contemplation.backends.ollama import parse_ollama_host as p; import os; print(p(os.environ.get("OLLAMA_HOST"))[0])')
 backend=local
 model=${DEMO_MODEL:-}
 if curl -fsS --max-time 2 "$host/api/tags" >/tmp/contemplation-demo-tags.json 2>/dev/null; then

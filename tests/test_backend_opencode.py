@@ -11,12 +11,19 @@ import httpx
 import pytest
 import structlog
 
-from contemplation.backends.opencode import OpenCodeBackend, digest, flatten, new_messages
+from contemplation.backends.opencode import (
+    OPENCODE_TOOLS,
+    OpenCodeBackend,
+    OpenCodeTimeouts,
+    digest,
+    flatten,
+    new_messages,
+)
 from contemplation.errors import BackendError, ContextOverflow
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, State, StreamEvent
 from contemplation.pipeline import Runtime, process
-from contemplation.settings import OPENCODE_TOOLS, OpenCodeTimeouts, Settings
+from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.tracking import Tracked
 from contemplation.writer import archive, drop_message, new_conversation

@@ -250,14 +250,9 @@ def test_capabilities_and_close_go_through_the_chain() -> None:
     assert a.closed and b.closed
 
 
-def test_check_all_covers_the_default_backend_and_its_fallbacks(
-    make: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    factories = backends._FACTORIES
-    monkeypatch.setitem(factories, "scripted_ok", lambda s, name, sec: _Scripted("scripted_ok"))
-    monkeypatch.setitem(
-        factories, "scripted_down", lambda s, name, sec: _Scripted("scripted_down", error=DOWN)
-    )
+def test_check_all_covers_the_default_backend_and_its_fallbacks(make: Any) -> None:
+    backends.register("scripted_ok", lambda s: _Scripted("scripted_ok"))
+    backends.register("scripted_down", lambda s: _Scripted("scripted_down", error=DOWN))
     s = make(default_backend="scripted_ok", fallback=["scripted_down"])
     checks = asyncio.run(backends.check_all(s, extra=["nosuch"]))
     assert [(c.name, c.ok) for c in checks] == [

@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from contemplation import settings as settings_mod
-from contemplation.dashboard import dashboard_link, ensure_token, read_token
+from contemplation.dashboard import dashboard_link, ensure_token, panels, read_token
 from contemplation.dashboard.app import Dashboard
 from contemplation.dashboard.live import percentile
 from contemplation.dashboard.security import CSP
@@ -199,6 +199,39 @@ def test_respond_to_a_need_through_the_api(home: Home, client: TestClient) -> No
     assert client.get(f"/api/conversations/{conv.id}").json()["pending_needs"] == ["the schema"]
     bad = client.post(url, content=json.dumps({"text": "x", "need": "nope"}), headers=auth())
     assert bad.status_code == 422 and "is 'nope'; waiting: " in bad.json()["error"]
+
+
+def test_a_panel_is_one_registration_and_its_rows_stay_text_and_bounded(
+    home: Home, client: TestClient
+) -> None:
+    """A panel added in Python alone reaches /api/panels (the page draws every panel it
+    lists); a long or hostile row is cut and stays text; a panel that raises is one row."""
+    make_conv(home)
+
+    def queue(seen: panels.Seen) -> list[tuple[str, str]]:
+        n = len(list(seen.home.active.iterdir()))
+        return [("active folders", str(n)), (XSS, "x" * 10_000)] + [("row", "r")] * 500
+
+    def broken(seen: panels.Seen) -> list[tuple[str, str]]:
+        raise RuntimeError("the disk went away")
+
+    panels.KINDS.replace(panels.Panel("queue", "the queue", queue))
+    panels.KINDS.replace(panels.Panel("broken", "broken", broken))
+    try:
+        shown = {p["name"]: p for p in client.get("/api/panels").json()["panels"]}
+    finally:
+        panels.KINDS.forget("queue")
+        panels.KINDS.forget("broken")
+    assert next(iter(shown)) == "metrics"  # the built-in first, then in registration order
+    metrics = dict(shown["metrics"]["rows"])
+    assert metrics["conversations"] == "1" and metrics["turns (all time)"] == "1"
+    rows = shown["queue"]["rows"]
+    assert shown["queue"]["title"] == "the queue" and rows[0] == ["active folders", "1"]
+    assert rows[1][0] == XSS and len(rows[1][1]) == panels.MAX_TEXT  # text; the page escapes it
+    assert len(rows) == panels.MAX_ROWS
+    assert shown["broken"]["rows"] == [["unavailable", "RuntimeError: the disk went away"]]
+    with pytest.raises(ValueError, match="lower-case word"):
+        panels.register(panels.Panel("Bad Name", "x", queue))
 
 
 def test_metrics_percentiles() -> None:

@@ -229,9 +229,9 @@ def test_a_line_without_a_newline_is_bounded_and_fails_the_turn(
 def test_a_reply_that_drips_cannot_hold_the_slot_for_long(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., object]
 ) -> None:
-    from contemplation.settings import Settings as S
+    from contemplation.backends.ollama import OllamaSettings
 
-    assert S().ollama.timeouts.total <= 1800  # the default is well under an hour
+    assert OllamaSettings().timeouts.total <= 1800  # the default is well under an hour
     env = base_env(
         home,
         fake_ollama,

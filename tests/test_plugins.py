@@ -128,7 +128,7 @@ def test_a_conversation_through_the_plugin_backend_and_tool(
     assert listed[0]["models"][0]["context_length"] == 32_768
     config.write_text('[plugins.echo]\nprefx = "Echo: "\n')
     bad = cli(env, "doctor", check=False)
-    assert bad.returncode == 1 and "[plugins.echo] prefx in" in bad.stdout + bad.stderr
+    assert bad.returncode == 1 and "invalid setting plugins.echo.prefx in" in bad.stdout + bad.stderr
     config.write_text("[plugins.nothing]\nx = 1\n")
     worse = cli(env, "run", "--once", check=False, timeout=30)
     assert worse.returncode != 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from contemplation import providers
+from contemplation import backends, providers
 from contemplation.backends import make as make_backend
 from contemplation.backends.base import KnowsLimits, Slots
 from contemplation.errors import ConfigError
@@ -71,13 +71,15 @@ def test_providers_and_aliases_load_from_the_file_and_the_environment(tmp_path: 
     }
     s = _load(tmp_path, CONFIG, env)
     assert set(s.providers) == {"laptop", "box1", "box2", "box3"}
-    assert s.providers["box1"].concurrency == "auto"  # the default: ask the server
-    assert s.providers["box2"].concurrency == 4
+    assert backends.config(s, "box1")[1].concurrency == "auto"  # the default: ask the server
+    assert backends.config(s, "box2")[1].concurrency == 4
     assert s.providers["box3"].kind == "openai"
+    assert backends.config(s, "box3")[1].url == "http://10.0.0.7:8080/v1"
     assert s.aliases["coder"].providers == ["box1", "box2"]
     # the old sections are the providers of their names
-    assert providers.config(s, "ollama").kind == "ollama"
-    assert providers.config(s, "box1").kind == "openai"
+    assert providers.table(s, "ollama").kind == "ollama"
+    assert backends.config(s, "ollama")[0].name == "ollama"
+    assert providers.table(s, "box1").kind == "openai"
 
 
 @pytest.mark.parametrize(

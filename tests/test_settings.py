@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from contemplation import backends, providers
 from contemplation import settings as S
+from contemplation.backends.ollama import parse_ollama_host
 from contemplation.errors import ConfigError
 from contemplation.layout import Home
 from tests.conftest import base_env, cli
+
+
+def own(s: S.Settings, name: str) -> Any:
+    """A provider's own settings, as its kind's model reads them."""
+    return backends.config(s, name)[1]
+
+
+def checked(**kw: Any) -> S.Settings:
+    """Settings loaded and every section's table checked by its kind (as start and doctor do)."""
+    s = S.load(**kw)
+    for name in providers.SECTIONS:
+        backends.config(s, name)
+    return s
 
 
 def test_file_then_env_then_flags(tmp_path: Path) -> None:
@@ -22,7 +38,7 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
         home=tmp_path / "h",
     )
     assert s.default_model == "from-flag"
-    assert s.ollama.num_ctx == 16384
+    assert own(s, "ollama").num_ctx == 16384
     assert s.rescan_interval == 9
     assert s.home == (tmp_path / "h").absolute()
 
@@ -56,12 +72,12 @@ def test_home_precedence(tmp_path: Path) -> None:
     ],
 )
 def test_ollama_host_forms(value: str | None, url: str, auth: tuple[str, str] | None) -> None:
-    assert S.parse_ollama_host(value) == (url, auth)
+    assert parse_ollama_host(value) == (url, auth)
 
 
 def test_ollama_host_env_reaches_settings() -> None:
     s = S.load(env={"OLLAMA_HOST": "box:7000"}, config=None)
-    assert S.parse_ollama_host(s.ollama.host) == ("http://box:7000", None)
+    assert parse_ollama_host(own(s, "ollama").host) == ("http://box:7000", None)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +93,7 @@ def test_invalid_config_names_key_and_file(tmp_path: Path, text: str, needle: st
     cfg = tmp_path / "bad.toml"
     cfg.write_text(text)
     with pytest.raises(ConfigError) as info:
-        S.load(config=cfg, env={})
+        checked(config=cfg, env={})
     assert needle in str(info.value) and str(cfg) in str(info.value)
 
 
@@ -87,12 +103,20 @@ def test_bad_env_value_is_named() -> None:
 
 
 def test_cli_bad_config_is_one_line_and_nonzero(tmp_path: Path, home: Home) -> None:
+    """A bad value of the settings' own is refused by every command; a provider's table
+    (here [ollama]) is its kind's to check, where it is used: start, reload, doctor, models."""
     cfg = tmp_path / "bad.toml"
-    cfg.write_text("[ollama]\nnum_ctx = 'big'\n")
+    cfg.write_text("rescan_interval = 'soon'\n")
     proc = cli(base_env(home), "--config", str(cfg), "list", check=False)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert "ollama.num_ctx" in proc.stderr and str(cfg) in proc.stderr
+    assert "rescan_interval" in proc.stderr and str(cfg) in proc.stderr
+
+    cfg.write_text("[ollama]\nnum_ctx = 'big'\n")
+    proc = cli(base_env(home), "--config", str(cfg), "doctor", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("FAIL config") and "ollama.num_ctx" in first and str(cfg) in first
 
 
 # ---------------------------------------------------------------- the sources (pydantic-settings)
@@ -100,9 +124,9 @@ def test_cli_bad_config_is_one_line_and_nonzero(tmp_path: Path, home: Home) -> N
 
 def test_nested_env_two_levels_deep() -> None:
     s = S.load(env={"CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL": "5"}, config=None)
-    assert s.ollama.timeouts.total == 5
-    assert s.ollama.timeouts.idle == S.TimeoutSettings().idle  # the rest of the table: defaults
-    assert s.openai.timeouts.total == S.TimeoutSettings().total  # other sections untouched
+    assert own(s, "ollama").timeouts.total == 5
+    assert own(s, "ollama").timeouts.idle == S.TimeoutSettings().idle  # the rest of the table: defaults
+    assert own(s, "openai").timeouts.total == S.TimeoutSettings().total  # other sections untouched
     assert s.source("ollama.timeouts.total") == (
         "the environment (CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL)"
     )
@@ -119,8 +143,8 @@ def test_env_merges_with_the_file_key_by_key(tmp_path: Path) -> None:
             "CONTEMPLATION_OLLAMA__TIMEOUTS__TOTAL": "5",
         },
     )
-    assert (s.ollama.keep_alive, s.ollama.num_ctx) == ("1h", 16384)
-    assert (s.ollama.timeouts.idle, s.ollama.timeouts.total) == (7, 5)
+    assert (own(s, "ollama").keep_alive, own(s, "ollama").num_ctx) == ("1h", 16384)
+    assert (own(s, "ollama").timeouts.idle, own(s, "ollama").timeouts.total) == (7, 5)
     assert s.source("ollama.keep_alive") == str(cfg)
     assert s.source("ollama.timeouts.idle") == str(cfg)
     assert s.source("ollama.num_ctx") == "the environment (CONTEMPLATION_OLLAMA__NUM_CTX)"
@@ -136,7 +160,7 @@ def test_env_tables_and_lists_as_json_or_plain() -> None:
         },
         config=None,
     )
-    assert s.ollama.num_ctx == 1024
+    assert own(s, "ollama").num_ctx == 1024
     assert s.source("ollama.num_ctx") == "the environment (CONTEMPLATION_OLLAMA)"
     assert s.tools.deny == ["*.key", "*.pem"]
     assert s.fallback == ["ollama", "local"]
@@ -150,7 +174,7 @@ def test_server_variable_precedence(tmp_path: Path, variable: str, path: tuple[s
     prefixed = f"CONTEMPLATION_{section.upper()}__{key.upper()}"
 
     def value(s: S.Settings) -> str:
-        return str(getattr(getattr(s, section), key))
+        return str(getattr(s, section)[key])
 
     s = S.load(env={variable: "http://server-var:1"}, config=None)
     assert value(s) == "http://server-var:1"
@@ -173,7 +197,7 @@ def test_server_variable_precedence(tmp_path: Path, variable: str, path: tuple[s
 
 def test_empty_server_variable_is_unset() -> None:
     s = S.load(env={"OLLAMA_HOST": "", "OPENAI_API_KEY": ""}, config=None)
-    assert (s.ollama.host, s.openai.api_key) == ("", "")
+    assert (own(s, "ollama").host, own(s, "openai").api_key) == ("", "")
     assert s.source("ollama.host") == "the defaults"
 
 
@@ -223,7 +247,7 @@ def test_bad_value_in_each_source_is_one_line_naming_it(
             value = {part: value}
         overrides[top] = value
     with pytest.raises(ConfigError) as info:
-        S.load(config=cfg, env=env, overrides=overrides)
+        checked(config=cfg, env=env, overrides=overrides)
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"invalid setting {key} in {where.format(cfg=cfg)}: "), message
@@ -237,7 +261,7 @@ def test_unknown_key_in_the_file_is_refused(tmp_path: Path, text: str, key: str)
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
     with pytest.raises(ConfigError) as info:
-        S.load(config=cfg, env={})
+        checked(config=cfg, env={})
     assert str(info.value) == (
         f"invalid setting {key} in {cfg}: Extra inputs are not permitted (got 1)"
     )
@@ -251,7 +275,7 @@ def test_unknown_variables() -> None:
     with pytest.raises(
         ConfigError, match=r"ollama\.nope in the environment \(CONTEMPLATION_OLLAMA__NOPE\)"
     ):
-        S.load(env={"CONTEMPLATION_OLLAMA__NOPE": "1"}, config=None)
+        checked(env={"CONTEMPLATION_OLLAMA__NOPE": "1"}, config=None)
 
 
 def test_explicit_env_mapping_never_reads_the_process_environment(
@@ -261,10 +285,10 @@ def test_explicit_env_mapping_never_reads_the_process_environment(
     monkeypatch.setenv("OLLAMA_HOST", "process:1")
     s = S.load(env={}, config=None)
     assert s.default_model == S.Settings.model_fields["default_model"].default
-    assert s.ollama.host == ""
+    assert own(s, "ollama").host == ""
     assert S.Settings().default_model != "from-process"  # made in code: arguments and defaults
     s = S.load(config=None)  # no mapping: the process environment
-    assert (s.default_model, s.ollama.host) == ("from-process", "process:1")
+    assert (s.default_model, own(s, "ollama").host) == ("from-process", "process:1")
     assert s.source("default_model") == "the environment (CONTEMPLATION_DEFAULT_MODEL)"
 
 

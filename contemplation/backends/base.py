@@ -15,11 +15,14 @@ import json
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from contemplation.backends.http import Stream
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
+
+if TYPE_CHECKING:
+    from contemplation.backends.http import Stream
+    from contemplation.settings import TimeoutSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,13 @@ class PhaseTimeouts:
     idle: float
     total: float
     max_line: int = 4 * 1024 * 1024  # max_reply_bytes: a line never grows past it
+
+
+def phase_timeouts(t: TimeoutSettings, max_line: int = 4 * 1024 * 1024) -> PhaseTimeouts:
+    """A kind's ``timeouts`` table as the phases of one reply."""
+    return PhaseTimeouts(
+        connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total, max_line=max_line
+    )
 
 
 def retry_after_seconds(value: str | None) -> float | None:

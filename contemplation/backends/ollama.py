@@ -14,8 +14,11 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from contemplation.backends import capabilities
+from pydantic import Field, field_validator
+
+from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -23,12 +26,13 @@ from contemplation.backends.base import (
     Slots,
     TimedLines,
     json_object,
+    phase_timeouts,
     retry_after_seconds,
 )
 from contemplation.backends.http import Http
-from contemplation.errors import BackendError, ContextOverflow, ErrorKind
+from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
-from contemplation.settings import CapabilityOverride
+from contemplation.settings import CapabilityOverride, Concurrency, Section, TimeoutSettings
 
 _NS_PER_MS = 1_000_000
 
@@ -318,3 +322,78 @@ class OllamaBackend:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def parse_ollama_host(value: str | None) -> tuple[str, tuple[str, str] | None]:
+    """Normalise ``OLLAMA_HOST`` the way Ollama's own clients do.
+
+    Returns the base URL (no credentials, no trailing slash) and optional basic-auth
+    credentials taken from ``user:pass@host``. ``0.0.0.0`` (a bind address) means loopback.
+    """
+    raw = (value or "").strip()
+    if not raw:
+        return "http://127.0.0.1:11434", None
+    has_scheme = "://" in raw
+    scheme, rest = raw.split("://", 1) if has_scheme else ("http", raw)
+    if scheme not in {"http", "https"}:
+        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: scheme must be http or https")
+    try:
+        parts = urlsplit(f"{scheme}://{rest}")
+    except ValueError as exc:
+        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: {exc}") from None
+    host = parts.hostname or "127.0.0.1"
+    if host in {"0.0.0.0", "::"}:  # noqa: S104 - a bind address, mapped to loopback
+        host = "127.0.0.1"
+    try:
+        explicit_port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid OLLAMA_HOST {value!r}: {exc}") from exc
+    default_port = (443 if scheme == "https" else 80) if has_scheme else 11434
+    port = explicit_port or default_port
+    if ":" in host:
+        host = f"[{host}]"
+    auth = (parts.username or "", parts.password or "") if parts.username else None
+    url = urlunsplit((scheme, f"{host}:{port}", parts.path.rstrip("/"), "", ""))
+    return url, auth
+
+
+def _ollama_url(v: str) -> str:
+    try:
+        parse_ollama_host(v)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return v
+
+
+class OllamaSettings(Section):
+    """``[providers.<name>]`` with ``kind = "ollama"``, or the ``[ollama]`` section."""
+
+    url: str = Field("", description="base URL; empty: host")
+    host: str = Field("", description="base URL; empty: OLLAMA_HOST, else http://127.0.0.1:11434")
+    num_ctx: int = Field(8192, ge=256)
+    keep_alive: str | int = "10m"
+    concurrency: Concurrency = Field(
+        "auto",
+        description="turns at once; auto: 1 (Ollama's parallelism is its own OLLAMA_NUM_PARALLEL)",
+    )
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+    _urls = field_validator("url", "host", mode="after")(_ollama_url)
+
+
+def _make(m: Made) -> OllamaBackend:
+    s: OllamaSettings = m.own
+    url, auth = parse_ollama_host(s.url or s.host)
+    return OllamaBackend(
+        url,
+        auth=auth,
+        num_ctx=s.num_ctx,
+        keep_alive=s.keep_alive,
+        timeouts=phase_timeouts(s.timeouts, m.settings.max_reply_bytes),
+        concurrency=s.concurrency,
+        overrides=m.settings.capabilities,
+        name=m.name,
+    )
+
+
+KIND = BackendKind("ollama", _make, OllamaSettings)

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from contemplation.backends import capabilities
+from pydantic import Field, field_validator
+
+from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -37,13 +39,20 @@ from contemplation.backends.base import (
     Slots,
     TimedLines,
     json_object,
+    phase_timeouts,
     retry_after_seconds,
 )
 from contemplation.backends.http import Http
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
-from contemplation.settings import CapabilityOverride
+from contemplation.settings import (
+    CapabilityOverride,
+    Concurrency,
+    Section,
+    TimeoutSettings,
+    check_url,
+)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
 
@@ -678,3 +687,43 @@ class OpenAIBackend:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+class OpenAISettings(Section):
+    """``kind = "openai"``, or the ``[openai]`` section: any OpenAI-compatible
+    ``/v1/chat/completions`` server (llama.cpp, vLLM, LM Studio, LiteLLM, ...)."""
+
+    url: str = Field("", description="base URL (…/v1); empty: base_url")
+    base_url: str = Field(
+        "", description="empty: OPENAI_BASE_URL, else http://127.0.0.1:8080/v1; /v1 is optional"
+    )
+    api_key: str = Field("", description="empty: OPENAI_API_KEY; none: no Authorization header")
+    stream_usage: bool = Field(True, description="send stream_options.include_usage")
+    concurrency: Concurrency = Field(
+        "auto",
+        description="turns at once; auto: the server's slots (llama-server /props or /slots), "
+        "else default_concurrency",
+    )
+    default_concurrency: int = Field(
+        1, ge=1, le=64, description="slots of a server that does not say how many it has"
+    )
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+    _urls = field_validator("url", "base_url", mode="after")(check_url)
+
+
+def _make(m: Made) -> OpenAIBackend:
+    s: OpenAISettings = m.own
+    return OpenAIBackend(
+        s.url or s.base_url,
+        api_key=s.api_key,
+        timeouts=phase_timeouts(s.timeouts, m.settings.max_reply_bytes),
+        concurrency=s.concurrency,
+        default_concurrency=s.default_concurrency,
+        stream_usage=s.stream_usage,
+        overrides=m.settings.capabilities,
+        name=m.name,
+    )
+
+
+KIND = BackendKind("openai", _make, OpenAISettings)

@@ -39,14 +39,48 @@ from typing import Any
 from urllib.parse import quote
 
 import structlog
+from pydantic import Field, field_validator
 
-from contemplation.backends import capabilities
+from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, Slots, json_object
 from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
 from contemplation.errors import BackendError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
-from contemplation.settings import CapabilityOverride, OpenCodeTimeouts
+from contemplation.settings import CapabilityOverride, Concurrency, Section, check_url
+
+# OpenCode 1.18's built-in tools (agent "build"); all off by default: we want a conversation,
+# not a coding agent acting on the server's working directory.
+OPENCODE_TOOLS = (
+    "bash", "edit", "glob", "grep", "question", "read", "skill", "task", "todowrite", "webfetch",
+    "write",
+)  # fmt: skip
+
+
+class OpenCodeTimeouts(Section):
+    connect: float = Field(10.0, gt=0)
+    create: float = Field(30.0, gt=0, description="creating a session")
+    prompt: float = Field(1800.0, gt=0, description="one whole turn (OpenCode retries upstream)")
+    delete: float = Field(10.0, gt=0, description="deleting or aborting a session")
+
+
+class OpenCodeSettings(Section):
+    """``kind = "opencode"``, or the ``[opencode]`` section: ``opencode serve`` (v1 API),
+    one OpenCode session per conversation."""
+
+    url: str = Field("", description="empty: OPENCODE_SERVER_URL, else http://127.0.0.1:4096")
+    username: str = Field("", description="empty: OPENCODE_SERVER_USERNAME, else opencode")
+    password: str = Field("", description="empty: OPENCODE_SERVER_PASSWORD; none: no auth")
+    agent: str = Field("", description="empty: OpenCode's default agent")
+    tools: dict[str, bool] = Field(
+        default_factory=lambda: dict.fromkeys(OPENCODE_TOOLS, False),
+        description="OpenCode's own tools, on or off, sent with every prompt",
+    )
+    concurrency: Concurrency = Field("auto", description="turns at once; auto: 1")
+    timeouts: OpenCodeTimeouts = Field(default_factory=OpenCodeTimeouts)
+
+    _url = field_validator("url", mode="after")(check_url)
+
 
 log = structlog.get_logger("contemplation.backends.opencode")
 
@@ -618,3 +652,20 @@ class OpenCodeBackend:
                     Check("model", False, f"OpenCode does not know {model}", tuple(sorted(models)))
                 )
         return checks
+
+
+def _make(m: Made) -> OpenCodeBackend:
+    s: OpenCodeSettings = m.own
+    return OpenCodeBackend(
+        s.url,
+        auth=(s.username or "opencode", s.password) if s.password else None,
+        tools=s.tools,
+        agent=s.agent,
+        timeouts=s.timeouts,
+        concurrency=s.concurrency,
+        overrides=m.settings.capabilities,
+        name=m.name,
+    )
+
+
+KIND = BackendKind("opencode", _make, OpenCodeSettings)

@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from contemplation import actions, activity, listing, search_index
-from contemplation.dashboard import export
+from contemplation.dashboard import export, panels
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
 from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
@@ -298,20 +298,13 @@ class Dashboard:
         return await self._call(build)
 
     async def metrics(self, request: Request) -> Response:
-        def build() -> dict[str, Any]:  # counted in SQL, never a walk through every row
-            s = listing.stats(self.home)
-            by_status = s["by_status"]
-            return {
-                "live": self.broker.metrics.snapshot(),
-                "conversations": s["active"] + s["completed"],
-                "by_status": by_status,
-                "turns_total": s["turns_total"],
-                "errors_now": by_status.get("error", 0),
-                "retrying_now": by_status.get("retrying", 0),
-                "disk": {"active": s["active_bytes"], "completed": s["completed_bytes"]},
-            }
+        live = self.broker.metrics.snapshot()
+        return await self._call(lambda: panels.metrics(self.home, live))
 
-        return await self._call(build)
+    async def panel_rows(self, request: Request) -> Response:
+        """Every panel's title and rows (``dashboard/panels.py``), drawn by the page as text."""
+        seen = panels.Seen(self.home, self.broker.metrics.snapshot())
+        return await self._call(lambda: {"panels": panels.shown(seen)})
 
     async def events(self, request: Request) -> Response:
         conv = request.query_params.get("conv") or None
@@ -472,6 +465,7 @@ class Dashboard:
             Route("/health", self.health),
             Route("/api/status", self.status),
             Route("/api/metrics", self.metrics),
+            Route("/api/panels", self.panel_rows),
             Route("/api/events", self.events),
             Route("/api/search", self.search),
             Route("/api/conversations", self.conversations),

@@ -145,26 +145,19 @@ const loadMore = oneAtATime(async () => {
   renderList();
 });
 
-const mb = (n) => (n / 1e6).toFixed(1) + " MB";
-
-const loadMetrics = oneAtATime(async () => {
-  const m = await getJSON("/api/metrics");
-  const live = m.live;
-  const items = [
-    ["conversations", m.conversations],
-    ["turns (all time)", m.turns_total],
-    ["turns (this run)", live.turns],
-    ["response p50 / p90 / p99 (ms)",
-      ["p50", "p90", "p99"].map((k) => live.response_ms[k] === null ? "–" : Math.round(live.response_ms[k])).join(" / ")],
-    ["tokens prompt / completion", live.tokens.prompt + " / " + live.tokens.completion],
-    ["errors / retries (this run)", live.errors + " / " + live.retries],
-    ["in error / retrying now", m.errors_now + " / " + m.retrying_now],
-    ["tool requests", Object.entries(live.tool_requests).map(([k, v]) => k + ": " + v).join(", ") || "–"],
-    ["disk: active / completed", mb(m.disk.active) + " / " + mb(m.disk.completed)],
-  ];
-  const dl = $("metrics");
-  dl.replaceChildren();
-  for (const [k, v] of items) dl.append(el("dt", null, k), el("dd", null, v));
+// every panel (contemplation/dashboard/panels.py): a title and (label, text) rows, as text
+const loadPanels = oneAtATime(async () => {
+  const data = await getJSON("/api/panels");
+  const box = $("panels");
+  box.replaceChildren();
+  for (const p of data.panels) {
+    const dl = el("dl");
+    dl.id = p.name;
+    for (const [k, v] of p.rows) dl.append(el("dt", null, k), el("dd", null, v));
+    const section = el("section", "panel");
+    section.append(el("h2", null, p.title), dl);
+    box.append(section);
+  }
 });
 
 // -- full-text search over the logs (bounded on the server; see /api/search) --------------
@@ -221,7 +214,7 @@ function listPage() {
   let timer = null;
   const refresh = () => {
     clearTimeout(timer);
-    timer = setTimeout(() => { loadList().catch(() => {}); loadMetrics().catch(() => {}); }, 150);
+    timer = setTimeout(() => { loadList().catch(() => {}); loadPanels().catch(() => {}); }, 150);
   };
   const es = new EventSource("/api/events?token=" + encodeURIComponent(token()));
   for (const ev of ["message", "reply", "generating", "error", "retrying", "cancelled", "archived",
@@ -229,7 +222,7 @@ function listPage() {
     es.addEventListener(ev, refresh);
   }
   loadList().catch((e) => flash(e.message, true));
-  loadMetrics().catch(() => {});
+  loadPanels().catch(() => {});
   setInterval(refresh, 10000);
 }
 

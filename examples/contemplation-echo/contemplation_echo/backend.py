@@ -3,21 +3,20 @@
 A backend streams :class:`~contemplation.models.StreamEvent` pieces (``content``, then one
 ``done``), says what a model can do (``capabilities``), checks itself for ``doctor``, forgets
 a conversation's server-side state (none here) and closes. Its own settings come from
-``[plugins.echo]`` in config.toml, checked by :class:`EchoSettings`.
+``[plugins.echo]`` in config.toml (or a ``[providers.<name>]`` with ``kind = "echo"``),
+checked by :class:`EchoSettings`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contemplation.backends import BackendKind
+from contemplation.backends import BackendKind, Made
 from contemplation.backends.base import Capabilities, Check
 from contemplation.models import BackendSession, ChatRequest, StreamEvent, Usage
-from contemplation.settings import Settings
 
 
 class EchoSettings(BaseModel):
@@ -59,9 +58,9 @@ class EchoBackend:
         return None
 
 
-def _make(settings: Settings, own: Any) -> EchoBackend:
-    assert isinstance(own, EchoSettings)
-    return EchoBackend(own)
+def _make(made: Made) -> EchoBackend:  # made.settings, made.name (the provider) and made.own
+    assert isinstance(made.own, EchoSettings)
+    return EchoBackend(made.own)
 
 
 echo = BackendKind("echo", _make, EchoSettings)
