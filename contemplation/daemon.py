@@ -43,9 +43,13 @@ Extra = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
 def build_runtime(settings: Settings) -> Runtime:
     """The runtime, with the configuration checked now: a bad value stops the start with one
     line naming the key and its source (the same check ``doctor`` runs)."""
+    from contemplation.backends import http
+
     home = Home(settings.home)
     ensure_home(home)
-    return Runtime(settings=settings, home=home, router=validate(settings))
+    router = validate(settings)
+    http.preload()
+    return Runtime(settings=settings, home=home, router=router)
 
 
 async def run_once(settings: Settings) -> int:

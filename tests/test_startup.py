@@ -48,3 +48,23 @@ def test_help_loads_no_command_and_says_what_each_command_says() -> None:
     for name, (_, _, line) in COMMANDS.items():
         command = main.get_command(ctx, name)
         assert command is not None and command.get_short_help_str(limit=45) == line, name
+
+
+def test_commands_that_only_name_backends_load_no_kind_module() -> None:
+    """``settings`` knows no backend kind, and a built-in kind's name is known without its
+    module; the kind modules themselves (their settings models) load without aiohttp, which
+    comes with the first request."""
+    probe = (
+        "import sys, json\n"
+        "from contemplation import backends, settings\n"
+        "s = settings.load(env={}, config=None)\n"
+        "named = [backends.named(s, n) for n in ('ollama', 'openai', 'opencode', 'local')]\n"
+        "kinds = sorted(m for m in sys.modules if m.startswith('contemplation.backends.'))\n"
+        "backends.config(s, 'openai'); backends.make('ollama', s)\n"
+        "print(json.dumps([named, kinds, 'aiohttp' in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    named, kinds, aiohttp = json.loads(out.stdout)
+    assert named == [True] * 4 and kinds == [] and aiohttp is False

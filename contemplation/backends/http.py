@@ -35,6 +35,12 @@ if TYPE_CHECKING:  # aiohttp costs ~110 ms to import: it comes when a request is
 MAX_BODY = 32 * 1024 * 1024  # a whole (non-streamed) answer; OpenCode's replies are the largest
 
 
+def preload() -> None:
+    """Import aiohttp now: the daemon does at start, so its first turn does not wait ~100 ms
+    for it (a command that never sends a request never does)."""
+    import aiohttp  # noqa: F401
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
