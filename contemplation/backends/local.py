@@ -36,7 +36,12 @@ from pydantic import Field
 
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots, phase_timeouts
-from contemplation.backends.openai import ChunkTurn, chat_body, context_overflow, stream_error
+from contemplation.backends.chat_completions import (
+    ChunkTurn,
+    chat_body,
+    context_overflow,
+    stream_error,
+)
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 from contemplation.settings import CapabilityOverride, Section, TimeoutSettings
