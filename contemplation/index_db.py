@@ -41,7 +41,7 @@ from contemplation.layout import (
     read_to_end,
     valid_id,
 )
-from contemplation.logformat import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
+from contemplation.logformat import FRAME_OPEN, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.logview import log_segments, parse_segment
 from contemplation.testing import crashpoint
 
@@ -473,7 +473,7 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
         data = read_to_end(fd, st.st_size - (start - live_start), start - live_start)
     finally:
         os.close(fd)
-    if data and not data.startswith(b"=== "):
+    if data and not data.startswith(FRAME_OPEN.encode()):
         return False
     meta = read_json(conv.metadata) or {}
     label = str(meta.get("agent_label") or "CLAUDE")

@@ -27,6 +27,8 @@ HEADER_RE = re.compile(
 _MARKER_WORDS = "|".join(re.escape(m.value) for m in MarkerKind)
 MARKER_RE = re.compile(rb"^=== (" + _MARKER_WORDS.encode() + rb")(?:: (.*?))? ===\r?$")
 LABEL_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
+FRAME = "==="  # a line that starts so is a frame (a body line so shaped is stuffed: " ===")
+FRAME_OPEN = FRAME + " "  # every header and marker line starts so
 NEED_PREFIX = "NEED:"
 RESPONSE_PREFIX = "RESPONSE TO NEED:"
 TOOL_OUTPUT_BEGIN = "BEGIN TOOL OUTPUT"  # frames a tool's answer inside a RESPONSE TO NEED block
@@ -42,7 +44,12 @@ def timestamp(now: datetime | None = None) -> str:
 def header(sender: str, recipient: str, ts: str | None = None) -> str:
     if not LABEL_RE.match(sender) or not LABEL_RE.match(recipient):
         raise ValueError(f"labels must be upper-case words: {sender!r} -> {recipient!r}")
-    return f"=== {sender} -> {recipient} [{ts or timestamp()}] ===\n"
+    return f"{header_start(sender, recipient)}{ts or timestamp()}] ===\n"
+
+
+def header_start(sender: str, recipient: str) -> str:
+    """A header's text up to its timestamp (how a block from ``sender`` begins)."""
+    return f"{FRAME_OPEN}{sender} -> {recipient} ["
 
 
 def canonical_need(text: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from contemplation.aio import on_thread
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv, open_regular_stat, read_regular, read_to_end
+from contemplation.logformat import FRAME_OPEN
 from contemplation.models import Block, MarkerKind, ParseResult
 from contemplation.parser import merge, parse
 
@@ -43,7 +44,7 @@ def read_log_bytes(conv: Conv) -> bytes:
         return b""
 
 
-_CONTINUED = f"=== {MarkerKind.CONTINUED.value}".encode()
+_CONTINUED = f"{FRAME_OPEN}{MarkerKind.CONTINUED.value}".encode()
 
 
 def parse_segment(data: bytes, *, agent_label: str = "CLAUDE") -> ParseResult:

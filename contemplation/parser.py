@@ -14,14 +14,20 @@ import re
 from collections.abc import Iterable
 
 from contemplation.logformat import (
+    FRAME,
     HEADER_RE,
     MARKER_RE,
+    NEED_PREFIX,
     RESPONSE_PREFIX,
     canonical_need,
 )
 from contemplation.models import Block, BlockKind, MarkerKind, ParseResult
 
 MAX_NEED_CHARS = 1000
+_STUFFED = " " + FRAME  # a body line shaped like a frame, as the writer stuffs it
+_FRAME = FRAME.encode()
+_LINE_FRAME = b"\n" + _FRAME
+_LINE_NEED = "\n" + NEED_PREFIX
 
 # Python's re tries a MULTILINE "^" at every byte, so line starts are found with str.find
 # (memchr speed) instead; it keeps a 10 MB log well under 100 ms.
@@ -29,35 +35,36 @@ MAX_NEED_CHARS = 1000
 
 def _unstuff(text: str) -> str:
     """Remove the one space the writer put before body lines shaped like ``^ *===``."""
-    if " ===" not in text:
+    if _STUFFED not in text:
         return text
     out: list[str] = []
     pos = 0
-    i = text.find(" ===")
+    i = text.find(_STUFFED)
     while i >= 0:
         start = text.rfind("\n", 0, i) + 1
         if start >= pos and not text[start : i + 1].strip(" "):
             out.append(text[pos:start])
             pos = start + 1
-        i = text.find(" ===", i + 4)
+        i = text.find(_STUFFED, i + len(_STUFFED))
     out.append(text[pos:])
     return "".join(out)
 
 
 def find_needs(text: str) -> tuple[str, ...]:
     """``NEED:`` lines (at a line start) of a model block's text, in canonical form."""
-    if "NEED:" not in text:
+    if NEED_PREFIX not in text:
         return ()
     out: list[str] = []
-    i = 0 if text.startswith("NEED:") else text.find("\nNEED:") + 1
-    while i > 0 or (i == 0 and text.startswith("NEED:")):
+    at_start, n = text.startswith(NEED_PREFIX), len(NEED_PREFIX)
+    i = 0 if at_start else text.find(_LINE_NEED) + 1
+    while i > 0 or (i == 0 and at_start):
         end = text.find("\n", i)
-        need = canonical_need(text[i + 5 : end if end >= 0 else len(text)])[:MAX_NEED_CHARS]
+        need = canonical_need(text[i + n : end if end >= 0 else len(text)])[:MAX_NEED_CHARS]
         if need:
             out.append(need)
         if end < 0:
             break
-        i = text.find("\nNEED:", end) + 1
+        i = text.find(_LINE_NEED, end) + 1
         if i == 0:
             break
     return tuple(out)
@@ -78,12 +85,13 @@ def find_responses(text: str) -> tuple[str, ...]:
 
 def _frame_lines(data: bytes) -> Iterable[tuple[int, int]]:
     """(start, end-of-line) of every line that starts with ``===`` (stuffed lines cannot)."""
-    i = 0 if data.startswith(b"===") else data.find(b"\n===") + 1
-    while i > 0 or (i == 0 and data.startswith(b"===")):
+    first = data.startswith(_FRAME)
+    i = 0 if first else data.find(_LINE_FRAME) + 1
+    while i > 0 or (i == 0 and first):
         end = data.find(b"\n", i)
         end = len(data) if end < 0 else end
         yield i, end
-        i = data.find(b"\n===", end) + 1
+        i = data.find(_LINE_FRAME, end) + 1
         if i == 0:
             return
 

@@ -131,7 +131,7 @@ def _recover_unjournaled_reply(w: ConvWriter, offset: int) -> str:
     adoption as a hand append."""
     raw = w.log_bytes(offset, 256)
     found = raw.lstrip(b"\n")
-    head = f"=== {w.meta.sender_label()} -> {w.meta.agent_label} [".encode()
+    head = logformat.header_start(w.meta.sender_label(), w.meta.agent_label).encode()
     if not raw or len(raw) - len(found) > 2 or not head.startswith(found[: len(head)]):
         return ""
     if b"\n" not in found:  # the separator, or a header cut before its line's end
@@ -177,7 +177,7 @@ def _clean_processing(w: ConvWriter, claimed_files: list[Path]) -> list[str]:
 
 
 def _starts_with_header(w: ConvWriter, offset: int) -> bool:
-    return w.log_bytes(offset, 200).lstrip(b"\n").startswith(b"=== ")
+    return w.log_bytes(offset, 200).lstrip(b"\n").startswith(logformat.FRAME_OPEN.encode())
 
 
 _TIME_SHAPE = logformat.timestamp()  # every header time has this length
