@@ -10,7 +10,7 @@ import click
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # also a bad configuration, an unknown conversation, a failed turn
-EXIT_USAGE = 2  # click: a bad option or argument
+# 2: a bad option or argument (click's own exit)
 EXIT_NEEDS_AGENT = 3  # send --wait: the model waits for a NEED no rule answers
 EXIT_TIMEOUT = 4  # send --wait --timeout: no reply in time (it stays queued)
 EXIT_INTERRUPTED = 130  # Ctrl-C

@@ -15,6 +15,7 @@ from contemplation.needs import permissions
 from contemplation.needs import rules as needrules
 from contemplation.needs.router import NeedRouter
 from contemplation.tools import registry
+from contemplation.validate import validate
 
 DEFAULTS = needrules.table()
 
@@ -168,12 +169,11 @@ def test_template_rules_come_first_and_a_bad_one_names_the_template_file(tmp_pat
     assert found.arguments == {"path": "status/db.txt"}
     plain = router.route("Current state of db")
     assert plain is not None and plain.tool == "state.get"
-    assert router.check_templates() == ["ops"]
 
     (tpl / "template.toml").write_text('\n\n[[routes]]\nmatch = "("\ntool = "files.read"\n')
-    fresh = NeedRouter(settings_mod.load(home=home, env={}, config=None))
+    settings = settings_mod.load(home=home, env={}, config=None)
     with pytest.raises(ConfigError, match=r"template.toml: \[\[routes\]\] #1 \(line 3\)"):
-        fresh.check_templates()
+        validate(settings)  # every template's routes compile at start and in doctor
 
 
 # --------------------------------------------------------------------------- native tools

@@ -24,7 +24,6 @@ route with an answer that says so and leaves an asked one alone (nothing is look
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -322,15 +321,6 @@ class NeedRouter:
         return needrules.compile_rules(
             raws, source=str(path), text=_config_text(path), servers=list(self.settings.mcp_servers)
         )
-
-    def check_templates(self) -> list[str]:
-        """Compile the rules of every template in the home; raises ConfigError on a bad one."""
-        names: list[str] = []
-        with contextlib.suppress(FileNotFoundError):
-            names = sorted(p.name for p in self.home.templates.iterdir() if p.is_dir())
-        for name in names:
-            self.rules(name)
-        return names
 
     def route(self, need: str, *, template: str | None = None) -> needrules.Route | None:
         """Pure lookup: the rule and arguments for ``need``; None when no rule matches."""
