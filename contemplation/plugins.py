@@ -20,6 +20,7 @@ log = structlog.get_logger("contemplation.plugins")
 K = TypeVar("K")
 Failure = tuple[str, str]  # (entry point and distribution, why it was not loaded)
 BUILT_IN = "built in"
+IN_PROCESS = "in process"  # put in place by tests and benchmarks (Registry.replace)
 
 
 class Named(Protocol):
@@ -64,7 +65,7 @@ class Registry(Generic[N]):
         """Put ``kind`` in place of any of its name (tests, and in-process fakes)."""
         self._read_builtins()
         self._kinds.pop(kind.name, None)
-        self.register(kind, "in process")
+        self.register(kind, IN_PROCESS)
 
     def forget(self, name: str) -> None:
         """Take the kind ``name`` out (tests: what they put in place)."""

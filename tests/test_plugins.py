@@ -7,17 +7,27 @@ imported is one line in ``plugins`` and ``doctor``, and the daemon runs without 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 import pytest
 
-from contemplation.layout import Home
+from contemplation import backends
+from contemplation.backends import Backend, BackendKind, Made, guard
+from contemplation.backends.base import Capabilities, Check
+from contemplation.errors import ErrorKind
+from contemplation.layout import Home, read_state
+from contemplation.models import BackendSession, ChatRequest, StreamEvent
+from contemplation.pipeline import Runtime
+from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import ROOT, base_env, cli
+from tests.conftest import ROOT, base_env, cli, run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
 
 EXAMPLE = ROOT / "examples" / "contemplation-echo"
@@ -133,3 +143,81 @@ def test_a_conversation_through_the_plugin_backend_and_tool(
     worse = cli(env, "run", "--once", check=False, timeout=30)
     assert worse.returncode != 0
     assert "no installed plugin has a backend named 'nothing'" in worse.stderr
+
+
+# ------------------------------------------------------------ a plugin's backend held to bounds
+
+
+class _Misbehaving:
+    """A plugin's backend: one piece, then it hangs (``hang``) or raises a bug of its own."""
+
+    label = "MISBEHAVING"
+    concurrency = 1
+
+    def __init__(self, name: str, hang: bool) -> None:
+        self.name, self.hang, self.closed = name, hang, False
+
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
+        yield StreamEvent("content", "a first piece")
+        if self.hang:
+            await asyncio.Event().wait()  # never set: no more, ever
+        raise ValueError("off by one")
+
+    async def capabilities(self, model: str) -> Capabilities:
+        await asyncio.Event().wait()  # hangs too: bounded by the guard's CALL_LIMIT
+        raise AssertionError("unreachable")
+
+    async def check(self, model: str | None) -> list[Check]:
+        raise KeyError("nope")
+
+    async def models(self) -> list[str]:
+        return []
+
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["hangs", "raises"])
+def test_a_plugin_backend_that_hangs_or_raises_costs_its_turn_not_the_daemon(
+    home: Home, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch, hang: bool
+) -> None:
+    kind_name = f"misbehaving_{'hangs' if hang else 'raises'}"
+    made: list[_Misbehaving] = []
+
+    def make(m: Made) -> Backend:
+        made.append(_Misbehaving(m.name, hang))
+        return made[-1]
+
+    monkeypatch.setattr(guard, "CALL_LIMIT", 0.3)
+    backends.KINDS.register(BackendKind(kind_name, make), "contemplation-test-plugin")
+    try:
+        s = make_settings(
+            providers={"flaky": {"kind": kind_name, "timeouts": {"first_byte": 5, "idle": 0.3}}},
+            retry={"base": 60, "cap": 60},
+        )
+        assert backends.config(s, "flaky")[1] == {}  # timeouts are the guard's, not the kind's
+        conv = new_conversation(
+            home, "bounded", template=load_template(home, "default"), model="m", backend="flaky"
+        )
+        drop_message(conv, "hello")
+        t0 = time.monotonic()
+        run_burst(Runtime(settings=s, home=Home(s.home)))
+        took = time.monotonic() - t0
+        state = read_state(conv)
+        log = conv.log.read_text()
+        assert state is not None and state.last_error is not None
+        if hang:  # a stall: retried later like any server's, the piece marked cut
+            assert state.status.value == "retrying" and state.last_error.kind == ErrorKind.STALL
+            assert "sent no more for 0.3 s" in state.last_error.message
+        else:  # the plugin's bug: this turn's ERROR, naming the plugin
+            assert state.status.value == "error" and state.last_error.kind == ErrorKind.BACKEND
+            assert "contemplation-test-plugin" in log and "ValueError: off by one" in log
+        assert took < 30 and made and made[-1].closed
+        checks = asyncio.run(backends.check_all(s, extra=["flaky"]))
+        flaky = [c for c in checks if c.name == "flaky"]
+        assert flaky and not flaky[0].ok and "KeyError" in flaky[0].detail
+    finally:
+        backends.KINDS.forget(kind_name)

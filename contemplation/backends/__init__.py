@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
-    from contemplation.settings import Settings
+    from contemplation.settings import Settings, TimeoutSettings
 
 __all__ = [
     "Backend", "BackendKind", "Capabilities", "Check", "Made", "PhaseTimeouts", "available",
@@ -55,11 +55,13 @@ def __getattr__(name: str) -> Any:
 class Made:
     """What a backend is made from: the daemon's settings, the provider's name (the log's
     label) and its own settings (checked by the kind's ``settings_model``; without one, the
-    table as a dict)."""
+    table as a dict). For a plugin's kind, ``timeouts`` are the bounds the daemon holds its
+    backend to (the table's ``timeouts``, taken out before the kind's model sees it)."""
 
     settings: Settings
     name: str
     own: Any
+    timeouts: TimeoutSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,23 @@ def _builtins() -> None:
         KINDS.register(importlib.import_module(f"{__name__}.{name}").KIND)
 
 
-KINDS: plugins.Registry[BackendKind] = plugins.Registry(GROUP, BackendKind, _builtins)
+def _adopt(kind: BackendKind, origin: str) -> BackendKind:
+    """A plugin's kind makes backends held to the usual bounds (:mod:`.guard`)."""
+    if origin in (plugins.BUILT_IN, plugins.IN_PROCESS):
+        return kind
+
+    def guarded(m: Made) -> Backend:
+        from contemplation.backends.base import phase_timeouts
+        from contemplation.backends.guard import Guarded
+        from contemplation.settings import TimeoutSettings
+
+        bounds = phase_timeouts(m.timeouts or TimeoutSettings(), m.settings.max_reply_bytes)
+        return Guarded(kind.make(m), f"{kind.name} ({origin})", bounds)
+
+    return BackendKind(kind.name, guarded, kind.settings_model)
+
+
+KINDS: plugins.Registry[BackendKind] = plugins.Registry(GROUP, BackendKind, _builtins, _adopt)
 origins, failures = KINDS.origins, KINDS.failures
 
 
@@ -121,20 +139,41 @@ def config(settings: Settings, name: str) -> tuple[BackendKind, Any]:
                 f"{name!r}"
             )
         raise unknown(settings, name)
+    raw = dict(table.raw)
+    if table.kind not in BUILT_IN:
+        _bounds(settings, name)  # checked here too: start and doctor see a bad one
+        raw.pop("timeouts", None)  # the daemon's bounds, not the kind's
     if kind.settings_model is None:
-        return kind, table.raw
+        return kind, raw
     from pydantic import ValidationError
 
     try:
-        return kind, kind.settings_model.model_validate(table.raw)
+        return kind, kind.settings_model.model_validate(raw)
     except ValidationError as exc:
         raise settings.refusal(exc, table.at) from None
+
+
+def _bounds(settings: Settings, name: str) -> TimeoutSettings | None:
+    """A plugin kind's provider: the ``timeouts`` its table gives the daemon's guard."""
+    from contemplation import providers
+
+    table = providers.table(settings, name)
+    if table.kind in BUILT_IN:
+        return None
+    from pydantic import ValidationError
+
+    from contemplation.settings import TimeoutSettings
+
+    try:
+        return TimeoutSettings.model_validate(table.raw.get("timeouts", {}))
+    except ValidationError as exc:
+        raise settings.refusal(exc, (*table.at, "timeouts")) from None
 
 
 def make(name: str, settings: Settings) -> Backend:
     """The provider ``name`` (``[providers.<name>]``, an old section, a kind named directly)."""
     kind, own = config(settings, name)
-    return kind.make(Made(settings, name, own))
+    return kind.make(Made(settings, name, own, _bounds(settings, name)))
 
 
 def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
