@@ -14,6 +14,7 @@ class ErrorKind(enum.StrEnum):
     BAD_REQUEST = "bad_request"
     CANCELLED = "cancelled"
     CIRCUIT_OPEN = "circuit_open"
+    CONFIG = "config"
     CONNECTION = "connection"
     CONTEXT_OVERFLOW = "context_overflow"
     CUT = "cut"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import structlog
 
 from contemplation.breaker import Guard
-from contemplation.errors import BackendError, ErrorKind
+from contemplation.errors import BackendError, ConfigError, ErrorKind
 from contemplation.layout import Conv
 from contemplation.models import ConvEvent, MarkerKind, Status
 from contemplation.providers import Target
@@ -144,6 +144,26 @@ def cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply) -> Outco
 _PROVIDER_TROUBLE = frozenset(
     {ErrorKind.SERVER_BUSY, ErrorKind.TIMEOUT, ErrorKind.CUT, ErrorKind.STALL}
 )
+
+
+def unusable(conv: Conv, rt: Runtime, w: ConvWriter, providers: tuple[str, ...]) -> Outcome | None:
+    """None when every provider can be made (each once, by the runtime). Else the
+    conversation names one the settings cannot make (no such provider or kind, a table its
+    kind refuses, a plugin's backend that fails to be made): an ERROR the agent reads in the
+    log, not a crash retried behind its back. Its next message, once the settings are fixed
+    (and reloaded), tries again."""
+    try:
+        for name in providers:
+            rt.backend(name)
+    except ConfigError as exc:
+        message = f"cannot use backend {w.meta.backend!r}: {exc}"
+    else:
+        return None
+    w.append_marker(MarkerKind.ERROR, message)
+    w.gave_up(ErrorKind.CONFIG, message)
+    log.error("turn_failed", conv=conv.id, error=message)
+    rt.notify(conv.id, ConvEvent.ERROR, error=message)
+    return Wait(None)
 
 
 def failed(

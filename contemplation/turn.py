@@ -40,7 +40,7 @@ from contemplation.needs import calls
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
 from contemplation.providers import Target
-from contemplation.retrying import On, cancelled, failed, rest, write_failed
+from contemplation.retrying import On, cancelled, failed, rest, unusable, write_failed
 from contemplation.runtime import Runtime
 from contemplation.scheduler import Held, slot_any
 from contemplation.steps import AGAIN, Outcome
@@ -81,6 +81,8 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     """The model's turn, under the lock and writer of the step that decided it."""
     meta = w.meta
     target = _pinned(rt.target(meta), w.state.backend_session)
+    if (stop := unusable(conv, rt, w, target.providers)) is not None:
+        return stop
     guards = {p: rt.guard(p, target.model) for p in target.providers}
     usable = [p for p in target.providers if guards[p].resting() is None]
     if not usable:  # every provider rests: wait for the first to be tried again

@@ -221,3 +221,42 @@ def test_a_plugin_backend_that_hangs_or_raises_costs_its_turn_not_the_daemon(
         assert flaky and not flaky[0].ok and "KeyError" in flaky[0].detail
     finally:
         backends.KINDS.forget(kind_name)
+
+
+def test_a_provider_that_cannot_be_made_is_the_agents_error_not_a_crash_loop(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    """A plugin whose backend cannot be made, a kind no plugin has, a name nothing has: the
+    turn writes one ERROR the agent reads and the conversation stops in status error (before,
+    each was a traceback in the daemon's log every few seconds, and the agent saw nothing)."""
+
+    def make(m: Made) -> Backend:
+        raise RuntimeError("no licence file")
+
+    backends.KINDS.register(BackendKind("unmakeable", make), "contemplation-test-plugin")
+    try:
+        s = make_settings(
+            providers={"p1": {"kind": "unmakeable"}, "p2": {"kind": "nosuchkind"}},
+        )
+        tpl = load_template(home, "default")
+        convs = {}
+        for backend in ("p1", "p2", "nowhere"):
+            convs[backend] = new_conversation(home, backend, template=tpl, model="m", backend=backend)
+            drop_message(convs[backend], "hello")
+        run_burst(Runtime(settings=s, home=Home(s.home)))
+        says = {
+            "p1": "the plugin unmakeable (contemplation-test-plugin) could not make its backend: "
+            "RuntimeError: no licence file",
+            "p2": "invalid setting providers.p2.kind in the command line (--providers): no "
+            "backend kind 'nosuchkind'; known: ",
+            "nowhere": "unknown backend 'nowhere'",
+        }
+        for backend, conv in convs.items():
+            state = read_state(conv)
+            assert state is not None and state.status.value == "error"
+            assert state.last_error is not None and state.last_error.kind == ErrorKind.CONFIG
+            error = [line for line in conv.log.read_text().splitlines() if "=== ERROR" in line]
+            assert len(error) == 1 and f"cannot use backend '{backend}'" in error[0]
+            assert says[backend] in error[0], error[0]
+    finally:
+        backends.KINDS.forget("unmakeable")

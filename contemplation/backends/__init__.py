@@ -89,7 +89,14 @@ def _adopt(kind: BackendKind, origin: str) -> BackendKind:
         from contemplation.settings import TimeoutSettings
 
         bounds = phase_timeouts(m.timeouts or TimeoutSettings(), m.settings.max_reply_bytes)
-        return Guarded(kind.make(m), f"{kind.name} ({origin})", bounds)
+        plugin = f"{kind.name} ({origin})"
+        try:
+            made = kind.make(m)
+        except Exception as exc:  # the plugin's bug: one line, where the provider is used
+            raise ConfigError(
+                f"the plugin {plugin} could not make its backend: {type(exc).__name__}: {exc}"
+            ) from exc
+        return Guarded(made, plugin, bounds)
 
     return BackendKind(kind.name, guarded, kind.settings_model)
 
@@ -132,10 +139,15 @@ def config(settings: Settings, name: str) -> tuple[BackendKind, Any]:
     table = providers.table(settings, name)
     kind = KINDS.get(table.kind)
     if kind is None:
-        if table.at[0] == "plugins" and name in settings.plugins:
-            where = settings.source(".".join(table.at))
+        key = ".".join(table.at)
+        if table.at[0] == "providers":
             raise ConfigError(
-                f"[{'.'.join(table.at)}] in {where}: no installed plugin has a backend named "
+                f"invalid setting {key}.kind in {settings.source(key + '.kind')}: no backend "
+                f"kind {table.kind!r}; known: {', '.join(available())}"
+            )
+        if table.at[0] == "plugins" and name in settings.plugins:
+            raise ConfigError(
+                f"[{key}] in {settings.source(key)}: no installed plugin has a backend named "
                 f"{name!r}"
             )
         raise unknown(settings, name)
