@@ -34,8 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_foundation import InstantBackend  # noqa: E402
 from contemplation import backends  # noqa: E402
+from contemplation.daemon import build_runtime  # noqa: E402
 from contemplation.layout import Home  # noqa: E402
-from contemplation.pipeline import Runtime, process_pending  # noqa: E402
+from contemplation.pipeline import process_pending  # noqa: E402
 from contemplation.settings import load  # noqa: E402
 from contemplation.templates import load_template  # noqa: E402
 from contemplation.writer import (  # noqa: E402
@@ -129,7 +130,7 @@ def count(n: int, parallel: int, *, syscalls: bool = False, by_hand: bool = Fals
     if by_hand:
         overrides.update(default_backend="instant", default_model="m")
     settings = load(home=home.root, env={}, config=None, overrides=overrides)
-    rt = Runtime(settings=settings, home=home)
+    rt = build_runtime(settings)  # as the daemon starts: checked, aiohttp imported
     counts: Counter[str] = Counter()
 
     wrapped: list[tuple[Any, str, Any]] = []
