@@ -17,6 +17,8 @@ import pytest
 
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home, list_conversations
+from contemplation.models import BlockKind
+from contemplation.parser import parse
 from contemplation.pipeline import Runtime, process_pending
 from contemplation.settings import Settings
 from tests.fakes.ollama_server import FakeOllama
@@ -214,6 +216,15 @@ def only_conv(home: Home) -> Conv:
     convs = list_conversations(home, include_completed=True)
     assert len(convs) == 1, convs
     return convs[0]
+
+
+def model_replies(conv: Conv) -> list[str]:
+    """The text of each model block that was not cut (none when there is no log yet)."""
+    try:
+        data = conv.log.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [b.text for b in parse(data).blocks if b.kind is BlockKind.MODEL and not b.interrupted]
 
 
 def state_of(conv: Conv) -> dict[str, Any]:

@@ -13,18 +13,12 @@ from collections.abc import Callable
 import pytest
 
 from contemplation.layout import Conv, Home, read_state
-from contemplation.models import BlockKind, MarkerKind, Status
+from contemplation.models import MarkerKind, Status
 from contemplation.parser import parse
-from tests.conftest import ROOT, DaemonProc, base_env, cli, only_conv, wait_for
+from tests.conftest import ROOT, DaemonProc, base_env, cli, model_replies, only_conv, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
-
-def replies(conv: Conv) -> list[str]:
-    try:
-        data = conv.log.read_bytes()
-    except FileNotFoundError:
-        return []
-    return [b.text for b in parse(data).blocks if b.kind is BlockKind.MODEL and not b.interrupted]
+replies = model_replies
 
 
 def test_drop_daemon_backend_log_state_archive(

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from contemplation.writer import (
     open_writer,
     request_cancel,
 )
-from tests.conftest import ROOT, base_env, cli
+from tests.conftest import base_env, cli
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama
 
@@ -109,14 +108,7 @@ def fork_cli(env: dict[str, str], *args: str, crash: str | None = None) -> subpr
     e = dict(env)
     if crash:
         e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
-    return subprocess.run(
-        [sys.executable, "-m", "contemplation", "fork", *args],
-        env=e,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return cli(e, "fork", *args, check=False)
 
 
 @pytest.fixture
@@ -458,15 +450,7 @@ def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
     st = read_state(asked)
     assert st is not None and st.status is Status.PENDING  # a turn is due in it
     drop_message(new, "A different second question?")
-    done = subprocess.run(
-        [sys.executable, "-m", "contemplation", "run", "--once"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    cli(env, "run", "--once")  # exits 0, or fails with its stderr
     sent = sorted(  # the source had nothing to do: two requests, one per fork
         [(m["role"], m["content"]) for m in r["messages"] if m["role"] != "system"]
         for r in fake_ollama.chat_requests()

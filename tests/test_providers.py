@@ -26,7 +26,7 @@ from contemplation.settings import Settings, load
 from contemplation.templates import load_template
 from contemplation.validate import validate
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import base_env, cli, run_burst, within
+from tests.conftest import base_env, cli, model_replies, run_burst, within
 from tests.fakes.openai_server import FakeOpenAI, Step
 
 # --------------------------------------------------------------------------- config
@@ -230,14 +230,6 @@ def _conv(home: Home, topic: str, backend: str = "coder", model: str = "coder") 
     )
 
 
-def _replies(conv: Conv) -> list[str]:
-    return [
-        b.text
-        for b in parse(conv.log.read_bytes()).blocks
-        if b.kind is BlockKind.MODEL and not b.interrupted
-    ]
-
-
 def test_a_burst_over_an_alias_fills_both_providers_slots(
     home: Home, make_settings: Callable[..., Settings], two_fakes: tuple[FakeOpenAI, FakeOpenAI]
 ) -> None:
@@ -251,7 +243,7 @@ def test_a_burst_over_an_alias_fills_both_providers_slots(
         drop_message(c, f"hello {c.id[-2:]}")
     rt = Runtime(settings=s, home=Home(s.home))
     run_burst(rt)
-    assert all(_replies(c) == [f"Echo: hello {c.id[-2:]}"] for c in convs)
+    assert all(model_replies(c) == [f"Echo: hello {c.id[-2:]}"] for c in convs)
     assert one.max_active == two.max_active == 2  # the slots /props gave, and no more
     assert len(one.chat_requests()) + len(two.chat_requests()) == 8  # each turn once
     assert rt.slots_seen["box1"] == Slots(2, "server /props")
@@ -268,7 +260,7 @@ def test_a_provider_that_refuses_sends_the_turn_to_another_with_a_note(
     conv = _conv(home, "refused")
     drop_message(conv, "hello")
     run_burst(Runtime(settings=s, home=Home(s.home)))
-    assert _replies(conv) == ["Echo: hello"]
+    assert model_replies(conv) == ["Echo: hello"]
     log = conv.log.read_text()
     assert "=== NOTE: box1 failed (cannot reach" in log
     assert "the turn goes to another provider of coder (box2) ===" in log
@@ -286,7 +278,7 @@ def test_a_reply_cut_mid_stream_is_redone_once_on_another_provider(
     run_burst(Runtime(settings=s, home=Home(s.home)))
     blocks = [b for b in parse(conv.log.read_bytes()).blocks if b.kind is BlockKind.MODEL]
     assert [b.interrupted for b in blocks] == [True, False]
-    assert _replies(conv) == ["Echo: hello"]  # the whole reply once, from box2
+    assert model_replies(conv) == ["Echo: hello"]  # the whole reply once, from box2
     assert "redone on another provider of coder (box2)" in conv.log.read_text()
     assert len(two.chat_requests()) == 1
 
@@ -303,7 +295,7 @@ def test_a_429_with_retry_after_pauses_that_provider_only(
     rt = Runtime(settings=s, home=Home(s.home))
     t0 = time.time()
     run_burst(rt)
-    assert _replies(alias_conv) == ["Echo: hello"]  # box2 answered at once
+    assert model_replies(alias_conv) == ["Echo: hello"]  # box2 answered at once
     resting = rt.breaker("box1").resting()
     assert resting is not None and resting >= t0 + 29  # Retry-After, for box1 only
     assert rt.breaker("box2").resting() is None
@@ -311,7 +303,7 @@ def test_a_429_with_retry_after_pauses_that_provider_only(
     direct = _conv(home, "direct", backend="box1", model="fake-model")
     drop_message(direct, "hi")
     wakes = run_burst(rt)
-    assert _replies(direct) == []
+    assert model_replies(direct) == []
     wake = wakes.get(direct.id)
     assert wake is not None and wake >= t0 + 29
     assert len(one.chat_requests()) == 1  # the 429 only

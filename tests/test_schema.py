@@ -458,11 +458,7 @@ def test_a_sigkill_at_each_step_of_a_schema_turn_keeps_the_schema(
     """A real daemon process (``run --once``) killed at each step from the claim to the
     reply's commit: the turn that is redone still sends the schema, and its one whole reply
     is the parsed answer."""
-    import subprocess
-    import sys
-
     from contemplation.conversation import whole
-    from tests.conftest import ROOT
 
     answer = '{"city": "Quito", "population": 2800000}'
     fake_ollama.default_step = Step(text=answer, chunks=4)
@@ -471,10 +467,7 @@ def test_a_sigkill_at_each_step_of_a_schema_turn_keeps_the_schema(
     ask(conv, "Largest city of Ecuador?")
 
     def run_once(**extra: str) -> int:
-        return subprocess.run(
-            [sys.executable, "-m", "contemplation", "run", "--once"],
-            env=env | extra, cwd=ROOT, capture_output=True, timeout=60,
-        ).returncode  # fmt: skip
+        return cli(env | extra, "run", "--once", check=False).returncode
 
     assert run_once(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=f"{point}:1") == -9
     assert run_once() == 0
