@@ -76,7 +76,7 @@ def validate(settings: Settings) -> NeedRouter:
     for name in settings.fallback:
         _backend_name(settings, "fallback", name)
     # every provider's table, each checked by its kind's own model (built-in or plugin)
-    for name in (*settings.providers, *providers.SECTIONS, *settings.plugins):
+    for name in dict.fromkeys((*settings.providers, *providers.SECTIONS, *settings.plugins)):
         backends.config(settings, name)
     _dashboard_host(settings)
     router = NeedRouter(settings)  # the [[routes]] table and the search tool

@@ -134,7 +134,16 @@ def register(name: str, factory: Callable[[Settings], Backend]) -> None:
 def config(settings: Settings, name: str) -> tuple[BackendKind, Any]:
     """The provider ``name``'s kind and its settings, checked by the kind's model: one line
     naming the key and where it was set when they are wrong, or when no kind has the name."""
+    kind, own, _ = _resolved(settings, name)
+    return kind, own
+
+
+def _resolved(settings: Settings, name: str) -> tuple[BackendKind, Any, TimeoutSettings | None]:
+    """:func:`config`, and for a plugin's kind the ``timeouts`` its table gives the guard."""
+    from pydantic import ValidationError
+
     from contemplation import providers
+    from contemplation.settings import TimeoutSettings
 
     table = providers.table(settings, name)
     kind = KINDS.get(table.kind)
@@ -152,40 +161,24 @@ def config(settings: Settings, name: str) -> tuple[BackendKind, Any]:
             )
         raise unknown(settings, name)
     raw = dict(table.raw)
-    if table.kind not in BUILT_IN:
-        _bounds(settings, name)  # checked here too: start and doctor see a bad one
-        raw.pop("timeouts", None)  # the daemon's bounds, not the kind's
+    bounds = None
+    if table.kind not in BUILT_IN:  # the daemon's bounds, taken out before the kind's model
+        try:
+            bounds = TimeoutSettings.model_validate(raw.pop("timeouts", {}))
+        except ValidationError as exc:
+            raise settings.refusal(exc, (*table.at, "timeouts")) from None
     if kind.settings_model is None:
-        return kind, raw
-    from pydantic import ValidationError
-
+        return kind, raw, bounds
     try:
-        return kind, kind.settings_model.model_validate(raw)
+        return kind, kind.settings_model.model_validate(raw), bounds
     except ValidationError as exc:
         raise settings.refusal(exc, table.at) from None
 
 
-def _bounds(settings: Settings, name: str) -> TimeoutSettings | None:
-    """A plugin kind's provider: the ``timeouts`` its table gives the daemon's guard."""
-    from contemplation import providers
-
-    table = providers.table(settings, name)
-    if table.kind in BUILT_IN:
-        return None
-    from pydantic import ValidationError
-
-    from contemplation.settings import TimeoutSettings
-
-    try:
-        return TimeoutSettings.model_validate(table.raw.get("timeouts", {}))
-    except ValidationError as exc:
-        raise settings.refusal(exc, (*table.at, "timeouts")) from None
-
-
 def make(name: str, settings: Settings) -> Backend:
     """The provider ``name`` (``[providers.<name>]``, an old section, a kind named directly)."""
-    kind, own = config(settings, name)
-    return kind.make(Made(settings, name, own, _bounds(settings, name)))
+    kind, own, bounds = _resolved(settings, name)
+    return kind.make(Made(settings, name, own, bounds))
 
 
 def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:
