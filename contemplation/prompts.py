@@ -9,9 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from contemplation.attachments import image_refs
-from contemplation.conversation import whole
+from contemplation.conversation import last_marker, whole
 from contemplation.logformat import canonical_need
-from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, Metadata, Rule
+from contemplation.models import (
+    Block,
+    BlockKind,
+    ChatMessage,
+    ChatRequest,
+    MarkerKind,
+    Metadata,
+    Rule,
+)
 from contemplation.structured import body as without_schema
 from contemplation.templates import PromptMode
 from contemplation.tools import registry
@@ -25,6 +33,7 @@ COMPLETE_RULE = """\
 When the conversation has reached its goal and nothing more is needed, end your reply with a
 line that says exactly:
 === COMPLETE ==="""
+CANCELLED_NOTE = "(the agent cancelled this reply)"  # ends a cancelled turn in the history
 MAX_OFFERED = 30  # need forms listed in the prompt at most
 MAX_DESCRIPTION = 300  # a rule's description in the prompt
 # the file rule's description names the readable folders (up to 8, whole) and the part form
@@ -186,12 +195,28 @@ def history(blocks: tuple[Block, ...]) -> list[ChatMessage]:
     return [m for _, m in history_blocks(blocks)]
 
 
+def cancelled(block: Block) -> bool:
+    """The turn that followed ``block`` (a cut-off reply, or the agent's words before it) was
+    cancelled by the agent: its CANCELLED marker is the last that says how it ended."""
+    return last_marker(block) is MarkerKind.CANCELLED
+
+
 def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
     """:func:`history` with the index of the block each message comes from (a block gives
-    at most one message), so the history budget can say which blocks a summary covers."""
+    one message, and an agent's block a cancelled turn followed gives the note of it after
+    its own), so the history budget can say which blocks a summary covers.
+
+    A cancelled turn stays in the history as an assistant turn: its partial words (if any
+    reached the log) and :data:`CANCELLED_NOTE`, so the model is never asked the cancelled
+    question again in silence, nor sent two user turns in a row."""
     out: list[tuple[int, ChatMessage]] = []
     calls_by_need: dict[str, tuple[str, str]] = {}
     for i, b in enumerate(blocks):
+        if b.kind is BlockKind.MODEL and cancelled(b):
+            words = split_tool_calls(b.text.strip("\n"))[0]  # calls never made: left out
+            note = f"{words}\n\n{CANCELLED_NOTE}" if words.strip() else CANCELLED_NOTE
+            out.append((i, ChatMessage("assistant", note)))
+            continue
         if not whole(b):
             continue
         text = b.text.strip("\n")
@@ -202,6 +227,8 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
             else:  # the images its [attachment: …] lines name go with it
                 out.append((i, ChatMessage("user", text, images=image_refs(text))))
+            if cancelled(b):  # cancelled before the model wrote a word
+                out.append((i, ChatMessage("assistant", CANCELLED_NOTE)))
             continue
         content, calls = split_tool_calls(text)
         calls_by_need = {need: (cid, name) for cid, name, _, need in calls}

@@ -149,6 +149,44 @@ def test_cancel_stops_a_turn_whose_server_went_silent(
     assert not (conv.dir / ".cancel").exists()
 
 
+@pytest.mark.parametrize("after_chunks", [0, 2])
+def test_after_a_cancel_the_model_is_told_its_reply_was_cancelled(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    after_chunks: int,
+) -> None:
+    """Issue 34 finding 10: the next request (as the server receives it) holds the cancelled
+    turn as an assistant turn marked cancelled, with its partial words when there were any,
+    so the model is never asked the cancelled question again in silence and no two user
+    turns follow each other."""
+    env = base_env(home, fake_ollama)
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(
+        Step(kind="hang", text="Once upon a time", after_chunks=after_chunks, hang_seconds=120),
+        Step(text="One line it is."),
+    )
+    conv_id = cli(env, "new", "essay", "--message", "Write a long essay.").stdout.strip()
+    conv = Conv(home.active / conv_id)
+    wait_for(lambda: fake_ollama.chat_arrived.is_set(), what="the request")
+    if after_chunks:
+        wait_for(lambda: b"upon" in conv.log.read_bytes(), what="the partial reply")
+    cli(env, "cancel", conv_id)
+    wait_for(
+        lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED,
+        what="cancelled",
+    )
+    done = cli(env, "send", conv_id, "Just one line then.", "--wait", "--timeout", "30")
+    assert done.stdout.rstrip().endswith("One line it is.")
+    messages = fake_ollama.chat_requests()[-1]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"] == "Write a long essay."
+    said = messages[2]["content"]
+    assert said.endswith("(the agent cancelled this reply)")
+    assert ("Once upon" in said) is bool(after_chunks)
+    assert messages[3]["content"] == "Just one line then."
+
+
 def test_cli_errors_are_one_line(home: Home) -> None:
     env = base_env(home)
     for args in (

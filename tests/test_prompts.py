@@ -124,6 +124,33 @@ def test_build_request_puts_the_context_after_the_prompt() -> None:
     assert "  NEED: Ping <x>\n      Pong." in system and offered(system) == ["Ping <x>"]
 
 
+def test_a_cancelled_turn_stays_in_the_history_marked_and_roles_alternate() -> None:
+    """Issue 34 finding 10: cancelled with words (after a cut-off too) or before any word, the
+    turn is an assistant turn that says so; a failed or cut-off reply is still left out."""
+    log = (
+        "=== CLAUDE -> OLLAMA [2026-01-01 10:00:00] ===\nWrite an essay.\n\n"
+        "=== OLLAMA -> CLAUDE [2026-01-01 10:00:01] ===\nOnce upon\n"
+        "=== CANCELLED: generation stopped by the agent ===\n\n"
+        "=== CLAUDE -> OLLAMA [2026-01-01 10:00:02] ===\nA poem then.\n"
+        "=== CANCELLED: the turn was cancelled by the agent ===\n\n"
+        "=== CLAUDE -> OLLAMA [2026-01-01 10:00:03] ===\nA haiku.\n\n"
+        "=== OLLAMA -> CLAUDE [2026-01-01 10:00:04] ===\nOld pond\n=== INTERRUPTED ===\n"
+        "=== CANCELLED: the turn was cancelled by the agent ===\n\n"
+        "=== CLAUDE -> OLLAMA [2026-01-01 10:00:05] ===\nOne word.\n"
+    )
+    req = build_request(meta(), parse(log.encode()).blocks)
+    got = [(m.role, m.content) for m in req.messages[1:]]
+    assert got == [
+        ("user", "Write an essay."),
+        ("assistant", "Once upon\n\n(the agent cancelled this reply)"),
+        ("user", "A poem then."),
+        ("assistant", "(the agent cancelled this reply)"),
+        ("user", "A haiku."),
+        ("assistant", "Old pond\n\n(the agent cancelled this reply)"),
+        ("user", "One word."),
+    ]
+
+
 # --------------------------------------------------------------------------- the forms
 
 
