@@ -226,8 +226,13 @@ class Faces:
 
     @_locked
     def status_text(self, conv: Conv) -> str:
-        """The status resource: :meth:`snapshot` as compact JSON."""
-        return _json(self.snapshot(conv))
+        """The status resource: :meth:`snapshot` as compact JSON, with ``turns`` (finished)
+        and ``cursor`` (the log's end). Both only grow, so every change of the conversation
+        changes the text, and a subscriber is told, even when the status word is the same
+        before and after (a whole turn between two looks of the poller)."""
+        state = read_state(conv)
+        grows = {"turns": state.turns if state else 0, "cursor": _log_size(conv)}
+        return _json(self.snapshot(conv) | grows)
 
     @_locked
     def settled(self, conv: Conv) -> bool:

@@ -483,7 +483,7 @@ def _register_resources(mcp: MCPServer[Any], faces: Faces) -> None:
         "conversation://{conversation_id}/status",
         name="conversation-status",
         description="Where a conversation stands: status, pending needs, queued messages, "
-        "last error, whether a daemon runs",
+        "last error, whether a daemon runs, turns finished and the log's end (cursor)",
         mime_type="application/json",
     )
     def conversation_status(conversation_id: str) -> str:

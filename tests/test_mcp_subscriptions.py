@@ -23,9 +23,10 @@ from contemplation import mcp_server
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home
 from contemplation.mcp_faces import Limits
+from contemplation.models import Status
 from contemplation.settings import Settings
 from contemplation.templates import load_template
-from contemplation.writer import drop_message, new_conversation, open_writer
+from contemplation.writer import DaemonLock, drop_message, new_conversation, open_writer
 from tests.conftest import ROOT, DaemonProc, base_env, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -342,11 +343,8 @@ def test_stdio_subscription_follows_a_real_daemon_from_an_empty_start(
     assert mine["blocks"][0]["text"] == "Store what?"
 
 
-def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
-    """Over HTTP: a 2025 session hears on its standalone stream, a 2026 one on its listen
-    stream."""
-    conv = a_conversation(home)
-    log_uri, _ = uris(conv)
+def http_server(home: Home) -> tuple[subprocess.Popen[bytes], str]:
+    """``contemplation mcp --http`` on a free port, listening."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -357,13 +355,22 @@ def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    url = f"http://127.0.0.1:{port}/mcp"
 
     def listening() -> bool:
         if server.poll() is not None:
             raise AssertionError(server.stderr.read() if server.stderr else "server exited")
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, timeout=15, what="the HTTP MCP server")
+    return server, f"http://127.0.0.1:{port}/mcp"
+
+
+def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
+    """Over HTTP: a 2025 session hears on its standalone stream, a 2026 one on its listen
+    stream."""
+    conv = a_conversation(home)
+    log_uri, _ = uris(conv)
 
     async def main() -> tuple[list[str], list[str]]:
         ups = Updates()
@@ -378,10 +385,79 @@ def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
                 heard_new = await events_until(sub, log_uri)
         return heard_old, heard_new
 
+    server, url = http_server(home)
     try:
-        wait_for(listening, timeout=15, what="the HTTP MCP server")
         heard_old, heard_new = asyncio.run(main())
     finally:
         server.terminate()
         server.wait(timeout=15)
     assert heard_old == [log_uri] and heard_new == [log_uri]
+
+
+# --------------------------------------------------------------------------- fast turns
+
+
+def fast_turn(conv: Conv, n: int) -> None:
+    """One whole turn written the way the daemon writes it (the agent's message, generating,
+    the reply, idle again) in one go: tens of milliseconds, well within one poll (0.25 s)."""
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", f"Question {n}?", msg_id=f"q{n}")
+        w.show(Status.GENERATING)
+        r = w.reply("OLLAMA", "CLAUDE", f"a{n}")
+        r.content(f"Answer {n}.")
+        r.finish()
+        w.show(Status.IDLE)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_status_subscriber_hears_every_turn_even_one_faster_than_a_poll(
+    transport: str, mode: str, home: Home
+) -> None:
+    """idle → a whole turn → idle between two looks of the poller: the status word is the
+    same before and after, and a status-only subscriber still hears each finished turn (the
+    status carries the turns finished and the log's end, which only grow)."""
+    conv = a_conversation(home)
+    model_replies(conv, "First.", "r1")
+    with open_writer(conv) as w:
+        w.show(Status.IDLE)
+    _, status_uri = uris(conv)
+    lock = DaemonLock(home)  # a daemon runs: the status is a settled "idle"
+    lock.acquire()
+
+    async def session(c: Client, next_update: Callable[[], Any]) -> list[dict[str, Any]]:
+        seen = [await status_of(c, status_uri)]
+        for n in (2, 3):
+            fast_turn(conv, n)
+            heard = seen[-1]
+            with anyio.fail_after(10):  # a poll is every 0.25 s: one comes well within
+                while heard.get("turns") == seen[-1].get("turns"):
+                    await next_update()  # only a notification makes it look again
+                    heard = await status_of(c, status_uri)
+            seen.append(heard)
+        return seen
+
+    async def main(target: Any) -> list[dict[str, Any]]:
+        ups = Updates()
+        async with Client(target, mode=mode, message_handler=ups.handler) as c:
+            if mode == "legacy":
+                await c.subscribe_resource(status_uri)
+                return await session(c, lambda: ups.until(status_uri))
+            async with c.listen(resource_subscriptions=[status_uri]) as sub:
+                return await session(c, lambda: events_until(sub, status_uri))
+
+    server = None
+    try:
+        if transport == "stdio":
+            seen = asyncio.run(main(stdio_params(base_env(home))))
+        else:
+            server, url = http_server(home)
+            seen = asyncio.run(main(url))
+    finally:
+        lock.release()
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=15)
+    assert [s["status"] for s in seen] == ["idle", "idle", "idle"]
+    assert [s["turns"] for s in seen] == [1, 2, 3]
+    assert seen[0]["cursor"] < seen[1]["cursor"] < seen[2]["cursor"] == conv.log.stat().st_size
