@@ -43,6 +43,7 @@ from contemplation.layout import (
 )
 from contemplation.logformat import FRAME_OPEN, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.logview import log_segments, parse_segment
+from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import crashpoint
 
 log = structlog.get_logger("contemplation.index")
@@ -89,6 +90,9 @@ def db_path(home: Home) -> Path:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    # made owner-only before SQLite opens it: its -wal and -shm take the database's mode
+    with contextlib.suppress(OSError):  # (SQLite then says what is wrong, as it would)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE))
     conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
     conn.create_function("unz", 1, _unz, deterministic=True)
     try:
@@ -137,7 +141,7 @@ def _remove(path: Path) -> None:
 def opened(home: Home) -> Iterator[sqlite3.Connection]:
     """The index, made (or made anew) when it is missing, corrupt or of another version."""
     path = db_path(home)
-    home.root.mkdir(parents=True, exist_ok=True)
+    home.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
     try:
         conn = _connect(path)
     except sqlite3.OperationalError as exc:

@@ -34,6 +34,7 @@ import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
 from contemplation.layout import ignored_name, valid_id
+from contemplation.privacy import DIR_MODE
 
 log = structlog.get_logger("contemplation.watcher")
 
@@ -142,7 +143,7 @@ class InotifyWatcher(_Restarts):
     def start(self) -> None:
         from watchdog.observers.inotify_c import InotifyFD
 
-        self.active.mkdir(parents=True, exist_ok=True)
+        self.active.mkdir(DIR_MODE, parents=True, exist_ok=True)
         fd = InotifyFD()  # our own instance: its reader thread serves only these watches
         fd.daemon = True
         fd.start()
@@ -300,7 +301,7 @@ class ObserverWatcher(_Restarts):
     def start(self) -> None:
         from watchdog.observers import Observer
 
-        self.active.mkdir(parents=True, exist_ok=True)
+        self.active.mkdir(DIR_MODE, parents=True, exist_ok=True)
         obs = Observer()
         obs.schedule(_Handler(self.active, self.poke), str(self.active), recursive=True)
         obs.daemon = True

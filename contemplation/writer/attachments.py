@@ -20,6 +20,7 @@ from pathlib import Path
 from contemplation.attachments import FOLDER, MESSAGE_NAMES, Attachment
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv, ignored_name
+from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import armed, crashpoint
 from contemplation.writer.files import fsync_dir, write_all
 
@@ -33,7 +34,7 @@ def store(conv: Conv, block: str, files: Sequence[Attachment], *, durable: bool 
     if not files:
         return
     folder = attachments_dir(conv)
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(DIR_MODE, exist_ok=True)
     _remove_temps(folder, block)
     for a in files:
         dest = folder / a.stored_name(block)
@@ -47,7 +48,9 @@ def store(conv: Conv, block: str, files: Sequence[Attachment], *, durable: bool 
 
 def _copy(dest: Path, data: bytes, *, durable: bool) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp.{os.getpid()}.{secrets.token_hex(3)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE
+    )
     try:
         if armed("attachment_copy"):
             half = len(data) // 2
@@ -81,16 +84,17 @@ def drop_folder_message(
     """Maildir delivery of a message with files (see
     :func:`contemplation.attachments.read_paths`): a dot-folder in ``inbox/`` gets
     ``message.txt`` and each file (each fsynced), then is renamed into place whole."""
-    conv.inbox.mkdir(parents=True, exist_ok=True)
+    conv.inbox.mkdir(DIR_MODE, parents=True, exist_ok=True)
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
         raise InputRejected(f"not a usable inbox name: {final!r}")
     staging = conv.inbox / f".{final}.tmp"
-    staging.mkdir()
+    staging.mkdir(DIR_MODE)
     try:
         leaves = [(MESSAGE_NAMES[0], text.encode("utf-8")), *((a.name, a.data) for a in files)]
         for leaf, data in leaves:
-            fd = os.open(staging / leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(staging / leaf, flags, FILE_MODE)
             try:
                 write_all(fd, data)
                 os.fsync(fd)

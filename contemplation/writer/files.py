@@ -22,6 +22,7 @@ from typing import Any
 
 from contemplation.errors import AlreadyRunning
 from contemplation.layout import Conv, Home, read_json
+from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import crashpoint
 from contemplation.writer.durable import Durable, Steps, fsync_path, run_now
 
@@ -48,7 +49,7 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def atomic_write_steps(
-    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644, dev: int | None = None
+    path: Path, data: bytes, *, durable: bool = True, mode: int = FILE_MODE, dev: int | None = None
 ) -> Steps[None]:
     """:func:`atomic_write_bytes` as steps (see :mod:`.durable`): the temp file is durable
     before the rename, the rename before the steps end. ``dev``: the file system of
@@ -76,7 +77,9 @@ def atomic_write_steps(
         yield Durable(folders=(path.parent,), dev=dev)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+def atomic_write_bytes(
+    path: Path, data: bytes, *, durable: bool = True, mode: int = FILE_MODE
+) -> None:
     run_now(atomic_write_steps(path, data, durable=durable, mode=mode))
 
 
@@ -104,8 +107,8 @@ class DaemonLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.home.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.home.daemon_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.home.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
+        fd = os.open(self.home.daemon_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -147,7 +150,7 @@ def faces_lock(conv: Conv) -> Iterator[None]:
     calls at once). A lock of its own, ``<conv>/.faces.lock``: the daemon holds the
     conversation's lock for a whole reply, and an agent must not wait for that."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(conv.dir / ".faces.lock", flags, 0o600)
+    fd = os.open(conv.dir / ".faces.lock", flags, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -158,7 +161,7 @@ def faces_lock(conv: Conv) -> Iterator[None]:
 @contextlib.contextmanager
 def conv_lock(conv: Conv, *, blocking: bool = True) -> Iterator[bool]:
     """Hold ``flock(<conv>/.lock)``. Yields False (lock not taken) only when non-blocking."""
-    fd = os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))

@@ -24,6 +24,7 @@ from contemplation.layout import (
     slugify,
 )
 from contemplation.models import LogIdentity, Metadata, State
+from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.templates import Template
 from contemplation.testing import crashpoint
 from contemplation.writer.files import (
@@ -40,11 +41,13 @@ from contemplation.writer.templates import seed_templates
 
 def ensure_home(home: Home) -> None:
     """The home's folders. A templates/ folder made here gets the shipped templates (to
-    read and edit); one that exists is never touched."""
+    read and edit); one that exists is never touched. Each is the owner's alone (see
+    :mod:`contemplation.privacy`); an existing folder's mode is left as it is."""
+    home.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
     for d in (home.active, home.completed):
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(DIR_MODE, exist_ok=True)
     try:
-        home.templates.mkdir()
+        home.templates.mkdir(DIR_MODE)
     except FileExistsError:
         return
     seed_templates(home)
@@ -72,7 +75,7 @@ def new_conversation(
         name = base if n == 0 else f"{base}-{n + 1}"
         target = home.active / name
         try:
-            target.mkdir()
+            target.mkdir(DIR_MODE)
         except FileExistsError:
             continue
         fields: dict[str, Any] = {
@@ -95,7 +98,7 @@ def new_conversation(
         fields["id"] = name
         staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            staging.mkdir()
+            staging.mkdir(DIR_MODE)
             ensure_conversation_files(
                 Conv(staging), Metadata.model_validate(fields), durable=durable
             )
@@ -118,8 +121,8 @@ def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = Tru
     Everything a turn needs exists from the start, so no turn pays for making a file or a
     folder (on some file systems that costs more than the rest of the turn)."""
     for d in (conv.inbox, conv.processing, conv.context):
-        d.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+        d.mkdir(DIR_MODE, parents=True, exist_ok=True)
+    os.close(os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE))
     if read_metadata(conv) is None:
         atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
     _make_log(conv)
@@ -138,7 +141,7 @@ def adopt_folder(conv: Conv, *, has_inbox: bool = False) -> None:
     when something is saved there."""
     for d in (conv.processing,) if has_inbox else (conv.processing, conv.inbox):
         with contextlib.suppress(FileExistsError):
-            os.mkdir(d)
+            os.mkdir(d, DIR_MODE)
     _make_log(conv)
 
 
@@ -147,7 +150,7 @@ def _make_log(conv: Conv) -> None:
     a FIFO)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(conv.log, flags, 0o644)
+        fd = os.open(conv.log, flags, FILE_MODE)
     except OSError:
         if os.path.lexists(conv.log):
             return  # a link, a FIFO, a folder: the writer refuses it with a clear error
@@ -163,19 +166,19 @@ def write_context_file(conv: Conv, name: str, data: bytes, *, durable: bool = Tr
     """Save one assembled-context file into ``<conv>/context/`` (made if missing), atomically."""
     if not name or "/" in name or "\x00" in name or name.startswith("."):
         raise InputRejected(f"not a usable context file name: {name!r}")
-    conv.context.mkdir(parents=True, exist_ok=True)
+    conv.context.mkdir(DIR_MODE, parents=True, exist_ok=True)
     atomic_write_bytes(conv.context / name, data, durable=durable)
     return conv.context / name
 
 
 def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
     """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place."""
-    conv.inbox.mkdir(parents=True, exist_ok=True)
+    conv.inbox.mkdir(DIR_MODE, parents=True, exist_ok=True)
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
         raise InputRejected(f"not a usable inbox file name: {final!r}")
     tmp = conv.inbox / f".{final}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         write_all(fd, text.encode("utf-8"))
         os.fsync(fd)
@@ -195,7 +198,8 @@ def claim(conv: Conv, inbox_file: Path) -> Path | None:
     except FileNotFoundError:
         if conv.processing.is_dir() or not os.path.lexists(inbox_file):
             return None  # someone else took it
-        conv.processing.mkdir(exist_ok=True)  # a folder from before processing/ came with it
+        # a folder from before processing/ came with it
+        conv.processing.mkdir(DIR_MODE, exist_ok=True)
         return claim(conv, inbox_file)
     crashpoint("claim")
     return claimed
@@ -203,7 +207,7 @@ def claim(conv: Conv, inbox_file: Path) -> Path | None:
 
 def reject_input(conv: Conv, path: Path, reason: str) -> Path:
     """Move an unusable input to ``failed/`` with a reason file (input is never deleted)."""
-    conv.failed.mkdir(exist_ok=True)
+    conv.failed.mkdir(DIR_MODE, exist_ok=True)
     dest = conv.failed / path.name
     os.replace(path, dest)
     atomic_write_json(
@@ -218,7 +222,7 @@ def archive(home: Home, conv: Conv) -> Conv:
         return conv
     if not conv.dir.is_dir():
         raise NotFound(f"no conversation {conv.id}")
-    home.completed.mkdir(parents=True, exist_ok=True)
+    home.completed.mkdir(DIR_MODE, parents=True, exist_ok=True)
     dest = home.completed / conv.id
     if dest.exists():
         dest = home.completed / f"{conv.id}-{secrets.token_hex(3)}"
@@ -235,7 +239,7 @@ def unarchive(home: Home, conv: Conv) -> Conv:
         return conv
     if not conv.dir.is_dir():
         raise NotFound(f"no conversation {conv.id}")
-    home.active.mkdir(parents=True, exist_ok=True)
+    home.active.mkdir(DIR_MODE, parents=True, exist_ok=True)
     dest = home.active / conv.id
     if os.path.lexists(dest):
         raise InputRejected(f"an active conversation {conv.id} exists already; nothing was moved")
@@ -303,7 +307,7 @@ def idempotent_create(
     """
     ensure_home(home)
     path = home.root / ".idempotency.json"
-    fd = os.open(home.root / ".idempotency.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(home.root / ".idempotency.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         now = time.time()

@@ -22,6 +22,7 @@ from pathlib import Path
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv, Home, list_folder, slugify
 from contemplation.models import Metadata, Status
+from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import crashpoint
 from contemplation.writer.files import atomic_write_json, fsync_dir, now_iso, write_all
 from contemplation.writer.folders import ensure_conversation_files, ensure_home, pid_alive
@@ -63,7 +64,7 @@ def build_fork(
     ensure_home(home)
     remove_stale_staging(home)
     staging = home.active / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-    staging.mkdir()
+    staging.mkdir(DIR_MODE)
     try:
         _stage(Conv(staging), meta, log, segments, attachments, status, durable=durable)
         made = _place(home, Conv(staging), meta, durable=durable)
@@ -94,8 +95,9 @@ def _stage(  # noqa: PLR0917 - the parts of one folder
             symlinks=True,
             copy_function=lambda s, d: _link_or_copy(Path(s), Path(d), durable=durable),
         )
-        if durable:  # the names in every folder of it (the files are durable already)
-            for folder, _, _ in os.walk(conv.dir / "attachments"):
+        for folder, _, _ in os.walk(conv.dir / "attachments"):
+            os.chmod(folder, DIR_MODE)  # copytree gave it the source's mode
+            if durable:  # the names in it (the files are durable already)
                 fsync_dir(Path(folder))
     crashpoint("fork_staged")
     state = rebuild_state(conv, meta, list_folder(conv))
@@ -145,7 +147,8 @@ def remove_stale_staging(home: Home) -> None:
 
 
 def _write_new(path: Path, data: bytes, *, durable: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(path, flags, FILE_MODE)
     try:
         write_all(fd, data)
         if durable:
@@ -176,6 +179,8 @@ def _link_or_copy(src: Path, dst: Path, *, durable: bool) -> None:
     else:
         return
     shutil.copyfile(src, dst, follow_symlinks=False)
+    if not dst.is_symlink():
+        os.chmod(dst, FILE_MODE)  # made under the umask
     if durable and not dst.is_symlink():
         fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
         try:

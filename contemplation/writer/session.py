@@ -38,6 +38,7 @@ from contemplation.models import (
     State,
     Status,
 )
+from contemplation.privacy import FILE_MODE
 from contemplation.testing import armed, crashpoint
 from contemplation.writer.durable import Durable, GroupCommitter, Steps, run_now
 from contemplation.writer.files import (
@@ -121,7 +122,7 @@ class ConvWriter:
             self.fd = os.open(
                 self.conv.log,
                 os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                0o644,
+                FILE_MODE,
             )
         return self.fd
 
@@ -279,7 +280,9 @@ class ConvWriter:
             st = os.stat(self.conv.log, follow_symlinks=False)
         except FileNotFoundError:
             self.close()
-            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE
+            )
             os.close(fd)
             st = os.stat(self.conv.log)
             if self.state.log.size:
@@ -495,7 +498,9 @@ class ConvWriter:
                 os.rename(self.conv.log, first)
                 crashpoint("rotate_renamed")
         try:
-            fd = os.open(self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                self.conv.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE
+            )
         except FileExistsError:
             pass
         else:

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from contemplation.layout import Home, valid_id
+from contemplation.privacy import DIR_MODE
 from contemplation.templates import shipped_templates
 from contemplation.writer.files import atomic_write_bytes, fsync_dir
 
@@ -22,7 +23,7 @@ MAX_TEMPLATE_FILE_BYTES = 1024 * 1024
 
 def seed_templates(home: Home, *, durable: bool = True) -> list[str]:
     """Copy each shipped template the home does not have; returns the names copied."""
-    home.templates.mkdir(parents=True, exist_ok=True)
+    home.templates.mkdir(DIR_MODE, parents=True, exist_ok=True)
     seeded: list[str] = []
     for src in sorted(shipped_templates().iterdir()):
         if not valid_id(src.name) or not (src / "template.toml").is_file():
@@ -42,7 +43,7 @@ def _place(src: Path, home: Home, *, durable: bool) -> bool:
     name = src.name
     staging = home.templates / f".seed-{name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        staging.mkdir()
+        staging.mkdir(DIR_MODE)
         with os.scandir(src) as entries:
             for entry in entries:
                 if entry.is_file(follow_symlinks=False):
