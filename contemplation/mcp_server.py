@@ -18,19 +18,19 @@ stderr).
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import wraps
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from mcp_types import Resource as MCPResource
-from mcp_types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from contemplation import __version__, actions, paging, structured
+from contemplation import __version__, actions, mcp_arguments, paging, structured
 from contemplation.attachments import read_paths
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import read_state
@@ -160,6 +160,33 @@ class ContemplationServer(MCPServer[Any]):
             subscriptions=subs.bus,
         )
         subs.install(self)
+        self.aliases: dict[str, dict[str, str]] = {}  # tool → {alias: the argument it names}
+        self._takes: dict[str, list[str]] = {}  # tool → its arguments, as its schema lists them
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """The SDK's call with the arguments checked first (:mod:`contemplation.mcp_arguments`):
+        pydantic ignores a name it does not know (a misnamed cursor was quietly the default,
+        and an agent paged through page one forever), and its own errors are several lines
+        with a URL in them."""
+        if name not in self._takes:  # read once, again only for a name not seen yet
+            tools = await self.list_tools()
+            self._takes = {t.name: list(t.input_schema.get("properties", {})) for t in tools}
+        takes = self._takes.get(name)
+        if takes is None:  # not a tool: the SDK says so
+            return await super().call_tool(name, arguments, context)
+        try:
+            args, said = mcp_arguments.checked(arguments, takes, self.aliases.get(name, {}))
+        except ContemplationError as exc:
+            raise ToolError(str(exc)) from exc
+        try:
+            return await super().call_tool(name, args, context)
+        except ToolError as exc:  # the arguments' values, refused before the tool ran
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                raise ToolError(mcp_arguments.refused(cause, said)) from cause
+            raise
 
     async def list_resources(self) -> list[MCPResource]:
         with self.faces.lock:
@@ -177,16 +204,21 @@ def build_server(settings: Settings, limits: Limits | None = None) -> Contemplat
 
 
 def _register_tools(  # noqa: PLR0915 - one statement per tool and its registration
-    mcp: MCPServer[Any], faces: Faces, settings: Settings
+    mcp: ContemplationServer, faces: Faces, settings: Settings
 ) -> None:
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    paging_alias = {"since": "cursor"}  # the name these tools' cursor had before
 
-    def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    def tool(
+        annotations: ToolAnnotations, aliases: Mapping[str, str] | None = None
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Register with the docstring folded to one line (descriptions stay brief) and the
-        result as the one compact text block the tool returns."""
+        result as the one compact text block the tool returns; ``aliases``: other names an
+        argument is accepted under (not in the schema)."""
 
         def register(fn: Callable[P, R]) -> Callable[P, R]:
             doc = " ".join((fn.__doc__ or "").split())
+            mcp.aliases[fn.__name__] = dict(aliases or {})
             return mcp.tool(description=doc, annotations=annotations, structured_output=False)(fn)
 
         return register
@@ -247,22 +279,22 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             out["hint"] = faces._hint(conv, Status.PENDING.value, [], alive, empty=False)
         return _json(out)
 
-    @tool(read_only)
+    @tool(read_only, paging_alias)
     @_errors_as_tool_errors
     def conversation_check(
         conversation_id: Id,
-        since: Cursor = None,
+        cursor: Cursor = None,
         include_own: IncludeOwn = False,
         max_bytes: MaxBytes = paging.PAGE_BYTES,
     ) -> str:
         """Status, activity, what waits for you (`waiting`, each item with the call that
-        settles it) and the blocks after `since` (default: your last message); pass the
+        settles it) and the blocks after `cursor` (default: your last message); pass the
         returned cursor next time."""
         return _json(
-            faces.check(conversation_id, since, include_own=include_own, max_bytes=max_bytes)
+            faces.check(conversation_id, cursor, include_own=include_own, max_bytes=max_bytes)
         )
 
-    @tool(ToolAnnotations(open_world_hint=False))
+    @tool(ToolAnnotations(open_world_hint=False), paging_alias)
     @_errors_as_tool_errors
     def conversation_respond(
         conversation_id: Id,
@@ -274,7 +306,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         plain: Annotated[
             bool, Field(description="send a plain message even though something waits")
         ] = False,
-        since: Annotated[
+        cursor: Annotated[
             int | None, Field(ge=0, description="your cursor, if you hold one: returned as is")
         ] = None,
         *,
@@ -297,7 +329,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
                 need,
                 face="mcp",
                 plain=plain or schema is not None,
-                since=since,
+                since=cursor,
                 files=files,
             )
         return _json({"conversation_id": conv.id} | done)
@@ -366,10 +398,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         reached), the defaults, and the templates."""
         return _json(await faces.models())
 
-    @tool(read_only)
+    @tool(read_only, paging_alias)
     async def conversation_wait(  # noqa: PLR0917 - the SDK passes a tool's arguments by name
         conversation_id: Id,
-        since: Cursor = None,
+        cursor: Cursor = None,
         timeout_s: Annotated[
             float, Field(description=f"seconds, at most {WAIT_CAP:.0f}")
         ] = WAIT_DEFAULT,
@@ -388,7 +420,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             return _json(
                 await faces.wait(
                     conversation_id,
-                    since,
+                    cursor,
                     timeout_s,
                     include_own=include_own,
                     progress=progress,
