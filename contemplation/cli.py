@@ -19,6 +19,7 @@ import click
 from contemplation import __version__
 from contemplation.errors import ContemplationError
 from contemplation.exits import EXIT_CODES, EXIT_INTERRUPTED, fail
+from contemplation.privacy import private_umask
 
 PROG = "contemplation"
 
@@ -137,6 +138,7 @@ def main(
     verbose: bool,
 ) -> None:
     """contemplation: a folder that is an asynchronous conversation queue with local LLMs."""
+    private_umask()  # every command (run, mcp, the dashboard too) makes owner-only files
     overrides: dict[str, Any] = {}
     if log_format:
         overrides["log_format"] = log_format

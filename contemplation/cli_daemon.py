@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -21,6 +22,7 @@ from contemplation.cli_common import (
 from contemplation.cli_models import in_use
 from contemplation.errors import ConfigError
 from contemplation.layout import Home, refused_folders
+from contemplation.privacy import open_mode
 from contemplation.settings import Settings
 from contemplation.writer import daemon_alive, ensure_home
 
@@ -90,6 +92,38 @@ def mcp(ctx: click.Context, http_port: int | None) -> None:
     mcp_server.run(ctx_settings(ctx), http_port=http_port)
 
 
+def _check_home(s: Settings, home: Home, add: Callable[..., None]) -> None:
+    """doctor's rows for the home (made, written to) and for the home or the config file
+    open to the group or others: the config holds api keys and passwords, the home what the
+    lookups read. Their modes are read first: ensure_home leaves an existing folder's alone."""
+    config = open_mode(s.config_file) if s.config_file is not None else None
+    if config is not None:
+        add(
+            "config",
+            True,
+            f"{s.config_file} is open to others (mode {config:o}), and api keys and passwords "
+            f"live there: run `chmod 600 {s.config_file}`",
+            warn=True,
+        )
+    mode = open_mode(home.root)
+    try:
+        ensure_home(home)
+        probe = home.root / f".doctor.{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+        add("home", True, f"{home.root} is writable")
+    except OSError as exc:
+        add("home", False, f"{home.root}: {exc}")
+    if mode is not None:
+        add(
+            "home",
+            True,
+            f"{home.root} is open to others (mode {mode:o}): run `chmod 700 {home.root}` "
+            "(the daemon does it when it starts)",
+            warn=True,
+        )
+
+
 @click.command()
 @json_option('Print {"ok", "checks": [{"check", "ok", "detail"}]} as JSON.')
 @click.pass_context
@@ -110,14 +144,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
     except ConfigError as exc:
         add("config", False, str(exc))
-    try:
-        ensure_home(home)
-        probe = home.root / f".doctor.{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-        add("home", True, f"{home.root} is writable")
-    except OSError as exc:
-        add("home", False, f"{home.root}: {exc}")
+    _check_home(s, home, add)
     from contemplation.reload import drift
 
     differs = drift(home, s)

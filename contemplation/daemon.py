@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from contemplation import sdnotify
+from contemplation import privacy, sdnotify
 from contemplation.backends import available as backend_families
 from contemplation.dispatcher import Dispatcher
 from contemplation.errors import ContemplationError
@@ -46,6 +46,13 @@ def build_runtime(settings: Settings) -> Runtime:
     from contemplation.backends import http
 
     home = Home(settings.home)
+    try:  # made open by an older version: closed, nothing below it is theirs any more
+        was = privacy.close(home.root)
+    except OSError as exc:  # not ours to change: said, and the start goes on
+        log.warning("home_open_to_others", home=str(home.root), error=str(exc))
+    else:
+        if was is not None:
+            log.warning("home_made_private", home=str(home.root), was=f"{was:o}", now="700")
     ensure_home(home)
     router = validate(settings)
     http.preload()
