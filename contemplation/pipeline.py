@@ -349,18 +349,40 @@ async def process(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
     return rt.clock() + 1.0
 
 
+FAILED_CAP_S = 60.0  # a conversation that keeps failing is tried again at least this often
+
+
 async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None:
-    """:func:`process` for the daemon: one broken conversation never stops the others."""
+    """:func:`process` for the daemon: one broken conversation never stops the others. One
+    that keeps failing (a full disk: its message stays claimed or queued) is tried again with
+    backoff, from the rescan interval up to ``FAILED_CAP_S``, its error said once (and again
+    when it changes); an event (a new message) tries it at once."""
     try:
-        return await process(conv, rt, seen)
+        wake = await process(conv, rt, seen)
     except asyncio.CancelledError:
         raise
     except (ContemplationError, OSError) as exc:
-        log.error("conversation_failed", conv=conv.id, error=f"{type(exc).__name__}: {exc}")  # noqa: TRY400 - expected failure, one line
-        return rt.clock() + rt.settings.rescan_interval
+        return _failed(conv, rt, seen, exc)
     except Exception:
         log.exception("conversation_crashed", conv=conv.id)
         return rt.clock() + rt.settings.rescan_interval
+    if seen.failing.pop(conv.id, None) is not None:
+        log.info("conversation_resumed", conv=conv.id)
+    return wake
+
+
+def _failed(conv: Conv, rt: Runtime, seen: Tracked, exc: Exception) -> float:
+    """When to try a failed conversation again; its error in one line the first time."""
+    what = f"errno {exc.errno}" if isinstance(exc, OSError) and exc.errno else str(exc)
+    n, new = seen.failed(conv.id, f"{type(exc).__name__}: {what}")  # not the temp file's name
+    base = rt.settings.rescan_interval
+    delay = min(max(FAILED_CAP_S, base), base * 2.0 ** min(n - 1, 16))
+    error = f"{type(exc).__name__}: {exc}"
+    if new:
+        log.error("conversation_failed", conv=conv.id, error=error, retry_in=round(delay, 2))
+    else:
+        log.debug("conversation_failed", conv=conv.id, error=error, retry_in=round(delay, 2))
+    return rt.clock() + delay
 
 
 async def process_pending(

@@ -23,6 +23,8 @@ class Tracked:
     recovered: set[str] = field(default_factory=set)  # conversations recovered since start
     views: dict[str, LogView] = field(default_factory=dict)  # incremental parses of the logs
     log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left
+    # conversations whose steps failed (a full disk): failures in a row, and the error said
+    failing: dict[str, tuple[int, str]] = field(default_factory=dict)
     stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
 
     def view(self, conv: Conv, agent_label: str) -> LogView:
@@ -31,6 +33,13 @@ class Tracked:
             # read under the conversation's lock only: no rotation runs meanwhile
             v = self.views[conv.id] = LogView(conv, agent_label, locked=True)
         return v
+
+    def failed(self, conv_id: str, what: str) -> tuple[int, bool]:
+        """One more failure in a row: how many now, and whether ``what`` differs from the
+        error said last time (a repeat is not said again)."""
+        n, said = self.failing.get(conv_id, (0, ""))
+        self.failing[conv_id] = (n + 1, what)
+        return n + 1, what != said
 
     def remember_size(self, conv: Conv) -> None:
         try:
@@ -42,3 +51,4 @@ class Tracked:
         self.views.pop(conv_id, None)
         self.log_sizes.pop(conv_id, None)
         self.recovered.discard(conv_id)
+        self.failing.pop(conv_id, None)
