@@ -18,7 +18,7 @@ import click
 
 from contemplation import __version__
 from contemplation.errors import ContemplationError
-from contemplation.exits import EXIT_CODES, EXIT_INTERRUPTED, fail
+from contemplation.exits import EXIT_CODES, EXIT_INTERRUPTED, disk_full, fail
 from contemplation.privacy import private_umask
 
 PROG = "contemplation"
@@ -107,12 +107,26 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except ContemplationError as exc:
-            fail(str(exc))
-        except OSError as exc:
-            fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            full = disk_full(exc)  # whatever wrote, and however the error came up
+            if full is not None:
+                fail(f"the disk is full: {_where(ctx, full)}")
+            if isinstance(exc, ContemplationError):
+                fail(str(exc))
+            if isinstance(exc, OSError):
+                fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+            raise
+
+
+def _where(ctx: click.Context, exc: BaseException) -> str:
+    """The file a full disk refused, else the home the command was writing in."""
+    if isinstance(exc, OSError) and exc.filename:
+        return str(exc.filename)
+    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+    home = getattr(obj.get("settings"), "home", None) or obj.get("home")
+    return str(home) if home else "the conversation home"
 
 
 @click.group(cls=_Group, epilog=EXIT_CODES)

@@ -21,6 +21,7 @@ from contemplation.cli_common import (
 )
 from contemplation.cli_models import in_use
 from contemplation.errors import ConfigError
+from contemplation.exits import disk_full
 from contemplation.layout import Home, refused_folders
 from contemplation.privacy import open_mode
 from contemplation.settings import Settings
@@ -109,11 +110,13 @@ def _check_home(s: Settings, home: Home, add: Callable[..., None]) -> None:
     try:
         ensure_home(home)
         probe = home.root / f".doctor.{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        try:
+            probe.write_text("ok")
+        finally:
+            probe.unlink(missing_ok=True)  # made even when the disk had no room for "ok"
         add("home", True, f"{home.root} is writable")
     except OSError as exc:
-        add("home", False, f"{home.root}: {exc}")
+        add("home", False, f"{home.root}: {'the disk is full' if disk_full(exc) else exc}")
     if mode is not None:
         add(
             "home",

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +19,9 @@ from contemplation import show
 from contemplation.cli_common import ctx_home, emit, json_option
 from contemplation.exits import EXIT_ERROR
 from contemplation.terminal import safe
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
 
 
 @click.command()
@@ -84,11 +89,14 @@ def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
         if any(found.values()):
             sys.exit(EXIT_ERROR)
         return
-    with click.progressbar(length=1, label="indexing", file=sys.stderr) as bar:
+    with contextlib.ExitStack() as stack:
+        bars: list[ProgressBar[int]] = []  # shown once the index is known to be writable
 
         def step(done: int, total: int) -> None:
-            bar.length = total
-            bar.update(done - bar.pos)
+            if not bars:
+                bar = click.progressbar(length=total, label="indexing", file=sys.stderr)
+                bars.append(stack.enter_context(bar))
+            bars[0].update(done - bars[0].pos)
 
         count = index_db.rebuild(home, step)
     click.echo(f"indexed {count} conversation(s) into {index_db.db_path(home)}")

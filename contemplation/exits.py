@@ -3,6 +3,7 @@ only): the entry point imports it before it knows which command runs."""
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import NoReturn
 
@@ -25,6 +26,27 @@ Exit codes:
   130  interrupted (Ctrl-C)
 """
 
+
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # no room, or the quota is spent
+CHAIN_MAX = 8  # causes and contexts looked through for a full disk
+
+
+def disk_full(exc: BaseException) -> BaseException | None:
+    """The error in ``exc`` or the chain of errors behind it that says the disk is full (an
+    ``OSError`` of ENOSPC or EDQUOT, SQLite's SQLITE_FULL), or None. SQLite's is recognised
+    by its name, so this module need not import sqlite3."""
+    cur: BaseException | None = exc
+    for _ in range(CHAIN_MAX):
+        if cur is None:
+            return None
+        if isinstance(cur, OSError) and cur.errno in FULL_ERRNOS:
+            return cur
+        if getattr(cur, "sqlite_errorname", None) == "SQLITE_FULL":
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None

@@ -11,12 +11,16 @@ restart, by the daemon, the CLI, the MCP server and the dashboard alike.
 
 A missing, truncated, corrupt or other-version database is made anew with one log line; a
 database another process holds locked past the busy timeout is read as it stands (WAL lets
-readers through a writer). Nothing here raises for the index's sake.
+readers through a writer). One that cannot be opened or written (a full disk, an I/O error, a
+read-only file) is never thrown away: a read then brings a copy in memory up to date from the
+folders instead (:func:`read`), and a write says the disk is full as any file's would (an
+``OSError`` of ENOSPC naming the index). Nothing here raises for the index's sake.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sqlite3
@@ -59,6 +63,8 @@ FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this oft
 NOTICE_AT = 500  # a refresh that reads this many folders again says so on a terminal
 BATCH = 200  # conversations indexed per transaction: a long rebuild lets others in between
 MAX_SEGMENT_BYTES = 256 << 20  # one log file read whole to index it; a larger one is named
+NO_ROOM = 64 << 10  # free bytes under which SQLite's I/O error on the index means a full disk
+SAY_EVERY_S = 60.0  # an index that cannot be written is said at most this often (a warning)
 
 _COLUMNS = (
     "id TEXT PRIMARY KEY, archived INTEGER NOT NULL, topic TEXT, model TEXT, backend TEXT, "
@@ -108,27 +114,95 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _migrate(conn: sqlite3.Connection, version: int) -> None:
+def _migrate(conn: sqlite3.Connection, version: int, *, say: bool = True) -> None:
     """Every older (or newer) schema is made anew: the index is derived, so its migration is
     a rebuild (the folders are read again by the next refresh)."""
-    if version:
+    if version and say:
         log.warning("index_rebuilt", why=f"schema {version}, this version reads {SCHEMA}")
     conn.execute("BEGIN IMMEDIATE")
     try:
         if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA:  # another did it
             conn.execute("COMMIT")
             return
-        for view in _VIEWS:
-            conn.execute(f"DROP VIEW IF EXISTS {view}")
-        for table in _TABLES:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
-        for ddl in _DDL:
-            conn.execute(ddl)
-        conn.execute(f"PRAGMA user_version={SCHEMA}")
+        _make_tables(conn)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
+
+
+def _make_tables(conn: sqlite3.Connection) -> None:
+    """Every table dropped and made empty, in the caller's transaction."""
+    for view in _VIEWS:
+        conn.execute(f"DROP VIEW IF EXISTS {view}")
+    for table in _TABLES:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+    for ddl in _DDL:
+        conn.execute(ddl)
+    conn.execute(f"PRAGMA user_version={SCHEMA}")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo the open transaction, if SQLite has not already (it does on a full disk): the
+    error that ended it is the one raised, never 'cannot rollback'."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+# --------------------------------------------------------------------------- what went wrong
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of ``exc`` (None: an error of Python's own module)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    """The file is no index this code can read: corrupt, not a database, a table missing (a
+    truncated file, one made by someone else). Only that is thrown away and made anew; a full
+    disk, an I/O error, a read-only file or a lock held past the timeout leave it alone."""
+    return _code(exc) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_ERROR)
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    return _code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _no_room(folder: Path) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < NO_ROOM
+
+
+@contextlib.contextmanager
+def _full_disk_said(home: Home) -> Iterator[None]:
+    """SQLite's full disk as the ``OSError`` any other file's write raises, naming the index.
+    SQLite says 'disk I/O error' when it cannot grow the WAL's shared memory: on a disk with
+    no room left, that is the full disk too."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        code = _code(exc)
+        if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and _no_room(home.root)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(db_path(home))) from exc
+        raise
+
+
+_said_at = [float("-inf")]  # when the last index_unwritable warning went out (monotonic)
+
+
+def _say_unwritable(exc: sqlite3.Error) -> None:
+    """One warning a minute at most: a dashboard polling a full disk must not fill the log."""
+    now = time.monotonic()
+    if now - _said_at[0] < SAY_EVERY_S:
+        log.debug("index_unwritable", why=str(exc))
+        return
+    _said_at[0] = now
+    log.warning("index_unwritable", why=str(exc), reading="the folders, into memory")
 
 
 def _remove(path: Path) -> None:
@@ -144,11 +218,9 @@ def opened(home: Home) -> Iterator[sqlite3.Connection]:
     home.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
     try:
         conn = _connect(path)
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc):
-            raise
-        conn = _anew(path, exc)
     except sqlite3.DatabaseError as exc:
+        if not _damaged(exc):
+            raise  # full, read-only, locked: the file is left as it is
         conn = _anew(path, exc)
     try:
         yield conn
@@ -162,26 +234,86 @@ def _anew(path: Path, exc: Exception) -> sqlite3.Connection:
     return _connect(path)
 
 
-def read(home: Home, fn: Callable[[sqlite3.Connection], T], only: Iterable[str] | None = None) -> T:
+def read(
+    home: Home,
+    fn: Callable[[sqlite3.Connection], T],
+    only: Iterable[str] | None = None,
+    *,
+    fallback: bool = True,
+) -> T:
     """``fn`` run on the index after it was brought up to date (with every folder, or with
     ``only`` these conversations). A database that turns out damaged on the way is made anew
-    once; one that stays locked is read as it stands."""
+    once; one that stays locked is read as it stands. One that cannot be opened or written (a
+    full disk, an I/O error, a read-only file) is left as it is: ``fn`` runs on a copy in
+    memory brought up to date from the folders (one warning a minute), or, with ``fallback``
+    False, the error is raised (a full disk as ``OSError``)."""
+    if not fallback:
+        with _full_disk_said(home):
+            return _read_on_disk(home, fn, only)
+    try:
+        return _read_on_disk(home, fn, only)
+    except sqlite3.DatabaseError as exc:
+        _say_unwritable(exc)
+    return _read_in_memory(home, fn, only)
+
+
+def _read_on_disk(
+    home: Home, fn: Callable[[sqlite3.Connection], T], only: Iterable[str] | None
+) -> T:
     for attempt in (1, 2):
         try:
             with opened(home) as conn:
                 try:
                     refresh(conn, home, only)
                 except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc):
+                    if not _busy(exc):
                         raise
                     log.info("index_busy", why=str(exc), reading="the index as it stands")
                 return fn(conn)
         except sqlite3.DatabaseError as exc:
-            if attempt == 2 or "locked" in str(exc):
+            if attempt == 2 or not _damaged(exc):
                 raise
             log.warning("index_rebuilt", why=str(exc))
             _remove(db_path(home))
     raise AssertionError("unreachable")
+
+
+def _read_in_memory(
+    home: Home, fn: Callable[[sqlite3.Connection], T], only: Iterable[str] | None
+) -> T:
+    """``fn`` run on an index in memory brought up to date from the folders, nothing written
+    to the disk: the index on disk copied first when it can be read (so only what changed
+    since is read again), else every folder read. It holds what the index on disk would."""
+    for copy in (True, False):
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        conn.create_function("unz", 1, _unz, deterministic=True)
+        try:
+            if copy:
+                _copy_into(db_path(home), conn)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA:
+                _migrate(conn, version, say=False)
+            refresh(conn, home, only)
+            return fn(conn)
+        except sqlite3.DatabaseError:
+            if not copy:
+                raise  # the folders alone, and still an error: not the index's
+        finally:
+            conn.close()
+    raise AssertionError("unreachable")
+
+
+def _copy_into(path: Path, conn: sqlite3.Connection) -> None:
+    """The database at ``path`` copied into ``conn``, read as a file that does not change
+    (``immutable``: no lock and no shared memory, which a full disk has no room for; what its
+    WAL holds is left out, and the refresh reads those folders again)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    src = sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True)
+    try:
+        src.backup(conn)
+    finally:
+        src.close()
 
 
 def _stat_key(path: str) -> str:
@@ -277,7 +409,7 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('sweep', ?)", (sweep,))
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
     return changed
 
@@ -324,7 +456,7 @@ def drift(home: Home) -> dict[str, list[str]]:
     """What the index does not know yet, without writing: conversations it lacks, holds
     though they are gone, or recorded before they changed."""
     found = folders(home)
-    with opened(home) as conn:
+    with _full_disk_said(home), opened(home) as conn:
         known = _known(conn, None)
     return {
         "missing": sorted(set(found) - set(known)),
@@ -337,11 +469,33 @@ def drift(home: Home) -> dict[str, list[str]]:
 
 def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> int:
     """The index made anew from the folders (``progress(done, total)`` as it goes); how many
-    conversations it holds."""
-    _remove(db_path(home))
+    conversations it holds. Its tables are emptied in one transaction, not its file removed:
+    a rebuild the disk has no room for leaves the index as it was (only a damaged file is
+    removed)."""
+    with _full_disk_said(home):
+        try:
+            return _rebuild(home, progress)
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            log.warning("index_rebuilt", why=str(exc))
+            _remove(db_path(home))
+            return _rebuild(home, progress)
+
+
+def _rebuild(home: Home, progress: Callable[[int, int], None] | None) -> int:
     found = sorted(folders(home).items())
     with opened(home) as conn:
         conn.execute("PRAGMA synchronous=OFF")  # derived: a crash mid-rebuild is a rebuild
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _make_tables(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        if progress is not None:
+            progress(0, len(found))
         for start in range(0, len(found), BATCH):
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -351,7 +505,7 @@ def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> i
                     _index(conn, Conv(Path(path)), archived, _keys(path, archived))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
             if progress is not None:
                 progress(min(start + BATCH, len(found)), len(found))
@@ -361,7 +515,7 @@ def rebuild(home: Home, progress: Callable[[int, int], None] | None = None) -> i
 
 def forget(home: Home, ids: Iterable[str]) -> None:
     """Drop conversations' rows now (``prune`` removed their folders)."""
-    with opened(home) as conn:
+    with _full_disk_said(home), opened(home) as conn:
         conn.execute("BEGIN IMMEDIATE")
         try:
             for conv_id in ids:
@@ -369,7 +523,7 @@ def forget(home: Home, ids: Iterable[str]) -> None:
                 conn.execute("DELETE FROM convs WHERE id = ?", (conv_id,))
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
 

@@ -68,7 +68,9 @@ class Keeper:
     def refresh(self) -> None:
         home = self.rt.home
         try:
-            index_db.read(home, lambda _conn: None)  # reading brings it up to date
+            # reading brings it up to date; one that cannot be written is a log line, not a
+            # copy in memory that nobody reads
+            index_db.read(home, lambda _conn: None, fallback=False)
         except Exception as exc:
             log.warning("index_refresh_failed", error=str(exc))
             return

@@ -66,7 +66,11 @@ def _copy(dest: Path, data: bytes, *, durable: bool) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
-    os.rename(tmp, dest)
+    try:
+        os.rename(tmp, dest)
+    except BaseException:  # a folder that cannot grow (a full disk): no temp file left
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _remove_temps(folder: Path, block: str) -> None:

@@ -172,7 +172,8 @@ def write_context_file(conv: Conv, name: str, data: bytes, *, durable: bool = Tr
 
 
 def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
-    """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place."""
+    """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place. A write
+    that fails (a full disk) leaves no dot-file behind."""
     conv.inbox.mkdir(DIR_MODE, parents=True, exist_ok=True)
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
@@ -180,11 +181,15 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
     tmp = conv.inbox / f".{final}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
-        write_all(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, conv.inbox / final)
+        try:
+            write_all(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, conv.inbox / final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return conv.inbox / final
 
 
