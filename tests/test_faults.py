@@ -27,6 +27,7 @@ from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.tracking import Tracked
 from contemplation.writer import drop_message, new_conversation
+from tests import procgroups
 from tests.conftest import ROOT, base_env, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -218,32 +219,41 @@ def test_a_broken_conversation_does_not_block_the_others(
     assert replies(broken) == []
 
 
+# the daemon as `contemplation run` starts it, with a watcher that never reports an event
+DEAD_WATCHER_DAEMON = """
+import asyncio, sys
+from contemplation import daemon, settings, watcher
+
+watcher.InotifyWatcher.start = lambda self: None
+watcher.InotifyWatcher.ensure_alive = lambda self: False
+sys.exit(asyncio.run(daemon.serve(settings.load())))
+"""
+
+
 def test_the_rescan_finds_work_when_no_event_arrives(
-    home: Home,
-    fake_ollama: FakeOllama,
-    make_settings: Callable[..., Settings],
-    monkeypatch: pytest.MonkeyPatch,
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path
 ) -> None:
-    from contemplation import daemon, watcher
-
-    monkeypatch.setattr(watcher.InotifyWatcher, "start", lambda self: None)  # a dead watcher
-    monkeypatch.setattr(watcher.InotifyWatcher, "ensure_alive", lambda self: False)
-    s = make_settings(fake_ollama, rescan_interval=0.3, settle_seconds=0.1)
-
-    async def go() -> None:
-        task = asyncio.create_task(daemon.serve(s))
-        await asyncio.sleep(0.3)
+    first = make(home, "found at start")
+    drop_message(first, "first")
+    env = base_env(
+        home, fake_ollama, CONTEMPLATION_RESCAN_INTERVAL="0.3", CONTEMPLATION_SETTLE_SECONDS="0.1"
+    )
+    with (tmp_path / "stderr").open("wb") as err:
+        d = procgroups.popen(
+            [sys.executable, "-c", DEAD_WATCHER_DAEMON], env=env, cwd=ROOT, stdout=err, stderr=err
+        )
+    try:
+        # answered: the start-up scan is over, so only a rescan can find the next one
+        wait_for(lambda: replies(first) or d.poll() is not None, 30, what="the start-up scan")
+        assert replies(first) == ["Echo: first"], (tmp_path / "stderr").read_text()
         conv = make(home, "no events")
         drop_message(conv, "anyone?")
-        for _ in range(100):
-            if replies(conv):
-                break
-            await asyncio.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-        await task
-        assert replies(conv) == ["Echo: anyone?"]
-
-    asyncio.run(go())
+        wait_for(lambda: replies(conv) or d.poll() is not None, 30, what="the rescan")
+        d.send_signal(signal.SIGTERM)  # the daemon's, never pytest's own process
+        assert d.wait(30) == 0, (tmp_path / "stderr").read_text()
+    finally:
+        procgroups.kill(d)
+    assert replies(conv) == ["Echo: anyone?"]
 
 
 def test_a_100_mb_message_is_refused_without_reading_it(
