@@ -1,13 +1,19 @@
-"""Shared fixtures: real folders, a real fake-Ollama HTTP server, the real CLI and daemon processes."""
+"""Shared fixtures: real folders, a real fake-Ollama HTTP server, the real CLI and daemon processes.
+
+Every test, and every process it starts, sees a private empty HOME and none of the person's
+settings (tests/hermetic.py); every daemon and server runs in a process group of its own and
+is stopped however pytest ends, SIGTERM included (tests/procgroups.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -21,6 +27,7 @@ from contemplation.models import BlockKind
 from contemplation.parser import parse
 from contemplation.pipeline import Runtime, process_pending
 from contemplation.settings import Settings
+from tests import hermetic, procgroups
 from tests.fakes.ollama_server import FakeOllama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +64,40 @@ def runtime_for(settings: Settings) -> Runtime:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run the long variants")
+
+
+# the run's own folder (each test's private HOME is made in it) and what undoes its environment
+_RUN = pytest.StashKey[tuple[Path, pytest.MonkeyPatch]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before collection and before any fixture, session-scoped ones included: the hermetic
+    environment (tests/hermetic.py), and SIGTERM ends the run as Ctrl-C does
+    (tests/procgroups.py)."""
+    base = Path(tempfile.mkdtemp(prefix="contemplation-tests-"))
+    (base / "run").mkdir()
+    env = pytest.MonkeyPatch()
+    hermetic.isolate(env, base / "run")
+    config.stash[_RUN] = (base, env)
+    procgroups.stop_on_sigterm()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    procgroups.kill_all()
+    base, env = config.stash[_RUN]
+    env.undo()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts with a private HOME of its own that holds nothing, and none of the
+    person's settings, and so does every process it starts (they inherit ``os.environ``)."""
+    base, _ = request.config.stash[_RUN]
+    hermetic.isolate(monkeypatch, Path(tempfile.mkdtemp(prefix="test-", dir=base)))
+    procgroups.stop_on_sigterm()
+    yield
+    procgroups.stop_on_sigterm()  # the daemon run in-process left SIGTERM at its default
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -162,7 +203,7 @@ class DaemonProc:
     def __init__(self, env: dict[str, str], home: Home, *args: str) -> None:
         self.env = env
         self.home = home
-        self.proc = subprocess.Popen(
+        self.proc = procgroups.popen(
             [sys.executable, "-m", "contemplation", "run", *args],
             env=env,
             stdout=subprocess.PIPE,
@@ -188,9 +229,7 @@ class DaemonProc:
         try:
             return self.proc.wait(timeout)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+            procgroups.kill(self.proc)
 
     def stderr(self) -> str:
         return self.proc.stderr.read() if self.proc.stderr else ""
@@ -207,9 +246,7 @@ def daemon_factory() -> Iterator[Callable[..., DaemonProc]]:
 
     yield start
     for d in procs:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+        procgroups.kill(d.proc)
 
 
 def only_conv(home: Home) -> Conv:

@@ -4,20 +4,24 @@
                                  [--threads N]
 
 Serves ``/health``, ``/v1/models``, ``/v1/chat/completions`` (``usage`` and ``timings`` in the
-last streamed chunk), ``/props``, ``/slots`` and ``/metrics`` on 127.0.0.1:PORT until SIGTERM.
+last streamed chunk), ``/props``, ``/slots`` and ``/metrics`` on 127.0.0.1:PORT until SIGTERM,
+or until the process that started it is gone (a test run killed with SIGKILL cannot stop it).
 A process of its own so that tests can kill it mid-reply, as a crash would.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import time
 
 import xllamacpp
 
 
 def main() -> None:
+    parent = os.getppid()
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--port", type=int, required=True)
@@ -39,8 +43,8 @@ def main() -> None:
     server = xllamacpp.Server(params)  # listening once this returns
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"listening on {server.listening_address}", flush=True)
-    while True:
-        signal.pause()
+    while os.getppid() == parent:  # no event says the parent is gone (re-parented): poll
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Each is a real process on loopback with its log in a temp dir (shown when it fails to start).
 :func:`shared_llama_server` starts one SmolLM2 server per test session (several test modules
 share it; it is stopped at exit). Readiness is polled with a per-request timeout: a server that
-is still booting may accept a connection and not answer it (OpenCode does).
+is still booting may accept a connection and not answer it (OpenCode does). Each runs in a
+process group of its own (:mod:`tests.procgroups`): one that fails to start is killed at once,
+and any still running when pytest ends, however it ends, is killed then.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from tests import peers
+from tests import peers, procgroups
 
 OPENCODE_OFFLINE_ENV = {
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -83,6 +85,15 @@ class _Proc:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
+    def _ready(self, url: str, log: Path, timeout: float) -> None:
+        """Until ``url`` answers; a server that does not (or an interrupted wait) is killed."""
+        assert self.proc is not None
+        try:
+            _poll(url, self.proc, log, timeout)
+        except BaseException:
+            self.kill()
+            raise
+
 
 class LlamaServer(_Proc):
     """Upstream llama-server (xllamacpp's build, ``tests/llama_server.py``) serving SmolLM2 as
@@ -118,11 +129,10 @@ class LlamaServer(_Proc):
             "--threads", str(self.threads),
         ]  # fmt: skip
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-        _poll(f"{self.url}/health", self.proc, self.log, timeout)
+            self.proc = procgroups.popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self._ready(f"{self.url}/health", self.log, timeout)
         return self
 
 
@@ -185,11 +195,11 @@ class OpenCodeServer(_Proc):
             "--pure",
         ]  # fmt: skip
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = procgroups.popen(
                 argv, cwd=self.work, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL,
             )  # fmt: skip
-        _poll(f"{self.url}/global/health", self.proc, self.log, timeout)
+        self._ready(f"{self.url}/global/health", self.log, timeout)
         return self
 
 
@@ -233,11 +243,11 @@ class LiteLLMProxy(_Proc):
         ]  # fmt: skip
         env = {**os.environ, "LITELLM_LOG": "ERROR", "DISABLE_SCHEMA_UPDATE": "true"}
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = procgroups.popen(
                 argv, cwd=self.dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL,
             )  # fmt: skip
-        _poll(f"{self.url}/health/liveliness", self.proc, self.log, timeout)
+        self._ready(f"{self.url}/health/liveliness", self.log, timeout)
         return self
 
 
