@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import structlog
 
+from contemplation.redact import redacted
+
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -50,6 +52,52 @@ class RateLimit:
         return event
 
 
+def _clean(value: Any, depth: int = 0) -> Any:
+    """``value`` with the credentials of any URL in it masked; unchanged when it has none."""
+    if isinstance(value, str):
+        return redacted(value)
+    if depth < 4 and isinstance(value, dict):
+        return {k: _clean(v, depth + 1) for k, v in value.items()}
+    if depth < 4 and type(value) in (list, tuple):
+        return type(value)(_clean(v, depth + 1) for v in value)
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    text = str(value)
+    shown = redacted(text)
+    return value if shown == text else shown
+
+
+def redact_urls(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A structlog processor: no log line shows a URL's password (``user:***@``), whatever
+    value or exception carries it (:func:`contemplation.redact.redacted`)."""
+    exc_info = event.get("exc_info")
+    if exc_info and not isinstance(exc_info, str):  # a console log renders it itself
+        text = structlog.processors.format_exc_info(None, "", {"exc_info": exc_info})
+        shown = str(text.get("exception", ""))
+        if shown != redacted(shown):
+            del event["exc_info"]
+            event["exception"] = shown
+    for key, value in event.items():
+        if key != "exc_info":
+            event[key] = _clean(value)
+    return event
+
+
+class _StdlibRedact(logging.Filter):
+    """The same for standard-library records (a library's error that names a URL)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if redacted(message) != message:
+            record.msg, record.args = redacted(message), ()
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = redacted(text)
+        return True
+
+
 class _StdlibRateLimit(logging.Filter):
     """The same :class:`RateLimit` for standard-library records (asyncio's "accept() out of
     system resource" repeats every few milliseconds while file descriptors run out)."""
@@ -82,6 +130,7 @@ def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "in
             structlog.processors.format_exc_info
             if json_out
             else structlog.processors.StackInfoRenderer(),
+            redact_urls,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
@@ -93,3 +142,5 @@ def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "in
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _StdlibRateLimit) for f in handler.filters):
             handler.addFilter(_StdlibRateLimit())
+        if not any(isinstance(f, _StdlibRedact) for f in handler.filters):
+            handler.addFilter(_StdlibRedact())

@@ -50,6 +50,7 @@ from pydantic_settings import (
 )
 
 from contemplation.errors import ConfigError
+from contemplation.redact import redacted
 
 if TYPE_CHECKING:
     from pydantic_settings.sources.types import Traversable
@@ -579,7 +580,7 @@ def _describe(exc: ValidationError, sources: _Sources, at: tuple[str, ...] = ())
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     msg = first["msg"].removeprefix("Value error, ")
     where = sources.table_source(loc) if first["type"] == "missing" else sources.source(loc)
-    return f"invalid setting {key} in {where}: {msg}{shown}"
+    return redacted(f"invalid setting {key} in {where}: {msg}{shown}")  # a URL's password
 
 
 def load(

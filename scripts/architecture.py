@@ -7,7 +7,7 @@ Layers, lowest first (a module may import its own layer and those below; an impo
 higher layer is an arrow up). Modules named by prefix; the first match wins:
 
     0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
-                  sdnotify logs plugins privacy
+                  sdnotify logs plugins privacy redact
     1 reading     layout logview templates settings conversation reload breaker providers
                   activity waiting context_kinds index_rows attachments cursors structured
                   (structured is pure: the templates check their schema with it)
@@ -36,7 +36,7 @@ from pathlib import Path
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins",
-         "privacy")),
+         "privacy", "redact")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
          "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
          "structured", "cursors")),

@@ -25,7 +25,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from contemplation.errors import BackendError, ErrorKind
+from contemplation.errors import BackendError, ConfigError, ErrorKind
+from contemplation.redact import credentials, redacted
 
 if TYPE_CHECKING:  # aiohttp costs ~110 ms to import: it comes when a request is first made,
     # so the backend modules (and the settings models they declare) cost a command nothing
@@ -63,6 +64,7 @@ def failure(exc: BaseException, url: str) -> BackendError:
     """A transport failure (no HTTP answer) as a transient :class:`BackendError`."""
     import aiohttp
 
+    url = redacted(url)
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
         return BackendError(
             f"cannot reach {url}: {exc or type(exc).__name__}",
@@ -72,7 +74,7 @@ def failure(exc: BaseException, url: str) -> BackendError:
     if isinstance(exc, TimeoutError):
         return BackendError(f"timed out talking to {url}", transient=True, kind=ErrorKind.TIMEOUT)
     return BackendError(
-        f"connection to {url} failed: {type(exc).__name__}: {exc}",
+        redacted(f"connection to {url} failed: {type(exc).__name__}: {exc}"),
         transient=True,
         kind=ErrorKind.CONNECTION,
     )
@@ -156,10 +158,15 @@ class Http:
         auth: tuple[str, str] | None = None,
         max_body: int = MAX_BODY,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url, in_url = credentials(base_url.rstrip("/"))
         self.connect = connect
         self.max_body = max_body
         self.headers = {"User-Agent": "contemplation", **(headers or {})}
+        if in_url is not None and (auth is not None or "Authorization" in self.headers):
+            raise ConfigError(
+                f"{redacted(base_url)} carries a password and another one is set: use one"
+            )
+        auth = auth or in_url  # never kept in the URL: every error text names base_url
         if auth is not None:
             import aiohttp
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
+from contemplation import providers
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import (
     Capabilities,
@@ -40,8 +41,9 @@ from contemplation.backends.chat_completions import (
     stream_error,
 )
 from contemplation.backends.http import Http
-from contemplation.errors import BackendError, ContextOverflow, ErrorKind
+from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
+from contemplation.redact import credentials
 from contemplation.settings import (
     CapabilityOverride,
     Concurrency,
@@ -81,9 +83,15 @@ class OpenAIBackend:
         stream_usage: bool = True,
         overrides: Mapping[str, CapabilityOverride] | None = None,
         name: str = "openai",
+        where: str = "openai.url",
     ) -> None:
         self.name = name
-        self.base_url = normalize_base_url(base_url)
+        # a password in the URL is sent as Basic auth, never kept in it (every error text and
+        # check line names base_url); with an api key as well, which one is meant is unclear
+        self.base_url, auth = credentials(normalize_base_url(base_url))
+        api_key = "" if api_key.strip().lower() == "none" else api_key  # the documented "none"
+        if auth is not None and api_key:
+            raise ConfigError(f"{where} carries a password and api_key is set: use one")
         self.timeouts = timeouts
         self.auto = concurrency == "auto"
         self.concurrency = default_concurrency if self.auto else int(concurrency)
@@ -92,7 +100,7 @@ class OpenAIBackend:
         headers: dict[str, str] = {}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._http = Http(self.base_url, connect=timeouts.connect, headers=headers)
+        self._http = Http(self.base_url, connect=timeouts.connect, headers=headers, auth=auth)
         self._caps: dict[str, Capabilities] = {}
         self._props: dict[str, Any] | None = None  # llama-server's GET /props, once asked
         self._props_asked = False
@@ -321,8 +329,10 @@ class OpenAISettings(Section):
 
 def _make(m: Made) -> OpenAIBackend:
     s: OpenAISettings = m.own
+    at = ".".join(providers.table(m.settings, m.name).at)
     return OpenAIBackend(
         s.url or s.base_url,
+        where=f"{at}.{'url' if s.url else 'base_url'}",
         api_key=s.api_key,
         timeouts=phase_timeouts(s.timeouts, m.settings.max_reply_bytes),
         concurrency=s.concurrency,

@@ -41,12 +41,14 @@ from urllib.parse import quote
 import structlog
 from pydantic import Field, field_validator
 
+from contemplation import providers
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, Slots, json_object
 from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
-from contemplation.errors import BackendError, ContextOverflow, ErrorKind
+from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
+from contemplation.redact import credentials
 from contemplation.settings import CapabilityOverride, Concurrency, Section, check_url
 
 # OpenCode 1.18's built-in tools (agent "build"); all off by default: we want a conversation,
@@ -232,9 +234,14 @@ class OpenCodeBackend:
         concurrency: int | str = 1,
         overrides: Mapping[str, CapabilityOverride] | None = None,
         name: str = "opencode",
+        where: str = "opencode.url",
     ) -> None:
         self.name = name
-        self.base_url = (base_url.strip() or DEFAULT_URL).rstrip("/")
+        # a password in the URL is the Basic auth, never kept in it (error texts name base_url)
+        self.base_url, in_url = credentials((base_url.strip() or DEFAULT_URL).rstrip("/"))
+        if in_url is not None and auth is not None:
+            raise ConfigError(f"{where} carries a password and password is set: use one")
+        auth = auth or in_url
         self.tools = dict(tools or {})
         self.agent = agent
         self.timeouts = timeouts or OpenCodeTimeouts.model_validate({})
@@ -658,7 +665,10 @@ def _make(m: Made) -> OpenCodeBackend:
     s: OpenCodeSettings = m.own
     return OpenCodeBackend(
         s.url,
-        auth=(s.username or "opencode", s.password) if s.password else None,
+        where=f"{'.'.join(providers.table(m.settings, m.name).at)}.url",
+        auth=(s.username or "opencode", s.password)
+        if s.password and s.password.lower() != "none"  # the documented "none": no auth
+        else None,
         tools=s.tools,
         agent=s.agent,
         timeouts=s.timeouts,
