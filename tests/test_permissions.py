@@ -104,9 +104,10 @@ def test_the_last_matching_pattern_wins() -> None:
     # the same rules in the other order: the catch-all written last decides everything
     backwards = {"read_file": {"~/notes/private/*": "deny", "~/notes/**": "allow", "*": "ask"}}
     assert verdict(backwards, "/home/u/notes/private/b.md") == "ask"
-    # a table of yours that matches a .env file later overrides the default (OpenCode's rule)
+    # a rule of yours that names .env files lifts the default; a broad one does not (issue 35:
+    # the built-in secrets are lifted only by naming them, see tests/test_secrets.py)
     assert verdict({"read_file": {"**/.env": "allow"}}, "/srv/.env") == "allow"
-    assert verdict({"read_file": "allow"}, "/srv/.env") == "allow"  # "allow" is {"*" = "allow"}
+    assert verdict({"read_file": "allow"}, "/srv/.env") == "deny"  # "allow" is {"*" = "allow"}
 
 
 def test_keys_name_a_rule_a_tool_or_a_pattern_of_them() -> None:
@@ -245,7 +246,7 @@ def test_allowed_needs_are_answered_while_an_asked_one_waits(
     assert "the public plan" in log and "the secret plan" not in log and "hunter2" not in log
     assert (
         "NOT ANSWERED (refused): refused by configuration: the permissions deny files.read here "
-        '(* "**/.env" = "deny")'
+        '(* "**/.env" = "deny"; '
     ) in log
     st = read_state(conv)
     assert st is not None and st.status is Status.AWAITING_APPROVAL
@@ -367,7 +368,7 @@ def test_deny_and_env_end_to_end(
     log = conv.log.read_text()
     assert "PRIVATE KEY" not in log and "abc123" not in log
     assert 'the permissions deny files.read here (read_file "*.key" = "deny")' in log
-    assert 'the permissions deny files.read here (* "**/.env" = "deny")' in log
+    assert 'the permissions deny files.read here (* "**/.env" = "deny"; ' in log
     assert "deny-list" not in log  # refused before the tool's own deny-list could be reached
     assert log.count("(source: permissions,") == 2
     second = json.dumps(fake_ollama.chat_requests()[1]["messages"])

@@ -15,15 +15,23 @@ then the config's, then the template's — and the last one that matches wins. P
 (none as well: ``**/.env`` matches ``.env``), ``?`` one character; a leading ``~/`` or
 ``$HOME/`` is the home folder. A need whose tool gets several arguments is decided per
 argument and the strictest answer counts (deny, then ask, then allow).
+
+Secrets are the exception to "the last match wins": the built-in list (:data:`SECRET_NAMES`
+anywhere, the tool's own token and index, the configuration file) is lifted only by a root
+or a rule that names the secret — ``tools.allowed_roots = ["~/.ssh"]``, ``"~/.ssh/**" =
+"allow"``, ``"**/.env" = "allow"`` — never by a broad one (``"*"``, ``"~/**"``, the root
+``~``). A refusal says which secret and how to name it.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contemplation.errors import ConfigError
@@ -71,9 +79,12 @@ class Permission:
     source: str = "built in"
     key_re: re.Pattern[str] = field(default=re.compile(".*"), compare=False, repr=False)
     pattern_re: re.Pattern[str] = field(default=re.compile(".*"), compare=False, repr=False)
+    secret: str = ""  # a built-in secret's name glob (".ssh") or absolute path; "": a rule
+    note: str = ""  # what a refusal adds: which secret, and how to name it
 
     def shown(self) -> str:
-        return f'{self.key} "{self.pattern}" = "{self.action}"'
+        said = f'{self.key} "{self.pattern}" = "{self.action}"'
+        return f"{said}; {self.note}" if self.note else said
 
     def describe(self) -> str:
         return f"{self.shown()} ({self.source})"
@@ -83,11 +94,117 @@ def permission(key: str, pattern: str, action: Action, source: str, home: str = 
     return Permission(key, pattern, action, source, glob_regex(key), glob_regex(pattern, home))
 
 
+# Never read for the model unless a root or a rule names them (a folder: all below it too).
+# The tool's own: the dashboard's token (dashboard.TOKEN_FILE) and the index of every
+# conversation (index_db.DB_NAME, with its -wal and -shm); the configuration file is added
+# by path (:func:`defaults`).
+SECRET_NAMES = (
+    ".ssh", ".gnupg", ".aws", ".kube", ".password-store", ".netrc", ".pgpass",
+    ".git-credentials", ".env", ".env.*", "*.pem", "*.key", ".dashboard.token",
+    ".index.sqlite3*",
+)  # fmt: skip
+_SPACE = re.compile(r"\s")
+
+
+def _secret(name: str) -> Permission:
+    """A built-in secret named ``name`` (a glob of one path component), anywhere."""
+    body = "".join({"*": "[^/]*", "?": "[^/]"}.get(c, re.escape(c)) for c in name)
+    regex = re.compile(f"(?:.*/)?{body}(?:/.*)?", re.DOTALL | re.IGNORECASE)
+    return Permission("*", f"**/{name}", "deny", "built in", re.compile(".*"), regex, name)
+
+
+def _secret_path(path: str, shown: str) -> Permission:
+    """A built-in secret at one absolute path (the configuration file)."""
+    regex = re.compile(f"{re.escape(path)}(?:/.*)?", re.DOTALL)
+    return Permission("*", shown, "deny", "built in", re.compile(".*"), regex, path)
+
+
+def _root(root: str, shown: str) -> Permission:
+    """An allowed root as the rule it is for the secrets: it names those it lies in."""
+    regex = re.compile(f"{re.escape(root.rstrip('/'))}(?:/.*)?", re.DOTALL)
+    return Permission("*", shown, "allow", "tools.allowed_roots", re.compile(".*"), regex)
+
+
 DEFAULT_PERMISSIONS: tuple[Permission, ...] = (
     permission("*", "*", "allow", "built in"),
-    permission("*", "**/.env", "deny", "built in"),
-    permission("*", "**/.env.*", "deny", "built in"),
+    *(_secret(n) for n in SECRET_NAMES),
 )
+
+
+def defaults(
+    *, home: str = "", configs: Iterable[Any] = (), roots: Iterable[Any] = ()
+) -> tuple[Permission, ...]:
+    """The built-in permissions for this configuration: :data:`DEFAULT_PERMISSIONS`, the
+    configuration files as secrets, and each allowed root (``~`` is ``home``), which lifts
+    the secrets it lies in or is."""
+    out = list(DEFAULT_PERMISSIONS)
+    for config in configs:
+        path = os.path.abspath(_expand_home(str(config), home))
+        out.append(_secret_path(path, _shown_path(path, home)))
+        if (real := os.path.realpath(path)) != path:
+            out.append(_secret_path(real, _shown_path(real, home)))
+    for root in roots:
+        path = os.path.normpath(_expand_home(str(root), home))
+        out.append(_root(path, _shown_path(path, home)))
+        if (real := os.path.realpath(path)) != path:
+            out.append(_root(real, _shown_path(real, home)))
+    return tuple(out)
+
+
+def _shown_path(path: str, home: str) -> str:
+    home = home.rstrip("/")
+    if home and (path == home or path.startswith(home + "/")):
+        return "~" + path[len(home) :]
+    return path
+
+
+def _names(p: Permission, secret: Permission, home: str) -> bool:
+    """Whether ``p`` names ``secret`` itself: a component of its pattern, as written, is the
+    secret's name (``~/.ssh/**``, ``*.pem``), or its pattern lies at or under the secret's
+    path. ``*``, ``**`` and ``~/**`` name none."""
+    text = os.path.normpath(_expand_home(p.pattern, home)) if p.pattern else ""
+    if secret.secret.startswith("/"):
+        literal = re.split(r"[*?]", text, maxsplit=1)[0]
+        return literal == secret.secret or literal.startswith(secret.secret.rstrip("/") + "/")
+    glob = secret.secret.casefold()
+    return any(fnmatch.fnmatchcase(part.casefold(), glob) for part in text.split("/") if part)
+
+
+def _hint(secret: Permission, form: str, rule: str, tool: str, home: str) -> str:
+    """Which secret ``form`` is and how to name it, for the refusal."""
+    if secret.secret.startswith("/"):
+        path = secret.secret
+    else:
+        parts = form.split("/")
+        glob = secret.secret.casefold()
+        found = (i for i, p in enumerate(parts) if fnmatch.fnmatchcase(p.casefold(), glob))
+        at = next(found, len(parts) - 1)
+        path = "/".join(parts[: at + 1])
+    shown = _shown_path(path, home)
+    said = f'"{shown}" is a secret on the built-in list: to let it be read, name it'
+    if tool.startswith("files."):
+        return f'{said}: tools.allowed_roots = ["{shown}"]'
+    key = rule if re.fullmatch(r"[A-Za-z0-9_-]+", rule) else json.dumps(rule)
+    return f'{said}: [permissions] {key} = {{ "{shown}" = "allow" }}'
+
+
+def _guarded(
+    scoped: Sequence[Permission], form: str, rule: str, tool: str, home: str
+) -> Permission | None:
+    """The first built-in secret ``form`` is that no later permission names, marked with the
+    hint; None when there is none. Only a path (a value with a ``/``, or one word) can be
+    one: a question that mentions ``.ssh`` is not."""
+    if not form or ("/" not in form and _SPACE.search(form)):
+        return None
+    for i, secret in enumerate(scoped):
+        if not secret.secret or not secret.pattern_re.fullmatch(form):
+            continue
+        named = any(
+            p.pattern_re.fullmatch(form) and _names(p, secret, home) for p in scoped[i + 1 :]
+        )
+        if not named:
+            return replace(secret, note=_hint(secret, form, rule, tool, home))
+    return None
 
 
 def compile_permissions(
@@ -193,8 +310,13 @@ def decide(
     scoped = [p for p in perms if p.key_re.fullmatch(rule) or p.key_re.fullmatch(tool)]
     worst = Verdict("allow")
     for value in subjects(arguments):
-        for form in _forms(value, home):
-            hit = next((p for p in reversed(scoped) if p.pattern_re.fullmatch(form)), None)
+        forms = _forms(value, home)
+        for form in forms:  # a secret is judged by what the value means: the last form
+            secret = _guarded(scoped, form, rule, tool, home) if form is forms[-1] else None
+            hit = secret or next(
+                (p for p in reversed(scoped) if not p.secret and p.pattern_re.fullmatch(form)),
+                None,
+            )
             if hit is None:
                 continue
             if worst.rule is None or _STRICTNESS[hit.action] > _STRICTNESS[worst.action]:

@@ -50,7 +50,7 @@ from contemplation.settings import Settings
 from contemplation.templates import Template, load_template
 from contemplation.tools import registry
 from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
-from contemplation.tools.files import FileReader
+from contemplation.tools.files import FileReader, config_files
 from contemplation.tools.mcp import McpPool, McpTool
 
 log = structlog.get_logger("contemplation.needs.router")
@@ -221,7 +221,11 @@ class NeedRouter:
         self.table = needrules.table(self.config_rules)
         self.user_home = str(Path.home())
         self.permissions = (
-            *permissions.DEFAULT_PERMISSIONS,
+            *permissions.defaults(  # the secrets no broad rule or root lifts
+                home=self.user_home,
+                configs=config_files(settings),
+                roots=settings.tools.allowed_roots,
+            ),
             *permissions.compile_permissions(
                 settings.permissions,
                 source=settings.source("permissions"),

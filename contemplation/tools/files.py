@@ -7,7 +7,9 @@ The path comes from model output, so it is hostile until proven otherwise:
    starts with ``/base``), so a symlinked file or folder that leads out is refused while a
    link that stays inside is fine;
 3. a deny-list second layer inside the roots (``.ssh``, ``.gnupg``, ``.env*``, ``*.pem``,
-   ``id_*``, ``.netrc`` ...), compared case-insensitively on every component;
+   ``id_*``, ``.netrc``, the tool's own token and index ...), compared case-insensitively on
+   every component below the root that holds the file (the deepest one: a root that names a
+   secret, ``~/.ssh``, lifts it; ``~`` does not), and the configuration file by its path;
 4. ``O_NOFOLLOW | O_NONBLOCK`` on open (a FIFO cannot block us), ``fstat`` must say regular
    file, and the descriptor's real path is checked again on Linux.
 
@@ -32,11 +34,15 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import ToolError
+from contemplation.settings import default_config_path
 from contemplation.tools.base import Refused, ToolResult, Unconfigured, text_arg
 from contemplation.tools.parts import read_part, split_range
+
+if TYPE_CHECKING:
+    from contemplation.settings import Settings
 
 DEFAULT_DENY = (
     ".ssh",
@@ -54,10 +60,18 @@ DEFAULT_DENY = (
     "*.keychain",
     "*.keychain-db",
     ".git/config",
+    ".dashboard.token",  # the tool's own: the dashboard's token (dashboard.TOKEN_FILE)
+    ".index.sqlite3*",  # and every conversation's text (index_db.DB_NAME, -wal, -shm)
 )
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".tox"}
 _DEF_RE = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _PROC_FD = Path("/proc/self/fd")
+
+
+def config_files(settings: Settings) -> tuple[Path, ...]:
+    """The configuration files, which hold api keys: the one read, and the default one (it
+    may be made later), each a secret (see :data:`DEFAULT_DENY` for the rest)."""
+    return (*([settings.config_file] if settings.config_file else []), default_config_path())
 
 
 def _home(raw: str) -> str:
@@ -82,6 +96,27 @@ def _expanded(root: Path) -> Path:
         return root
 
 
+def _both(path: Path) -> tuple[Path, ...]:
+    """``path`` made absolute as written and as it resolves (a link to it is the same file)."""
+    path = Path(os.path.abspath(path))
+    return (path, path.resolve())
+
+
+def _deepest(path: Path, roots: Sequence[Path]) -> Path | None:
+    """The root ``path`` is in that names it most precisely (the longest), or None."""
+    inside = [r for r in roots if path.is_relative_to(r)]
+    return max(inside, key=lambda r: len(r.parts)) if inside else None
+
+
+def _tilde(path: Path) -> str:
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):
+        return str(path)
+    inside = path.is_relative_to(home) and path != home
+    return f"~/{path.relative_to(home)}" if inside else str(path)
+
+
 def _real_roots(roots: Sequence[Path]) -> tuple[Path, ...]:
     out: list[Path] = []
     for r in roots:
@@ -104,9 +139,12 @@ class FileReader:
         max_bytes: int = 256 * 1024,
         deny: Sequence[str] = (),
         answer_chars: int = 2000,
+        protected: Sequence[Path] = (),
     ) -> None:
         self.configured = tuple(_expanded(Path(r)) for r in roots)
         self.roots = _real_roots(self.configured)
+        # files never read unless a root is the file itself (the configuration file)
+        self.protected = frozenset(p for f in protected for p in _both(_expanded(Path(f))))
         self.max_bytes = max_bytes
         self.answer_chars = min(answer_chars, max_bytes)
         patterns = [p.casefold() for p in (*DEFAULT_DENY, *deny)]
@@ -128,16 +166,40 @@ class FileReader:
 
     def denied(self, parts: Sequence[str]) -> str | None:
         """The deny pattern that ``parts`` (path components) hit, if any."""
+        hit = self._denied_at(parts)
+        return hit[0] if hit else None
+
+    def _denied_at(self, parts: Sequence[str]) -> tuple[str, int] | None:
+        """The deny pattern ``parts`` hit and how many of them make the denied path."""
         folded = [p.casefold() for p in parts]
-        for name in folded:
+        for i, name in enumerate(folded):
             for pat in self._deny_names:
                 if fnmatch.fnmatchcase(name, pat):
-                    return pat
-        joined = "/" + "/".join(folded)
+                    return pat, i + 1
         for pat in self._deny_paths:
-            if joined.endswith("/" + pat) or f"/{pat}/" in joined:
-                return pat
+            size = pat.count("/") + 1
+            for i in range(len(folded) - size + 1):
+                if "/".join(folded[i : i + size]) == pat:
+                    return pat, i + size
         return None
+
+    def _refuse_secret(self, raw: str, path: Path, root: Path | None, how: str) -> None:
+        """:class:`Refused` when ``path`` (under ``root``, the one that names it most
+        precisely) is a secret: which one, and how to name it to read it anyway."""
+        if path in self.protected and path != root:
+            secret, why = path, "is the configuration file (it holds the api keys)"
+        else:
+            parts = path.relative_to(root).parts if root is not None else path.parts
+            hit = self._denied_at(parts)
+            if hit is None:
+                return
+            pattern, size = hit
+            base = root if root is not None else Path(path.anchor)
+            secret, why = base.joinpath(*parts[:size]), how.format(pattern)
+        raise Refused(
+            f"{raw!r} {why}: secrets are never read unless named; to read it, "
+            f'add "{_tilde(secret)}" to tools.allowed_roots'
+        )
 
     def locate(self, requested: str) -> Path:
         """The real path of ``requested`` inside a root, or :class:`Refused` / ToolError."""
@@ -154,9 +216,15 @@ class FileReader:
         pure = PurePosixPath(raw)
         if ".." in pure.parts:
             raise Refused(f"{raw!r} contains '..', which is not allowed; name the file itself")
-        hit = self.denied(pure.parts)
-        if hit:
-            raise Refused(f"{raw!r} matches the deny-list ({hit}); such files are never read")
+        if pure.is_absolute():  # as written, below the root that holds it
+            lexical = Path(os.path.normpath(raw))
+            root = _deepest(lexical, (*self.roots, *self.configured))
+            self._refuse_secret(raw, lexical, root, "matches the deny-list ({})")
+        elif hit := self.denied(pure.parts):
+            raise Refused(
+                f"{raw!r} matches the deny-list ({hit}): secrets are never read unless named; "
+                "to read it, add its folder to tools.allowed_roots"
+            )
         found = self._found(raw, pure)
         if len(found) > 1:
             listed = ", ".join(str(f) for f in found)
@@ -184,14 +252,12 @@ class FileReader:
                 continue
             except OSError as exc:  # a link loop, a permission problem
                 raise ToolError(f"cannot open {raw!r}: {exc.strerror or exc}") from None
-            root = next((r for r in self.roots if real.is_relative_to(r)), None)
+            root = _deepest(real, self.roots)
             if root is None:
                 raise Refused(
                     f"{raw!r} is a link that leads outside the allowed folders; it is not read"
                 )
-            hit = self.denied(real.relative_to(root).parts)
-            if hit:
-                raise Refused(f"{raw!r} leads to a denied name ({hit}); such files are never read")
+            self._refuse_secret(raw, real, root, "leads to a denied name ({})")
             if real not in found:
                 found.append(real)
         return found

@@ -86,11 +86,15 @@ def ready(tool: object) -> bool:
 
 
 def _files_read(m: Made) -> Tool:
-    from contemplation.tools.files import FileReader
+    from contemplation.tools.files import FileReader, config_files
 
     t = m.settings.tools
     return FileReader(
-        t.allowed_roots, max_bytes=t.max_file_bytes, deny=t.deny, answer_chars=t.answer_budget_chars
+        t.allowed_roots,
+        max_bytes=t.max_file_bytes,
+        deny=t.deny,
+        answer_chars=t.answer_budget_chars,
+        protected=config_files(m.settings),
     )
 
 
