@@ -26,7 +26,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from contemplation.errors import BackendError, ErrorKind, InputRejected
-from contemplation.layout import ignored_name, open_regular_stat, read_message, read_to_end
+from contemplation.layout import (
+    Seen,
+    ignored_name,
+    open_regular_stat,
+    read_message,
+    read_message_seen,
+    read_to_end,
+    rest_of,
+)
 from contemplation.logformat import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.models import ChatMessage, ChatRequest, ImageRef
 from contemplation.settings import AttachmentSettings
@@ -83,6 +91,7 @@ class Claimed:
     text: str | None
     note: str = ""
     files: tuple[Attachment, ...] = ()
+    seen: Seen | None = None  # a file message: the file as it was read
 
 
 def human_size(n: int) -> str:
@@ -240,10 +249,12 @@ def _bounded(data: bytes, limit: int) -> str:
 
 def read_claimed(path: Path, max_message_bytes: int, limits: AttachmentSettings) -> Claimed:
     """A claimed message, a file or a folder, as its block text (a pure function of what
-    it holds, so recovery finds its block again) and its files."""
+    it holds, so recovery finds its block again) and its files. A follow-up (see
+    :func:`contemplation.layout.rest_of`) is read from the first byte not taken yet."""
     if not path.is_dir() or path.is_symlink():
-        text, note = read_message(path, max_message_bytes)
-        return Claimed(text, note)
+        _, offset = rest_of(path.name) or ("", 0)
+        text, note, seen = read_message_seen(path, max_message_bytes, offset)
+        return Claimed(text, note, seen=seen)
     try:
         text, files = read_folder(path, max_message_bytes, limits)
     except InputRejected as exc:

@@ -18,6 +18,7 @@ from contemplation import (
     activity,
     attachments,
     cli_wait,
+    openfiles,
     providers,
     show,
     structured,
@@ -416,6 +417,11 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     st = cli_wait.stat_or_none(conv.log)
     human = show.conversation(data, state, st.st_mtime if st else None)
     told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]
+    data["being_written"] = [] if conv.is_completed else openfiles.being_written_in(conv)
+    told += [  # left in the inbox until its writer closes it (docs/format.md, the inbox rule)
+        f"writing:      inbox/{name} is still being written (open for writing); taken once closed"
+        for name in data["being_written"]
+    ]
     _emit_lines(data, as_json, "\n".join([human, *told]))
 
 

@@ -155,6 +155,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("daemon", True, differs, warn=True)
     for where, why in refused_folders(home):
         add("folders", True, f"{where} is not taken: {why}", warn=True)
+    from contemplation.openfiles import being_written_at
+
+    for conv_id, name in being_written_at(home):  # left in the inbox until closed
+        detail = f"{conv_id}/inbox/{name} is still being written (open for writing)"
+        add("inbox", True, f"{detail}: the daemon takes it once it is closed", warn=True)
     from contemplation import context_kinds
     from contemplation.dashboard import panels
     from contemplation.tools import registry

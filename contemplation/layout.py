@@ -231,13 +231,44 @@ def read_regular(path: Path, limit: int | None = None, limit_name: str = "the li
         os.close(fd)
 
 
-def read_message(path: Path, limit: int) -> tuple[str | None, str]:
-    """The text of a claimed file, or None and why it cannot be a message (a link, a FIFO, a
-    folder, too large, empty, binary): never followed, never blocking."""
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A message file as it was read: where the bytes read end, and its modification time
+    right after the read. A file that differs from it later was written into since."""
+
+    size: int
+    mtime_ns: int
+
+
+def read_message(path: Path, limit: int, offset: int = 0) -> tuple[str | None, str]:
+    """The text of a claimed file (from byte ``offset`` on), or None and why it cannot be a
+    message (a link, a FIFO, a folder, too large, empty, binary): never followed, never
+    blocking."""
+    text, note, _ = read_message_seen(path, limit, offset)
+    return text, note
+
+
+def read_message_seen(
+    path: Path, limit: int, offset: int = 0
+) -> tuple[str | None, str, Seen | None]:
+    """:func:`read_message`, and the file as it was read (None when it was refused)."""
     try:
-        data = read_regular(path, limit, "max_message_bytes")
+        fd, st = open_regular_stat(path)
     except InputRejected as exc:
-        return None, str(exc)
+        return None, str(exc), None
+    try:
+        left = st.st_size - offset
+        if left > limit:
+            return None, f"{left} bytes is larger than max_message_bytes ({limit})", None
+        data = read_to_end(fd, left, offset)
+        seen = Seen(offset + len(data), os.fstat(fd).st_mtime_ns)
+    finally:
+        os.close(fd)
+    text, note = _message_text(data)
+    return text, note, seen
+
+
+def _message_text(data: bytes) -> tuple[str | None, str]:
     if not data.strip():
         return None, "the file is empty"
     if b"\x00" in data:
@@ -296,6 +327,24 @@ def ignored_name(name: str) -> bool:
         or name.endswith(IGNORED_SUFFIXES)
         or (len(name) > 1 and name.startswith("#") and name.endswith("#"))
     )
+
+
+REST_RE = re.compile(r"^(?P<name>.+)\.rest@(?P<offset>\d{1,15})$")
+REST_NAME_KEPT = 50  # characters of the first name a follow-up keeps (a claim keeps 80)
+
+
+def rest_name(name: str, offset: int) -> str:
+    """The inbox name of a follow-up: what was written into the message ``name`` after its
+    first ``offset`` bytes were taken (see :func:`rest_of`)."""
+    first, _ = rest_of(name) or (name, 0)
+    return f"{first[:REST_NAME_KEPT]}.rest@{offset}"
+
+
+def rest_of(name: str) -> tuple[str, int] | None:
+    """A follow-up's first name and the bytes of it already taken (None: not a follow-up).
+    A claimed ``name`` gives its first name with the claim's prefix."""
+    m = REST_RE.match(name)
+    return (m["name"], int(m["offset"])) if m else None
 
 
 def inbox_entries(conv: Conv) -> list[InboxEntry]:

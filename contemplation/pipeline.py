@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import stat
 from pathlib import Path
 
 import structlog
@@ -28,8 +29,10 @@ from contemplation.layout import (
     list_conversations,
     read_metadata,
     read_state,
+    rest_of,
 )
 from contemplation.models import BackendSession, Block, ConvEvent, MarkerKind, Status
+from contemplation.openfiles import being_written
 from contemplation.runtime import Runtime
 from contemplation.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
 from contemplation.tracking import Tracked
@@ -41,18 +44,30 @@ from contemplation.writer import (
     clear_cancel,
     open_writer,
     reject_input,
+    unclaim,
 )
 from contemplation.writer.attachments import store as store_attachments
 from contemplation.writer.recovery import recover
+from contemplation.writer.session import remove_claimed
 
 log = structlog.get_logger("contemplation.pipeline")
 
 ROUND_LIMIT_NOTE = "need rounds limit reached"
 SETTLE_ROUNDS = 20  # looks again at files still settling, in one process_pending burst
+WRITER_RECHECK = 1.0  # s: a settled inbox file still open for writing is looked at again
 
 
 def _settled(mtime_ns: int, now: float, window: float) -> bool:
     return now - mtime_ns / 1e9 >= window
+
+
+def _nothing_past(path: Path, offset: int) -> bool:
+    """A regular file that ends at or before ``offset`` (a follow-up with nothing in it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size <= offset
 
 
 async def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
@@ -148,21 +163,27 @@ def _decide(
 
 def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> TurnDue | Again | Wait:
     """Claimed messages first (recovery), then the inbox in arrival order; a file written in
-    place is taken once it has settled (Wait until then)."""
+    place is taken once it has settled and no process holds it open for writing (Wait until
+    then: its writer's close pokes the conversation on Linux, else the next look does)."""
     conv = w.conv
     for claimed in w.claimed_files():
         return _take(w, rt, claimed)
     wake: float | None = None
+    settle = rt.settings.settle_seconds
     for entry in inbox_entries(conv):
-        if entry.path in seen.fast_ready or _settled(
-            entry.mtime_ns, now, rt.settings.settle_seconds
-        ):
+        at = entry.mtime_ns / 1e9 + settle
+        if entry.path in seen.fast_ready or _settled(entry.mtime_ns, now, settle):
             seen.fast_ready.discard(entry.path)
-            claimed_path = claim(conv, entry.path)
-            if claimed_path is None:
-                continue
-            return _take(w, rt, claimed_path)
-        at = entry.mtime_ns / 1e9 + rt.settings.settle_seconds
+            if being_written(entry.path):
+                if seen.still_written(entry):
+                    log.info("inbox_being_written", conv=conv.id, file=entry.name, bytes=entry.size)
+                at = now + max(settle, WRITER_RECHECK)
+            else:
+                seen.writing.pop(entry.path, None)
+                claimed_path = claim(conv, entry.path)
+                if claimed_path is None:
+                    continue
+                return _take(w, rt, claimed_path)
         wake = at if wake is None else min(wake, at)
     return Wait(wake)
 
@@ -204,6 +225,16 @@ def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     """Append a claimed message as an agent block, exactly once, then drop the claim."""
     w.took(claimed)
+    if being_written(claimed):  # opened for writing between the look and the claim
+        back = unclaim(w.conv, claimed)
+        log.info("unclaimed", conv=w.conv.id, file=back.name, why="open for writing")
+        return AGAIN
+    folder = claimed.is_dir() and not claimed.is_symlink()
+    # a follow-up (see release_claimed): its first name, and the bytes of it taken before
+    rest = None if folder else rest_of(claimed.name.split("-", 2)[-1])
+    if rest is not None and _nothing_past(claimed, rest[1]):
+        remove_claimed(claimed)  # a follow-up its writer added nothing to
+        return AGAIN
     try:  # a file, or a folder with files (kept in attachments/ before the block names them)
         msg = attachments.read_claimed(
             claimed, rt.settings.max_message_bytes, rt.settings.attachments
@@ -230,9 +261,20 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         # claimed message and its reply, where recovery looks for the reply)
         name = claimed.name.split("-", 2)[-1]  # as the agent named it (claim's prefix off)
         w.append_marker(MarkerKind.NOTE, f"the next message ({name}) was not UTF-8: {note}")
+    if rest is not None:
+        w.append_marker(
+            MarkerKind.NOTE,
+            f"the next message is the rest of {rest[0]}: written into it after it was taken "
+            f"(its bytes from {rest[1]} on), so it follows as a message of its own",
+        )
     # fsynced, committed and its file removed by the turn's first state write (off the loop)
     w.append_block(
-        w.meta.agent_label, w.meta.sender_label(), text, msg_id=claimed.name, claimed=claimed
+        w.meta.agent_label,
+        w.meta.sender_label(),
+        text,
+        msg_id=claimed.name,
+        claimed=claimed,
+        seen=msg.seen,
     )
     rt.notify(w.conv.id, ConvEvent.MESSAGE, text=text)
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again

@@ -12,8 +12,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contemplation.layout import Conv
+from contemplation.layout import Conv, InboxEntry
 from contemplation.logview import LogView
+
+WRITING_KEPT = 10_000  # inbox files still being written that the log has named
 
 
 @dataclass
@@ -23,6 +25,8 @@ class Tracked:
     recovered: set[str] = field(default_factory=set)  # conversations recovered since start
     views: dict[str, LogView] = field(default_factory=dict)  # incremental parses of the logs
     log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left
+    # inbox files found settled but still open for writing: (size, mtime) last logged
+    writing: dict[Path, tuple[int, int]] = field(default_factory=dict)
     # conversations whose steps failed (a full disk): failures in a row, and the error said
     failing: dict[str, tuple[int, str]] = field(default_factory=dict)
     stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
@@ -33,6 +37,17 @@ class Tracked:
             # read under the conversation's lock only: no rotation runs meanwhile
             v = self.views[conv.id] = LogView(conv, agent_label, locked=True)
         return v
+
+    def still_written(self, entry: InboxEntry) -> bool:
+        """An inbox file has settled but a process still holds it open for writing: True
+        the first time it is seen so (and after each change of the file), to say it once."""
+        now = (entry.size, entry.mtime_ns)
+        if self.writing.get(entry.path) == now:
+            return False
+        if len(self.writing) >= WRITING_KEPT:
+            self.writing.clear()
+        self.writing[entry.path] = now
+        return True
 
     def failed(self, conv_id: str, what: str) -> tuple[int, bool]:
         """One more failure in a row: how many now, and whether ``what`` differs from the

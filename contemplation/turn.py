@@ -107,12 +107,36 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
             until = on.guard.resting() or rt.clock() + 0.5
         else:
             try:
+                if _grown(rt, w):  # written into while the turn waited: its request again
+                    planned = await _plan(conv, rt, seen, w, meta=served, prepared=prepared)
+                    if planned is None:
+                        return AGAIN
                 return await _stream(
                     conv, rt, seen, w, on=on, prepared=prepared, planned=planned, held=held
                 )
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try
     return rest(rt, w, until, on.guard.failures)
+
+
+def _grown(rt: Runtime, w: ConvWriter) -> bool:
+    """A write landed in the claimed message's file after it was read, and the turn has not
+    begun (it waited for a slot): the block is written again, whole, as the same message.
+    True: the request must be built again. A write after this point is queued as a
+    follow-up when the file is released (see :meth:`ConvWriter.retake`)."""
+    again = False
+    for path in w.changed_held():
+        limit, limits = rt.settings.max_message_bytes, rt.settings.attachments
+        try:
+            msg = attachments.read_claimed(path, limit, limits)
+        except OSError:
+            continue
+        if msg.text is None or msg.seen is None or msg.note:
+            continue  # unreadable now: the release queues what was added
+        if w.retake(path, msg.text, msg.seen):
+            log.info("message_grown", conv=w.conv.id, file=path.name, bytes=msg.seen.size)
+            again = True
+    return again
 
 
 def _pinned(target: Target, session: BackendSession | None) -> Target:

@@ -34,6 +34,7 @@ from contemplation.writer.folders import (
     remove_tmp_files,
     request_cancel,
     unarchive,
+    unclaim,
     write_context_file,
     write_metadata,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "remove_tmp_files",
     "request_cancel",
     "unarchive",
+    "unclaim",
     "write_context_file",
     "write_metadata",
 ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,14 +18,17 @@ from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
     Conv,
     Home,
+    Seen,
     ignored_name,
     list_folder,
     read_json,
     read_metadata,
     read_state,
+    rest_name,
     slugify,
 )
 from contemplation.models import LogIdentity, Metadata, State
+from contemplation.openfiles import being_written
 from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.templates import Template
 from contemplation.testing import crashpoint
@@ -208,6 +213,48 @@ def claim(conv: Conv, inbox_file: Path) -> Path | None:
         return claim(conv, inbox_file)
     crashpoint("claim")
     return claimed
+
+
+def unclaim(conv: Conv, claimed: Path) -> Path:
+    """Put a claimed file back into ``inbox/``, under the name it came with (or one still
+    free): a process opened it for writing between the look and the claim, so it is taken
+    once it has been closed."""
+    dest = _free_name(conv.inbox, claimed.name.split("-", 2)[-1])
+    os.rename(claimed, dest)
+    return dest
+
+
+def release_claimed(conv: Conv, claimed: Path, seen: Seen, *, durable: bool) -> Path | None:
+    """A claimed message file whose block is committed goes, unless it is not as it was read
+    (``seen``) or a process still holds it open for writing: then what it holds past the
+    bytes taken goes back into ``inbox/`` as a follow-up (:func:`~contemplation.layout.
+    rest_name`), a message of its own once its writer is done. A file cut shorter, or
+    rewritten in place, is queued whole. Returns the follow-up's path (None: removed)."""
+    try:
+        st = os.lstat(claimed)
+    except FileNotFoundError:
+        return None
+    grown = st.st_size > seen.size
+    rewritten = st.st_size < seen.size or (not grown and st.st_mtime_ns != seen.mtime_ns)
+    if not stat.S_ISREG(st.st_mode) or not (grown or rewritten or being_written(claimed)):
+        claimed.unlink(missing_ok=True)
+        return None
+    first = claimed.name.split("-", 2)[-1]  # the claim's prefix off
+    dest = _free_name(conv.inbox, rest_name(first, 0 if rewritten else seen.size))
+    os.rename(claimed, dest)
+    if durable:
+        fsync_dir(conv.inbox)
+    return dest
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    """``folder/name``, or when that name is taken, one with a random part in front."""
+    dest = folder / name
+    for _ in range(8):
+        if not os.path.lexists(dest):
+            return dest
+        dest = folder / f"{secrets.token_hex(3)}-{name}"
+    raise FileExistsError(errno.EEXIST, "no free name", str(dest))
 
 
 def reject_input(conv: Conv, path: Path, reason: str) -> Path:

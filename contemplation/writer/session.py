@@ -21,6 +21,7 @@ from contemplation import logformat
 from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
+    Seen,
     list_folder,
     processing_entries,
     read_metadata,
@@ -48,7 +49,7 @@ from contemplation.writer.files import (
     now_iso,
     write_all,
 )
-from contemplation.writer.folders import adopt_folder
+from contemplation.writer.folders import adopt_folder, release_claimed
 from contemplation.writer.reply import LiveReply, OnEvent, ReplyStream
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
@@ -68,6 +69,16 @@ def remove_claimed(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A held message's block (where it starts, its length) and its file as it was read
+    (None: a folder message)."""
+
+    offset: int
+    length: int
+    seen: Seen | None
+
+
 @dataclass
 class ConvWriter:
     """Writes to one conversation while its lock is held (see :func:`open_writer`)."""
@@ -80,6 +91,7 @@ class ConvWriter:
     warnings: list[str] = field(default_factory=list)
     unsaved: bool = False  # a commit held in memory, written by the next save or flush()
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
+    taken: dict[Path, Taken] = field(default_factory=dict)  # held files' blocks, as read
     saved_intent: Intent | None = None  # the intent the last durable state write carried
     fd: int | None = None  # messages.log, read-write in append mode, open for this session
     queue: list[Path] | None = None  # processing/, listed once a session (see claimed_files)
@@ -164,7 +176,53 @@ class ConvWriter:
         self.unsaved = False
         held, self.held = self.held, []
         for path in held:  # the block is durable and committed: the record is done with
+            self._release(path)
+
+    def _release(self, path: Path) -> None:
+        """A claimed message whose block is committed goes; a write that landed in its file
+        since it was read is queued as a follow-up (never dropped)."""
+        taken = self.taken.pop(path, None)
+        if taken is None or taken.seen is None:
             remove_claimed(path)
+            return
+        rest = release_claimed(self.conv, path, taken.seen, durable=self.durable)
+        if rest is not None:
+            self.warn(
+                f"{path.name.split('-', 2)[-1]} was written into after it was taken: "
+                f"queued as inbox/{rest.name}"
+            )
+
+    def changed_held(self) -> list[Path]:
+        """Held message files (their blocks not committed yet) that are not as they were
+        read: a write landed in them since."""
+        out: list[Path] = []
+        for path in self.held:
+            seen = t.seen if (t := self.taken.get(path)) is not None else None
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if seen is not None and (st.st_size, st.st_mtime_ns) != (seen.size, seen.mtime_ns):
+                out.append(path)
+        return out
+
+    def retake(self, path: Path, text: str, seen: Seen) -> bool:
+        """Write a held message's block again with ``text``, what its file holds now (a
+        write landed in it before its turn began): the same message, whole. Only while it is
+        the log's last block and uncommitted on disk (held: no state written since); the
+        claimed file still matches the block, so recovery finds it as ever. False: left as
+        it is (the release queues the rest)."""
+        t = self.taken.get(path)
+        if t is None or path not in self.held or self.log_size() != t.offset + t.length:
+            return False
+        data = self.block_bytes(self.meta.agent_label, self.meta.sender_label(), text, t.offset)
+        if len(data) <= t.length:  # not grown: the parse of the log would not see a change
+            return False
+        self.rollback(t.offset)
+        self._append_raw(data, sync=False)
+        self.state.log.size = t.offset + len(data)
+        self.taken[path] = Taken(t.offset, len(data), seen)
+        return True
 
     def mark_log_start(self) -> None:
         """Write state.json now, not durably, with the log as it is: a folder made by hand,
@@ -354,6 +412,7 @@ class ConvWriter:
         *,
         msg_id: str,
         claimed: Path | None = None,
+        seen: Seen | None = None,
     ) -> int:
         """Append one whole block exactly once (write, fsync, commit). Returns its offset.
 
@@ -364,7 +423,8 @@ class ConvWriter:
         sent, or :meth:`flush` when the lock is let go): the block is fsynced before any state
         that counts it, and the file removed after. A crash before that finds the file and
         the block, whole or torn, and takes it exactly once. Any other block (an answer to a
-        need) journals an intent (offset, length, sha256) first."""
+        need) journals an intent (offset, length, sha256) first. ``seen``: the claimed file
+        as it was read, checked again before it is removed (see :meth:`_release`)."""
         if msg_id in self.state.done_ids:
             return -1
         self.append_fd()  # the size and the separator are read through it
@@ -397,6 +457,7 @@ class ConvWriter:
         crashpoint("appended")
         if claimed is not None:
             self.held.append(claimed)
+            self.taken[claimed] = Taken(offset, len(data), seen)
         self.commit_message(msg_id, offset + len(data), save=claimed is None)
         return offset
 
