@@ -268,11 +268,20 @@ def read_message_seen(
     return text, note, seen
 
 
-def _message_text(data: bytes) -> tuple[str | None, str]:
+def not_a_message(data: bytes, what: str = "the file") -> str | None:
+    """Why ``data`` cannot be a message's text (empty, binary), else None: the daemon's rule
+    for a file it takes, and the faces' before they queue one (one rule, one wording)."""
     if not data.strip():
-        return None, "the file is empty"
+        return f"{what} is empty"
     if b"\x00" in data:
-        return None, "the file holds NUL bytes (binary data is not a message)"
+        return f"{what} holds NUL bytes (binary data is not a message)"
+    return None
+
+
+def _message_text(data: bytes) -> tuple[str | None, str]:
+    why = not_a_message(data)
+    if why is not None:
+        return None, why
     text = data.decode("utf-8", errors="replace")
     note = (
         ""

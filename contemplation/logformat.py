@@ -69,6 +69,28 @@ def marker(kind: MarkerKind, text: str = "") -> str:
     return f"=== {kind.value}: {one_line(text)} ===\n" if text else f"=== {kind.value} ===\n"
 
 
+NOT_TAKEN = " was not taken: "  # a NOTE marker's words for a message refused into failed/
+KEPT_IN = "; kept in failed/"
+
+
+def not_taken(claimed: str, why: str, kept: str) -> str:
+    """The NOTE marker's text for a message the daemon refused into ``failed/`` (``claimed``:
+    its name in processing/, the inbox name after the claim's prefix; ``kept``: its name in
+    failed/). :func:`refusal` reads it back."""
+    return f"message {claimed}{NOT_TAKEN}{why}{KEPT_IN}{kept}"
+
+
+def refusal(text: str) -> tuple[str, str, str] | None:
+    """(claimed name, why, name in failed/) of a :func:`not_taken` marker text; None for any
+    other text. A reason cut by the marker's length limit keeps what is left of it."""
+    head, sep, rest = text.partition(NOT_TAKEN)
+    if not sep or not head.startswith("message "):
+        return None
+    name = head.removeprefix("message ")
+    why, sep, kept = rest.rpartition(KEPT_IN)
+    return (name, why, kept) if sep else (name, rest, "")
+
+
 def _needs_stuffing(line: str) -> bool:
     return line.lstrip(" ").startswith("===")
 

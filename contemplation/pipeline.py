@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from contemplation import answering, attachments, structured
+from contemplation import answering, attachments, logformat, structured
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
@@ -249,10 +249,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         store_attachments(w.conv, attachments.block_id(claimed.name), msg.files, durable=w.durable)
     if text is None:
         dest = reject_input(w.conv, claimed, note)
-        w.append_marker(
-            MarkerKind.NOTE,
-            f"message {claimed.name} was not taken: {note}; kept in failed/{dest.name}",
-        )
+        w.append_marker(MarkerKind.NOTE, logformat.not_taken(claimed.name, note, dest.name))
         rt.notify(w.conv.id, ConvEvent.REJECTED, reason=note)
         return AGAIN
     if note:
