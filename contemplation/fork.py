@@ -20,8 +20,9 @@ this one function. The rules:
   ends on an agent block is answered by the daemon like any message; one that ends on a
   COMPLETE reply is marked complete (so it is not archived at once) and goes on with the next
   message, as a reopened conversation does.
-* The source is only read (under its lock, taken without waiting); an archived one is
-  forked alike and stays in ``completed/``.
+* The source is only read (under its lock, taken without waiting and shared: forks made at
+  the same moment read together, each sees no writer and takes every finished block); an
+  archived one is forked alike and stays in ``completed/``.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def snapshot(conv: Conv) -> Snapshot:
             f"{conv.id} has no readable metadata.json (a folder the daemon has not taken yet)"
         )
     try:
-        with conv_lock(conv, blocking=False) as got:
+        with conv_lock(conv, blocking=False, shared=True) as got:  # other forks read too
             pieces = _read_pieces(conv, meta.agent_label, locked=got)
             why = "" if got else "a writer holds it: a turn or an append is in progress"
             state = read_state(conv) if got else None

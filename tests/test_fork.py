@@ -8,7 +8,10 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ from contemplation.writer import (
     open_writer,
     request_cancel,
 )
-from tests.conftest import base_env, cli
+from tests.conftest import ROOT, base_env, cli
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama
 
@@ -349,6 +352,92 @@ def test_a_fork_is_never_renamed_over_a_folder_that_exists(home: Home) -> None:
     assert src.is_dir() and list(taken.iterdir()) == []
     assert _rename_noreplace(src, home.active / "free") is True
     assert (home.active / "free").is_dir() and not src.exists()
+
+
+# --------------------------------------------------------------------------- concurrent forks
+
+CONCURRENT_FORKS = 200
+CONCURRENT_PROCESSES = 24
+
+
+def test_forks_made_at_the_same_moment_each_get_every_block(home: Home) -> None:
+    """200 forks of one idle conversation at once, each a thread through the real fork path
+    (its own descriptor on the lock, as a process has): a fork only reads, so another fork
+    reading at the same moment is no writer, and each fork holds every block of the source
+    and is idle: none ends on the agent's question, which the daemon would ask the model
+    again (issue 35 finding 8: 31 of 200 dropped the last block)."""
+    from contemplation.conversation import next_action
+    from contemplation.fork import fork
+
+    src = make(home, "many forks")
+    say(src, "First question?", "First answer.", n=1)
+    say(src, "Second question?", "Second answer.", n=2)
+    want = src.log.read_bytes()
+    gate = threading.Barrier(CONCURRENT_FORKS)
+
+    def one(_: int) -> tuple[str, int]:
+        gate.wait(timeout=60)
+        done = fork(home, src, durable=False)
+        return done.conv.id, done.block
+
+    with ThreadPoolExecutor(CONCURRENT_FORKS) as pool:
+        made = list(pool.map(one, range(CONCURRENT_FORKS)))
+    short = [(cid, n) for cid, n in made if n != 4]
+    assert short == [], f"{len(short)} of {CONCURRENT_FORKS} forks were cut short"
+    assert len({cid for cid, _ in made}) == CONCURRENT_FORKS
+    for cid, _ in made:
+        new = home.conv(cid)
+        assert new.log.read_bytes() == want
+        st = read_state(new)
+        assert st is not None and st.status is Status.IDLE
+        assert next_action(blocks(new)).action == "idle"  # no turn due: the model is not asked
+    assert src.log.read_bytes() == want
+
+
+def test_fork_processes_and_a_dashboards_forks_at_the_same_moment_each_get_every_block(
+    home: Home, env: dict[str, str]
+) -> None:
+    """Real ``contemplation fork`` processes started together, while this process forks the
+    same conversation through the same function the dashboard calls, over and over until they
+    are done: every fork on either side holds every block and is idle."""
+    from contemplation.fork import fork
+
+    src = make(home, "many processes")
+    say(src, "Only question?", "Only answer.", n=1)
+    want = src.log.read_bytes()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "fork", src.id, "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for _ in range(CONCURRENT_PROCESSES)
+    ]
+    here: list[str] = []
+    try:
+        for _ in range(10 * CONCURRENT_FORKS):  # bounded; ends when every process has
+            if all(p.poll() is not None for p in procs):
+                break
+            done = fork(home, src, durable=False)
+            assert done.block == 2, f"an in-process fork took {done.block} of 2 blocks"
+            here.append(done.conv.id)
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * CONCURRENT_PROCESSES, outs[0][1]
+    forks = [json.loads(out) for out, _ in outs]
+    assert [f["blocks"] for f in forks] == [2] * CONCURRENT_PROCESSES
+    for cid in [f["id"] for f in forks] + here:
+        new = home.conv(cid)
+        assert new.log.read_bytes() == want
+        st = read_state(new)
+        assert st is not None and st.status is Status.IDLE
 
 
 # --------------------------------------------------------------------------- MCP

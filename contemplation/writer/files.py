@@ -159,12 +159,15 @@ def faces_lock(conv: Conv) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def conv_lock(conv: Conv, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold ``flock(<conv>/.lock)``. Yields False (lock not taken) only when non-blocking."""
+def conv_lock(conv: Conv, *, blocking: bool = True, shared: bool = False) -> Iterator[bool]:
+    """Hold ``flock(<conv>/.lock)``. Yields False (lock not taken) only when non-blocking.
+    ``shared``: a reader's lock (a fork's read), held by any number of readers at once and
+    by none while a writer holds it."""
     fd = os.open(conv.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fd, mode | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
