@@ -33,7 +33,7 @@ from contemplation.layout import (
     read_state,
 )
 from contemplation.models import Status
-from contemplation.reading import Reader, own, segments
+from contemplation.reading import Reader, Standing, own, segments
 from contemplation.terminal import safe
 from contemplation.writer import daemon_alive
 
@@ -155,13 +155,13 @@ def follow(
         if follower is not None:
             follower.drain()
             conv = follower.conv
-        code = settled(reader, conv, ex)
+        code, view = outcome(reader, conv, ex)
         if code is not None:
             if follower is None and (at := _start(reader, conv, ex)) is not None:
                 follower = Follower(home, conv, offset=at)
             if follower is not None:
                 follower.drain()
-            return report(reader, conv, code)
+            return report(conv, code, view)
         if deadline is not None and time.monotonic() > deadline:
             return timed_out(reader, conv, timeout)
         time.sleep(POLL)
@@ -171,12 +171,12 @@ def _follow_json(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> in
     deadline = time.monotonic() + timeout if timeout else None
     while True:
         conv = current(reader.home, conv)
-        code = settled(reader, conv, ex)
+        code, view = outcome(reader, conv, ex)
         if code is None and deadline is not None and time.monotonic() > deadline:
             code = timed_out(reader, conv, timeout)
         if code is not None:
             if code != EXIT_TIMEOUT:
-                report(reader, conv, code)
+                report(conv, code, view)
             click.echo(json.dumps(result(reader, conv, ex, code), ensure_ascii=False))
             return code
         time.sleep(POLL)
@@ -212,12 +212,18 @@ def result(reader: Reader, conv: Conv, ex: Exchange, code: int) -> dict[str, Any
     return out
 
 
-def settled(reader: Reader, conv: Conv, ex: Exchange) -> int | None:
-    """None while the daemon still works on the exchange (:meth:`Reader.settled`, the rule
-    every face shares, and this exchange's own message or decision taken); else the exit
-    code."""
-    state = read_state(conv)
-    if state is None or not reader.settled(conv):
+def outcome(reader: Reader, conv: Conv, ex: Exchange) -> tuple[int | None, Standing]:
+    """The exit code, None while the daemon still works on the exchange (``Standing.settled``,
+    the rule every face shares, and this exchange's own message or decision taken), and the
+    reading it was judged on (:meth:`Reader.standing`): what the end reports as waiting is
+    what made it end."""
+    view = reader.standing(conv)
+    return _code(view, ex), view
+
+
+def _code(view: Standing, ex: Exchange) -> int | None:
+    state = view.state
+    if state is None or not view.settled:
         return None
     if ex.before >= 0 and state.messages_processed <= ex.before:
         return None  # the message is not in the log yet
@@ -230,12 +236,12 @@ def settled(reader: Reader, conv: Conv, ex: Exchange) -> int | None:
     return EXIT_OK
 
 
-def report(reader: Reader, conv: Conv, code: int) -> int:
+def report(conv: Conv, code: int, view: Standing) -> int:
     """What stderr says at the end: what waits for the agent (with the commands), or why the
-    turn failed."""
-    state = read_state(conv)
+    turn failed; from ``view``, the reading the end was judged on."""
+    state = view.state
     if code == EXIT_NEEDS_AGENT:
-        items = reader.waiting(conv)
+        items = view.items
         told = waiting.lines(conv.id, items) or [
             f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
         ]

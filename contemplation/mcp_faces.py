@@ -17,14 +17,7 @@ import anyio
 
 from contemplation import activity, listing, paging
 from contemplation.errors import ContemplationError, InputRejected
-from contemplation.layout import (
-    Conv,
-    Home,
-    inbox_entries,
-    processing_entries,
-    read_metadata,
-    read_state,
-)
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BUSY, Status
 from contemplation.reading import Reader, Since, block_dict, own, segments
 from contemplation.settings import Settings
@@ -135,15 +128,12 @@ class Faces:
     @_locked
     def snapshot(self, conv: Conv, *, written: int | None = None) -> dict[str, Any]:
         """Where a conversation stands (what ``check`` says besides the blocks, and what the
-        status resource holds). ``written``: characters of a reply being streamed, if known."""
-        meta = read_metadata(conv)
-        state = read_state(conv)
-        items = self.reader.waiting(conv)
+        status resource holds). ``written``: characters of a reply being streamed, if known.
+        The status, the activity and what waits come from one reading (``Reader.standing``)."""
+        view = self.reader.standing(conv)
+        meta, state, items, queued = view.meta, view.state, view.items, view.queued
         status = state.status.value if state else Status.PENDING.value
         alive = daemon_alive(self.home)
-        queued = (
-            0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
-        )
         model = meta.model if meta else ""
         behind = 0
         if queued and meta is not None:

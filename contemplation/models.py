@@ -100,12 +100,15 @@ class ApprovalRequest(BaseModel):
 
 
 Decision = Literal["once", "always", "reject"]
+Decider = Literal["cli", "mcp", "dashboard"]  # the face a decision came through
 
 
 class ApprovalDecision(BaseModel):
     """The agent's answer to an :class:`ApprovalRequest`, kept in metadata.json ``approvals``
     (the agent's file: the daemon only reads it). ``always`` also lets the same tool with the
-    same arguments through in this conversation from then on."""
+    same arguments through in this conversation from then on. The record of what was decided
+    (``decision``), through which face (``face``) and when (``time``): a decision is final,
+    and a later one about the same lookup is refused naming this one."""
 
     request: str
     decision: Decision
@@ -114,6 +117,7 @@ class ApprovalDecision(BaseModel):
     tool: str = ""
     arguments: dict[str, Any] = Field(default_factory=dict)
     time: str = ""
+    face: str = ""  # a Decider; empty in a record written before faces were named
 
 
 APPROVALS_KEY = "approvals"  # metadata.json: the agent's ApprovalDecisions

@@ -42,17 +42,18 @@ from contemplation.layout import (
     valid_id,
 )
 from contemplation.logview import LogView, parse_segment
-from contemplation.models import BUSY, Block
+from contemplation.models import BUSY, Block, Metadata, State
 from contemplation.parser import find_responses
-from contemplation.waiting import WaitItem
-from contemplation.waiting import items as waiting_items
+from contemplation.waiting import WaitItem, look
+from contemplation.writer import daemon_alive
 
 __all__ = [  # the cursor space's names, which the faces read here
-    "AGENT_SOURCE", "Reader", "Segment", "Since", "block_dict", "blocks_since", "locate",
-    "log_text", "own", "own_block", "segments",
+    "AGENT_SOURCE", "Reader", "Segment", "Since", "Standing", "block_dict", "blocks_since",
+    "locate", "log_text", "own", "own_block", "segments",
 ]  # fmt: skip
 
 VIEWS_KEPT = 256
+STANDING_TRIES = 8  # reads of a conversation that changes under each one before it is busy
 
 
 def locate(home: Home, name: str) -> Conv:
@@ -73,6 +74,58 @@ def locate(home: Home, name: str) -> Conv:
 
 
 OWN_SEGMENTS_BACK = 8  # rotated segments searched for the agent's last own message
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """One conversation as one moment shows it, for every face that follows one (CLI
+    ``--wait`` and ``wait``, MCP check, wait and progress, the dashboard): its documents, what
+    waits for the agent, and whether the daemon is done, all from the same reading."""
+
+    meta: Metadata | None
+    state: State | None
+    items: list[WaitItem]
+    deciding: tuple[str, ...]  # lookups decided by the agent, not answered by the daemon yet
+    queued: int  # messages in inbox/ and processing/
+    settled: bool
+
+
+def _committed(view: LogView, state: State | None, *, daemon: bool) -> tuple[Block, ...]:
+    """The blocks of the log as ``state`` accounts for them. While a ``daemon`` runs, a block
+    that begins past the state's committed size (one it has just written and not yet
+    committed, or a hand append it has not taken in yet) belongs to a later moment than the
+    state's and is left out; with none running, nothing takes such bytes in, and the log is
+    read as it is."""
+    blocks = view.refresh().blocks
+    if not daemon or state is None or (state.log.ino and state.log.ino != view.ino):
+        return blocks  # no state, or one of another file (a rotation, a replaced log)
+    later = sum(1 for b in view.live.blocks if b.offset >= state.log.size)
+    return blocks[: len(blocks) - later]
+
+
+def _settled(
+    meta: Metadata | None,
+    state: State | None,
+    live: int,
+    blocks: tuple[Block, ...],
+    *,
+    queued: int,
+    deciding: tuple[str, ...],
+) -> bool:
+    """The daemon is done for now: nothing queued, nothing being written, no decision of the
+    agent left to act on, and no model turn due."""
+    if queued or meta is None or (state is not None and state.intent is not None):
+        return False
+    if state is not None and live != state.log.size:
+        # bytes past the last commit: a reply whose commit also commits the message it
+        # answers (written with no intent, see ReplyStream.merge_into_commit), or an
+        # append the daemon has not adopted yet; either way not done
+        return False
+    if not blocks:
+        return True  # started empty: there is nothing to wait for
+    if state is None or state.status in BUSY or deciding:
+        return False
+    return next_action(blocks).action != "turn"
 
 
 # --------------------------------------------------------------------------- the reader
@@ -116,12 +169,11 @@ class Reader:
             self._views.popitem(last=False)
         return v
 
-    def queued_answers(self, conv: Conv) -> set[str]:
-        """Needs whose answers are on their way: queued in inbox/ or claimed in processing/.
-        Read in the order a message moves (inbox → processing → log), so an answer on its
-        way is seen in one of the three."""
+    def queued_answers(self, paths: list[Path]) -> set[str]:
+        """Needs whose answers are on their way: queued in inbox/ or claimed in processing/
+        (``paths``, listed in the order a message moves: inbox → processing → log, so an
+        answer on its way is seen in one of the three)."""
         queued: set[str] = set()
-        paths = [e.path for e in inbox_entries(conv)] + processing_entries(conv)
         for path in paths:
             try:
                 head = read_regular(path, 1 << 20).decode("utf-8", errors="replace")
@@ -130,16 +182,47 @@ class Reader:
             queued.update(find_responses(head))
         return queued
 
+    def standing(self, conv: Conv, *, decided: bool = False) -> Standing:
+        """Where ``conv`` stands, as one moment shows it: what waits for the agent and whether
+        the daemon is done with it, both from one reading of its metadata, its state and its
+        log (``decided``: see :func:`~contemplation.waiting.look`). The state is read again
+        after the log: a reading it changed under is done again, and one that never holds
+        still is *busy* (nothing listed, not settled), never a mix of two moments."""
+        if conv.is_completed:
+            return Standing(read_metadata(conv), read_state(conv), [], (), 0, settled=True)
+        for _ in range(STANDING_TRIES):
+            got = self._standing(conv, decided=decided)
+            if got is not None:
+                return got
+        return Standing(read_metadata(conv), read_state(conv), [], (), 0, settled=False)
+
+    def _standing(self, conv: Conv, *, decided: bool) -> Standing | None:
+        if not conv.dir.is_dir():  # archived meanwhile
+            return Standing(None, None, [], (), 0, settled=False)
+        paths = [e.path for e in inbox_entries(conv)] + processing_entries(conv)
+        queued = self.queued_answers(paths)
+        meta = read_metadata(conv)
+        state = read_state(conv)
+        live = _live_size(conv)
+        daemon = daemon_alive(self.home)
+        view = self.view(conv, meta.agent_label) if meta is not None else None
+        blocks = _committed(view, state, daemon=daemon) if view is not None else ()
+        if read_state(conv) != state:
+            return None  # the daemon wrote meanwhile: the log may be of another moment
+        seen = look(conv, blocks, meta, state, queued, decided=decided)
+        return Standing(
+            meta,
+            state,
+            seen.items,
+            seen.deciding,
+            len(paths),
+            settled=_settled(meta, state, live, blocks, queued=len(paths), deciding=seen.deciding),
+        )
+
     def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:
         """What waits for the agent (:mod:`contemplation.waiting`): needs to answer and
-        lookups to approve, each with its stable id (``decided``: see ``items``)."""
-        meta = read_metadata(conv)
-        if meta is None or conv.is_completed:
-            return []
-        queued = self.queued_answers(conv)
-        state = read_state(conv)
-        blocks = self.view(conv, meta.agent_label).refresh().blocks
-        return waiting_items(conv, blocks, meta, state, queued, decided=decided)
+        lookups to approve, each with its stable id (``decided``: see ``look``)."""
+        return self.standing(conv, decided=decided).items
 
     def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:
         meta = read_metadata(conv)
@@ -178,27 +261,9 @@ class Reader:
         return 0
 
     def settled(self, conv: Conv) -> bool:
-        """The daemon is done with the conversation for now: nothing queued, nothing being
-        written, and no model turn due. The one rule of every face (``--wait``, MCP ``wait``)."""
-        if conv.is_completed:
-            return True
-        if not conv.dir.is_dir() or inbox_entries(conv) or processing_entries(conv):
-            return False
-        state = read_state(conv)
-        meta = read_metadata(conv)
-        if meta is None or (state is not None and state.intent is not None):
-            return False
-        if state is not None and _live_size(conv) != state.log.size:
-            # bytes past the last commit: a reply whose commit also commits the message it
-            # answers (written with no intent, see ReplyStream.merge_into_commit), or an
-            # append the daemon has not adopted yet; either way not done
-            return False
-        blocks = self.view(conv, meta.agent_label).refresh().blocks
-        if not blocks:
-            return True  # started empty: there is nothing to wait for
-        if state is None or state.status in BUSY:
-            return False
-        return next_action(blocks).action != "turn"
+        """The daemon is done with the conversation for now (:attr:`Standing.settled`): the
+        one rule of every face (``--wait``, MCP ``wait``)."""
+        return self.standing(conv).settled
 
     def block_at(self, conv: Conv, cursor: int) -> tuple[Block, int] | None:
         """The block a cursor points strictly inside (a page cut in the middle of a long

@@ -12,6 +12,10 @@ an approval request), so an id never shifts when another item is answered, and a
 asking the same thing gets a new one. The log is the truth for what is unanswered; state.json
 says which of those are lookups waiting for approval; answers already queued in ``inbox/`` or
 ``processing/`` and decisions already in metadata.json are on their way and not listed.
+
+A lookup the agent has decided about is never listed again, under either kind, whatever the
+state says meanwhile: until the daemon has written its answer it is *deciding* (a face that
+waits is not done), and a second decision about it is refused (:func:`decided_line`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Literal
 from contemplation.conversation import need_id, next_action, unanswered
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv
-from contemplation.models import Metadata, State, Status
+from contemplation.models import ApprovalDecision, ApprovalRequest, Metadata, State, Status
 from contemplation.terminal import safe
 
 Kind = Literal["need", "approval"]
@@ -70,7 +74,17 @@ def how(item: WaitItem, conv_id: str, face: Face) -> str:
     return f"contemplation approve {conv_id} --need {item.id} --once|--always|--reject"
 
 
-def items(
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one reading of a conversation says waits: ``items`` for the agent, and
+    ``deciding``, the lookups the agent has decided about whose answers the daemon has not
+    written yet (their ids)."""
+
+    items: list[WaitItem] = field(default_factory=list)
+    deciding: tuple[str, ...] = ()
+
+
+def look(
     conv: Conv,
     blocks: Sequence[Any],
     meta: Metadata | None,
@@ -78,35 +92,78 @@ def items(
     queued: set[str],
     *,
     decided: bool = False,
-) -> list[WaitItem]:
-    """The items, from the parsed log's ``blocks``, the conversation's documents and the
-    needs whose answers are ``queued`` (see :meth:`~contemplation.reading.Reader.waiting`).
-    ``decided``: also the lookups decided in metadata.json that the daemon has not acted on
-    yet (a repeated or changed decision names them)."""
+) -> Look:
+    """What waits, from the parsed log's ``blocks``, the conversation's documents and the
+    needs whose answers are ``queued`` (see :meth:`~contemplation.reading.Reader.standing`).
+    ``decided``: also list the lookups decided in metadata.json that the daemon has not
+    acted on yet (so that a second decision can name the first)."""
     if conv.is_completed or meta is None:
-        return []
+        return Look()
     parsed = tuple(blocks)
     nxt = next_action(parsed)
     if nxt.action != "needs":
-        return []
+        return Look()
     block, _ = unanswered(parsed)
     asked = {r.id: r for r in state.pending_approvals} if state is not None else {}
-    given = set() if decided else {d.request for d in meta.approvals()}
+    given = meta.approvals()
     handed_over = state is None or state.status not in _AT_WORK
     out: list[WaitItem] = []
+    deciding: list[str] = []
     for need in nxt.needs:
         if need in queued:
             continue
         rid = need_id(block, need)
         request = asked.get(rid)
-        if request is not None:
-            if rid not in given:
-                out.append(
-                    WaitItem(rid, "approval", need, request.tool, request.arguments, request.why)
-                )
+        if deciding_for(rid, request, given) is not None:
+            deciding.append(rid)  # on its way: never a need, and a lookup only to name it
+            if decided and request is not None:
+                out.append(_lookup(request))
+        elif request is not None:
+            out.append(_lookup(request))
         elif handed_over:
             out.append(WaitItem(rid, "need", need))
-    return out
+    return Look(out, tuple(deciding))
+
+
+def _lookup(request: ApprovalRequest) -> WaitItem:
+    return WaitItem(
+        request.id, "approval", request.need, request.tool, request.arguments, request.why
+    )
+
+
+def deciding_for(
+    rid: str, request: ApprovalRequest | None, given: Sequence[ApprovalDecision]
+) -> ApprovalDecision | None:
+    """The decision that settles lookup ``rid``: its own (the first: decisions are final),
+    else an ``always`` one for the same tool and arguments; None when it is undecided."""
+    own = next((d for d in given if d.request == rid), None)
+    if own is not None or request is None:
+        return own
+    return next(
+        (
+            d
+            for d in given
+            if d.decision == "always"
+            and d.tool == request.tool
+            and d.arguments == request.arguments
+        ),
+        None,
+    )
+
+
+VERBS = {"once": "approved once", "always": "approved always", "reject": "rejected"}
+
+
+def decided_line(rid: str, need: str, d: ApprovalDecision) -> str:
+    """The one line that refuses a second decision: what the first one was, by which face and
+    when."""
+    by = f" by {d.face}" if d.face else ""
+    at = f" at {d.time}" if d.time else ""
+    via = "" if d.request == rid else f" (the decision about lookup {d.request})"
+    return safe(
+        f"lookup {rid} ({need}) was decided already: {VERBS[d.decision]}{by}{at}{via}; "
+        "a decision is final"
+    )
 
 
 def pick(conv_id: str, waiting: list[WaitItem], ref: str, want: Kind, face: Face) -> WaitItem:

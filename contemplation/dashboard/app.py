@@ -30,14 +30,7 @@ from contemplation.dashboard import export, panels
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
 from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
-from contemplation.layout import (
-    Conv,
-    Home,
-    inbox_entries,
-    processing_entries,
-    read_metadata,
-    read_state,
-)
+from contemplation.layout import Conv, Home, read_state
 from contemplation.models import CANCELLABLE
 from contemplation.reading import Reader
 from contemplation.settings import Settings
@@ -222,10 +215,9 @@ class Dashboard:
     async def conversation(self, request: Request) -> Response:
         def detail() -> dict[str, Any]:
             conv = self._conv(request)
-            meta = read_metadata(conv)
-            state = read_state(conv)
             out = dict(self.reader.summary(conv))
-            items = self.reader.waiting(conv)
+            view = self.reader.standing(conv)  # what waits and the state: one reading
+            meta, state, items = view.meta, view.state, view.items
             out["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
             out["pending_needs"] = [i.need for i in items if i.kind == "need"]
             out["template"] = meta.template if meta else ""
@@ -234,7 +226,7 @@ class Dashboard:
             out["pending_approvals"] = [
                 asked[i.id].model_dump(mode="json") for i in items if i.id in asked
             ]
-            out["queued_messages"] = len(inbox_entries(conv)) + len(processing_entries(conv))
+            out["queued_messages"] = view.queued
             asks = sum(1 for i in items if i.kind == "approval")
             behind = 0
             if out["queued_messages"] and meta is not None:

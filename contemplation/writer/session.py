@@ -297,7 +297,12 @@ class ConvWriter:
 
     def record_asked(self, asked: tuple[ApprovalRequest, ...]) -> bool:
         """Keep the pending approval requests (a request keeps the time it was first asked).
-        True when there is a request that was not pending before."""
+        True when there is a request that was not pending before.
+
+        Kept in memory: they reach state.json in the same write as the status that says what
+        they mean (the step's next :meth:`show`, else :meth:`flush` as the lock goes). Written
+        on their own, a state would ask for no lookup while it still said the conversation
+        waits for approval, and a face would show a lookup just approved as a need."""
         before = {r.id: r for r in self.state.pending_approvals}
         now = [
             r.model_copy(update={"asked": before[r.id].asked if r.id in before else now_iso()})
@@ -306,7 +311,7 @@ class ConvWriter:
         if now == self.state.pending_approvals:
             return False
         self.state.pending_approvals = now
-        self.save(durable=False)
+        self.unsaved = True
         return any(r.id not in before for r in now)
 
     def warn(self, text: str) -> None:
