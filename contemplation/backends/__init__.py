@@ -86,15 +86,16 @@ def _adopt(kind: BackendKind, origin: str) -> BackendKind:
     def guarded(m: Made) -> Backend:
         from contemplation.backends.base import phase_timeouts
         from contemplation.backends.guard import Guarded
+        from contemplation.contained import described
         from contemplation.settings import TimeoutSettings
 
         bounds = phase_timeouts(m.timeouts or TimeoutSettings(), m.settings.max_reply_bytes)
         plugin = f"{kind.name} ({origin})"
         try:
             made = kind.make(m)
-        except Exception as exc:  # the plugin's bug: one line, where the provider is used
+        except BaseException as exc:  # the plugin's bug (sys.exit too): one line, where used
             raise ConfigError(
-                f"the plugin {plugin} could not make its backend: {type(exc).__name__}: {exc}"
+                f"the plugin {plugin} could not make its backend: {described(exc)}"
             ) from exc
         return Guarded(made, plugin, bounds)
 

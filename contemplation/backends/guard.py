@@ -4,11 +4,15 @@ A built-in kind times each phase of its own protocol (:class:`~contemplation.bac
 TimedLines`) and raises only :class:`~contemplation.errors.BackendError`. A plugin's code is
 not ours: :class:`Guarded` wraps what its kind makes so that a stream which sends nothing
 for ``first_byte`` s, then nothing for ``idle`` s, or runs past ``total`` s is a transient
-timeout (retried like any server's), any other exception it raises is one ERROR for that turn
-naming the plugin, and its other calls (``capabilities``, ``check``, ``models``, ``forget``,
-``aclose``) are bounded by :data:`CALL_LIMIT`. Its bounds are the provider table's
-``timeouts`` (``[plugins.<name>.timeouts]`` or ``[providers.<name>.timeouts]``), else the
-defaults every kind has. So a plugin that raises or hangs costs that turn, never the daemon.
+timeout (retried like any server's), anything else it raises (``BaseException`` included:
+``KeyboardInterrupt``, ``SystemExit``, a ``CancelledError`` of its own) is one ERROR for that
+turn naming the plugin, and its other calls (``capabilities``, ``check``, ``models``,
+``forget``, ``aclose``) are bounded by :data:`CALL_LIMIT`. A cancel of the daemon's own task
+(the agent's cancel, a stop) goes on through it (:func:`contemplation.contained.ours`). Its
+bounds are the provider table's ``timeouts`` (``[plugins.<name>.timeouts]`` or
+``[providers.<name>.timeouts]``), else the defaults every kind has. So a plugin that raises or
+hangs in an ``await`` costs that turn, never the daemon; one that blocks the event loop or
+ends the process cannot be contained here (docs/plugins.md says how that is noticed).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from contemplation.contained import described, ours
 from contemplation.errors import BackendError, ErrorKind
 
 if TYPE_CHECKING:
@@ -42,7 +47,7 @@ class Guarded:
 
     def _failed(self, exc: BaseException, what: str) -> BackendError:
         return BackendError(
-            f"the backend of plugin {self.plugin} failed in {what}: {type(exc).__name__}: {exc}",
+            f"the backend of plugin {self.plugin} failed in {what}: {described(exc)}",
             transient=False,
             kind=ErrorKind.BACKEND,
         )
@@ -60,11 +65,16 @@ class Guarded:
                 transient=True,
                 kind=ErrorKind.TIMEOUT,
             ) from None
-        except Exception as exc:  # the plugin's bug: its turn's error, not ours
+        except BaseException as exc:  # the plugin's bug: its turn's error, not ours
+            if ours(exc):
+                raise
             raise self._failed(exc, what) from exc
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
-        events = self._inner.stream(request)
+        try:
+            events = self._inner.stream(request)
+        except BaseException as exc:  # a plain function that raised before any await
+            raise self._failed(exc, "its stream") from exc
         deadline = time.monotonic() + self.t.total
         first = True
         try:
@@ -78,16 +88,26 @@ class Guarded:
                     raise
                 except TimeoutError:
                     raise self._late(first, limit, deadline) from None
-                except Exception as exc:
+                except BaseException as exc:
+                    if ours(exc):
+                        raise
                     raise self._failed(exc, "its stream") from exc
                 if event is None:
                     return
                 first = False
                 yield event
         finally:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(CALL_LIMIT):
-                    await events.aclose()
+            await self._closed(events)
+
+    async def _closed(self, events: AsyncGenerator[StreamEvent, None]) -> None:
+        """Close the plugin's stream; whatever it raises on the way is dropped, but for a
+        cancel of our own (raised once the stream is closed)."""
+        try:
+            async with asyncio.timeout(CALL_LIMIT):
+                await events.aclose()
+        except BaseException as exc:
+            if ours(exc):
+                raise
 
     def _late(self, first: bool, limit: float, deadline: float) -> BackendError:
         if time.monotonic() >= deadline - 0.001:

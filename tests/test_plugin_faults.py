@@ -1,0 +1,165 @@
+"""A plugin takes down its own work, never the daemon (issue 35 finding 4).
+
+The faulty plugin (tests/faulty_plugin.py) is installed as a distribution (a dist-info folder
+with its entry points, as pip writes one) and found by real processes through
+importlib.metadata: what its backend, tool or context kind raises, BaseException included,
+is that turn's or that need's failure naming the plugin, and the daemon serves on; a plugin
+that calls sys.exit or os._exit at import is one line in ``plugins`` and ``doctor`` (which
+exit 1), and ``run`` starts without it; one that kills its process outright is named by
+``plugins --probe`` and ``doctor``, which import each plugin in a child process first."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+
+import pytest
+
+from contemplation.backends.base import Capabilities, Check, phase_timeouts
+from contemplation.backends.guard import Guarded
+from contemplation.errors import BackendError
+from contemplation.layout import Conv, Home, read_state
+from contemplation.models import BackendSession, ChatMessage, ChatRequest, Status, StreamEvent
+from contemplation.settings import TimeoutSettings
+from contemplation.templates import load_template
+from contemplation.writer import drop_message, new_conversation
+from tests.conftest import DaemonProc, base_env, cli, model_replies, wait_for
+from tests.fakes.ollama_server import FakeOllama
+from tests.faulty_plugin import RAISED
+
+FAULTY = {
+    "contemplation.backends": {"faulty": "tests.faulty_plugin:faulty"},
+    "contemplation.tools": {"faulty": "tests.faulty_plugin:faulty_tool"},
+    "contemplation.context": {"faulty": "tests.faulty_plugin:faulty_context"},
+}
+
+
+def install(site: Path, dist: str, entry_points: dict[str, dict[str, str]], **modules: str) -> Path:
+    """A distribution as pip leaves it in ``site``: its dist-info (name, version, entry
+    points) and its top-level modules (``name=source``)."""
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    groups = [
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in named.items())
+        for group, named in entry_points.items()
+    ]
+    (info / "entry_points.txt").write_text("\n".join(groups))
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(source)
+    return site
+
+
+def errors_in(conv: Conv) -> list[str]:
+    return [line for line in conv.log.read_text().splitlines() if line.startswith("=== ERROR")]
+
+
+def status_of(conv: Conv) -> Status | None:
+    state = read_state(conv)
+    return state.status if state is not None else None
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def test_a_plugin_backend_that_raises_a_base_exception_errs_its_turn_and_the_daemon_serves_on(
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """KeyboardInterrupt, SystemExit, a CancelledError of the plugin's own and a bare
+    BaseException raised in a stream: each ends that turn with one ERROR naming the plugin
+    (before, the first two ended the daemon, and the turn redone after a restart ended it
+    again; the others froze their conversation in 'generating' until a restart)."""
+    site = install(tmp_path / "site", "contemplation-faulty", FAULTY)
+    env = base_env(home, fake_ollama, PYTHONPATH=str(site))
+    tpl = load_template(home, "default")
+    faulty = {m: new_conversation(home, m, template=tpl, model=m, backend="faulty") for m in RAISED}
+    for conv in faulty.values():
+        drop_message(conv, "hello")
+    daemon = daemon_factory(env, home).wait_ready()
+    for model, conv in faulty.items():
+        wait_for(lambda c=conv: status_of(c) is Status.ERROR, 20, what=f"{model}'s ERROR")
+        errors = errors_in(conv)
+        assert len(errors) == 1, errors
+        assert "faulty (contemplation-faulty)" in errors[0], errors[0]
+        assert f"{RAISED[model].__name__}: the faulty plugin raised" in errors[0], errors[0]
+    after = new_conversation(home, "after", template=tpl, model="llama3.2", backend="ollama")
+    drop_message(after, "still there?")
+    wait_for(lambda: model_replies(after), 20, what="a reply after the faults")
+    assert daemon.proc.poll() is None
+    assert daemon.stop() == 0
+
+
+class _Raises:
+    """A plugin's backend whose stream and capabilities raise ``raised`` (or, ``hang``,
+    whose stream waits forever after its first piece)."""
+
+    name, label, concurrency = "raises", "RAISES", 1
+
+    def __init__(self, raised: type[BaseException], *, hang: bool = False) -> None:
+        self.raised, self.hang = raised, hang
+
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
+        yield StreamEvent("content", "one piece")
+        if self.hang:
+            await asyncio.Event().wait()
+        raise self.raised("from the plugin")
+
+    async def capabilities(self, model: str) -> Capabilities:
+        raise self.raised("from the plugin")
+
+    async def check(self, model: str | None) -> list[Check]:
+        raise self.raised("from the plugin")
+
+    async def models(self) -> list[str]:
+        return []
+
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
+        raise self.raised("from the plugin")
+
+    async def aclose(self) -> None:
+        raise self.raised("from the plugin")
+
+
+REQUEST = ChatRequest("m", (ChatMessage("user", "hi"),))
+
+
+def _guarded(raised: type[BaseException], *, hang: bool = False) -> Guarded:
+    bounds = phase_timeouts(TimeoutSettings())
+    return Guarded(_Raises(raised, hang=hang), "raises (a-plugin)", bounds)  # type: ignore[arg-type]
+
+
+async def _drain(backend: Guarded) -> list[StreamEvent]:
+    return [ev async for ev in backend.stream(REQUEST)]
+
+
+@pytest.mark.parametrize("raised", [SystemExit, asyncio.CancelledError, BaseException])
+def test_what_a_plugin_raises_is_its_failure_but_a_cancel_of_our_own_goes_on(
+    raised: type[BaseException],
+) -> None:
+    async def go() -> None:
+        backend = _guarded(raised)
+        calls = (
+            lambda: _drain(backend),
+            lambda: backend.capabilities("m"),
+            lambda: backend.check(None),
+        )
+        for call in calls:
+            with pytest.raises(BackendError) as caught:
+                await call()
+            said = str(caught.value)
+            assert (
+                "plugin raises (a-plugin)" in said and f"{raised.__name__}: from the plugin" in said
+            )
+            assert caught.value.transient is False
+        await backend.forget("c")  # never raises (the contract), whatever the plugin does
+        await backend.aclose()
+        # the daemon cancels a turn whose plugin is in its stream (an agent's cancel, a stop)
+        hanging = _guarded(raised, hang=True)
+        task = asyncio.ensure_future(_drain(hanging))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert done and task.cancelled()
+
+    asyncio.run(go())
