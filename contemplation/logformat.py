@@ -12,6 +12,12 @@ A body line that could be taken for a frame line is written with one extra leadi
 any line matching ``^ *===`` gains a space, and the parser removes exactly one leading space
 from such lines. This is exact and reversible (like SMTP dot-stuffing), so model text full of
 ``=== X -> Y [..] ===`` lines round-trips unchanged and can never forge a header or marker.
+
+An agent's block is stuffed the same way for ``[attachment: …]`` lines: the writer's own (one
+per file a folder message carries, see :mod:`contemplation.attachments`) are written as they
+are, and every other line shaped ``^ *[attachment: `` (the agent's text, an attached text file,
+a tool's answer to a NEED) gains one space, which the parser removes. So a copied line is the
+text it was and names no file: only a line at a line start in the file is the writer's.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ RESPONSE_PREFIX = "RESPONSE TO NEED:"
 TOOL_OUTPUT_BEGIN = "BEGIN TOOL OUTPUT"  # frames a tool's answer inside a RESPONSE TO NEED block
 TOOL_OUTPUT_END = "END TOOL OUTPUT"
 COMPLETE_LINE = "=== COMPLETE ==="
+ATTACHMENT_OPEN = "[attachment: "  # a file the writer kept (an agent's block; stuffed else)
+ATTACHMENT_LINE_RE = re.compile(
+    r"^\[attachment: (?P<name>.+) (?P<mime>[a-z]+/[A-Za-z0-9.+-]+) "
+    r"(?P<size>\d+ (?:B|KB|MB|GB)) sha256:(?P<sha>[0-9a-f]{64})\]$",
+    re.MULTILINE,
+)
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
@@ -102,9 +114,36 @@ def stuff(text: str) -> str:
     return "\n".join(" " + ln if _needs_stuffing(ln) else ln for ln in text.split("\n"))
 
 
-def body(text: str) -> str:
-    """Stuffed text ending with exactly one newline (trailing blank lines are not kept)."""
-    return stuff(text.replace("\r\n", "\n").rstrip("\n")) + "\n"
+def body(text: str, own: tuple[int, ...] = ()) -> str:
+    """An agent block's stuffed text ending with exactly one newline (trailing blank lines
+    are not kept). ``own``: the lines (by index) that are the writer's ``[attachment: …]``
+    lines; any other line so shaped is stuffed (see :func:`inert`)."""
+    return stuff(inert(text.replace("\r\n", "\n").rstrip("\n"), own)) + "\n"
+
+
+def _attachment_shaped(line: str) -> bool:
+    return line.lstrip(" ").startswith(ATTACHMENT_OPEN)
+
+
+def inert(text: str, own: tuple[int, ...] = ()) -> str:
+    """``text`` with one more space before each ``[attachment: `` line but the ``own``
+    lines (indices), so that it names no file the writer kept."""
+    if ATTACHMENT_OPEN not in text:
+        return text
+    lines = text.split("\n")
+    mine = frozenset(own)
+    return "\n".join(
+        " " + ln if i not in mine and _attachment_shaped(ln) else ln for i, ln in enumerate(lines)
+    )
+
+
+def uninert(text: str) -> str:
+    """The parser's side of :func:`inert`: one space less before each stuffed line."""
+    if " " + ATTACHMENT_OPEN not in text:
+        return text
+    return "\n".join(
+        ln[1:] if ln.startswith(" ") and _attachment_shaped(ln) else ln for ln in text.split("\n")
+    )
 
 
 class StreamStuffer:

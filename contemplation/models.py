@@ -265,6 +265,7 @@ class Block:
     end: int  # byte offset just past the block (next header or EOF)
     thinking: str = ""
     needs: tuple[str, ...] = ()
+    images: tuple[ImageRef, ...] = ()  # an agent block's: its writer's [attachment: …] lines
     response_to: str | None = None  # set for "RESPONSE TO NEED: ..." agent blocks
     responds: tuple[str, ...] = ()  # every need the block answers (response_to is the first)
     complete: bool = False  # the block carries a COMPLETE marker

@@ -14,14 +14,17 @@ import re
 from collections.abc import Iterable
 
 from contemplation.logformat import (
+    ATTACHMENT_LINE_RE,
+    ATTACHMENT_OPEN,
     FRAME,
     HEADER_RE,
     MARKER_RE,
     NEED_PREFIX,
     RESPONSE_PREFIX,
     canonical_need,
+    uninert,
 )
-from contemplation.models import Block, BlockKind, MarkerKind, ParseResult
+from contemplation.models import Block, BlockKind, ImageRef, MarkerKind, ParseResult
 
 MAX_NEED_CHARS = 1000
 _STUFFED = " " + FRAME  # a body line shaped like a frame, as the writer stuffs it
@@ -139,10 +142,13 @@ def _finish(d: _Draft, agent_label: str) -> Block:
     kind = BlockKind.AGENT if d.sender == agent_label else BlockKind.MODEL
     needs: tuple[str, ...] = ()
     responds: tuple[str, ...] = ()
+    images: tuple[ImageRef, ...] = ()
     if kind is BlockKind.MODEL:
         needs = find_needs(text)
-    elif text.startswith(RESPONSE_PREFIX):
-        responds = find_responses(text)
+    else:
+        images, text = _attachments(text)
+        if text.startswith(RESPONSE_PREFIX):
+            responds = find_responses(text)
     kinds = {m for m, _ in d.markers}
     return Block(
         sender=d.sender,
@@ -154,6 +160,7 @@ def _finish(d: _Draft, agent_label: str) -> Block:
         end=d.end,
         thinking="".join(d.thinking),
         needs=needs,
+        images=images,
         response_to=responds[0] if responds else None,
         responds=responds,
         complete=MarkerKind.COMPLETE in kinds and kind is BlockKind.MODEL,
@@ -161,6 +168,19 @@ def _finish(d: _Draft, agent_label: str) -> Block:
         markers=tuple(d.markers),
         truncated=d.truncated,
     )
+
+
+def _attachments(text: str) -> tuple[tuple[ImageRef, ...], str]:
+    """An agent block's images (its writer's ``[attachment: …]`` lines of an image type: at
+    a line start in the file) and its text with the stuffed lines given back their shape."""
+    if ATTACHMENT_OPEN not in text:
+        return (), text
+    images = tuple(
+        ImageRef(m["name"], m["mime"], m["sha"])
+        for m in ATTACHMENT_LINE_RE.finditer(text)
+        if m["mime"].startswith("image/")
+    )
+    return images, uninert(text)
 
 
 def _frames(

@@ -272,6 +272,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         msg_id=claimed.name,
         claimed=claimed,
         seen=msg.seen,
+        own=msg.own,
     )
     rt.notify(w.conv.id, ConvEvent.MESSAGE, text=text)
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contemplation.attachments import image_refs
 from contemplation.conversation import last_marker, whole
 from contemplation.logformat import canonical_need
 from contemplation.models import (
@@ -225,8 +224,8 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
             call = calls_by_need.pop(b.response_to, None) if b.response_to else None
             if call is not None:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
-            else:  # the images its [attachment: …] lines name go with it
-                out.append((i, ChatMessage("user", text, images=image_refs(text))))
+            else:  # the images its writer's [attachment: …] lines name go with it
+                out.append((i, ChatMessage("user", text, images=b.images)))
             if cancelled(b):  # cancelled before the model wrote a word
                 out.append((i, ChatMessage("assistant", CANCELLED_NOTE)))
             continue

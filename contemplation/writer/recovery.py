@@ -90,10 +90,10 @@ def _recover_claimed(
         start, size = w.state.log.size, w.log_size()
         if size <= start or claimed.name in w.state.done_ids:
             break
-        text = read_claimed(claimed, max_message_bytes, limits).text
-        if text is None:
+        msg = read_claimed(claimed, max_message_bytes, limits)
+        if msg.text is None:
             break
-        expected, found = _claimed_block(w, text, start)
+        expected, found = _claimed_block(w, msg.text, start, msg.own)
         if found == expected:
             w.commit_message(claimed.name, start + len(expected))
             done.append(f"committed message {claimed.name} found whole in the log")
@@ -109,16 +109,18 @@ def _recover_claimed(
     return done
 
 
-def _claimed_block(w: ConvWriter, text: str, start: int) -> tuple[bytes, bytes]:
+def _claimed_block(
+    w: ConvWriter, text: str, start: int, own: tuple[int, ...]
+) -> tuple[bytes, bytes]:
     """The block a claimed message would have been appended as at ``start`` (with the
     header time found there), and the bytes the log holds in its place."""
     sender, recipient = w.meta.agent_label, w.meta.sender_label()
-    shape = w.block_bytes(sender, recipient, text, start, ts=_TIME_SHAPE)
+    shape = w.block_bytes(sender, recipient, text, start, ts=_TIME_SHAPE, own=own)
     found = w.log_bytes(start, len(shape))
     at = shape.index(b"[") + 1
     ts = found[at : at + len(_TIME_SHAPE)]
     if len(ts) == len(_TIME_SHAPE) and ts.isascii():
-        shape = w.block_bytes(sender, recipient, text, start, ts=ts.decode())
+        shape = w.block_bytes(sender, recipient, text, start, ts=ts.decode(), own=own)
     return shape, found
 
 

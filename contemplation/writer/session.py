@@ -403,10 +403,19 @@ class ConvWriter:
                 os.close(fd)
 
     def block_bytes(
-        self, sender: str, recipient: str, text: str, offset: int, ts: str | None = None
+        self,
+        sender: str,
+        recipient: str,
+        text: str,
+        offset: int,
+        *,
+        ts: str | None = None,
+        own: tuple[int, ...] = (),
     ) -> bytes:
-        """The bytes of a block appended at ``offset`` (the separator included)."""
-        block = logformat.header(sender, recipient, ts) + logformat.body(text)
+        """The bytes of an agent's block appended at ``offset`` (the separator included);
+        ``own``: its lines that are the writer's ``[attachment: …]`` lines, every other line
+        so shaped is stuffed (see :func:`contemplation.logformat.inert`)."""
+        block = logformat.header(sender, recipient, ts) + logformat.body(text, own)
         return self.separator(offset) + block.encode("utf-8")
 
     def append_block(
@@ -418,6 +427,7 @@ class ConvWriter:
         msg_id: str,
         claimed: Path | None = None,
         seen: Seen | None = None,
+        own: tuple[int, ...] = (),
     ) -> int:
         """Append one whole block exactly once (write, fsync, commit). Returns its offset.
 
@@ -429,12 +439,13 @@ class ConvWriter:
         that counts it, and the file removed after. A crash before that finds the file and
         the block, whole or torn, and takes it exactly once. Any other block (an answer to a
         need) journals an intent (offset, length, sha256) first. ``seen``: the claimed file
-        as it was read, checked again before it is removed (see :meth:`_release`)."""
+        as it was read, checked again before it is removed (see :meth:`_release`). ``own``:
+        see :meth:`block_bytes`."""
         if msg_id in self.state.done_ids:
             return -1
         self.append_fd()  # the size and the separator are read through it
         offset = self.log_size()
-        data = self.block_bytes(sender, recipient, text, offset)
+        data = self.block_bytes(sender, recipient, text, offset, own=own)
         if claimed is None:
             self.state.intent = Intent(
                 kind="message",
