@@ -27,6 +27,7 @@ from contemplation import (
 from contemplation.cli_common import (
     CONVERSATION,
     EXIT_CODES,
+    EXIT_ERROR,
     TEMPLATE,
     ctx_home,
     ctx_settings,
@@ -117,7 +118,7 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     if message is not None or files:
         text = text_arg(message) if message is not None else ""
         if text.strip() or not files:
-            actions.check_text(text, s)
+            actions.check_message(text, s)  # before anything is created
     elif wait:
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
     conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
@@ -125,9 +126,10 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     ex = cli_wait.begin(reader, conv, _block(text, files, s))
     queued = actions.send(s, conv, text, files) if text is not None else None
     data = {"id": conv.id, "path": str(conv.dir), "queued": queued}
-    if not wait or text is None:
+    if not wait or queued is None:
         emit(data, as_json, conv.id)
         return
+    ex.queued = queued
     click.echo(conv.id, err=True)
     _follow(reader, conv, ex, timeout)
 
@@ -144,6 +146,12 @@ SCHEMA = click.option(
     metavar="FILE_OR_JSON",
     help="A JSON Schema the reply must match (JSON text, or a file holding it).",
 )
+PLAIN = click.option(
+    "--plain",
+    is_flag=True,
+    help="Send it even though needs or lookups wait (they stay unanswered); without it, send "
+    "refuses then and lists them, as MCP does without plain=true.",
+)
 WAIT_JSON = json_option(
     'With --wait: print the exchange as one JSON object at the end ({"blocks", "text", '
     '"parsed" when the reply matched its schema, "status", "exit_code"}).'
@@ -155,6 +163,7 @@ WAIT_JSON = json_option(
 @click.argument("text")
 @ATTACH
 @SCHEMA
+@PLAIN
 @WAIT
 @TIMEOUT
 @WAIT_JSON
@@ -165,12 +174,15 @@ def send(  # noqa: PLR0917 - click passes every option positionally
     text: str,
     attach: tuple[Path, ...],
     schema: str | None,
+    plain: bool,
     wait: bool,
     timeout: float,
     as_json: bool,
 ) -> None:
     """Send TEXT (or - for stdin) to a conversation's inbox, with the files --attach names.
 
+    While the model waits for needs or lookups, send refuses (exit 1) and lists them with
+    the commands that settle them; --plain sends anyway and says what stays unanswered.
     With --wait, the exchange this message starts streams to stdout. When the model stops
     for the agent, each need and lookup waiting, with the command that settles it, go to
     stderr and the exit code is 3. With --schema the reply must be JSON that matches it."""
@@ -181,8 +193,12 @@ def send(  # noqa: PLR0917 - click passes every option positionally
     files = attachments.read_paths(attach, s.attachments)
     if schema is not None:
         body = structured.with_schema(body, structured.load_schema(schema, s.max_schema_bytes))
+    left = _unanswered(reader, conv, plain=plain)
     ex = cli_wait.begin(reader, conv, _block(body, files, s))
     name = actions.send(s, conv, body, files)
+    ex.queued = name
+    if left:
+        click.echo(safe(f"note: left unanswered: {waiting.listed(left)}"), err=True)
     if not wait:
         if as_json:
             click.echo(json.dumps({"conversation_id": conv.id, "queued": name}))
@@ -190,6 +206,29 @@ def send(  # noqa: PLR0917 - click passes every option positionally
             click.echo(f"queued for {conv.id} (inbox/{name})")
         return
     _follow(reader, conv, ex, timeout, as_json=as_json)
+
+
+def _unanswered(reader: Reader, conv: Conv, *, plain: bool) -> list[Any]:
+    """What the model waits for, which a message now leaves unanswered (it moves the
+    conversation past it): nothing is left in silence, so without ``plain`` it is refused
+    with each item and its command, as MCP's respond is without plain=true; with it, the
+    items, for the caller to say once the message is queued."""
+    items = reader.waiting(conv)
+    if not items or plain:
+        return items
+    asks = sum(1 for i in items if i.kind == "approval")
+    parts = [f"{len(items) - asks} answer(s)"] if len(items) > asks else []
+    parts += [f"the approval of {asks} lookup(s)"] if asks else []
+    them = "them" if len(items) > 1 else "it"
+    click.echo(
+        safe(
+            f"error: {conv.id} waits for {' and '.join(parts)} from you; a message now leaves "
+            f"{them} unanswered. Settle {them}, or send the message anyway with --plain:"
+        ),
+        err=True,
+    )
+    click.echo("\n".join(waiting.lines(conv.id, items)), err=True)
+    sys.exit(EXIT_ERROR)
 
 
 @click.command(epilog=EXIT_CODES)
@@ -203,7 +242,7 @@ def wait(ctx: click.Context, conversation: str, timeout: float, as_json: bool) -
     home = ctx_home(ctx)
     conv = lookup(ctx, conversation)
     reader = Reader(home)
-    ex = cli_wait.Exchange(reader.last_own(conv))
+    ex = cli_wait.Exchange(reader.last_own(conv), latest=True)
     _follow(reader, conv, ex, timeout, as_json=as_json)
 
 
@@ -234,6 +273,7 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
     body = text_arg(text)
     ex = cli_wait.begin(reader, conv, body)
     done = actions.respond(s, reader, conv, body, need)
+    ex.queued = done["queued"]
     if not wait:
         emit(done, as_json, show.responded(done))
         return

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from contemplation import activity, show, waiting
+from contemplation import activity, logformat, show, waiting
 from contemplation.cli_common import EXIT_ERROR, EXIT_NEEDS_AGENT, EXIT_OK, EXIT_TIMEOUT
 from contemplation.layout import (
     Conv,
@@ -32,7 +32,7 @@ from contemplation.layout import (
     read_metadata,
     read_state,
 )
-from contemplation.models import Status
+from contemplation.models import MarkerKind, Status
 from contemplation.reading import Reader, Standing, own, segments
 from contemplation.terminal import safe
 from contemplation.writer import daemon_alive
@@ -99,6 +99,8 @@ class Exchange:
     text: str | None = None
     before: int = -1  # messages_processed when it was sent (-1: no message of its own)
     request: str = ""  # approve --wait: the lookup whose decision the daemon must act on
+    queued: str = ""  # the inbox name of its message: refused into failed/, the wait ends
+    latest: bool = False  # `wait`: a refusal after the last own message ends the exchange
 
 
 def begin(reader: Reader, conv: Conv, text: str | None, *, request: str = "") -> Exchange:
@@ -156,12 +158,15 @@ def follow(
             follower.drain()
             conv = follower.conv
         code, view = outcome(reader, conv, ex)
+        why = refused(reader, conv, ex, view, settled=code is not None)
+        if why is not None:
+            code = EXIT_ERROR
         if code is not None:
             if follower is None and (at := _start(reader, conv, ex)) is not None:
                 follower = Follower(home, conv, offset=at)
             if follower is not None:
                 follower.drain()
-            return report(conv, code, view)
+            return report(conv, code, view, refused=why)
         if deadline is not None and time.monotonic() > deadline:
             return timed_out(reader, conv, timeout)
         time.sleep(POLL)
@@ -172,12 +177,18 @@ def _follow_json(reader: Reader, conv: Conv, ex: Exchange, timeout: float) -> in
     while True:
         conv = current(reader.home, conv)
         code, view = outcome(reader, conv, ex)
+        why = refused(reader, conv, ex, view, settled=code is not None)
+        if why is not None:
+            code = EXIT_ERROR
         if code is None and deadline is not None and time.monotonic() > deadline:
             code = timed_out(reader, conv, timeout)
         if code is not None:
             if code != EXIT_TIMEOUT:
-                report(conv, code, view)
-            click.echo(json.dumps(result(reader, conv, ex, code), ensure_ascii=False))
+                report(conv, code, view, refused=why)
+            out = result(reader, conv, ex, code)
+            if why is not None:
+                out["error"] = why
+            click.echo(json.dumps(out, ensure_ascii=False))
             return code
         time.sleep(POLL)
 
@@ -236,11 +247,64 @@ def _code(view: Standing, ex: Exchange) -> int | None:
     return EXIT_OK
 
 
-def report(conv: Conv, code: int, view: Standing) -> int:
-    """What stderr says at the end: what waits for the agent (with the commands), or why the
-    turn failed; from ``view``, the reading the end was judged on."""
+def refused(
+    reader: Reader, conv: Conv, ex: Exchange, view: Standing, *, settled: bool
+) -> str | None:
+    """Why the daemon refused the exchange's message into failed/ (the log's NOTE marker,
+    :func:`logformat.refusal`), as stderr says it; None when it did not. A refusal is final,
+    so it ends the wait at once: ``send --wait`` knows its message by its inbox name
+    (looked for only once it has left inbox/ without becoming a block); ``wait``, once the
+    daemon is done (``settled``), ends on one that is the last thing in the log."""
+    if ex.queued:
+        state = view.state
+        taken = state is not None and state.messages_processed > max(ex.before, 0)
+        if taken or conv.is_completed or os.path.lexists(conv.inbox / ex.queued):
+            return None
+        found = [r for r in _refusals(reader, conv, ex.after) if r[0].endswith(f"-{ex.queued}")]
+    elif ex.latest and settled:
+        found = _refusals(reader, conv, ex.after, last=True)
+    else:
+        return None
+    if not found:
+        return None
+    _, why, kept = found[-1]
+    where = f" (kept in failed/{kept})" if kept else ""
+    return f"the daemon refused the message{where}: {why}"
+
+
+def _refusals(
+    reader: Reader, conv: Conv, after: int, *, last: bool = False
+) -> list[tuple[str, str, str]]:
+    """The refusals the log's NOTE markers after ``after`` tell of, in order; ``last``: only
+    the last marker of the last block (a refusal nothing came after)."""
+    blocks = reader.since(conv, after).blocks
+    if last:
+        blocks = blocks[-1:]
+    marks: list[tuple[str, str]] = []
+    for b in blocks:
+        if b.get("kind") == "marker":  # a loose one, after the cursor: an earlier block's
+            marks.append((str(b.get("marker")), str(b.get("text", ""))))
+        else:
+            marks.extend((str(k), str(t)) for k, t in b.get("markers", []))
+    if last:
+        marks = marks[-1:]
+    return [
+        r
+        for kind, text in marks
+        if kind == MarkerKind.NOTE.value and (r := logformat.refusal(text)) is not None
+    ]
+
+
+def report(conv: Conv, code: int, view: Standing, *, refused: str | None = None) -> int:
+    """What stderr says at the end: why the message was refused, what waits for the agent
+    (with the commands), or why the turn failed; from ``view``, the reading the end was
+    judged on."""
     state = view.state
-    if code == EXIT_NEEDS_AGENT:
+    if refused is not None:
+        click.echo(safe(f"error: {refused}"), err=True)
+        if view.items:  # still there, and the refused message answered none of them
+            click.echo("\n".join(waiting.lines(conv.id, view.items)), err=True)
+    elif code == EXIT_NEEDS_AGENT:
         items = view.items
         told = waiting.lines(conv.id, items) or [
             f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"

@@ -206,7 +206,7 @@ def choose(
         return None
     other = waiting[0]
     if want == "need":
-        send = "plain=true" if face == "mcp" else f"`contemplation send {conv_id}`"
+        send = "plain=true" if face == "mcp" else f"`contemplation send {conv_id} … --plain`"
         raise InputRejected(
             f"{conv_id} waits for the approval of {len(waiting)} lookup(s), not for an answer "
             f"(the tool answers a lookup, never the agent's text). Decide with "
