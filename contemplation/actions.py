@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 from contemplation import backends, logformat, structured, waiting
 from contemplation.attachments import Attachment
-from contemplation.errors import ContemplationError, InputRejected, LockBusy
+from contemplation.errors import AlreadyDecided, ContemplationError, InputRejected, LockBusy
 from contemplation.layout import (
     Conv,
     Home,
@@ -30,13 +30,15 @@ from contemplation.models import (
     APPROVALS_KEY,
     CANCELLABLE,
     ApprovalDecision,
+    Decider,
     Decision,
     Status,
     read_approvals,
 )
-from contemplation.reading import Reader
+from contemplation.reading import Reader, Standing
 from contemplation.settings import Settings
 from contemplation.templates import Template, load_template
+from contemplation.terminal import safe
 from contemplation.waiting import Face
 from contemplation.writer import (
     archive,
@@ -275,6 +277,7 @@ def _respond(
 
 
 KEPT_GRANTS = 256  # "always" decisions a conversation keeps (the oldest go first)
+KEPT_DECIDED = 256  # other decisions it keeps, to name them to a later one (the oldest go)
 DECISIONS: tuple[str, ...] = get_args(Decision)
 
 
@@ -285,62 +288,54 @@ def approve(
     need: str | None = None,
     *,
     reader: Reader | None = None,
-    face: Face = "cli",
+    face: Decider = "cli",
 ) -> dict[str, Any]:
     """The agent's decision about a lookup that waits for approval (``awaiting_approval``):
     ``once`` lets it through this time, ``always`` also lets the same tool with the same
     arguments through in this conversation from now on, ``reject`` refuses it (the model is
     told and carries on). ``need`` names the lookup (its id, a unique prefix, or its need);
     it may be left out when only one waits. A need to answer is refused with the
-    ``respond`` command that fits.
+    ``respond`` command that fits; ``face`` is the face deciding (and whose words).
 
-    The decision goes into metadata.json ``approvals`` (written atomically, under the faces'
-    lock): the daemon sees the file change and answers or refuses the need; without a daemon
-    it is honoured when one starts. Returns ``decision``, ``need``, ``tool``, ``arguments``,
-    ``request`` (the lookup's id), ``still_waiting`` (the items left) and ``cursor``."""
+    A decision is final: the first about a lookup wins, and a later one, through any face,
+    is refused with one line naming it (what, through which face, when). The decision is
+    read and written under the faces' lock (a flock), so of several racing deciders, in
+    threads or processes, exactly one is told it is done. It goes into metadata.json
+    ``approvals`` (written atomically): the daemon sees the file change and answers or
+    refuses the need; without a daemon it is honoured when one starts. Returns
+    ``decision``, ``need``, ``tool``, ``arguments``, ``request`` (the lookup's id),
+    ``still_waiting`` (the items left) and ``cursor``."""
     require_active(conv)
     if decision not in DECISIONS:
         raise InputRejected(f"unknown decision {decision!r}; say once, always or reject")
+    words: Face = "mcp" if face == "mcp" else "cli"  # the dashboard shows the CLI's commands
     reader = reader or Reader(Home(settings.home))
-    with faces_lock(conv):  # two decisions at once: both are kept
+    with faces_lock(conv):  # one decider at a time reads the decisions and adds its own
         cursor = reader.boundary(conv)
-        items = reader.waiting(conv, decided=True)  # a repeat may change a decision
-        chosen = waiting.choose(conv.id, items, need, "approval", face)
-        if chosen is None:
-            state = read_state(conv)
-            now = state.status.value if state is not None else Status.PENDING.value
-            raise InputRejected(f"{conv.id} waits for no approval (status {now})")
-        asks = [i for i in items if i.kind == "approval"]
         raw = read_json(conv.metadata)
         if raw is None:
             raise ContemplationError(f"{conv.id} has no readable metadata.json")
-        live = {i.id for i in asks}
-        kept = [
-            d
-            for d in read_approvals(raw.get(APPROVALS_KEY))
-            if d.decision == "always" or d.request in live
-        ]
-        kept = [d for d in kept if d.request != chosen.id]
-        state = read_state(conv)
+        given = read_approvals(raw.get(APPROVALS_KEY))
+        view = reader.standing(conv, decided=True)  # a decided lookup is named, not decided
+        chosen = _chosen(conv, view, given, need, words)
         request = next(
-            (r for r in (state.pending_approvals if state else []) if r.id == chosen.id), None
+            (r for r in (view.state.pending_approvals if view.state else []) if r.id == chosen.id),
+            None,
         )
-        kept.append(
-            ApprovalDecision(
-                request=chosen.id,
-                decision=decision,  # checked against DECISIONS above
-                need=chosen.need,
-                rule=request.rule if request is not None else "",
-                tool=chosen.tool,
-                arguments=chosen.arguments,
-                time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            )
+        first = waiting.deciding_for(chosen.id, request, given)
+        if first is not None:
+            raise AlreadyDecided(waiting.decided_line(chosen.id, chosen.need, first))
+        made = ApprovalDecision(
+            request=chosen.id,
+            decision=decision,  # checked against DECISIONS above
+            need=chosen.need,
+            rule=request.rule if request is not None else "",
+            tool=chosen.tool,
+            arguments=chosen.arguments,
+            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            face=face,
         )
-        grants = [d for d in kept if d.decision == "always"]
-        if len(grants) > KEPT_GRANTS:
-            dropped = {id(d) for d in grants[: len(grants) - KEPT_GRANTS]}
-            kept = [d for d in kept if id(d) not in dropped]
-        raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in kept]
+        raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in _kept([*given, made])]
         atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
     return {
         "decision": decision,
@@ -348,9 +343,65 @@ def approve(
         "tool": chosen.tool,
         "arguments": chosen.arguments,
         "request": chosen.id,
-        "still_waiting": [i.as_dict(conv.id, face) for i in items if i.id != chosen.id],
+        "still_waiting": [
+            i.as_dict(conv.id, words)
+            for i in view.items
+            if i.id != chosen.id and i.id not in view.deciding
+        ],
         "cursor": cursor,
     }
+
+
+def _chosen(
+    conv: Conv,
+    view: Standing,
+    given: list[ApprovalDecision],
+    ref: str | None,
+    words: Face,
+) -> waiting.WaitItem:
+    """The lookup a decision is about; a reference to one decided earlier that no longer
+    waits (the daemon acted on it) is refused naming that decision."""
+    try:
+        chosen = waiting.choose(conv.id, view.items, ref, "approval", words)
+    except InputRejected:
+        named = _decided(given, ref) if ref else None
+        if named is not None:
+            raise AlreadyDecided(waiting.decided_line(named.request, named.need, named)) from None
+        raise
+    if chosen is None:
+        now = view.state.status.value if view.state is not None else Status.PENDING.value
+        line = f"{conv.id} waits for no approval (status {now})"
+        if given:
+            last = given[-1]
+            line += (
+                f"; the last decision: lookup {last.request} ({last.need}) "
+                f"{waiting.VERBS[last.decision]}{f' by {last.face}' if last.face else ''}"
+                f"{f' at {last.time}' if last.time else ''}"
+            )
+        raise InputRejected(safe(line))
+    return chosen
+
+
+def _decided(given: list[ApprovalDecision], ref: str) -> ApprovalDecision | None:
+    """The decision ``ref`` names: the lookup's id or its need (the latest such), else a
+    prefix of one id."""
+    ref = ref.strip()
+    hits = [d for d in given if ref in {d.request, d.need}]
+    if hits:
+        return hits[-1]
+    if len(ref) >= waiting.MIN_PREFIX:
+        hits = [d for d in given if d.request.startswith(ref)]
+    return hits[0] if len({d.request for d in hits}) == 1 else None
+
+
+def _kept(decided: list[ApprovalDecision]) -> list[ApprovalDecision]:
+    """The decisions a conversation keeps: the latest KEPT_GRANTS ``always`` ones (they let
+    lookups through from then on) and the latest KEPT_DECIDED others."""
+    grants = [d for d in decided if d.decision == "always"]
+    others = [d for d in decided if d.decision != "always"]
+    dropped = {id(d) for d in grants[: max(0, len(grants) - KEPT_GRANTS)]}
+    dropped |= {id(d) for d in others[: max(0, len(others) - KEPT_DECIDED)]}
+    return [d for d in decided if id(d) not in dropped]
 
 
 def archive_conversation(home: Home, conv: Conv) -> Conv:

@@ -63,6 +63,10 @@ class InputRejected(ContemplationError):
     """A message that cannot become a block (empty, binary, too large)."""
 
 
+class AlreadyDecided(InputRejected):
+    """A second decision about a lookup: the first is final (the message names it)."""
+
+
 class ToolError(ContemplationError):
     """A tool that failed or timed out."""
 

@@ -311,22 +311,23 @@ def test_approve_picks_one_request_and_says_what_waits(
     assert [(i["id"], i["kind"], i["need"]) for i in first["still_waiting"]] == [
         (ids[needs[0]], "approval", needs[0])
     ]
-    # a change of mind before the daemon looked, by a unique prefix of the id
-    again = actions.approve(s, conv, "once", ids[needs[1]][:6])
-    assert again["need"] == needs[1]
+    # no change of mind, even before the daemon looked (here by a unique prefix of the id):
+    # the first decision is final (issue 34)
+    with pytest.raises(InputRejected, match=r"was decided already: rejected by cli at "):
+        actions.approve(s, conv, "once", ids[needs[1]][:6])
     meta = read_metadata(conv)
     assert meta is not None and [(d.need, d.decision) for d in meta.approvals()] == [
-        (needs[1], "once")
+        (needs[1], "reject")
     ]
-    actions.approve(s, conv, "reject", needs[0])  # by its text
+    actions.approve(s, conv, "once", needs[0])  # by its text
     run_burst(_rt(make_settings, fake_ollama, notes, permissions=perm))
     answers = {b.response_to: b.text for b in parse(conv.log.read_bytes()).blocks if b.response_to}
-    assert "content b" in answers[needs[1]]
+    assert "content a" in answers[needs[0]]
     assert (
         "NOT ANSWERED (refused): the agent did not approve this lookup (files.read)"
-        in (answers[needs[0]])
+        in (answers[needs[1]])
     )
-    assert "content a" not in conv.log.read_text()
+    assert "content b" not in conv.log.read_text()
 
 
 # --------------------------------------------------------------------------- real daemon
@@ -421,7 +422,10 @@ def test_ask_then_once_with_send_wait_and_the_cli(
     wait_for(state_is(conv, Status.IDLE), 10, what="idle")
     again = cli(env, "approve", conv_id, "--once", check=False)
     assert again.returncode == 1
-    assert again.stderr == f"error: {conv_id} waits for no approval (status idle)\n"
+    assert again.stderr.startswith(
+        f"error: {conv_id} waits for no approval (status idle); the last decision: lookup "
+    )
+    assert again.stderr.count("\n") == 1 and " approved once by cli at " in again.stderr
 
 
 def test_reject_and_always_end_to_end(
@@ -493,7 +497,8 @@ def test_an_approval_survives_daemon_restarts(
     assert len(fake_ollama.chat_requests()) == 1
     # decided while no daemon runs: honoured by the next one, exactly once
     cli(env, "approve", conv.id, "--once")
-    cli(env, "approve", conv.id, "--once")  # a repeat before the daemon looked changes nothing
+    repeat = cli(env, "approve", conv.id, "--once", check=False)  # refused: it is decided
+    assert repeat.returncode == 1 and "was decided already: approved once by cli" in repeat.stderr
     daemon_factory(env, home).wait_ready()
     wait_for(lambda: b"Got the plan." in conv.log.read_bytes(), 30, what="the reply")
     log = conv.log.read_text()

@@ -29,7 +29,14 @@ from contemplation import actions, activity, listing, search_index
 from contemplation.dashboard import export, panels
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
-from contemplation.errors import Ambiguous, ContemplationError, InputRejected, LockBusy, NotFound
+from contemplation.errors import (
+    AlreadyDecided,
+    Ambiguous,
+    ContemplationError,
+    InputRejected,
+    LockBusy,
+    NotFound,
+)
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import CANCELLABLE
 from contemplation.reading import Reader
@@ -51,7 +58,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def _status_of(exc: ContemplationError) -> int:
     if isinstance(exc, NotFound):
         return 404
-    if isinstance(exc, Ambiguous | LockBusy):
+    if isinstance(exc, Ambiguous | LockBusy | AlreadyDecided):
         return 409
     if isinstance(exc, InputRejected):
         return 422
@@ -382,6 +389,7 @@ class Dashboard:
                 decision,
                 str(need) if need not in (None, "") else None,
                 reader=self.reader,
+                face="dashboard",
             )
         )
 
