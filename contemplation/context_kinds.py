@@ -12,10 +12,11 @@ same plugin registers (``contemplation.tools``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from contemplation import plugins
+from contemplation.contained import described
 
 Job = tuple[str, str, dict[str, Any]]  # title, tool, arguments
 Jobs = Callable[[Mapping[str, Any]], list[Job] | str]
@@ -40,7 +41,19 @@ class ContextKind:
 def _adopt(kind: ContextKind, origin: str) -> ContextKind:
     if kind.label not in LABELS:
         raise ValueError(f"{kind.name}: label {kind.label!r} is not one of {', '.join(LABELS)}")
-    return kind
+    if origin == plugins.BUILT_IN:
+        return kind
+    plugin, jobs = f"{kind.name} ({origin})", kind.jobs
+
+    def contained(requirement: Mapping[str, Any]) -> list[Job] | str:
+        """What a plugin's ``jobs`` raises (sys.exit too) makes the requirement unusable."""
+        try:
+            return jobs(requirement)
+        except BaseException as exc:
+            failed = f"the context kind of plugin {plugin} failed: {described(exc)}"
+            return f"cannot be gathered: {failed}"
+
+    return replace(kind, jobs=contained)
 
 
 KINDS: plugins.Registry[ContextKind] = plugins.Registry(

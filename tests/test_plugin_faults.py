@@ -16,17 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from contemplation import context_kinds
 from contemplation.backends.base import Capabilities, Check, phase_timeouts
 from contemplation.backends.guard import Guarded
 from contemplation.errors import BackendError
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, Status, StreamEvent
-from contemplation.settings import TimeoutSettings
+from contemplation.pipeline import Runtime
+from contemplation.settings import Settings, TimeoutSettings
 from contemplation.templates import load_template
+from contemplation.tools import registry
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import DaemonProc, base_env, cli, model_replies, wait_for
-from tests.fakes.ollama_server import FakeOllama
-from tests.faulty_plugin import RAISED
+from tests.conftest import DaemonProc, base_env, cli, model_replies, run_burst, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+from tests.faulty_plugin import RAISED, faulty_context, faulty_tool
 
 FAULTY = {
     "contemplation.backends": {"faulty": "tests.faulty_plugin:faulty"},
@@ -163,3 +166,36 @@ def test_what_a_plugin_raises_is_its_failure_but_a_cancel_of_our_own_goes_on(
         assert done and task.cancelled()
 
     asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- tools, context
+
+
+def test_a_plugin_tool_or_context_kind_that_raises_a_base_exception_fails_that_need(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """The tool's SystemExit answers its need as failed, naming the plugin, and the model
+    goes on; the context kind's KeyboardInterrupt makes its requirement unusable, said in
+    the system prompt (before, either ended the daemon)."""
+    registry.KINDS.register(faulty_tool, "contemplation-faulty")
+    context_kinds.KINDS.register(faulty_context, "contemplation-faulty")
+    try:
+        conv = new_conversation(
+            home, "faulty tool", template=load_template(home, "default"), model="llama3.2",
+            backend="ollama", extra={"context_requirements": [{"type": "faulty"}]},
+        )  # fmt: skip
+        drop_message(conv, "hello")
+        fake_ollama.enqueue(Step(text="NEED: Faulty answer for x"), Step(text="carried on"))
+        run_burst(Runtime(settings=make_settings(fake_ollama), home=home))
+    finally:
+        registry.KINDS.forget("faulty")
+        context_kinds.KINDS.forget("faulty")
+    log = conv.log.read_text()
+    assert "RESPONSE TO NEED: Faulty answer for x" in log
+    assert "the tool of plugin faulty (contemplation-faulty) failed: SystemExit: the faulty tool" in log
+    assert model_replies(conv)[-1] == "carried on"
+    system = fake_ollama.chat_requests()[0]["messages"][0]["content"]
+    assert (
+        "the context kind of plugin faulty (contemplation-faulty) failed: KeyboardInterrupt: "
+        "the faulty context kind was interrupted" in system
+    ), system

@@ -12,21 +12,25 @@ Adding a built-in tool is one module plus its :func:`register` call in :func:`_b
 A plugin adds one through the same call: a distribution that declares an entry point in the
 group ``contemplation.tools`` naming a :class:`ToolKind` (or a callable that returns one or
 several) is loaded when the registry is first read. A plugin that fails to import or to
-register costs one log line and a row in ``doctor`` and ``plugins``, never the daemon.
+register costs one log line and a row in ``doctor`` and ``plugins``, never the daemon; a
+plugin's tool is made and called under a guard (:class:`_Contained`): whatever its ``make``
+or its ``call`` raises, ``BaseException`` included, is the need's failure naming the plugin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from contemplation import plugins
+from contemplation.contained import described, ours
+from contemplation.errors import ToolError
 from contemplation.models import Rule
 
 if TYPE_CHECKING:  # making a tool imports its module: naming one does not
     from contemplation.settings import Settings
-    from contemplation.tools.base import Tool
+    from contemplation.tools.base import Tool, ToolResult
     from contemplation.tools.mcp import McpPool
     from contemplation.tools.memory import JsonStore
 
@@ -49,11 +53,50 @@ class ToolKind:
     rules: tuple[Rule, ...] = ()  # the NEED rules it offers (after the config's own)
 
 
+class _Contained:
+    """A plugin's tool (or, ``inner`` None, the one it failed to make): what its ``call``
+    raises, ``BaseException`` included, is a :class:`ToolError` naming the plugin (the need's
+    failure); a cancel of the daemon's own (a timeout, a stop) goes on."""
+
+    def __init__(self, name: str, plugin: str, inner: Tool | None, why: str = "") -> None:
+        self.name, self.plugin, self._inner, self._why = name, plugin, inner, why
+
+    @property
+    def ready(self) -> bool:
+        return self._inner is not None and ready(self._inner)
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        if self._inner is None:
+            raise ToolError(f"the plugin {self.plugin} could not make its tool: {self._why}")
+        try:
+            return await self._inner.call(arguments)
+        except ToolError:
+            raise
+        except BaseException as exc:
+            if ours(exc):
+                raise
+            raise ToolError(f"the tool of plugin {self.plugin} failed: {described(exc)}") from exc
+
+
 def _adopt(kind: ToolKind, origin: str) -> ToolKind:
     if origin == plugins.BUILT_IN:
         return kind
+    plugin = f"{kind.name} ({origin})"
+    make = kind.make
+
+    def contained(m: Made) -> Tool:
+        assert make is not None
+        try:
+            return _Contained(kind.name, plugin, make(m))
+        except BaseException as exc:  # sys.exit too: this tool fails, the others are made
+            return _Contained(kind.name, plugin, None, described(exc))
+
     # a plugin's rules say where they come from (`routes`, errors)
-    return replace(kind, rules=tuple(replace(r, source=f"plugin {origin}") for r in kind.rules))
+    return replace(
+        kind,
+        make=None if make is None else contained,
+        rules=tuple(replace(r, source=f"plugin {origin}") for r in kind.rules),
+    )
 
 
 KINDS: plugins.Registry[ToolKind] = plugins.Registry(
