@@ -15,6 +15,14 @@ readers through a writer). One that cannot be opened or written (a full disk, an
 read-only file) is never thrown away: a read then brings a copy in memory up to date from the
 folders instead (:func:`read`), and a write says the disk is full as any file's would (an
 ``OSError`` of ENOSPC naming the index). Nothing here raises for the index's sake.
+
+SQLite follows symbolic links, so the path is looked at first (``lstat``): the index and its
+``-wal``, ``-shm`` and ``-journal`` must each be missing or a regular file of this user's. A
+link (to a database outside the home, whose tables a migration would drop), a folder or
+another user's file is refused in one line (:class:`IndexRefused`), never opened: reads come
+from the folders then, as above, and a command that must write says it. A folder whose files
+cannot be read (a state.json nested too deeply, a number no float holds) costs its own row,
+which says what is wrong (``status`` "unreadable", ``problem``), never the whole refresh.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import errno
 import json
 import os
 import sqlite3
+import stat
 import sys
 import time
 import zlib
@@ -40,7 +49,7 @@ from contemplation.layout import (
     Conv,
     Home,
     open_regular_stat,
-    read_json,
+    read_json_why,
     read_regular,
     read_to_end,
     valid_id,
@@ -91,11 +100,52 @@ _TABLES = ("convs", "owned", "blocks", "text", "meta")
 _VIEWS = ("block_text",)
 
 
+SIDE_FILES = ("-wal", "-shm", "-journal")  # what SQLite opens beside the database
+
+
+class IndexRefused(InputRejected):
+    """The index's path (or a file SQLite keeps beside it) is no file of this user's to open:
+    a symbolic link, a folder, another user's file. Never opened, never removed."""
+
+
 def db_path(home: Home) -> Path:
     return home.root / DB_NAME
 
 
+def refusal(path: Path) -> str:
+    """Why the index at ``path`` must not be opened, in one line ("": it may). Looked at
+    without following links (SQLite would follow them)."""
+    uid = os.getuid()
+    for p in (path, *(Path(f"{path}{side}") for side in SIDE_FILES)):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # SQLite says what is wrong when it opens it
+        what = f"the index {p}" if p == path else f"the index's {p}"
+        if stat.S_ISLNK(st.st_mode):
+            why = "is a symbolic link: it is never followed"
+        elif stat.S_ISDIR(st.st_mode):
+            why = "is a folder, not a regular file"
+        elif not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid != uid:
+            why = f"belongs to uid {st.st_uid}, not to you (uid {uid}): it is not opened"
+        else:
+            continue
+        return f"{what} {why} (move it away and the index is made anew)"
+    return ""
+
+
+def _refuse(path: Path) -> None:
+    why = refusal(path)
+    if why:
+        raise IndexRefused(why)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
+    _refuse(path)
     # made owner-only before SQLite opens it: its -wal and -shm take the database's mode
     with contextlib.suppress(OSError):  # (SQLite then says what is wrong, as it would)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE))
@@ -195,7 +245,7 @@ def _full_disk_said(home: Home) -> Iterator[None]:
 _said_at = [float("-inf")]  # when the last index_unwritable warning went out (monotonic)
 
 
-def _say_unwritable(exc: sqlite3.Error) -> None:
+def _say_unwritable(exc: Exception) -> None:
     """One warning a minute at most: a dashboard polling a full disk must not fill the log."""
     now = time.monotonic()
     if now - _said_at[0] < SAY_EVERY_S:
@@ -252,7 +302,7 @@ def read(
             return _read_on_disk(home, fn, only)
     try:
         return _read_on_disk(home, fn, only)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, IndexRefused) as exc:
         _say_unwritable(exc)
     return _read_in_memory(home, fn, only)
 
@@ -307,8 +357,8 @@ def _copy_into(path: Path, conn: sqlite3.Connection) -> None:
     """The database at ``path`` copied into ``conn``, read as a file that does not change
     (``immutable``: no lock and no shared memory, which a full disk has no room for; what its
     WAL holds is left out, and the refresh reads those folders again)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
+    if refusal(path) or not path.is_file() or path.stat().st_size == 0:
+        return  # (a refused path is never read: a link may lead to any database)
     src = sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True)
     try:
         src.backup(conn)
@@ -396,11 +446,7 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
             was = known.get(conv_id)
             if was == keys:
                 continue
-            conv = Conv(Path(path))
-            if was is not None and was[1] == keys[1]:
-                _update_row(conn, conv, archived, keys)
-            elif not (was and _grew(was[1], keys[1]) and _append(conn, conv, archived, keys)):
-                _index(conn, conv, archived, keys)
+            _refresh_one(conn, Conv(Path(path)), archived, keys, was)
             changed += 1
             if changed % BATCH == 0:  # let readers and other writers in between
                 conn.execute("COMMIT")
@@ -412,6 +458,29 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
         _rollback(conn)
         raise
     return changed
+
+
+def _refresh_one(
+    conn: sqlite3.Connection,
+    conv: Conv,
+    archived: bool,
+    keys: tuple[str, str],
+    was: tuple[str, str] | None,
+) -> None:
+    """One folder's row (and text) brought up to date. A folder whose files make it fail
+    gets a row that says what is wrong (read again when it changes), not a failed refresh:
+    its files are anyone's. The index's own errors (SQLite's) are raised."""
+    try:
+        if was is not None and was[1] == keys[1]:
+            _update_row(conn, conv, archived, keys)
+        elif not (was and _grew(was[1], keys[1]) and _append(conn, conv, archived, keys)):
+            _index(conn, conv, archived, keys)
+    except sqlite3.Error:
+        raise
+    except Exception as exc:  # a folder's content must not break every list
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log.warning("index_row_unreadable", conv=conv.id, why=why)
+        _put_row(conn, conv, archived, keys=keys, meta={}, facts=Facts(), problem=why, state={})
 
 
 def _say_if_long(stale: int) -> None:
@@ -514,7 +583,10 @@ def _rebuild(home: Home, progress: Callable[[int, int], None] | None) -> int:
 
 
 def forget(home: Home, ids: Iterable[str]) -> None:
-    """Drop conversations' rows now (``prune`` removed their folders)."""
+    """Drop conversations' rows now (``prune`` removed their folders); nothing to do for an
+    index that is refused (it is not read either)."""
+    if refusal(db_path(home)):
+        return
     with _full_disk_said(home), opened(home) as conn:
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -542,10 +614,18 @@ class _Read:
     meta: dict[str, Any]
     blocks: list[_Block]
     facts: Facts
+    problem: str  # what is wrong with metadata.json ("": nothing)
+
+
+def _folder_meta(conv: Conv) -> tuple[dict[str, Any], str]:
+    """metadata.json as plain JSON (a few fields, no model to build), and what is wrong
+    with it ("": nothing, or missing: a folder made by hand)."""
+    meta, why = read_json_why(conv.metadata)
+    return meta or {}, why
 
 
 def _read(conv: Conv, archived: bool, keys: tuple[str, str]) -> _Read:
-    meta = read_json(conv.metadata) or {}  # plain JSON: a few fields, no model to build
+    meta, problem = _folder_meta(conv)
     label = str(meta.get("agent_label") or "CLAUDE")
     blocks: list[_Block] = []
     size = agent = model = 0
@@ -570,14 +650,14 @@ def _read(conv: Conv, archived: bool, keys: tuple[str, str]) -> _Read:
             last = b.timestamp or last
         size += len(data)
     facts = Facts(len(blocks), agent, model, header_ts(last), size)
-    return _Read(conv, archived, keys, meta, blocks, facts)
+    return _Read(conv, archived, keys, meta, blocks, facts, problem)
 
 
 def _store(conn: sqlite3.Connection, r: _Read) -> None:
     _forget(conn, r.conv.id)
     _insert(conn, r.blocks)
     crashpoint("index_write")
-    _put_row(conn, r.conv, r.archived, keys=r.keys, meta=r.meta, facts=r.facts)
+    _put_row(conn, r.conv, r.archived, keys=r.keys, meta=r.meta, facts=r.facts, problem=r.problem)
 
 
 def _insert(conn: sqlite3.Connection, blocks: list[_Block]) -> None:
@@ -633,7 +713,7 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
         os.close(fd)
     if data and not data.startswith(FRAME_OPEN.encode()):
         return False
-    meta = read_json(conv.metadata) or {}
+    meta, problem = _folder_meta(conv)
     label = str(meta.get("agent_label") or "CLAUDE")
     conn.execute(
         "INSERT INTO text (text, rowid, body, thinking) SELECT 'delete', id, unz(zbody), "
@@ -659,7 +739,7 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
         (label, conv.id, conv.id),
     ).fetchone()
     facts = Facts(count, agent, count - agent, header_ts(last or ""), live_start + st.st_size)
-    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts)
+    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
     return True
 
 
@@ -671,7 +751,8 @@ def _update_row(
         (conv.id,),
     ).fetchone()
     facts = Facts(*got) if got else Facts()
-    _put_row(conn, conv, archived, keys=keys, meta=read_json(conv.metadata) or {}, facts=facts)
+    meta, problem = _folder_meta(conv)
+    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
 
 
 def _put_row(
@@ -682,9 +763,15 @@ def _put_row(
     keys: tuple[str, str],
     meta: dict[str, Any],
     facts: Facts,
+    problem: str = "",
+    state: dict[str, Any] | None = None,
 ) -> None:
-    state = read_json(conv.state) or {}
-    row = summary_row(conv, archived, meta, state, facts)
+    """``problem``: what is wrong with the folder (metadata.json, or what made it fail),
+    with what is wrong with its state.json joined to it; ``state``: instead of reading it."""
+    if state is None:
+        got, why = read_json_why(conv.state)
+        state, problem = got or {}, "; ".join(w for w in (problem, why) if w)
+    row = summary_row(conv, archived, meta, state, facts, problem)
     turn = state.get("last_turn")
     usage: dict[str, Any] = turn if isinstance(turn, dict) else {}
     conn.execute(

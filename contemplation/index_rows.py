@@ -74,15 +74,21 @@ def clock(ts: float) -> str:
     return time.strftime(HEADER_TIME, time.localtime(ts)) if ts else ""
 
 
-def summary_row(
-    conv: Conv, archived: bool, meta: dict[str, Any], state: dict[str, Any], facts: Facts
+def summary_row(  # noqa: PLR0917 - the parts of one row
+    conv: Conv,
+    archived: bool,
+    meta: dict[str, Any],
+    state: dict[str, Any],
+    facts: Facts,
+    problem: str = "",
 ) -> dict[str, Any]:
     """The one summary every face shows (``list``, ``status``, MCP, the dashboard). Turns,
     messages and activity come from the log's own blocks where state has nothing better, so a
     folder made by hand, restored from a backup or imported shows when it was really used:
     activity is the log's last dated header (or the turn on the backend now; with nothing said
-    yet, the folder's own time)."""
-    status = _str(state.get("status"), "pending")
+    yet, the folder's own time). ``problem``: what is wrong with the folder's files (status
+    "unreadable", and the row says it)."""
+    status = "unreadable" if problem else _str(state.get("status"), "pending")
     since = state.get("generating_since")
     last = facts.log_ts
     if status == "generating" and isinstance(since, int | float):
@@ -116,6 +122,7 @@ def summary_row(
         if status == "generating" and isinstance(since, int | float)
         else None,
         "forked_from": forked_from(meta),
+        "problem": problem,
     }
 
 

@@ -293,11 +293,27 @@ def _message_text(data: bytes) -> tuple[str | None, str]:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from a regular file; None for a missing, unreadable or odd file."""
+    return read_json_why(path)[0]
+
+
+def read_json_why(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """:func:`read_json`, and why it is None: "" for a missing file, else what is wrong with
+    it in a few words (JSON nested too deeply to read, a folder, not JSON, ...)."""
     try:
         data = json.loads(read_regular(path))
-    except (OSError, ValueError, InputRejected):
-        return None
-    return data if isinstance(data, dict) else None
+    except FileNotFoundError:
+        return None, ""
+    except RecursionError:  # nested deeper than the interpreter's stack: not an object of ours
+        return None, f"{path.name} is nested too deeply to read"
+    except InputRejected as exc:  # a link, a folder, a FIFO
+        return None, str(exc)
+    except OSError as exc:
+        return None, f"{path.name}: {exc.strerror or exc}"
+    except ValueError as exc:  # not JSON, not UTF-8, a number with too many digits
+        return None, f"{path.name} is not JSON: {str(exc)[:200]}"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, ""
 
 
 def read_metadata(conv: Conv) -> Metadata | None:

@@ -80,6 +80,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
     origin = fork_origin(summary.get("forked_from"))
     if origin:
         lines.append(("forked from", origin.replace("#", " at block ")))
+    if summary.get("problem"):  # a file of its folder cannot be read (see index_rows)
+        lines.append(("problem", str(summary["problem"])))
     if state is not None:
         if state.status is Status.GENERATING and state.generating_since is not None:
             stale = summary.get("daemon_running") is False
