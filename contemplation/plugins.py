@@ -2,25 +2,55 @@
 
 Every registry (NEED tools, backends, context kinds) loads its group through :func:`load`:
 an entry point names one kind, several, or a callable that returns one or several; a plugin
-that fails to import, returns something else or raises costs one log line and a ``failed``
-row (shown by ``plugins`` and ``doctor``), never the process. Reading the entry points costs
-about 25 ms, so a registry reads them only when it is asked for something it does not hold
-already.
+that fails to import, returns something else or raises (``BaseException`` included:
+``sys.exit``, ``KeyboardInterrupt``; and ``os._exit``, which raises :class:`Exited` instead
+while plugin code is loaded) costs one log line and a ``failed`` row (shown by ``plugins`` and
+``doctor``), never the process. One that takes longer than :data:`SLOW_IMPORT` to load is
+named too (the daemon's start waits for it). What cannot be caught in the process (a crash
+of the interpreter, a signal, an import that never ends) is found by loading each plugin in
+a child process first (:mod:`contemplation.plugin_probe`), which :func:`refuse` then keeps
+out. Reading the entry points costs about 25 ms, so a registry reads them only when it is
+asked for something it does not hold already.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Generic, Protocol, TypeVar
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, NoReturn, Protocol, TypeVar
 
 import structlog
+
+from contemplation.contained import described
 
 log = structlog.get_logger("contemplation.plugins")
 
 K = TypeVar("K")
 Failure = tuple[str, str]  # (entry point and distribution, why it was not loaded)
+Slow = tuple[str, float]  # (entry point and distribution, seconds its loading took)
 BUILT_IN = "built in"
 IN_PROCESS = "in process"  # put in place by tests and benchmarks (Registry.replace)
+SLOW_IMPORT = 1.0  # seconds: a plugin that takes longer to load is named
+
+# (group, entry point, distribution) -> why it is not loaded: a child process found that
+# loading it ends its process (see refuse)
+_refused: dict[tuple[str, str, str], str] = {}
+
+
+class Exited(BaseException):
+    """``os._exit`` called by plugin code while it was loaded: raised in its place."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"called os._exit({code}) while it was loaded")
+
+
+def refuse(group: str, name: str, dist: str, why: str) -> None:
+    """Keep the entry point ``name`` of ``dist`` in ``group`` out of this process (a failed
+    row saying ``why``): loading it in a child process ended that process."""
+    _refused[(group, name, dist)] = why
 
 
 class Named(Protocol):
@@ -49,6 +79,7 @@ class Registry(Generic[N]):
         self._kinds: dict[str, N] = {}
         self._origins: dict[str, str] = {}  # kind name -> the distribution that registered it
         self._failed: list[Failure] = []
+        self._slow: list[Slow] = []
         self._read: set[str] = set()  # "builtins", "plugins": what has been read
 
     def register(self, kind: N, origin: str = BUILT_IN) -> None:
@@ -95,6 +126,11 @@ class Registry(Generic[N]):
         self.kinds()
         return list(self._failed)
 
+    def slow(self) -> list[Slow]:
+        """The plugins that took longer than :data:`SLOW_IMPORT` to load: (which, seconds)."""
+        self.kinds()
+        return list(self._slow)
+
     def _read_builtins(self) -> None:
         if "builtins" not in self._read:
             self._read.add("builtins")
@@ -103,27 +139,63 @@ class Registry(Generic[N]):
     def _read_plugins(self) -> None:
         if "plugins" not in self._read:
             self._read.add("plugins")
-            self._failed.extend(load(self.group, self.kind, self.register))
+            failed, slow = load(self.group, self.kind, self.register)
+            self._failed.extend(failed)
+            self._slow.extend(slow)
 
 
-def load(group: str, kind: type[K], register: Callable[[K, str], None]) -> list[Failure]:
-    """Register every kind the entry points of ``group`` give (``register(kind, dist)``)."""
+def load(
+    group: str, kind: type[K], register: Callable[[K, str], None]
+) -> tuple[list[Failure], list[Slow]]:
+    """Register every kind the entry points of ``group`` give (``register(kind, dist)``).
+    Returns the plugins that failed, and those that were slow to load."""
     from importlib.metadata import entry_points
 
     failed: list[Failure] = []
+    slow: list[Slow] = []
     for ep in entry_points(group=group):
         dist = ep.dist.name if ep.dist is not None else "?"
+        where = f"{ep.name} ({dist})"
+        refused = _refused.get((group, ep.name, dist))
+        if refused is not None:
+            failed.append((where, refused))
+            continue
+        started = time.monotonic()
         try:
-            found = ep.load()
-            if callable(found) and not isinstance(found, kind):
-                found = found()
+            with exit_refused():
+                found = ep.load()
+                if callable(found) and not isinstance(found, kind):
+                    found = found()
+            took = time.monotonic() - started
+            if took > SLOW_IMPORT:
+                slow.append((where, took))
+                log.warning("plugin_slow", plugin=where, group=group, seconds=round(took, 2))
             for one in [found] if isinstance(found, kind) else _each(found, kind):
                 register(one, dist)
-        except Exception as exc:  # a plugin's bug must not stop the daemon
-            where = f"{ep.name} ({dist})"
-            failed.append((where, f"{type(exc).__name__}: {exc}"))
-            log.warning("plugin_failed", plugin=where, group=group, error=str(exc))
-    return failed
+        except BaseException as exc:  # a plugin's bug (sys.exit too) must not stop the daemon
+            why = str(exc) if isinstance(exc, Exited) else described(exc)
+            failed.append((where, why))
+            log.warning("plugin_failed", plugin=where, group=group, error=why)
+    return failed, slow
+
+
+@contextlib.contextmanager
+def exit_refused() -> Iterator[None]:
+    """While plugin code is loaded on this thread, ``os._exit`` raises :class:`Exited` there
+    instead of ending the process (another thread's, or a forked child's, still exits)."""
+    real = os._exit
+    thread, pid = threading.get_ident(), os.getpid()
+
+    def refused(status: int) -> NoReturn:
+        if threading.get_ident() == thread and os.getpid() == pid:
+            raise Exited(status)
+        real(status)
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def _each(found: object, kind: type[K]) -> list[K]:

@@ -199,3 +199,42 @@ def test_a_plugin_tool_or_context_kind_that_raises_a_base_exception_fails_that_n
         "the context kind of plugin faulty (contemplation-faulty) failed: KeyboardInterrupt: "
         "the faulty context kind was interrupted" in system
     ), system
+
+
+# --------------------------------------------------------------------------- at import
+
+AT_IMPORT = {  # what a plugin's module does when it is imported, and the line that names it
+    "sys_exit": ("import sys\n\nsys.exit(3)\n", "bye (contemplation-exits): SystemExit: 3"),
+    "os_exit": (
+        "import os\n\nos._exit(0)\n",
+        "bye (contemplation-exits): called os._exit(0) while it was loaded",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", AT_IMPORT)
+def test_a_plugin_that_exits_at_import_is_one_line_and_run_starts_without_it(
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path, fault: str
+) -> None:
+    """Before, ``plugins``, ``doctor`` and ``run`` ended there without a word (exit 3, or
+    exit 0 for os._exit)."""
+    source, line = AT_IMPORT[fault]
+    site = install(
+        tmp_path / "site", "contemplation-exits", {"contemplation.tools": {"bye": "exits:kind"}},
+        exits=source,
+    )  # fmt: skip
+    env = base_env(home, fake_ollama, PYTHONPATH=str(site))
+    listed = cli(env, "plugins", check=False)
+    assert listed.returncode == 1, listed
+    assert [x for x in listed.stdout.splitlines() if x.startswith("FAILED")] == [f"FAILED {line}"]
+    doctor = cli(env, "doctor", check=False)
+    assert doctor.returncode == 1, doctor
+    named = [x for x in doctor.stdout.splitlines() if x.startswith("FAIL ")]
+    assert named == [f"FAIL plugin   {line.replace(': ', ' was not loaded: ', 1)}"], named
+    conv = new_conversation(
+        home, "without it", template=load_template(home, "default"), model="llama3.2",
+        backend="ollama",
+    )  # fmt: skip
+    drop_message(conv, "hello")
+    cli(env, "run", "--once")
+    assert model_replies(conv) == ["Echo: hello"]
