@@ -140,8 +140,12 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         row: dict[str, Any] = {"check": name, "ok": ok, "detail": detail}
         results.append(row | {"warn": True} if warn else row)
 
+    from contemplation import plugin_probe
     from contemplation.validate import validate
 
+    # each plugin loaded in a child first: one that ends or hangs its process is named, and
+    # kept out of this one (the checks below load the others)
+    probed = plugin_probe.probe()
     try:
         validate(s)  # the very check `run` makes at start
         add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
@@ -170,6 +174,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     )  # fmt: skip
     for where, why in failed:  # it starts without them
         add("plugin", False, f"{where} was not loaded: {why}")
+    for where, took in plugin_probe.slow(probed):
+        add("plugin", True, f"{where} took {took:.1f} s to load (a start waits for it)", warn=True)
     add(
         "daemon",
         True,

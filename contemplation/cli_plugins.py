@@ -1,11 +1,14 @@
 """``contemplation plugins``: what extends this installation, and from where.
 
-    contemplation plugins [--json]
+    contemplation plugins [--probe] [--json]
 
 Lists every backend kind, NEED tool kind, context requirement kind and dashboard panel with the
 distribution it comes from (``built in`` for the package's own, else the plugin's; for a
 tool, the rules it offers too); then
-each plugin that could not be loaded, with why (exit 1 when there is one).
+each plugin that could not be loaded, with why (exit 1 when there is one), and each that
+took longer than a second to load. ``--probe`` loads each plugin in a child process of its
+own first (:mod:`contemplation.plugin_probe`), so one that ends or hangs its process is named
+instead of ending or hanging this one.
 """
 
 from __future__ import annotations
@@ -21,18 +24,25 @@ from contemplation.terminal import safe
 
 
 @click.command()
+@click.option(
+    "--probe",
+    is_flag=True,
+    help="Load each plugin in a child process first: one that ends or hangs it is named.",
+)
 @json_option(
     'Print {"backends": [{name, from}], "tools": [{name, from, argument, rules, description}], '
     '"context": [{name, from, label, description}], "panels": [{name, from, title}], '
-    '"failed": [{plugin, error}]}.'
+    '"failed": [{plugin, error}], "slow": [{plugin, seconds}]}.'
 )
-def plugins(as_json: bool) -> None:
+def plugins(probe: bool, as_json: bool) -> None:
     """The backends, NEED tools and context kinds, built in and from plugins, and the plugins
-    that failed to load."""
-    from contemplation import backends, context_kinds
+    that failed to load or were slow to."""
+    from contemplation import backends, context_kinds, plugin_probe
     from contemplation.dashboard import panels as dashboard_panels
     from contemplation.plugins import BUILT_IN
     from contemplation.tools import registry
+
+    probed = plugin_probe.probe() if probe else None  # before anything here loads them
 
     families = [{"name": n, "from": d} for n, d in backends.origins().items()]
     origins = registry.origins()
@@ -79,7 +89,20 @@ def plugins(as_json: bool) -> None:
     human += "\n\n" + show.table(
         [(p["name"], p["from"], p["title"]) for p in panels], ("PANEL", "FROM", "TITLE")
     )
+    slow = [
+        {"plugin": where, "seconds": round(took, 2)}
+        for where, took in (
+            plugin_probe.slow(probed) if probed is not None else [
+                *backends.KINDS.slow(), *registry.KINDS.slow(), *context_kinds.KINDS.slow(),
+                *dashboard_panels.KINDS.slow(),
+            ]
+        )
+    ]  # fmt: skip
     human += "".join(f"\nFAILED {f['plugin']}: {f['error']}" for f in failed)
+    human += "".join(
+        f"\nSLOW {s['plugin']}: took {s['seconds']:.1f} s to load (a start waits for it)"
+        for s in slow
+    )
     emit(
         {
             "backends": families,
@@ -87,6 +110,7 @@ def plugins(as_json: bool) -> None:
             "context": context,
             "panels": panels,
             "failed": failed,
+            "slow": slow,
         },
         as_json,
         safe(human),

@@ -11,6 +11,8 @@ exit 1), and ``run`` starts without it; one that kills its process outright is n
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
@@ -238,3 +240,39 @@ def test_a_plugin_that_exits_at_import_is_one_line_and_run_starts_without_it(
     drop_message(conv, "hello")
     cli(env, "run", "--once")
     assert model_replies(conv) == ["Echo: hello"]
+
+
+def test_a_plugin_that_kills_its_process_at_import_or_loads_slowly_is_named_by_a_probe(
+    home: Home, fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """What no guard in the process catches (here a SIGKILL of its own process) ends a plain
+    ``plugins``; ``plugins --probe`` and ``doctor`` load each plugin in a child process
+    first, name the one that ended it, and go on without it. A load over a second is named."""
+    site = tmp_path / "site"
+    install(
+        site, "contemplation-dies", {"contemplation.tools": {"gone": "dies:kind"}},
+        dies="import os\nimport signal\n\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    )  # fmt: skip
+    install(
+        site, "contemplation-slow", {"contemplation.tools": {"slow": "slow:kind"}},
+        slow="import time\n\nfrom contemplation.tools.registry import ToolKind\n\n"
+        "time.sleep(1.1)\nkind = ToolKind('slow', 'loads slowly', default_arg=None)\n",
+    )  # fmt: skip
+    env = base_env(home, fake_ollama, PYTHONPATH=str(site))
+    assert cli(env, "plugins", check=False).returncode == -signal.SIGKILL  # as before
+    gone = "gone (contemplation-dies): ended its process while it was loaded (killed by SIGKILL)"
+    probed = cli(env, "plugins", "--probe", check=False)
+    assert probed.returncode == 1, probed
+    lines = probed.stdout.splitlines()
+    assert [x for x in lines if x.startswith("FAILED")] == [f"FAILED {gone}"]
+    slow = [x for x in lines if x.startswith("SLOW")]
+    assert len(slow) == 1 and re.fullmatch(
+        r"SLOW slow \(contemplation-slow\): took \d+\.\d s to load \(a start waits for it\)", slow[0]
+    ), slow
+    assert "slow            contemplation-slow" in probed.stdout  # listed: it did load
+    doctor = cli(env, "doctor", check=False)
+    assert doctor.returncode == 1, doctor
+    rows = [x for x in doctor.stdout.splitlines() if "plugin" in x[:14]]
+    assert rows[0] == f"FAIL plugin   {gone.replace(': ', ' was not loaded: ', 1)}", rows
+    assert re.fullmatch(r"warn plugin   slow \(contemplation-slow\) took \d+\.\d s to load .*", rows[1])
+    assert len(rows) == 2, rows
