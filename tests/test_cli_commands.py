@@ -214,7 +214,8 @@ def test_routes_test_call_prints_only_the_answer_on_stdout(home: Home, tmp_path:
     assert r.stdout.startswith("RESPONSE TO NEED: File contents of ")
     assert "ship it on Friday" in r.stdout and "rule:" not in r.stdout
     assert "rule:       read_file (built in)" in r.stderr
-    assert 'permission: allow (* "*" = "allow" (built in))' in r.stderr
+    # the root the file lies in is the rule that allows it (it would also lift a secret there)
+    assert f'permission: allow (* "{notes}" = "allow" (tools.allowed_roots))' in r.stderr
 
 
 @pytest.mark.parametrize("action", ["ask", "deny"])
