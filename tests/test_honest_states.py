@@ -5,6 +5,7 @@ real pipeline, against the scripted fake Ollama; real folders."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -126,5 +127,6 @@ def test_status_after_the_daemon_died_says_the_generation_is_stale(home: Home) -
         w.state.generating_since = time.time() - 7
         w.set_status(Status.GENERATING)
     out = cli(base_env(home), "status", conv.id).stdout
-    assert "generating:   since 7 s ago — stale: no daemon is running" in out
+    # 7 s before the command started; a slow start (a loaded machine) may make it 8 or 9
+    assert re.search(r"generating: +since [789] s ago — stale: no daemon is running", out), out
     assert "now:          stalled: no daemon is running" in out
