@@ -11,16 +11,23 @@ exit 1), and ``run`` starts without it; one that kills its process outright is n
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
+import threading
+import time
+import urllib.request
 from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from contemplation import context_kinds
 from contemplation.backends.base import Capabilities, Check, phase_timeouts
 from contemplation.backends.guard import Guarded
+from contemplation.dashboard import panels
 from contemplation.errors import BackendError
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, Status, StreamEvent
@@ -30,6 +37,7 @@ from contemplation.templates import load_template
 from contemplation.tools import registry
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import DaemonProc, base_env, cli, model_replies, run_burst, wait_for
+from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.faulty_plugin import RAISED, faulty_context, faulty_tool
 
@@ -276,3 +284,59 @@ def test_a_plugin_that_kills_its_process_at_import_or_loads_slowly_is_named_by_a
     assert rows[0] == f"FAIL plugin   {gone.replace(': ', ' was not loaded: ', 1)}", rows
     assert re.fullmatch(r"warn plugin   slow \(contemplation-slow\) took \d+\.\d s to load .*", rows[1])
     assert len(rows) == 2, rows
+
+
+# --------------------------------------------------------------------------- panels
+
+
+def _get(served: Served, path: str) -> tuple[float, dict[str, Any]]:
+    """GET ``path`` over real HTTP: how long it took, and its JSON."""
+    req = urllib.request.Request(
+        served.base + path,
+        headers={"Authorization": f"Bearer {served.token}", "Host": served.host},
+    )
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        data = json.loads(resp.read())
+    return time.monotonic() - t0, data
+
+
+def test_a_panel_that_sleeps_holds_no_other_read_and_is_cut_at_its_bound(
+    home: Home, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A panel runs on a thread of its own, held to PANEL_LIMIT: while one sleeps,
+    /api/conversations answers at once (before, it waited behind the panel, 117 s for a
+    panel that slept that long), /api/panels answers at the bound with that panel
+    unavailable, and a second look does not start it again while it still sleeps."""
+    monkeypatch.setattr(panels, "PANEL_LIMIT", 0.5)
+    started, release = threading.Event(), threading.Event()
+
+    def sleepy(seen: panels.Seen) -> list[tuple[str, str]]:
+        started.set()
+        release.wait(60)  # a panel that blocks (time.sleep, a slow disk) until released
+        return [("woke", "up")]
+
+    new_conversation(
+        home, "listed", template=load_template(home, "default"), model="m", backend="ollama"
+    )
+    panels.KINDS.replace(panels.Panel("sleepy", "sleeps", sleepy))
+    try:
+        with serve(make_settings()) as served, ThreadPoolExecutor(1) as pool:
+            first = pool.submit(_get, served, "/api/panels")
+            assert started.wait(10)
+            took, listed = _get(served, "/api/conversations")
+            assert took < 1.0 and [c["topic"] for c in listed["conversations"]] == ["listed"]
+            took, shown = first.result(timeout=10)
+            assert took < 2.0, took
+            by_name = {p["name"]: p["rows"] for p in shown["panels"]}
+            assert by_name["sleepy"] == [["unavailable", "took longer than 0.5 s"]]
+            assert dict(by_name["metrics"])["conversations"] == "1"
+            took, again = _get(served, "/api/panels")
+            assert took < 1.0 and {p["name"]: p["rows"] for p in again["panels"]}["sleepy"] == [
+                ["unavailable", "still busy with an earlier look (over 0.5 s)"]
+            ]
+            release.set()
+            wait_for(lambda: _get(served, "/api/panels")[1]["panels"][-1]["rows"] == [["woke", "up"]])
+    finally:
+        release.set()
+        panels.KINDS.forget("sleepy")

@@ -7,20 +7,32 @@ panel from ``/api/panels`` and draws each as a titled list of terms (``app.js``
 ``loadPanels``), as text, never as markup; so adding a panel is one module that registers
 it, plus its test, and no HTML or JavaScript. A plugin adds one through the entry point group
 ``contemplation.panels`` (a :class:`Panel`, or a callable that returns one or several); a
-panel whose rows raise shows that one line instead of its rows, never a broken page.
+panel whose rows raise (``BaseException`` included) shows that one line instead of its rows,
+never a broken page.
+
+Each panel's rows run on a thread of their own (a daemon thread: one that never returns does
+not hold the daemon's exit), never on the threads and under the lock the dashboard's other
+reads take, and are waited for :data:`PANEL_LIMIT` seconds at most: a panel that sleeps or
+blocks shows "took longer than …" and holds no other read; while it is still busy it is not
+started again (one thread a panel at most).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from contemplation import listing, plugins
+from contemplation.contained import described
 from contemplation.layout import Home
 
 MAX_ROWS = 50  # rows one panel shows
 MAX_TEXT = 500  # characters of one label or value
+PANEL_LIMIT = 2.0  # seconds a look at /api/panels waits for the panels' rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +70,56 @@ def _cut(text: object) -> str:
     return s if len(s) <= MAX_TEXT else s[: MAX_TEXT - 1] + "…"
 
 
-def shown(seen: Seen) -> list[dict[str, Any]]:
-    """Every panel with its rows (at most :data:`MAX_ROWS`, each cut to :data:`MAX_TEXT`);
-    a panel whose rows fail says why in one row."""
-    out: list[dict[str, Any]] = []
-    for panel in kinds().values():
+_busy: dict[str, Future[list[Row]]] = {}  # each panel's rows being computed (on the loop)
+
+
+async def shown(seen: Seen) -> list[dict[str, Any]]:
+    """Every panel with its rows (at most :data:`MAX_ROWS`, each cut to :data:`MAX_TEXT`),
+    each computed on a thread of its own and waited for :data:`PANEL_LIMIT` s at most; a
+    panel whose rows fail, take longer or are still busy from an earlier look says so in one
+    row."""
+    listed = list((await asyncio.to_thread(kinds)).values())  # the first look imports plugins
+    started: dict[str, asyncio.Future[list[Row]]] = {}
+    busy: set[str] = set()
+    for panel in listed:
+        before = _busy.get(panel.name)
+        if before is not None and not before.done():
+            busy.add(panel.name)
+        else:
+            _busy[panel.name] = _start(panel, seen)
+            started[panel.name] = asyncio.wrap_future(_busy[panel.name])
+    if started:
+        await asyncio.wait(started.values(), timeout=PANEL_LIMIT)
+    return [
+        {"name": p.name, "title": _cut(p.title), "rows": _rows(p, started, busy)} for p in listed
+    ]
+
+
+def _rows(panel: Panel, started: dict[str, asyncio.Future[list[Row]]], busy: set[str]) -> list[Row]:
+    if panel.name in busy:
+        return [("unavailable", f"still busy with an earlier look (over {PANEL_LIMIT:g} s)")]
+    fut = started[panel.name]
+    if not fut.done():
+        return [("unavailable", f"took longer than {PANEL_LIMIT:g} s")]
+    error = fut.exception()
+    if error is not None:  # one panel's bug must not take the page down
+        return [("unavailable", _cut(described(error)))]
+    return fut.result()
+
+
+def _start(panel: Panel, seen: Seen) -> Future[list[Row]]:
+    """The panel's rows, cut to size, computed on a daemon thread of its own."""
+    fut: Future[list[Row]] = Future()
+
+    def run() -> None:
+        fut.set_running_or_notify_cancel()
         try:
-            rows = [(_cut(k), _cut(v)) for k, v in panel.rows(seen)[:MAX_ROWS]]
-        except Exception as exc:  # one panel's bug must not take the page down
-            rows = [("unavailable", _cut(f"{type(exc).__name__}: {exc}"))]
-        out.append({"name": panel.name, "title": _cut(panel.title), "rows": rows})
-    return out
+            fut.set_result([(_cut(k), _cut(v)) for k, v in panel.rows(seen)[:MAX_ROWS]])
+        except BaseException as exc:  # a panel's sys.exit ends its thread, never the daemon
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name=f"panel-{panel.name}", daemon=True).start()
+    return fut
 
 
 def metrics(home: Home, live: dict[str, Any]) -> dict[str, Any]:
