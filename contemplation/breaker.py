@@ -10,6 +10,10 @@ After ``threshold`` transient failures in a row (from any conversation) the brea
 probe (half-open); its success closes the breaker, its failure opens it again for twice as
 long (up to ``max_cooldown``). Permanent errors (a missing model, a bad request) say nothing
 about the server's health and do not count.
+
+A rest is a duration, measured on ``steady`` (the monotonic clock), so a wall clock stepped
+backwards never lengthens it; the times a breaker answers and is given are wall times
+(``clock``: what state.json and the faces show).
 """
 
 from __future__ import annotations
@@ -19,37 +23,48 @@ from dataclasses import dataclass, field
 
 from contemplation.errors import BackendError
 
+MAX_COOLDOWN = 300.0  # a breaker that keeps failing its probes rests at most this long
+LONGEST_TRIP = 3600.0  # the longest rest a trip (a server's Retry-After) may ask
+
 
 @dataclass
 class Breaker:
     threshold: int = 5
     cooldown: float = 10.0
-    max_cooldown: float = 300.0
-    clock: Callable[[], float] = field(default=lambda: 0.0)
+    max_cooldown: float = MAX_COOLDOWN
+    clock: Callable[[], float] = field(default=lambda: 0.0)  # wall: the times it answers
+    steady: Callable[[], float] | None = None  # what rests are measured on (None: clock)
     failures: int = 0
-    opened_at: float | None = None
+    opened_at: float | None = None  # on the steady clock
     current_cooldown: float = 0.0
     probing: bool = False
 
+    def _now(self) -> float:
+        return (self.steady or self.clock)()
+
     @property
     def open_until(self) -> float | None:
+        """When the rest ends, on the steady clock."""
         if self.opened_at is None:
             return None
         return self.opened_at + self.current_cooldown
 
     def resting(self) -> float | None:
-        """When the backend may be tried again, if it may not be now (nothing changes)."""
+        """When the backend may be tried again (a wall time), if it may not be now (nothing
+        changes)."""
         until = self.open_until
-        if until is None or (self.clock() >= until and not self.probing):
+        now = self._now()
+        if until is None or (now >= until and not self.probing):
             return None
-        return max(until, self.clock() + 0.5) if self.probing else until
+        left = max(until - now, 0.5) if self.probing else until - now
+        return self.clock() + left
 
     def allow(self) -> bool:
         """May a turn call the backend now? (At most one probe while half-open.)"""
         until = self.open_until
         if until is None:
             return True
-        if self.clock() < until or self.probing:
+        if self._now() < until or self.probing:
             return False
         self.probing = True
         return True
@@ -65,20 +80,21 @@ class Breaker:
         if self.probing:
             self.probing = False
             self.current_cooldown = min(self.max_cooldown, self.current_cooldown * 2)
-            self.opened_at = self.clock()
+            self.opened_at = self._now()
         elif self.failures >= self.threshold and self.opened_at is None:
             self.current_cooldown = self.cooldown
-            self.opened_at = self.clock()
+            self.opened_at = self._now()
 
     def release(self) -> None:
         """A probe that ended without a verdict (cancelled): let another one try."""
         self.probing = False
 
     def trip(self, until: float) -> None:
-        """Open now until ``until`` (a server's Retry-After, a provider that failed over),
-        whatever the count; then one turn probes as after any rest."""
-        now = self.clock()
-        self.opened_at, self.current_cooldown = now, max(0.0, until - now)
+        """Open now until ``until`` (a wall time: a server's Retry-After, a provider that
+        failed over; at most ``LONGEST_TRIP`` off), whatever the count; then one turn probes
+        as after any rest."""
+        rest = min(LONGEST_TRIP, max(0.0, until - self.clock()))
+        self.opened_at, self.current_cooldown = self._now(), rest
         self.probing = False
 
 

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import time
 from collections.abc import Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,7 +103,7 @@ class Dispatcher:
         finally:
             self.tasks.pop(conv_id, None)
         if wake is not None and not self.stopping:
-            delay = max(0.0, wake - time.time())
+            delay = max(0.0, wake - self.rt.clock())  # wake is in the runtime's wall time
             self.timers[conv_id] = self._loop.call_later(delay, self._wake, conv_id)
 
     def request_rescan(self) -> None:

@@ -136,7 +136,7 @@ def _decide(
             rt.notify(conv.id, ConvEvent.CANCELLED)
             return AGAIN
     if nxt.action == "turn":
-        retry_at = w.state.next_retry_at
+        retry_at = rt.retry_due(conv.id, w.state.next_retry_at, now)  # measured monotonic
         if retry_at is not None and retry_at > now:
             if not rt.backoff_outdated(conv.id, w.meta.backend, w.state.retry_settings):
                 w.show(Status.RETRYING)
@@ -309,6 +309,7 @@ async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
     """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions),
     the sessions its archived state.json names included. A failure is logged, never raised."""
     seen.forget(conv.id)
+    rt.retries.forget(conv.id)
     sessions = _archived_sessions(rt, conv)
     for name in sorted(set(rt.backends) | {s.provider or s.backend for s in sessions}):
         try:
@@ -350,6 +351,7 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
             finally:
                 w.flush()  # what the step or the turn committed in memory, before the lock goes
                 seen.remember_size(conv)
+                rt.retries.note(conv.id, w.state.next_retry_at)  # a retry set: how far off
     except OSError:
         # a write failed (a full disk): what it left is found by recovery, so the next
         # step runs it first, as after a restart (else a claimed message whose commit was

@@ -23,6 +23,7 @@ from contemplation.layout import Conv, Home, topic_of_id
 from contemplation.models import ConvEvent, Metadata
 from contemplation.needs.router import NeedRouter
 from contemplation.reload import backend_fingerprint
+from contemplation.retryclock import RetryClock, longest_wait
 from contemplation.scheduler import ModelScheduler
 from contemplation.settings import Settings
 from contemplation.templates import Template, load_template
@@ -47,7 +48,8 @@ class Runtime:
     observers: list[Observer] = field(default_factory=list)
     templates: dict[str, Template] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.time  # wall: what is written down and shown
+    steady: Callable[[], float] = time.monotonic  # what waits and rests are measured on
     router: NeedRouter | None = None
     assembler: ContextAssembler | None = None
     calibration: Calibration = field(default_factory=Calibration)
@@ -59,6 +61,15 @@ class Runtime:
     _slots_asked: dict[str, float] = field(default_factory=dict)  # when (a failure: retried)
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
+    retries: RetryClock = field(init=False, repr=False)  # retry times, on the monotonic clock
+
+    def __post_init__(self) -> None:
+        self.retries = RetryClock(wall=self.clock, steady=self.steady)
+
+    def retry_due(self, conv_id: str, at: float | None, now: float) -> float | None:
+        """state.json's retry time ``at`` as a wall time in the terms of ``now`` (see
+        :mod:`contemplation.retryclock`)."""
+        return self.retries.due(conv_id, at, now, longest_wait(self.settings))
 
     def backend(self, name: str) -> Backend:
         if name not in self.backends:
@@ -82,9 +93,9 @@ class Runtime:
         """Ask provider ``name`` how many slots it has, once (again after :meth:`stale`, and
         CAPS_RETRY seconds after a failed ask), and size its scheduler to that."""
         asked = self._slots_asked.get(name)
-        if asked is not None and (name in self.slots_seen or self.clock() - asked < CAPS_RETRY):
+        if asked is not None and (name in self.slots_seen or self.steady() - asked < CAPS_RETRY):
             return
-        self._slots_asked[name] = self.clock()
+        self._slots_asked[name] = self.steady()
         backend = self.backend(name)
         if not isinstance(backend, KnowsLimits):
             self.slots_seen[name] = Slots(backend.concurrency, "the backend")
@@ -111,7 +122,10 @@ class Runtime:
         if name not in self.breakers:
             s = self.settings
             self.breakers[name] = Breaker(
-                threshold=s.breaker_threshold, cooldown=s.breaker_cooldown, clock=self.clock
+                threshold=s.breaker_threshold,
+                cooldown=s.breaker_cooldown,
+                clock=self.clock,
+                steady=self.steady,
             )
         return self.breakers[name]
 
@@ -122,12 +136,12 @@ class Runtime:
         key = (backend_name, model)
         async with self._cap_locks.setdefault(key, asyncio.Lock()):
             failed = self._cap_failed.get(key)
-            if failed is not None and self.clock() - failed < CAPS_RETRY:
+            if failed is not None and self.steady() - failed < CAPS_RETRY:
                 return None
             try:
                 caps = await self.backend(backend_name).capabilities(model)
             except BackendError:
-                self._cap_failed[key] = self.clock()
+                self._cap_failed[key] = self.steady()
                 return None
             self._cap_failed.pop(key, None)
             return caps
