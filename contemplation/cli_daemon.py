@@ -83,13 +83,24 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
     "http_port",
     type=int,
     default=None,
-    help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.",
+    help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio; every request needs "
+    "the token in <home>/.mcp.token.",
+)
+@click.option(
+    "--print-claude-command",
+    is_flag=True,
+    help="Print the `claude mcp add` line for --http PORT, token included, and exit.",
 )
 @click.pass_context
-def mcp(ctx: click.Context, http_port: int | None) -> None:
+def mcp(ctx: click.Context, http_port: int | None, print_claude_command: bool) -> None:
     """MCP server for agents (stdio by default)."""
     from contemplation import mcp_server
 
+    if print_claude_command:
+        if http_port is None:
+            raise click.UsageError("--print-claude-command goes with --http PORT")
+        mcp_server.print_claude_command(ctx_settings(ctx), http_port)
+        return
     mcp_server.run(ctx_settings(ctx), http_port=http_port)
 
 

@@ -21,6 +21,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import wraps
+from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
@@ -30,10 +31,10 @@ from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from mcp_types import Resource as MCPResource
 from pydantic import Field, ValidationError
 
-from contemplation import __version__, actions, mcp_arguments, paging, structured
+from contemplation import __version__, actions, bearer, mcp_arguments, paging, structured
 from contemplation.attachments import read_paths
 from contemplation.errors import ContemplationError, InputRejected
-from contemplation.layout import read_state
+from contemplation.layout import Home, read_state
 from contemplation.mcp_faces import (
     EMPTY_HINT,
     LIST_CAP,
@@ -48,7 +49,7 @@ from contemplation.mcp_subscriptions import Subscriptions
 from contemplation.models import Decision, Status
 from contemplation.reading import log_text
 from contemplation.settings import Settings
-from contemplation.writer import daemon_alive
+from contemplation.writer import daemon_alive, ensure_home
 
 INSTRUCTIONS = """\
 Asynchronous conversations with local LLMs. conversation_start queues a first message and
@@ -57,6 +58,7 @@ cursor picks up the reply. When the model stops for you, `waiting` lists each it
 and the call that settles it: a need (answer with conversation_respond) or a lookup waiting
 for approval (decide with conversation_approve: the tool answers it, never your text).
 Subscribe to conversation://<id>/status or /log to be told when a conversation changes."""
+TOKEN_FILE = ".mcp.token"  # noqa: S105 - a file name, not a secret
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -525,24 +527,59 @@ def _register_resources(mcp: MCPServer[Any], faces: Faces) -> None:
             raise ResourceError(str(exc)) from exc
 
 
+def token_path(home: Home) -> Path:
+    """The MCP HTTP face's token: every request needs it (0600, made at its first start)."""
+    return home.root / TOKEN_FILE
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
+
+
+def claude_command(url: str, token: str) -> str:
+    """The line that adds this server to Claude Code, sending ``token`` with every request."""
+    header = f'--header "Authorization: Bearer {token}"'
+    return f"claude mcp add --transport http contemplation {url} {header}"
+
+
+def print_claude_command(settings: Settings, http_port: int, host: str = "127.0.0.1") -> None:
+    """``contemplation mcp --http PORT --print-claude-command``: the line with the token."""
+    home = Home(settings.home)
+    ensure_home(home)
+    print(claude_command(url_of(host, http_port), bearer.ensure_token(token_path(home))))
+
+
 def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.0.1") -> None:
     server = build_server(settings)
     if http_port is None:
         anyio.run(server.run_stdio_async)
         return
+    import shlex
     import socket
 
     import uvicorn
 
+    home = Home(settings.home)
+    ensure_home(home)
+    path = token_path(home)
+    token = bearer.ensure_token(path)  # before the port opens: no request comes before it
     try:  # bound before the address is announced: a busy port is one line and exit 1
         sock = socket.create_server((host, http_port))
     except OSError as exc:
         raise ContemplationError(
             f"cannot serve MCP on {host}:{http_port}: {exc.strerror or exc}"
         ) from exc
-    app = server.streamable_http_app(host=host)
+    hint = f"send Authorization: Bearer <the token in {path}>"
+    app = bearer.RequireBearer(
+        server.streamable_http_app(host=host), token=lambda: token, hint=hint
+    )
     config = uvicorn.Config(
         app, host=host, port=http_port, log_config=None, access_log=False, log_level="warning"
     )
-    print(f"MCP streamable HTTP on http://{host}:{http_port}/mcp", file=sys.stderr)
+    url = url_of(host, http_port)
+    # the token itself stays out of the log: the line reads it from its file when pasted
+    said = f"MCP streamable HTTP on {url} (every request needs the token in {path})"
+    print(said, file=sys.stderr)
+    told = claude_command(url, f"$(cat {shlex.quote(str(path))})")
+    print(f"add it to Claude Code: {told}", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])

@@ -26,7 +26,7 @@ from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.writer import DaemonLock, atomic_write_json, new_conversation, open_writer
-from tests import peers
+from tests import mcp_http, peers
 from tests.conftest import ARTIFACTS, ROOT, DaemonProc, base_env, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -644,52 +644,33 @@ def test_mcp_inspector_cli_drives_a_conversation(
     assert rc == 5  # the Inspector's exit code for a tool error
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_conformance_suite_over_streamable_http(home: Home, tmp_path: Path) -> None:
+    """The suite sends no header of its own: a loopback proxy adds the token to each of its
+    requests (as Claude Code does with --header), and passes all else byte for byte."""
     exe = peers.node_bin("conformance")
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "contemplation", "mcp", "--http", str(port)],
-        env=base_env(home),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    face = mcp_http.serve(home)
     try:
-
-        def listening() -> bool:
-            if server.poll() is not None:
-                raise AssertionError(server.stderr.read() if server.stderr else "server exited")
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_for(listening, timeout=15, what="the HTTP MCP server")
         out = tmp_path / "conformance"
-        proc = subprocess.run(
-            [
-                str(exe),
-                "server",
-                "--url",
-                f"http://127.0.0.1:{port}/mcp",
-                "--expected-failures",
-                str(ROOT / "tests" / "conformance-baseline.yml"),
-                "-o",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=tmp_path,
-            check=False,
-        )
+        with mcp_http.bearer_proxy(face) as proxy:
+            proc = subprocess.run(
+                [
+                    str(exe),
+                    "server",
+                    "--url",
+                    proxy.url,
+                    "--expected-failures",
+                    str(ROOT / "tests" / "conformance-baseline.yml"),
+                    "-o",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=tmp_path,
+                check=False,
+            )
     finally:
-        server.terminate()
-        server.wait(timeout=15)
+        face.stop()
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "conformance.txt").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

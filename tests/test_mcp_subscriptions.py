@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +25,8 @@ from contemplation.models import Status
 from contemplation.settings import Settings
 from contemplation.templates import load_template
 from contemplation.writer import DaemonLock, drop_message, new_conversation, open_writer
-from tests.conftest import ROOT, DaemonProc, base_env, wait_for
+from tests import mcp_http
+from tests.conftest import ROOT, DaemonProc, base_env
 from tests.fakes.ollama_server import FakeOllama, Step
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -343,27 +342,11 @@ def test_stdio_subscription_follows_a_real_daemon_from_an_empty_start(
     assert mine["blocks"][0]["text"] == "Store what?"
 
 
-def http_server(home: Home) -> tuple[subprocess.Popen[bytes], str]:
-    """``contemplation mcp --http`` on a free port, listening."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = subprocess.Popen(
-        [sys.executable, "-m", "contemplation", "mcp", "--http", str(port)],
-        env=base_env(home),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-    def listening() -> bool:
-        if server.poll() is not None:
-            raise AssertionError(server.stderr.read() if server.stderr else "server exited")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, timeout=15, what="the HTTP MCP server")
-    return server, f"http://127.0.0.1:{port}/mcp"
+def http_server(home: Home) -> tuple[mcp_http.HttpFace, Callable[[], Any]]:
+    """``contemplation mcp --http`` on a free port, listening, and a maker of transports to
+    it that send its token (each ``mcp.Client`` takes a fresh one)."""
+    face = mcp_http.serve(home)
+    return face, lambda: mcp_http.bearer(face.url, face.token)
 
 
 def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
@@ -375,8 +358,8 @@ def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
     async def main() -> tuple[list[str], list[str]]:
         ups = Updates()
         async with (
-            Client(url, mode="legacy", message_handler=ups.handler) as old,
-            Client(url) as new,
+            Client(url(), mode="legacy", message_handler=ups.handler) as old,
+            Client(url()) as new,
         ):
             await old.subscribe_resource(log_uri)
             async with new.listen(resource_subscriptions=[log_uri]) as sub:
@@ -389,8 +372,7 @@ def test_streamable_http_subscriptions_in_both_eras(home: Home) -> None:
     try:
         heard_old, heard_new = asyncio.run(main())
     finally:
-        server.terminate()
-        server.wait(timeout=15)
+        server.stop()
     assert heard_old == [log_uri] and heard_new == [log_uri]
 
 
@@ -452,12 +434,11 @@ def test_a_status_subscriber_hears_every_turn_even_one_faster_than_a_poll(
             seen = asyncio.run(main(stdio_params(base_env(home))))
         else:
             server, url = http_server(home)
-            seen = asyncio.run(main(url))
+            seen = asyncio.run(main(url()))
     finally:
         lock.release()
         if server is not None:
-            server.terminate()
-            server.wait(timeout=15)
+            server.stop()
     assert [s["status"] for s in seen] == ["idle", "idle", "idle"]
     assert [s["turns"] for s in seen] == [1, 2, 3]
     assert seen[0]["cursor"] < seen[1]["cursor"] < seen[2]["cursor"] == conv.log.stat().st_size

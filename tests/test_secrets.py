@@ -293,10 +293,11 @@ def test_an_opencode_url_password_is_the_basic_auth_unless_a_password_is_set_too
 
 
 def test_the_tools_own_files_are_on_the_list() -> None:
-    from contemplation import dashboard, index_db
+    from contemplation import dashboard, index_db, mcp_server
     from contemplation.tools.files import DEFAULT_DENY
 
-    for name in (dashboard.TOKEN_FILE, index_db.DB_NAME, index_db.DB_NAME + "-wal"):
+    own = (dashboard.TOKEN_FILE, mcp_server.TOKEN_FILE, index_db.DB_NAME, index_db.DB_NAME + "-wal")
+    for name in own:
         assert (
             permissions.decide(
                 "r", "files.read", {"path": f"/h/{name}"}, permissions.defaults()

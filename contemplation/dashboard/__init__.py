@@ -11,17 +11,16 @@ import asyncio
 import contextlib
 import os
 import resource
-import secrets
 import socket
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from contemplation import bearer
 from contemplation.layout import Home, read_json
-from contemplation.writer import atomic_write_bytes, atomic_write_json
+from contemplation.writer import atomic_write_json
 
 if TYPE_CHECKING:
     from contemplation.runtime import Runtime
@@ -37,23 +36,12 @@ def token_path(home: Home) -> Path:
 
 
 def read_token(home: Home) -> str | None:
-    try:
-        token = token_path(home).read_text().strip()
-    except (FileNotFoundError, PermissionError):
-        return None
-    return token or None
+    return bearer.read_token(token_path(home))
 
 
 def ensure_token(home: Home) -> str:
     """The dashboard token; a new one if the file is missing, short or readable by others."""
-    path = token_path(home)
-    token = read_token(home)
-    with contextlib.suppress(FileNotFoundError):
-        if token and len(token) >= 32 and not stat.S_IMODE(path.stat().st_mode) & 0o077:
-            return token
-    token = secrets.token_urlsafe(32)
-    atomic_write_bytes(path, token.encode() + b"\n", mode=0o600)
-    return token
+    return bearer.ensure_token(token_path(home))
 
 
 def dashboard_info(home: Home) -> dict[str, Any] | None:

@@ -14,13 +14,14 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contemplation import bearer
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -69,8 +70,8 @@ class Guard:
         headers = Headers(scope=scope)
         refusal = self._refusal(scope["method"], headers)
         if refusal is None and self.reads_need_token and _holds_data(scope["path"]):
-            given = _bearer(headers) or _query_token(scope.get("query_string", b""))
-            if not given or not hmac.compare_digest(given.encode(), self.token().encode()):
+            given = bearer.given(headers) or _query_token(scope.get("query_string", b""))
+            if not bearer.matches(given, self.token()):
                 refusal = 401, "reads need the token (see `contemplation status`)"
 
         async def send_with_headers(message: Message) -> None:
@@ -143,18 +144,12 @@ class Guard:
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             return 415, "state-changing requests take Content-Type: application/json"
-        given = _bearer(headers)
-        if not given or not hmac.compare_digest(given.encode(), self.token().encode()):
+        if not bearer.matches(bearer.given(headers), self.token()):
             return 401, "missing or wrong token (see `contemplation status`)"
         return None
 
 
 _OURS = {k for k, _ in SECURITY_HEADERS}
-
-
-def _bearer(headers: Headers) -> str:
-    auth = headers.get("authorization", "")
-    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
 
 
 def _query_token(query: bytes) -> str:

@@ -95,13 +95,13 @@ def permission(key: str, pattern: str, action: Action, source: str, home: str = 
 
 
 # Never read for the model unless a root or a rule names them (a folder: all below it too).
-# The tool's own: the dashboard's token (dashboard.TOKEN_FILE) and the index of every
-# conversation (index_db.DB_NAME, with its -wal and -shm); the configuration file is added
-# by path (:func:`defaults`).
+# The tool's own: the dashboard's and the MCP face's tokens (dashboard.TOKEN_FILE,
+# mcp_server.TOKEN_FILE) and the index of every conversation (index_db.DB_NAME, with its -wal
+# and -shm); the configuration file is added by path (:func:`defaults`).
 SECRET_NAMES = (
     ".ssh", ".gnupg", ".aws", ".kube", ".password-store", ".netrc", ".pgpass",
     ".git-credentials", ".env", ".env.*", "*.pem", "*.key", ".dashboard.token",
-    ".index.sqlite3*",
+    ".mcp.token", ".index.sqlite3*",
 )  # fmt: skip
 _SPACE = re.compile(r"\s")
 

@@ -61,6 +61,7 @@ DEFAULT_DENY = (
     "*.keychain-db",
     ".git/config",
     ".dashboard.token",  # the tool's own: the dashboard's token (dashboard.TOKEN_FILE)
+    ".mcp.token",  # and the MCP face's (mcp_server.TOKEN_FILE)
     ".index.sqlite3*",  # and every conversation's text (index_db.DB_NAME, -wal, -shm)
 )
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".tox"}
