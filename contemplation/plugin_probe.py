@@ -111,8 +111,9 @@ def _ended(code: int) -> str:
 
 
 def _main(group: str, name: str, dist: str) -> None:
-    """The child: load one entry point (unguarded: what it does to its process is what the
-    parent wants to see) and say how long it took, and what it raised."""
+    """The child: load one entry point as the parent would (``os._exit`` raises then, see
+    :func:`~contemplation.plugins.exit_refused`) and say how long it took, and what it
+    raised; what ends or hangs the child is what the parent could not have caught."""
     from importlib.metadata import entry_points
 
     found = [
@@ -123,9 +124,10 @@ def _main(group: str, name: str, dist: str) -> None:
     started = time.monotonic()
     error = ""
     try:
-        loaded = found[0].load()
-        if callable(loaded):
-            loaded()
+        with plugins.exit_refused():
+            loaded = found[0].load()
+            if callable(loaded):
+                loaded()
     except BaseException as exc:  # said in the parent's own load, as a failed row
         error = described(exc)
     took = time.monotonic() - started
