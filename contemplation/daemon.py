@@ -24,6 +24,7 @@ from contemplation.dispatcher import Dispatcher
 from contemplation.errors import ContemplationError
 from contemplation.layout import Home, list_conversations
 from contemplation.limits import raise_fd_limit
+from contemplation.loopwatch import LoopWatch
 from contemplation.pipeline import process_pending
 from contemplation.reload import compare, fingerprint, load_new
 from contemplation.runtime import Runtime
@@ -213,7 +214,15 @@ def _say(line: str) -> None:
 
 
 async def _tick(rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asyncio.Event) -> None:
-    """Rescan every conversation periodically and ping the systemd watchdog from here."""
+    """Rescan every conversation periodically and ping the systemd watchdog from here (a
+    loop blocked past WatchdogSec misses it); a thread names what blocks the loop."""
+    with LoopWatch(asyncio.get_running_loop()).running():
+        await _ticks(rt, dispatcher, watcher, stop)
+
+
+async def _ticks(
+    rt: Runtime, dispatcher: Dispatcher, watcher: Watcher, stop: asyncio.Event
+) -> None:
     interval = rt.settings.rescan_interval
     ping = sdnotify.watchdog_interval()
     step = min(interval, ping) if ping else interval

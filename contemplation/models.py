@@ -191,6 +191,18 @@ class Rotation(BaseModel):
     ino: int  # inode of the messages.log being rotated
 
 
+class TurnStarted(BaseModel):
+    """A model turn whose request went out and that has not ended (no reply, error, retry or
+    cancel since): which turn (the one after ``turns`` turns and ``messages`` messages), the
+    daemon run that began it last, and how many runs in a row began it. Found by a later
+    run, it is a turn a daemon died during (see :mod:`contemplation.inflight`)."""
+
+    turns: int
+    messages: int
+    run: str  # the run that began it (a token of the dispatcher's, or of a burst's)
+    starts: int = 1
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -243,6 +255,7 @@ class State(BaseModel):
     retry_settings: str = ""  # fingerprint of the backend's settings when the backoff was set
     last_turn: Usage | None = None
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
+    turn_started: TurnStarted | None = None  # the turn in flight (contemplation.inflight)
     backend_session: BackendSession | None = None  # the server-side session of the history
     parse_errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from contemplation import answering, attachments, logformat, structured
+from contemplation import answering, attachments, inflight, logformat, structured
 from contemplation.conversation import Next, next_action
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.layout import (
@@ -340,10 +340,17 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
         ) as w:
             try:
                 for _ in range(TURNS_PER_SESSION):
+                    fresh = conv.id not in seen.recovered  # this run's first look: recovery
                     decision = await _step(conv, rt, seen, w)
                     if not isinstance(decision, TurnDue):
                         break
-                    outcome = await run_turn(conv, rt, seen, w)
+                    stop = await inflight.begin(conv, rt, seen, w, fresh=fresh)
+                    if stop is not None:  # a turn runs that died during it: not again
+                        return stop
+                    try:
+                        outcome = await run_turn(conv, rt, seen, w)
+                    finally:
+                        w.end_turn()  # however it ended, a stop too (a death leaves it)
                     if isinstance(outcome, Wait) or seen.stopping:
                         return outcome
                 else:

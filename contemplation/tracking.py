@@ -9,6 +9,7 @@ costs a re-read, never correctness.
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,8 @@ class Tracked:
     # conversations whose steps failed (a full disk): failures in a row, and the error said
     failing: dict[str, tuple[int, str]] = field(default_factory=dict)
     stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
+    # this run of the daemon (or burst): what a turn it begins records (see inflight.py)
+    run: str = field(default_factory=lambda: secrets.token_hex(6))
 
     def view(self, conv: Conv, agent_label: str) -> LogView:
         v = self.views.get(conv.id)

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
-from contemplation import context_kinds
+from contemplation import context_kinds, loopwatch
 from contemplation.backends.base import Capabilities, Check, phase_timeouts
 from contemplation.backends.guard import Guarded
 from contemplation.dashboard import panels
@@ -36,7 +37,7 @@ from contemplation.settings import Settings, TimeoutSettings
 from contemplation.templates import load_template
 from contemplation.tools import registry
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import DaemonProc, base_env, cli, model_replies, run_burst, wait_for
+from tests.conftest import DaemonProc, base_env, cli, model_replies, poll, run_burst, wait_for
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.faulty_plugin import RAISED, faulty_context, faulty_tool
@@ -202,7 +203,10 @@ def test_a_plugin_tool_or_context_kind_that_raises_a_base_exception_fails_that_n
         context_kinds.KINDS.forget("faulty")
     log = conv.log.read_text()
     assert "RESPONSE TO NEED: Faulty answer for x" in log
-    assert "the tool of plugin faulty (contemplation-faulty) failed: SystemExit: the faulty tool" in log
+    assert (
+        "the tool of plugin faulty (contemplation-faulty) failed: SystemExit: the faulty tool"
+        in log
+    )
     assert model_replies(conv)[-1] == "carried on"
     system = fake_ollama.chat_requests()[0]["messages"][0]["content"]
     assert (
@@ -275,14 +279,17 @@ def test_a_plugin_that_kills_its_process_at_import_or_loads_slowly_is_named_by_a
     assert [x for x in lines if x.startswith("FAILED")] == [f"FAILED {gone}"]
     slow = [x for x in lines if x.startswith("SLOW")]
     assert len(slow) == 1 and re.fullmatch(
-        r"SLOW slow \(contemplation-slow\): took \d+\.\d s to load \(a start waits for it\)", slow[0]
+        r"SLOW slow \(contemplation-slow\): took \d+\.\d s to load \(a start waits for it\)",
+        slow[0],
     ), slow
     assert "slow            contemplation-slow" in probed.stdout  # listed: it did load
     doctor = cli(env, "doctor", check=False)
     assert doctor.returncode == 1, doctor
     rows = [x for x in doctor.stdout.splitlines() if "plugin" in x[:14]]
     assert rows[0] == f"FAIL plugin   {gone.replace(': ', ' was not loaded: ', 1)}", rows
-    assert re.fullmatch(r"warn plugin   slow \(contemplation-slow\) took \d+\.\d s to load .*", rows[1])
+    assert re.fullmatch(
+        r"warn plugin   slow \(contemplation-slow\) took \d+\.\d s to load .*", rows[1]
+    )
     assert len(rows) == 2, rows
 
 
@@ -336,7 +343,89 @@ def test_a_panel_that_sleeps_holds_no_other_read_and_is_cut_at_its_bound(
                 ["unavailable", "still busy with an earlier look (over 0.5 s)"]
             ]
             release.set()
-            wait_for(lambda: _get(served, "/api/panels")[1]["panels"][-1]["rows"] == [["woke", "up"]])
+            wait_for(
+                lambda: _get(served, "/api/panels")[1]["panels"][-1]["rows"] == [["woke", "up"]]
+            )
     finally:
         release.set()
         panels.KINDS.forget("sleepy")
+
+
+# --------------------------------------------------------------------------- crash loop
+
+
+def test_a_turn_in_flight_when_the_daemon_died_twice_is_not_sent_a_third_time(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """What cannot be contained in the process (os._exit in a stream, a crash, the OOM
+    killer, a watchdog's kill of a blocked loop) ended the daemon during a turn, and the
+    restarted daemon sent the same request again, to die again, forever. Now a turn begun
+    by two runs that died during it is not begun a third time: one ERROR, and the
+    conversation waits for the agent, whose next message is answered."""
+    fake_ollama.enqueue(*[Step(first_byte_delay=3600)] * 3)  # a turn always in flight
+    env = base_env(home, fake_ollama)
+    conv = new_conversation(
+        home, "deadly", template=load_template(home, "default"), model="llama3.2",
+        backend="ollama",
+    )  # fmt: skip
+    drop_message(conv, "hello")
+
+    def begun() -> int:
+        state = json.loads(conv.state.read_text()) if conv.state.exists() else {}
+        return int((state.get("turn_started") or {}).get("starts", 0))
+
+    for n in (1, 2):
+        daemon = daemon_factory(env, home).wait_ready()
+        wait_for(
+            lambda n=n: len(fake_ollama.chat_requests()) == n and begun() == n, 20,
+            what=f"request {n} in flight",
+        )  # fmt: skip
+        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+    daemon = daemon_factory(env, home).wait_ready()
+    wait_for(lambda: status_of(conv) is Status.ERROR, 20, what="the ERROR")
+    errors = errors_in(conv)
+    assert len(errors) == 1 and "the daemon stopped 2 times while this turn" in errors[0], errors
+    assert len(fake_ollama.chat_requests()) == 2  # not sent a third time
+    assert begun() == 0
+    fake_ollama.script.clear()
+    drop_message(conv, "again")
+    wait_for(lambda: model_replies(conv)[-1:] == ["Echo: again"], 20, what="the next reply")
+    assert len(fake_ollama.chat_requests()) == 3 and len(errors_in(conv)) == 1
+    assert daemon.stop() == 0
+
+
+# --------------------------------------------------------------------------- loop watch
+
+
+class _Sleeper(_Raises):
+    """A plugin's stream that blocks the event loop (time.sleep, not asyncio.sleep)."""
+
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
+        yield StreamEvent("content", "one piece")
+        time.sleep(0.8)  # noqa: ASYNC251 - the plugin's bug under test
+        yield StreamEvent("content", "late")
+
+
+def test_a_plugin_that_blocks_the_event_loop_is_named_by_the_loop_watch() -> None:
+    """No guard on the loop can interrupt a blocking call; the watch (a thread of its own)
+    names the plugin whose call holds the loop, once, and says when the loop is back."""
+
+    async def go() -> list[str]:
+        watch = loopwatch.LoopWatch(asyncio.get_running_loop(), stall=0.3).start()
+        try:
+            backend = Guarded(
+                _Sleeper(SystemExit), "sleeper (a-plugin)", phase_timeouts(TimeoutSettings())
+            )  # type: ignore[arg-type]
+            texts = [ev.text async for ev in backend.stream(REQUEST)]
+            await poll(lambda: any(e["event"] == "event_loop_resumed" for e in logs), "resumed")
+            return texts
+        finally:
+            watch.stop()
+
+    with structlog.testing.capture_logs() as logs:
+        assert asyncio.run(go()) == ["one piece", "late"]
+    blocked = [e for e in logs if e["event"] == "event_loop_blocked"]
+    assert len(blocked) == 1 and blocked[0]["plugin"] == "sleeper (a-plugin)", blocked
+    assert "in stream" in blocked[0]["running"][0], blocked
+    resumed = [e for e in logs if e["event"] == "event_loop_resumed"]
+    assert len(resumed) == 1 and 0.3 <= resumed[0]["blocked_s"] <= 2.0, resumed

@@ -270,6 +270,7 @@ class ReplyStream:
         crashpoint("reply_done")
         fd = self.w.append_fd()
         self.w.state.intent = None
+        self.w.state.turn_started = None  # the turn has ended: in the commit, no write more
         self.w.state.log.size = self.w.log_size()
         self.w.state.turns += 1
         self.w.state.last_turn = usage

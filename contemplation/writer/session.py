@@ -38,6 +38,7 @@ from contemplation.models import (
     Rotation,
     State,
     Status,
+    TurnStarted,
 )
 from contemplation.privacy import FILE_MODE
 from contemplation.testing import armed, crashpoint
@@ -277,6 +278,25 @@ class ConvWriter:
         self.state.retry_settings = settings
         self.record_error(kind, message, status=Status.RETRYING)
 
+    def begin_turn(self, run: str) -> TurnStarted:
+        """A turn's request is about to go out in the run ``run``: recorded as begun by one
+        more run when another run began the same turn and never ended it, else as begun
+        once. Kept in memory: the turn's first state write carries it (or the caller's)."""
+        key = (self.state.turns, self.state.messages_processed)
+        before = self.state.turn_started
+        starts = 1
+        if before is not None and (before.turns, before.messages) == key:
+            starts = before.starts + (before.run != run)
+        self.state.turn_started = TurnStarted(turns=key[0], messages=key[1], run=run, starts=starts)
+        return self.state.turn_started
+
+    def end_turn(self) -> None:
+        """The turn ended, however (a reply, an error, a retry, a cancel, a stop): its record
+        goes with the next state write (a reply's commit takes it itself)."""
+        if self.state.turn_started is not None:
+            self.state.turn_started = None
+            self.unsaved = True
+
     def gave_up(self, kind: ErrorKind, message: str) -> None:
         """The turn failed for good: the error stands until the agent says something."""
         self.state.retry_count = 0
@@ -286,6 +306,7 @@ class ConvWriter:
     def record_error(self, kind: ErrorKind, message: str, *, status: Status = Status.ERROR) -> None:
         self.state.last_error = ErrorInfo(kind=kind, message=message, time=now_iso())
         self.state.status = status
+        self.state.turn_started = None  # a turn that failed (retried or not) has ended
         self.save()
 
     def record_parse_errors(self, errors: list[str]) -> None:
