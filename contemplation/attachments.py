@@ -178,7 +178,12 @@ def check_all(files: Iterable[Attachment], limits: AttachmentSettings) -> None:
 def read_paths(paths: Iterable[str | Path], limits: AttachmentSettings) -> tuple[Attachment, ...]:
     """The files a face was asked to attach (``send --attach``, MCP ``attachments``),
     checked like a folder message's: a bad one refuses the message with one line."""
-    files = tuple(read_file(Path(p), limits) for p in paths)
+    return checked(tuple(read_file(Path(p), limits) for p in paths), limits)
+
+
+def checked(files: tuple[Attachment, ...], limits: AttachmentSettings) -> tuple[Attachment, ...]:
+    """``files`` read for one message, if together they may be: the limits, and names a
+    folder message can hold."""
     check_all(files, limits)
     for a in files:
         if a.name in MESSAGE_NAMES or ignored_name(a.name):

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
-from contemplation import activity, listing, paging
+from contemplation import activity, attachments, listing, paging
+from contemplation.attachments import Attachment
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import Conv, Home, read_state
 from contemplation.models import BUSY, Status
@@ -23,6 +25,9 @@ from contemplation.reading import Reader, Since, block_dict, own, segments
 from contemplation.settings import Settings
 from contemplation.waiting import WaitItem
 from contemplation.writer import daemon_alive
+
+if TYPE_CHECKING:
+    from contemplation.needs.router import NeedRouter
 
 MODELS_SHOWN = 50  # model names per backend in conversation_models
 MODELS_WAIT = 10.0  # seconds conversation_models waits for the backends in all
@@ -84,6 +89,7 @@ class Faces:
         self.home = Home(settings.home)
         self.reader = Reader(self.home)
         self.lock = threading.RLock()  # sync tools run in worker threads; the caches are shared
+        self._router: NeedRouter | None = None  # judges attachments; made on first use
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -255,6 +261,29 @@ class Faces:
             templates.append({"name": name, "description": tpl.description})
         out["templates"] = templates
         return out
+
+    @_locked
+    def attached(self, paths: Sequence[str], template: str | None) -> tuple[Attachment, ...]:
+        """The files the agent names for a message to a conversation of ``template``, each
+        judged first exactly as a NEED reading it is (:meth:`NeedRouter.judge_file`:
+        ``[permissions]``, ``tools.allowed_roots`` and the secrets), then read and checked as
+        any attachment. A refused one is one line naming it; nothing is read before."""
+        if not paths:
+            return ()
+        if self._router is None:  # imported here: the router's MCP tools import the SDK
+            from contemplation.needs.router import NeedRouter
+
+            self._router = NeedRouter(self.settings)
+        found: list[tuple[Path, str]] = []
+        for path in paths:
+            try:
+                found.append((self._router.judge_file(path, template=template), Path(path).name))
+            except ContemplationError as exc:
+                raise InputRejected(f"cannot attach {path}: {exc}") from exc
+        limits = self.settings.attachments
+        return attachments.checked(
+            tuple(attachments.read_file(real, limits, name) for real, name in found), limits
+        )
 
     @_locked
     def last_exchange(self, conv: Conv) -> int:

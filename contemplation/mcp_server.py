@@ -32,9 +32,8 @@ from mcp_types import Resource as MCPResource
 from pydantic import Field, ValidationError
 
 from contemplation import __version__, actions, bearer, mcp_arguments, paging, structured
-from contemplation.attachments import read_paths
 from contemplation.errors import ContemplationError, InputRejected
-from contemplation.layout import Home, read_state
+from contemplation.layout import Home, read_metadata, read_state
 from contemplation.mcp_faces import (
     EMPTY_HINT,
     LIST_CAP,
@@ -256,7 +255,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         """Start a conversation with a local model and queue the first message. Returns the
         id and a cursor at once; the reply comes later (conversation_wait)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
-        files = read_paths(attachments or (), settings.attachments)
+        files = faces.attached(attachments or (), template or settings.default_template)
         prompt = _with_schema(prompt, schema, settings.max_schema_bytes)
         conv, created = actions.start(
             settings,
@@ -317,12 +316,13 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
         waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
-        files = read_paths(attachments or (), settings.attachments)
         if schema is not None and need:
             raise InputRejected("a schema goes with a message, not with a need's answer")
         text = _with_schema(response, schema, settings.max_schema_bytes) or response
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
+            meta = read_metadata(conv)
+            files = faces.attached(attachments or (), meta.template if meta else None)
             done = actions.respond(
                 settings,
                 faces.reader,

@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from contemplation import settings as settings_mod
 from contemplation.attachments import FOLDER, LINE_RE, Attachment, human_size
 from contemplation.backends.opencode import OpenCodeBackend
 from contemplation.layout import Conv, Home
@@ -414,6 +415,14 @@ def test_new_attach_queues_the_first_message_as_one_folder(home: Home, tmp_path:
     assert (queued / "message.txt").read_text() == ""  # the file is the whole message
 
 
+def roots_settings(home: Home, *roots: Path, **overrides: Any) -> Settings:
+    """The settings with ``roots`` as tools.allowed_roots: where MCP attachments may come from."""
+    tools = {"allowed_roots": [str(r) for r in roots]}
+    return settings_mod.load(
+        home=home.root, env={}, config=None, overrides={"tools": tools, **overrides}
+    )
+
+
 def test_mcp_start_and_respond_take_attachments(home: Home, tmp_path: Path) -> None:
     picture = tmp_path / "shot.png"
     picture.write_bytes(PNG)
@@ -437,7 +446,7 @@ def test_mcp_start_and_respond_take_attachments(home: Home, tmp_path: Path) -> N
         )
         return started, sent, refused
 
-    started, sent, refused = run_calls(settings_for(home), script)
+    started, sent, refused = run_calls(roots_settings(home, tmp_path), script)
     conv = home.conv(started["conversation_id"])
     queued = sorted(p for p in conv.inbox.iterdir())
     assert len(queued) == 2 and all(p.is_dir() for p in queued)
@@ -446,6 +455,73 @@ def test_mcp_start_and_respond_take_attachments(home: Home, tmp_path: Path) -> N
     assert {(q / "message.txt").read_text() for q in queued} == {"see", "and this"}
     assert sent["queued"] in {q.name for q in queued}
     assert "blob.bin is binary data" in refused
+
+
+def test_mcp_attachments_are_judged_as_a_need_reading_the_file(home: Home, tmp_path: Path) -> None:
+    """An MCP attachment obeys tools.allowed_roots, the built-in secrets and [permissions]
+    exactly as a NEED reading the same path does: a path outside the roots (or a link that
+    leads out), a secret, or one the permissions deny is refused by conversation_start and
+    conversation_respond with one line, and nothing is queued; a path inside is attached."""
+    shared = tmp_path / "shared"
+    (shared / "private").mkdir(parents=True)
+    (shared / "plan.txt").write_text("the plan")
+    (shared / "private" / "diary.txt").write_text("dear diary")
+    (shared / ".env").write_text("API_KEY=sk-not-for-models")
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("never shared")
+    (shared / "door.txt").symlink_to(outside)
+    deny = {"read_file": {"**/private/**": "deny"}}
+    settings = roots_settings(home, shared, permissions=deny)
+    plan, refusals = str(shared / "plan.txt"), {
+        str(outside): "outside the allowed folders",
+        str(shared / "door.txt"): "leads outside the allowed folders",
+        str(shared / "private" / "diary.txt"): '"**/private/**" = "deny"',
+        str(shared / ".env"): "secret",
+        "~/.ssh/id_rsa": "secret",
+    }
+
+    async def script(c: Any) -> tuple[str, list[str], list[str], dict[str, Any]]:
+        started = await tool(
+            c, "conversation_start", topic="files", initial_prompt="see", attachments=[plan]
+        )
+        cid = started["conversation_id"]
+        at_start = [
+            await tool_error(
+                c, "conversation_start", topic=f"no {n}", initial_prompt="x", attachments=[p]
+            )
+            for n, p in enumerate(refusals)
+        ]
+        at_respond = [
+            await tool_error(
+                c, "conversation_respond", conversation_id=cid, response="x", attachments=[plan, p]
+            )
+            for p in refusals
+        ]
+        sent = await tool(
+            c, "conversation_respond", conversation_id=cid, response="more", attachments=[plan]
+        )
+        return cid, at_start, at_respond, sent
+
+    cid, at_start, at_respond, sent = run_calls(settings, script)
+    for said in (at_start, at_respond):
+        for line, (path, why) in zip(said, refusals.items(), strict=True):
+            assert "\n" not in line and f"cannot attach {path}: " in line, line
+            assert why in line, line
+    queued = sorted(home.conv(cid).inbox.iterdir())
+    assert [(q / "message.txt").read_text() for q in queued] == ["see", "more"]
+    assert all(sorted(os.listdir(q)) == ["message.txt", "plan.txt"] for q in queued)
+    assert sent["queued"] == queued[1].name
+    assert os.listdir(home.active) == [cid]  # no refused start made one
+    # no allowed roots at all: nothing may be attached, and the line says what to set
+    alone = settings_for(home)
+
+    async def bare(c: Any) -> str:
+        return await tool_error(
+            c, "conversation_start", topic="bare", initial_prompt="x", attachments=[plan]
+        )
+
+    line = run_calls(alone, bare)
+    assert f"cannot attach {plan}: " in line and "tools.allowed_roots" in line, line
 
 
 def test_send_attach_wait_prints_the_exchange_it_starts(

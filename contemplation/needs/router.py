@@ -299,22 +299,41 @@ class NeedRouter:
         return (*self.permissions, *self._template_permissions.get(template, ()))
 
     def permit(self, found: needrules.Route, *, template: str | None = None) -> permissions.Verdict:
-        """allow / ask / deny for one routed need, by the permissions alone. A file is also
+        """allow / ask / deny for one routed need, by the permissions alone."""
+        return self.permit_call(found.rule.name, found.tool, found.arguments, template=template)
+
+    def permit_call(
+        self, rule: str, tool: str, arguments: Mapping[str, Any], *, template: str | None = None
+    ) -> permissions.Verdict:
+        """:meth:`permit` for a call named by its rule, tool and arguments. A file is also
         judged by the real path it is found at (``notes/x.md`` under a root, ``~/x``): a
         pattern on the real path cannot be passed by writing the path another way."""
-        arguments = dict(found.arguments)
+        arguments = dict(arguments)
         reader = self.tools.get("files.read")
-        if found.tool == "files.read" and isinstance(reader, FileReader):
+        if tool == "files.read" and isinstance(reader, FileReader):
             real = reader.resolved(str(arguments.get("path", "")))
             if real is not None:
                 arguments["(found at)"] = str(real)
         return permissions.decide(
-            found.rule.name,
-            found.tool,
-            arguments,
-            self.permission_rules(template),
-            self.user_home,
+            rule, tool, arguments, self.permission_rules(template), self.user_home
         )
+
+    def judge_file(self, path: str, *, template: str | None = None) -> Path:
+        """The real path of a file the agent hands over by path (an MCP attachment), judged as
+        a NEED that reads it is: the permissions of each rule that reads files (``read_file``)
+        — a deny refuses it; an ask counts as asked and approved, the agent being the one who
+        names the file — then ``files.read``'s roots and deny-list. Raises :class:`Refused`
+        (or :class:`Unconfigured` without roots, ToolError when it is not there), one line."""
+        reader = self.tools.get("files.read")
+        if not isinstance(reader, FileReader):
+            raise Unconfigured("no file reader is configured (files.read)")
+        rules = [r.name for r in self.rules(template).rules if r.tool == reader.name]
+        for rule in rules or ["read_file"]:
+            verdict = self.permit_call(rule, reader.name, {"path": path}, template=template)
+            if verdict.action == "deny":
+                shown = verdict.rule.shown() if verdict.rule is not None else ""
+                raise Refused(f"refused by configuration: the permissions deny it ({shown})")
+        return reader.locate(path)
 
     def _template_rules(self, name: str) -> tuple[needrules.Rule, ...]:
         tpl = load_template(self.home, name)
