@@ -169,6 +169,19 @@ class ErrorInfo(BaseModel):
     time: str
 
 
+class Crashes(BaseModel):
+    """Turns of the same message that raised something unexpected once they had begun (a
+    reply no code was ready for): redone once, then given up (see ``retrying.crashed``).
+    Counted for the turn after ``turns`` turns and ``messages`` messages: a turn that ends,
+    or a new message, starts the count again."""
+
+    turns: int
+    messages: int
+    cause: str  # the last one: "RecursionError: maximum recursion depth exceeded ..."
+    same: int = 1  # times in a row with this cause
+    total: int = 1
+
+
 class Intent(BaseModel):
     """A write that is about to happen to ``messages.log`` (journal for crash recovery)."""
 
@@ -253,6 +266,7 @@ class State(BaseModel):
     retry_count: int = 0
     next_retry_at: float | None = None
     retry_settings: str = ""  # fingerprint of the backend's settings when the backoff was set
+    crashes: Crashes | None = None  # the current turn's unexpected failures (retrying.crashed)
     last_turn: Usage | None = None
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     turn_started: TurnStarted | None = None  # the turn in flight (contemplation.inflight)

@@ -5,7 +5,9 @@
   too many attempts), or, when the provider itself is in trouble and the conversation's alias
   has another provider free, redone there at once (:func:`failed`, :func:`fail_over`); a
   429's Retry-After pauses that provider for every conversation (:func:`pause`);
-* cancelled by the agent (:func:`cancelled`), or cut by a failed write (:func:`write_failed`).
+* cancelled by the agent (:func:`cancelled`), or cut by a failed write (:func:`write_failed`);
+* crashed: something unexpected raised once the turn had begun (:func:`crashed`): redone
+  once, and the same failure twice is an ERROR, never a turn redone at every rescan.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import structlog
 from contemplation.breaker import Guard
 from contemplation.errors import BackendError, ConfigError, ErrorKind
 from contemplation.layout import Conv
-from contemplation.models import ConvEvent, MarkerKind, Status
+from contemplation.logformat import one_line
+from contemplation.models import ConvEvent, Crashes, MarkerKind, Status
 from contemplation.providers import Target
 from contemplation.reload import backend_fingerprint
 from contemplation.runtime import Runtime, backoff
@@ -30,6 +33,9 @@ from contemplation.writer import ConvWriter, LiveReply, clear_cancel
 log = structlog.get_logger("contemplation.turn")
 
 RETRY_AFTER_CAP = 3600.0  # the longest pause a server's Retry-After can ask of a provider
+SAME_CRASHES = 2  # a turn that raised the same thing this often is not redone again
+ANY_CRASHES = 3  # ... nor one that raised this often, whatever it raised
+MAX_CAUSE = 300  # characters of the exception kept in the markers and the state
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +209,45 @@ def failed(
     if not reply.abort(MarkerKind.ERROR, message):
         w.append_marker(MarkerKind.ERROR, message)
     w.gave_up(exc.kind, message)
+    log.error("turn_failed", conv=conv.id, error=message)
+    rt.notify(conv.id, ConvEvent.ERROR, error=message)
+    return Wait(None)
+
+
+def crashed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: Exception) -> Outcome:
+    """Something unexpected raised once the turn had begun (a reply no code was ready for).
+    It used to escape, and the turn was redone at every rescan, its request sent again each
+    time (158 model requests for one message). Now the first time the reply is marked
+    INTERRUPTED and the turn redone; the same failure a second time (or :data:`ANY_CRASHES`
+    of any kind) ends it with one ERROR that names the cause, and the conversation waits for
+    the agent's next message. The count lives in state.json (:class:`Crashes`), so a restart
+    does not start it over."""
+    cause = one_line(f"{type(exc).__name__}: {exc}", MAX_CAUSE)
+    if reply.committed:  # the reply stands; what raised came after it
+        log.error("after_reply_failed", conv=conv.id, error=cause, exc_info=exc)
+        return AGAIN
+    st = w.state
+    before = st.crashes
+    if before is None or (before.turns, before.messages) != (st.turns, st.messages_processed):
+        before = None
+    same = before.same + 1 if before is not None and before.cause == cause else 1
+    total = before.total + 1 if before is not None else 1
+    st.crashes = Crashes(
+        turns=st.turns, messages=st.messages_processed, cause=cause, same=same, total=total
+    )
+    if same < SAME_CRASHES and total < ANY_CRASHES:
+        log.warning("turn_crashed", conv=conv.id, error=cause, redone=True, exc_info=exc)
+        if not reply.abort(MarkerKind.INTERRUPTED, f"the turn failed: {cause}; it is redone once"):
+            w.save()  # nothing was written: the count alone
+        return AGAIN
+    how = "the same way twice" if same >= SAME_CRASHES else f"{total} times"
+    message = (
+        f"the turn failed {how}: {cause}; it is not redone (the agent's next message is "
+        "answered again)"
+    )
+    if not reply.abort(MarkerKind.ERROR, message):
+        w.append_marker(MarkerKind.ERROR, message)
+    w.gave_up(ErrorKind.INTERNAL, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
     return Wait(None)

@@ -10,7 +10,13 @@ How a reply is judged (:func:`judge`, from the turn's finish): JSON that matches
 with a ``NOTE`` (:data:`VALID_NOTE`; the faces return its ``parsed`` object); a reply that
 does not parse or match is ``INTERRUPTED`` with the validator's message (:data:`RETRY_PREFIX`),
 so the turn is due again and is asked once more with that message (:func:`spec_for` finds it
-in the log); a second miss ends with an ``ERROR`` marker that says what was wrong.
+in the log); a second miss ends with an ``ERROR`` marker that says what was wrong. The check
+runs in a child process with a hard time limit and a linear-time regex engine
+(:mod:`contemplation.replycheck`), so no schema can hold the daemon's loop.
+
+A schema is accepted (:func:`check_schema`) when ``jsonschema`` finds it valid and it breaks
+none of the rules that keep a schema harmless (:mod:`contemplation.schema_rules`: its depth,
+no recursive ``$ref``, how far its ``$ref`` entries expand, patterns the engine can run).
 
 ``jsonschema`` is imported on first use only (the CLI's start-up stays light).
 """
@@ -24,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from contemplation import replycheck, schema_rules
 from contemplation.errors import ErrorKind, InputRejected
 from contemplation.logformat import one_line
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, MarkerKind, Status
@@ -50,17 +57,21 @@ def check_schema(schema: Any, limit: int, what: str = "the schema") -> dict[str,
 
     if not isinstance(schema, dict):
         raise InputRejected(f"{what} is not a JSON object (a JSON Schema is one)")
+    if (deep := schema_rules.too_deep(schema, what)) is not None:  # before any recursion
+        raise InputRejected(deep)
     size = len(compact(schema).encode("utf-8"))
     if size > limit:
         raise InputRejected(f"{what} is {size} bytes; the limit is {limit} (max_schema_bytes)")
-    try:
-        validators.validator_for(schema).check_schema(schema)
+    try:  # its patterns are judged by the engine that runs them, not by Python's re
+        validators.validator_for(schema).check_schema(schema, format_checker=None)
     except exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise InputRejected(
             f"{what} is not a valid JSON Schema: {one_line(exc.message, MAX_WHY)}"
             + (f" (at {where})" if where else "")
         ) from None
+    if (why := schema_rules.refusal(schema, what)) is not None:
+        raise InputRejected(one_line(why, 2 * MAX_WHY))
     return schema
 
 
@@ -70,6 +81,10 @@ def parse_schema(text: str, limit: int, what: str = "the schema") -> dict[str, A
         raise InputRejected(f"{what} is larger than {limit} bytes (max_schema_bytes)")
     try:
         schema = json.loads(text)
+    except RecursionError:
+        raise InputRejected(
+            f"{what} is not JSON: nested deeper than {schema_rules.MAX_DEPTH} levels"
+        ) from None
     except ValueError as exc:
         raise InputRejected(f"{what} is not JSON: {exc}") from None
     return check_schema(schema, limit, what)
@@ -198,25 +213,9 @@ def shape(request: ChatRequest, spec: Spec, *, constrains: bool) -> ChatRequest:
 
 
 def problem(text: str, schema: Mapping[str, Any]) -> str | None:
-    """What is wrong with ``text`` as an answer to ``schema`` (None: it matches)."""
-    from jsonschema import exceptions, validators  # heavy: imported on first use
-    from referencing import Registry
-    from referencing.exceptions import Unresolvable
-
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        return f"not valid JSON ({exc})"
-    # an empty registry: a "$ref" is resolved within the schema, never fetched from a URL
-    validator = validators.validator_for(schema)(schema, registry=Registry())
-    try:
-        error = exceptions.best_match(validator.iter_errors(value))
-    except (exceptions.SchemaError, exceptions.UnknownType, Unresolvable) as exc:
-        return f"the schema cannot be applied ({type(exc).__name__}: {exc})"
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"{error.message}" + (f" (at /{where})" if where else "")
+    """What is wrong with ``text`` as an answer to ``schema`` (None: it matches), in this
+    process (the daemon's turns use :func:`judge`, which checks in a child)."""
+    return replycheck.problem(text, schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +228,12 @@ class Verdict:
     error: tuple[ErrorKind, str] | None = None
 
 
-def judge(request: ChatRequest, text: str) -> Verdict | None:
-    """The verdict on a reply to ``request`` (None: no schema was asked for)."""
+async def judge(request: ChatRequest, text: str) -> Verdict | None:
+    """The verdict on a reply to ``request`` (None: no schema was asked for), checked off
+    the loop within :data:`replycheck.CHECK_SECONDS`."""
     if request.schema is None:
         return None
-    why = problem(text.strip(), request.schema)
+    why = await replycheck.checked(text.strip(), request.schema)
     if why is None:
         return Verdict((MarkerKind.NOTE, VALID_NOTE))
     why = one_line(why, MAX_WHY)

@@ -40,7 +40,7 @@ from contemplation.needs import calls
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
 from contemplation.providers import Target
-from contemplation.retrying import On, cancelled, failed, rest, unusable, write_failed
+from contemplation.retrying import On, cancelled, crashed, failed, rest, unusable, write_failed
 from contemplation.runtime import Runtime
 from contemplation.scheduler import Held, slot_any
 from contemplation.steps import AGAIN, Outcome
@@ -306,9 +306,9 @@ async def _run_reply(
     planned: budget.Plan,
     held: Held,
 ) -> Outcome:
-    """Fit the request (a summary call at most), stream the reply and end it one of five
-    ways: finished, cancelled, interrupted by a stop, failed (retry or error), or cut by a
-    failed write (redone once the disk has room)."""
+    """Fit the request (a summary call at most), stream the reply and end it one of six
+    ways: finished, cancelled, interrupted by a stop, failed (retry or error), cut by a
+    failed write (redone once the disk has room), or crashed (redone once)."""
     try:
         try:
             request, notes = await _fit(conv, rt, on, reply, planned)
@@ -340,10 +340,30 @@ async def _run_reply(
         return failed(conv, rt, w, reply, exc, on=on)
     except OSError as exc:
         return write_failed(conv, rt, seen, w, exc)
+    except Exception as exc:  # unexpected: redone once, never at every rescan
+        return crashed(conv, rt, w, reply, exc)
+    return await _end(conv, rt, seen, w, reply, got=got, on=on, request=request, planned=planned)
+
+
+async def _end(
+    conv: Conv,
+    rt: Runtime,
+    seen: Tracked,
+    w: ConvWriter,
+    reply: LiveReply,
+    *,
+    got: Streamed,
+    on: On,
+    request: ChatRequest,
+    planned: budget.Plan,
+) -> Outcome:
+    """:func:`_finish`, and how it ends when it fails: a failed write, or a crash."""
     try:
         return await _finish(conv, rt, w, reply, got, on=on, request=request, planned=planned)
     except OSError as exc:
         return write_failed(conv, rt, seen, w, exc)
+    except Exception as exc:  # unexpected (a reply no code was ready for): redone once
+        return crashed(conv, rt, w, reply, exc)
 
 
 def _check_cancel(conv: Conv) -> None:
@@ -463,7 +483,8 @@ async def _finish(
     planned: budget.Plan,
 ) -> Outcome:
     meta, usage = w.meta, got.usage
-    await _write_tool_calls(rt, reply, meta, got.calls)
+    if request.schema is None:  # a reply held to a schema is offered no tools: it is the answer
+        await _write_tool_calls(rt, reply, meta, got.calls)
     markers: list[tuple[MarkerKind, str]] = []
     if got.truncated:
         limit = rt.settings.max_reply_bytes
@@ -483,7 +504,7 @@ async def _finish(
     said = reply.text
     status = Status.IDLE if not reply.saw_complete and not find_needs(said) else None
     error: tuple[ErrorKind, str] | None = None
-    verdict = structured.judge(request, said)  # a reply held to a schema: checked
+    verdict = await structured.judge(request, said)  # held to a schema: checked off the loop
     if verdict is not None:
         markers.append(verdict.marker)
         status, error = verdict.status or status, verdict.error
