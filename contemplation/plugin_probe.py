@@ -36,6 +36,15 @@ GROUPS = (
 PROBE_TIMEOUT = 30.0  # seconds one plugin's child may take to load it
 PARALLEL = 4  # children at once
 SAID = "contemplation-probe: "
+API = (  # what a plugin is written against: imported in the child before the plugin is
+    "contemplation.models",
+    "contemplation.backends.base",
+    "contemplation.tools.base",
+    "contemplation.tools.registry",
+    "contemplation.needs.rules",
+    "contemplation.context_kinds",
+    "contemplation.dashboard.panels",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +130,7 @@ def _main(group: str, name: str, dist: str) -> None:
         for ep in entry_points(group=group, name=name)
         if (ep.dist.name if ep.dist is not None else "?") == dist
     ]
+    _api()
     started = time.monotonic()
     error = ""
     try:
@@ -133,6 +143,17 @@ def _main(group: str, name: str, dist: str) -> None:
     took = time.monotonic() - started
     print(SAID + json.dumps({"seconds": took, "error": error}), flush=True)
     os._exit(0)  # said: a thread the plugin started must not keep the child waiting
+
+
+def _api() -> None:
+    """What a process has imported before it loads its plugins (the registries, the kinds'
+    contracts, the built-in kinds): the time to load a plugin is then its own."""
+    import importlib
+
+    from contemplation import backends
+
+    for module in (*API, *(f"contemplation.backends.{kind}" for kind in backends.BUILT_IN)):
+        importlib.import_module(module)
 
 
 if __name__ == "__main__":
