@@ -90,9 +90,12 @@ async def shown(seen: Seen) -> list[dict[str, Any]]:
             started[panel.name] = asyncio.wrap_future(_busy[panel.name])
     if started:
         await asyncio.wait(started.values(), timeout=PANEL_LIMIT)
-    return [
+    out = [
         {"name": p.name, "title": _cut(p.title), "rows": _rows(p, started, busy)} for p in listed
     ]
+    for waited in started.values():  # one still running is no longer waited for (its thread
+        waited.cancel()  # goes on, and tells no loop when it ends: this one may be closed)
+    return out
 
 
 def _rows(panel: Panel, started: dict[str, asyncio.Future[list[Row]]], busy: set[str]) -> list[Row]:
