@@ -47,6 +47,7 @@ def build_runtime(settings: Settings) -> Runtime:
     from contemplation.backends import http
 
     home = Home(settings.home)
+    router = validate(settings)  # first: a start refused for its settings changes nothing
     try:  # made open by an older version: closed, nothing below it is theirs any more
         was = privacy.close(home.root)
     except OSError as exc:  # not ours to change: said, and the start goes on
@@ -55,7 +56,6 @@ def build_runtime(settings: Settings) -> Runtime:
         if was is not None:
             log.warning("home_made_private", home=str(home.root), was=f"{was:o}", now="700")
     ensure_home(home)
-    router = validate(settings)
     http.preload()
     return Runtime(settings=settings, home=home, router=router)
 
