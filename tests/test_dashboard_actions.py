@@ -409,3 +409,22 @@ def test_a_running_search_blocks_neither_the_loop_nor_other_reads(
     assert [r.status_code for r in results] == [200] * app_mod.SEARCHES_AT_ONCE
     assert all(r.json()["hits"][0]["conversation_id"] == conv.id for r in results)
     assert served.dash._searches == 0
+
+
+def test_a_message_sent_past_waiting_needs_says_what_stays_unanswered(
+    home: Home, served: Served, web: httpx.Client
+) -> None:
+    conv = asking(home)  # a lookup waits for approval and a need no rule answers
+    r = web.post(
+        f"/api/conversations/{conv.id}/messages", json={"text": "never mind"}, headers=auth(served)
+    )
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert (conv.inbox / data["queued"]).read_text() == "never mind"
+    left = {(i["kind"], i["need"]) for i in data["left_unanswered"]}
+    assert left == {("approval", LOOKUP), ("need", "the schema")}
+    quiet = make_conv(home, "quiet", "Q", "A")  # nothing waits: nothing is said
+    r = web.post(
+        f"/api/conversations/{quiet.id}/messages", json={"text": "more"}, headers=auth(served)
+    )
+    assert r.status_code == 200 and r.json()["left_unanswered"] == []

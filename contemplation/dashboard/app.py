@@ -354,9 +354,15 @@ class Dashboard:
             body = await self._body(request)
         except InputRejected as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
-        return await self._call(
-            lambda: {"queued": actions.send(self.settings, self._conv(request), _text(body))}
-        )
+        def send() -> dict[str, Any]:
+            conv = self._conv(request)
+            left = [i.as_dict(conv.id, "cli") for i in self.reader.waiting(conv)]
+            # sent past what waits: the person is told what stays unanswered (CLI: --plain)
+            return {"queued": actions.send(self.settings, conv, _text(body))} | {
+                "left_unanswered": left
+            }
+
+        return await self._call(send)
 
     async def respond(self, request: Request) -> Response:
         try:

@@ -453,9 +453,10 @@ function convPage(id) {
   $("send-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     try {
-      await post(base + "/messages", { text: $("message").value });
+      const r = await post(base + "/messages", { text: $("message").value });
       $("message").value = "";
-      flash("queued");
+      const left = (r.left_unanswered || []).map((i) => i.need);
+      flash(left.length ? "queued; left unanswered: " + left.join("; ") : "queued");
     } catch (err) {
       flash("refused: " + err.message, true);
     }
