@@ -37,12 +37,12 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
+from contemplation import logstream
 from contemplation.errors import InputRejected
 from contemplation.index_rows import Facts, as_int, disk_use, header_ts, summary_row
 from contemplation.layout import (
@@ -50,12 +50,11 @@ from contemplation.layout import (
     Home,
     open_regular_stat,
     read_json_why,
-    read_regular,
-    read_to_end,
     valid_id,
 )
 from contemplation.logformat import FRAME_OPEN, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
-from contemplation.logview import log_segments, parse_segment
+from contemplation.logview import log_segments
+from contemplation.models import Block
 from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import crashpoint
 
@@ -71,7 +70,6 @@ BUSY_MS = 5000  # another process writing: wait this long for it, then read what
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
 NOTICE_AT = 500  # a refresh that reads this many folders again says so on a terminal
 BATCH = 200  # conversations indexed per transaction: a long rebuild lets others in between
-MAX_SEGMENT_BYTES = 256 << 20  # one log file read whole to index it; a larger one is named
 NO_ROOM = 64 << 10  # free bytes under which SQLite's I/O error on the index means a full disk
 SAY_EVERY_S = 60.0  # an index that cannot be written is said at most this often (a warning)
 
@@ -603,20 +601,6 @@ def forget(home: Home, ids: Iterable[str]) -> None:
 _Block = tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]
 
 
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """A conversation as its folder gives it to the index: read, parsed and compressed
-    before the database is touched."""
-
-    conv: Conv
-    archived: bool
-    keys: tuple[str, str]
-    meta: dict[str, Any]
-    blocks: list[_Block]
-    facts: Facts
-    problem: str  # what is wrong with metadata.json ("": nothing)
-
-
 def _folder_meta(conv: Conv) -> tuple[dict[str, Any], str]:
     """metadata.json as plain JSON (a few fields, no model to build), and what is wrong
     with it ("": nothing, or missing: a folder made by hand)."""
@@ -624,40 +608,81 @@ def _folder_meta(conv: Conv) -> tuple[dict[str, Any], str]:
     return meta or {}, why
 
 
-def _read(conv: Conv, archived: bool, keys: tuple[str, str]) -> _Read:
+def _rows(conv_id: str, blocks: Iterable[Block], n: int, base: int) -> list[_Block]:
+    """Blocks as rows: numbered on from ``n``, ``base`` added to their file's offsets (the
+    cursor of the file's first byte)."""
+    out: list[_Block] = []
+    for b in blocks:
+        body = _said(b.text)
+        n += 1
+        row = (conv_id, n, b.sender, b.timestamp, base + b.offset, body, b.thinking)
+        out.append((*row, _z(body), _z(b.thinking)))
+    return out
+
+
+def _indexed(
+    conn: sqlite3.Connection,
+    conv: Conv,
+    fd: int,
+    *,
+    label: str,
+    n: int,
+    base: int,
+    start: int = 0,
+) -> tuple[int, int]:
+    """One file of the log (open at ``fd``) from byte ``start`` into the index, a stretch of
+    blocks at a time (:mod:`contemplation.logstream`: a file of any size costs a bounded
+    amount of memory; a block past its bound is indexed by its first bytes, said in a log
+    line); its blocks numbered on from ``n`` at cursor ``base``. The number of the last
+    block, and the bytes read."""
+    size = 0
+    for part in logstream.stream(fd, agent_label=label, start=start):
+        rows = _rows(conv.id, part.blocks, n, base)
+        _insert(conn, rows)
+        n += len(rows)
+        size += part.size
+        for note in logstream.cut_notes(part.errors):
+            log.warning("index_block_cut", conv=conv.id, why=note)
+    return n, size
+
+
+def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
+    """A conversation's text and row, read from its folder file by file, a stretch of blocks
+    at a time: however long its log, nothing of it is skipped and little is held."""
     meta, problem = _folder_meta(conv)
     label = str(meta.get("agent_label") or "CLAUDE")
-    blocks: list[_Block] = []
-    size = agent = model = 0
-    last = ""
+    _forget(conn, conv.id)
+    n = size = 0
     for seg in log_segments(conv):
-        try:  # never through a link, never a FIFO, never a file past the bound
-            data = read_regular(seg, MAX_SEGMENT_BYTES, "the index's bound for one log file")
+        try:  # never through a link, never a FIFO
+            fd, st = open_regular_stat(seg)
         except (OSError, InputRejected) as exc:
             log.warning("index_skipped", conv=conv.id, file=seg.name, why=str(exc))
             continue
-        for b in parse_segment(data, agent_label=label).blocks:
-            at = size + b.offset  # a cursor: the block's offset in the whole conversation
-            body = _said(b.text)
-            n = len(blocks) + 1
-            blocks.append(
-                (conv.id, n, b.sender, b.timestamp, at, body, b.thinking, _z(body), _z(b.thinking))
-            )
-            if b.sender == label:
-                agent += 1
-            else:
-                model += 1
-            last = b.timestamp or last
-        size += len(data)
-    facts = Facts(len(blocks), agent, model, header_ts(last), size)
-    return _Read(conv, archived, keys, meta, blocks, facts, problem)
-
-
-def _store(conn: sqlite3.Connection, r: _Read) -> None:
-    _forget(conn, r.conv.id)
-    _insert(conn, r.blocks)
+        try:
+            n, read = _indexed(conn, conv, fd, label=label, n=n, base=size)
+        except OSError as exc:  # a read that failed half way: what was read stays indexed
+            log.warning("index_skipped", conv=conv.id, file=seg.name, why=str(exc))
+            read = st.st_size
+        finally:
+            os.close(fd)
+        size += read
     crashpoint("index_write")
-    _put_row(conn, r.conv, r.archived, keys=r.keys, meta=r.meta, facts=r.facts, problem=r.problem)
+    count, agent, last = _counted(conn, conv.id, label)
+    facts = Facts(count, agent, count - agent, header_ts(last), size)
+    _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
+
+
+def _counted(conn: sqlite3.Connection, conv_id: str, label: str) -> tuple[int, int, str]:
+    """The conversation's blocks in the index: how many, how many the agent's, and the time
+    of the last one."""
+    count, agent, last = conn.execute(
+        "SELECT count(*), coalesce(sum(sender = ?), 0), "
+        "(SELECT time FROM blocks WHERE conv = ? ORDER BY at DESC LIMIT 1) "
+        "FROM blocks WHERE conv = ?",
+        (label, conv_id, conv_id),
+    ).fetchone()
+    return int(count), int(agent), str(last or "")
 
 
 def _insert(conn: sqlite3.Connection, blocks: list[_Block]) -> None:
@@ -675,11 +700,6 @@ def _insert(conn: sqlite3.Connection, blocks: list[_Block]) -> None:
         "INSERT INTO text (rowid, body, thinking) VALUES (?, ?, ?)",
         [(first + i, b[5], b[6]) for i, b in enumerate(blocks)],
     )
-
-
-def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
-    """A conversation's text and row, read from its folder."""
-    _store(conn, _read(conv, archived, keys))
 
 
 def _grew(old: str, new: str) -> bool:
@@ -706,39 +726,24 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
     try:
         tail = conn.execute("SELECT max(at) FROM blocks WHERE conv = ?", (conv.id,)).fetchone()[0]
         start = max(int(tail if tail is not None else 0), live_start)
-        if st.st_size - (start - live_start) > MAX_SEGMENT_BYTES:
+        opening = os.pread(fd, len(FRAME_OPEN), start - live_start)
+        if opening and opening != FRAME_OPEN.encode():
             return False
-        data = read_to_end(fd, st.st_size - (start - live_start), start - live_start)
+        meta, problem = _folder_meta(conv)
+        label = str(meta.get("agent_label") or "CLAUDE")
+        conn.execute(
+            "INSERT INTO text (text, rowid, body, thinking) SELECT 'delete', id, unz(zbody), "
+            "unz(zthinking) FROM blocks WHERE conv = ? AND at >= ?",
+            (conv.id, start),
+        )
+        conn.execute("DELETE FROM blocks WHERE conv = ? AND at >= ?", (conv.id, start))
+        kept = conn.execute("SELECT count(*) FROM blocks WHERE conv = ?", (conv.id,)).fetchone()
+        _indexed(conn, conv, fd, label=label, n=kept[0], base=live_start, start=start - live_start)
     finally:
         os.close(fd)
-    if data and not data.startswith(FRAME_OPEN.encode()):
-        return False
-    meta, problem = _folder_meta(conv)
-    label = str(meta.get("agent_label") or "CLAUDE")
-    conn.execute(
-        "INSERT INTO text (text, rowid, body, thinking) SELECT 'delete', id, unz(zbody), "
-        "unz(zthinking) FROM blocks WHERE conv = ? AND at >= ?",
-        (conv.id, start),
-    )
-    conn.execute("DELETE FROM blocks WHERE conv = ? AND at >= ?", (conv.id, start))
-    kept = conn.execute("SELECT count(*) FROM blocks WHERE conv = ?", (conv.id,)).fetchone()[0]
-    new: list[_Block] = []
-    for b in parse_segment(data, agent_label=label).blocks:
-        body = _said(b.text)
-        n = kept + len(new) + 1
-        at = start + b.offset
-        new.append(
-            (conv.id, n, b.sender, b.timestamp, at, body, b.thinking, _z(body), _z(b.thinking))
-        )
-    _insert(conn, new)
     crashpoint("index_write")
-    count, agent, last = conn.execute(
-        "SELECT count(*), coalesce(sum(sender = ?), 0), "
-        "(SELECT time FROM blocks WHERE conv = ? ORDER BY at DESC LIMIT 1) "
-        "FROM blocks WHERE conv = ?",
-        (label, conv.id, conv.id),
-    ).fetchone()
-    facts = Facts(count, agent, count - agent, header_ts(last or ""), live_start + st.st_size)
+    count, agent, last = _counted(conn, conv.id, label)
+    facts = Facts(count, agent, count - agent, header_ts(last), live_start + st.st_size)
     _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
     return True
 

@@ -335,8 +335,10 @@ def test_an_append_indexes_only_the_growing_tail(
     d = by_hand(home, "growing", "2025-08-08", word="first", rounds=2)
     assert len(search_index.search(home, "first")) == 2
     whole: list[str] = []
-    real = index_db._read
-    monkeypatch.setattr(index_db, "_read", lambda conv, *a: whole.append(conv.id) or real(conv, *a))
+    real = index_db._index
+    monkeypatch.setattr(
+        index_db, "_index", lambda conn, conv, *a: whole.append(conv.id) or real(conn, conv, *a)
+    )
     with (d / "messages.log").open("a") as f:
         f.write("\n=== OLLAMA -> CLAUDE [2025-08-09 11:00:00] ===\nhalf of a gecko")
     assert [h.block for h in search_index.search(home, "gecko")] == [5]
