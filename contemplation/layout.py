@@ -21,6 +21,7 @@ from contemplation.models import Metadata, State
 CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IGNORED_SUFFIXES = (".tmp", ".part", "~", ".swp")
 LOG_NAME = "messages.log"
+JSON_MAX_BYTES = 16 << 20  # a state.json or metadata.json (any JSON file read here) past it: unread
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,9 +299,22 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def read_json_why(path: Path) -> tuple[dict[str, Any] | None, str]:
     """:func:`read_json`, and why it is None: "" for a missing file, else what is wrong with
-    it in a few words (JSON nested too deeply to read, a folder, not JSON, ...)."""
+    it in a few words (JSON nested too deeply to read, a folder, not JSON, past
+    ``JSON_MAX_BYTES``: its size is looked at before a byte is read, so a state.json of a
+    gigabyte costs nothing but the line that says it)."""
     try:
-        data = json.loads(read_regular(path))
+        fd, st = open_regular_stat(path)
+        try:
+            raw = b"" if st.st_size > JSON_MAX_BYTES else read_to_end(fd, st.st_size)
+        finally:
+            os.close(fd)
+        if st.st_size > JSON_MAX_BYTES or len(raw) > JSON_MAX_BYTES:
+            size = max(st.st_size, len(raw))
+            return None, (
+                f"{path.name} is {size} bytes, past the bound of {JSON_MAX_BYTES} bytes for "
+                "a JSON file of a conversation: not read"
+            )
+        data = json.loads(raw)
     except FileNotFoundError:
         return None, ""
     except RecursionError:  # nested deeper than the interpreter's stack: not an object of ours
