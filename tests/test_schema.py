@@ -75,7 +75,7 @@ def test_a_schema_is_json_text_or_a_file_and_a_bad_one_is_refused_with_one_line(
         "{not json": "the schema is not JSON: ",
         '["a list"]': "the schema is neither JSON nor a readable file",  # JSON text is {…}
         '{"type": 12}': "the schema is not a valid JSON Schema: 12 is not valid under any",
-        '{"type": "object", "required": "city"}': "the schema is not a valid JSON Schema: 'city' is not of type 'array'",
+        '{"type": "object", "required": "city"}': 'the schema is not a valid JSON Schema: "city" is not of type "array"',
         json.dumps(
             {"description": "x" * 200}
         ): "the schema is 218 bytes; the limit is 100 (max_schema_bytes)",
@@ -261,7 +261,7 @@ def test_a_dropped_file_with_a_bad_schema_goes_to_failed_with_the_reason(
     [kept] = [p for p in conv.failed.iterdir() if not p.name.endswith(".reason.json")]
     reason = json.loads(kept.with_name(kept.name + ".reason.json").read_text())["reason"]
     assert reason.startswith(
-        "the message's SCHEMA line is not a valid JSON Schema: 3 is not of type 'object'"
+        "the message's SCHEMA line is not a valid JSON Schema: 3 is not of type \"object\""
     )
     assert "Largest city?" in kept.read_text()
     assert (
@@ -312,7 +312,7 @@ def test_send_schema_wait_json_returns_the_parsed_object(
     refused = cli(env, "send", conv_id, "Largest city?", "--schema", '{"type": 1}', check=False)
     assert refused.returncode != 0 and refused.stdout == ""
     assert refused.stderr.strip().endswith(
-        "the schema is not a valid JSON Schema: 1 is not valid under any of the given schemas (at type)"
+        "the schema is not a valid JSON Schema: 1 is not valid under any of the schemas listed in the 'anyOf' keyword (at /type)"
     )
     assert len(refused.stderr.strip().splitlines()) == 1
     assert list(Conv(home.active / conv_id).inbox.iterdir()) == []
