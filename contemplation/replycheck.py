@@ -17,7 +17,9 @@ raises RecursionError near 1,000 levels; the engine recurses with the nesting).
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -117,7 +119,9 @@ async def checked(
     of time, or a checker that fails, is a problem that says so."""
     import asyncio  # here: the child (main) never needs it, and its start-up is paid per check
 
-    payload = json.dumps({"schema": schema, "text": text}, ensure_ascii=False).encode("utf-8")
+    payload = json.dumps(
+        {"schema": schema, "text": text, "seconds": seconds}, ensure_ascii=False
+    ).encode("utf-8")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -146,8 +150,12 @@ async def checked(
 
 
 def main() -> None:
-    """The child: the schema and the text as one JSON object on stdin, the answer on stdout."""
+    """The child: the schema and the text as one JSON object on stdin, the answer on stdout.
+    It ends itself a second after its time limit (SIGALRM, whose default ends the process
+    even while the engine holds the GIL), should the daemon that waits for it be gone."""
     data = json.loads(sys.stdin.buffer.read())
+    if hasattr(signal, "alarm"):
+        signal.alarm(math.ceil(float(data.get("seconds", CHECK_SECONDS))) + 1)
     json.dump({"problem": problem(data["text"], data["schema"])}, sys.stdout)
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -311,7 +313,16 @@ def test_a_turn_that_fails_the_same_way_twice_after_streaming_is_not_redone(
     assert model_blocks(conv)[-1].text == "Fine."
 
 
-def test_the_check_runs_in_a_child_so_the_daemon_keeps_no_engine_state(tmp_path: Path) -> None:
-    """The child is this Python with the package on its path, nothing else."""
-    assert asyncio.run(replycheck.checked('{"a": 1}', {"type": "object"})) is None
-    assert asyncio.run(replycheck.checked("[1]", {"type": "object"})) is not None
+def test_a_checker_whose_daemon_is_gone_ends_itself_after_its_time_limit() -> None:
+    """A daemon killed with SIGKILL cannot kill its checker: the child's own alarm does."""
+    payload = json.dumps({"schema": dag(40), "text": '"x"', "seconds": 1})
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "contemplation.replycheck"],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == -signal.SIGALRM, done
+    assert 1.5 < time.monotonic() - started < 10
