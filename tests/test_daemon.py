@@ -229,6 +229,30 @@ def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllam
     assert replies(only_conv(home)) == ["Echo: hello"]
 
 
+def test_an_inbox_name_that_is_not_utf8_is_answered_once(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    cli(env, "new", "bytes")
+    conv = only_conv(home)
+    with open(os.path.join(os.fsencode(conv.inbox), b"q\xff.txt"), "wb") as f:
+        f.write(b"hello")
+    for _ in range(3):  # the first run answers it; the later ones find nothing to redo
+        proc = subprocess.run(
+            [sys.executable, "-m", "contemplation", "run", "--once"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+    assert replies(conv) == ["Echo: hello"]
+    assert len(fake_ollama.chat_requests()) == 1
+    assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
+
+
 def test_run_once_waits_for_a_file_written_in_place_to_settle(
     home: Home, fake_ollama: FakeOllama
 ) -> None:

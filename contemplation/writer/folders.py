@@ -200,9 +200,10 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
 
 def claim(conv: Conv, inbox_file: Path) -> Path | None:
     """Take an inbox file by renaming it into ``processing/``; None if someone else won."""
-    claimed = (
-        conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{inbox_file.name[:80]}"
-    )
+    # a name that is not UTF-8 (bytes as surrogates) could not be written into state.json:
+    # its claim is named with those bytes escaped (\xff), so any name is claimed once
+    name = os.fsencode(inbox_file.name).decode("utf-8", "backslashreplace")[:80]
+    claimed = conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{name}"
     try:
         os.rename(inbox_file, claimed)
     except FileNotFoundError:
