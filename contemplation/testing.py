@@ -4,6 +4,9 @@ Honoured only when ``CONTEMPLATION_TESTING=1``. ``CONTEMPLATION_CRASH_AT=<point>
 SIGKILL to this process on the n-th time ``crashpoint(<point>)`` is reached (n defaults to 1).
 The points are listed in :data:`POINTS`; the crash tests enumerate them.
 
+``CONTEMPLATION_RAISE_AT=<point>``: :class:`InjectedFault` is raised every time that point is
+reached, as an unexpected bug there would (a turn that fails the same way each time it is run).
+
 ``CONTEMPLATION_COMMIT_LAG=<seconds>``: the group committer waits that long before it takes
 each batch, as a committer busy with a burst does, so that a test can make the turns that
 find their start write still queued (see ``GroupCommitter.withdraw``) happen every time.
@@ -47,12 +50,20 @@ _enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"
 _target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1") if _enabled and _target else 0
 
+_raise_at = os.environ.get("CONTEMPLATION_RAISE_AT", "") if _enabled else ""
+
+
+class InjectedFault(RuntimeError):
+    """What ``CONTEMPLATION_RAISE_AT`` raises."""
+
 
 COMMIT_LAG = float(os.environ.get("CONTEMPLATION_COMMIT_LAG", "0") or 0) if _enabled else 0.0
 
 
 def crashpoint(name: str) -> None:
     global _remaining  # noqa: PLW0603 - a process-wide countdown is the point
+    if _raise_at and name == _raise_at:
+        raise InjectedFault(f"injected fault at {name}")
     if not _remaining or name != _target:
         return
     _remaining -= 1

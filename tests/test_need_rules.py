@@ -217,6 +217,14 @@ def test_tool_calls_written_as_text_are_recognised() -> None:
     assert needrules.parse_text_tool_calls("no json here {at all") == []
 
 
+def test_a_reply_nested_past_the_json_parser_is_no_tool_call_and_no_crash() -> None:
+    call = '{"name": "read_file", "arguments": {"path": "a.py"}}'
+    deep = '{"name": ' + "[" * 100_000
+    # the call before the deep part is kept; the scan stops there instead of raising
+    assert needrules.parse_text_tool_calls(f"{call}\n{deep}") == [("read_file", {"path": "a.py"})]
+    assert needrules.parse_text_tool_calls("[" * 100_000) == []
+
+
 def test_rules_are_offered_as_tools_in_the_ollama_openai_format() -> None:
     specs = [needrules.tool_spec(r) for r in DEFAULTS.functions().values()]
     names = [s["function"]["name"] for s in specs]

@@ -274,10 +274,12 @@ def test_a_turn_that_fails_the_same_way_twice_after_streaming_is_not_redone(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
     """A reply that crashes the turn after it streamed (a tool call written as JSON nested
-    deeper than Python's parser goes) was redone at every rescan: 158 model requests for one
-    message. Now twice, then one ERROR that names the cause, and the conversation waits."""
-    fake_ollama.default_step = Step(text='{"name": "x", "arguments": ' + "[" * 100_000, chunks=4)
+    deeper than Python's parser went, fixed since; here a fault injected after the reply's
+    last token) was redone at every rescan: 158 model requests for one message. Now twice,
+    then one ERROR that names the cause, and the conversation waits."""
+    fake_ollama.default_step = Step(text="A reply.", chunks=4)
     env = base_env(home, fake_ollama, CONTEMPLATION_RESCAN_INTERVAL="0.2")
+    env |= {"CONTEMPLATION_TESTING": "1", "CONTEMPLATION_RAISE_AT": "reply_done"}
     d = daemon_factory(env, home).wait_ready()
     conv_id = cli(env, "new", "crash", "--message", "Go.").stdout.strip()
     conv = Conv(home.active / conv_id)
@@ -298,15 +300,16 @@ def test_a_turn_that_fails_the_same_way_twice_after_streaming_is_not_redone(
     blocks = model_blocks(conv)
     assert len(blocks) == 2
     [(kind, first)] = blocks[0].markers
-    assert kind is MarkerKind.INTERRUPTED and "RecursionError" in first
+    assert kind is MarkerKind.INTERRUPTED and "InjectedFault" in first
     [(kind, last)] = blocks[1].markers
-    assert kind is MarkerKind.ERROR and "RecursionError" in last and "twice" in last
+    assert kind is MarkerKind.ERROR and "InjectedFault" in last and "twice" in last
     st = read_state(conv)
     assert (
-        st is not None and st.last_error is not None and "RecursionError" in st.last_error.message
+        st is not None and st.last_error is not None and "InjectedFault" in st.last_error.message
     )
-    # the agent's next message is answered again
+    # the agent's next message is answered again (the fault gone, as a fixed bug is)
     fake_ollama.default_step = Step(text="Fine.")
+    del env["CONTEMPLATION_RAISE_AT"]
     d = daemon_factory(env, home).wait_ready()
     cli(env, "send", conv_id, "Try again.", "--wait", "--timeout", "30")
     d.stop()

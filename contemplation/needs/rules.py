@@ -393,6 +393,8 @@ def parse_text_tool_calls(
             break
         try:
             obj, end = decoder.raw_decode(text, start)
+        except RecursionError:  # nested past the parser: no call in there; nor after it
+            break
         except ValueError:
             i = start + 1
             continue
