@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests.conftest import ROOT, base_env
 from tests.mcp_http import bearer, serve
+from tests.peers import node_bin
 
 NOBODY = 65534
 
@@ -208,3 +210,49 @@ def test_print_claude_command_prints_the_line_with_the_token(home: Home) -> None
         f'--header "Authorization: Bearer {token}"\n'
     )
     assert stat.S_IMODE((home.root / ".mcp.token").stat().st_mode) == 0o600
+
+
+def test_the_real_claude_code_connects_with_the_printed_command_and_not_without_the_token(
+    home: Home, tmp_path: Path
+) -> None:
+    """The line ``--print-claude-command`` prints, run as a person would paste it: the real
+    Claude Code (npm) adds the server and its health check connects; the same server added
+    without the header, or with another token, does not."""
+    claude = node_bin("claude")
+    face = serve(home)
+    try:
+        line = subprocess.run(
+            [sys.executable, "-m", "contemplation", "mcp", "--http", str(face.port),
+             "--print-claude-command"],
+            env=base_env(home), cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert line.startswith("claude mcp add ")
+        env = {
+            "PATH": f"{claude.parent}:{os.environ.get('PATH', '')}",
+            "HOME": str(tmp_path / "claude-home"),  # Claude Code's own config stays here
+            "DISABLE_TELEMETRY": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        }
+        (tmp_path / "claude-home").mkdir()
+        project = tmp_path / "project"
+        project.mkdir()
+
+        def claude_run(*args: str) -> str:
+            proc = subprocess.run(
+                args, env=env, cwd=project, capture_output=True, text=True, timeout=120
+            )
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            return proc.stdout
+
+        claude_run("bash", "-c", line)  # as pasted into a shell
+        bare = ("claude", "mcp", "add", "--transport", "http")
+        claude_run(*bare, "tokenless", face.url)
+        claude_run(*bare, "wrong", face.url, "--header", "Authorization: Bearer " + "0" * 43)
+        listed = {
+            ln.split(":", 1)[0]: ln for ln in claude_run("claude", "mcp", "list").splitlines()
+        }
+        assert "✔ Connected" in listed["contemplation"], listed
+        assert "✔ Connected" not in listed["tokenless"], listed
+        assert "✔ Connected" not in listed["wrong"], listed
+    finally:
+        face.stop()
