@@ -67,9 +67,7 @@ if [ ! -x .peers/litellm/bin/litellm ]; then
 fi
 
 log "npm peers (.peers/node_modules)"
-if [ ! -f .peers/package.json ]; then
-  cp scripts/peers-package.json .peers/package.json
-fi
+cp scripts/peers-package.json .peers/package.json  # always: a peer added later is installed too
 (cd .peers && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 
 log "done"
