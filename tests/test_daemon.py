@@ -238,16 +238,7 @@ def test_an_inbox_name_that_is_not_utf8_is_answered_once(
     with open(os.path.join(os.fsencode(conv.inbox), b"q\xff.txt"), "wb") as f:
         f.write(b"hello")
     for _ in range(3):  # the first run answers it; the later ones find nothing to redo
-        proc = subprocess.run(
-            [sys.executable, "-m", "contemplation", "run", "--once"],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert "Traceback" not in proc.stderr, proc.stderr
+        assert "Traceback" not in cli(env, "run", "--once", timeout=30).stderr
     assert replies(conv) == ["Echo: hello"]
     assert len(fake_ollama.chat_requests()) == 1
     assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
