@@ -23,14 +23,19 @@ this one function. The rules:
 * The source is only read (under its lock, taken without waiting and shared: forks made at
   the same moment read together, each sees no writer and takes every finished block); an
   archived one is forked alike and stays in ``completed/``.
+* The source's log is read block by block (:mod:`contemplation.logstream`) and only what
+  the blocks say of the exchange is kept (their needs, answers and markers, not their text);
+  its bytes are copied file to file. So a fork's memory does not grow with the log's size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from contemplation import logstream
 from contemplation.conversation import next_action, unanswered
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
@@ -40,12 +45,11 @@ from contemplation.layout import (
     processing_entries,
     read_metadata,
     read_state,
-    read_to_end,
 )
-from contemplation.logview import log_segments, parse_segment, segment_inodes
+from contemplation.logview import log_segments, segment_inodes
 from contemplation.models import APPROVALS_KEY, Block, Metadata, Status
 from contemplation.writer.files import conv_lock, now_iso
-from contemplation.writer.forking import Segment, build_fork
+from contemplation.writer.forking import Head, Segment, build_fork, source_fd
 
 FORKED_FROM = "forked_from"  # metadata.json: {"id": the source's id, "block": N}
 NEED_HINT_SCAN = 1000  # blocks after N looked at for the first one past a NEED exchange
@@ -54,7 +58,7 @@ NEED_HINT_SCAN = 1000  # blocks after N looked at for the first one past a NEED 
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One file of the source's log as it was read: rotated segments oldest first, then
-    the live ``messages.log``."""
+    the live ``messages.log``. Its blocks carry no text (see :func:`_bare`)."""
 
     segment: Segment
     blocks: tuple[Block, ...]
@@ -161,8 +165,8 @@ def snapshot(conv: Conv) -> Snapshot:
 
 
 def _read_pieces(conv: Conv, label: str, *, locked: bool) -> tuple[Piece, ...]:
-    """Every file of the log, read once; without the lock, again if a rotation ran
-    meanwhile (the segments' inodes changed)."""
+    """Every file of the log, read once, block by block; without the lock, again if a
+    rotation ran meanwhile (the segments' inodes changed)."""
     pieces: list[Piece] = []
     for _ in range(20):
         before = segment_inodes(conv)
@@ -172,16 +176,25 @@ def _read_pieces(conv: Conv, label: str, *, locked: bool) -> tuple[Piece, ...]:
                 fd, st = open_regular_stat(path)
             except FileNotFoundError:
                 continue
+            blocks: list[Block] = []
+            size = 0
             try:
-                data = read_to_end(fd, st.st_size)
+                for part in logstream.stream(fd, agent_label=label):
+                    blocks.extend(_bare(b) for b in part.blocks)
+                    size += part.size
             finally:
                 os.close(fd)
-            blocks = parse_segment(data, agent_label=label).blocks
-            pieces.append(Piece(Segment(path, st.st_ino, data), blocks, start))
-            start += len(data)
+            pieces.append(Piece(Segment(path, st.st_ino, size), tuple(blocks), start))
+            start += size
         if locked or segment_inodes(conv) == before:
             break
     return tuple(pieces)
+
+
+def _bare(b: Block) -> Block:
+    """A block as a fork needs it: where it is and what it says of the exchange (needs,
+    answers, markers), without its text, which a long log could not hold."""
+    return dataclasses.replace(b, text="", thinking="")
 
 
 def choose(snap: Snapshot, at: int | None, offset: int | None = None) -> int:
@@ -242,17 +255,33 @@ def _refuse_open_needs(snap: Snapshot, at: int) -> None:
     )
 
 
-def cut(snap: Snapshot, n: int) -> tuple[bytes, list[Segment]]:
-    """The fork's live log (the file that holds block ``n``, up to its end) and the rotated
-    segments before that file, taken whole."""
+def cut(snap: Snapshot, n: int) -> tuple[Head, list[Segment]]:
+    """The fork's live log (the file that holds block ``n``, up to its end less its blank
+    lines, and one newline) and the rotated segments before that file, taken whole."""
     count = 0
     for i, p in enumerate(snap.pieces):
         if count + len(p.blocks) >= n:
             end = p.blocks[n - count - 1].end
-            data = p.segment.data[:end].rstrip(b"\n") + b"\n"
-            return data, [q.segment for q in snap.pieces[:i]]
+            return Head(p.segment, _unblank(p.segment, end)), [q.segment for q in snap.pieces[:i]]
         count += len(p.blocks)
     raise InputRejected(f"block {n} is past the end: {snap.conv.id} has {count} block(s)")
+
+
+def _unblank(seg: Segment, end: int) -> int:
+    """How many of the first ``end`` bytes of the segment come before its trailing newlines
+    (read backwards a little at a time, never the whole file)."""
+    fd = source_fd(seg)
+    try:
+        while end > 0:
+            step = min(end, 1 << 16)
+            window = os.pread(fd, step, end - step)
+            kept = len(window.rstrip(b"\n"))
+            if kept or len(window) < step:
+                return end - step + kept
+            end -= step
+        return 0
+    finally:
+        os.close(fd)
 
 
 def _status(blocks: tuple[Block, ...]) -> Status:

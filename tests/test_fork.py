@@ -19,6 +19,7 @@ import httpx
 import pytest
 from mcp import Client
 
+from contemplation import fork as fork_mod
 from contemplation import mcp_server
 from contemplation import settings as settings_mod
 from contemplation.layout import Conv, Home, list_conversations, read_metadata, read_state
@@ -307,6 +308,37 @@ def test_a_fork_takes_segments_attachments_and_nothing_in_flight(
     assert (st.turns, st.messages_processed, st.status) == (4, 4, Status.IDLE)
     # the cursor space: each block's offset is where the source has it
     assert [s.size for s in segments(new)][:2] == [s.size for s in segments(src)][:2]
+
+
+def test_a_rotation_after_the_fork_read_its_source_is_followed_by_inode(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork copies the source's files after it read them (it never holds their bytes):
+    a rotation in between renames every file of the log and starts a new one. The fork finds
+    each file by the inode it read, so it holds the blocks it chose and nothing after them."""
+    src = make(home, "rotating")
+    for i in range(1, 4):  # messages.1.log: blocks 1-4, messages.log: blocks 5-6
+        say(src, f"question {i}", f"answer {i}", n=i, rotate=i == 2)
+    before = blocks(src)
+    real = fork_mod.choose
+
+    def choose_then_rotate(snap: fork_mod.Snapshot, at: int | None, offset: int | None) -> int:
+        n = real(snap, at, offset)
+        with open_writer(src) as w:
+            w.rotate()
+        say(src, "question 4", "answer 4", n=4)  # in the new messages.log
+        return n
+
+    monkeypatch.setattr(fork_mod, "choose", choose_then_rotate)
+    made = fork_mod.fork(home, src, durable=False)
+    assert made.block == len(before) == 6
+    assert shape(blocks(made.conv)) == shape(before)
+    assert [p.name for p in log_segments(src)][:2] == ["messages.2.log", "messages.1.log"]
+    assert (made.conv.dir / "messages.1.log").stat().st_ino == (
+        src.dir / "messages.2.log"
+    ).stat().st_ino  # the segment it read, linked where the rotation put it
+    st = read_state(made.conv)
+    assert st is not None and (st.turns, st.messages_processed) == (3, 3)
 
 
 @pytest.mark.parametrize("point", FORK_POINTS)

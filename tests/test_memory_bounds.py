@@ -96,6 +96,32 @@ def test_indexing_a_200_mb_log_keeps_memory_flat(home: Home) -> None:
     assert "conv_" not in cli(env, "search", "quokka").stdout  # past the block's bound
 
 
+def test_forking_a_200_mb_conversation_keeps_memory_flat(home: Home) -> None:
+    """``fork`` of a 200 MB conversation (a block of 40 MB in it) grows the process by less
+    than GROWTH_BOUND_MB over a fork of one exchange: the log is read block by block and
+    copied file to file, and the fork's state is counted the same way. The fork holds every
+    byte up to its last block."""
+    env = base_env(home, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    small, big = made(env, home, "small", "big")
+    with open_writer(small) as w:
+        r = w.reply("OLLAMA", "CLAUDE", "r1")
+        r.content("an answer")
+        r.finish()
+    one, _ = peak_rss_kib(env, "fork", small.id)
+    long_block = block("OLLAMA", "CLAUDE", 59, "okapi\n" + ("x" * 99 + "\n") * (40 * MB // 100))
+    blocks = write_big_log(big.log, LOG_MB * MB, long_block)
+    peak, said = peak_rss_kib(env, "fork", big.id)
+    growth_mb = (peak - one) / 1024
+    assert growth_mb < GROWTH_BOUND_MB, f"a fork of {LOG_MB} MB grew by {growth_mb:.0f} MB"
+    (forked,) = [c for c in home.active.iterdir() if "_big" in c.name and c.name != big.id]
+    with big.log.open("rb") as f:  # the source's last block, less its blank lines, and "\n"
+        f.seek(-64, 2)
+        blank = 64 - len(f.read().rstrip(b"\n")) - 1
+    assert (forked / "messages.log").stat().st_size == big.log.stat().st_size - blank, said
+    state = json.loads((forked / "state.json").read_text())
+    assert state["turns"] + state["messages_processed"] == blocks, state
+
+
 def made(env: dict[str, str], home: Home, *topics: str) -> list[Conv]:
     out = []
     for topic in topics:

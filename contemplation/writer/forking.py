@@ -4,6 +4,9 @@ What to put in it (which blocks, which segments, the metadata) is decided by
 :mod:`contemplation.fork`; this module only writes. A crash (a SIGKILL included) before the
 rename leaves a hidden ``.fork-<pid>-<rand>`` folder that no face lists and no daemon takes,
 removed by the next fork in the same home; after it, a whole conversation.
+
+The source's files are copied file to file (``copy_file_range``, else a chunk at a time) or
+hard-linked, never read into memory: a fork of a log of any size holds a chunk of it at most.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contemplation.errors import InputRejected
-from contemplation.layout import Conv, Home, list_folder, slugify
+from contemplation.layout import LOG_NAME, Conv, Home, list_folder, slugify
 from contemplation.models import Metadata, Status
 from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import crashpoint
@@ -33,29 +36,68 @@ STALE_STAGING_SECONDS = 24 * 3600.0  # a staging folder of a live pid this old i
 NAMES_TRIED = 1000  # conv_<stamp>_<slug>, -2, -3, ...
 
 
+COPY_CHUNK = 1 << 20  # bytes copied at once where the kernel cannot copy file to file
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A rotated segment a fork takes whole: its path and inode when it was read, and the
-    bytes read (written instead of a link when the name no longer holds that file)."""
+    """A file of the source's log as the fork read it: its path, its inode (the file is
+    found by it when a rotation renamed it since) and the bytes read."""
 
     path: Path
     ino: int
-    data: bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The fork's live log: the first ``length`` bytes of ``segment``, and a newline."""
+
+    segment: Segment
+    length: int
+
+
+def source_fd(seg: Segment) -> int:
+    """A descriptor open for reading on the file the fork read as ``seg`` (see
+    :func:`_names`)."""
+    for path in _names(seg):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        if os.fstat(fd).st_ino == seg.ino:
+            return fd
+        os.close(fd)
+    raise InputRejected(f"{seg.path.name} of {seg.path.parent.name} is gone since it was read")
+
+
+def _names(seg: Segment) -> list[Path]:
+    """Where the file read as ``seg`` may be now: its name, then (a rotation renames the
+    log's files) every file of the log in its folder."""
+    out = [seg.path]
+    with contextlib.suppress(OSError):
+        out += [seg.path.parent / n for n in sorted(os.listdir(seg.path.parent)) if _log_file(n)]
+    return out
+
+
+def _log_file(name: str) -> bool:
+    return name == LOG_NAME or (name.startswith("messages.") and name.endswith(".log"))
 
 
 def build_fork(
     home: Home,
     meta: Metadata,
     *,
-    log: bytes,
+    log: Head,
     segments: Sequence[Segment] = (),
     attachments: Path | None = None,
     status: Status = Status.PENDING,
     durable: bool = True,
 ) -> Conv:
-    """Make a new conversation in ``active/`` whose ``messages.log`` is ``log`` and whose
-    rotated segments are ``segments`` (oldest first: they become ``messages.N.log`` …
-    ``messages.1.log``, hard-linked, copied where a link cannot be made). ``attachments``: a
+    """Make a new conversation in ``active/`` whose ``messages.log`` is ``log`` (the head
+    of a file of the source's log, copied) and whose rotated segments are
+    ``segments`` (oldest first: they become ``messages.N.log`` … ``messages.1.log``,
+    hard-linked, copied where a link cannot be made). ``attachments``: a
     folder copied (linked) as ``attachments/``. The state is rebuilt from that log, with
     ``status``; ``meta``'s id is the folder's name, made from its topic.
 
@@ -77,7 +119,7 @@ def build_fork(
 def _stage(  # noqa: PLR0917 - the parts of one folder
     conv: Conv,
     meta: Metadata,
-    log: bytes,
+    log: Head,
     segments: Sequence[Segment],
     attachments: Path | None,
     status: Status,
@@ -85,7 +127,7 @@ def _stage(  # noqa: PLR0917 - the parts of one folder
     durable: bool,
 ) -> None:
     """The fork's files under its dot-name: log, segments, attachments, state."""
-    _write_new(conv.log, log, durable=durable)
+    _copy_new(conv.log, log.segment, log.length, durable=durable, then=b"\n")
     for n, seg in enumerate(reversed(segments), start=1):  # the newest is messages.1.log
         _place_segment(seg, conv.dir / f"messages.{n}.log", durable=durable)
     if attachments is not None and attachments.is_dir():
@@ -146,26 +188,63 @@ def remove_stale_staging(home: Home) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _write_new(path: Path, data: bytes, *, durable: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(path, flags, FILE_MODE)
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _copy_new(path: Path, seg: Segment, length: int, *, durable: bool, then: bytes = b"") -> None:
+    """A new file at ``path``: the first ``length`` bytes of the file read as ``seg``
+    (copied by the kernel, or a chunk at a time), and ``then``."""
+    src = source_fd(seg)
     try:
-        write_all(fd, data)
-        if durable:
-            os.fsync(fd)
+        fd = os.open(path, _NEW_FILE, FILE_MODE)
+        try:
+            _copy_range(src, fd, length, seg)
+            write_all(fd, then)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(src)
+
+
+def _copy_range(src: int, dst: int, length: int, seg: Segment) -> None:
+    """Bytes 0..``length`` of ``src`` appended to ``dst``, never more than a chunk of them
+    in memory (none where the kernel copies file to file)."""
+    done = 0
+    fast = hasattr(os, "copy_file_range")
+    while done < length:
+        want = min(length - done, COPY_CHUNK if not fast else 1 << 30)
+        n = 0
+        if fast:
+            try:
+                n = os.copy_file_range(src, dst, want, done)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                fast = False
+                continue
+        else:
+            chunk = os.pread(src, want, done)
+            write_all(dst, chunk)
+            n = len(chunk)
+        if n == 0:
+            raise InputRejected(f"{seg.path.name} got shorter while it was forked")
+        done += n
 
 
 def _place_segment(seg: Segment, dst: Path, *, durable: bool) -> None:
-    """A hard link to the segment if its name still holds the file that was read (a
-    rotation renames segments, never writes them), else the bytes that were read."""
-    with contextlib.suppress(OSError):
-        os.link(seg.path, dst, follow_symlinks=False)
-        if os.stat(dst, follow_symlinks=False).st_ino == seg.ino:
-            return
-        os.unlink(dst)
-    _write_new(dst, seg.data, durable=durable)
+    """A hard link to the file that was read, under whichever name it has now (a rotation
+    renames segments, never writes them), else a copy of it."""
+    for path in _names(seg):
+        with contextlib.suppress(OSError):
+            if os.stat(path, follow_symlinks=False).st_ino != seg.ino:
+                continue
+            os.link(path, dst, follow_symlinks=False)
+            if os.stat(dst, follow_symlinks=False).st_ino == seg.ino:
+                return
+            os.unlink(dst)
+    _copy_new(dst, seg, seg.size, durable=durable)
 
 
 def _link_or_copy(src: Path, dst: Path, *, durable: bool) -> None:

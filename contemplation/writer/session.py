@@ -17,17 +17,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contemplation import logformat
+from contemplation import logformat, logstream
 from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
     Seen,
     list_folder,
+    open_regular_stat,
     processing_entries,
     read_metadata,
     read_state,
 )
-from contemplation.logview import LogView, log_segments
+from contemplation.logview import log_segments
 from contemplation.models import (
     ApprovalRequest,
     ErrorInfo,
@@ -695,10 +696,25 @@ def rebuild_state(conv: Conv, meta: Metadata, listing: list[str] | None = None) 
     if (info is None or not info.st_size) and not log_segments(conv, lambda: names)[:-1]:
         st.log = LogIdentity(ino=info.st_ino if info is not None else 0, size=0)
         return st  # no log or an empty one, and no rotated segments: nothing to count
-    view = LogView(conv, meta.agent_label, locked=True)
-    result = view.refresh(names=lambda: names)  # rotated segments included
-    st.log = LogIdentity(ino=view.ino, size=view.live.size)
-    st.turns = sum(1 for b in result.blocks if b.kind.value == "model" and not b.interrupted)
-    st.messages_processed = sum(1 for b in result.blocks if b.kind.value == "agent")
-    st.parse_errors = list(result.errors)[:20]
+    for path in log_segments(conv, lambda: names):  # rotated segments, then the live log
+        live = path == conv.log
+        try:
+            fd, info = open_regular_stat(path)
+        except (FileNotFoundError, InputRejected):
+            if live and os.path.lexists(path):
+                raise  # a live log that is a link or a FIFO: not a log to count
+            continue
+        size = 0
+        errors: list[str] = []
+        try:  # block by block: a log of any size is counted in bounded memory
+            for part in logstream.stream(fd, agent_label=meta.agent_label):
+                st.turns += sum(b.kind.value == "model" and not b.interrupted for b in part.blocks)
+                st.messages_processed += sum(b.kind.value == "agent" for b in part.blocks)
+                size += part.size
+                errors.extend(part.errors[: 20 - len(errors)])
+        finally:
+            os.close(fd)
+        if live:
+            st.log = LogIdentity(ino=info.st_ino, size=size)
+            st.parse_errors = errors
     return st
