@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,8 +194,11 @@ def _read_pieces(conv: Conv, label: str, *, locked: bool) -> tuple[Piece, ...]:
 
 def _bare(b: Block) -> Block:
     """A block as a fork needs it: where it is and what it says of the exchange (needs,
-    answers, markers), without its text, which a long log could not hold."""
-    return dataclasses.replace(b, text="", thinking="")
+    answers, markers), without its text, which a long log could not hold (its labels shared
+    with every other block's: a few hundred bytes a block)."""
+    return dataclasses.replace(
+        b, text="", thinking="", sender=sys.intern(b.sender), recipient=sys.intern(b.recipient)
+    )
 
 
 def choose(snap: Snapshot, at: int | None, offset: int | None = None) -> int:
