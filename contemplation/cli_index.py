@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 import click
 
 from contemplation import show
-from contemplation.cli_common import ctx_home, emit, json_option
+from contemplation.cli_common import ctx_home, ctx_settings, emit, json_option
 from contemplation.exits import EXIT_ERROR
+from contemplation.layout import Home
 from contemplation.terminal import safe
 
 if TYPE_CHECKING:
@@ -47,8 +48,9 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     limit: int,
     as_json: bool,
 ) -> None:
-    """Search the text of every conversation (FTS5 syntax: words, "a phrase", OR, prefix*);
-    best matches first, the newest conversation first on ties."""
+    """Search the text of every conversation (words, "a phrase", OR, NOT, prefix* of 3
+    letters or more); best matches first, the newest conversation first on ties. A search
+    runs at most search_seconds (10 s): then it says it was cut."""
     from contemplation import search_index
 
     filters = search_index.Filters(
@@ -58,17 +60,19 @@ def search(  # noqa: PLR0917 - click passes every option positionally
         status=status.strip().lower(),
         since=search_index.since_bound(since),
     )
-    hits = search_index.search(ctx_home(ctx), query, filters, limit)
+    s = ctx_settings(ctx)
+    found = search_index.find(Home(s.home), query, filters, limit, seconds=s.search_seconds)
+    hits = found.hits
     if as_json:
         for h in hits:
             click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
-        return
-    if not hits:
+    elif not hits and not found.cut:
         click.echo(f"no block matches {query!r}", err=True)
-        return
-    for h in hits:
+    for h in () if as_json else hits:
         where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
         click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))
+    if found.cut:  # after what was found: the last line a person reads
+        click.echo(found.cut, err=True)
 
 
 @click.command()

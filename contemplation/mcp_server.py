@@ -436,7 +436,11 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
     @_errors_as_tool_errors
     def conversation_search(  # noqa: PLR0917 - the SDK passes the arguments by name
         query: Annotated[
-            str, Field(description='words, "a phrase", a OR b, prefix* (FTS5 syntax)')
+            str,
+            Field(
+                description='words, "a phrase", a OR b, a NOT b, prefix* (3 letters or more); '
+                "at most 1 KB"
+            ),
         ],
         archived: Annotated[bool, Field(description="search archived conversations too")] = False,
         model: Annotated[str, Field(description='only this model ("name" or "backend/name")')] = "",
@@ -449,7 +453,8 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         limit: Annotated[int, Field(ge=1, le=50, description="hits at most")] = 10,
     ) -> str:
         """Search the text of every conversation; best matches first, each with the
-        conversation, block and a snippet with the match marked «…»."""
+        conversation, block and a snippet with the match marked «…». A search runs at most
+        search_seconds: then "cut" says so, with the best hits found in time."""
         from contemplation import search_index
 
         filters = search_index.Filters(
@@ -458,8 +463,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             status=status.strip().lower(),
             since=search_index.since_bound(since),
         )
-        hits = search_index.search(faces.home, query, filters, limit)
-        return _json({"hits": [h.as_dict() for h in hits], "count": len(hits)})
+        found = search_index.find(
+            faces.home, query, filters, limit, seconds=settings.search_seconds
+        )
+        return _json(found.as_dict())
 
     @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
     @_errors_as_tool_errors

@@ -5,8 +5,13 @@ conversation made or edited by hand is found without a restart.
 
 Blocks are indexed with their text (headers and framing left out, as the parser gives it) and
 their thinking in a column of its own, searched only when asked. Ranking is FTS5's bm25,
-newest activity first on ties. FTS5 query syntax passes through; a query it rejects is tried
-again as a phrase.
+newest activity first on ties. The query is parsed (:mod:`contemplation.search_query`): its
+words are always text, never a column filter; a query FTS5 rejects is tried again as a phrase.
+
+Every search is bounded (:class:`Bound`): the query is interrupted past ``search_seconds``
+(or when its caller cancels it), and the snippets are made by :mod:`contemplation.snippets`
+from a bounded stretch of each block, so no block's size or number of matches holds it up.
+A cut search keeps the best hits found in time and says so in one line (:attr:`Found.cut`).
 """
 
 from __future__ import annotations
@@ -14,16 +19,20 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from contemplation import index_db, index_rows
+from contemplation import index_db, index_rows, search_query, snippets
 from contemplation.errors import InputRejected
 from contemplation.layout import Home
 from contemplation.listing import Query
 
 MAX_LIMIT = 200
+SEARCH_SECONDS = 10.0  # the default bound of one search (settings: search_seconds)
+PROGRESS_STEPS = 200  # SQLite's steps between two looks at the bound (well under 1 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,37 +88,125 @@ _PLAIN = re.compile(r"[^\W_]+(?:\s+[^\W_]+)*", re.UNICODE)
 
 def as_typed(query: str) -> str:
     """A search box's query as typed: plain words each match as a prefix ("quok" finds
-    "quokkas" while it is typed); anything else is FTS5 syntax and passes through."""
+    "quokkas" while it is typed), a word shorter than a prefix may be as itself; anything else
+    is the search syntax (:mod:`contemplation.search_query`) and passes through."""
     q = query.strip()
-    if _PLAIN.fullmatch(q) and not ({"AND", "OR", "NOT", "NEAR"} & set(q.split())):
-        return " ".join(w + "*" for w in q.split())
+    if _PLAIN.fullmatch(q) and not (search_query.OPERATORS & set(q.split())):
+        return " ".join(w + "*" if len(w) >= search_query.MIN_PREFIX else w for w in q.split())
     return q
 
 
+class Bound:
+    """How long a search may run: until ``seconds`` have passed or ``cancel`` is set (the
+    dashboard's client went away, the server stops). Asked by SQLite every few hundred steps
+    of the query (a progress handler: a true answer interrupts it) and between snippets."""
+
+    def __init__(self, seconds: float, cancel: threading.Event | None = None) -> None:
+        self.seconds = seconds
+        self.cancel = cancel
+        self.started = time.monotonic()
+        self.until = self.started + seconds
+
+    def over(self) -> bool:
+        return time.monotonic() >= self.until or (self.cancel is not None and self.cancel.is_set())
+
+    def why(self, found: int) -> str:
+        """The line a cut search says (with ``found`` hits kept, the best ones)."""
+        if self.cancel is not None and self.cancel.is_set():
+            return "search cancelled"
+        kept = f"the {found} best hit(s) found in time" if found else "no hit found in time"
+        return (
+            f"search cut after {self.seconds:g} s: {kept}; narrow it (more words, a longer "
+            "prefix, --since, --model) or raise search_seconds"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A search's hits, best first, and ``cut``: why there may be more ("": there are not)."""
+
+    hits: list[Hit]
+    cut: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hits": [h.as_dict() for h in self.hits], "count": len(self.hits)}
+        if self.cut:
+            out["cut"] = self.cut
+        return out
+
+
 def search(home: Home, query: str, filters: Filters | None = None, limit: int = 20) -> list[Hit]:
-    """The blocks that match ``query``, best first (bm25), newest conversation first on ties.
-    FTS5 syntax passes through; a query FTS5 rejects is searched as a phrase of its words."""
-    if not query.strip():
-        raise InputRejected("the search needs a query")
+    """:func:`find`'s hits, within the default bound."""
+    return find(home, query, filters, limit).hits
+
+
+def find(
+    home: Home,
+    query: str,
+    filters: Filters | None = None,
+    limit: int = 20,
+    *,
+    seconds: float = SEARCH_SECONDS,
+    cancel: threading.Event | None = None,
+) -> Found:
+    """The blocks that match ``query``, best first (bm25), newest conversation first on ties,
+    within ``seconds`` (or until ``cancel``): past that, the best hits found so far and the
+    line that says it was cut. The query is :mod:`contemplation.search_query`'s (refused in
+    one line: too long, a prefix too short); a query FTS5 rejects is searched as a phrase of
+    its words. The index is brought up to date first, outside the bound."""
+    parsed = search_query.parse(query)
     f = filters or Filters()
     limit = min(max(int(limit), 1), MAX_LIMIT)
 
-    def run(conn: sqlite3.Connection) -> list[Hit]:
+    def run(conn: sqlite3.Connection) -> Found:
+        bound = Bound(seconds, cancel)
+        conn.set_progress_handler(bound.over, PROGRESS_STEPS)
         try:
-            return _run(conn, query, f, limit)
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc):
-                raise
-            phrase = '"' + query.replace('"', '""') + '"'  # not FTS5 syntax: the words as said
-            try:
-                return _run(conn, phrase, f, limit)
-            except sqlite3.OperationalError as again:
-                raise InputRejected(f"cannot search for {query!r}: {again}") from None
+            return _bounded(conn, parsed, f, limit, bound)
+        finally:
+            conn.set_progress_handler(None, 0)
 
     return index_db.read(home, run)
 
 
-def _run(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[Hit]:
+def _bounded(
+    conn: sqlite3.Connection, parsed: search_query.Parsed, f: Filters, limit: int, bound: Bound
+) -> Found:
+    """The ranked blocks (the query, interrupted past the bound), then a snippet of each
+    while time is left."""
+    if bound.over():
+        return Found([], bound.why(0))
+    try:
+        try:
+            rows = _ranked(conn, parsed.expression, f, limit)
+        except sqlite3.OperationalError as exc:
+            if bound.over() or "locked" in str(exc):
+                raise
+            try:  # the words as said
+                rows = _ranked(conn, parsed.as_phrase, f, limit)
+            except sqlite3.OperationalError as again:
+                if bound.over():
+                    raise
+                raise InputRejected(f"cannot search for that: {again}") from None
+    except sqlite3.OperationalError:
+        if bound.over():  # interrupted by the bound: never an error of the index
+            return Found([], bound.why(0))
+        raise
+    marks = snippets.Marks(parsed.pattern(), parsed.needles())
+    columns = ("zbody", "zthinking") if f.thinking else ("zbody",)
+    hits: list[Hit] = []
+    for r in rows:
+        if bound.over():
+            return Found(hits, bound.why(len(hits)))
+        snip = snippets.of_block(conn, r[0], marks, bound.over, columns)
+        hits.append(Hit(r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], snip, r[8]))
+    return Found(hits)
+
+
+def _ranked(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[Any]:
+    """The best ``limit`` blocks' ids and where they are (no snippet: FTS5's takes time that
+    grows with the square of a block's matches, 12 s for 160 KB of one word, and cannot be
+    interrupted)."""
     columns = "{body thinking}" if f.thinking else "{body}"
     archived = f.status == "archived"
     scope = "archived" if archived else "all" if f.archived else "active"
@@ -120,12 +217,10 @@ def _run(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[H
     if f.since:
         where.append("b.time >= ?")
         args.append(f.since)
-    rows = conn.execute(
-        "SELECT b.conv, c.topic, c.archived, c.status, b.block, b.sender, b.time, "
-        "snippet(text, -1, '«', '»', '…', 16), b.at "  # about 16 words around the match
+    return conn.execute(
+        "SELECT b.id, b.conv, c.topic, c.archived, c.status, b.block, b.sender, b.time, b.at "
         "FROM text JOIN blocks b ON b.id = text.rowid JOIN convs c ON c.id = b.conv "
         f"WHERE {' AND '.join(where)} "
         "ORDER BY bm25(text), c.last_ts DESC LIMIT ?",
         (*args, limit),
     ).fetchall()
-    return [Hit(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows]

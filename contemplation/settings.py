@@ -262,6 +262,9 @@ class Settings(BaseSettings):
     default_template: str = "default"
     rescan_interval: float = Field(5.0, gt=0)
     settle_seconds: float = Field(1.0, ge=0, description="quiet time before a naive write counts")
+    search_seconds: float = Field(
+        10.0, gt=0, le=3600, description="the longest a full-text search runs before it is cut"
+    )
     max_message_bytes: int = Field(2 * 1024 * 1024, ge=1)
     max_reply_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)

@@ -377,14 +377,14 @@ def test_a_running_search_blocks_neither_the_loop_nor_other_reads(
     conv = make_conv(home, "held", "Q", "the held needle")
     started = threading.Semaphore(0)
     release = threading.Event()
-    real = search_index.search
+    real = search_index.find
 
-    def held(*args: Any, **kwargs: Any) -> list[search_index.Hit]:
+    def held(*args: Any, **kwargs: Any) -> search_index.Found:
         started.release()
         assert release.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(app_mod.search_index, "search", held)
+    monkeypatch.setattr(app_mod.search_index, "find", held)
     results: list[httpx.Response] = []
 
     def search() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
+import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -42,6 +43,8 @@ from contemplation.models import CANCELLABLE
 from contemplation.reading import Reader
 from contemplation.settings import Settings
 from contemplation.writer import daemon_alive
+
+log = structlog.get_logger("contemplation.dashboard")
 
 STATIC = Path(__file__).parent / "static"
 HEARTBEAT = 15.0
@@ -206,18 +209,45 @@ class Dashboard:
                 headers={"retry-after": "1"},
             )
         self._searches += 1
+        cancel = threading.Event()  # the browser went away, or the server stops
         try:
             filters = search_index.Filters(archived=True)
             typed = search_index.as_typed(query)
-            hits = await anyio.to_thread.run_sync(
-                lambda: search_index.search(self.home, typed, filters, SEARCH_HITS)
-            )
+            seconds = self.settings.search_seconds
+            watch = asyncio.ensure_future(self._cancel_when_gone(request, cancel))
+            try:
+                found = await anyio.to_thread.run_sync(
+                    lambda: search_index.find(
+                        self.home, typed, filters, SEARCH_HITS, seconds=seconds, cancel=cancel
+                    )
+                )
+            finally:
+                watch.cancel()
         except InputRejected as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         finally:
             self._searches -= 1
-        data = {"hits": [h.as_dict() for h in hits], "count": len(hits)}
-        return JSONResponse(data, headers={"cache-control": "no-store"})
+        if cancel.is_set() and found.cut:
+            log.info("search_cancelled", query=query[:80], why=found.cut)
+        return JSONResponse(found.as_dict(), headers={"cache-control": "no-store"})
+
+    async def _cancel_when_gone(self, request: Request, cancel: threading.Event) -> None:
+        """Set ``cancel`` once the client has gone (a newer keystroke aborted its fetch: the
+        server is told the connection closed) or the server stops: the search's thread then
+        ends within a millisecond, its slot free, instead of running to its bound."""
+        stopping = asyncio.ensure_future(self.stop.wait())
+        told: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                told = asyncio.ensure_future(request.receive())  # a GET's: only its end
+                await asyncio.wait({told, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if stopping.done() or told.result()["type"] == "http.disconnect":
+                    cancel.set()
+                    return
+        finally:
+            stopping.cancel()
+            if told is not None:
+                told.cancel()
 
     async def conversation(self, request: Request) -> Response:
         def detail() -> dict[str, Any]:

@@ -186,7 +186,7 @@ function renderHit(h) {
 
 function renderHits(data) {
   $("text-note").textContent = data.count + " block" + (data.count === 1 ? "" : "s") +
-    " · best first" + (data.count >= 50 ? " · the first 50" : "");
+    " · best first" + (data.count >= 50 ? " · the first 50" : "") + (data.cut ? " · " + data.cut : "");
   $("text-hits").replaceChildren(...data.hits.map(renderHit));
   $("text-results").hidden = false;
 }
