@@ -22,6 +22,9 @@ CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IGNORED_SUFFIXES = (".tmp", ".part", "~", ".swp")
 LOG_NAME = "messages.log"
 JSON_MAX_BYTES = 16 << 20  # a state.json or metadata.json (any JSON file read here) past it: unread
+# bytes asked of one read: Linux gives at most 0x7ffff000 at once, so a read that gives less
+# than it was asked for proves the end of a file only when it asked for less than that
+MAX_READ = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +211,9 @@ def open_regular_stat(path: Path) -> tuple[int, os.stat_result]:
 def read_to_end(fd: int, expected: int, offset: int = 0) -> bytes:
     """Read a descriptor from ``offset`` to the end, by position (the descriptor's own offset
     is neither used nor moved): one read when ``expected`` bytes are left (asking one byte
-    more proves the end), more when the file grew."""
-    want = max(expected, 0) + 1
+    more proves the end), more when the file grew or is longer than ``MAX_READ``."""
+    left = max(expected, 0) + 1
+    want = min(left, MAX_READ)
     parts: list[bytes] = []
     while True:
         chunk = os.pread(fd, want, offset)
@@ -217,7 +221,8 @@ def read_to_end(fd: int, expected: int, offset: int = 0) -> bytes:
         if len(chunk) < want:
             return parts[0] if len(parts) == 1 else b"".join(parts)
         offset += len(chunk)
-        want = 1 << 20
+        left -= len(chunk)
+        want = min(max(left, 1 << 20), MAX_READ)
 
 
 def read_regular(path: Path, limit: int | None = None, limit_name: str = "the limit") -> bytes:

@@ -8,12 +8,14 @@ kernel counts it (``ru_maxrss`` of a process that runs only the command)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from contemplation import layout
 from contemplation.layout import JSON_MAX_BYTES, Conv, Home
 from contemplation.logstream import MAX_BLOCK_BYTES
 from contemplation.writer import open_writer
@@ -167,3 +169,25 @@ def test_a_state_or_metadata_past_the_bound_is_refused_and_the_others_list(
     (line,) = [ln for ln in shown.splitlines() if ln.startswith("problem:")]
     assert name in line, shown
     assert fine.id in cli(env, "list").stdout
+
+
+def test_a_file_longer_than_one_read_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux gives at most 0x7ffff000 bytes to one read, so a short read proves the end only
+    for a read asked for less than that: a 2 GiB live log was read cut short at 2 GiB - 4 KiB
+    (a fork of a 2 GB log ended 62 blocks early, and refused for a NEED it cut through). Here
+    the kernel's bound is played by a pread that gives at most 100 bytes, under a MAX_READ of
+    64 bytes a read: every byte of a 1,000-byte file comes back, from any offset."""
+    data = bytes(range(256)) * 4
+    path = tmp_path / "f"
+    path.write_bytes(data[:1000])
+    real = os.pread
+    monkeypatch.setattr(layout.os, "pread", lambda fd, n, at: real(fd, min(n, 100), at))
+    monkeypatch.setattr(layout, "MAX_READ", 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert layout.read_to_end(fd, 1000) == data[:1000]
+        assert layout.read_to_end(fd, 10, 500) == data[500:1000]  # it grew since: read on
+    finally:
+        os.close(fd)
