@@ -83,7 +83,22 @@ def test_no_log_line_shows_a_url_password(fmt: str, capsys: pytest.CaptureFixtur
 
     from contemplation import logs
 
+    root = logging.getLogger()
+    kept = (root.handlers[:], root.level)
     logs.configure(fmt, "info")  # type: ignore[arg-type]
+    try:
+        _log_lines_are_masked(capsys)
+    finally:  # structlog's logger holds this test's captured stderr: not for later tests
+        structlog.reset_defaults()
+        root.handlers[:], _ = kept
+        root.setLevel(kept[1])
+
+
+def _log_lines_are_masked(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    import structlog
+
     url = f"http://alice:{PASSWORD}@10.0.0.5:8080/v1"
     log = structlog.get_logger("test")
     log.warning("backend_failed", url=url, error=f"cannot reach {url}", nested={"urls": [url]})
