@@ -224,7 +224,7 @@ def measure_size(size: float, args: argparse.Namespace, trees: list[tuple[str, P
         write_meta(conv)
         took = time.monotonic() - t0
         print(f"{size:g} GB log ({args.shape}): {wrote / GB:.2f} GB written in {took:.1f} s")
-        plan = args.ops.split(",")
+        plan = [op for op in args.ops.split(",") if op]
         if args.active:
             plan.append("daemon, active")
         if args.state_mb and args.first:
