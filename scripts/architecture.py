@@ -37,16 +37,17 @@ from pathlib import Path
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins",
-         "privacy", "redact")),
+         "privacy", "redact", "contained", "snippets", "replycheck",
+         "schema_rules", "search_query")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
          "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
-         "structured", "cursors", "openfiles")),
+         "structured", "cursors", "openfiles", "logstream", "retryclock")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
     (4, ("needs", "context", "summarise", "prompts", "budget")),
     (5, ("runtime", "tracking", "scheduler", "validate")),
-    (6, ("turn", "retrying", "answering", "pipeline")),
-    (7, ("dispatcher", "watcher", "daemon", "index_keeper", "notify")),
+    (6, ("turn", "retrying", "answering", "pipeline", "inflight")),
+    (7, ("dispatcher", "watcher", "daemon", "index_keeper", "notify", "loopwatch")),
 ]  # fmt: skip
 FACES = 8
 
