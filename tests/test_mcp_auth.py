@@ -21,7 +21,7 @@ from mcp import Client
 from contemplation.layout import Home
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import ROOT, base_env
+from tests.conftest import base_env, cli
 from tests.mcp_http import bearer, serve
 from tests.peers import node_bin
 
@@ -190,17 +190,7 @@ def test_http_face_demands_the_token_and_says_how_to_give_it(home: Home) -> None
 
 def test_print_claude_command_prints_the_line_with_the_token(home: Home) -> None:
     def printed() -> str:
-        proc = subprocess.run(
-            [sys.executable, "-m", "contemplation", "mcp", "--http", "8765", "--print-claude-command"],
-            env=base_env(home),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return cli(base_env(home), "mcp", "--http", "8765", "--print-claude-command").stdout
 
     first, again = printed(), printed()
     token = (home.root / ".mcp.token").read_text().strip()
@@ -221,11 +211,8 @@ def test_the_real_claude_code_connects_with_the_printed_command_and_not_without_
     claude = node_bin("claude")
     face = serve(home)
     try:
-        line = subprocess.run(
-            [sys.executable, "-m", "contemplation", "mcp", "--http", str(face.port),
-             "--print-claude-command"],
-            env=base_env(home), cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
-        ).stdout.strip()  # fmt: skip
+        args = ("mcp", "--http", str(face.port), "--print-claude-command")
+        line = cli(base_env(home), *args).stdout.strip()
         assert line.startswith("claude mcp add ")
         env = {
             "PATH": f"{claude.parent}:{os.environ.get('PATH', '')}",
