@@ -206,9 +206,16 @@ def failed(
         rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
         return Wait(at)
     message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
+    return _give_up(conv, rt, w, reply, kind=exc.kind, message=message)
+
+
+def _give_up(
+    conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, *, kind: ErrorKind, message: str
+) -> Wait:
+    """One ERROR that ends the turn; the conversation waits for the agent."""
     if not reply.abort(MarkerKind.ERROR, message):
         w.append_marker(MarkerKind.ERROR, message)
-    w.gave_up(exc.kind, message)
+    w.gave_up(kind, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
     return Wait(None)
@@ -245,9 +252,4 @@ def crashed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: Excep
         f"the turn failed {how}: {cause}; it is not redone (the agent's next message is "
         "answered again)"
     )
-    if not reply.abort(MarkerKind.ERROR, message):
-        w.append_marker(MarkerKind.ERROR, message)
-    w.gave_up(ErrorKind.INTERNAL, message)
-    log.error("turn_failed", conv=conv.id, error=message)
-    rt.notify(conv.id, ConvEvent.ERROR, error=message)
-    return Wait(None)
+    return _give_up(conv, rt, w, reply, kind=ErrorKind.INTERNAL, message=message)
