@@ -452,9 +452,9 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         ] = "",
         limit: Annotated[int, Field(ge=1, le=50, description="hits at most")] = 10,
     ) -> str:
-        """Search the text of every conversation; best matches first, each with the
-        conversation, block and a snippet with the match marked «…». A search runs at most
-        search_seconds: then "cut" says so, with the best hits found in time."""
+        """Search every conversation's text; best matches first, each with its conversation,
+        block and a snippet with the match marked «…». Past search_seconds, "cut" says so
+        and the best hits found in time come back."""
         from contemplation import search_index
 
         filters = search_index.Filters(

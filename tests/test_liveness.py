@@ -560,9 +560,21 @@ def test_an_overflowing_event_queue_costs_one_rescan_not_a_loop(
                     30,
                     what="all idle",
                 )
-                cpu0, t0 = _cpu_seconds(d.pid), time.monotonic()
-                time.sleep(3)  # measuring idle CPU needs an interval of wall time
-                idle = (_cpu_seconds(d.pid) - cpu0) / (time.monotonic() - t0)
+                # The turns' tail (the index catching up on 300 conversations) may take a
+                # moment after the last state says idle; a loop never settles. So: some 3 s
+                # window within 30 s has the daemon under 5% of a core.
+                windows: list[float] = []
+
+                def settled() -> bool:
+                    cpu0, t0 = _cpu_seconds(d.pid), time.monotonic()
+                    time.sleep(3)  # measuring idle CPU needs an interval of wall time
+                    windows.append((_cpu_seconds(d.pid) - cpu0) / (time.monotonic() - t0))
+                    return windows[-1] < 0.05
+
+                deadline = time.monotonic() + 30
+                while not settled() and time.monotonic() < deadline:
+                    pass
+                idle = windows[-1]
                 assert d.poll() is None
             finally:
                 d.terminate()
@@ -574,7 +586,7 @@ def test_an_overflowing_event_queue_costs_one_rescan_not_a_loop(
     text = err.read_text()
     assert "events_lost" in text  # the overflow really happened
     assert len(text) < 100_000, len(text)
-    assert idle < 0.05, f"idle CPU {idle:.1%}"
+    assert idle < 0.05, f"idle CPU in each 3 s window: {windows}"
 
 
 # ------------------------------------------------------------------ 11. what the agent relies on

@@ -12,6 +12,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -156,9 +157,20 @@ def served_big(big: Home) -> Iterator[Served]:
         yield served
 
 
-def test_the_dashboard_cancels_a_search_whose_browser_went_away(served_big: Served) -> None:
+def test_the_dashboard_cancels_a_search_whose_browser_went_away(
+    served_big: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A request sent and the connection closed at once (a newer keystroke aborted the
-    fetch): the search is cancelled, not run to its bound, and its slot is free."""
+    fetch): the search is cancelled, not run to its bound, and its slot is free. The real
+    search here takes 0.1 s, which a fast machine finishes before the close is seen; so it
+    starts only once the close was seen or 10 s passed (a search as long as a slow one)."""
+    real = search_index.find
+
+    def find_that_outlasts_the_browser(*args: Any, **kw: Any) -> search_index.Found:
+        kw["cancel"].wait(10)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(search_index, "find", find_that_outlasts_the_browser)
     request = (
         f"GET /api/search?q=common HTTP/1.1\r\nHost: {served_big.host}\r\n"
         f"Authorization: Bearer {served_big.token}\r\nConnection: close\r\n\r\n"
