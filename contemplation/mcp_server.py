@@ -83,6 +83,7 @@ def _with_schema(text: str | None, schema: dict[str, Any] | None, limit: int) ->
         raise InputRejected("a schema goes with a message: give the message too")
     return structured.with_schema(text, structured.check_schema(schema, limit))
 
+
 Cursor = Annotated[
     int | None, Field(ge=0, description="cursor from the previous call; only newer blocks")
 ]
@@ -352,9 +353,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         in `waiting`); the daemon then runs the tool, or tells the model it was refused."""
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
-            done = actions.approve(
-                settings, conv, decision, need, reader=faces.reader, face="mcp"
-            )
+            done = actions.approve(settings, conv, decision, need, reader=faces.reader, face="mcp")
         return _json({"conversation_id": conv.id} | done)
 
     @tool(read_only)
