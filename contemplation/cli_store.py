@@ -33,6 +33,7 @@ from contemplation.cli_common import (
 from contemplation.errors import ConfigError
 from contemplation.layout import Home
 from contemplation.models import Metadata
+from contemplation.settings import Settings
 from contemplation.templates import Template, load_template, template_dirs
 from contemplation.terminal import safe
 from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, Entry, JsonStore
@@ -223,8 +224,9 @@ def templates(ctx: click.Context, as_json: bool) -> None:
     does not override. A template that cannot be used is listed with its error (exit 1)."""
     if ctx.invoked_subcommand is not None:
         return
-    home = Home(ctx_settings(ctx).home)
-    rows = [_template_row(home, name, *where) for name, where in template_dirs(home).items()]
+    settings = ctx_settings(ctx)
+    home = Home(settings.home)
+    rows = [_template_row(settings, home, n, *where) for n, where in template_dirs(home).items()]
     if as_json:
         emit(rows, True, "")
     else:
@@ -246,7 +248,9 @@ def templates(ctx: click.Context, as_json: bool) -> None:
         sys.exit(EXIT_ERROR)
 
 
-def _template_row(home: Home, name: str, folder: Path, shipped: bool) -> dict[str, Any]:
+def _template_row(
+    settings: Settings, home: Home, name: str, folder: Path, shipped: bool
+) -> dict[str, Any]:
     from contemplation.validate import check_template
 
     row: dict[str, Any] = {
@@ -261,7 +265,7 @@ def _template_row(home: Home, name: str, folder: Path, shipped: bool) -> dict[st
     }
     try:
         tpl = load_template(home, name)
-        check_template(tpl)
+        check_template(tpl, settings)
     except ConfigError as exc:
         row["error"] = str(exc)
         return row
@@ -293,7 +297,7 @@ def templates_show(ctx: click.Context, name: str, topic: str, as_json: bool) -> 
     settings = ctx_settings(ctx)
     home = Home(settings.home)
     tpl = load_template(home, name)
-    check_template(tpl)
+    check_template(tpl, settings)
     data = _template_data(tpl, settings.default_model, settings.default_backend)
     data["prompt"] = _prompt(ctx, tpl, topic)
     if as_json:

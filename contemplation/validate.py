@@ -46,18 +46,17 @@ def _dashboard_host(settings: Settings) -> None:
         )
 
 
-def check_template(tpl: Template, settings: Settings | None = None) -> None:
-    """What loading a template cannot check alone: its backend exists (a provider or an
-    alias of ``settings`` too) and its context requirements are of known types. Raises
-    :class:`ConfigError` naming the template."""
+def check_template(tpl: Template, settings: Settings) -> None:
+    """What loading a template cannot check alone: its backend exists (a backend kind, or a
+    provider or an alias of ``settings``: the one check ``templates``, ``templates show``,
+    ``new``, ``run`` and ``doctor`` all make) and its context requirements are of known
+    types. Raises :class:`ConfigError` naming the template."""
     where = tpl.folder / "template.toml" if tpl.folder else tpl.name
-    named = tpl.backend and (
-        backends.named(settings, tpl.backend) if settings else backends.known(tpl.backend)
-    )
-    if tpl.backend and not named:
+    if tpl.backend and not backends.named(settings, tpl.backend):
+        names = sorted({*backends.available(), *settings.providers, *settings.aliases})
         raise ConfigError(
             f"invalid backend {tpl.backend!r} in template {tpl.name} ({where}): "
-            f"known: {', '.join(backends.available())}"
+            f"known: {', '.join(names)}"
         )
     for n, req in enumerate(tpl.context_requirements, 1):
         kind = req.get("type")

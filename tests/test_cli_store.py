@@ -212,6 +212,37 @@ def test_templates_show_gives_the_settings_and_the_prompt_as_sent(
     assert missing.exit_code == 1 and missing.stderr.startswith("error: no template named 'nope'")
 
 
+def test_a_template_naming_a_configured_provider_or_alias_is_usable_everywhere(
+    home: Home, tmp_path: Path
+) -> None:
+    """``templates``, ``templates show``, ``new --template`` and ``doctor``'s check are one
+    check, with the settings: a provider or an alias of the config is a backend."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[providers.box1]\nkind = "openai"\nurl = "http://127.0.0.1:9/v1"\n\n'
+        '[aliases.coder]\nmodel = "qwen2.5-coder:7b"\nproviders = ["box1"]\n'
+    )
+    for name, backend in (("onbox", "box1"), ("coding", "coder")):
+        folder = home.templates / name
+        folder.mkdir(parents=True)
+        (folder / "template.toml").write_text(f'model = "m"\nbackend = "{backend}"\n')
+    listed = invoke(home, "--config", str(config), "templates", "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert rows["onbox"]["error"] is None and rows["onbox"]["backend"] == "box1"
+    assert rows["coding"]["error"] is None and rows["coding"]["backend"] == "coder"
+    for name in ("onbox", "coding"):
+        shown = invoke(home, "--config", str(config), "templates", "show", name)
+        assert shown.exit_code == 0, shown.output
+    made = invoke(home, "--config", str(config), "new", "t", "--template", "coding")
+    assert made.exit_code == 0, made.output
+    # without the config the same template names nothing: listed as broken, refused by show
+    bare = invoke(home, "templates")
+    assert bare.exit_code == 1 and "invalid backend 'coder'" in bare.stderr
+    refused = invoke(home, "templates", "show", "coding")
+    assert refused.exit_code == 1 and "invalid backend 'coder'" in refused.stderr
+
+
 # --------------------------------------------------------------------------- real processes
 
 
