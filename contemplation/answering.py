@@ -51,10 +51,12 @@ class Plan:
     asked: tuple[ApprovalRequest, ...] = ()
 
 
-def _granted(found: Route, given: Iterable[ApprovalDecision]) -> bool:
-    return any(
-        d.decision == "always" and d.tool == found.tool and d.arguments == found.arguments
-        for d in given
+def _granted(rt: Runtime, found: Route, given: Iterable[ApprovalDecision]) -> bool:
+    """An ``always`` covers the same lookup however it is spelt (the same file)."""
+    router = rt.need_router()
+    key = router.grant_key(found.tool, found.arguments)
+    return key is not None and any(
+        d.decision == "always" and router.grant_key(d.tool, d.arguments) == key for d in given
     )
 
 
@@ -78,7 +80,7 @@ def _permitted(
     if decided is not None and decided.decision == "reject":
         why = f"the agent did not approve this lookup ({found.tool})"
         return replace(found, verdict="deny", why=why), None
-    if decided is not None or _granted(found, given):
+    if decided is not None or _granted(rt, found, given):
         return replace(found, verdict="allow", why="approved by the agent"), None
     request = ApprovalRequest(
         id=rid,

@@ -660,3 +660,33 @@ def test_approve_and_reject_buttons_in_chromium(
     finally:
         tab.close()
     assert d.stop() == 0
+
+
+def test_always_is_remembered_per_file_not_per_spelling(tmp_path: Path) -> None:
+    """issue 38.8: ``./a/../a/x.md``, ``a/x.md`` and the absolute path are one approval; a
+    spelling that leads outside the allowed folders is granted by none."""
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.md").write_text("x")
+    (root / "a" / "y.md").write_text("y")
+    (tmp_path / "outside.md").write_text("o")
+    s = settings_mod.load(
+        home=tmp_path / "home", env={}, config=None,
+        overrides={"tools": {"allowed_roots": [str(root)]}},
+    )  # fmt: skip
+    router = NeedRouter(s)
+
+    def key(path: str) -> object:
+        return router.grant_key("files.read", {"path": path})
+
+    same = {
+        key(p) for p in ("a/x.md", "./a/../a/x.md", str(root / "a" / "x.md"), "a/x.md lines 1-2")
+    }
+    assert len(same) == 1 and None not in same
+    assert key("a/y.md") not in same
+    assert key("../outside.md") is None and key(f"{root}/../outside.md") is None
+    assert key("a/../../outside.md") is None
+    # another tool: its arguments as they are
+    assert router.grant_key("memory.search", {"query": "q"}) == router.grant_key(
+        "memory.search", {"query": "q"}
+    )

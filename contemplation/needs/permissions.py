@@ -292,6 +292,16 @@ def _forms(value: str, home: str) -> list[str]:
     return forms
 
 
+def folded(value: str, home: str = "") -> str | None:
+    """The file a path argument names, as one spelling: a trailing ``lines A-B`` left out,
+    ``~`` expanded and ``..`` folded (``./a/../a/x.md`` is ``a/x.md``); None when folding
+    climbs above where a relative path starts (``a/../../x``): it names no file in a root."""
+    meant = posixpath.normpath(_expand_home(split_range(value)[0].strip(), home))
+    if meant == ".." or meant.startswith("../"):
+        return None
+    return meant
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     action: Action

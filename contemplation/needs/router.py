@@ -318,6 +318,17 @@ class NeedRouter:
             rule, tool, arguments, self.permission_rules(template), self.user_home
         )
 
+    def grant_key(self, tool: str, arguments: Mapping[str, Any]) -> tuple[str, str] | None:
+        """What an ``approve --always`` is remembered by: for ``files.read`` the real path of
+        the file, however it is spelt (None for a spelling that leads outside the allowed
+        folders or to nothing: no approval covers it); for another tool its arguments."""
+        reader = self.tools.get("files.read")
+        if tool == "files.read" and isinstance(reader, FileReader):
+            path = permissions.folded(str(arguments.get("path", "")), self.user_home)
+            real = reader.resolved(path) if path is not None else None
+            return None if real is None else (tool, str(real))
+        return tool, json.dumps(dict(arguments), sort_keys=True, default=str)
+
     def judge_file(self, path: str, *, template: str | None = None) -> Path:
         """The real path of a file the agent hands over by path (an MCP attachment), judged as
         a NEED that reads it is: the permissions of each rule that reads files (``read_file``)
