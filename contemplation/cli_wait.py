@@ -85,8 +85,12 @@ def stat_or_none(path: Path) -> os.stat_result | None:
 
 
 def current(home: Home, conv: Conv) -> Conv:
-    """The conversation where it is now (it moves to completed/ when archived)."""
-    return conv if conv.dir.exists() else Conv(home.completed / conv.id)
+    """The conversation where it is now: it moves to completed/ when archived, and back to
+    active/ when reopened (a follower keeps up with both moves)."""
+    if conv.dir.exists():
+        return conv
+    other = home.conv(conv.id, completed=not conv.is_completed)
+    return other if other.dir.exists() else conv
 
 
 @dataclass

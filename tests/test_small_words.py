@@ -1,0 +1,97 @@
+"""Issue 38 item 8, "small words that mislead": each surface says only what is true for the
+command that was run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from contemplation import actions
+from contemplation.layout import Conv, Home
+from contemplation.templates import load_template
+from contemplation.writer import new_conversation, open_writer
+from tests.conftest import ROOT, base_env, wait_for
+
+
+def make_conv(home: Home, topic: str = "follow me") -> Conv:
+    return new_conversation(
+        home, topic, template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
+
+
+def exchange(conv: Conv, words: str) -> None:
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", f"question {words}", msg_id=f"m-{words}")
+        r = w.reply("OLLAMA", "CLAUDE", f"r-{words}")
+        r.content(f"answer {words}")
+        r.finish()
+
+
+class Reader:
+    """What a follower process has printed so far (its stdout read without blocking)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.out = proc.stdout
+        os.set_blocking(self.out.fileno(), False)
+        self.seen = bytearray()
+
+    def saw(self, marker: str) -> Callable[[], bool]:
+        def check() -> bool:
+            chunk = self.out.read()
+            if chunk:
+                self.seen.extend(chunk)
+            return marker.encode() in self.seen
+
+        return check
+
+
+def test_tail_f_and_a_real_tail_F_keep_up_across_archive_and_reopen(home: Home) -> None:
+    """`contemplation tail -f` went silent once a conversation it followed was archived and
+    reopened (it looked for the folder in completed/ only, where it was no more). The log
+    keeps its identity across both moves (one rename of the folder), so the real `tail -F`
+    on the active path the README names keeps up as well."""
+    if shutil.which("tail") is None:
+        pytest.skip("no tail")
+    conv = make_conv(home)
+    exchange(conv, "one")
+    env = base_env(home)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "tail", "-f", conv.id],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        ),
+        subprocess.Popen(
+            ["tail", "-F", "-n", "+1", str(conv.log)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    ours, real = (Reader(p) for p in procs)
+    try:
+        for r in (ours, real):
+            wait_for(r.saw("answer one"), 15, what="the follower to print the log")
+        archived = actions.archive_conversation(home, conv)
+        assert archived.is_completed
+        exchange(archived, "archived")  # by hand, in completed/
+        wait_for(ours.saw("answer archived"), 15, what="tail -f to follow into completed/")
+        back = actions.reopen(home, archived)
+        assert not back.is_completed
+        exchange(back, "reopened")
+        for r in (ours, real):
+            wait_for(r.saw("answer reopened"), 15, what="the follower after reopen")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for r in (ours, real):
+        text = r.seen.decode()
+        assert text.count("answer one") == 1, text  # nothing printed twice
+        assert text.count("answer reopened") == 1, text
