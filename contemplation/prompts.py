@@ -23,10 +23,11 @@ from contemplation.structured import body as without_schema
 from contemplation.templates import PromptMode
 from contemplation.tools import registry
 
-INTRO = (
-    "You are in an asynchronous conversation with {agent} (an AI agent or a person), "
-    "about: {topic}."
-)
+# The system prompt in canonical order (issue 39): what every conversation shares first (this
+# line and the protocol), then the template's words, then the conversation's own (its topic,
+# then its context): a server that reuses a byte-identical prefix reuses all of it.
+INTRO = "You are in an asynchronous conversation with {agent} (an AI agent or a person)."
+ABOUT = "This conversation is about: {topic}."
 STYLE = "Answer thoughtfully and concisely."
 COMPLETE_RULE = """\
 When the conversation has reached its goal and nothing more is needed, end your reply with a
@@ -146,11 +147,12 @@ def system_prompt(
     needs: Sequence[NeedForm] | None = None,
     asking: bool = True,
 ) -> str:
-    """The system prompt: the introduction, the conversation's own prompt (metadata
-    ``system_prompt``, else the template's), then the protocol (how to write NEED lines,
-    offering ``needs``, and COMPLETE). With ``prompt_mode`` "replace" (the template's, or
-    metadata ``prompt_mode``) the own prompt is the whole system prompt instead. Without
-    ``asking`` (a reply held to a JSON Schema cannot hold a NEED line) there is no protocol.
+    """The system prompt, in canonical order: the introduction and the protocol (how to
+    write NEED lines, offering ``needs``, and COMPLETE), the same for every conversation;
+    then the own prompt (metadata ``system_prompt``, else the template's); then the topic.
+    With ``prompt_mode`` "replace" (the template's, or metadata ``prompt_mode``) the own
+    prompt is the whole system prompt instead. Without ``asking`` (a reply held to a JSON
+    Schema cannot hold a NEED line) there is no protocol.
 
     ``{agent}`` and ``{topic}`` are filled everywhere, ``{needs}`` in the own prompt (the
     offered NEED lines)."""
@@ -164,7 +166,8 @@ def system_prompt(
         text = own
     else:
         rules = protocol(offered) if asking else ""
-        text = "\n\n".join(part for part in (INTRO, own or STYLE, rules) if part)
+        parts = (INTRO, rules, own or STYLE, ABOUT)
+        text = "\n\n".join(part for part in parts if part)
     return text.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
 

@@ -206,7 +206,8 @@ def test_templates_show_gives_the_settings_and_the_prompt_as_sent(
     assert data["prompt_mode"] == "add" and data["shipped"] is True
     assert data["system_prompt"].startswith("Answer thoughtfully")
     assert "NEED: Obsidian notes matching <query>" in data["prompt"]
-    assert data["prompt"].endswith("=== COMPLETE ===")
+    assert "=== COMPLETE ===\n\nAnswer thoughtfully" in data["prompt"]
+    assert data["prompt"].endswith("This conversation is about: <topic>.")  # the topic last
 
     missing = invoke(home, "templates", "show", "nope")
     assert missing.exit_code == 1 and missing.stderr.startswith("error: no template named 'nope'")

@@ -53,14 +53,18 @@ def offered(text: str) -> list[str]:
 # --------------------------------------------------------------------------- add / replace
 
 
-def test_the_default_prompt_is_intro_style_and_protocol_with_the_placeholders_filled() -> None:
+def test_the_default_prompt_is_intro_protocol_style_then_topic_placeholders_filled() -> None:
+    """Canonical order (issue 39): what every conversation shares first, the topic last."""
     text = system_prompt(meta())
     assert text.startswith(
-        "You are in an asynchronous conversation with Claude (an AI agent or a person), "
-        "about: Memory persistence.\n\nAnswer thoughtfully and concisely.\n\n"
+        "You are in an asynchronous conversation with Claude (an AI agent or a person).\n\n"
+        'When you need context that you do not have, write a line that starts with "NEED: "'
     )
     assert offered(text) == ALL_FIVE  # no forms given: the built-in five
-    assert text.endswith(COMPLETE_RULE) and text.endswith("\n=== COMPLETE ===")
+    assert text.endswith(
+        f"{COMPLETE_RULE}\n\nAnswer thoughtfully and concisely.\n\n"
+        "This conversation is about: Memory persistence."
+    )
     assert "{agent}" not in text and "{topic}" not in text
 
 
@@ -70,8 +74,8 @@ def test_a_template_prompt_adds_to_the_protocol_instead_of_replacing_it() -> Non
     assert "You review Memory persistence for Claude: be blunt." in text
     assert "Answer thoughtfully" not in text  # the template's own words replace the style line
     intro, mine, proto = text.index("You are in"), text.index("You review"), text.index("NEED:")
-    assert intro < mine < proto
-    assert offered(text) == ALL_FIVE and text.endswith("=== COMPLETE ===")
+    assert intro < proto < mine < text.index("This conversation is about")
+    assert offered(text) == ALL_FIVE and "\n=== COMPLETE ===\n\nYou review" in text
 
 
 def test_prompt_mode_replace_keeps_the_old_whole_prompt_behaviour() -> None:
@@ -95,7 +99,7 @@ def test_the_conversations_own_system_prompt_follows_the_same_rule() -> None:
     assert (
         "Reply in French." in added and "template words" not in added
     )  # it wins over the template's
-    assert offered(added) == ALL_FIVE and added.endswith("=== COMPLETE ===")
+    assert offered(added) == ALL_FIVE and "=== COMPLETE ===\n\nReply in French." in added
     # the template's replace mode applies to it too, and metadata's own prompt_mode wins
     assert system_prompt(m, "t", prompt_mode="replace") == "Reply in French."
     assert system_prompt(meta(system_prompt="x", prompt_mode="replace"), "t") == "x"
@@ -109,9 +113,7 @@ def test_the_conversations_own_system_prompt_follows_the_same_rule() -> None:
 def test_with_no_forms_on_offer_the_model_still_learns_need_lines_and_complete() -> None:
     text = system_prompt(meta(), needs=())
     assert offered(text) == []
-    assert (
-        '"NEED: "' in text and "Claude answers in a" in text and text.endswith("=== COMPLETE ===")
-    )
+    assert '"NEED: "' in text and "Claude answers in a" in text and "=== COMPLETE ===\n\n" in text
     assert "You can ask for" not in text
 
 
@@ -120,7 +122,9 @@ def test_build_request_puts_the_context_after_the_prompt() -> None:
         meta(), (), template_prompt="T.", needs=(NeedForm("Ping <x>", "Pong."),), context="CTX"
     )
     system = req.messages[0].content
-    assert system.endswith("=== COMPLETE ===\n\nCTX")
+    assert system.endswith(
+        "=== COMPLETE ===\n\nT.\n\nThis conversation is about: Memory persistence.\n\nCTX"
+    )
     assert "  NEED: Ping <x>\n      Pong." in system and offered(system) == ["Ping <x>"]
 
 
@@ -256,7 +260,10 @@ def test_a_turn_sends_the_templates_words_and_only_the_routable_needs(
     system = fake_ollama.chat_requests()[-1]["messages"][0]["content"]
     assert "One line answers about caching." in system and "editors" not in system
     assert offered(system) == ["Brain memory about <topic>", "Current state of <thing>"]
-    assert system.endswith("=== COMPLETE ===")
+    assert system.endswith(
+        "=== COMPLETE ===\n\nOne line answers about caching.\n\n"
+        "This conversation is about: caching."
+    )
 
 
 def test_the_research_template_gathers_memory_about_the_topic_before_the_first_reply(
