@@ -51,6 +51,10 @@ def describe(
     busy = status in BUSY or queued > 0
     if busy and not daemon:
         return "stalled: no daemon is running (messages stay queued until one starts)"
+    if status in {Status.AWAITING_AGENT, Status.AWAITING_APPROVAL}:  # and nothing waits now
+        if not daemon:
+            return "stalled: no daemon is running (what you decided waits until one starts)"
+        return "carrying on with what you decided"
     if status is Status.GENERATING and state is not None:
         since = state.generating_since
         took = f" for {max(0.0, now - since):.0f} s" if since else ""

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import structlog
 
 from contemplation import logstream
+from contemplation.cursors import own_block
 from contemplation.errors import InputRejected
 from contemplation.index_rows import Facts, as_int, disk_use, header_ts, summary_row
 from contemplation.layout import (
@@ -62,9 +63,10 @@ log = structlog.get_logger("contemplation.index")
 
 T = TypeVar("T")
 
-# 3: one summary row per conversation (turns, messages and activity from the log's own
-#    blocks); 2: the owned table; 1: the first
-SCHEMA = 3
+# 4: each block marked as the agent's own (a message or its own answer; a tool's answer is
+#    not: "messages N from the agent"); 3: one summary row per conversation (turns, messages
+#    and activity from the log's own blocks); 2: the owned table; 1: the first
+SCHEMA = 4
 DB_NAME = ".index.sqlite3"
 BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
@@ -86,7 +88,7 @@ _DDL = (
     # each block, its text kept compressed (zlib: about half the bytes; the FTS5 table reads
     # it through the view, for snippets and to delete a block's terms)
     "CREATE TABLE blocks (id INTEGER PRIMARY KEY, conv TEXT NOT NULL, block INTEGER, "
-    "sender TEXT, time TEXT, at INTEGER, zbody BLOB, zthinking BLOB)",
+    "sender TEXT, time TEXT, at INTEGER, own INTEGER, zbody BLOB, zthinking BLOB)",
     "CREATE INDEX blocks_conv ON blocks (conv)",
     "CREATE VIEW block_text AS SELECT id, unz(zbody) AS body, unz(zthinking) AS thinking "
     "FROM blocks",
@@ -598,7 +600,7 @@ def forget(home: Home, ids: Iterable[str]) -> None:
 
 
 # conv, number, sender, time, offset, text, thinking, and the two compressed
-_Block = tuple[str, int, str, str, int, str, str, bytes | None, bytes | None]
+_Block = tuple[str, int, str, str, int, str, str, bytes | None, bytes | None, bool]
 
 
 def _folder_meta(conv: Conv) -> tuple[dict[str, Any], str]:
@@ -616,7 +618,7 @@ def _rows(conv_id: str, blocks: Iterable[Block], n: int, base: int) -> list[_Blo
         body = _said(b.text)
         n += 1
         row = (conv_id, n, b.sender, b.timestamp, base + b.offset, body, b.thinking)
-        out.append((*row, _z(body), _z(b.thinking)))
+        out.append((*row, _z(body), _z(b.thinking), own_block(b)))
     return out
 
 
@@ -668,21 +670,22 @@ def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str
             os.close(fd)
         size += read
     crashpoint("index_write")
-    count, agent, last = _counted(conn, conv.id, label)
-    facts = Facts(count, agent, count - agent, header_ts(last), size)
+    count, agent, own, last = _counted(conn, conv.id, label)
+    facts = Facts(count, own, count - agent, header_ts(last), size)
     _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
 
 
-def _counted(conn: sqlite3.Connection, conv_id: str, label: str) -> tuple[int, int, str]:
-    """The conversation's blocks in the index: how many, how many the agent's, and the time
+def _counted(conn: sqlite3.Connection, conv_id: str, label: str) -> tuple[int, int, int, str]:
+    """The conversation's blocks in the index: how many, how many under the agent's label,
+    how many the agent's own (its messages and its own answers, not a tool's), and the time
     of the last one."""
-    count, agent, last = conn.execute(
-        "SELECT count(*), coalesce(sum(sender = ?), 0), "
+    count, agent, own, last = conn.execute(
+        "SELECT count(*), coalesce(sum(sender = ?), 0), coalesce(sum(own), 0), "
         "(SELECT time FROM blocks WHERE conv = ? ORDER BY at DESC LIMIT 1) "
         "FROM blocks WHERE conv = ?",
         (label, conv_id, conv_id),
     ).fetchone()
-    return int(count), int(agent), str(last or "")
+    return int(count), int(agent), int(own), str(last or "")
 
 
 def _insert(conn: sqlite3.Connection, blocks: list[_Block]) -> None:
@@ -692,9 +695,9 @@ def _insert(conn: sqlite3.Connection, blocks: list[_Block]) -> None:
         return
     first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM blocks").fetchone()[0]
     conn.executemany(
-        "INSERT INTO blocks (id, conv, block, sender, time, at, zbody, zthinking) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [(first + i, *b[:5], b[7], b[8]) for i, b in enumerate(blocks)],
+        "INSERT INTO blocks (id, conv, block, sender, time, at, own, zbody, zthinking) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(first + i, *b[:5], b[9], b[7], b[8]) for i, b in enumerate(blocks)],
     )
     conn.executemany(
         "INSERT INTO text (rowid, body, thinking) VALUES (?, ?, ?)",
@@ -742,8 +745,8 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
     finally:
         os.close(fd)
     crashpoint("index_write")
-    count, agent, last = _counted(conn, conv.id, label)
-    facts = Facts(count, agent, count - agent, header_ts(last), live_start + st.st_size)
+    count, agent, own, last = _counted(conn, conv.id, label)
+    facts = Facts(count, own, count - agent, header_ts(last), live_start + st.st_size)
     _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
     return True
 

@@ -130,3 +130,23 @@ def test_status_after_the_daemon_died_says_the_generation_is_stale(home: Home) -
     # 7 s before the command started; a slow start (a loaded machine) may make it 8 or 9
     assert re.search(r"generating: +since [789] s ago — stale: no daemon is running", out), out
     assert "now:          stalled: no daemon is running" in out
+
+
+def test_status_with_no_daemon_says_so_and_counts_only_the_agents_messages(home: Home) -> None:
+    """issue 38.8: an approval decided while no daemon runs left ``now: awaiting_approval`` (a
+    raw status); the permissions' automatic refusal was counted as a message of the agent."""
+    from contemplation.writer import open_writer
+
+    conv = _conv(home, "decided")
+    with open_writer(conv) as w:  # the lookup was decided; no daemon has taken it up
+        w.set_status(Status.AWAITING_APPROVAL)
+    conv.log.write_text(
+        "=== CLAUDE -> OLLAMA [2026-11-24 22:31:06] ===\nWho ships 2.0?\n\n"
+        "=== OLLAMA -> CLAUDE [2026-11-24 22:31:06] ===\nNEED: File contents of .env\n\n"
+        "=== CLAUDE -> OLLAMA [2026-11-24 22:31:06] ===\nRESPONSE TO NEED: File contents of "
+        ".env\n(source: permissions, 2026-11-24 22:31:06)\nNOT ANSWERED (refused): denied\n\n"
+    )
+    out = cli(base_env(home), "status", conv.id).stdout
+    assert "messages:     1 from the agent, 1 model turns" in out, out
+    now = next(line for line in out.splitlines() if line.startswith("now:"))
+    assert now.startswith("now:          stalled: no daemon is running"), now

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contemplation import logformat, logstream
+from contemplation.cursors import own_block
 from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.layout import (
     Conv,
@@ -709,7 +710,7 @@ def rebuild_state(conv: Conv, meta: Metadata, listing: list[str] | None = None) 
         try:  # block by block: a log of any size is counted in bounded memory
             for part in logstream.stream(fd, agent_label=meta.agent_label):
                 st.turns += sum(b.kind.value == "model" and not b.interrupted for b in part.blocks)
-                st.messages_processed += sum(b.kind.value == "agent" for b in part.blocks)
+                st.messages_processed += sum(own_block(b) for b in part.blocks)
                 size += part.size
                 errors.extend(part.errors[: 20 - len(errors)])
         finally:
