@@ -15,7 +15,6 @@ import click
 
 from contemplation import (
     actions,
-    activity,
     attachments,
     cli_wait,
     openfiles,
@@ -40,9 +39,6 @@ from contemplation.cli_common import (
 from contemplation.layout import (
     Conv,
     Home,
-    inbox_entries,
-    processing_entries,
-    read_metadata,
     read_state,
     refused_folders,
 )
@@ -123,7 +119,7 @@ def new(  # noqa: PLR0917 - click passes every option positionally
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
     conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
     reader = Reader(Home(s.home))
-    ex = cli_wait.begin(reader, conv, _block(text, files, s))
+    ex = cli_wait.begin(reader, conv, _block(text, files, s), wait=wait)
     queued = actions.send(s, conv, text, files) if text is not None else None
     data = {"id": conv.id, "path": str(conv.dir), "queued": queued}
     if not wait or queued is None:
@@ -194,7 +190,7 @@ def send(  # noqa: PLR0917 - click passes every option positionally
     if schema is not None:
         body = structured.with_schema(body, structured.load_schema(schema, s.max_schema_bytes))
     left = _unanswered(reader, conv, plain=plain)
-    ex = cli_wait.begin(reader, conv, _block(body, files, s))
+    ex = cli_wait.begin(reader, conv, _block(body, files, s), wait=wait)
     name = actions.send(s, conv, body, files)
     ex.queued = name
     if left:
@@ -271,7 +267,7 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     body = text_arg(text)
-    ex = cli_wait.begin(reader, conv, body)
+    ex = cli_wait.begin(reader, conv, body, wait=wait)
     done = actions.respond(s, reader, conv, body, need)
     ex.queued = done["queued"]
     if not wait:
@@ -446,9 +442,10 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     state = read_state(conv)
     if state:
         data.update(_state_details(state))
-    items = reader.waiting(conv)
+    view = reader.standing(conv)
+    items = view.items
     data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
-    data["activity"] = _activity(reader, conv, state, items)
+    data["activity"] = reader.activity(conv, view)  # the words of MCP and the dashboard
     data["daemon_running"] = daemon_alive(home)
     target = providers.target(ctx_settings(ctx), data["backend"], data["model"])
     if target.alias is not None:  # what the alias stands for
@@ -463,25 +460,6 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         for name in data["being_written"]
     ]
     _emit_lines(data, as_json, "\n".join([human, *told]))
-
-
-def _activity(reader: Reader, conv: Conv, state: State | None, items: list[Any]) -> str:
-    meta = read_metadata(conv)
-    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
-    model = meta.model if meta else ""
-    behind = 0
-    if queued and meta is not None:
-        rows = reader.summaries(include_completed=False)
-        behind = activity.queued_behind(conv.id, meta.backend, model, rows)
-    asks = sum(1 for i in items if i.kind == "approval")
-    return activity.describe(
-        state,
-        model=model,
-        daemon=daemon_alive(reader.home),
-        queued=queued,
-        behind=behind,
-        waiting=(len(items) - asks, asks),
-    )
 
 
 def _emit_lines(data: dict[str, Any], as_json: bool, human: str | None = None) -> None:

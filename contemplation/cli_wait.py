@@ -35,7 +35,7 @@ from contemplation.layout import (
 from contemplation.models import MarkerKind, Status
 from contemplation.reading import Reader, Standing, own, segments
 from contemplation.terminal import safe
-from contemplation.writer import daemon_alive
+from contemplation.writer import conv_lock, daemon_alive
 
 POLL = 0.1  # seconds between looks at the folder while following or waiting
 
@@ -77,6 +77,13 @@ class Follower:
         sys.stdout.flush()
 
 
+def _being_written(conv: Conv) -> bool:
+    """A writer holds the conversation's lock (the daemon holds it for a whole reply): a
+    state that says generating after a crash is no reply being written."""
+    with conv_lock(conv, blocking=False, shared=True) as got:
+        return not got
+
+
 def stat_or_none(path: Path) -> os.stat_result | None:
     try:
         return path.stat()
@@ -107,13 +114,23 @@ class Exchange:
     latest: bool = False  # `wait`: a refusal after the last own message ends the exchange
 
 
-def begin(reader: Reader, conv: Conv, text: str | None, *, request: str = "") -> Exchange:
-    """Taken just before the agent's write: where its exchange can begin, and a line on
-    stderr when an earlier reply is still being written (its tail is not this exchange's)."""
+def begin(
+    reader: Reader, conv: Conv, text: str | None, *, wait: bool, request: str = ""
+) -> Exchange:
+    """Taken just before the agent's write: where its exchange can begin, and, when the
+    exchange will be printed (``wait``), a line on stderr when an earlier reply is still being
+    written (its tail is not this exchange's)."""
     state = read_state(conv)
     after = reader.boundary(conv)
     segs = segments(conv)
-    if segs and segs[-1].end > after and state is not None and state.status is Status.GENERATING:
+    if (
+        wait
+        and segs
+        and segs[-1].end > after
+        and state is not None
+        and state.status is Status.GENERATING
+        and _being_written(conv)
+    ):
         click.echo(
             "note: an earlier reply is still being written; this prints only the exchange "
             "this message starts",

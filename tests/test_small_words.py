@@ -3,6 +3,7 @@ command that was run."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ from contemplation import actions
 from contemplation.layout import Conv, Home
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import ROOT, base_env, wait_for
+from tests.conftest import ROOT, base_env, cli, wait_for
 
 
 def make_conv(home: Home, topic: str = "follow me") -> Conv:
@@ -95,3 +96,31 @@ def test_tail_f_and_a_real_tail_F_keep_up_across_archive_and_reopen(home: Home) 
         text = r.seen.decode()
         assert text.count("answer one") == 1, text  # nothing printed twice
         assert text.count("answer reopened") == 1, text
+
+
+def crashed_mid_reply(home: Home) -> Conv:
+    """A conversation whose daemon died while a reply streamed: state.json still says
+    generating, half a reply after what it committed, and nobody holds the lock."""
+    conv = make_conv(home, "crashed")
+    exchange(conv, "one")
+    with conv.log.open("ab") as f:
+        f.write(b"\n=== OLLAMA -> CLAUDE [2026-01-01 00:00:00] ===\nhalf a rep")
+    state = json.loads(conv.state.read_text())
+    state["status"] = "generating"
+    conv.state.write_text(json.dumps(state))
+    return conv
+
+
+def test_send_says_an_earlier_reply_is_being_written_only_with_wait_and_only_when_true(
+    home: Home,
+) -> None:
+    """Plain `send` printed --wait's note ("this prints only the exchange this message
+    starts") although it prints no exchange, and both said a reply was still being written
+    after the daemon that wrote it had crashed."""
+    conv = crashed_mid_reply(home)
+    env = base_env(home)
+    plain = cli(env, "send", conv.id, "hello")
+    assert "earlier reply" not in plain.stderr, plain.stderr
+    waited = cli(env, "send", conv.id, "again", "--wait", "--timeout", "0.5", check=False)
+    assert waited.returncode == 4, waited.stderr  # no daemon: it times out
+    assert "still being written" not in waited.stderr, waited.stderr
