@@ -9,12 +9,22 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --main
 . .venv/bin/activate
 
-export CONTEMPLATION_HOME=${CONTEMPLATION_HOME:-$(mktemp -d)/contemplation}
+# What the demo makes is its own (mktemp) and removed when it ends, however it ends: a
+# temporary home (unless CONTEMPLATION_HOME names one to keep) and Ollama's model list.
+scratch=$(mktemp -d)
+daemon=
+cleanup() {
+  if [ -n "$daemon" ]; then kill -TERM "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null || true; fi
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+kept=${CONTEMPLATION_HOME:+yes}
+export CONTEMPLATION_HOME=${CONTEMPLATION_HOME:-$scratch/contemplation}
 host=$(python -c 'from contemplation.backends.ollama import parse_ollama_host as p; import os; print(p(os.environ.get("OLLAMA_HOST"))[0])')
 backend=local
 model=${DEMO_MODEL:-}
-if curl -fsS --max-time 2 "$host/api/tags" >/tmp/contemplation-demo-tags.json 2>/dev/null; then
-  first=$(python -c 'import json; m=json.load(open("/tmp/contemplation-demo-tags.json"))["models"]; print(m[0]["name"] if m else "")')
+if curl -fsS --max-time 2 "$host/api/tags" >"$scratch/tags.json" 2>/dev/null; then
+  first=$(python -c 'import json, sys; m=json.load(open(sys.argv[1]))["models"]; print(m[0]["name"] if m else "")' "$scratch/tags.json")
   if [ -n "${model:-$first}" ]; then backend=ollama; model=${model:-$first}; fi
 fi
 if [ "$backend" = local ]; then
@@ -22,10 +32,10 @@ if [ "$backend" = local ]; then
   bash scripts/setup.sh --local
 fi
 echo "== home: $CONTEMPLATION_HOME   backend: $backend   model: $model"
+[ -n "$kept" ] || echo "   (a temporary home, removed when the demo ends: set CONTEMPLATION_HOME to keep one)"
 
-contemplation run --no-dashboard 2>"$CONTEMPLATION_HOME.daemon.log" &
+contemplation run --no-dashboard 2>"$scratch/daemon.log" &
 daemon=$!
-trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 100); do contemplation status --json 2>/dev/null | grep -q '"daemon_running": true' && break; sleep 0.1; done
 
 id=$(contemplation new "Folder queues" --backend "$backend" --model "$model")
