@@ -164,17 +164,30 @@ def find_conversation(home: Home, name: str, *, include_completed: bool = True) 
     if not prefixed:
         slug = slugify(name)
         prefixed = [c for c in convs if c.id.split("_", 2)[-1].startswith(slug)]
+        if len(prefixed) > 1:  # an exact topic wins over longer ones that start with it
+            exact = [c for c in prefixed if _is_topic(c, name, slug)]
+            prefixed = exact or prefixed
         if not prefixed:
-            for c in convs:
-                meta = read_metadata(c)
-                if meta is not None and meta.topic.casefold() == name.casefold():
-                    prefixed.append(c)
+            prefixed = [c for c in convs if _is_topic(c, name, None)]
         if len(prefixed) == 1:
             return prefixed[0]
     if not prefixed:
         raise NotFound(f"no conversation matches {name!r}")
-    names = ", ".join(c.id for c in prefixed[:5])
-    raise Ambiguous(f"{name!r} matches {len(prefixed)} conversations: {names}")
+    names = ", ".join(c.id for c in prefixed[:SHOWN_MATCHES])
+    more = f", and {len(prefixed) - SHOWN_MATCHES} more" if len(prefixed) > SHOWN_MATCHES else ""
+    raise Ambiguous(f"{name!r} matches {len(prefixed)} conversations: {names}{more}")
+
+
+SHOWN_MATCHES = 5  # the matches an ambiguous name lists
+
+
+def _is_topic(conv: Conv, name: str, slug: str | None) -> bool:
+    """``name`` is the conversation's topic (its slug, when ``slug`` is given, or its
+    metadata's topic, case aside)."""
+    if slug is not None and conv.id.split("_", 2)[-1] == slug:
+        return True
+    meta = read_metadata(conv)
+    return meta is not None and meta.topic.casefold() == name.casefold()
 
 
 _KINDS = {

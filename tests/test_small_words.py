@@ -13,7 +13,9 @@ from collections.abc import Callable
 import pytest
 
 from contemplation import actions
+from contemplation.errors import Ambiguous
 from contemplation.layout import Conv, Home
+from contemplation.reading import locate
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests.conftest import ROOT, base_env, cli, wait_for
@@ -124,3 +126,21 @@ def test_send_says_an_earlier_reply_is_being_written_only_with_wait_and_only_whe
     waited = cli(env, "send", conv.id, "again", "--wait", "--timeout", "0.5", check=False)
     assert waited.returncode == 4, waited.stderr  # no daemon: it times out
     assert "still being written" not in waited.stderr, waited.stderr
+
+
+def test_an_exact_topic_wins_over_longer_topics_and_a_cut_list_says_how_many_more(
+    home: Home,
+) -> None:
+    """"memory" was ambiguous next to "memory persistence" although one conversation is
+    called exactly that; and the list of matches showed 5 of 7 without a word."""
+    exact = make_conv(home, "Memory")
+    make_conv(home, "memory persistence")
+    make_conv(home, "memory leaks")
+    assert locate(home, "memory") == exact
+    assert locate(home, "Memory") == exact
+    for letter in "abcdefg":
+        make_conv(home, f"plan {letter}")
+    with pytest.raises(Ambiguous) as got:
+        locate(home, "plan")
+    assert "matches 7 conversations" in str(got.value)
+    assert str(got.value).endswith(", and 2 more"), str(got.value)
