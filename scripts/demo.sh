@@ -42,5 +42,5 @@ id=$(contemplation new "Folder queues" --backend "$backend" --model "$model")
 echo "== conversation $id  (follow it with: CONTEMPLATION_HOME=$CONTEMPLATION_HOME contemplation tail -f $id)"
 contemplation send "$id" "In two sentences: why is a folder of plain-text files a good queue for talking to a local model?" --wait --timeout 900
 echo
-echo "== the log: $CONTEMPLATION_HOME/active/$id/messages.log"
 contemplation status "$id"
+if [ -n "$kept" ]; then echo "== the log: $CONTEMPLATION_HOME/active/$id/messages.log"; fi
