@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
-from contemplation import activity, attachments, listing, paging
+from contemplation import attachments, listing, paging
 from contemplation.attachments import Attachment
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import Conv, Home, read_state
@@ -141,24 +141,11 @@ class Faces:
         status = state.status.value if state else Status.PENDING.value
         alive = daemon_alive(self.home)
         model = meta.model if meta else ""
-        behind = 0
-        if queued and meta is not None:
-            rows = self.reader.summaries(include_completed=False)
-            behind = activity.queued_behind(conv.id, meta.backend, model, rows)
-        asks = sum(1 for i in items if i.kind == "approval")
         out: dict[str, Any] = {
             "conversation_id": conv.id,
             "topic": meta.topic if meta else "",
             "status": status,
-            "activity": activity.describe(
-                state,
-                model=model,
-                daemon=alive,
-                queued=queued,
-                behind=behind,
-                written=written,
-                waiting=(len(items) - asks, asks),
-            ),
+            "activity": self.reader.activity(conv, view, written=written),
             "archived": conv.is_completed,
             "model": model,
             "waiting": [i.as_dict(conv.id, "mcp") for i in items],

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contemplation import listing
+from contemplation import activity, listing
 from contemplation.conversation import next_action
 from contemplation.cursors import (
     AGENT_SOURCE,
@@ -42,7 +42,7 @@ from contemplation.layout import (
     valid_id,
 )
 from contemplation.logview import LogView, parse_segment
-from contemplation.models import BUSY, Block, Metadata, State
+from contemplation.models import BUSY, Block, Metadata, State, Status
 from contemplation.parser import find_responses
 from contemplation.waiting import WaitItem, look
 from contemplation.writer import daemon_alive
@@ -217,6 +217,36 @@ class Reader:
             seen.deciding,
             len(paths),
             settled=_settled(meta, state, live, blocks, queued=len(paths), deciding=seen.deciding),
+        )
+
+    def streamed(self, conv: Conv) -> int | None:
+        """Characters of the reply being streamed into the log now (None: none is), read
+        from the end of what is committed: only the reply in flight is read."""
+        partial = self.since(conv, self.boundary(conv)).partial
+        return len(str(partial.get("text", ""))) if partial is not None else None
+
+    def activity(self, conv: Conv, view: Standing, *, written: int | None = None) -> str:
+        """What ``conv`` is doing, in the words of :func:`activity.describe`, from ``view``
+        and the same figures on every face (``status``, MCP, the dashboard): what is queued
+        and ahead of it, what waits, and the characters streamed so far (``written``: when
+        the caller has just read them; else read here while a turn generates)."""
+        meta, state = view.meta, view.state
+        model = meta.model if meta else ""
+        behind = 0
+        if view.queued and meta is not None:
+            rows = self.summaries(include_completed=False)
+            behind = activity.queued_behind(conv.id, meta.backend, model, rows)
+        if written is None and state is not None and state.status is Status.GENERATING:
+            written = self.streamed(conv)
+        asks = sum(1 for i in view.items if i.kind == "approval")
+        return activity.describe(
+            state,
+            model=model,
+            daemon=daemon_alive(self.home),
+            queued=view.queued,
+            behind=behind,
+            written=written,
+            waiting=(len(view.items) - asks, asks),
         )
 
     def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:

@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from contemplation import actions, activity, listing, search_index
+from contemplation import actions, listing, search_index
 from contemplation.dashboard import export, panels
 from contemplation.dashboard.live import Broker
 from contemplation.dashboard.security import Guard, allowed_hosts
@@ -264,19 +264,7 @@ class Dashboard:
                 asked[i.id].model_dump(mode="json") for i in items if i.id in asked
             ]
             out["queued_messages"] = view.queued
-            asks = sum(1 for i in items if i.kind == "approval")
-            behind = 0
-            if out["queued_messages"] and meta is not None:
-                rows = self.reader.summaries(include_completed=False)
-                behind = activity.queued_behind(conv.id, meta.backend, meta.model, rows)
-            out["activity"] = activity.describe(  # the words of status and MCP progress
-                state,
-                model=meta.model if meta else "",
-                daemon=daemon_alive(self.home),
-                queued=out["queued_messages"],
-                behind=behind,
-                waiting=(len(items) - asks, asks),
-            )
+            out["activity"] = self.reader.activity(conv, view)  # the words of status and MCP
             out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
             if state is not None:
@@ -475,6 +463,7 @@ class Dashboard:
                 offset=offset,
                 topic=topic if isinstance(topic, str) else None,
                 durable=self.settings.durability == "fsync",
+                rerun=rerun,
             )
             return done.as_dict()
 

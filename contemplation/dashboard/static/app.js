@@ -311,6 +311,18 @@ const loadDetail = oneAtATime(async () => {
   showDetail(await getJSON("/api/conversations/" + encodeURIComponent(convId)));
 });
 
+// while a turn runs the header's activity (tokens so far, tok/s, for how long) is read again
+// each second, as `status` would say it now; one timer, none once the turn is over
+const TICK_MS = 1000;
+let tick = null;
+function ticking(status) {
+  clearTimeout(tick);
+  tick = null;
+  if (["generating", "routing", "retrying"].includes(status)) {
+    tick = setTimeout(() => loadDetail().catch(() => {}), TICK_MS);
+  }
+}
+
 function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
@@ -319,6 +331,7 @@ function showDetail(c) {
     c.forked_from ? "forked from " + c.forked_from.id + " at block " + c.forked_from.block : "",
     c.activity || ""].filter(Boolean).join(" · ");
   $("conv-meta").dataset.status = c.status;
+  ticking(c.status);
   const can = new Set(c.actions || []);
   // the one list of what waits: a lookup is decided with buttons (the tool answers it, never
   // the agent's text), a need is answered in a box; each posts its item's stable id
