@@ -463,7 +463,6 @@ class Dashboard:
                 offset=offset,
                 topic=topic if isinstance(topic, str) else None,
                 durable=self.settings.durability == "fsync",
-                rerun=rerun,
             )
             return done.as_dict()
 
