@@ -75,7 +75,7 @@ def describe(
             return f"queued behind {behind} turn(s) on {model}"
         return "queued: the daemon takes it next" if queued else "nothing to do yet"
     return {
-        Status.IDLE: "idle: the model has answered",
+        Status.IDLE: "idle: waiting for your next message",
         Status.COMPLETE: "complete",
         Status.ERROR: "the last turn failed",
         Status.CANCELLED: "the last turn was cancelled",

@@ -16,6 +16,8 @@ from contemplation.models import Block, BlockKind, MarkerKind
 
 _STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
 _UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED}
+# the agent's own word on the turn that ends here: no turn is due until it writes again
+_HOLDS = {MarkerKind.FORKED, MarkerKind.RETRACTED}
 
 
 def whole(block: Block) -> bool:
@@ -27,9 +29,22 @@ def whole(block: Block) -> bool:
 
 def last_marker(block: Block) -> MarkerKind | None:
     for kind, _ in reversed(block.markers):
-        if kind in _UNFINISHED or kind is MarkerKind.COMPLETE:
+        if kind in _UNFINISHED or kind in _HOLDS or kind is MarkerKind.COMPLETE:
             return kind
     return None
+
+
+def retracted(blocks: tuple[Block, ...]) -> set[int]:
+    """The indices of the blocks the agent withdrew: each ``RETRACTED`` marker withdraws
+    the turn that ends with its block, from the agent's own message that began it."""
+    out: set[int] = set()
+    start = 0
+    for i, b in enumerate(blocks):
+        if b.kind is BlockKind.AGENT and b.response_to is None:
+            start = i
+        if any(k is MarkerKind.RETRACTED for k, _ in b.markers):
+            out.update(range(start, i + 1))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +110,10 @@ def next_action(blocks: tuple[Block, ...]) -> Next:
     mark = last_marker(last)
     if mark in _STOPPERS:
         return Next("stopped", reason=mark.value.lower() if mark else "")
+    if mark is MarkerKind.FORKED:
+        return Next("idle", reason="a fork waits for the next message")
+    if mark is MarkerKind.RETRACTED:
+        return Next("idle", reason="the agent withdrew the last turn")
     if last.kind is BlockKind.MODEL:
         if mark is MarkerKind.INTERRUPTED:
             return Next("turn", reason="the last reply was cut off", rounds=need_rounds(blocks))

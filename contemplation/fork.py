@@ -17,9 +17,11 @@ this one function. The rules:
   copied: pending needs and approvals, queued inbox or processing files, the cancel flag, a
   server-side session (state.json's ``backend_session``), ``context/``.
 * The fork is an ordinary conversation: the next message continues from block N. One that
-  ends on an agent block is answered by the daemon like any message; one that ends on a
-  COMPLETE reply is marked complete (so it is not archived at once) and goes on with the next
-  message, as a reopened conversation does.
+  ends where a turn would be due (on the agent's own block, an answer, a cut-off reply) waits
+  for that message all the same: a ``=== FORKED: … ===`` line ends its log, so no turn runs
+  (forking before a cancelled runaway reply does not run it again), unless ``rerun`` asks the
+  model to answer at once. One that ends on a COMPLETE reply is marked complete (so it is
+  not archived at once) and goes on with the next message, as a reopened conversation does.
 * The source is only read (under its lock, taken without waiting and shared: forks made at
   the same moment read together, each sees no writer and takes every finished block); an
   archived one is forked alike and stays in ``completed/``.
@@ -47,8 +49,9 @@ from contemplation.layout import (
     read_metadata,
     read_state,
 )
+from contemplation.logformat import marker
 from contemplation.logview import log_segments, segment_inodes
-from contemplation.models import APPROVALS_KEY, Block, Metadata, Status
+from contemplation.models import APPROVALS_KEY, Block, MarkerKind, Metadata, Status
 from contemplation.writer.files import conv_lock, now_iso
 from contemplation.writer.forking import Head, Segment, build_fork, source_fd
 
@@ -91,6 +94,7 @@ class Forked:
     source: Conv
     block: int  # the fork holds blocks 1..block of the source
     source_blocks: int
+    held: bool = False  # a turn was due at block N: the fork waits for the next message
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,7 @@ class Forked:
             "source_archived": self.source.is_completed,
             "blocks": self.block,
             "source_blocks": self.source_blocks,
+            "waits_for_message": self.held,
         }
 
 
@@ -111,10 +116,12 @@ def fork(
     offset: int | None = None,
     topic: str | None = None,
     durable: bool = True,
+    rerun: bool = False,
 ) -> Forked:
     """Make a new conversation in ``active/`` from blocks 1..``at`` of ``conv`` (see the
     module's rules). ``offset``: the block that starts at that cursor instead of ``at`` (the
-    dashboard's blocks carry their cursor)."""
+    dashboard's blocks carry their cursor). ``rerun``: where a turn is due at block N, the
+    daemon runs it at once (else the fork waits for the next message)."""
     if topic is not None and not topic.strip():
         raise InputRejected("a fork's topic cannot be empty")
     snap = snapshot(conv)
@@ -127,16 +134,20 @@ def fork(
         created=now_iso(),
         **{FORKED_FROM: {"id": conv.id, "block": n}},
     )
+    status = _status(snap.blocks[:n])
+    held = status is Status.PENDING and not rerun
+    hold = f"from {conv.id} at block {n}; the next message continues from here"
     made = build_fork(
         home,
         Metadata.model_validate(fields),
         log=log,
         segments=segments,
         attachments=conv.dir / "attachments",
-        status=_status(snap.blocks[:n]),
+        status=Status.IDLE if held else status,
         durable=durable,
+        then=marker(MarkerKind.FORKED, hold) if held else "",
     )
-    return Forked(made, conv, n, len(snap.blocks))
+    return Forked(made, conv, n, len(snap.blocks), held)
 
 
 def snapshot(conv: Conv) -> Snapshot:

@@ -484,14 +484,23 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             Field(ge=1, description="the last block the fork takes, from 1 (default: all)"),
         ] = None,
         topic: Annotated[str | None, Field(description="the fork's topic")] = None,
+        rerun: Annotated[
+            bool,
+            Field(description="if block `at` is yours, the model answers it now (default: no)"),
+        ] = False,
     ) -> str:
         """A new conversation holding blocks 1..at of this one (archived ones too); your next
-        message to it continues from there."""
+        message to it continues from there (no turn runs before it unless rerun)."""
         from contemplation import fork, reading
 
         src = faces.reader.locate(conversation_id)
         done = fork.fork(
-            faces.home, src, at=at, topic=topic, durable=settings.durability == "fsync"
+            faces.home,
+            src,
+            at=at,
+            topic=topic,
+            durable=settings.durability == "fsync",
+            rerun=rerun,
         )
         out = {"conversation_id": done.conv.id} | done.as_dict()
         out["cursor"] = sum(s.size for s in reading.segments(done.conv))  # the log's end

@@ -82,6 +82,8 @@ class MarkerKind(enum.StrEnum):
     THINKING = "THINKING"
     END_THINKING = "END THINKING"
     CONTINUED = "CONTINUED"
+    FORKED = "FORKED"  # a fork ends here and waits for the agent's next message
+    RETRACTED = "RETRACTED"  # the agent withdrew the turn that ends here
 
 
 # --------------------------------------------------------------------------- on disk

@@ -146,7 +146,10 @@ def test_fork_takes_every_finished_block_and_rebuilds_its_state(
     # the human form: the id on stdout, where it came from on stderr
     again = cli(env, "fork", src.id, "--at", "1", "--topic", "Release plan B")
     assert again.stdout.strip().endswith("_release-plan-b")
-    assert again.stderr.strip() == f"forked {src.id} at block 1 of 6"
+    assert again.stderr.strip() == (
+        f"forked {src.id} at block 1 of 6; it waits for your next message "
+        "(fork --rerun answers block 1 at once)"
+    )
 
 
 def test_fork_at_n_keeps_blocks_1_to_n_and_list_and_status_say_where_it_came_from(
@@ -559,7 +562,7 @@ def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
     home: Home, fake_ollama: FakeOllama
 ) -> None:
     """One fork ends on a reply and gets a new message; another ends on the agent's
-    question, which the daemon answers as any message. Each request holds its blocks 1..N
+    question and is asked to answer it again (``--rerun``), which the daemon does. Each request holds its blocks 1..N
     and nothing after them."""
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     src = make(home, "two questions")
@@ -567,9 +570,11 @@ def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
     say(src, "Second question?", "Second answer.", n=2)
     before = src.log.read_bytes()
     new = home.conv(cli(env, "fork", src.id, "--at", "2").stdout.strip())
-    asked = home.conv(cli(env, "fork", src.id, "--at", "3", "--topic", "asked").stdout.strip())
+    asked = home.conv(
+        cli(env, "fork", src.id, "--at", "3", "--topic", "asked", "--rerun").stdout.strip()
+    )
     st = read_state(asked)
-    assert st is not None and st.status is Status.PENDING  # a turn is due in it
+    assert st is not None and st.status is Status.PENDING  # asked to answer again: a turn is due
     drop_message(new, "A different second question?")
     cli(env, "run", "--once")  # exits 0, or fails with its stderr
     sent = sorted(  # the source had nothing to do: two requests, one per fork
@@ -594,3 +599,112 @@ def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
         st = read_state(conv)
         assert st is not None and (st.turns, st.messages_processed) == (2, 2)
     assert src.log.read_bytes() == before  # the source goes on as it was
+
+
+def runaway(home: Home) -> Conv:
+    """Blocks: 1 question, 2 answer, 3 question, 4 a runaway reply the agent cancelled."""
+    src = make(home, "runaway")
+    say(src, "First question?", "First answer.", n=1)
+    with open_writer(src) as w:
+        w.append_block("CLAUDE", "OLLAMA", "Count to a billion.", msg_id="m2")
+        r = w.reply("OLLAMA", "CLAUDE", "r2")
+        r.content("1 2 3 4 5 6 7 8 9 10 11 12")
+        r.abort(MarkerKind.CANCELLED, "generation stopped by the agent")
+    return src
+
+
+def sent_history(fake: FakeOllama) -> list[list[tuple[str, str]]]:
+    return [
+        [(m["role"], m["content"]) for m in r["messages"] if m["role"] != "system"]
+        for r in fake.chat_requests()
+    ]
+
+
+def test_a_fork_at_the_agents_own_block_waits_for_the_next_message(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    """Forking before a cancelled runaway reply (at the agent's question) runs no turn: the
+    fork waits, says so in its log and on stderr, and the next message continues from
+    there; ``--rerun`` asks the model to answer the question again at once."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    src = runaway(home)
+    made = cli(env, "fork", src.id, "--at", "3", "--topic", "held")
+    held = home.conv(made.stdout.strip())
+    assert made.stderr.strip() == (
+        f"forked {src.id} at block 3 of 4; it waits for your next message "
+        "(fork --rerun answers block 3 at once)"
+    )
+    st = read_state(held)
+    assert st is not None and st.status is Status.IDLE
+    [*_, last] = blocks(held)
+    assert last.text == "Count to a billion." and last.markers == (
+        (MarkerKind.FORKED, f"from {src.id} at block 3; the next message continues from here"),
+    )
+    cli(env, "run", "--once")
+    assert fake_ollama.chat_requests() == []  # no turn: the runaway is not run again
+    st = read_state(held)
+    assert st is not None and st.status is Status.IDLE
+    assert "idle: waiting for your next message" in cli(env, "status", held.id).stdout
+    drop_message(held, "Count to three instead.")
+    cli(env, "run", "--once")
+    assert sent_history(fake_ollama) == [
+        [
+            ("user", "First question?"),
+            ("assistant", "First answer."),
+            ("user", "Count to a billion."),
+            ("user", "Count to three instead."),
+        ]
+    ]
+    again = cli(env, "fork", src.id, "--at", "3", "--rerun", "--json")
+    out = json.loads(again.stdout)
+    assert out["waits_for_message"] is False
+    rerun = home.conv(out["id"])
+    assert all(not b.markers for b in blocks(rerun))  # nothing added: a turn is due
+    st = read_state(rerun)
+    assert st is not None and st.status is Status.PENDING
+    cli(env, "run", "--once")
+    assert sent_history(fake_ollama)[-1] == [
+        ("user", "First question?"),
+        ("assistant", "First answer."),
+        ("user", "Count to a billion."),
+    ]
+    assert blocks(rerun)[-1].sender == "OLLAMA"
+    # a fork that ends on a reply, or on the cancelled reply itself, has nothing to hold
+    for at in ("2", "4"):
+        plain = json.loads(cli(env, "fork", src.id, "--at", at, "--json").stdout)
+        assert plain["waits_for_message"] is False
+        assert MarkerKind.FORKED not in {
+            k for b in blocks(home.conv(plain["id"])) for k, _ in b.markers
+        }
+
+
+def test_mcp_and_dashboard_forks_wait_unless_asked_to_rerun(home: Home, served: Served) -> None:
+    src = runaway(home)
+    settings = settings_mod.load(home=home.root, env={}, config=None)
+
+    async def script() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with Client(mcp_server.build_server(settings)) as c:
+            outs = []
+            for rerun in (False, True):
+                made = await c.call_tool(
+                    "conversation_fork", {"conversation_id": src.id, "at": 3, "rerun": rerun}
+                )
+                assert not made.is_error, made.content
+                outs.append(json.loads(getattr(made.content[0], "text", "")))
+            return outs[0], outs[1]
+
+    held, rerun = asyncio.run(script())
+    assert held["waits_for_message"] is True and rerun["waits_for_message"] is False
+    for out, status in ((held, Status.IDLE), (rerun, Status.PENDING)):
+        st = read_state(home.conv(out["conversation_id"]))
+        assert st is not None and st.status is status
+    headers = {"Authorization": f"Bearer {served.token}"}
+    with httpx.Client(base_url=served.base, timeout=10, headers=headers) as web:
+        url = f"/api/conversations/{src.id}/fork"
+        for body, status in (({"at": 3}, Status.IDLE), ({"at": 3, "rerun": True}, Status.PENDING)):
+            ok = web.post(url, json=body)
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["waits_for_message"] is (status is Status.IDLE)
+            st = read_state(home.conv(ok.json()["id"]))
+            assert st is not None and st.status is status
+        assert web.post(url, json={"at": 3, "rerun": "yes"}).status_code == 400

@@ -446,12 +446,16 @@ class Dashboard:
 
     async def fork(self, request: Request) -> Response:
         """``{"offset": a block's cursor}`` (what the page's blocks carry) or ``{"at": N}``,
-        and ``"topic"`` if wanted: a new conversation from the blocks up to that one."""
+        and ``"topic"`` if wanted: a new conversation from the blocks up to that one. It
+        waits for the next message unless ``"rerun": true`` (see :func:`fork.fork`)."""
         try:
             body = await self._body(request)
             at, offset, topic = (_whole(body, "at"), _whole(body, "offset"), body.get("topic"))
+            rerun = body.get("rerun", False)
         except InputRejected as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        if not isinstance(rerun, bool):
+            return JSONResponse({"error": "rerun is true or false"}, status_code=400)
 
         def run() -> dict[str, Any]:
             from contemplation import fork
@@ -463,6 +467,7 @@ class Dashboard:
                 offset=offset,
                 topic=topic if isinstance(topic, str) else None,
                 durable=self.settings.durability == "fsync",
+                rerun=rerun,
             )
             return done.as_dict()
 

@@ -93,13 +93,15 @@ def build_fork(
     attachments: Path | None = None,
     status: Status = Status.PENDING,
     durable: bool = True,
+    then: str = "",
 ) -> Conv:
     """Make a new conversation in ``active/`` whose ``messages.log`` is ``log`` (the head
     of a file of the source's log, copied) and whose rotated segments are
     ``segments`` (oldest first: they become ``messages.N.log`` … ``messages.1.log``,
     hard-linked, copied where a link cannot be made). ``attachments``: a
-    folder copied (linked) as ``attachments/``. The state is rebuilt from that log, with
-    ``status``; ``meta``'s id is the folder's name, made from its topic.
+    folder copied (linked) as ``attachments/``. ``then``: system lines (a marker) that end
+    the log after the copied blocks. The state is rebuilt from that log, with ``status``;
+    ``meta``'s id is the folder's name, made from its topic.
 
     Nothing is visible in ``active/`` until the folder is whole (and, with ``durable``, on
     disk): it is built under a dot-name and renamed, never over an existing folder."""
@@ -108,7 +110,7 @@ def build_fork(
     staging = home.active / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir(DIR_MODE)
     try:
-        _stage(Conv(staging), meta, log, segments, attachments, status, durable=durable)
+        _stage(Conv(staging), meta, log, segments, attachments, status, durable=durable, then=then)
         made = _place(home, Conv(staging), meta, durable=durable)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -125,9 +127,10 @@ def _stage(  # noqa: PLR0917 - the parts of one folder
     status: Status,
     *,
     durable: bool,
+    then: str = "",
 ) -> None:
     """The fork's files under its dot-name: log, segments, attachments, state."""
-    _copy_new(conv.log, log.segment, log.length, durable=durable, then=b"\n")
+    _copy_new(conv.log, log.segment, log.length, durable=durable, then=b"\n" + then.encode())
     for n, seg in enumerate(reversed(segments), start=1):  # the newest is messages.1.log
         _place_segment(seg, conv.dir / f"messages.{n}.log", durable=durable)
     if attachments is not None and attachments.is_dir():
