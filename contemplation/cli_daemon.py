@@ -152,7 +152,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         results.append(row | {"warn": True} if warn else row)
 
     from contemplation import plugin_probe
-    from contemplation.validate import validate
+    from contemplation.validate import unset_sources, validate
 
     # each plugin loaded in a child first: one that ends or hangs its process is named, and
     # kept out of this one (the checks below load the others)
@@ -162,6 +162,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
     except ConfigError as exc:
         add("config", False, str(exc))
+    for line in unset_sources(s):  # the model is told only that the source is not there
+        add("template", True, line, warn=True)
     _check_home(s, home, add)
     from contemplation.reload import drift
 

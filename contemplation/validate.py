@@ -67,6 +67,36 @@ def check_template(tpl: Template, settings: Settings) -> None:
             )
 
 
+def unset_sources(settings: Settings) -> list[str]:
+    """Each template that gathers from a source this configuration has not set up, with the
+    setting to change: the person's to read (``doctor``). The model is told only that the
+    source is not available."""
+    tools = settings.tools
+    missing = {
+        "notes": None if tools.notes_vault else ("notes", "a notes vault", "tools.notes_vault"),
+        "files": None if tools.allowed_roots else ("files", "a folder", "tools.allowed_roots"),
+        "code_structure": None
+        if tools.allowed_roots
+        else ("a folder's layout", "a folder", "tools.allowed_roots"),
+    }
+    home = Home(settings.home)
+    out: list[str] = []
+    for name in sorted(template_dirs(home)):
+        try:
+            tpl = load_template(home, name)
+        except (ConfigError, NotFound):
+            continue  # reported by validate()
+        kinds = dict.fromkeys(str(r.get("type")) for r in tpl.context_requirements)
+        for kind in kinds:
+            if (gap := missing.get(kind)) is not None:
+                what, source, key = gap
+                out.append(
+                    f"{name} gathers {what}, but no {source.removeprefix('a ')} is "
+                    f"set: set {key} in the config"
+                )
+    return out
+
+
 def validate(settings: Settings) -> NeedRouter:
     """Raise :class:`ConfigError` (one line: key and source) on the first bad value; returns
     the checked need router, ready for the daemon to use."""

@@ -187,3 +187,28 @@ def test_assembly_with_a_running_mcp_server_is_fast(world: dict[str, Any], tmp_p
     sections, took = asyncio.run(main())
     assert "Europe/Berlin" in sections[-1].text
     assert took < 1.0
+
+
+def test_the_model_is_never_shown_a_hint_meant_for_the_user(tmp_path: Path) -> None:
+    """issue 38.8: the research template gathered "unavailable: no notes vault is configured:
+    set tools.notes_vault in the config" into the model's prompt. The model hears that the
+    source is not there; the setting to change is the person's (doctor names it)."""
+    home = Home(tmp_path / "home")
+    conv = Conv(home.active / "conv_1")
+    conv.dir.mkdir(parents=True)
+    settings = settings_mod.load(home=home.root, env={}, config=None)  # no vault, no roots
+    reqs = [
+        {"type": "notes", "query": "queues"},
+        {"type": "files", "paths": ["README.md"]},
+        {"type": "need", "need": "Search results for queues"},
+    ]
+
+    async def main() -> str:
+        async with NeedRouter(settings) as router:
+            return (await ContextAssembler(router, durable=False).assemble(conv, reqs))[1]
+
+    text = asyncio.run(main())
+    assert text.count("(unavailable: ") == 3, text
+    assert "notes vault" in text
+    for hint in ("tools.", "notes_vault", "allowed_roots", "search_tool", "the config", "[[routes"):
+        assert hint not in text, (hint, text)

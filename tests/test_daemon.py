@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -285,3 +286,18 @@ def test_respond_from_the_cli_answers_a_waiting_need(
     )
     nothing = cli(env, "respond", conv_id, "again", "--need", "1", check=False)
     assert nothing.returncode == 1 and "waits for nothing from the agent" in nothing.stderr
+
+
+def test_doctor_names_the_setting_a_template_source_lacks(home: Home, tmp_path: Path) -> None:
+    """issue 38.8: the hint meant for the user ("set tools.notes_vault") is the user's, in
+    doctor: the model is only told that the source is not there (tests/test_context.py)."""
+    env = base_env(home)
+    out = cli(env, "doctor", check=False).stdout
+    assert (
+        "warn template research gathers notes, but no notes vault is set: "
+        "set tools.notes_vault in the config"
+    ) in out, out
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    out = cli({**env, "CONTEMPLATION_TOOLS__NOTES_VAULT": str(vault)}, "doctor", check=False)
+    assert "notes_vault" not in out.stdout, out.stdout

@@ -94,8 +94,9 @@ def test_answer_text_and_limits(vault: Path) -> None:
 
 
 def test_no_vault_configured_or_missing(tmp_path: Path) -> None:
-    with pytest.raises(Unconfigured, match="notes_vault"):
+    with pytest.raises(Unconfigured, match="no notes vault is available") as unset:
         NotesSearch(None).search("x")
+    assert "notes_vault" in unset.value.hint and "notes_vault" not in str(unset.value)
     with pytest.raises(ToolError, match="does not exist"):
         NotesSearch(tmp_path / "nope").search("x")
     with pytest.raises(ToolError, match="missing argument 'query'"):

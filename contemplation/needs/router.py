@@ -489,8 +489,10 @@ class NeedRouter:
             detail = f"{tool_name} did not answer within {self.limits.tool_timeout:g} s"
         except Refused as exc:
             status, detail = "refused", str(exc)
-        except Unconfigured as exc:
+        except Unconfigured as exc:  # the model hears the words; the hint is the log's
             status, detail = "unconfigured", str(exc)
+            if exc.hint:
+                log.info("tool_unconfigured", tool=tool_name, conv=conv_id, hint=exc.hint)
         except ToolError as exc:
             status, detail = "failed", str(exc)
         except Exception as exc:

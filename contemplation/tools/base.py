@@ -28,7 +28,13 @@ class Refused(ToolError):
 
 
 class Unconfigured(ToolError):
-    """The tool is not set up (no notes vault, no search server)."""
+    """The tool is not set up (no notes vault, no search server). Its text is what the model
+    is told, in words about the source (the model cannot change the configuration); ``hint``
+    is the person's: the setting to change (the daemon's log, ``doctor``)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @runtime_checkable

@@ -206,7 +206,7 @@ class FileReader:
         """The real path of ``requested`` inside a root, or :class:`Refused` / ToolError."""
         if not self.roots:
             raise Unconfigured(
-                "no folders are allowed for reading: set tools.allowed_roots in the config"
+                "no folders are open for reading", hint="set tools.allowed_roots in the config"
             )
         if "\x00" in requested:
             raise Refused("the path contains a NUL byte")

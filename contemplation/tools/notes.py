@@ -136,7 +136,9 @@ class NotesSearch:
 
     def _root(self) -> Path:
         if self.vault is None:
-            raise Unconfigured("no notes vault is configured: set tools.notes_vault in the config")
+            raise Unconfigured(
+                "no notes vault is available", hint="set tools.notes_vault in the config"
+            )
         try:
             return self.vault.resolve(strict=True)
         except OSError:

@@ -12,9 +12,10 @@ from typing import Any
 from contemplation.tools.base import ToolResult, Unconfigured, fill, text_arg
 from contemplation.tools.mcp import McpPool
 
-NOT_CONFIGURED = (
-    'no search tool is configured: set tools.search_tool = "server:tool" (a tool of one of '
-    "the [mcp_servers]) in the config, or add a [[routes]] rule for 'Search results for'"
+NOT_CONFIGURED = "no search tool is available"
+SETUP_HINT = (
+    'set tools.search_tool = "server:tool" (a tool of one of the [mcp_servers]) in the '
+    "config, or add a [[routes]] rule for 'Search results for'"
 )
 
 
@@ -36,7 +37,7 @@ class ConfiguredSearch:
 
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         if not self.configured:
-            raise Unconfigured(NOT_CONFIGURED)
+            raise Unconfigured(NOT_CONFIGURED, hint=SETUP_HINT)
         query = text_arg(arguments, "query")
         args = fill(self.arguments, {"query": query, "need": query, "rest": query})
         return await self.pool.call(self.server, self.tool, args)
