@@ -763,6 +763,16 @@ def _update_row(
     _put_row(conn, conv, archived, keys=keys, meta=meta, facts=facts, problem=problem)
 
 
+def _unstated(conn: sqlite3.Connection, conv_id: str, meta: dict[str, Any]) -> str:
+    """The status of a folder no daemon has written a state for: idle when the model spoke
+    last (the next word is the agent's, as the daemon would say), else pending."""
+    got = conn.execute(
+        "SELECT sender FROM blocks WHERE conv = ? ORDER BY at DESC LIMIT 1", (conv_id,)
+    ).fetchone()
+    label = str(meta.get("agent_label") or "CLAUDE")
+    return "idle" if got is not None and got[0] != label else "pending"
+
+
 def _put_row(
     conn: sqlite3.Connection,
     conv: Conv,
@@ -779,6 +789,8 @@ def _put_row(
     if state is None:
         got, why = read_json_why(conv.state)
         state, problem = got or {}, "; ".join(w for w in (problem, why) if w)
+    if not problem and "status" not in state:  # made by hand or imported: the log says
+        state = {**state, "status": _unstated(conn, conv.id, meta)}
     row = summary_row(conv, archived, meta, state, facts, problem)
     turn = state.get("last_turn")
     usage: dict[str, Any] = turn if isinstance(turn, dict) else {}

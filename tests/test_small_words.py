@@ -144,3 +144,28 @@ def test_an_exact_topic_wins_over_longer_topics_and_a_cut_list_says_how_many_mor
         locate(home, "plan")
     assert "matches 7 conversations" in str(got.value)
     assert str(got.value).endswith(", and 2 more"), str(got.value)
+
+
+def _imported(home: Home, name: str, last_by_model: bool) -> None:
+    """A folder copied into completed/ by hand: a log, no state.json."""
+    folder = home.completed / name
+    folder.mkdir(parents=True)
+    blocks = [
+        "=== CLAUDE -> OLLAMA [2026-03-01 09:12:40] ===\nWhy does the WAL keep growing?\n",
+        "=== OLLAMA -> CLAUDE [2026-03-01 09:12:58] ===\nAn open reader holds it back.\n",
+    ]
+    (folder / "messages.log").write_text("\n".join(blocks if last_by_model else blocks[:1]))
+
+
+def test_an_imported_archive_the_model_answered_last_is_not_pending(home: Home) -> None:
+    """A folder copied into completed/ without state.json was listed `pending (archived)`
+    although its last block is the model's: nothing is pending, the next word is the
+    agent's (what the daemon calls idle)."""
+    _imported(home, "conv_20260301-083000_wal-checkpoints", last_by_model=True)
+    _imported(home, "conv_20260302-083000_unanswered", last_by_model=False)
+    env = base_env(home)
+    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--all", "--json").stdout)}
+    assert rows["conv_20260301-083000_wal-checkpoints"]["status"] == "idle"
+    assert rows["conv_20260302-083000_unanswered"]["status"] == "pending"
+    table = cli(env, "list", "--all").stdout
+    assert "idle (archived)" in table, table
