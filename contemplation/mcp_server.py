@@ -45,6 +45,7 @@ from contemplation.mcp_faces import (
     _json,
 )
 from contemplation.mcp_subscriptions import Subscriptions
+from contemplation.mcp_tasks import TasksExtension
 from contemplation.models import Decision, Status
 from contemplation.reading import log_text
 from contemplation.settings import Settings
@@ -160,6 +161,7 @@ class ContemplationServer(MCPServer[Any]):
             log_level="WARNING",
             lifespan=lifespan,
             subscriptions=subs.bus,
+            extensions=[TasksExtension(self.faces)],  # tasks to a client that takes them
         )
         subs.install(self)
         self.aliases: dict[str, dict[str, str]] = {}  # tool → {alias: the argument it names}
@@ -314,6 +316,13 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         *,
         attachments: Attachments = None,
         schema: Schema = None,
+        retract: Annotated[
+            bool,
+            Field(description="first withdraw the last turn (failed or cancelled) for good"),
+        ] = False,
+        model: Annotated[
+            str | None, Field(description="from this message on, this model (conversation_models)")
+        ] = None,
     ) -> str:
         """Answer a need (kind "need" in `waiting`), or send a plain message when nothing
         waits. Lookups waiting for approval take conversation_approve. Returns a cursor."""
@@ -322,6 +331,11 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         text = _with_schema(response, schema, settings.max_schema_bytes) or response
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
+            changed: dict[str, Any] = {}
+            if retract:
+                changed["retracted"] = actions.retract(settings, conv)["retracted"]
+            if model is not None:
+                changed["model"] = actions.set_model(settings, conv, model)["model"]
             meta = read_metadata(conv)
             files = faces.attached(attachments or (), meta.template if meta else None)
             done = actions.respond(
@@ -335,7 +349,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
                 since=cursor,
                 files=files,
             )
-        return _json({"conversation_id": conv.id} | done)
+        return _json({"conversation_id": conv.id} | changed | done)
 
     @tool(ToolAnnotations(open_world_hint=False))
     @_errors_as_tool_errors
