@@ -172,7 +172,7 @@ def test_a_stream_cut_mid_body_is_a_cut_after_what_came_before(server: str) -> N
                     got.append(chunk)
             stream.close()
             assert err.value.kind is ErrorKind.CUT and err.value.transient
-            assert str(err.value).startswith("the fake: the stream was cut")
+            assert str(err.value).startswith("the fake: the server closed the connection")
             # the broken connection is not reused
             assert (await http.request("GET", "/json", within=5)).status == 200
         return got
@@ -322,3 +322,26 @@ def test_a_stream_right_after_a_reply_whose_connection_was_closed_goes_out_again
     with serving(_ClosesAfterEachReply) as url:
         assert run(go(url)) == [b"data: one\n\n"] * 30
     assert _ClosesAfterEachReply.posts == 30  # each request reached it once
+
+
+def test_a_cut_is_said_in_words_and_its_exception_only_logged(server: str) -> None:
+    """issue 38.8: the INTERRUPTED line carried aiohttp's own words ("TransferEncodingError:
+    400, message='Not enough data…'", where 400 is no HTTP status). The reason says what
+    happened; the exception stays in the daemon's structured log."""
+    from structlog.testing import capture_logs
+
+    async def go() -> BackendError:
+        async with client(server) as http:
+            stream = await http.stream("/cut", {"x": 1}, first_byte=5, silent="it")
+            with pytest.raises(BackendError) as err:
+                async for _ in stream.chunks("the fake"):
+                    pass
+            stream.close()
+            return err.value
+
+    with capture_logs() as logs:
+        exc = run(go())
+    assert str(exc) == "the fake: the server closed the connection in the middle of the reply"
+    [entry] = [e for e in logs if e["event"] == "stream_cut"]
+    assert entry["log_level"] == "warning" and "Error" in entry["error"]
+    assert entry["what"] == "the fake"

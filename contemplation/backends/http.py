@@ -25,6 +25,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from contemplation.errors import BackendError, ConfigError, ErrorKind
 from contemplation.redact import credentials, redacted
 
@@ -60,6 +62,22 @@ def proxy_for(url: str) -> str | None:
     return urllib.request.getproxies().get(parsed.scheme)
 
 
+log = structlog.get_logger("contemplation.http")
+
+
+def _in_words(exc: BaseException) -> str:
+    """What a transport failure means, for a person (a line in messages.log): the client's
+    own exception text ("TransferEncodingError: 400, ..." where 400 is no HTTP status) is
+    for the daemon's log."""
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return "the server closed the connection in the middle of the reply"
+    if isinstance(exc, ConnectionResetError):
+        return "the connection was reset in the middle of the reply"
+    return "the connection broke in the middle of the reply"
+
+
 def failure(exc: BaseException, url: str) -> BackendError:
     """A transport failure (no HTTP answer) as a transient :class:`BackendError`."""
     import aiohttp
@@ -73,10 +91,10 @@ def failure(exc: BaseException, url: str) -> BackendError:
         )
     if isinstance(exc, TimeoutError):
         return BackendError(f"timed out talking to {url}", transient=True, kind=ErrorKind.TIMEOUT)
+    log.warning("connection_failed", url=url, error=redacted(f"{type(exc).__name__}: {exc}"))
+    words = _in_words(exc).removesuffix(" in the middle of the reply")
     return BackendError(
-        redacted(f"connection to {url} failed: {type(exc).__name__}: {exc}"),
-        transient=True,
-        kind=ErrorKind.CONNECTION,
+        f"connection to {url} failed: {words}", transient=True, kind=ErrorKind.CONNECTION
     )
 
 
@@ -117,10 +135,10 @@ class Stream:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
         except (aiohttp.ClientError, OSError) as exc:
+            error = redacted(f"{type(exc).__name__}: {exc}")
+            log.warning("stream_cut", what=what, error=error)  # the detail: the log's only
             raise BackendError(
-                f"{what}: the stream was cut ({type(exc).__name__}: {exc})",
-                transient=True,
-                kind=ErrorKind.CUT,
+                f"{what}: {_in_words(exc)}", transient=True, kind=ErrorKind.CUT
             ) from exc
 
     async def read(self, limit: int = 64 * 1024, within: float = 10.0) -> bytes:
