@@ -11,6 +11,10 @@ probe (half-open); its success closes the breaker, its failure opens it again fo
 long (up to ``max_cooldown``). Permanent errors (a missing model, a bad request) say nothing
 about the server's health and do not count.
 
+A provider found dead (a connection refused) while another provider of an alias can take its
+turns is *watched* instead (:meth:`Breaker.watch`): it rests until a background probe (see
+:mod:`contemplation.probing`) finds it back, and no user's turn probes it.
+
 A rest is a duration, measured on ``steady`` (the monotonic clock), so a wall clock stepped
 backwards never lengthens it; the times a breaker answers and is given are wall times
 (``clock``: what state.json and the faces show).
@@ -38,6 +42,7 @@ class Breaker:
     opened_at: float | None = None  # on the steady clock
     current_cooldown: float = 0.0
     probing: bool = False
+    watched: bool = False  # rests until a background probe says it is back (no turn probes)
 
     def _now(self) -> float:
         return (self.steady or self.clock)()
@@ -54,9 +59,9 @@ class Breaker:
         changes)."""
         until = self.open_until
         now = self._now()
-        if until is None or (now >= until and not self.probing):
+        if until is None or (now >= until and not self.probing and not self.watched):
             return None
-        left = max(until - now, 0.5) if self.probing else until - now
+        left = max(until - now, 0.5) if self.probing or self.watched else until - now
         return self.clock() + left
 
     def allow(self) -> bool:
@@ -64,7 +69,7 @@ class Breaker:
         until = self.open_until
         if until is None:
             return True
-        if self._now() < until or self.probing:
+        if self._now() < until or self.probing or self.watched:
             return False
         self.probing = True
         return True
@@ -74,6 +79,7 @@ class Breaker:
         self.opened_at = None
         self.current_cooldown = 0.0
         self.probing = False
+        self.watched = False
 
     def failure(self) -> None:
         self.failures += 1
@@ -96,6 +102,17 @@ class Breaker:
         rest = min(LONGEST_TRIP, max(0.0, until - self.clock()))
         self.opened_at, self.current_cooldown = self._now(), rest
         self.probing = False
+
+    def watch(self, until: float) -> None:
+        """Rest until a background probe calls :meth:`success`; ``until`` (a wall time: the
+        next probe's) is what :meth:`resting` answers meanwhile. No turn may probe."""
+        self.trip(until)
+        self.watched = True
+
+    def unwatch(self) -> None:
+        """The probe stopped (the daemon stops): the rest ends as any other, and a turn
+        probes after it."""
+        self.watched = False
 
 
 @dataclass

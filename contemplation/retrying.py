@@ -52,29 +52,46 @@ class On:
         return self.target.model
 
 
-def rest(rt: Runtime, w: ConvWriter, until: float, failures: int) -> Wait:
-    """The backend keeps failing: wait for the breaker instead of calling it again."""
+def rest(rt: Runtime, w: ConvWriter, until: float, target: Target) -> Wait:
+    """Every provider the turn may use rests: wait for the first to be tried again instead of
+    calling one. The words name each provider and why it rests."""
     meta = w.meta
     if w.state.next_retry_at is None or w.state.next_retry_at < until:
+        why = "; ".join(_why_resting(rt, p, target.model) for p in target.providers)
+        of = f"{target.alias}: " if target.alias else ""
         w.retry_at(
             until,
             settings=backend_fingerprint(rt.settings, meta.backend),
             kind=ErrorKind.CIRCUIT_OPEN,
-            message=f"{meta.backend} ({meta.model}) failed {failures} times in a row; resting "
-            f"until {time.strftime('%H:%M:%S', time.localtime(until))}",
+            message=f"{of}{why}; resting until {time.strftime('%H:%M:%S', time.localtime(until))}",
         )
     return Wait(until)
 
 
+def _why_resting(rt: Runtime, provider: str, model: str) -> str:
+    guard = rt.guard(provider, model)
+    if guard.server.watched:
+        return f"{provider} cannot be reached (probed in the background)"
+    return f"{provider} ({model}) failed {guard.failures} times in a row"
+
+
+# a failure that says nothing answers at the provider's address: an alias's turns go to its
+# other providers, and a background probe (not a user's turn) finds out when it is back
+_DEAD = frozenset({ErrorKind.UNREACHABLE, ErrorKind.CONNECTION})
+
+
 def pause(rt: Runtime, on: On, exc: BackendError) -> list[str]:
     """The provider is in trouble. A 429 or 503 with Retry-After pauses it (for every
-    conversation) that long; an alias's provider rests for the breaker's cooldown so that
+    conversation) that long; an alias's provider that cannot be reached rests until a
+    background probe finds it back, one in other trouble for the breaker's cooldown, so that
     its turns go elsewhere. One that went away is asked its limits again when it is back.
     Returns the alias's other providers that may take the turn now."""
     if exc.server_down or exc.kind is ErrorKind.CUT:
         rt.stale(on.provider)
     several = len(on.target.providers) > 1
-    if exc.retry_after is not None or several:
+    if several and exc.retry_after is None and exc.kind in _DEAD:
+        rt.watch(on.provider)
+    elif exc.retry_after is not None or several:
         wait_s = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
         on.guard.server.trip(rt.clock() + min(wait_s, RETRY_AFTER_CAP))
     if not several:

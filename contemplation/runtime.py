@@ -22,6 +22,7 @@ from contemplation.errors import BackendError, LockBusy
 from contemplation.layout import Conv, Home, topic_of_id
 from contemplation.models import ConvEvent, Metadata
 from contemplation.needs.router import NeedRouter
+from contemplation.probing import Prober
 from contemplation.reload import backend_fingerprint
 from contemplation.retryclock import RetryClock, longest_wait
 from contemplation.scheduler import ModelScheduler
@@ -62,9 +63,11 @@ class Runtime:
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
     retries: RetryClock = field(init=False, repr=False)  # retry times, on the monotonic clock
+    prober: Prober = field(init=False, repr=False)  # dead providers, probed in the background
 
     def __post_init__(self) -> None:
         self.retries = RetryClock(wall=self.clock, steady=self.steady)
+        self.prober = Prober(clock=self.clock)
 
     def retry_due(self, conv_id: str, at: float | None, now: float) -> float | None:
         """state.json's retry time ``at`` as a wall time in the terms of ``now`` (see
@@ -117,6 +120,17 @@ class Runtime:
         backend = self.backends.get(name)
         if isinstance(backend, KnowsLimits):
             backend.stale()
+
+    def watch(self, name: str) -> None:
+        """Provider ``name`` cannot be reached: it rests until a background probe of its
+        model list answers (no user's turn is sent to find out), asked at most
+        ``breaker_cooldown`` apart."""
+        self.prober.watch(
+            name,
+            self.breaker(name),
+            lambda: self.backend(name).models,
+            self.settings.breaker_cooldown,
+        )
 
     def breaker(self, name: str) -> Breaker:
         if name not in self.breakers:
@@ -230,6 +244,7 @@ class Runtime:
 
     async def aclose(self) -> None:
         """Close clients and tool servers (they belong to the running event loop)."""
+        await self.prober.aclose()
         for old in self.retired:
             await _close_quietly(old)
         self.retired.clear()

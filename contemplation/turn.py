@@ -87,7 +87,7 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     usable = [p for p in target.providers if guards[p].resting() is None]
     if not usable:  # every provider rests: wait for the first to be tried again
         until = min(t for g in guards.values() if (t := g.resting()) is not None)
-        return rest(rt, w, until, max(g.failures for g in guards.values()))
+        return rest(rt, w, until, target)
     for name in usable:
         await rt.limits(name)  # its slots, asked once (again after it went away)
     served = meta.model_copy(
@@ -102,8 +102,11 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     async with slot_any(pool, target.model) as (provider, held):
         on = On(provider, target, guards[provider])
         # checked again with the slot held: the turns queued behind a failing one must not
-        # each try the server once more
+        # each try the server once more; one whose alias has a provider not resting goes
+        # there at once instead of waiting out this one's rest
         if not on.guard.allow():
+            if any(g.resting() is None for p, g in guards.items() if p != provider):
+                return AGAIN
             until = on.guard.resting() or rt.clock() + 0.5
         else:
             try:
@@ -116,7 +119,7 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
                 )
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try
-    return rest(rt, w, until, on.guard.failures)
+    return rest(rt, w, until, target)
 
 
 def _grown(rt: Runtime, w: ConvWriter) -> bool:

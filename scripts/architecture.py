@@ -10,7 +10,7 @@ higher layer is an arrow up). Modules named by prefix; the first match wins:
                   sdnotify logs plugins privacy redact
     1 reading     layout logview templates settings conversation reload breaker providers
                   activity waiting context_kinds index_rows attachments cursors structured
-                  openfiles
+                  openfiles probing
                   (structured is pure: the templates check their schema with it)
     2 writer      writer/
     3 services    tools/ backends/ index_db listing search_index retention
@@ -41,7 +41,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
          "schema_rules", "search_query")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
          "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
-         "structured", "cursors", "openfiles", "logstream", "retryclock")),
+         "structured", "cursors", "openfiles", "logstream", "retryclock", "probing")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
     (4, ("needs", "context", "summarise", "prompts", "budget")),

@@ -70,6 +70,7 @@ class FakeOllama:
         self.script: deque[Step] = deque()
         self.requests: list[dict[str, Any]] = []
         self.request_times: list[float] = []
+        self.gets: list[str] = []  # the paths of GET requests (health and model lists)
         self.aborted = 0  # streams the client closed before their end
         self.models: dict[str, dict[str, Any]] = {
             "llama3.2": {"capabilities": ["completion", "tools"], "arch": "llama", "ctx": 131072},
@@ -152,6 +153,9 @@ class _Handler(JsonHandler):
 
     def do_GET(self) -> None:
         fake = self.server_fake
+        with fake.lock:
+            fake.gets.append(self.path)
+            del fake.gets[:-1000]  # a server polled for hours stays bounded
         if self.path == "/":
             body = b"Ollama is running"
             self.send_response(200)
