@@ -138,6 +138,20 @@ def _check_home(s: Settings, home: Home, add: Callable[..., None]) -> None:
         )
 
 
+def _check_config(s: Settings, add: Callable[..., None]) -> bool:
+    """doctor's row for the config: the very check `run` makes at start (and a reload). False
+    when it fails: then no reload is suggested, as it would be refused."""
+    from contemplation.validate import validate
+
+    try:
+        validate(s)
+    except ConfigError as exc:
+        add("config", False, str(exc))
+        return False
+    add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
+    return True
+
+
 @click.command()
 @json_option('Print {"ok", "checks": [{"check", "ok", "detail"}]} as JSON.')
 @click.pass_context
@@ -152,22 +166,18 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         results.append(row | {"warn": True} if warn else row)
 
     from contemplation import plugin_probe
-    from contemplation.validate import unset_sources, validate
+    from contemplation.validate import unset_sources
 
     # each plugin loaded in a child first: one that ends or hangs its process is named, and
     # kept out of this one (the checks below load the others)
     probed = plugin_probe.probe()
-    try:
-        validate(s)  # the very check `run` makes at start
-        add("config", True, str(s.config_file) if s.config_file else "defaults (no config file)")
-    except ConfigError as exc:
-        add("config", False, str(exc))
+    valid = _check_config(s, add)
     for line in unset_sources(s):  # the model is told only that the source is not there
         add("template", True, line, warn=True)
     _check_home(s, home, add)
     from contemplation.reload import drift
 
-    differs = drift(home, s)
+    differs = drift(home, s, valid=valid)
     if differs:
         add("daemon", True, differs, warn=True)
     for where, why in refused_folders(home):

@@ -109,15 +109,22 @@ def load_new(loader: Callable[[], Settings], check: Callable[[Settings], Any]) -
     return new
 
 
-def drift(home: Home, settings: Settings) -> str | None:
+def drift(home: Home, settings: Settings, *, valid: bool = True) -> str | None:
     """A line when the running daemon's settings differ from ``settings`` (None: the same, or
-    no daemon, or one too old to say)."""
+    no daemon, or one too old to say). ``valid``: whether ``settings`` pass the check a reload
+    makes; a reload that would be refused is not suggested."""
     info = read_json(home.daemon_info) or {}
     running = info.get("settings")
     if not running or running == fingerprint(settings):
         return None
     pid = info.get("pid", "?")
     source = settings.config_file or "the environment"
+    if not valid:
+        return (
+            f"the running daemon (pid {pid}) runs other settings than {source} says, but "
+            f"{source} does not validate (see the config check): a reload would be refused, "
+            "so fix it first"
+        )
     return (
         f"the running daemon (pid {pid}) runs other settings than {source} says: reload it "
         f"with `contemplation service reload` (or `kill -HUP {pid}`)"

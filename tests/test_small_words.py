@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +20,7 @@ from contemplation.layout import Conv, Home
 from contemplation.reading import locate
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import ROOT, base_env, cli, wait_for
+from tests.conftest import ROOT, DaemonProc, base_env, cli, wait_for
 
 
 def make_conv(home: Home, topic: str = "follow me") -> Conv:
@@ -164,8 +166,37 @@ def test_an_imported_archive_the_model_answered_last_is_not_pending(home: Home) 
     _imported(home, "conv_20260301-083000_wal-checkpoints", last_by_model=True)
     _imported(home, "conv_20260302-083000_unanswered", last_by_model=False)
     env = base_env(home)
-    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--all", "--json").stdout)}
+    listed = json.loads(cli(env, "list", "--all", "--json").stdout)["conversations"]
+    rows = {r["id"]: r for r in listed}
     assert rows["conv_20260301-083000_wal-checkpoints"]["status"] == "idle"
     assert rows["conv_20260302-083000_unanswered"]["status"] == "pending"
     table = cli(env, "list", "--all").stdout
     assert "idle (archived)" in table, table
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_doctor_hints_name_the_providers_own_keys_and_no_reload_that_would_be_refused(
+    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """A named provider with its own url was told "set OPENAI_BASE_URL (or openai.base_url)",
+    which it never reads; and doctor suggested `service reload` for a file the reload refuses."""
+    config = tmp_path / "config.toml"
+    good = f'[providers.lab]\nkind = "openai"\nurl = "http://127.0.0.1:{_free_port()}/v1"\n'
+    config.write_text(good)
+    env = base_env(home, CONTEMPLATION_CONFIG=str(config))
+    out = cli(env, "doctor", check=False).stdout
+    lab = next(line for line in out.splitlines() if line.split()[1:2] == ["lab"])
+    hint = out.split(lab, 1)[1].splitlines()[1]
+    assert "hint:" in hint and "OPENAI_BASE_URL" not in hint and "openai.base_url" not in hint
+    assert "providers.lab.url" in hint, hint
+    daemon_factory(env, home).wait_ready()
+    config.write_text('default_backend = "nope"\n' + good)  # loads, but does not validate
+    out = cli(env, "doctor", check=False).stdout
+    assert "runs other settings than" in out, out
+    assert "service reload" not in out and "kill -HUP" not in out, out
+    assert "would be refused" in out, out

@@ -86,6 +86,7 @@ class OpenAIBackend:
         where: str = "openai.url",
     ) -> None:
         self.name = name
+        self.where = where  # the key its URL came from, for the hints that name it
         # a password in the URL is sent as Basic auth, never kept in it (every error text and
         # check line names base_url); with an api key as well, which one is meant is unclear
         self.base_url, auth = credentials(normalize_base_url(base_url))
@@ -268,12 +269,7 @@ class OpenAIBackend:
         try:
             entries = await self._models()
         except BackendError as exc:
-            hint = (
-                "set OPENAI_API_KEY (or openai.api_key)"
-                if exc.kind == "auth"
-                else "start the server, or set OPENAI_BASE_URL (or openai.base_url)"
-            )
-            return [Check(self.name, False, str(exc), (hint,))]
+            return [Check(self.name, False, str(exc), (self._hint(exc.kind),))]
         if entries is None:
             return [
                 Check(
@@ -296,6 +292,17 @@ class OpenAIBackend:
                     Check("model", False, f"{model} is not among the server's models", tuple(ids))
                 )
         return checks
+
+    def _hint(self, kind: str) -> str:
+        """What to do when the server cannot be reached or refuses the key: the keys this
+        provider reads (the environment's OPENAI_* only reach the ``[openai]`` section)."""
+        table = self.where.rpartition(".")[0]
+        section = table == "openai"
+        if kind == "auth":
+            return "set OPENAI_API_KEY (or openai.api_key)" if section else f"set {table}.api_key"
+        if self.where == "openai.base_url":
+            return "start the server, or set OPENAI_BASE_URL (or openai.base_url)"
+        return f"start the server at {self.base_url}, or change {self.where}"
 
     async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None  # the API is stateless
