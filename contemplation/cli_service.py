@@ -97,15 +97,24 @@ def logs(ctx: click.Context, manager: str, dry_run: bool, lines: int, follow: bo
 @click.pass_context
 def reload(ctx: click.Context) -> None:
     """Make the running daemon re-read its configuration (SIGHUP): turns in flight finish,
-    new turns use the new settings; a bad file is refused and the old settings kept."""
+    new turns use the new settings. The file is checked first, as the daemon checks it: a
+    bad one is refused here (exit 1, with the reason) and the old settings kept."""
     import os
     import signal
 
+    from contemplation.errors import ContemplationError
     from contemplation.exits import fail
     from contemplation.layout import Home, read_json
+    from contemplation.reload import load_new
+    from contemplation.validate import validate
     from contemplation.writer import daemon_alive
 
-    home = Home(ctx_settings(ctx).home)
+    settings = ctx_settings(ctx)
+    try:  # the check the daemon makes on SIGHUP (and doctor's): a refusal is said here
+        load_new(lambda: settings, validate)
+    except ContemplationError as exc:
+        fail(f"not reloaded: {exc} (the daemon keeps the settings it runs with)")
+    home = Home(settings.home)
     info = read_json(home.daemon_info) or {}
     pid = info.get("pid")
     if not daemon_alive(home) or not isinstance(pid, int):
