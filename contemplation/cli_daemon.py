@@ -180,6 +180,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     differs = drift(home, s, valid=valid)
     if differs:
         add("daemon", True, differs, warn=True)
+    from contemplation import service
+
+    carried = service.drift(service.default_manager())  # the shell's OPENAI_*, OLLAMA_HOST...
+    if carried:
+        add("service", True, carried, warn=True)
     for where, why in refused_folders(home):
         add("folders", True, f"{where} is not taken: {why}", warn=True)
     from contemplation.openfiles import being_written_at

@@ -9,9 +9,11 @@ idempotent; uninstalling removes only the unit file, never a conversation.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import plistlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contemplation import service_env
 from contemplation.errors import ConfigError, ContemplationError
+from contemplation.service_env import Carried
 from contemplation.settings import Settings
 from contemplation.writer import atomic_write_bytes
 
@@ -30,7 +34,6 @@ Manager = Literal["systemd", "launchd"]
 UNIT = "contemplation.service"
 LABEL = "com.contemplation.daemon"
 TEMPLATES = Path(__file__).parent / "service_templates"  # a link to service/ in the repo
-DEFAULT_OLLAMA = "http://127.0.0.1:11434"
 MAC_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 BOOTOUT_WAIT = 10.0
 
@@ -47,7 +50,8 @@ class Context:
     python: Path
     home: Path
     config: Path | None
-    ollama_host: str
+    carried: Carried  # the shell's settings the service runs with (see service_env)
+    env_file: Path  # where its secrets are kept, mode 0600
     path: str
     log_dir: Path
 
@@ -68,7 +72,8 @@ def context(settings: Settings, env: dict[str, str] | None = None) -> Context:
         python=python,
         home=settings.home.absolute(),
         config=config,
-        ollama_host=str(settings.ollama.get("host") or env.get("OLLAMA_HOST") or DEFAULT_OLLAMA),
+        carried=service_env.carried(env),
+        env_file=service_env.env_file(),
         path=f"{python.parent}:{MAC_PATH}",
         log_dir=Path.home() / "Library" / "Logs" / "contemplation",
     )
@@ -97,8 +102,10 @@ def systemd_quote(arg: str, *, expand: bool = True) -> str:
 
 def render_systemd(ctx: Context) -> str:
     argv = [str(ctx.python), "-m", "contemplation", *ctx.args, "run"]
-    env = {"PYTHONUNBUFFERED": "1", "OLLAMA_HOST": ctx.ollama_host}
+    env = {"PYTHONUNBUFFERED": "1", **ctx.carried.public}
     lines = [f"Environment={systemd_quote(f'{k}={v}', expand=False)}" for k, v in env.items()]
+    if ctx.carried.secret:  # never in the unit itself: a file only the user can read
+        lines.append(f"EnvironmentFile={str(ctx.env_file).replace('%', '%%')}")
     return (
         _template(UNIT)
         .replace("@EXEC_START@", " ".join(systemd_quote(a) for a in argv))
@@ -120,16 +127,80 @@ def _fill(value: Any, ctx: Context) -> Any:
             ("@PYTHON@", str(ctx.python)),
             ("@WORKDIR@", str(ctx.home)),
             ("@PATH@", ctx.path),
-            ("@OLLAMA_HOST@", ctx.ollama_host),
             ("@LOGDIR@", str(ctx.log_dir)),
         ):
             value = value.replace(key, sub)
     return value
 
 
+#: the LaunchAgent's wrapper when there are secrets: ``$0`` is the 0600 file, read with every
+#: name exported, then the daemon's argv is exec'd (no quoting: each word is its own argument)
+SH_WRAPPER = ["/bin/sh", "-c", 'set -a; . "$0"; set +a; exec "$@"']
+
+
 def render_launchd(ctx: Context) -> bytes:
     template = plistlib.loads(_template(f"{LABEL}.plist").encode())
-    return plistlib.dumps(_fill(template, ctx), sort_keys=False)
+    data = _fill(template, ctx)
+    data["EnvironmentVariables"].update(ctx.carried.public)
+    if ctx.carried.secret:  # a plist has no EnvironmentFile: a wrapper reads the 0600 file
+        data["ProgramArguments"] = [*SH_WRAPPER, str(ctx.env_file), *data["ProgramArguments"]]
+    return plistlib.dumps(data, sort_keys=False)
+
+
+def installed_env(manager: Manager) -> dict[str, str] | None:
+    """The shell's variables the installed service was given (None: not installed)."""
+    path = unit_path(manager)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    out: dict[str, str] = {}
+    secrets = False
+    if manager == "systemd":
+        for line in raw.decode(errors="replace").splitlines():
+            if line.startswith("Environment="):
+                name, _, value = _systemd_unquote(line[len("Environment=") :]).partition("=")
+                out[name] = value
+            secrets = secrets or line.startswith("EnvironmentFile=")
+    else:
+        try:
+            data = plistlib.loads(raw)
+        except (plistlib.InvalidFileException, ValueError):  # edited by hand: no comparison
+            return None
+        out.update(data.get("EnvironmentVariables") or {})
+        secrets = (data.get("ProgramArguments") or [None])[0] == SH_WRAPPER[0]
+    for own in ("PYTHONUNBUFFERED", "PATH"):  # the service's own, not the shell's
+        out.pop(own, None)
+    if secrets:
+        with contextlib.suppress(OSError):
+            out.update(service_env.parse_file(service_env.env_file().read_text()))
+    return out
+
+
+def _systemd_unquote(word: str) -> str:
+    """The inverse of :func:`systemd_quote` (``expand=False``) for one word it wrote."""
+    if word.startswith('"') and word.endswith('"') and len(word) >= 2:
+        word = re.sub(r"\\(.)", r"\1", word[1:-1])
+    return word.replace("%%", "%")
+
+
+def drift(manager: Manager, env: dict[str, str] | None = None) -> str | None:
+    """A line for ``doctor`` when the installed service was given other settings than this
+    shell has (None: the same, or no service installed)."""
+    installed = installed_env(manager)
+    if installed is None:
+        return None
+    try:
+        now = service_env.carried(dict(os.environ) if env is None else env)
+    except ConfigError as exc:
+        return f"this shell's settings cannot be carried into the service: {exc}"
+    differs = service_env.differences(now, installed)
+    if not differs:
+        return None
+    return (
+        f"the service ({unit_path(manager)}) runs with other settings than this shell: "
+        f"{', '.join(differs)}; carry them with `contemplation service install`"
+    )
 
 
 # --------------------------------------------------------------------------- plans
@@ -150,11 +221,16 @@ class Plan:
     content: bytes | None  # what is written there (None: removed, or nothing written)
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    env_file: Path | None = None  # the secrets' file (install: written or removed; uninstall)
+    secrets: Carried | None = None  # install: what goes into env_file (none: it is removed)
 
     def describe(self) -> str:
         out = [f"# {self.action} ({self.manager})"]
         if self.content is not None:
             out += [f"# write {self.path}:", self.content.decode().rstrip("\n")]
+        if self.secrets is not None and self.secrets.secret and self.env_file is not None:
+            names = ", ".join(f"{k}={service_env.MASK}" for k in sorted(self.secrets.secret))
+            out.append(f"# write {self.env_file} (mode 0600): {names}")
         elif self.action == "uninstall":
             out.append(f"# remove {self.path}")
         for s in self.steps:
@@ -190,16 +266,21 @@ def plan(
         sc = ["systemctl", "--user"]
         if action == "install":
             p = Plan(manager, action, path, render_systemd(ctx).encode())
+            p.env_file, p.secrets = ctx.env_file, ctx.carried
             p.steps = [
                 Step([*sc, "daemon-reload"]),
                 Step([*sc, "enable", "--now", UNIT]),
                 Step([*sc, "try-restart", UNIT], when="if the unit file changed"),
             ]
             hint = _linger_hint()
-            p.notes = [f"logs: journalctl --user -u {UNIT} -f", *([hint] if hint else [])]
+            p.notes = [
+                *ctx.carried.lines(ctx.env_file),
+                f"logs: journalctl --user -u {UNIT} -f",
+                *([hint] if hint else []),
+            ]
             return p
         if action == "uninstall":
-            p = Plan(manager, action, path, None)
+            p = Plan(manager, action, path, None, env_file=ctx.env_file)
             p.steps = [
                 Step([*sc, "disable", "--now", UNIT], when="if installed", check=False),
                 Step([*sc, "daemon-reload"]),
@@ -213,15 +294,16 @@ def plan(
     target = f"{_domain()}/{LABEL}"
     if action == "install":
         p = Plan(manager, action, path, render_launchd(ctx))
+        p.env_file, p.secrets = ctx.env_file, ctx.carried
         p.steps = [
             Step(["launchctl", "bootout", target], when="if loaded and the plist changed"),
             Step(["launchctl", "bootstrap", _domain(), str(path)], when="if not loaded"),
             Step(["launchctl", "enable", target]),
         ]
-        p.notes = [f"logs: {ctx.log_dir}/daemon.err.log"]
+        p.notes = [*ctx.carried.lines(ctx.env_file), f"logs: {ctx.log_dir}/daemon.err.log"]
         return p
     if action == "uninstall":
-        p = Plan(manager, action, path, None)
+        p = Plan(manager, action, path, None, env_file=ctx.env_file)
         p.steps = [Step(["launchctl", "bootout", target], when="if loaded", check=False)]
         p.notes = [f"conversations in {ctx.home} are kept"]
         return p
@@ -253,15 +335,30 @@ def _must(step: Step, run: Runner) -> None:
         raise ContemplationError(f"`{shlex.join(step.argv)}` failed ({proc.returncode}): {detail}")
 
 
-def _write(path: Path, content: bytes) -> bool:
+def _write(path: Path, content: bytes, mode: int = 0o644) -> bool:
     """Write when different; True when the file changed."""
     try:
         if path.read_bytes() == content:
+            path.chmod(mode)  # (a file of secrets someone opened up is closed again)
             return False
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, content, mode=0o644)
+    atomic_write_bytes(path, content, mode=mode)
+    return True
+
+
+def _write_secrets(p: Plan) -> bool:
+    """The 0600 file with the secrets the service carries, or none when there are none;
+    True when it changed (the service must start again to read it)."""
+    if p.env_file is None or p.secrets is None:
+        return False
+    if p.secrets.secret:
+        return _write(p.env_file, p.secrets.file_text().encode(), mode=0o600)
+    try:
+        p.env_file.unlink()
+    except FileNotFoundError:
+        return False
     return True
 
 
@@ -270,8 +367,10 @@ def install(p: Plan, run: Runner = run_command) -> list[str]:
     if p.content is None:
         raise ContemplationError("not an install plan")
     existed = p.path.exists()
+    secrets_changed = _write_secrets(p)  # first: the unit may name it
     changed = _write(p.path, p.content)
     done = [f"{'wrote' if changed else 'unchanged'}: {p.path}"]
+    changed = changed or secrets_changed
     if p.manager == "systemd":
         _must(p.steps[0], run)
         _must(p.steps[1], run)
@@ -302,6 +401,8 @@ def install(p: Plan, run: Runner = run_command) -> list[str]:
 
 
 def uninstall(p: Plan, run: Runner = run_command) -> list[str]:
+    if p.env_file is not None:
+        p.env_file.unlink(missing_ok=True)  # the secrets go with the service
     if not p.path.exists():
         return [f"not installed ({p.path} does not exist)", *p.notes]
     if p.manager == "systemd":

@@ -94,7 +94,7 @@ def test_launchd_plist_parses_and_has_every_required_key(tmp_path: Path) -> None
     assert isinstance(data["ExitTimeOut"], int) and data["ExitTimeOut"] > STOP_GRACE + 10
     env = data["EnvironmentVariables"]
     assert env["PATH"].startswith(str(Path(args[0]).parent) + ":")
-    assert env["OLLAMA_HOST"] == "http://127.0.0.1:11434"
+    assert "OLLAMA_HOST" not in env  # none in the shell: the daemon's default, unwritten
     for key in ("StandardOutPath", "StandardErrorPath", "WorkingDirectory"):
         assert Path(data[key]).is_absolute(), key
     assert data["ProcessType"] == "Standard"
