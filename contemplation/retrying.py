@@ -82,25 +82,25 @@ _DEAD = frozenset({ErrorKind.UNREACHABLE, ErrorKind.CONNECTION})
 
 def pause(rt: Runtime, on: On, exc: BackendError) -> list[str]:
     """The provider is in trouble. A 429 or 503 with Retry-After pauses it (for every
-    conversation) that long; an alias's provider that cannot be reached rests until a
-    background probe finds it back, one in other trouble for the breaker's cooldown, so that
-    its turns go elsewhere. One that went away is asked its limits again when it is back.
-    Returns the alias's other providers that may take the turn now."""
+    conversation) that long; an alias's provider that cannot be reached while another is
+    not resting rests until a background probe finds it back, one in other trouble (or the
+    last one left) for the breaker's cooldown, so that its turns go elsewhere. One that went
+    away is asked its limits again when it is back. Returns the alias's other providers that
+    may take the turn now."""
     if exc.server_down or exc.kind is ErrorKind.CUT:
         rt.stale(on.provider)
     several = len(on.target.providers) > 1
-    if several and exc.retry_after is None and exc.kind in _DEAD:
-        rt.watch(on.provider)
-    elif exc.retry_after is not None or several:
-        wait_s = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
-        on.guard.server.trip(rt.clock() + min(wait_s, RETRY_AFTER_CAP))
-    if not several:
-        return []
-    return [
+    others = [
         p
         for p in on.target.providers
         if p != on.provider and rt.guard(p, on.model).resting() is None
     ]
+    if others and exc.retry_after is None and exc.kind in _DEAD:
+        rt.watch(on.provider)  # the last one left is not watched: its turn tries it again
+    elif exc.retry_after is not None or several:
+        wait_s = exc.retry_after if exc.retry_after is not None else rt.settings.breaker_cooldown
+        on.guard.server.trip(rt.clock() + min(wait_s, RETRY_AFTER_CAP))
+    return others
 
 
 def fail_over(

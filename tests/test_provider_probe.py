@@ -5,12 +5,14 @@ closed port for the dead one (later a second fake Ollama on that port: the serve
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from contemplation.layout import Conv, Home, read_state
+from contemplation.pipeline import process_pending
 from contemplation.retrying import rest
 from contemplation.settings import Settings
 from contemplation.templates import load_template
@@ -140,3 +142,24 @@ def test_a_provider_watched_when_the_daemon_stops_rests_as_any_other_after(
     assert not dead.watched and rt.prober.tasks == {}
     resting = dead.resting()
     assert resting is not None and resting <= rt.clock() + COOLDOWN
+
+
+def test_when_every_provider_is_dead_the_last_one_is_still_the_turns_to_try(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    """Watching is for a provider whose turns can go elsewhere. When the last live one fails
+    too, it rests as before (its turn probes it after the rest, and gives up after
+    ``retry.max_attempts`` with an ERROR the agent reads) instead of waiting for ever."""
+    rt = runtime_for(_alias(make_settings, _closed_port(), f"http://127.0.0.1:{_closed_port()}"))
+    conv = _conv(home, "all dead")
+    drop_message(conv, "hello")
+
+    async def burst() -> tuple[bool, bool]:
+        try:
+            await process_pending(rt)
+            return rt.breaker("dead").watched, rt.breaker("live").watched
+        finally:
+            await rt.aclose()
+
+    assert asyncio.run(burst()) == (True, False)
+    assert "=== NOTE: dead failed" in conv.log.read_text()
