@@ -199,7 +199,7 @@ def drift(manager: Manager, env: dict[str, str] | None = None) -> str | None:
         return None
     return (
         f"the service ({unit_path(manager)}) runs with other settings than this shell: "
-        f"{', '.join(differs)}; carry them with `contemplation service install`"
+        f"{', '.join(differs)}; to give it this shell's, run `contemplation service install`"
     )
 
 
