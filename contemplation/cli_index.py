@@ -66,8 +66,15 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     if as_json:
         for h in hits:
             click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
-    elif not hits and not found.cut:
-        click.echo(f"no block matches {query!r}", err=True)
+    if not hits and not found.cut:
+        more = found.archived_line()
+        click.echo(
+            f"no block of an active conversation matches {query!r}; {more}: search --all to "
+            "see them"
+            if more
+            else f"no block matches {query!r}",
+            err=True,
+        )
     for h in () if as_json else hits:
         where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
         click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))

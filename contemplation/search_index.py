@@ -33,6 +33,7 @@ from contemplation.listing import Query
 MAX_LIMIT = 200
 SEARCH_SECONDS = 10.0  # the default bound of one search (settings: search_seconds)
 PROGRESS_STEPS = 200  # SQLite's steps between two looks at the bound (well under 1 ms)
+MAX_COUNTED = 1000  # archived blocks counted for a search that left them out
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +128,22 @@ class Found:
 
     hits: list[Hit]
     cut: str = ""
+    archived: int = 0  # no hit, archived conversations left out: their blocks that match
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"hits": [h.as_dict() for h in self.hits], "count": len(self.hits)}
         if self.cut:
             out["cut"] = self.cut
+        if self.archived:
+            out["archived_matches"] = self.archived
         return out
+
+    def archived_line(self) -> str:
+        """What a search with no hit says when archived blocks match ("": none do)."""
+        if not self.archived:
+            return ""
+        many = f"{MAX_COUNTED} or more" if self.archived >= MAX_COUNTED else str(self.archived)
+        return f"{many} archived block(s) match"
 
 
 def search(home: Home, query: str, filters: Filters | None = None, limit: int = 20) -> list[Hit]:
@@ -200,23 +211,58 @@ def _bounded(
             return Found(hits, bound.why(len(hits)))
         snip = snippets.of_block(conn, r[0], marks, bound.over, columns)
         hits.append(Hit(r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], snip, r[8]))
-    return Found(hits)
+    if hits or f.archived or f.status == "archived":
+        return Found(hits)
+    try:  # nothing active: say how many archived blocks would have matched
+        return Found(hits, archived=_archived_count(conn, parsed, f))
+    except sqlite3.OperationalError:
+        if bound.over():
+            return Found(hits)  # no count in time: the search itself was not cut
+        raise
 
 
-def _ranked(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[Any]:
-    """The best ``limit`` blocks' ids and where they are (no snippet: FTS5's takes time that
-    grows with the square of a block's matches, 12 s for 160 KB of one word, and cannot be
-    interrupted)."""
+def _archived_count(conn: sqlite3.Connection, parsed: search_query.Parsed, f: Filters) -> int:
+    """The blocks of archived conversations that match (at most :data:`MAX_COUNTED`)."""
+    of_convs = Query(scope="archived", status=f.status, model=f.model)
+    try:
+        return _matching(conn, parsed.expression, f, of_convs)
+    except sqlite3.OperationalError as exc:
+        if "interrupted" in str(exc):
+            raise
+        return _matching(conn, parsed.as_phrase, f, of_convs)
+
+
+def _matching(conn: sqlite3.Connection, query: str, f: Filters, of_convs: Query) -> int:
+    where, args = _where(query, f, of_convs)
+    return int(
+        conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM text JOIN blocks b ON b.id = text.rowid "
+            f"JOIN convs c ON c.id = b.conv WHERE {' AND '.join(where)} LIMIT ?)",
+            (*args, MAX_COUNTED),
+        ).fetchone()[0]
+    )
+
+
+def _where(query: str, f: Filters, of_convs: Query) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses of a search of ``of_convs`` for ``query``."""
     columns = "{body thinking}" if f.thinking else "{body}"
-    archived = f.status == "archived"
-    scope = "archived" if archived else "all" if f.archived else "active"
-    of_convs = Query(scope=scope, status="" if archived else f.status, model=f.model)
     where, args = of_convs.clauses("c.")
     where.insert(0, "text MATCH ?")
     args.insert(0, f"{columns} : ({query})")
     if f.since:
         where.append("b.time >= ?")
         args.append(f.since)
+    return where, args
+
+
+def _ranked(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> list[Any]:
+    """The best ``limit`` blocks' ids and where they are (no snippet: FTS5's takes time that
+    grows with the square of a block's matches, 12 s for 160 KB of one word, and cannot be
+    interrupted)."""
+    archived = f.status == "archived"
+    scope = "archived" if archived else "all" if f.archived else "active"
+    of_convs = Query(scope=scope, status="" if archived else f.status, model=f.model)
+    where, args = _where(query, f, of_convs)
     return conn.execute(
         "SELECT b.id, b.conv, c.topic, c.archived, c.status, b.block, b.sender, b.time, b.at "
         "FROM text JOIN blocks b ON b.id = text.rowid JOIN convs c ON c.id = b.conv "

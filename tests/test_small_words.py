@@ -200,3 +200,19 @@ def test_doctor_hints_name_the_providers_own_keys_and_no_reload_that_would_be_re
     assert "runs other settings than" in out, out
     assert "service reload" not in out and "kill -HUP" not in out, out
     assert "would be refused" in out, out
+
+
+def test_search_without_all_says_how_many_archived_blocks_match_and_how_to_see_them(
+    home: Home,
+) -> None:
+    """`search` said "no block matches" while archived conversations held the words."""
+    for name in ("conv_20260301-083000_wal-one", "conv_20260302-083000_wal-two"):
+        _imported(home, name, last_by_model=True)  # archived: one block says WAL
+    env = base_env(home)
+    out = cli(env, "search", "wal")
+    assert out.stdout == ""
+    assert "no block of an active conversation matches 'wal'" in out.stderr, out.stderr
+    assert "2 archived block(s) match: search --all to see them" in out.stderr, out.stderr
+    assert json.loads(cli(env, "search", "wal", "--all", "--json").stdout.splitlines()[0])
+    none = cli(env, "search", "quokka").stderr
+    assert none.strip() == "no block matches 'quokka'", none
