@@ -334,18 +334,24 @@ class Plan:
     previous: str | None = None  # the summary in the log that the new one extends
     keep: int = 0  # blocks the new summary leaves out, counted back from the newest
     left_out: int = 0  # messages the request leaves out (in the summary instead)
+    unseen: int = 0  # of those, the oldest ones not in ``summarise`` (never read: too far)
     window: int = 0
     budget: int = 0
     ratio: float = DEFAULT_RATIO
     system: tuple[ChatMessage, ...] = ()
     kept: tuple[ChatMessage, ...] = ()  # the newest messages, as in the history
 
+    @property
+    def summarised(self) -> int:
+        """How many messages the summary stands in for (after the one it extends)."""
+        return len(self.summarise) + self.unseen
+
     def with_summary(self, text: str) -> tuple[ChatRequest, list[str]]:
         summary = cap_summary(text)
         why = (
             f"{self.left_out} message(s) summarised {_window_note(self.window)}"
             if self.previous is None
-            else f"it takes in the one before and {len(self.summarise)} more message(s), "
+            else f"it takes in the one before and {self.summarised} more message(s), "
             f"{_window_note(self.window)}"
         )
         request, notes = self._finish(summary, "")
@@ -355,7 +361,7 @@ class Plan:
         previous = cap_summary(self.previous) if self.previous else None
         stands = "; the older summary above stands in for what came before" if previous else ""
         note = (
-            f"summarising {len(self.summarise)} earlier message(s) failed ({why}); "
+            f"summarising {self.summarised} earlier message(s) failed ({why}); "
             f"{self.left_out} message(s) were left out {_window_note(self.window)}{stands}"
         )
         return self._finish(previous, note)
@@ -382,11 +388,14 @@ def plan(
     blocks: Sequence[Block],
     reserve: int = DEFAULT_RESERVE,
     ratio: float = DEFAULT_RATIO,
+    first: int = 0,
 ) -> Plan:
-    """How ``request`` (built from ``blocks``) is made to fit ``window`` tokens less
+    """How ``request`` (built from ``blocks[first:]``) is made to fit ``window`` tokens less
     ``reserve`` for the reply (the tool definitions count too). The plan keeps ``window``
-    and ``ratio``: the reply's usage is measured against them."""
-    fitted = _plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
+    and ``ratio``: the reply's usage is measured against them. ``blocks[:first]`` may be
+    bare (no text): they lie beyond what the window and the summary call can reach (see
+    :mod:`contemplation.reach`); only their markers and count are used."""
+    fitted = _plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio, first=first)
     return replace(fitted, window=window, ratio=ratio)
 
 
@@ -397,6 +406,7 @@ def _plan(
     blocks: Sequence[Block],
     reserve: int,
     ratio: float,
+    first: int = 0,
 ) -> Plan:
     tools_cost = estimate((), ratio, request.tools)
     budget = max(0, window - reserve - tools_cost)
@@ -412,17 +422,22 @@ def _plan(
     # the log's cannot say what a summary covers: its oldest turns are left out, as before.)
     system = tuple(m for m in msgs if m.role == "system")
     rest = [m for m in msgs if m.role != "system"]
-    indexed = prompts.history_blocks(tuple(blocks))
+    indexed = prompts.history_blocks(tuple(blocks[first:]))
     if [m for _, m in indexed] != rest:
         kept, _, note = fit(evicted, window, reserve=reserve + tools_cost, ratio=ratio)
         return Plan(replace(request, messages=tuple(kept)), (*notes, note) if note else notes)
-    block_of = [i for i, _ in indexed]
+    block_of = [i + first for i, _ in indexed]
     saved = read_summary(blocks)
-    start = 0
+    before = prompts.message_count(blocks[:first]) if first else 0  # messages not read
+    start, unseen = 0, before
     if saved is not None:
         start = next((i for i, b in enumerate(block_of) if b >= saved.covers), len(rest))
         if start >= len(rest):  # it covers every message (written by hand?): not usable
             saved, start = None, 0
+        elif saved.covers < first:
+            unseen = before - prompts.message_count(blocks[: saved.covers])
+        else:
+            unseen = 0
     short = [m for m in evicted if m.role != "system"]
     turns = [[i + start for i in t] for t in _turns(short[start:])]
     costs = [sum(message_tokens(short[i], ratio) for i in t) for t in turns]
@@ -452,7 +467,8 @@ def _plan(
         summarise=tuple(rest[start:cut]),
         previous=saved.text if saved is not None else None,
         keep=len(blocks) - block_of[cut],
-        left_out=cut,
+        left_out=before + cut,
+        unseen=unseen,
         kept=tuple(rest[cut:]),
     )
 
@@ -491,7 +507,7 @@ def summary_request_for(
         entries = [
             f"{m.role.upper()}: {(stub_tool_output(m) or m).content}" for m in plan_.summarise
         ]
-    skipped = 0
+    skipped = plan_.unseen  # (too many to show: see reach.py)
     while entries and len(entries) * MIN_ENTRY_CHARS * ratio > room:
         entries.pop(0)
         skipped += 1

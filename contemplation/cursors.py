@@ -17,7 +17,8 @@ from typing import Any
 from contemplation import structured
 from contemplation.layout import Conv
 from contemplation.logformat import MARKER_RE
-from contemplation.logview import log_segments, parse_segment, segment_inodes
+from contemplation.logstream import parse_segment
+from contemplation.logview import log_segments, segment_inodes
 from contemplation.models import Block, MarkerKind
 from contemplation.parser import parse
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from contemplation.logformat import FRAME, HEADER_RE
-from contemplation.logview import parse_segment
-from contemplation.models import ParseResult
+from contemplation.logformat import FRAME, FRAME_OPEN, HEADER_RE
+from contemplation.models import Block, MarkerKind, ParseResult
 from contemplation.parser import parse
 
 CHUNK = 1 << 20  # bytes read at once
@@ -94,6 +94,29 @@ def stream(
         buf, pos = buf[h:], pos + h
     if buf:
         yield _parsed(buf, pos, agent_label)
+
+
+_CONTINUED = f"{FRAME_OPEN}{MarkerKind.CONTINUED.value}".encode()
+
+
+def parse_segment(data: bytes, *, agent_label: str = "CLAUDE") -> ParseResult:
+    """Parse one file of the log. The ``=== CONTINUED ... ===`` line a rotation writes at the
+    top of a new ``messages.log`` is a system line, not text before the first header."""
+    skip = 0
+    if data.startswith(_CONTINUED):
+        nl = data.find(b"\n")
+        skip = len(data) if nl < 0 else nl + 1
+    result = parse(data[skip:], agent_label=agent_label, base=skip)
+    return dataclasses.replace(result, size=result.size + skip) if skip else result
+
+
+def bare(b: Block) -> Block:
+    """A block without its text and thinking (where it is and what it says of the exchange:
+    needs, answers, markers), its labels shared with every other block's (a few hundred
+    bytes a block): what a reader of a whole long log may hold of each block."""
+    return dataclasses.replace(
+        b, text="", thinking="", sender=sys.intern(b.sender), recipient=sys.intern(b.recipient)
+    )
 
 
 def cut_notes(errors: tuple[str, ...]) -> list[str]:

@@ -7,15 +7,15 @@ import dataclasses
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contemplation import logstream
 from contemplation.aio import on_thread
 from contemplation.errors import InputRejected
 from contemplation.layout import Conv, open_regular_stat, read_regular, read_to_end
-from contemplation.logformat import FRAME_OPEN
-from contemplation.models import Block, MarkerKind, ParseResult
+from contemplation.models import Block, ParseResult
 from contemplation.parser import merge, parse
 
 _SEGMENT_RE = re.compile(r"messages\.(\d+)\.log")
@@ -44,18 +44,7 @@ def read_log_bytes(conv: Conv) -> bytes:
         return b""
 
 
-_CONTINUED = f"{FRAME_OPEN}{MarkerKind.CONTINUED.value}".encode()
-
-
-def parse_segment(data: bytes, *, agent_label: str = "CLAUDE") -> ParseResult:
-    """Parse one file of the log. The ``=== CONTINUED ... ===`` line a rotation writes at the
-    top of a new ``messages.log`` is a system line, not text before the first header."""
-    skip = 0
-    if data.startswith(_CONTINUED):
-        nl = data.find(b"\n")
-        skip = len(data) if nl < 0 else nl + 1
-    result = parse(data[skip:], agent_label=agent_label, base=skip)
-    return dataclasses.replace(result, size=result.size + skip) if skip else result
+parse_segment = logstream.parse_segment  # (its home was here: kept for its importers)
 
 
 def _inodes(segments: list[Path]) -> tuple[tuple[str, int], ...]:
@@ -84,6 +73,45 @@ def _read_segments(segments: list[Path], agent_label: str) -> tuple[Block, ...]:
     return tuple(blocks)
 
 
+def _pread(fd: int, size: int, at: int) -> bytes:
+    """``size`` bytes from ``at`` (fewer at the file's end), by position."""
+    parts: list[bytes] = []
+    while size > 0 and (got := os.pread(fd, min(size, 1 << 30), at)):
+        parts.append(got)
+        size, at = size - len(got), at + len(got)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A rotated segment whose blocks are held bare: where to read their text back."""
+
+    path: Path
+    ino: int
+    first: int  # index of its first block in the view's history
+
+
+def _index_segments(
+    segments: list[Path], agent_label: str
+) -> tuple[tuple[Block, ...], tuple[_Held, ...]]:
+    """The rotated segments' blocks, bare (read a stretch at a time through logstream), and
+    where each segment's blocks are."""
+    blocks: list[Block] = []
+    files: list[_Held] = []
+    for seg in segments:
+        try:
+            fd, st = open_regular_stat(seg)
+        except (FileNotFoundError, InputRejected):
+            continue
+        try:
+            files.append(_Held(seg, st.st_ino, len(blocks)))
+            for part in logstream.stream(fd, agent_label=agent_label):
+                blocks.extend(logstream.bare(b) for b in part.blocks)
+        finally:
+            os.close(fd)
+    return tuple(blocks), tuple(files)
+
+
 @dataclass
 class LogView:
     """An incrementally refreshed parse of one whole conversation.
@@ -94,6 +122,11 @@ class LogView:
 
     ``locked``: the caller holds the conversation's lock, so no rotation can run while the
     files are read (one listing of the folder instead of one before and one after).
+
+    ``bare``: the rotated segments' blocks are held without their text (a log of any size
+    costs a few hundred bytes a block, and the live file), read back on demand with
+    :meth:`read_back` and :meth:`with_texts` (the lock holder only: the segments cannot be
+    renamed meanwhile). ``history[:bare_count]`` are those blocks.
     """
 
     conv: Conv
@@ -103,6 +136,8 @@ class LogView:
     live: ParseResult = field(default_factory=lambda: ParseResult(blocks=(), size=0))
     history: tuple[Block, ...] = ()
     locked: bool = False
+    bare: bool = False
+    held: tuple[_Held, ...] = ()  # with ``bare``: the segments the history was read from
 
     def refresh(
         self,
@@ -193,7 +228,7 @@ class LogView:
                 self.live = merge(self.live, tail, start)
             else:
                 data = read_to_end(fd, st.st_size)
-                self.live = parse_segment(data, agent_label=self.agent_label)
+                self.live = logstream.parse_segment(data, agent_label=self.agent_label)
             return self._combine()
         # a new file (first sight, a rotation): read whole, through this descriptor if the
         # lock is held (else the segments are listed first, then the log opened again, so
@@ -214,7 +249,10 @@ class LogView:
         for _ in range(20):
             segments = log_segments(self.conv, names)[:-1]
             before = _inodes(segments)
-            history = _read_segments(segments, self.agent_label)
+            if self.bare:
+                history, self.held = _index_segments(segments, self.agent_label)
+            else:
+                history = _read_segments(segments, self.agent_label)
             if opened is not None:
                 (fd, st), opened = opened, None
                 ino, data = st.st_ino, read_to_end(fd, st.st_size)
@@ -223,7 +261,7 @@ class LogView:
             if self.locked or segment_inodes(self.conv) == before:
                 break
         self.history, self.ino = history, ino
-        self.live = parse_segment(data, agent_label=self.agent_label)
+        self.live = logstream.parse_segment(data, agent_label=self.agent_label)
 
     def _read_live(self) -> tuple[int, bytes]:
         """The live log's inode and bytes, by name (0 and nothing when there is none)."""
@@ -249,3 +287,64 @@ class LogView:
             else live
         )
         return self.result
+
+    @property
+    def bare_count(self) -> int:
+        """How many of the result's first blocks are held bare (see the class)."""
+        return len(self.history) if self.bare else 0
+
+    def read_back(self, stop: int) -> Iterator[tuple[int, Block]]:
+        """The bare blocks before index ``stop``, newest first, each with its text read back
+        from its segment (a stretch of at most ~``logstream.CHUNK`` bytes at a time, a
+        block by its first ``logstream.MAX_BLOCK_BYTES``, as the index reads it). A segment
+        that is no longer the file read gives its blocks bare."""
+        stop = min(stop, self.bare_count)
+        for held in reversed(self.held):
+            if held.first >= stop:
+                continue
+            yield from self._back_in(held, stop)
+            stop = held.first
+
+    def with_texts(self, blocks: tuple[Block, ...], wanted: Iterable[int]) -> tuple[Block, ...]:
+        """``blocks`` (the result) with the bare blocks at the indexes ``wanted`` read back."""
+        out = list(blocks)
+        for i in sorted({i for i in wanted if 0 <= i < self.bare_count}, reverse=True):
+            for _, b in self.read_back(i + 1):
+                out[i] = b
+                break
+        return tuple(out)
+
+    def _back_in(self, held: _Held, stop: int) -> Iterator[tuple[int, Block]]:
+        try:
+            fd, st = open_regular_stat(held.path)
+        except (FileNotFoundError, InputRejected):
+            fd, st = -1, None
+        try:
+            same = st is not None and st.st_ino == held.ino
+            hi, h = stop, self.history
+            while hi > held.first:
+                lo = hi - 1  # a stretch of whole blocks, newest first, of about CHUNK bytes
+                while lo > held.first and h[hi - 1].end - h[lo - 1].offset <= logstream.CHUNK:
+                    lo -= 1
+                got = self._texts(fd, lo, hi) if same else {}
+                for i in range(hi - 1, lo - 1, -1):
+                    b = self.history[i]
+                    yield i, got.get(b.offset, b)
+                hi = lo
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _texts(self, fd: int, lo: int, hi: int) -> dict[int, Block]:
+        """The blocks ``history[lo:hi]`` (one segment's) read back, by their offsets."""
+        first, last = self.history[lo], self.history[hi - 1]
+        size = min(last.end - first.offset, max(logstream.CHUNK, logstream.MAX_BLOCK_BYTES))
+        data = _pread(fd, size, first.offset)
+        parsed = parse(data, agent_label=self.agent_label, base=first.offset)
+        out: dict[int, Block] = {}
+        for b in parsed.blocks:
+            bare = self.history[lo + len(out)] if lo + len(out) < hi else None
+            if bare is None or bare.offset != b.offset:
+                break
+            out[b.offset] = dataclasses.replace(bare, text=b.text, thinking=b.thinking)
+        return out

@@ -245,6 +245,19 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
     return out
 
 
+def message_count(blocks: Sequence[Block]) -> int:
+    """How many messages :func:`history_blocks` makes of ``blocks``, counted without their
+    text (the blocks a turn leaves unread: see :mod:`contemplation.reach`): a model block
+    whose text is blank, which gives none, is counted as one."""
+    n = 0
+    for b in blocks:
+        if b.kind is BlockKind.MODEL:
+            n += 1 if cancelled(b) or whole(b) else 0
+        else:
+            n += 2 if cancelled(b) else 1
+    return n
+
+
 def build_request(
     meta: Metadata,
     blocks: tuple[Block, ...],

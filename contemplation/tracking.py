@@ -38,7 +38,7 @@ class Tracked:
         v = self.views.get(conv.id)
         if v is None or v.conv != conv or v.agent_label != agent_label:
             # read under the conversation's lock only: no rotation runs meanwhile
-            v = self.views[conv.id] = LogView(conv, agent_label, locked=True)
+            v = self.views[conv.id] = LogView(conv, agent_label, locked=True, bare=True)
         return v
 
     def still_written(self, entry: InboxEntry) -> bool:

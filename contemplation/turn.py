@@ -40,6 +40,7 @@ from contemplation.needs import calls
 from contemplation.parser import find_needs
 from contemplation.prompts import NeedForm, build_request, need_forms
 from contemplation.providers import Target
+from contemplation.reach import reach
 from contemplation.retrying import On, cancelled, crashed, failed, rest, unusable, write_failed
 from contemplation.runtime import Runtime
 from contemplation.scheduler import Held, slot_any
@@ -219,25 +220,32 @@ async def _plan(
     """The turn's request, built from the log before the slot is granted (the lock is held
     since the step decided the turn, so the log cannot change meanwhile but for bytes
     appended by hand, which wait for the next step). None: no turn is due after all."""
-    parsed = await seen.view(conv, w.meta.agent_label).refreshed(fd=w.fd)
+    view = seen.view(conv, w.meta.agent_label)
+    parsed = await view.refreshed(fd=w.fd)
     if not still_due(parsed.blocks):
         return None
+    ratio = rt.calibration.ratio(meta.model)
+    blocks, first = parsed.blocks, 0
+    if view.bare_count:  # a long log: the newest blocks' text read back, as far as needed
+        window = int(meta.options.get("num_ctx") or prepared.window or 4096)  # as _window
+        blocks, first = await on_thread(lambda: reach(view, parsed.blocks, window, ratio))
     tpl = rt.template(meta.template) if meta.template else None
-    spec = structured.spec_for(parsed.blocks, tpl.schema if tpl else None)
+    spec = structured.spec_for(blocks, tpl.schema if tpl else None)
     fit = functools.partial(
         _fitted,
         meta,
-        parsed.blocks,
+        blocks,
+        first=first,
         template=tpl,
         needs=_offered(rt, meta),
         spec=spec,
         prepared=prepared,
         session=w.state.backend_session,
-        ratio=rt.calibration.ratio(meta.model),
+        ratio=ratio,
     )
     # pure work in proportion to the history (~10 µs a block): a long one is fitted on a
     # thread, not on the loop (5,500 blocks took ~100 ms)
-    return await on_thread(fit) if len(parsed.blocks) > LONG_HISTORY else fit()
+    return await on_thread(fit) if len(blocks) - first > LONG_HISTORY else fit()
 
 
 def _fitted(
@@ -250,12 +258,14 @@ def _fitted(
     session: BackendSession | None,
     ratio: float,
     spec: structured.Spec | None = None,
+    first: int = 0,
 ) -> budget.Plan:
-    """The request built from ``blocks`` and fitted to the window (pure: runs on a thread).
-    A reply held to a schema (``spec``) is offered no NEED lines and no tools."""
+    """The request built from ``blocks[first:]`` (the older ones may be bare: see
+    :mod:`contemplation.reach`) and fitted to the window (pure: runs on a thread). A reply
+    held to a schema (``spec``) is offered no NEED lines and no tools."""
     request = build_request(
         meta,
-        blocks,
+        blocks[first:],
         template_prompt=template.system_prompt if template else "",
         prompt_mode=template.prompt_mode if template else "add",
         needs=needs,
@@ -269,7 +279,7 @@ def _fitted(
         request = structured.shape(request, spec, constrains=prepared.constrains)
     window = _window(request, prepared.window)
     reserve = budget.reply_reserve(window, request.options)
-    return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio)
+    return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio, first=first)
 
 
 async def _stream(

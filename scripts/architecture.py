@@ -14,7 +14,7 @@ higher layer is an arrow up). Modules named by prefix; the first match wins:
                   (structured is pure: the templates check their schema with it)
     2 writer      writer/
     3 services    tools/ backends/ index_db listing search_index retention
-    4 needs       needs/ context summarise prompts budget (what is sent to the model)
+    4 needs       needs/ context summarise prompts budget reach (what is sent to the model)
     5 runtime     runtime tracking scheduler validate
     6 steps       turn retrying answering pipeline
     7 engine      dispatcher watcher daemon index_keeper notify
@@ -44,7 +44,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
          "structured", "cursors", "openfiles", "logstream", "retryclock", "probing")),
     (2, ("writer",)),
     (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
-    (4, ("needs", "context", "summarise", "prompts", "budget")),
+    (4, ("needs", "context", "summarise", "prompts", "budget", "reach")),
     (5, ("runtime", "tracking", "scheduler", "validate")),
     (6, ("turn", "retrying", "answering", "pipeline", "inflight")),
     (7, ("dispatcher", "watcher", "daemon", "index_keeper", "notify", "loopwatch")),

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contemplation import logformat, logstream
-from contemplation.logview import parse_segment
+from contemplation.logstream import parse_segment
 from contemplation.models import Block, ParseResult
 
 H = logformat.header

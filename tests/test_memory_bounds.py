@@ -19,7 +19,8 @@ from contemplation import layout
 from contemplation.layout import JSON_MAX_BYTES, Conv, Home
 from contemplation.logstream import MAX_BLOCK_BYTES
 from contemplation.writer import open_writer
-from tests.conftest import ROOT, base_env, cli
+from tests.conftest import ROOT, base_env, cli, model_replies
+from tests.fakes.ollama_server import FakeOllama
 
 MB = 1 << 20
 LOG_MB = 200
@@ -91,7 +92,7 @@ def test_indexing_a_200_mb_log_keeps_memory_flat(home: Home) -> None:
     assert growth_mb < GROWTH_BOUND_MB, f"reindex of {LOG_MB} MB grew by {growth_mb:.0f} MB"
     assert "index_block_cut" in said and f"bound is {MAX_BLOCK_BYTES} bytes" in said, said
     assert "index_skipped" not in said, said
-    rows = json.loads(cli(env, "list", "--json").stdout)
+    rows = json.loads(cli(env, "list", "--json").stdout)["conversations"]
     (row,) = rows
     assert row["blocks"] == blocks and row["bytes"] > LOG_MB * MB and not row["problem"], row
     assert "conv_20260101-100000_big" in cli(env, "search", "okapi").stdout
@@ -158,7 +159,7 @@ def test_a_state_or_metadata_past_the_bound_is_refused_and_the_others_list(
     oversize(big.dir / name)
     listed = cli(env, "list", "--json")
     assert "Traceback" not in listed.stderr, listed.stderr
-    rows = {r["id"]: r for r in json.loads(listed.stdout)}
+    rows = {r["id"]: r for r in json.loads(listed.stdout)["conversations"]}
     assert set(rows) == {big.id, fine.id}
     assert rows[fine.id]["status"] == "pending" and not rows[fine.id]["problem"]
     assert rows[big.id]["status"] == "unreadable", rows[big.id]
@@ -191,3 +192,29 @@ def test_a_file_longer_than_one_read_is_read_whole(
         assert layout.read_to_end(fd, 10, 500) == data[500:1000]  # it grew since: read on
     finally:
         os.close(fd)
+
+
+def test_a_turn_of_a_200_mb_active_conversation_keeps_memory_flat(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    """``run --once`` taking the turn of an active conversation whose log is 200 MB (twenty
+    rotated 10 MB segments, then the agent's question in the live log) grows the process by
+    less than GROWTH_BOUND_MB over the same turn of a one-message conversation: the rotated
+    segments are held as a bare index of their blocks, and the history is read back from the
+    file, newest first, only as far as the model's window can reach (summary included). The
+    turn is taken: the history is summarised, and what is sent fits the window."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    (small,) = made(env, home, "small")
+    one, _ = peak_rss_kib(env, "run", "--once")
+    assert len(fake_ollama.chat_requests()) == 1 and len(model_replies(small)) == 1
+    (big,) = made(env, home, "big")
+    for k in range(LOG_MB // 10, 0, -1):  # messages.20.log is the oldest
+        write_big_log(big.dir / f"messages.{k}.log", 10 * MB)
+    peak, said = peak_rss_kib(env, "run", "--once")
+    growth_mb = (peak - one) / 1024
+    assert growth_mb < GROWTH_BOUND_MB, f"a turn of {LOG_MB} MB grew by {growth_mb:.0f} MB"
+    assert len(model_replies(big)) == 1, said
+    asked = fake_ollama.chat_requests()[-1]
+    chars = sum(len(m["content"]) for m in asked["messages"])
+    assert chars < 64 * 1024, chars  # it fits the (default) window, the summary in it
+    assert any("tell me about big" in m["content"] for m in asked["messages"])
