@@ -383,7 +383,10 @@ def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
     "--limit", type=click.IntRange(min=1), default=None, help="At most this many (a page)."
 )
 @click.option("--cursor", help="The next page: the cursor a --limit page ended with.")
-@json_option("Print the summaries as a JSON array (with --limit: {conversations, total, cursor}).")
+@json_option(
+    "Print {conversations, count, total, more, cursor (while more follow)} as JSON, the shape "
+    "of MCP conversation_list."
+)
 @click.pass_context
 def list_(
     ctx: click.Context, show_all: bool, limit: int | None, cursor: str | None, as_json: bool
@@ -396,7 +399,7 @@ def list_(
     rows, nxt = page.rows, page.cursor
     refused = refused_folders(home) if show_all else []
     if as_json:
-        emit(page.as_dict() if limit is not None or cursor else rows, True, "")
+        emit(page.as_dict(), True, "")
         return
     if not rows and not refused:
         click.echo("no conversations")

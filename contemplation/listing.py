@@ -62,8 +62,20 @@ class Page:
     total: int = 0  # how many match, over every page
     cursor: str | None = None  # the next page's; None: this is the last
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"conversations": self.rows, "total": self.total, "cursor": self.cursor}
+    def as_dict(self, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The one shape of a page on every face (``list --json``, MCP ``conversation_list``):
+        its rows (``rows``: as that face shows them), how many, how many match in all,
+        whether more follow and, while they do, the cursor of the next page."""
+        shown = self.rows if rows is None else rows
+        out: dict[str, Any] = {
+            "conversations": shown,
+            "count": len(shown),
+            "total": self.total,
+            "more": self.cursor is not None,
+        }
+        if self.cursor is not None:
+            out["cursor"] = self.cursor
+        return out
 
 
 ORDER = " ORDER BY last_ts DESC, id DESC"

@@ -357,16 +357,7 @@ class Faces:
             topic=query or "",
         )
         got = listing.page(self.home, q, min(max(int(limit), 1), LIST_CAP), cursor)
-        page, nxt, total = got.rows, got.cursor, got.total
-        out: dict[str, Any] = {
-            "conversations": [self._row(r) for r in page],
-            "count": len(page),
-            "total": total,
-            "more": nxt is not None,
-        }
-        if nxt is not None:
-            out["cursor"] = nxt
-        return out
+        return got.as_dict([self._row(r) for r in got.rows])
 
     def _row(self, r: dict[str, Any]) -> dict[str, Any]:
         row = {k: r[k] for k in ("id", "topic", "status", "model", "last_activity")}

@@ -85,7 +85,7 @@ def test_an_unknown_conversation_is_one_line_and_exit_1(home: Home) -> None:
 
 def test_list_and_status_share_one_summary(home: Home) -> None:
     conv = make(home, "shared")
-    listed = json.loads(invoke(home, "list", "--json").stdout)
+    listed = json.loads(invoke(home, "list", "--json").stdout)["conversations"]
     status = json.loads(invoke(home, "status", conv.id, "--json").stdout)
     assert listed[0]["id"] == conv.id
     assert set(listed[0]) <= set(status)

@@ -348,7 +348,7 @@ def test_kill_during_prune_hides_the_conversation_and_the_next_prune_finishes(
     env = base_env(home)
     done = _cli(env, "prune", "--older-than", "30d", crash="prune:1")
     assert done.returncode == -9
-    listed = json.loads(_cli(env, "list", "--all", "--json").stdout)
+    listed = json.loads(_cli(env, "list", "--all", "--json").stdout)["conversations"]
     assert [r["id"] for r in listed] == ["old-2"]  # the first is out of sight, not half there
     assert [p.name.startswith(".pruning-old-1") for p in home.completed.iterdir()].count(True) == 1
     again = _cli(env, "prune", "--older-than", "30d", "--json")

@@ -42,7 +42,7 @@ def test_drop_daemon_backend_log_state_archive(
     assert replies(conv)[1] == "Echo: part one, part two"
     # the reply is in the log as it streams; its commit (turns, status) is the state write after
     wait_for(lambda: (st := read_state(conv)) is not None and st.turns == 2, what="the commit")
-    listed = json.loads(cli(env, "list", "--json").stdout)
+    listed = json.loads(cli(env, "list", "--json").stdout)["conversations"]
     assert [r["id"] for r in listed] == [conv_id] and listed[0]["status"] == "idle"
     status = json.loads(cli(env, "status", conv_id[:20], "--json").stdout)
     assert status["turns"] == 2 and status["messages"] == 2

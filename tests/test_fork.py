@@ -164,7 +164,8 @@ def test_fork_at_n_keeps_blocks_1_to_n_and_list_and_status_say_where_it_came_fro
     listed = cli(env, "list").stdout.splitlines()
     assert listed[0].split()[-2:] == ["FORKED", "FROM"]
     assert any(line.startswith(new_id) and line.endswith(f"{src.id}#4") for line in listed)
-    row = next(r for r in json.loads(cli(env, "list", "--json").stdout) if r["id"] == new_id)
+    listed = json.loads(cli(env, "list", "--json").stdout)["conversations"]
+    row = next(r for r in listed if r["id"] == new_id)
     assert row["forked_from"] == {"id": src.id, "block": 4} and row["topic"] == "who signs"
     status = cli(env, "status", new_id).stdout
     assert f"forked from:  {src.id} at block 4" in status
@@ -365,8 +366,8 @@ def test_kill_during_a_fork_leaves_no_half_made_folder_and_loses_nothing(
         assert staging(home) == []
     else:  # before it: nothing any face lists, and the next fork clears the leftover
         assert made == set()
-        assert json.loads(cli(env, "list", "--all", "--json").stdout)[0]["id"] == src.id
-        assert len(json.loads(cli(env, "list", "--all", "--json").stdout)) == 1
+        listed = json.loads(cli(env, "list", "--all", "--json").stdout)["conversations"]
+        assert [r["id"] for r in listed] == [src.id]
         [left] = staging(home)
         assert left.startswith(".fork-")
         again = cli(env, "fork", src.id, "--at", "4").stdout.strip()

@@ -222,7 +222,7 @@ def test_one_deeply_nested_state_costs_only_its_own_row(home: Home, env: dict[st
     assert read_json(convs["alpha"].state) is None  # not a RecursionError
 
     lists_and_finds(env, convs)
-    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--json").stdout)}
+    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--json").stdout)["conversations"]}
     assert rows[convs["delta"].id]["status"] == "pending" and not rows[convs["delta"].id]["problem"]
     for word, file in (("alpha", "state.json"), ("beta", "metadata.json"), ("gamma", "")):
         row = rows[convs[word].id]
@@ -236,5 +236,5 @@ def test_one_deeply_nested_state_costs_only_its_own_row(home: Home, env: dict[st
 
     cli(env, "run", "--once")  # rebuilds the state it cannot read (it crashed the turn before)
     assert read_json(convs["alpha"].state) is not None
-    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--json").stdout)}
+    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--json").stdout)["conversations"]}
     assert rows[convs["alpha"].id]["status"] != "unreadable", rows[convs["alpha"].id]
