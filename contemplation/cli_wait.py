@@ -21,15 +21,12 @@ from typing import Any
 
 import click
 
-from contemplation import activity, logformat, show, waiting
+from contemplation import logformat, show, waiting
 from contemplation.cli_common import EXIT_ERROR, EXIT_NEEDS_AGENT, EXIT_OK, EXIT_TIMEOUT
 from contemplation.layout import (
     Conv,
     Home,
-    inbox_entries,
     open_regular,
-    processing_entries,
-    read_metadata,
     read_state,
 )
 from contemplation.models import MarkerKind, Status
@@ -341,16 +338,8 @@ def report(conv: Conv, code: int, view: Standing, *, refused: str | None = None)
 
 
 def timed_out(reader: Reader, conv: Conv, waited: float) -> int:
-    state = read_state(conv)
-    queued = 0 if conv.is_completed else len(inbox_entries(conv)) + len(processing_entries(conv))
-    alive = daemon_alive(reader.home)
-    line = show.still_running(conv.id, state, waited=waited, queued=queued, daemon=alive)
-    meta = read_metadata(conv)
-    if meta is not None and queued:
-        rows = reader.summaries(include_completed=False)
-        behind = activity.queued_behind(conv.id, meta.backend, meta.model, rows)
-        if behind:
-            line += f" (queued behind {behind} turn(s) on {meta.model})"
+    view = reader.standing(conv)  # what is happening, in the words of status, MCP, dashboard
+    line = show.still_running(conv.id, view.state, waited=waited, now=reader.activity(conv, view))
     click.echo(f"error: {line}", err=True)
     return EXIT_TIMEOUT
 

@@ -119,23 +119,11 @@ def responded(done: dict[str, Any]) -> str:
     return safe("\n".join(lines))
 
 
-def still_running(
-    conv_id: str, state: State | None, *, waited: float, queued: int, daemon: bool
-) -> str:
-    """``send --wait --timeout``: the real status when time ran out (the reply is not lost)."""
+def still_running(conv_id: str, state: State | None, *, waited: float, now: str) -> str:
+    """``send --wait --timeout``: the real status when time ran out (the reply is not lost),
+    with ``now``, what it is doing (``Reader.activity``: the words of every face)."""
     status = state.status if state is not None else Status.PENDING
-    detail = ""
-    if not daemon:
-        detail = "no daemon is running (start one with `contemplation run`)"
-    elif status is Status.GENERATING and state is not None and state.generating_since:
-        detail = f"generating since {ago(state.generating_since)}"
-    elif status is Status.RETRYING and state is not None:
-        err = state.last_error.message if state.last_error else "a transient error"
-        when = f"in {max(0.0, (state.next_retry_at or 0) - time.time()):.0f} s"
-        detail = f"retry {state.retry_count} {when} after: {err}"
-    elif queued:
-        detail = f"{queued} message(s) still queued in inbox/"
-    what = f"{status.value}" + (f": {detail}" if detail else "")
+    what = f"{status.value}: {now}"
     return safe(
         f"timed out after {waited:g} s; {conv_id} is {what}. The reply still comes: "
         f"`contemplation tail -f {conv_id}` follows it"
