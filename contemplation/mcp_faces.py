@@ -48,6 +48,7 @@ class Limits:
     max_subscriptions: int = 64  # per session (resources/subscribe) and per listen stream
     max_watched: int = 256  # resources watched at once, over all sessions
     max_listen_streams: int = 32  # open subscriptions/listen streams
+    resources_page: int = 50  # conversations a resources/list page lists (two resources each)
 
 LIST_FILTERS = ("active", "all", "archived", *(s.value for s in Status))
 EMPTY_HINT = "The conversation is empty: send the first message with conversation_respond."

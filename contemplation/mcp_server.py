@@ -25,13 +25,30 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
-from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolResult,
+    InputRequiredResult,
+    ListResourcesResult,
+    PaginatedRequestParams,
+    ToolAnnotations,
+)
 from mcp_types import Resource as MCPResource
 from pydantic import Field, ValidationError
 
-from contemplation import __version__, actions, bearer, mcp_arguments, paging, structured
+from contemplation import (
+    __version__,
+    actions,
+    bearer,
+    listing,
+    mcp_arguments,
+    paging,
+    structured,
+)
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.layout import Home, read_metadata, read_state
 from contemplation.mcp_faces import (
@@ -192,11 +209,28 @@ class ContemplationServer(MCPServer[Any]):
                 raise ToolError(mcp_arguments.refused(cause, said)) from cause
             raise
 
-    async def list_resources(self) -> list[MCPResource]:
-        with self.faces.lock:
-            rows = self.faces.reader.summaries(include_completed=False)
-        extra = [res for r in rows for res in _resources_of(r)]
-        return [*await super().list_resources(), *extra]
+    async def _handle_list_resources(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListResourcesResult:
+        """resources/list a page at a time (MCP pagination): the active conversations, newest
+        activity first, ``Limits.resources_page`` of them (two resources each) per page, and
+        ``nextCursor`` while more follow; the server's own resources head the first page.
+        The cursor is the keyset of ``list --cursor``, so a conversation that moves between
+        two pages is neither lost nor listed twice. (The SDK's handler lists everything.)"""
+        cursor = params.cursor if params is not None else None
+        try:
+            with self.faces.lock:
+                page = listing.page(
+                    self.faces.home,
+                    listing.Query(scope="active"),
+                    self.faces.limits.resources_page,
+                    cursor,
+                )
+        except InputRejected as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        fixed = [] if cursor else await super().list_resources()
+        extra = [res for r in page.rows for res in _resources_of(r)]
+        return ListResourcesResult(resources=[*fixed, *extra], next_cursor=page.cursor)
 
 
 def build_server(settings: Settings, limits: Limits | None = None) -> ContemplationServer:

@@ -13,14 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import ListResourcesResult
 
-from contemplation import actions
+from contemplation import actions, mcp_faces
 from contemplation.errors import Ambiguous
 from contemplation.layout import Conv, Home
 from contemplation.reading import locate
 from contemplation.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests.conftest import ROOT, DaemonProc, base_env, cli, wait_for
+from tests.test_mcp_server import run_calls, settings_for
 
 
 def make_conv(home: Home, topic: str = "follow me") -> Conv:
@@ -216,3 +220,34 @@ def test_search_without_all_says_how_many_archived_blocks_match_and_how_to_see_t
     assert json.loads(cli(env, "search", "wal", "--all", "--json").stdout.splitlines()[0])
     none = cli(env, "search", "quokka").stderr
     assert none.strip() == "no block matches 'quokka'", none
+
+
+def test_resources_list_is_paged_with_the_mcp_cursor(home: Home) -> None:
+    """resources/list was one unpaged answer, two resources per active conversation; it
+    now comes a bounded page at a time, with nextCursor while more follow (the real SDK
+    client pages through it), and a cursor it never gave is refused."""
+    ids = {make_conv(home, f"paged {i}").id for i in range(7)}
+
+    async def script(c: Client) -> tuple[list[ListResourcesResult], str]:
+        pages: list[ListResourcesResult] = []
+        cursor = None
+        for _ in range(10):  # bounded: 3 pages are expected
+            got = await c.list_resources(cursor=cursor, cache_mode="bypass")
+            pages.append(got)
+            cursor = got.next_cursor
+            if cursor is None:
+                break
+        try:
+            await c.list_resources(cursor="not-a-cursor", cache_mode="bypass")
+        except MCPError as exc:
+            return pages, str(exc)
+        return pages, ""
+
+    pages, refused = run_calls(
+        settings_for(home), script, mcp_faces.Limits(resources_page=3)
+    )
+    assert [len(p.resources) for p in pages] == [6, 6, 2]
+    uris = [str(r.uri) for p in pages for r in p.resources]
+    assert len(uris) == len(set(uris)) == 14
+    assert {u.split("/")[2] for u in uris} == ids
+    assert "not a cursor this server gave" in refused, refused
