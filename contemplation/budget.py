@@ -24,6 +24,8 @@ from contemplation.models import Block, ChatMessage, ChatRequest, MarkerKind, Us
 DEFAULT_RATIO = 0.25  # tokens per character: about 4 characters a token for English
 PER_MESSAGE = 4  # role markers and separators in chat templates
 MIN_RATIO, MAX_RATIO = 0.1, 1.2
+REFUSED_MARGIN = 1.05  # a refused prompt's ratio is raised this much above the server's count
+MAX_REFUSED_RATIO = 4.0  # tokens a character, at most, whatever a server counts
 SUMMARY_PREFIX = "Summary of the earlier part of this conversation (left out to fit the context):"
 
 
@@ -90,6 +92,19 @@ class Calibration:
             return self.ratio(model)
         old = self.ratios.get(model)
         new = sample if old is None else old + self.weight * (sample - old)
+        self.ratios[model] = new
+        return new
+
+    def refused(self, model: str, request: ChatRequest, counted: int) -> float:
+        """The server refused ``request`` for its window, counting ``counted`` prompt tokens
+        (its own tokenizer): the ratio is raised at once, with a margin, so that the request
+        made again is planned with the server's count (never lowered here)."""
+        chars = prompt_chars(request.messages) + sum(len(str(t)) for t in request.tools)
+        chars += sum(len(str(c)) for m in request.messages for c in m.tool_calls)
+        if chars <= 0:
+            return self.ratio(model)
+        sample = (counted - PER_MESSAGE * len(request.messages)) / chars * REFUSED_MARGIN
+        new = max(self.ratio(model), min(sample, MAX_REFUSED_RATIO))
         self.ratios[model] = new
         return new
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.context import saved_context
 from contemplation.conversation import still_due
-from contemplation.errors import BackendError, ContemplationError, ErrorKind
+from contemplation.errors import BackendError, ContemplationError, ContextOverflow, ErrorKind
 from contemplation.layout import Conv
 from contemplation.models import (
     BackendSession,
@@ -115,8 +115,17 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
                     planned = await _plan(conv, rt, seen, w, meta=served, prepared=prepared)
                     if planned is None:
                         return AGAIN
+                again = functools.partial(_plan, conv, rt, seen, w, meta=served, prepared=prepared)
                 return await _stream(
-                    conv, rt, seen, w, on=on, prepared=prepared, planned=planned, held=held
+                    conv,
+                    rt,
+                    seen,
+                    w,
+                    on=on,
+                    prepared=prepared,
+                    planned=planned,
+                    held=held,
+                    replan=again,
                 )
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try
@@ -292,6 +301,7 @@ async def _stream(
     prepared: _Prepared,
     planned: budget.Plan,
     held: Held,
+    replan: Callable[[], Awaitable[budget.Plan | None]] | None = None,
 ) -> Outcome:
     w.generating(rt.clock())  # status shows who holds the slot, since when
     rt.notify(conv.id, ConvEvent.GENERATING, model=on.model, provider=on.provider)
@@ -305,7 +315,9 @@ async def _stream(
         return failed(conv, rt, w, reply, error, on=on)
     if prepared.note:
         await reply.note(prepared.note)
-    return await _run_reply(conv, rt, w, seen=seen, on=on, reply=reply, planned=planned, held=held)
+    return await _run_reply(
+        conv, rt, w, seen=seen, on=on, reply=reply, planned=planned, held=held, replan=replan
+    )
 
 
 async def _run_reply(
@@ -318,6 +330,7 @@ async def _run_reply(
     reply: LiveReply,
     planned: budget.Plan,
     held: Held,
+    replan: Callable[[], Awaitable[budget.Plan | None]] | None = None,
 ) -> Outcome:
     """Fit the request (a summary call at most), stream the reply and end it one of six
     ways: finished, cancelled, interrupted by a stop, failed (retry or error), cut by a
@@ -330,7 +343,16 @@ async def _run_reply(
                 request = await on_thread(functools.partial(attachments.load_images, kept, request))
             for note in notes:
                 await reply.note(note)
-            got = await _pump_guarded(conv, rt, on, request, reply, held=held)
+            got, planned, request = await _pump_refitted(
+                conv,
+                rt,
+                on=on,
+                reply=reply,
+                planned=planned,
+                request=request,
+                held=held,
+                replan=replan,
+            )
         finally:
             held.release()  # the server is done with it: the commit below needs no slot
     except _Cancelled:
@@ -403,6 +425,63 @@ async def _fit(
         conv_id=conv.id,
     )
     return fitted.with_summary(text) if text else fitted.without_summary(why)
+
+
+async def _pump_refitted(
+    conv: Conv,
+    rt: Runtime,
+    *,
+    on: On,
+    reply: LiveReply,
+    planned: budget.Plan,
+    request: ChatRequest,
+    held: Held,
+    replan: Callable[[], Awaitable[budget.Plan | None]] | None,
+) -> tuple[Streamed, budget.Plan, ChatRequest]:
+    """:func:`_pump_guarded`; a prompt the server refuses for its window, saying how many
+    tokens it counted, is compacted once and sent again (:func:`_refused`)."""
+    try:
+        return await _pump_guarded(conv, rt, on, request, reply, held=held), planned, request
+    except ContextOverflow as exc:
+        if replan is None or reply.started or not exc.n_prompt:
+            raise
+        planned, request = await _refused(
+            conv, rt, on=on, reply=reply, exc=exc, request=request, replan=replan
+        )
+        return await _pump_guarded(conv, rt, on, request, reply, held=held), planned, request
+
+
+async def _refused(
+    conv: Conv,
+    rt: Runtime,
+    *,
+    on: On,
+    reply: LiveReply,
+    exc: ContextOverflow,
+    request: ChatRequest,
+    replan: Callable[[], Awaitable[budget.Plan | None]],
+) -> tuple[budget.Plan, ChatRequest]:
+    """The server refused ``request`` for its window and said how many tokens it counted
+    (never a reply built on a cut prompt): the model's ratio takes the server's count, the
+    request is planned again (compacted: a summary call at most) and a NOTE says so. Raises
+    ``exc`` when nothing is due any more."""
+    estimated = budget.estimate_request(request, rt.calibration.ratio(on.model))
+    rt.calibration.refused(on.model, request, exc.n_prompt or 0)
+    planned = await replan()
+    if planned is None:
+        raise exc
+    await reply.note(
+        f"the server counted {exc.n_prompt} prompt tokens for a window of {exc.n_ctx} "
+        f"(estimated ~{estimated}): the request was compacted and sent again"
+    )
+    log.info("context_refused", conv=conv.id, counted=exc.n_prompt, n_ctx=exc.n_ctx)
+    request, notes = await _fit(conv, rt, on, reply, planned)
+    if attachments.carries_images(request):
+        kept = conv.dir / attachments.FOLDER
+        request = await on_thread(functools.partial(attachments.load_images, kept, request))
+    for note in notes:
+        await reply.note(note)
+    return planned, request
 
 
 async def _pump_guarded(

@@ -29,6 +29,7 @@ from contemplation.backends.base import (
     phase_timeouts,
     retry_after_seconds,
 )
+from contemplation.backends.chat_completions import context_overflow
 from contemplation.backends.http import Http
 from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
@@ -78,6 +79,27 @@ def _error_text(resp_body: bytes) -> str:
     return json.dumps(data)[:500]
 
 
+def _exceeds(text: str) -> ContextOverflow | None:
+    """The refusal of a prompt over the window (sent with ``truncate: false``): llama-server's
+    error object as a JSON string in Ollama's ``error`` (ollama #16800), with the server's
+    ``n_prompt_tokens`` and ``n_ctx``; None for any other error."""
+    if "exceed_context_size_error" not in text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    info = data.get("error") if isinstance(data, dict) else None
+    info = info if isinstance(info, dict) else {}
+    message = info.get("message")
+    found = context_overflow(message if isinstance(message, str) else text, info)
+    return (
+        None
+        if found is None
+        else ContextOverflow(f"Ollama: {found}", n_prompt=found.n_prompt, n_ctx=found.n_ctx)
+    )
+
+
 def classify_status(status: int, text: str, retry_after: float | None, model: str) -> BackendError:
     """Map an Ollama error response to a transient or permanent :class:`BackendError`."""
     if status == 404:
@@ -89,6 +111,8 @@ def classify_status(status: int, text: str, retry_after: float | None, model: st
         )
     if status == 400 and "longer than the context length" in text:
         return ContextOverflow(f"Ollama: {text}")
+    if status == 400 and (overflow := _exceeds(text)) is not None:
+        return overflow
     if status == 400:
         kind = ErrorKind.UNSUPPORTED if "does not support" in text else ErrorKind.BAD_REQUEST
         return BackendError(f"Ollama: {text}", transient=False, kind=kind, status_code=400)
@@ -144,6 +168,9 @@ class OllamaBackend:
             "stream": True,
             "options": options,
             "keep_alive": self.keep_alive,
+            # never cut silently: a prompt over num_ctx is refused with its count (HTTP 400
+            # exceed_context_size_error, ollama #16712), and the turn compacts and asks again
+            "truncate": False,
         }
         if request.think is not None:
             body["think"] = request.think

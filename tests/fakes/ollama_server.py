@@ -72,6 +72,12 @@ class FakeOllama:
         self.request_times: list[float] = []
         self.gets: list[str] = []  # the paths of GET requests (health and model lists)
         self.aborted = 0  # streams the client closed before their end
+        # the window, as Ollama keeps it: a prompt over num_ctx is cut silently (counted after
+        # the cut: num_ctx/2 + 2, ollama #17427) unless the request says "truncate": false,
+        # which gets HTTP 400 exceed_context_size_error instead (ollama #16712, #16800)
+        self.tokens_per_char = 0.25  # the fake's tokenizer: tokens a character of content
+        self.truncated = 0  # prompts cut silently
+        self.refused: list[int] = []  # the token counts of the prompts refused (bounded)
         self.models: dict[str, dict[str, Any]] = {
             "llama3.2": {"capabilities": ["completion", "tools"], "arch": "llama", "ctx": 131072},
             "qwen3": {
@@ -127,6 +133,11 @@ class FakeOllama:
                     del self.script[i]
                     return step
         return self.default_step
+
+    def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """The prompt's tokens, as this fake's tokenizer counts them."""
+        chars = sum(len(m.get("content") or "") for m in messages)
+        return int(chars * self.tokens_per_char) + 1
 
     def chat_requests(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -269,6 +280,18 @@ class _Handler(JsonHandler):
         if body.get("tools") and "tools" not in info["capabilities"]:
             self._json(400, {"error": f"registry.ollama.ai/library/{model} does not support tools"})
             return
+        messages = body.get("messages") or []
+        n_ctx = int((body.get("options") or {}).get("num_ctx") or info["ctx"])
+        n_prompt = fake.prompt_tokens(messages)
+        if n_prompt > n_ctx and body.get("truncate") is False:
+            with fake.lock:
+                fake.refused = [*fake.refused[-99:], n_prompt]
+            self._json(400, {"error": _exceeds(n_prompt, n_ctx)})
+            return
+        if n_prompt > n_ctx:
+            with fake.lock:
+                fake.truncated += 1
+            n_prompt = n_ctx // 2 + 2  # counted after the cut
         step = fake.next_step(name)
         if step.first_byte_delay and fake.stop_event.wait(step.first_byte_delay):
             return
@@ -276,7 +299,6 @@ class _Handler(JsonHandler):
             headers = {"Retry-After": step.retry_after} if step.retry_after else None
             self._json(step.status, {"error": step.error}, headers)
             return
-        messages = body.get("messages") or []
         last_user = next(
             (m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), ""
         )
@@ -360,7 +382,6 @@ class _Handler(JsonHandler):
             if step.kind == "no_done":
                 self._end_chunks()
                 return
-            chars = sum(len(m.get("content") or "") for m in messages)
             self._generation_over()
             emit(
                 {
@@ -373,7 +394,7 @@ class _Handler(JsonHandler):
                     "load_duration": 1_334_875,
                     "prompt_eval_count": step.prompt_eval_count
                     if step.prompt_eval_count is not None
-                    else chars // 4 + 1,
+                    else n_prompt,
                     "prompt_eval_duration": 342_546_000,
                     "eval_count": step.eval_count or max(1, len(pieces)),
                     "eval_duration": 4_535_599_000,
@@ -384,6 +405,23 @@ class _Handler(JsonHandler):
             with self.server_fake.lock:
                 self.server_fake.aborted += 1
             return
+
+
+def _exceeds(n_prompt: int, n_ctx: int) -> str:
+    """Ollama's refusal of a prompt over the window: llama-server's error object, as a JSON
+    string in Ollama's ``error`` (verbatim shape from ollama #16800)."""
+    message = (
+        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), "
+        "try increasing it"
+    )
+    inner = {
+        "code": 400,
+        "message": message,
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": n_prompt,
+        "n_ctx": n_ctx,
+    }
+    return json.dumps({"error": inner}, separators=(",", ":"))
 
 
 def _split(text: str, n: int) -> list[str]:
