@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -249,3 +250,30 @@ def test_tasks_cancel_stops_the_turn_within_two_seconds(
     state = read_state(conv)
     assert state is not None and state.status is Status.CANCELLED
     assert cancelled["statusMessage"].startswith("cancelled")
+
+
+def test_the_daemon_killed_mid_reply_the_task_still_completes_with_the_reply_once(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """kill -9 of the daemon while the task is working (the model streaming): the task stays
+    working, and once a daemon runs again it completes with the reply, exactly once."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    daemon = daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(
+        Step(text="A first draft that never ends", kind="hang", after_chunks=2, hang_seconds=60),
+        Step(text="Add an index on users(email)."),
+    )
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Crash", initial_prompt="Which index?")
+    wire.until(task["taskId"], lambda t: "generating" in t["statusMessage"])
+    daemon.stop(signal.SIGKILL)
+    stalled = wire.get(task["taskId"])
+    assert stalled["status"] == "working" and "no daemon" in stalled["statusMessage"]
+    daemon_factory(env, home).wait_ready()
+    done = wire.until(task["taskId"], completed, seconds=30)
+    out = text_of(done["result"])
+    whole = [b for b in out["blocks"] if b["kind"] == "model" and "users(email)" in b["text"]]
+    assert len(whole) == 1, out["blocks"]
