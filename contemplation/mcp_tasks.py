@@ -170,15 +170,19 @@ class Tasks:
         return POLL_QUEUED
 
     def cancel(self, task_id: str) -> None:
-        """Mark the task cancelled and stop its turn (the daemon's cancel, as
-        ``conversation_cancel``); a task already settled stays as it is."""
+        """Stop the task's turn (the daemon's cancel, as ``conversation_cancel``) and mark the
+        task cancelled. Cancellation is cooperative: a task already settled, or whose message
+        still waits in the queue (the daemon would take it all the same), is left to complete
+        as it will."""
         conv, secret, record = self._locate(task_id)
-        if record.get("cancelled_at") or self.faces.settled(conv):
+        state = read_state(conv)
+        if record.get("cancelled_at") or conv.is_completed or self.faces.settled(conv):
+            return
+        if state is None or state.status not in _AT_WORK:
             return
         record["cancelled_at"] = datetime.now(UTC).timestamp()
         write_task(conv, secret, record, durable=self.faces.settings.durability == "fsync")
-        if not conv.is_completed:
-            actions.cancel(conv)
+        actions.cancel(conv)
 
 
 def _since_before(faces: Faces, params: CallToolRequestParams) -> int | None:

@@ -277,3 +277,23 @@ def test_the_daemon_killed_mid_reply_the_task_still_completes_with_the_reply_onc
     out = text_of(done["result"])
     whole = [b for b in out["blocks"] if b["kind"] == "model" and "users(email)" in b["text"]]
     assert len(whole) == 1, out["blocks"]
+
+
+def test_cancel_of_a_message_still_queued_is_acknowledged_and_the_task_completes(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """Cancellation is cooperative: no turn runs yet, so nothing is stopped and the task is
+    not called cancelled while the daemon will take its message all the same."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Queued", initial_prompt="Which index?")
+    acked = wire.request("tasks/cancel", {"taskId": task["taskId"]})["result"]
+    assert acked["resultType"] == "complete"
+    assert wire.get(task["taskId"])["status"] == "working"
+    fake_ollama.enqueue(Step(text="Add an index on users(email)."))
+    daemon_factory(env, home).wait_ready()
+    done = wire.until(task["taskId"], completed)
+    assert "users(email)" in text_of(done["result"])["blocks"][0]["text"]
