@@ -161,11 +161,12 @@ def test_the_oldest_turns_are_summarised_once_written_to_the_log_and_reused(
     )
     turn_with(rt, conv, fake_ollama, q(2), Step(text=summary), Step(text="Reply three."))
     summary_call, third = fake_ollama.chat_requests()[2:]
-    # the summary call: the oldest turn, no tools, no thinking, a bounded reply
-    assert [m["role"] for m in summary_call["messages"]] == ["user"]
-    ask = summary_call["messages"][0]["content"]
-    assert ask.startswith("Summarise this earlier part of a conversation in at most 150 words")
-    assert f"USER: {q(0)}" in ask and f"ASSISTANT: {a(0)}" in ask and "question 1" not in ask
+    # the summary call: the conversation's own prompt up to the oldest turn (what the server
+    # holds in its cache, issue 39), one instruction, no thinking, a bounded reply
+    assert [m["role"] for m in summary_call["messages"]] == ["system", "user", "assistant", "user"]
+    assert [m["content"] for m in summary_call["messages"][1:3]] == [q(0), a(0)]
+    ask = summary_call["messages"][-1]["content"]
+    assert ask.startswith("Summarise the conversation above in at most 150 words")
     assert summary_call["options"] == {"num_ctx": WINDOW, "num_predict": budget.SUMMARY_MAX_TOKENS}
     assert "think" not in summary_call and "tools" not in summary_call
     # the turn: the summary in front (in the system message), then the newest turns whole
