@@ -258,3 +258,62 @@ def test_the_handoff_makes_the_thread_wait_for_room_and_stop_once_nobody_reads()
         return [first, second, third]
 
     assert asyncio.run(go()) == [("x", 0), ("x", 1), ("x", 2)]
+
+
+def _rss_mb() -> float:
+    """This process's resident memory (Linux /proc), in MiB."""
+    import os
+
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_an_idle_model_is_unloaded_after_keep_alive_and_the_next_turn_reloads_it(
+    gguf: Path,
+) -> None:
+    """issue 38.8: the embedded model stayed loaded for the daemon's lifetime. As Ollama's
+    keep_alive: unloaded once idle that long (the memory goes back), loaded again on use."""
+    import gc
+
+    local.unload()
+    b = LocalBackend(timeouts=TIMEOUTS, keep_alive=1.0)
+    collect(b, req("Hi.", num_predict=2))
+    assert local.loaded() == [str(gguf)]  # kept for the next turn, for keep_alive seconds
+    due = local.unload_due(gguf)
+    assert due is not None and 0 < due - time.monotonic() <= 1.0
+    held = _rss_mb()
+    wait_for(lambda: not local.loaded(), 15, what="the idle model unloaded")
+    gc.collect()
+    freed = held - _rss_mb()
+    assert freed > 100, f"only {freed:.0f} MiB came back"  # SmolLM2 + its KV cache: ~270 MiB
+    events = collect(b, req("Name a fruit.", num_predict=4))  # loaded again, transparently
+    assert events[-1].kind == "done" and local.loaded() == [str(gguf)]
+    local.unload()
+
+
+def test_keep_alive_zero_unloads_after_each_turn_and_negative_keeps_it(gguf: Path) -> None:
+    local.unload()
+    collect(LocalBackend(timeouts=TIMEOUTS, keep_alive=0), req("Hi.", num_predict=2))
+    assert local.loaded() == []
+    forever = LocalBackend(timeouts=TIMEOUTS, keep_alive=-1)
+    collect(forever, req("Hi.", num_predict=2))
+    assert local.loaded() == [str(gguf)] and local.unload_due(gguf) is None  # no timer set
+    local.unload()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("5m", 300.0), ("30s", 30.0), ("1h", 3600.0), (0, 0.0), ("0", 0.0), (-1, None),
+     ("-1", None), (90, 90.0), ("2.5s", 2.5)],
+)  # fmt: skip
+def test_keep_alive_reads_as_ollama_does(value: str | int, seconds: float | None) -> None:
+    s = local.LocalSettings.model_validate({"keep_alive": value})
+    assert local.keep_alive_seconds(s.keep_alive) == seconds
+
+
+def test_a_bad_keep_alive_is_refused() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="keep_alive"):
+        local.LocalSettings.model_validate({"keep_alive": "soon"})
+    assert local.LocalSettings().keep_alive == "5m"

