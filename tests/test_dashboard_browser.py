@@ -445,3 +445,33 @@ def test_fork_here_in_chromium(home: Home, browser: Any, tab: Tab) -> None:
     assert len(tab.failed) == 1 and tab.failed[0].startswith("422 ")  # the refusal only
     offsets = [body["offset"] for path, body in tab.posted if path.endswith("/fork")]
     assert len(offsets) == 2 and offsets[0] < offsets[1]  # each block posts its own cursor
+
+
+def test_fork_here_is_not_offered_on_a_block_still_streaming(
+    home: Home, browser: Any, tab: Tab
+) -> None:
+    """issue 38.8: the reply being written had a "fork here" button (a fork of half a reply).
+    It is offered once the block is finished."""
+    from playwright.sync_api import expect
+
+    conv = make_conv(home, "Streaming", "Go", "Done.")
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "OLLAMA", "And now a long one.", msg_id="m2")
+        w.set_status(Status.GENERATING)
+        r = w.reply("OLLAMA", "CLAUDE", "r2")
+        r.content("Half of a rep")
+        page = tab.page
+        tab.goto(f"/c/{conv.id}")
+        expect(page.locator("#live article pre.text")).to_have_text("Half of a rep")
+        expect(page.locator("#log article button.fork")).to_have_count(3)
+        expect(page.locator("#live button.fork")).to_have_count(0)
+        tab.shot(browser, "streaming-no-fork")
+        r.content("ly, and the end.")
+        r.finish()
+        w.set_status(Status.IDLE)
+    page.reload()
+    expect(page.locator("#log article button.fork")).to_have_count(4)
+    expect(page.locator("#log article.model pre.text").last).to_have_text(
+        "Half of a reply, and the end."
+    )
+    assert tab.failed == []

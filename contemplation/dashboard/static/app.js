@@ -230,7 +230,9 @@ function listPage() {
 let convId = "";
 let cursor = 0;
 
-function renderBlock(b) {
+// a block still being written (the partial reply) is shown without "fork here": a fork is of
+// finished blocks; the button comes with the block once it is finished
+function renderBlock(b, finished = true) {
   if (b.kind === "marker") return el("div", "marker", b.marker + (b.text ? ": " + b.text : ""));
   const box = el("article", "block " + b.kind);
   box.dataset.offset = b.offset;
@@ -242,6 +244,7 @@ function renderBlock(b) {
   }
   box.append(el("pre", "text", b.text));  // its NEED lines are in the text: shown once
   for (const [k, t] of b.markers || []) box.append(el("div", "marker", k + (t ? ": " + t : "")));
+  if (!finished) return box;
   const fork = el("button", "fork", "fork here");
   fork.title = "a new conversation with the blocks up to this one";
   fork.addEventListener("click", () => forkAt(b.offset, fork));
@@ -271,7 +274,7 @@ const loadBlocks = oneAtATime(async () => {
   const live = $("live");
   if (d.partial) {
     live.hidden = false;
-    live.replaceChildren(renderBlock(d.partial));
+    live.replaceChildren(renderBlock(d.partial, false));
     live.dataset.streaming = "1";
   } else if (d.blocks.length) {
     live.hidden = true;
