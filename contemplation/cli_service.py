@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from contemplation import service
-from contemplation.cli_common import ctx_settings
+from contemplation.cli_common import ctx_settings, emit, json_option
+from contemplation.layout import Home
 
 MANAGERS = click.Choice(["auto", "systemd", "launchd"])
 
@@ -71,9 +72,19 @@ def uninstall(ctx: click.Context, manager: str, dry_run: bool) -> None:
 
 @service_group.command()
 @_options
+@json_option(
+    'Print {"manager", "unit_file", "installed", "loaded", "active", "state", "pid", '
+    '"daemon_running"} as JSON.'
+)
 @click.pass_context
-def status(ctx: click.Context, manager: str, dry_run: bool) -> None:
+def status(ctx: click.Context, manager: str, dry_run: bool, as_json: bool) -> None:
     """The service manager's view of the daemon."""
+    if as_json and not dry_run:
+        from contemplation import service_status
+
+        home = Home(ctx_settings(ctx).home)
+        emit(service_status.status(_manager(manager), home), True, "")
+        return
     p = _plan(ctx, "status", manager, dry_run)
     if p is not None:
         sys.exit(service.passthrough(p))

@@ -216,6 +216,47 @@ def test_launchd_install_bootstraps_once_and_bootout_on_uninstall(
     assert not plist.exists()
 
 
+SHOW = """#!/bin/sh
+# systemctl: `show` answers in its own key=value lines, as an installed, running unit
+python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$@" >> "$FAKE_LOG"
+if [ "$2" = show ]; then
+  printf 'LoadState=loaded\nActiveState=active\nSubState=running\nMainPID=4242\n'
+fi
+exit 0
+"""
+
+
+def test_service_status_json_says_what_the_manager_says(
+    home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    """issue 38.8: the README says every read command takes --json; service status did not."""
+    env, log = fake_managers
+    systemctl = tmp_path / "fakebin" / "systemctl"
+    systemctl.write_text(SHOW)
+    unit = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user" / "contemplation.service"
+    before = json.loads(cli(env, "service", "status", "--manager", "systemd", "--json").stdout)
+    assert before["installed"] is False and before["unit_file"] == str(unit)
+    cli(env, "service", "install", "--manager", "systemd")
+    calls(log)
+    got = json.loads(cli(env, "service", "status", "--manager", "systemd", "--json").stdout)
+    assert got == {
+        "manager": "systemd",
+        "unit_file": str(unit),
+        "installed": True,
+        "loaded": True,
+        "active": True,
+        "state": "running",
+        "pid": 4242,
+        "daemon_running": False,  # the home's own word: no daemon answers for this home
+    }
+    [argv] = calls(log)
+    assert argv[:3] == ["--user", "show", "contemplation.service"]
+    uid = str(os.getuid())
+    launchd = json.loads(cli(env, "service", "status", "--manager", "launchd", "--json").stdout)
+    assert launchd["manager"] == "launchd" and not launchd["installed"] and not launchd["loaded"]
+    assert calls(log) == [["print", f"gui/{uid}/com.contemplation.daemon"]]
+
+
 # --------------------------------------------------------------------------- sd_notify
 
 
