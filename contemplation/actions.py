@@ -32,6 +32,7 @@ from contemplation.models import (
     ApprovalDecision,
     Decider,
     Decision,
+    MarkerKind,
     Status,
     read_approvals,
 )
@@ -41,6 +42,7 @@ from contemplation.templates import Template, load_template
 from contemplation.terminal import safe
 from contemplation.waiting import Face
 from contemplation.writer import (
+    ConvWriter,
     archive,
     atomic_write_json,
     conv_lock,
@@ -49,6 +51,7 @@ from contemplation.writer import (
     faces_lock,
     idempotent_create,
     new_conversation,
+    open_writer,
     request_cancel,
     unarchive,
 )
@@ -60,7 +63,7 @@ INITIAL_NAME = "0000-initial.msg"
 
 __all__ = [
     "CANCELLABLE", "approve", "archive_conversation", "cancel", "check_message", "check_text",
-    "create", "reopen", "require_active", "respond", "send", "start",
+    "create", "reopen", "require_active", "respond", "retract", "send", "set_model", "start",
 ]  # fmt: skip
 
 
@@ -441,6 +444,78 @@ def cancel(conv: Conv) -> Status | None:
         return None
     request_cancel(conv)
     return state.status
+
+
+RETRACT_LOCK_TRIES = 100  # the lock is asked this many times, 20 ms apart (a daemon's step)
+RETRACTED_WORDS = "the agent withdrew this turn"
+
+
+def retract(settings: Settings, conv: Conv) -> dict[str, Any]:
+    """Withdraw the last turn when it failed or was cancelled (an image sent to a model that
+    cannot see, a runaway reply): a ``RETRACTED`` line ends the log, so the blocks from the
+    agent's message that began the turn are left out of every request from then on, and no
+    turn runs until the agent writes again. The log keeps them. Returns ``block`` (the
+    message's number, from 1) and ``message`` (its first line). The lock is asked without
+    blocking, a few times (a daemon's step holds it briefly; a turn, for a whole reply)."""
+    require_active(conv)
+    for _ in range(RETRACT_LOCK_TRIES):
+        try:
+            with open_writer(conv, durable=settings.durability == "fsync", wait=False) as w:
+                return _withdraw(conv, w)
+        except LockBusy:
+            time.sleep(0.02)
+    raise LockBusy(f"{conv.id} is busy (a reply is being written); try again shortly")
+
+
+def _withdraw(conv: Conv, w: ConvWriter) -> dict[str, Any]:
+    from contemplation.conversation import next_action
+    from contemplation.logview import LogView
+
+    if w.state.intent is not None or w.state.rotation is not None:
+        raise InputRejected(f"{conv.id} has a write to recover first; try again once a daemon ran")
+    if w.log_size() != w.state.log.size:
+        raise InputRejected(f"{conv.id} has bytes the daemon has not taken yet; try again shortly")
+    blocks = LogView(conv).refresh().blocks
+    if next_action(blocks).action != "stopped":
+        raise InputRejected(
+            f"{conv.id} has no failed or cancelled turn to withdraw (status {w.state.status.value})"
+        )
+    n = next(
+        (
+            i
+            for i in range(len(blocks), 0, -1)
+            if blocks[i - 1].kind.value == "agent" and blocks[i - 1].response_to is None
+        ),
+        1,
+    )
+    first = blocks[n - 1].text.strip().split("\n", 1)[0] if blocks else ""
+    w.append_marker(MarkerKind.RETRACTED, RETRACTED_WORDS)
+    w.show(Status.IDLE)
+    return {"retracted": True, "block": n, "message": logformat.one_line(first, 80)}
+
+
+def set_model(
+    settings: Settings, conv: Conv, model: str, backend: str | None = None
+) -> dict[str, Any]:
+    """Move the conversation to ``model`` (on ``backend``, or on the alias ``model`` names,
+    else on its backend as it is) from its next turn on; a turn in flight ends as it began.
+    Written into metadata.json under the faces' lock. Returns ``model``, ``backend`` and
+    what they were (``was``)."""
+    require_active(conv)
+    if not model.strip():
+        raise InputRejected("a model name cannot be empty")
+    with faces_lock(conv):
+        raw = read_json(conv.metadata)
+        if raw is None:
+            raise ContemplationError(f"{conv.id} has no readable metadata.json")
+        was = {"model": str(raw.get("model", "")), "backend": str(raw.get("backend", ""))}
+        alias = model if model in settings.aliases else None
+        name = backend or alias or was["backend"] or settings.default_backend
+        if not backends.named(settings, name):
+            raise InputRejected(str(backends.unknown(settings, name)))
+        raw.update(model=model.strip(), backend=name)
+        atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
+    return {"model": model.strip(), "backend": name, "was": was}
 
 
 def require_active(conv: Conv) -> None:

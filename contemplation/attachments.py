@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from contemplation.conversation import retracted
 from contemplation.errors import BackendError, ErrorKind, InputRejected
 from contemplation.layout import (
     Seen,
@@ -36,7 +37,7 @@ from contemplation.layout import (
     rest_of,
 )
 from contemplation.logformat import ATTACHMENT_LINE_RE, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
-from contemplation.models import ChatMessage, ChatRequest, ImageRef
+from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, ImageRef, MarkerKind
 from contemplation.settings import AttachmentSettings
 
 FOLDER = "attachments"  # <conv>/attachments/
@@ -284,18 +285,58 @@ def carries_images(request: ChatRequest) -> bool:
 
 
 def vision_error(request: ChatRequest, vision: bool, model: str) -> BackendError | None:
-    """The error a turn ends with when its request carries images and the model cannot see:
-    nothing is sent (an image is never dropped without a word)."""
+    """The error a turn ends with when its request carries images and the model cannot see
+    (its own message's: older ones are left out, see :func:`blind`): nothing is sent (an
+    image is never dropped without a word), and the error says how to go on."""
     if vision or not carries_images(request):
         return None
     names = ", ".join(i.name for m in request.messages for i in m.images)
+    cid = request.conversation_id
     return BackendError(
-        f"{model} cannot see images (no vision capability) and the conversation carries "
-        f"{names}; pick a vision model (metadata.json model) or set "
-        f'[capabilities."{model}"] vision = true',
+        f"{model} cannot see images (no vision capability) and this message carries {names}; "
+        f"withdraw it with `contemplation retract {cid}` and ask again, or move to a vision "
+        f"model with `contemplation set-model {cid} MODEL` (MCP: conversation_respond's "
+        f'retract and model), or set [capabilities."{model}"] vision = true',
         transient=False,
         kind=ErrorKind.UNSUPPORTED,
     )
+
+
+BLIND_NOTE = " cannot see images: "  # the NOTE's words after the model's name (see blind)
+
+
+def blind(blocks: tuple[Block, ...], model: str) -> tuple[tuple[Block, ...], str]:
+    """For a model that cannot see: ``blocks`` with the images of every block before the
+    current turn (the agent's last own message) left out, and the NOTE that says so, ""
+    when none is left out or the log says it of this model already (it is said once)."""
+    start = next(
+        (
+            i
+            for i in range(len(blocks) - 1, -1, -1)
+            if blocks[i].kind is BlockKind.AGENT and blocks[i].response_to is None
+        ),
+        0,
+    )
+    gone = retracted(blocks)  # never sent: nothing to say of them
+    shown = [b for n, b in enumerate(blocks[:start]) if n not in gone]
+    names = list(dict.fromkeys(i.name for b in shown for i in b.images))
+    if not names:
+        return blocks, ""
+    out = tuple(
+        replace(b, images=()) if n < start and b.images else b for n, b in enumerate(blocks)
+    )
+    said = f"{model}{BLIND_NOTE}"
+    if any(k is MarkerKind.NOTE and t.startswith(said) for b in blocks for k, t in b.markers):
+        return out, ""
+    listed = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return out, (
+        f"{said}{listed} left out of what it is sent (kept in the log and attachments/; a "
+        "vision model sees them again)"
+    )
+
+
+def is_blind_note(note: str) -> bool:
+    return BLIND_NOTE in note and note.endswith("a vision model sees them again)")
 
 
 def load_images(attachments: Path, request: ChatRequest) -> ChatRequest:

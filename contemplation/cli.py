@@ -52,6 +52,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "prune": ("contemplation.cli_index", "prune", "Delete archived conversations whose last..."),
     "reindex": ("contemplation.cli_index", "reindex", "Make the search index anew from the..."),
     "reopen": ("contemplation.cli_conv", "reopen", "Bring an archived conversation back to..."),
+    "retract": (
+        "contemplation.cli_recover",
+        "retract",
+        "Withdraw the last turn of CONVERSATION...",
+    ),
     "respond": ("contemplation.cli_conv", "respond", "Answer a need the model is waiting for..."),
     "routes": (
         "contemplation.cli_routes",
@@ -65,6 +70,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "contemplation.cli_service",
         "service_group",
         "Run the daemon as a user service (systemd...",
+    ),
+    "set-model": (
+        "contemplation.cli_recover",
+        "set_model",
+        "Send the next turns of CONVERSATION to...",
     ),
     "state": ("contemplation.cli_store", "state", "The current-state store..."),
     "status": ("contemplation.cli_conv", "status", "A conversation's status; without one, the..."),

@@ -122,7 +122,11 @@ class Faces:
         if status in {s.value for s in BUSY}:
             return "The model is working: conversation_wait returns when it replies."
         if status == Status.ERROR.value:
-            return "The last turn failed: send a message with conversation_respond to try again."
+            return (
+                "The last turn failed (its ERROR says why): conversation_respond with "
+                "retract=true withdraws it and sends your message instead; model= picks "
+                "another model."
+            )
         return ""
 
     def _since(self, conv: Conv, cursor: int) -> Since:

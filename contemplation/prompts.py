@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contemplation.conversation import last_marker, whole
+from contemplation.conversation import last_marker, retracted, whole
 from contemplation.logformat import canonical_need
 from contemplation.models import (
     Block,
@@ -210,10 +210,14 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
 
     A cancelled turn stays in the history as an assistant turn: its partial words (if any
     reached the log) and :data:`CANCELLED_NOTE`, so the model is never asked the cancelled
-    question again in silence, nor sent two user turns in a row."""
+    question again in silence, nor sent two user turns in a row. A turn the agent withdrew
+    (``RETRACTED``) is left out whole."""
     out: list[tuple[int, ChatMessage]] = []
     calls_by_need: dict[str, tuple[str, str]] = {}
+    gone = retracted(blocks)
     for i, b in enumerate(blocks):
+        if i in gone:
+            continue
         if b.kind is BlockKind.MODEL and cancelled(b):
             words = split_tool_calls(b.text.strip("\n"))[0]  # calls never made: left out
             note = f"{words}\n\n{CANCELLED_NOTE}" if words.strip() else CANCELLED_NOTE

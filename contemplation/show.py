@@ -12,7 +12,9 @@ from contemplation.models import State, Status
 from contemplation.terminal import safe
 
 ADVICE = {
-    Status.ERROR: "send a message to try again, or `contemplation doctor` to check the backend",
+    Status.ERROR: "withdraw the failed turn with `contemplation retract {id}` and send again "
+    "(`contemplation set-model {id} MODEL` for another model), or `contemplation doctor` to "
+    "check the backend",
     Status.RETRYING: "it retries by itself; `contemplation cancel {id}` stops it",
 }
 
@@ -103,6 +105,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
             lines.append(("next try", f"in {max(0.0, state.next_retry_at - time.time()):.0f} s"))
         if state.last_error is not None and state.status in (Status.ERROR, Status.RETRYING):
             advice = ADVICE.get(state.status, "").format(id=summary["id"])
+            if "contemplation retract" in state.last_error.message:
+                advice = ""  # the error says how to go on already
             lines.append(
                 ("error", f"{state.last_error.message}" + (f" — {advice}" if advice else ""))
             )

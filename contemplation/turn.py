@@ -238,6 +238,9 @@ async def _plan(
     if view.bare_count:  # a long log: the newest blocks' text read back, as far as needed
         window = int(meta.options.get("num_ctx") or prepared.window or 4096)  # as _window
         blocks, first = await on_thread(lambda: reach(view, parsed.blocks, window, ratio))
+    blind = ""
+    if not prepared.vision:  # older images left out, said once (its own message's: an ERROR)
+        blocks, blind = attachments.blind(blocks, meta.model)
     tpl = rt.template(meta.template) if meta.template else None
     spec = structured.spec_for(blocks, tpl.schema if tpl else None)
     fit = functools.partial(
@@ -254,7 +257,8 @@ async def _plan(
     )
     # pure work in proportion to the history (~10 µs a block): a long one is fitted on a
     # thread, not on the loop (5,500 blocks took ~100 ms)
-    return await on_thread(fit) if len(blocks) - first > LONG_HISTORY else fit()
+    plan = await on_thread(fit) if len(blocks) - first > LONG_HISTORY else fit()
+    return replace(plan, notes=(blind, *plan.notes)) if blind else plan
 
 
 def _fitted(
@@ -415,6 +419,7 @@ async def _fit(
     out. Raises _Cancelled on the agent's cancel."""
     if not fitted.summarise:
         return fitted.request, list(fitted.notes)
+    blind = [n for n in fitted.notes if attachments.is_blind_note(n)]  # the summary's own
     await reply.save()  # says generating while it is made
     caps = await rt.capabilities(on.provider, on.model)
     text, why = await summarise(
@@ -424,7 +429,8 @@ async def _fit(
         check=functools.partial(_check_cancel, conv),
         conv_id=conv.id,
     )
-    return fitted.with_summary(text) if text else fitted.without_summary(why)
+    request, notes = fitted.with_summary(text) if text else fitted.without_summary(why)
+    return request, [*blind, *notes]
 
 
 async def _pump_refitted(
