@@ -37,7 +37,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, RequestParams
 from mcp_types.jsonrpc import INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
 
-from contemplation import actions
+from contemplation import actions, activity
 from contemplation.errors import ContemplationError
 from contemplation.layout import Conv, read_state
 from contemplation.mcp_faces import Faces
@@ -98,7 +98,21 @@ class Tasks:
         record = {"conversation_id": conv.id, "since": since, "tool": tool, "created": now}
         durable = self.faces.settings.durability == "fsync"
         write_task(conv, secret, record, durable=durable)
-        return self.get(f"{conv.id}.{secret}")
+        # the seed: the message was just queued (what runs ahead of it is tasks/get's to say:
+        # counting it reads every conversation's summary, most of this call's time at 500)
+        stamp = _iso(now)
+        alive = daemon_alive(self.faces.home)
+        return {
+            "taskId": f"{conv.id}.{secret}",
+            "createdAt": stamp,
+            "lastUpdatedAt": stamp,
+            "ttlMs": self.ttl_ms,
+            "status": "working",
+            "statusMessage": "queued"
+            if alive
+            else activity.describe(None, model="", daemon=False, queued=1),
+            "pollIntervalMs": POLL_QUEUED if alive else POLL_STALLED,
+        }
 
     def _locate(self, task_id: str) -> tuple[Conv, str, dict[str, Any]]:
         conv_id, _, secret = task_id.rpartition(".")
