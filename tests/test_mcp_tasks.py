@@ -297,3 +297,32 @@ def test_cancel_of_a_message_still_queued_is_acknowledged_and_the_task_completes
     daemon_factory(env, home).wait_ready()
     done = wire.until(task["taskId"], completed)
     assert "users(email)" in text_of(done["result"])["blocks"][0]["text"]
+
+
+def test_two_hundred_tasks_started_at_once_all_complete_with_their_own_replies(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """The scripted model echoes each question, so every task's result must hold its own."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    asked = {
+        wire.call("conversation_start", topic=f"q{i}", initial_prompt=f"question number {i}")[
+            "taskId"
+        ]: f"question number {i}"
+        for i in range(200)
+    }
+    left = dict(asked)
+
+    def sweep() -> bool:
+        for task_id in list(left)[:50]:  # a bounded sweep; the rest at the next look
+            task = wire.get(task_id)
+            if task["status"] == "completed":
+                out = text_of(task["result"])
+                assert [b["text"] for b in out["blocks"]] == ["Echo: " + left.pop(task_id)], out
+        return not left
+
+    wait_for(sweep, 240, what=f"{len(left)} tasks still working")
