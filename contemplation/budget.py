@@ -178,6 +178,7 @@ def fit(
 # and finishes with :meth:`Plan.with_summary` or :meth:`Plan.without_summary`.
 
 DEFAULT_RESERVE = 1024  # tokens kept free for the reply
+LOW_WATER = 0.5  # a compaction keeps the history under this share of the window less the reserve
 SUMMARY_MAX_WORDS = 150  # asked of the model
 SUMMARY_MAX_TOKENS = 400  # num_predict of the summary call
 SUMMARY_MAX_CHARS = 1200  # what is kept of its answer (written to the log, sent every turn)
@@ -467,7 +468,9 @@ def _plan(
             "the summary above stands in for them"
         )
         return Plan(req, (*out, reused))
-    room = budget - head - _summary_cost(ratio)
+    # fitted at once to the low-water mark, not to the brim: the turns after it grow into the
+    # room left, and the prefix the server caches stays the same until the next compaction
+    room = int(budget * LOW_WATER) - head - _summary_cost(ratio)
     kept_from = len(turns) - 1  # the newest turn is always kept
     total = costs[kept_from] if turns else 0
     while kept_from > 0 and total + costs[kept_from - 1] <= room:

@@ -163,8 +163,10 @@ def test_the_oldest_turns_are_summarised_once_written_to_the_log_and_reused(
     summary_call, third = fake_ollama.chat_requests()[2:]
     # the summary call: the conversation's own prompt up to the oldest turn (what the server
     # holds in its cache, issue 39), one instruction, no thinking, a bounded reply
-    assert [m["role"] for m in summary_call["messages"]] == ["system", "user", "assistant", "user"]
-    assert [m["content"] for m in summary_call["messages"][1:3]] == [q(0), a(0)]
+    roles = [m["role"] for m in summary_call["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    # fitted at once to the low-water mark (issue 39): both older turns go into the summary
+    assert [m["content"] for m in summary_call["messages"][1:5]] == [q(0), a(0), q(1), a(1)]
     ask = summary_call["messages"][-1]["content"]
     assert ask.startswith("Summarise the conversation above in at most 150 words")
     assert summary_call["options"] == {"num_ctx": WINDOW, "num_predict": budget.SUMMARY_MAX_TOKENS}
@@ -172,28 +174,22 @@ def test_the_oldest_turns_are_summarised_once_written_to_the_log_and_reused(
     # the turn: the summary in front (in the system message), then the newest turns whole
     system = third["messages"][0]["content"]
     assert system.endswith(f"{budget.SUMMARY_PREFIX}\n{summary}")
-    assert [m["content"] for m in third["messages"][1:]] == [q(1), a(1), q(2)]
+    assert [m["content"] for m in third["messages"][1:]] == [q(2)]
     # the log holds it: visible to tail -f, read back by the parser
     log = conv.log.read_text()
-    head = f"=== NOTE: summary of the log before the last 3 block(s) (2 message(s) summarised to fit the model's context window ({WINDOW} tokens)): {summary} ==="
+    head = f"=== NOTE: summary of the log before the last 1 block(s) (4 message(s) summarised to fit the model's context window ({WINDOW} tokens)): {summary} ==="
     assert head in log and log.index(head) < log.index("Reply three.")
     parsed = parse(conv.log.read_bytes())
-    assert budget.read_summary(parsed.blocks) == budget.Saved(summary, covers=2)
+    assert budget.read_summary(parsed.blocks) == budget.Saved(summary, covers=4)
     assert [b.kind for b in parsed.blocks] == [BlockKind.AGENT, BlockKind.MODEL] * 3
     # the next turn reuses it: one request, the same summary, nothing summarised again
     turn_with(rt, conv, fake_ollama, "Short follow-up.", Step(text="Reply four."))
     assert len(fake_ollama.chat_requests()) == 5
     fourth = sent(fake_ollama, 4)
     assert fourth[0]["content"] == system
-    assert [m["content"] for m in fourth[1:]] == [
-        q(1),
-        a(1),
-        q(2),
-        "Reply three.",
-        "Short follow-up.",
-    ]
+    assert [m["content"] for m in fourth[1:]] == [q(2), "Reply three.", "Short follow-up."]
     assert notes_of(conv)[-1] == (
-        f"2 earlier message(s) were left out to fit the model's context window ({WINDOW} tokens); the summary above stands in for them"
+        f"4 earlier message(s) were left out to fit the model's context window ({WINDOW} tokens); the summary above stands in for them"
     )
     assert sum(n.startswith("summary of the log") for n in notes_of(conv)) == 1
 
@@ -244,9 +240,9 @@ def test_a_failed_summary_call_falls_back_to_leaving_the_oldest_turns_out(
     )
     third = sent(fake_ollama, 3)
     assert budget.SUMMARY_PREFIX not in third[0]["content"]
-    assert [m["content"] for m in third[1:]] == [q(1), a(1), q(2)]
+    assert [m["content"] for m in third[1:]] == [q(2)]
     assert notes_of(conv) == [
-        f"summarising 2 earlier message(s) failed (Ollama answered 500: out of memory); 2 message(s) were left out to fit the model's context window ({WINDOW} tokens)"
+        f"summarising 4 earlier message(s) failed (Ollama answered 500: out of memory); 4 message(s) were left out to fit the model's context window ({WINDOW} tokens)"
     ]
     assert budget.read_summary(parse(conv.log.read_bytes()).blocks) is None
     st = read_state(conv)
@@ -272,9 +268,9 @@ def test_a_summary_call_that_hangs_is_given_up_after_its_timeout(
         Step(text="Reply three."),
     )
     assert len(fake_ollama.chat_requests()) == 4
-    assert [m["content"] for m in sent(fake_ollama, 3)[1:]] == [q(1), a(1), q(2)]
+    assert [m["content"] for m in sent(fake_ollama, 3)[1:]] == [q(2)]
     assert notes_of(conv)[0].startswith(
-        "summarising 2 earlier message(s) failed (no answer within 0.5 s);"
+        "summarising 4 earlier message(s) failed (no answer within 0.5 s);"
     )
     assert "partial summary" not in conv.log.read_text()  # half a summary is no summary
 

@@ -108,10 +108,15 @@ def test_a_thousand_needs_are_capped(
 ) -> None:
     rt = rt_for(make_settings, fake_ollama, tmp_path)
     conv = make(home)
+    # the block of 995 refusals alone is ~11,000 tokens: a 16,384-token window holds it, not
+    # the whole history (the fake refuses a prompt over its window, as Ollama does when told
+    # "truncate": false; a cut prompt is never answered)
+    meta = json.loads(conv.metadata.read_text())
+    conv.metadata.write_text(json.dumps({**meta, "options": {"num_ctx": 16384}}))
     drop_message(conv, "ask for everything")
     fake_ollama.enqueue(
         Step(text="\n".join(f"NEED: Current state of item {i}" for i in range(1000))),
-        # 1,000 answers overflow gemma's 8,192-token window: the older turns are summarised
+        # 1,000 answers overflow the window: the older turns are summarised
         Step(text="asked for a thousand items"),
         Step(text="done"),
     )
