@@ -36,6 +36,7 @@ from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, RequestParams
 from mcp_types.jsonrpc import INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
+from pydantic import Field
 
 from contemplation import actions, activity
 from contemplation.errors import ContemplationError
@@ -50,6 +51,7 @@ CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 #: the tools that start a model turn: answered with a task to a client that takes tasks
 TASK_TOOLS = frozenset({"conversation_start", "conversation_respond", "conversation_approve"})
 SECRET_HEX = 32  # 128 bits
+MAX_RESPONSES = 64  # inputResponses read from one tasks/update
 #: pollIntervalMs by what is happening: tokens streaming, the model at work, queued, stalled
 POLL_STREAMING = 1000
 POLL_WORKING = 2000
@@ -62,11 +64,53 @@ class TaskParams(RequestParams):
     task_id: str
 
 
+class UpdateParams(TaskParams):
+    input_responses: dict[str, Any] = Field(default_factory=dict)
+
+
 def declared(meta: Any) -> bool:
     """Whether the request's ``_meta`` declares the tasks extension."""
     caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
     exts = caps.get("extensions") if isinstance(caps, dict) else None
     return isinstance(exts, dict) and EXTENSION in exts
+
+
+def elicits(meta: Any) -> bool:
+    """Whether the request's client takes elicitation forms (``elicitation: {}`` is form)."""
+    caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
+    got = caps.get("elicitation") if isinstance(caps, dict) else None
+    return isinstance(got, dict) and ("form" in got or not got)
+
+
+DECISION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "oneOf": [
+                {"const": "once", "title": "Allow once"},
+                {"const": "always", "title": "Allow always (this tool, these arguments, here)"},
+                {"const": "reject", "title": "Reject (the model is told it was refused)"},
+            ],
+        }
+    },
+    "required": ["decision"],
+}
+
+
+def approval_form(item: dict[str, Any], model: str) -> dict[str, Any]:
+    """The elicitation form that asks the person about one lookup (a ``waiting`` item)."""
+    args = json.dumps(item.get("arguments", {}), ensure_ascii=False)
+    message = (
+        f"The local model ({model or 'model'}) asks to run {item.get('tool')} {args} "
+        f"for: {item.get('need')}. Asked because {item.get('why') or 'a rule says ask'}. "
+        "Allow it?"
+    )
+    return {
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": message, "requestedSchema": DECISION_SCHEMA},
+    }
 
 
 def _iso(ts: float) -> str:
@@ -131,8 +175,10 @@ class Tasks:
             raise _not_found(task_id)
         return conv, secret, record
 
-    def get(self, task_id: str) -> dict[str, Any]:
-        """The task as the conversation says it is now (a ``DetailedTask``)."""
+    def get(self, task_id: str, *, elicit: bool = False) -> dict[str, Any]:
+        """The task as the conversation says it is now (a ``DetailedTask``). ``elicit``: the
+        client takes elicitation forms, so lookups that wait for approval are asked of the
+        person as ``input_required`` (answered with ``tasks/update``)."""
         conv, _, record = self._locate(task_id)
         since = int(record.get("since") or 0)
         created = float(record.get("created") or 0.0)
@@ -160,6 +206,16 @@ class Tasks:
                 "pollIntervalMs": self._poll(out),
             }
         out = self.faces.check(conv.id, since)
+        asks = [i for i in out.get("waiting", []) if i.get("kind") == "approval"]
+        if elicit and asks:
+            return task | {
+                "status": "input_required",
+                "statusMessage": str(out.get("activity") or ""),
+                "pollIntervalMs": POLL_QUEUED,
+                "inputRequests": {
+                    str(i["id"]): approval_form(i, str(out.get("model", ""))) for i in asks
+                },
+            }
         out["timed_out"] = False
         result = {
             "content": [
@@ -198,6 +254,33 @@ class Tasks:
         write_task(conv, secret, record, durable=self.faces.settings.durability == "fsync")
         actions.cancel(conv)
 
+    def update(self, task_id: str, responses: dict[str, Any]) -> None:
+        """The person's answers to the forms (``inputResponses``): accept with a decision,
+        or decline (a rejection); a cancelled form, an unknown key or a lookup decided
+        already is ignored (the first decision about a lookup is final)."""
+        conv, _, _ = self._locate(task_id)
+        for key, response in list(responses.items())[:MAX_RESPONSES]:
+            if not isinstance(response, dict):
+                continue
+            action = response.get("action")
+            content = response.get("content")
+            decision = content.get("decision") if isinstance(content, dict) else None
+            if action == "decline":
+                decision = "reject"
+            elif action != "accept" or decision not in actions.DECISIONS:
+                continue
+            try:
+                actions.approve(
+                    self.faces.settings,
+                    conv,
+                    str(decision),
+                    str(key),
+                    reader=self.faces.reader,
+                    face="mcp",
+                )
+            except ContemplationError:
+                continue  # not outstanding (decided, answered, or never asked): ignored
+
 
 def _since_before(faces: Faces, params: CallToolRequestParams) -> int | None:
     """Where the reply to an answer or a decision will start: the log's end before the call
@@ -225,6 +308,7 @@ class TasksExtension(Extension):
         return (
             MethodBinding("tasks/get", TaskParams, self._get),
             MethodBinding("tasks/cancel", TaskParams, self._cancel),
+            MethodBinding("tasks/update", UpdateParams, self._update),
         )
 
     @staticmethod
@@ -238,8 +322,17 @@ class TasksExtension(Extension):
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
         self._require(ctx)
-        task = await anyio.to_thread.run_sync(self.tasks.get, str(params.task_id))
+        elicit = elicits(ctx.meta)
+        task = await anyio.to_thread.run_sync(
+            lambda: self.tasks.get(str(params.task_id), elicit=elicit)
+        )
         return task | {"resultType": "complete"}
+
+    async def _update(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
+        self._require(ctx)
+        responses = dict(params.input_responses)
+        await anyio.to_thread.run_sync(self.tasks.update, str(params.task_id), responses)
+        return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
         self._require(ctx)

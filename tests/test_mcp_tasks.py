@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -326,3 +327,51 @@ def test_two_hundred_tasks_started_at_once_all_complete_with_their_own_replies(
         return not left
 
     wait_for(sweep, 240, what=f"{len(left)} tasks still working")
+
+
+def test_a_lookup_marked_ask_is_a_form_for_the_person_and_their_answer_goes_on(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """To a client that takes forms, a lookup a [permissions] rule marks ``ask`` makes the
+    task ``input_required`` with an elicitation form (allow once / always / reject, what will
+    be read and why); the person's answer through ``tasks/update`` decides it, and the turn
+    goes on to complete the task. A reply the person declines is a rejection."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    secret = notes / "secret.md"
+    secret.write_text("the launch code")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[tools]\nallowed_roots = ["{notes}"]\n\n[permissions]\nread_file = {{ "*secret*" = "ask" }}\n'
+    )
+    env = base_env(
+        home, fake_ollama, CONTEMPLATION_CONFIG=str(cfg), CONTEMPLATION_DASHBOARD_ENABLED="false"
+    )
+    fake_ollama.enqueue(
+        Step(text=f"NEED: File contents of {secret}"), Step(text="Fine, without it.")
+    )
+    daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Ask", initial_prompt="Read it", model="gemma")
+    asking = wire.until(task["taskId"], lambda t: t["status"] == "input_required", seconds=30)
+    [(key, form)] = asking["inputRequests"].items()
+    assert form["method"] == "elicitation/create" and form["params"]["mode"] == "form"
+    assert str(secret) in form["params"]["message"] and "ask" in form["params"]["message"]
+    choices = form["params"]["requestedSchema"]["properties"]["decision"]["oneOf"]
+    assert [c["const"] for c in choices] == ["once", "always", "reject"]
+    assert wire.get(task["taskId"])["inputRequests"] == asking["inputRequests"]  # same key
+    acked = wire.request(
+        "tasks/update", {"taskId": task["taskId"], "inputResponses": {key: {"action": "decline"}}}
+    )["result"]
+    assert acked["resultType"] == "complete"
+    done = wire.until(task["taskId"], completed, seconds=30)
+    out = text_of(done["result"])
+    assert out["blocks"][-1]["text"] == "Fine, without it."
+    conv = Reader(home).locate(out["conversation_id"])
+    assert "the launch code" not in conv.log.read_text()
+    # the answer came from the person's form: recorded as a decision, never as chat text
+    assert "refused" in conv.log.read_text()
