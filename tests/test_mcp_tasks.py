@@ -375,3 +375,22 @@ def test_a_lookup_marked_ask_is_a_form_for_the_person_and_their_answer_goes_on(
     assert "the launch code" not in conv.log.read_text()
     # the answer came from the person's form: recorded as a decision, never as chat text
     assert "refused" in conv.log.read_text()
+
+
+def test_a_reply_that_completes_the_conversation_completes_the_task_from_the_archive(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """COMPLETE archives the conversation: its folder (and the task's record in it) moves to
+    completed/, and tasks/get still finds the task there."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    daemon_factory(env, home).wait_ready()
+    fake_ollama.enqueue(Step(text="Use an index.\n=== COMPLETE ==="))
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Done", initial_prompt="One word?")
+    cid = TASK_ID.match(task["taskId"])["conv"]  # type: ignore[index]
+    wait_for((home.completed / cid).is_dir, 30, what="archived")
+    out = text_of(wire.until(task["taskId"], completed)["result"])
+    assert out["archived"] is True and "Use an index." in out["blocks"][0]["text"]
