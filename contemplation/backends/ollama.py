@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
+from contemplation import providers
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import (
     Capabilities,
@@ -148,8 +149,10 @@ class OllamaBackend:
         concurrency: int | str = 1,
         overrides: Mapping[str, CapabilityOverride] | None = None,
         name: str = "ollama",
+        where: str = "ollama.host",
     ) -> None:
         self.name = name
+        self.where = where  # the key its URL came from, for the hint that names it
         self.base_url = base_url.rstrip("/")
         self.overrides = dict(overrides or {})
         self.num_ctx = num_ctx
@@ -323,7 +326,7 @@ class OllamaBackend:
                     self.name,
                     False,
                     f"not reachable at {self.base_url} ({exc.kind})",
-                    ("start it with `ollama serve`, or set OLLAMA_HOST",),
+                    (self._unreachable_hint(),),
                 )
             ]
         try:
@@ -343,6 +346,12 @@ class OllamaBackend:
             except BackendError as exc:
                 checks.append(Check("model", False, str(exc)))
         return checks
+
+    def _unreachable_hint(self) -> str:
+        """OLLAMA_HOST only reaches the ``[ollama]`` section; a named provider has its own url."""
+        if self.where == "ollama.host":
+            return "start it with `ollama serve`, or set OLLAMA_HOST (or ollama.host)"
+        return f"start Ollama at {self.base_url}, or change {self.where}"
 
     async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None  # Ollama keeps no per-conversation state
@@ -411,6 +420,7 @@ class OllamaSettings(Section):
 def _make(m: Made) -> OllamaBackend:
     s: OllamaSettings = m.own
     url, auth = parse_ollama_host(s.url or s.host)
+    at = ".".join(providers.table(m.settings, m.name).at)
     return OllamaBackend(
         url,
         auth=auth,
@@ -420,6 +430,7 @@ def _make(m: Made) -> OllamaBackend:
         concurrency=s.concurrency,
         overrides=m.settings.capabilities,
         name=m.name,
+        where=f"{at}.{'url' if s.url else 'host'}",
     )
 
 
