@@ -111,8 +111,10 @@ def classify_status(
     *,
     model: str,
     url: str,
+    url_key: str = "OPENAI_BASE_URL",
 ) -> BackendError:
-    """Map an error response to a transient or permanent :class:`BackendError`."""
+    """Map an error response to a transient or permanent :class:`BackendError`; ``url_key``
+    names where the URL came from (a named provider's own ``providers.<name>.url``)."""
     text, info = _error_info(body)
     if status in {400, 413}:
         overflow = context_overflow(text, info)
@@ -130,7 +132,7 @@ def classify_status(
         what = (
             f"model {model!r} not found"
             if "model" in text.lower()
-            else f"{url}/chat/completions not found; check OPENAI_BASE_URL"
+            else f"{url}/chat/completions not found; check {url_key}"
         )
         return BackendError(
             f"{what} ({text})", transient=False, kind=ErrorKind.MODEL_NOT_FOUND, status_code=404

@@ -123,6 +123,7 @@ class OpenAIBackend:
                     resp.headers,
                     model=request.model,
                     url=self.base_url,
+                    url_key=self._url_key(),
                 )
             lines = TimedLines(resp, self.timeouts, self.base_url, t0=turn.t0)
             async for name, payload in sse_payloads(lines):
@@ -292,6 +293,12 @@ class OpenAIBackend:
                     Check("model", False, f"{model} is not among the server's models", tuple(ids))
                 )
         return checks
+
+    def _url_key(self) -> str:
+        """The key a wrong URL is fixed in: the environment's only for the ``[openai]`` section."""
+        if self.where == "openai.base_url":
+            return "OPENAI_BASE_URL (or openai.base_url)"
+        return self.where
 
     def _hint(self, kind: str) -> str:
         """What to do when the server cannot be reached or refuses the key: the keys this
