@@ -340,7 +340,7 @@ def test_an_unknown_model_is_permanent(fake: FakeOpenAI) -> None:
 
 
 def test_a_wrong_path_404_points_at_the_base_url(fake: FakeOpenAI) -> None:
-    err = fails(f"{fake.url}/wrong", request())
+    err = fails(f"{fake.url}/wrong", request(), where="openai.base_url")
     assert not err.transient and "OPENAI_BASE_URL" in str(err)
 
 
