@@ -206,9 +206,11 @@ class Faces:
             out["cut"] = page.cut | {"next": "more follows: call again with the returned cursor"}
         elif partial is not None and keep(partial):
             room = budget - paging.size(page.blocks)
+            room_tokens = paging.PAGE_TOKENS - paging.tokens(page.blocks)
             text = str(partial.get("text", ""))
-            if paging.size(partial) > room:  # a long reply still streaming: its head
-                partial = partial | {"text": paging.cut_text(text, max(room, 256)), "cut": True}
+            if paging.size(partial) > room or paging.tokens(partial) > room_tokens:
+                head = paging.cut_text(text, max(room, 256), max(room_tokens, 128))
+                partial = partial | {"text": head, "cut": True}  # a long reply streaming
             out["in_progress"] = partial
         return out
 

@@ -110,7 +110,8 @@ MaxBytes = Annotated[
     Field(
         ge=paging.PAGE_FLOOR,
         le=paging.PAGE_CAP,
-        description="most bytes of blocks in one result; a cut page continues at its cursor",
+        description="most bytes of blocks in one result (and at most 20,000 estimated "
+        "tokens); a cut page continues at its cursor",
     ),
 ]
 IncludeOwn = Annotated[
