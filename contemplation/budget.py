@@ -464,7 +464,7 @@ def _plan(
         # the summary in the log still covers enough: no call
         req, out = replace(base, kept=tuple(rest[start:]))._finish(old, "")
         reused = (
-            f"{start} earlier message(s) were left out {_window_note(window)}; "
+            f"{before + start} earlier message(s) were left out {_window_note(window)}; "
             "the summary above stands in for them"
         )
         return Plan(req, (*out, reused))

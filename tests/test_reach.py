@@ -68,17 +68,22 @@ def plans(folder: Path, window: int) -> tuple[budget.Plan, budget.Plan, int]:
     return out[0], out[1], first
 
 
-@pytest.mark.parametrize("summary_at", [None, 30, 1150])
+@pytest.mark.parametrize("summary_at", [None, 30, 1150, 1190])
 @pytest.mark.parametrize("window", [1024, 4096])
 def test_the_plan_from_the_blocks_read_back_is_the_plan_from_the_whole_log(
     tmp_path: Path, window: int, summary_at: int | None
 ) -> None:
     """1,200 blocks in 24 files: the newest are read back, not all, and the request, its
-    notes, what is summarised, the summary request and what it says are the same."""
+    notes, what is summarised, the summary request and what it says are the same (a summary
+    in the log before what is read, inside it, or recent enough to be reused)."""
     folder = tmp_path / "home" / "active" / META.id
     write_log(folder, 1200, 50, summary_at)
     whole, got, first = plans(folder, window)
     assert 0 < first < 1150, first  # a part only was read back
+    if summary_at == 1190 and window == 4096:  # it covers enough: reused, no call
+        assert not whole.summarise and "the summary above stands in" in whole.notes[-1]
+        assert got == whole
+        return
     if summary_at is not None:
         assert whole.previous == "what came before, in short"
     assert whole.summarise  # (its request is then the one it was given: see with_summary)
