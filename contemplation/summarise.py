@@ -67,9 +67,11 @@ async def summarise(
     call, at most SUMMARY_TIMEOUT seconds and budget.SUMMARY_MAX_TOKENS tokens; ``check``
     is called every CHECK_INTERVAL seconds while it streams (it raises to stop: a cancel)."""
     # what is left out is the long part of a long history: made on a thread
-    request = cached_request(fitted, think=think) or await on_thread(
-        functools.partial(budget.summary_request_for, fitted, think=think)
-    )
+    request = cached_request(fitted, think=think)
+    if request is None:
+        request = await on_thread(
+            functools.partial(budget.summary_request_for, fitted, think=think)
+        )
     parts: list[str] = []
     next_check = time.monotonic() + CHECK_INTERVAL
     try:
