@@ -411,7 +411,7 @@ def list_(
                 [
                     (
                         r["id"],
-                        r["status"] + (" (archived)" if r["completed"] else ""),
+                        show.list_status(r["status"], r["completed"]),
                         f"{r['backend']}/{r['model']}" if r["model"] else "-",
                         r["last_activity"],
                         *((show.fork_origin(r.get("forked_from")) or "-",) if forks else ()),
@@ -449,6 +449,8 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     items = view.items
     data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
     data["activity"] = reader.activity(conv, view)  # the words of MCP and the dashboard
+    if conv.is_completed:  # no daemon answers in completed/
+        data["activity"] = show.archived_now(data["status"])
     data["daemon_running"] = daemon_alive(home)
     target = providers.target(ctx_settings(ctx), data["backend"], data["model"])
     if target.alias is not None:  # what the alias stands for

@@ -53,10 +53,26 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 def _model(summary: dict[str, Any]) -> str:
     alias = summary.get("alias")
+    if not summary["model"]:  # a folder made by hand or imported: no metadata names one
+        return "unknown (imported)"
     if not alias:
         return f"{summary['model']} on {summary['backend']}"
     where = " | ".join(alias["providers"])
     return f"{summary['model']} (alias: {alias['model']} on {where}, a free slot on any)"
+
+
+def archived_now(status: str) -> str:
+    """The ``now`` of an archived conversation: no daemon answers in completed/."""
+    if status == "pending":
+        return "archived: the last message got no answer; reopen to have it answered"
+    return "archived: reopen to go on with it"
+
+
+def list_status(status: str, archived: bool) -> str:
+    """The STATUS column of ``list``: an archived "pending" is a message nobody answers."""
+    if not archived:
+        return status
+    return ("unanswered" if status == "pending" else status) + " (archived)"
 
 
 def fork_origin(forked_from: Any) -> str:
@@ -76,7 +92,9 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
         ("topic", summary["topic"]),
         ("model", _model(summary)),
         ("status", summary["status"]),
-        ("activity", ago(log_mtime)),
+        # without state.json (made by hand, imported) the log's last dated header, not
+        # the time the folder was copied
+        ("activity", ago(log_mtime if state is not None else summary["last_activity_ts"])),
         ("messages", f"{summary['messages']} from the agent, {summary['turns']} model turns"),
     ]
     origin = fork_origin(summary.get("forked_from"))
