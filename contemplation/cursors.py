@@ -10,12 +10,14 @@ the notifier use it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contemplation import structured
-from contemplation.layout import Conv
+from contemplation import logstream, structured
+from contemplation.errors import InputRejected
+from contemplation.layout import Conv, open_regular
 from contemplation.logformat import MARKER_RE
 from contemplation.logstream import parse_segment
 from contemplation.logview import log_segments, segment_inodes
@@ -62,6 +64,20 @@ def read_range(path: Path, offset: int, size: int) -> bytes:
             return f.read(max(0, size - offset))
     except FileNotFoundError:
         return b""
+
+
+def segment_blocks(seg: Segment, agent_label: str = "CLAUDE") -> Iterator[Block]:
+    """The blocks of a rotated segment, in order, read a stretch at a time (see
+    :mod:`contemplation.logstream`: a segment of any size is never held whole)."""
+    try:
+        fd = open_regular(seg.path)
+    except (FileNotFoundError, InputRejected):
+        return
+    try:
+        for part in logstream.stream(fd, agent_label=agent_label):
+            yield from part.blocks
+    finally:
+        os.close(fd)
 
 
 AGENT_SOURCE = "(source: agent,"  # the line under an agent's own RESPONSE TO NEED

@@ -10,6 +10,7 @@ before a reply that is still being streamed, so the next read returns that block
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from contemplation.cursors import (
     log_text,
     own,
     own_block,
-    read_range,
+    segment_blocks,
     segments,
 )
 from contemplation.errors import InputRejected, NotFound
@@ -41,7 +42,7 @@ from contemplation.layout import (
     read_state,
     valid_id,
 )
-from contemplation.logview import LogView, parse_segment
+from contemplation.logview import LogView
 from contemplation.models import BUSY, Block, Metadata, State, Status
 from contemplation.parser import find_responses
 from contemplation.waiting import WaitItem, look
@@ -162,7 +163,7 @@ class Reader:
     def view(self, conv: Conv, agent_label: str) -> LogView:
         v = self._views.get(conv.dir)
         if v is None or v.agent_label != agent_label:
-            v = LogView(conv, agent_label)
+            v = LogView(conv, agent_label, bare=True)  # (no face reads an old text here)
             self._views[conv.dir] = v
         self._views.move_to_end(conv.dir)
         while len(self._views) > VIEWS_KEPT:
@@ -284,10 +285,11 @@ class Reader:
         if live:
             return segs[-1].start + live[-1].offset
         for seg in reversed(segs[:-1][-OWN_SEGMENTS_BACK:]):
-            parsed = parse_segment(read_range(seg.path, 0, seg.size), agent_label=label)
-            found = [b for b in parsed.blocks if own_block(b)]
-            if found:
-                return seg.start + found[-1].offset
+            found = None
+            for b in segment_blocks(seg, label):
+                found = b if own_block(b) else found
+            if found is not None:
+                return seg.start + found.offset
         return 0
 
     def settled(self, conv: Conv) -> bool:
@@ -305,12 +307,13 @@ class Reader:
         local = cursor - seg.start
         meta = read_metadata(conv)
         label = meta.agent_label if meta else "CLAUDE"
+        blocks: Iterable[Block]
         if seg is segs[-1]:
             view = self.view(conv, label)
             view.refresh()
             blocks = view.live.blocks
         else:
-            blocks = parse_segment(read_range(seg.path, 0, seg.size), agent_label=label).blocks
+            blocks = segment_blocks(seg, label)
         for b in blocks:
             if b.offset < local < b.end:
                 return b, seg.start + b.offset

@@ -218,3 +218,19 @@ def test_a_turn_of_a_200_mb_active_conversation_keeps_memory_flat(
     chars = sum(len(m["content"]) for m in asked["messages"])
     assert chars < 64 * 1024, chars  # it fits the (default) window, the summary in it
     assert any("tell me about big" in m["content"] for m in asked["messages"])
+
+
+def test_status_of_a_200_mb_active_conversation_keeps_memory_flat(home: Home) -> None:
+    """``status`` (the reading every face shares: status, check, wait, the dashboard) of an
+    active conversation whose log is 200 MB in rotated segments grows the process by less
+    than GROWTH_BOUND_MB over ``status`` of a one-message conversation: the segments are
+    held as bare blocks (measured: 228 MB when held with their text)."""
+    env = base_env(home, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    small, big = made(env, home, "small", "big")
+    one, _ = peak_rss_kib(env, "status", small.id)
+    for k in range(LOG_MB // 10, 0, -1):
+        write_big_log(big.dir / f"messages.{k}.log", 10 * MB)
+    peak, _ = peak_rss_kib(env, "status", big.id)
+    growth_mb = (peak - one) / 1024
+    assert growth_mb < GROWTH_BOUND_MB, f"status of {LOG_MB} MB grew by {growth_mb:.0f} MB"
+    assert big.id in cli(env, "status", big.id).stdout
