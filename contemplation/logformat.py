@@ -39,6 +39,12 @@ NEED_PREFIX = "NEED:"
 RESPONSE_PREFIX = "RESPONSE TO NEED:"
 TOOL_OUTPUT_BEGIN = "BEGIN TOOL OUTPUT"  # frames a tool's answer inside a RESPONSE TO NEED block
 TOOL_OUTPUT_END = "END TOOL OUTPUT"
+# a native tool call recorded in a model's reply, the NEED it is answered as on the next line
+TOOL_CALL_OPEN = "(tool call "
+TOOL_CALL_RE = re.compile(
+    "^" + re.escape(TOOL_CALL_OPEN) + r"(\S+): (\S+) (.*)\)\n" + NEED_PREFIX + " (.*)$",
+    re.MULTILINE,
+)
 COMPLETE_LINE = "=== COMPLETE ==="
 ATTACHMENT_OPEN = "[attachment: "  # a file the writer kept (an agent's block; stuffed else)
 ATTACHMENT_LINE_RE = re.compile(
@@ -62,6 +68,12 @@ def header(sender: str, recipient: str, ts: str | None = None) -> str:
 def header_start(sender: str, recipient: str) -> str:
     """A header's text up to its timestamp (how a block from ``sender`` begins)."""
     return f"{FRAME_OPEN}{sender} -> {recipient} ["
+
+
+def tool_call_lines(call_id: str, name: str, arguments: str, need: str) -> str:
+    """A native tool call as the reply records it (read back by :data:`TOOL_CALL_RE`):
+    ``(tool call <id>: <name> <json arguments>)`` and the ``NEED:`` line it is answered as."""
+    return f"{TOOL_CALL_OPEN}{call_id}: {name} {arguments})\n{NEED_PREFIX} {need}\n"
 
 
 def canonical_need(text: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contemplation.conversation import last_marker, retracted, whole
-from contemplation.logformat import canonical_need
+from contemplation.logformat import TOOL_CALL_OPEN, TOOL_CALL_RE, canonical_need
 from contemplation.models import (
     Block,
     BlockKind,
@@ -171,16 +171,13 @@ def system_prompt(
     return text.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
 
-TOOL_CALL_RE = re.compile(r"^\(tool call (\S+): (\S+) (.*)\)\nNEED: (.*)$", re.MULTILINE)
-
-
 def split_tool_calls(text: str) -> tuple[str, list[tuple[str, str, Any, str]]]:
     """A model block's text without its recorded native tool calls, and those calls.
 
     The turn writes each call as ``(tool call <id>: <name> <json arguments>)`` followed by
     the equivalent ``NEED:`` line; each call is (id, name, arguments, need).
     """
-    if "(tool call " not in text:
+    if TOOL_CALL_OPEN not in text:
         return text, []
     calls = []
     for m in TOOL_CALL_RE.finditer(text):

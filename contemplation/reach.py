@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from contemplation import budget, prompts
 from contemplation.conversation import whole
-from contemplation.logformat import RESPONSE_PREFIX
+from contemplation.logformat import RESPONSE_PREFIX, TOOL_CALL_OPEN
 from contemplation.logview import LogView
 from contemplation.models import Block, BlockKind, MarkerKind
 from contemplation.structured import RETRY_PREFIX
@@ -77,7 +77,7 @@ def _least_chars(b: Block) -> int:
     """At least how many characters the message(s) of ``b`` hold."""
     if b.kind is BlockKind.MODEL and not whole(b):
         return 0
-    if "(tool call " in b.text or "SCHEMA" in b.text:  # its text may go elsewhere
+    if TOOL_CALL_OPEN in b.text or "SCHEMA" in b.text:  # its text may go elsewhere
         return 0
     return len(b.text.strip("\n"))
 

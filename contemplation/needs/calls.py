@@ -8,10 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from contemplation.logformat import tool_call_lines
 from contemplation.models import Rule
 from contemplation.needs import rules
-
-TOOL_CALL_PREFIX = "(tool call "
 
 
 def may_hold_calls(text: str) -> bool:
@@ -41,5 +40,5 @@ def need_lines(calls: list[dict[str, Any]], functions: Mapping[str, Rule]) -> st
         args = rules.heal_arguments(fn.get("arguments"), rule.params if rule else ())
         need = rules.route_call(rule, args).need if rule else f"{name} {json.dumps(args)}"
         shown = json.dumps(args, ensure_ascii=False)
-        lines.append(f"{TOOL_CALL_PREFIX}{call_id}: {name} {shown})\nNEED: {need}\n")
+        lines.append(tool_call_lines(call_id, name, shown, need))
     return "".join(lines)
