@@ -28,6 +28,7 @@ from pathlib import Path
 from contemplation.conversation import retracted
 from contemplation.errors import BackendError, ErrorKind, InputRejected
 from contemplation.layout import (
+    ATTACHMENTS,
     Seen,
     ignored_name,
     open_regular_stat,
@@ -40,7 +41,7 @@ from contemplation.logformat import ATTACHMENT_LINE_RE, TOOL_OUTPUT_BEGIN, TOOL_
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, ImageRef, MarkerKind
 from contemplation.settings import AttachmentSettings
 
-FOLDER = "attachments"  # <conv>/attachments/
+FOLDER = ATTACHMENTS  # <conv>/attachments/ (the name is the layout's)
 MESSAGE_NAMES = ("message.txt", "message.md")
 LINE_RE = ATTACHMENT_LINE_RE  # the writer's line for one file
 # (mime, the bytes a file of that kind starts with, where)

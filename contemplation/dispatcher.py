@@ -17,7 +17,16 @@ from pathlib import Path
 
 import structlog
 
-from contemplation.layout import Conv, read_metadata, refused_folders, valid_id
+from contemplation.layout import (
+    CANCEL_NAME,
+    INBOX,
+    LOG_NAME,
+    PROCESSING,
+    Conv,
+    read_metadata,
+    refused_folders,
+    valid_id,
+)
 from contemplation.pipeline import process_safely
 from contemplation.runtime import Runtime
 from contemplation.tracking import Tracked
@@ -55,7 +64,7 @@ class Dispatcher:
         if known is None:
             return None
         try:
-            return (self.rt.home.active / conv_id / "messages.log").stat().st_size != known
+            return (self.rt.home.active / conv_id / LOG_NAME).stat().st_size != known
         except OSError:
             return True
 
@@ -229,15 +238,15 @@ def signs_of_work(active: str, known: Mapping[str, int], skip: Set[str]) -> list
 
 def _worth_a_look(d: str, known: int | None) -> bool:
     try:
-        if known is None or os.stat(f"{d}/messages.log").st_size != known:
+        if known is None or os.stat(f"{d}/{LOG_NAME}").st_size != known:
             return True
     except OSError:
         return True
-    for folder in ("inbox", "processing"):
+    for folder in (INBOX, PROCESSING):
         try:
             with os.scandir(f"{d}/{folder}") as it:
                 if any(not e.name.startswith(".") for e in it):
                     return True
         except OSError:
             continue
-    return os.path.lexists(f"{d}/.cancel")
+    return os.path.lexists(f"{d}/{CANCEL_NAME}")

@@ -42,6 +42,7 @@ from contemplation import logstream
 from contemplation.conversation import next_action, unanswered
 from contemplation.errors import InputRejected, NotFound
 from contemplation.layout import (
+    ATTACHMENTS,
     Conv,
     Home,
     open_regular_stat,
@@ -142,7 +143,7 @@ def fork(
         Metadata.model_validate(fields),
         log=log,
         segments=segments,
-        attachments=conv.dir / "attachments",
+        attachments=conv.dir / ATTACHMENTS,
         status=Status.IDLE if held else status,
         durable=durable,
         then=marker(MarkerKind.FORKED, hold) if held else "",

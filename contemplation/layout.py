@@ -20,7 +20,13 @@ from contemplation.models import Metadata, State
 
 CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IGNORED_SUFFIXES = (".tmp", ".part", "~", ".swp")
-LOG_NAME = "messages.log"
+# the names of the folder contract, owned here (everyone else spells them through these)
+ACTIVE, COMPLETED, TEMPLATES = "active", "completed", "templates"
+LOG_NAME, METADATA_NAME, STATE_NAME = "messages.log", "metadata.json", "state.json"
+INBOX, CONTEXT, PROCESSING, FAILED = "inbox", "context", "processing", "failed"
+ATTACHMENTS = "attachments"  # <conv>/attachments/
+LOCK_NAME, CANCEL_NAME = ".lock", ".cancel"
+DAEMON_LOCK, DAEMON_INFO = ".daemon.lock", ".daemon.json"
 JSON_MAX_BYTES = 16 << 20  # a state.json or metadata.json (any JSON file read here) past it: unread
 # bytes asked of one read: Linux gives at most 0x7ffff000 at once, so a read that gives less
 # than it was asked for proves the end of a file only when it asked for less than that
@@ -33,23 +39,23 @@ class Home:
 
     @property
     def active(self) -> Path:
-        return self.root / "active"
+        return self.root / ACTIVE
 
     @property
     def completed(self) -> Path:
-        return self.root / "completed"
+        return self.root / COMPLETED
 
     @property
     def templates(self) -> Path:
-        return self.root / "templates"
+        return self.root / TEMPLATES
 
     @property
     def daemon_lock(self) -> Path:
-        return self.root / ".daemon.lock"
+        return self.root / DAEMON_LOCK
 
     @property
     def daemon_info(self) -> Path:
-        return self.root / ".daemon.json"
+        return self.root / DAEMON_INFO
 
     def conv(self, conv_id: str, *, completed: bool = False) -> Conv:
         if not valid_id(conv_id):
@@ -78,15 +84,15 @@ class Conv:
         d = self.dir
         object.__setattr__(self, "id", d.name)
         for name, leaf in (
-            ("log", LOG_NAME), ("metadata", "metadata.json"), ("state", "state.json"),
-            ("inbox", "inbox"), ("context", "context"), ("processing", "processing"),
-            ("failed", "failed"), ("lock", ".lock"), ("cancel_flag", ".cancel"),
+            ("log", LOG_NAME), ("metadata", METADATA_NAME), ("state", STATE_NAME),
+            ("inbox", INBOX), ("context", CONTEXT), ("processing", PROCESSING),
+            ("failed", FAILED), ("lock", LOCK_NAME), ("cancel_flag", CANCEL_NAME),
         ):  # fmt: skip
             object.__setattr__(self, name, d / leaf)
 
     @property
     def is_completed(self) -> bool:
-        return self.dir.parent.name == "completed"
+        return self.dir.parent.name == COMPLETED
 
 
 def valid_id(name: str) -> bool:

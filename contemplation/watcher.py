@@ -33,7 +33,14 @@ from typing import Any, Protocol
 import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
-from contemplation.layout import ignored_name, valid_id
+from contemplation.layout import (
+    CANCEL_NAME,
+    INBOX,
+    LOG_NAME,
+    METADATA_NAME,
+    ignored_name,
+    valid_id,
+)
 from contemplation.privacy import DIR_MODE
 
 log = structlog.get_logger("contemplation.watcher")
@@ -51,7 +58,9 @@ IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = (
 _ACTIVE_MASK = IN_CREATE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
 _CONV_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ONLYDIR | IN_DONT_FOLLOW
 _INBOX_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_ONLYDIR | IN_DONT_FOLLOW
-_CONV_FILES = {"messages.log", ".cancel", "metadata.json"}
+_CONV_FILES = {LOG_NAME, CANCEL_NAME, METADATA_NAME}
+# what a watch is on (its mask and its events' meaning): names of roles, not of folders
+ROLE_ACTIVE, ROLE_CONV, ROLE_INBOX = "active", "conv", "inbox"
 
 
 def relevant(rel: Path, event_type: str) -> bool:
@@ -61,13 +70,13 @@ def relevant(rel: Path, event_type: str) -> bool:
     parts = rel.parts
     if event_type in {"opened", "closed_no_write"}:
         return False
-    if len(parts) <= 2 and event_type == "modified" and parts[-1] != "messages.log":
+    if len(parts) <= 2 and event_type == "modified" and parts[-1] != LOG_NAME:
         return False
     if len(parts) == 1:
         return True  # a conversation folder appeared, moved or went away
     if len(parts) == 2:
-        return parts[1] in {*_CONV_FILES, "inbox"}
-    return len(parts) == 3 and parts[1] == "inbox" and not ignored_name(parts[2])
+        return parts[1] in {*_CONV_FILES, INBOX}
+    return len(parts) == 3 and parts[1] == INBOX and not ignored_name(parts[2])
 
 
 class _Restarts:
@@ -120,7 +129,7 @@ class _Watch:
         self.owner.forget(self)
 
     def on_queue_overflow(self) -> None:
-        if self.role == "active":  # once per overflow, not once per watch
+        if self.role == ROLE_ACTIVE:  # once per overflow, not once per watch
             self.owner.overflowed()
 
 
@@ -148,7 +157,7 @@ class InotifyWatcher(_Restarts):
         fd.daemon = True
         fd.start()
         self._fd = fd
-        self._add("active", "", self.active)
+        self._add(ROLE_ACTIVE, "", self.active)
         self.watch_all()
 
     def alive(self) -> bool:
@@ -181,12 +190,14 @@ class InotifyWatcher(_Restarts):
 
     def watch_conv(self, conv_id: str) -> int:
         d = self.active / conv_id
-        return self._add("conv", conv_id, d) + self._add("inbox", conv_id, d / "inbox")
+        return self._add(ROLE_CONV, conv_id, d) + self._add(ROLE_INBOX, conv_id, d / INBOX)
 
     def unwatch_conv(self, conv_id: str) -> None:
         """A folder moved away (archived): its watches follow the inode, so drop them."""
         with self._lock:
-            gone = [w for r in ("conv", "inbox") if (w := self._watched.pop((r, conv_id), None))]
+            gone = [
+                w for r in (ROLE_CONV, ROLE_INBOX) if (w := self._watched.pop((r, conv_id), None))
+            ]
         fd = self._fd
         if fd is not None and gone:
             fd.remove_callbacks([(w.wd, id(w)) for w in gone if w.wd >= 0])
@@ -208,7 +219,7 @@ class InotifyWatcher(_Restarts):
             # and forget() leaves this one alone
             watch = self._watched[(role, conv_id)] = _Watch(self, role, conv_id, path)
             watch.ino = ino
-        mask = {"active": _ACTIVE_MASK, "conv": _CONV_MASK, "inbox": _INBOX_MASK}[role]
+        mask = {ROLE_ACTIVE: _ACTIVE_MASK, ROLE_CONV: _CONV_MASK, ROLE_INBOX: _INBOX_MASK}[role]
         try:
             watch.wd = fd.add_callback(os.fsencode(path), mask, watch, id(watch))
         except OSError:
@@ -231,7 +242,7 @@ class InotifyWatcher(_Restarts):
     def handle(self, w: _Watch, mask: int, name: str) -> None:
         if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
             return
-        if w.role == "active":
+        if w.role == ROLE_ACTIVE:
             if not (mask & IN_ISDIR) or not valid_id(name):
                 return
             if mask & (IN_CREATE | IN_MOVED_TO):
@@ -239,12 +250,12 @@ class InotifyWatcher(_Restarts):
             elif mask & IN_MOVED_FROM:
                 self.unwatch_conv(name)
             self.poke(name, None, False)
-        elif w.role == "conv":
-            if name == "inbox" and mask & IN_ISDIR:
-                self._add("inbox", w.conv_id, w.path / "inbox")
+        elif w.role == ROLE_CONV:
+            if name == INBOX and mask & IN_ISDIR:
+                self._add(ROLE_INBOX, w.conv_id, w.path / INBOX)
                 self.poke(w.conv_id, None, False)
             elif name in _CONV_FILES and not mask & IN_ISDIR:
-                self.poke(w.conv_id, None, name == "messages.log")
+                self.poke(w.conv_id, None, name == LOG_NAME)
         elif not ignored_name(name) and (not mask & IN_ISDIR or mask & IN_MOVED_TO):
             # an inbox entry: a file, or a folder message renamed in whole
             renamed_in = bool(mask & IN_MOVED_TO)
@@ -283,7 +294,7 @@ class _Handler(FileSystemEventHandler):
                 ):
                     continue
                 renamed_in = bool(dest) and path == dest and len(rel.parts) == 3
-                log_only = rel.parts[1:] == ("messages.log",)
+                log_only = rel.parts[1:] == (LOG_NAME,)
                 self.poke(rel.parts[0], Path(path) if renamed_in else None, log_only)
         except Exception:  # a handler exception would kill the observer thread
             log.exception("watch_handler_failed")

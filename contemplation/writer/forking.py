@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contemplation.errors import InputRejected
-from contemplation.layout import LOG_NAME, Conv, Home, list_folder, slugify
+from contemplation.layout import ATTACHMENTS, LOG_NAME, Conv, Home, list_folder, slugify
 from contemplation.models import Metadata, Status
 from contemplation.privacy import DIR_MODE, FILE_MODE
 from contemplation.testing import crashpoint
@@ -136,11 +136,11 @@ def _stage(  # noqa: PLR0917 - the parts of one folder
     if attachments is not None and attachments.is_dir():
         shutil.copytree(
             attachments,
-            conv.dir / "attachments",
+            conv.dir / ATTACHMENTS,
             symlinks=True,
             copy_function=lambda s, d: _link_or_copy(Path(s), Path(d), durable=durable),
         )
-        for folder, _, _ in os.walk(conv.dir / "attachments"):
+        for folder, _, _ in os.walk(conv.dir / ATTACHMENTS):
             os.chmod(folder, DIR_MODE)  # copytree gave it the source's mode
             if durable:  # the names in it (the files are durable already)
                 fsync_dir(Path(folder))
