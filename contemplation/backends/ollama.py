@@ -430,7 +430,8 @@ def _make(m: Made) -> OllamaBackend:
         concurrency=s.concurrency,
         overrides=m.settings.capabilities,
         name=m.name,
-        where=f"{at}.{'url' if s.url else 'host'}",
+        # the key to change: a named provider's url (OLLAMA_HOST reaches [ollama] alone)
+        where=f"{at}.{'url' if s.url or (at != 'ollama' and not s.host) else 'host'}",
     )
 
 
