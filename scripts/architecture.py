@@ -35,10 +35,10 @@ import sys
 from pathlib import Path
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
+    (0, ("models", "errors", "backend_kinds", "steps", "aio", "testing", "logformat", "parser", "limits",
          "exits", "terminal", "paging", "sdnotify", "logs", "plugins",
          "privacy", "redact", "contained", "snippets", "replycheck",
-         "schema_rules", "search_query")),
+         "schema_rules", "search_query", "secret_names")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
          "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
          "structured", "cursors", "openfiles", "logstream", "retryclock", "probing")),

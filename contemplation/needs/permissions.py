@@ -37,6 +37,7 @@ from typing import Any
 from contemplation.errors import ConfigError
 from contemplation.models import ACTIONS, Action
 from contemplation.needs.rules import MCP_TOOL_RE, tool_ok
+from contemplation.secret_names import SECRET_NAMES
 from contemplation.tools.parts import split_range
 
 _STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}
@@ -94,15 +95,8 @@ def permission(key: str, pattern: str, action: Action, source: str, home: str = 
     return Permission(key, pattern, action, source, glob_regex(key), glob_regex(pattern, home))
 
 
-# Never read for the model unless a root or a rule names them (a folder: all below it too).
-# The tool's own: the dashboard's and the MCP face's tokens (dashboard.TOKEN_FILE,
-# mcp_server.TOKEN_FILE) and the index of every conversation (index_db.DB_NAME, with its -wal
-# and -shm); the configuration file is added by path (:func:`defaults`).
-SECRET_NAMES = (
-    ".ssh", ".gnupg", ".aws", ".kube", ".password-store", ".netrc", ".pgpass",
-    ".git-credentials", ".env", ".env.*", "*.pem", "*.key", ".dashboard.token",
-    ".mcp.token", ".index.sqlite3*",
-)  # fmt: skip
+# Never read for the model unless a root or a rule names them: :data:`SECRET_NAMES` (see
+# contemplation.secret_names); the configuration file is added by path (:func:`defaults`).
 _SPACE = re.compile(r"\s")
 
 

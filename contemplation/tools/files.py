@@ -37,6 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import ToolError
+from contemplation.secret_names import FILES_ALSO, SECRET_NAMES
 from contemplation.settings import default_config_path
 from contemplation.tools.base import Refused, ToolResult, Unconfigured, text_arg
 from contemplation.tools.parts import read_part, split_range
@@ -44,26 +45,7 @@ from contemplation.tools.parts import read_part, split_range
 if TYPE_CHECKING:
     from contemplation.settings import Settings
 
-DEFAULT_DENY = (
-    ".ssh",
-    ".gnupg",
-    ".env*",
-    "*.pem",
-    "*.key",
-    "id_*",
-    ".netrc",
-    ".pgpass",
-    ".git-credentials",
-    ".aws",
-    ".kube",
-    ".password-store",
-    "*.keychain",
-    "*.keychain-db",
-    ".git/config",
-    ".dashboard.token",  # the tool's own: the dashboard's token (dashboard.TOKEN_FILE)
-    ".mcp.token",  # and the MCP face's (mcp_server.TOKEN_FILE)
-    ".index.sqlite3*",  # and every conversation's text (index_db.DB_NAME, -wal, -shm)
-)
+DEFAULT_DENY = (*SECRET_NAMES, *FILES_ALSO)  # (see contemplation.secret_names)
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".tox"}
 _DEF_RE = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _PROC_FD = Path("/proc/self/fd")
