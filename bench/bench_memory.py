@@ -9,7 +9,7 @@ finding 11): each runs as a process of its own on a home holding one conversatio
                   conversation is archived: the daemon only indexes it)
   fork            ``fork <id>`` at its last block (the fork is removed after)
   daemon, active  (with ``--active``) the same conversation in ``active/``: the daemon also
-                  parses it for its next turn (the model's history is held whole)
+                  parses it for its next turn (its rotated segments held as bare blocks)
   list, state     (with ``--state-mb``) ``list`` where one conversation's state.json is that big
 
 The log is written fast, a ~1 MB pattern of exchanges again and again, as the daemon leaves
