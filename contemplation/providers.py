@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from contemplation.backend_kinds import NAMES
 from contemplation.settings import AliasSettings, Settings
 
 # the sections written before providers existed: each is the provider of its name and kind
-SECTIONS = ("ollama", "openai", "opencode", "local")
+SECTIONS = NAMES
 
 
 @dataclass(frozen=True, slots=True)

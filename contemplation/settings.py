@@ -49,6 +49,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from contemplation.backend_kinds import SERVER_ENV_BY_KIND
 from contemplation.errors import ConfigError
 from contemplation.redact import redacted
 
@@ -403,14 +404,9 @@ def default_config_path() -> Path:
 
 
 # the variables users of each server already know; a value in the file or in
-# CONTEMPLATION_* wins over them
+# CONTEMPLATION_* wins over them (each kind declares its own: :mod:`.backend_kinds`)
 SERVER_ENV = {
-    "OLLAMA_HOST": ("ollama", "host"),
-    "OPENAI_BASE_URL": ("openai", "base_url"),
-    "OPENAI_API_KEY": ("openai", "api_key"),
-    "OPENCODE_SERVER_URL": ("opencode", "url"),
-    "OPENCODE_SERVER_USERNAME": ("opencode", "username"),
-    "OPENCODE_SERVER_PASSWORD": ("opencode", "password"),
+    name: (kind, key) for kind, env in SERVER_ENV_BY_KIND.items() for name, key in env.items()
 }
 _SERVER_VARIABLE = {path: name for name, path in SERVER_ENV.items()}
 

@@ -35,8 +35,8 @@ import sys
 from pathlib import Path
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("models", "errors", "backend_kinds", "steps", "aio", "testing", "logformat", "parser", "limits",
-         "exits", "terminal", "paging", "sdnotify", "logs", "plugins",
+    (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
+         "exits", "terminal", "paging", "sdnotify", "logs", "plugins", "backend_kinds",
          "privacy", "redact", "contained", "snippets", "replycheck",
          "schema_rules", "search_query", "secret_names")),
     (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",

@@ -87,3 +87,26 @@ def test_the_tool_call_line_is_built_and_read_by_the_log_format_alone() -> None:
     assert owners == ["logformat.py"]
     text = "prose\n" + logformat.tool_call_lines("c1", "read", '{"a": 1}', "read x") + "more"
     assert logformat.TOOL_CALL_RE.findall(text) == [("c1", "read", '{"a": 1}', "read x")]
+
+
+def test_each_backend_kind_declares_its_name_and_server_variables_once() -> None:
+    """BUILT_IN, the providers' SECTIONS and SERVER_ENV are derived from
+    :mod:`contemplation.backend_kinds` (the settings' sections are checked against it); each
+    kind's module names itself from it, and the modules that held copies spell none again
+    (a hint's prose may name a variable)."""
+    import importlib
+
+    from contemplation import backend_kinds, backends, providers, settings
+
+    assert backends.BUILT_IN == providers.SECTIONS == backend_kinds.NAMES
+    for name in backend_kinds.NAMES:
+        assert importlib.import_module(f"contemplation.backends.{name}").KIND.name == name
+        assert name in settings.Settings.model_fields  # its [section]
+    variables = {v for env in backend_kinds.SERVER_ENV_BY_KIND.values() for v in env}
+    assert set(settings.SERVER_ENV) == variables
+    for module in ("settings.py", "providers.py", "backends/__init__.py"):
+        found = [(n, s) for n, s in _strings(PKG / module) if s in variables]
+        assert found == [], f"{module} spells a server's variable: {found}"
+    for module in ("providers.py", "backends/__init__.py"):
+        found = [(n, s) for n, s in _strings(PKG / module) if s in backend_kinds.NAMES]
+        assert found == [], f"{module} spells a built-in kind's name: {found}"

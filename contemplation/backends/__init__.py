@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from contemplation import plugins
+from contemplation import backend_kinds, plugins
 from contemplation.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ __all__ = [
 ]  # fmt: skip
 
 _BASE_NAMES = frozenset({"Backend", "Capabilities", "Check", "PhaseTimeouts"})
-BUILT_IN = ("ollama", "openai", "opencode", "local")  # each a sibling module declaring KIND
+BUILT_IN = backend_kinds.NAMES  # each a sibling module declaring KIND
 GROUP = "contemplation.backends"
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from contemplation import backend_kinds
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots, phase_timeouts
 from contemplation.backends.chat_completions import (
@@ -488,4 +489,4 @@ def _make(m: Made) -> LocalBackend:
     )
 
 
-KIND = BackendKind("local", _make, LocalSettings)
+KIND = BackendKind(backend_kinds.LOCAL, _make, LocalSettings)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
-from contemplation import providers
+from contemplation import backend_kinds, providers
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import (
     Capabilities,
@@ -435,4 +435,4 @@ def _make(m: Made) -> OllamaBackend:
     )
 
 
-KIND = BackendKind("ollama", _make, OllamaSettings)
+KIND = BackendKind(backend_kinds.OLLAMA, _make, OllamaSettings)

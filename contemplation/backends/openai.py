@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
-from contemplation import providers
+from contemplation import backend_kinds, providers
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import (
     Capabilities,
@@ -357,4 +357,4 @@ def _make(m: Made) -> OpenAIBackend:
     )
 
 
-KIND = BackendKind("openai", _make, OpenAISettings)
+KIND = BackendKind(backend_kinds.OPENAI, _make, OpenAISettings)

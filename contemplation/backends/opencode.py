@@ -41,7 +41,7 @@ from urllib.parse import quote
 import structlog
 from pydantic import Field, field_validator
 
-from contemplation import providers
+from contemplation import backend_kinds, providers
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, Slots, json_object
 from contemplation.backends.http import Http, Reply
@@ -678,4 +678,4 @@ def _make(m: Made) -> OpenCodeBackend:
     )
 
 
-KIND = BackendKind("opencode", _make, OpenCodeSettings)
+KIND = BackendKind(backend_kinds.OPENCODE, _make, OpenCodeSettings)
