@@ -20,9 +20,8 @@ from contemplation.errors import AlreadyDecided, ContemplationError, InputReject
 from contemplation.layout import (
     Conv,
     Home,
-    inbox_entries,
     not_a_message,
-    processing_entries,
+    queued_messages,
     read_json,
     read_state,
 )
@@ -417,7 +416,7 @@ def archive_conversation(home: Home, conv: Conv) -> Conv:
             raise LockBusy(
                 f"{conv.id} is busy (a reply is being written); cancel it or try again shortly"
             )
-        queued = len(inbox_entries(conv)) + len(processing_entries(conv))
+        queued = len(queued_messages(conv))
         if queued:
             raise InputRejected(
                 f"{conv.id} has {queued} queued message(s) that would never be answered in "

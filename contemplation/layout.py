@@ -455,6 +455,12 @@ def processing_entries(conv: Conv) -> list[Path]:
     return [conv.processing / n for n in names]
 
 
+def queued_messages(conv: Conv) -> list[Path]:
+    """The messages queued for ``conv`` and not yet answered: those waiting in ``inbox/``
+    (oldest first) and those claimed into ``processing/`` (the one reader of that count)."""
+    return [e.path for e in inbox_entries(conv)] + processing_entries(conv)
+
+
 def list_folder(conv: Conv) -> list[str]:
     """The names in a conversation's folder ([] once it is gone)."""
     try:

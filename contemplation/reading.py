@@ -34,9 +34,8 @@ from contemplation.layout import (
     Conv,
     Home,
     find_conversation,
-    inbox_entries,
     list_conversations,
-    processing_entries,
+    queued_messages,
     read_metadata,
     read_regular,
     read_state,
@@ -200,7 +199,7 @@ class Reader:
     def _standing(self, conv: Conv, *, decided: bool) -> Standing | None:
         if not conv.dir.is_dir():  # archived meanwhile
             return Standing(None, None, [], (), 0, settled=False)
-        paths = [e.path for e in inbox_entries(conv)] + processing_entries(conv)
+        paths = queued_messages(conv)
         queued = self.queued_answers(paths)
         meta = read_metadata(conv)
         state = read_state(conv)

@@ -110,3 +110,21 @@ def test_each_backend_kind_declares_its_name_and_server_variables_once() -> None
     for module in ("providers.py", "backends/__init__.py"):
         found = [(n, s) for n, s in _strings(PKG / module) if s in backend_kinds.NAMES]
         assert found == [], f"{module} spells a built-in kind's name: {found}"
+
+
+def test_queued_messages_are_counted_by_one_reader(tmp_path: Path) -> None:
+    """What is queued (inbox/ and processing/) is read by :func:`layout.queued_messages`
+    alone: no other module lists both folders to count it again."""
+    conv = layout.Conv(tmp_path / "c1")
+    for folder, name in ((conv.inbox, "b.txt"), (conv.processing, "0001-a.txt")):
+        folder.mkdir(parents=True)
+        (folder / name).write_text("hi")
+    (conv.inbox / ".hidden.tmp").write_text("being written")
+    assert layout.queued_messages(conv) == [conv.inbox / "b.txt", conv.processing / "0001-a.txt"]
+    both = [
+        str(p.relative_to(PKG))
+        for p in sorted(PKG.rglob("*.py"))
+        if {"inbox_entries", "processing_entries"}
+        <= {n.id for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Name)}
+    ]
+    assert both == ["layout.py"]
