@@ -110,17 +110,6 @@ def summaries(home: Home, *, include_completed: bool = True) -> list[dict[str, A
     return page(home, Query(scope="all" if include_completed else "active")).rows
 
 
-def summaries_json(home: Home, q: Query) -> bytes:
-    """``{"conversations": [...], "count": n}`` encoded from the stored rows, no decoding."""
-
-    def run(conn: sqlite3.Connection) -> bytes:
-        where, args = q.where()
-        parts = [r[0].encode() for r in conn.execute(f"SELECT row FROM convs{where}{ORDER}", args)]
-        return b'{"conversations":[' + b",".join(parts) + b'],"count":%d}' % len(parts)
-
-    return index_db.read(home, run)
-
-
 def one(home: Home, conv_id: str) -> dict[str, Any] | None:
     """One conversation's summary, its folder read again first if it changed."""
 

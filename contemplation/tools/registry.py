@@ -105,10 +105,6 @@ KINDS: plugins.Registry[ToolKind] = plugins.Registry(
 register, kinds, origins, failures = KINDS.register, KINDS.kinds, KINDS.origins, KINDS.failures
 
 
-def descriptions() -> dict[str, str]:
-    return {k.name: k.description for k in kinds().values()}
-
-
 def default_arg(name: str) -> str | None:
     kind = kinds().get(name)
     return kind.default_arg if kind is not None else None
