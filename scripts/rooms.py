@@ -21,7 +21,7 @@ from pathlib import Path
 
 # old module (under contemplation.) -> new module. Modules not named stay where they are.
 STAY = {"__init__", "__main__", "errors", "models", "settings", "plugin", "writer", "backends",
-        "tools", "needs"}  # fmt: skip
+        "needs"}  # fmt: skip
 MOVES: dict[str, str] = {
     # base/: what every layer may use, knowing nothing of conversations
     "aio": "base.aio",
@@ -31,6 +31,8 @@ MOVES: dict[str, str] = {
     "plugins": "base.plugins",
     "privacy": "base.privacy",
     "redact": "base.redact",
+    "secret_names": "base.secret_names",
+    "backend_kinds": "base.backend_kinds",
     "sdnotify": "base.sdnotify",
     "terminal": "base.terminal",
     "testing": "base.testing",
@@ -62,6 +64,8 @@ MOVES: dict[str, str] = {
     "snippets": "index.snippets",
     "listing": "index.listing",
     "retention": "index.retention",
+    # needs/: answering a NEED line, the tools that answer it included
+    "tools": "needs.tools",
     # prompt/: what is sent to the model
     "context": "prompt.context",
     "context_kinds": "prompt.context_kinds",
@@ -238,7 +242,7 @@ LOGGER = re.compile(r"get_logger\(\s*\"contemplation\.[a-z_.]+\"\s*\)")
 
 
 # bare, and not where a module is named: the unit's and the entry points' names
-BARE_KEEP = {"service", "context", "panels"}
+BARE_KEEP = {"service", "context", "panels", "tools"}
 
 
 def rewrite_dotted(text: str, *, prose: bool = False) -> str:
