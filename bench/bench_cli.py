@@ -101,7 +101,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.tree is not None:
-        boot = f"import sys; sys.path.insert(0, {str(a.tree)!r}); from contemplation.cli import main"
+        boot = f"import sys; sys.path.insert(0, {str(a.tree)!r}); from contemplation.faces.cli.root import main"
         EXE[:] = [PY, "-c", boot + "; sys.argv[0] = 'contemplation'; main()"]
     tmp = Path(tempfile.mkdtemp(prefix="contemplation-cli-"))
     home = tmp / "home"

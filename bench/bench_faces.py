@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
 
-from contemplation.layout import Home  # noqa: E402
-from contemplation.mcp_faces import Faces  # noqa: E402
+from contemplation.faces.mcp.calls import Faces  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import new_conversation, open_writer  # noqa: E402
 
 TARGET_MS = 20.0

@@ -26,15 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation import backends, logformat  # noqa: E402
+from contemplation import backends  # noqa: E402
 from contemplation.backends.base import Capabilities, Check  # noqa: E402
-from contemplation.layout import Home  # noqa: E402
-from contemplation.logview import LogView  # noqa: E402
+from contemplation.engine.pipeline import Runtime, process_pending  # noqa: E402
 from contemplation.models import BackendSession, ChatRequest, StreamEvent, Usage  # noqa: E402
-from contemplation.parser import parse  # noqa: E402
-from contemplation.pipeline import Runtime, process_pending  # noqa: E402
+from contemplation.protocol import logformat  # noqa: E402
+from contemplation.protocol.parser import parse  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
+from contemplation.store.logview import LogView  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation, open_writer  # noqa: E402
 from tests.fakes.ollama_server import FakeOllama  # noqa: E402
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contemplation.backends import local
-from contemplation.layout import Conv, list_conversations, read_state
-from contemplation.pipeline import process_safely
-from contemplation.tracking import Tracked
+from contemplation.engine.pipeline import process_safely
+from contemplation.engine.tracking import Tracked
+from contemplation.store.layout import Conv, list_conversations, read_state
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

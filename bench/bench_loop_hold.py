@@ -38,13 +38,13 @@ from bench.bench_foundation import InstantBackend  # noqa: E402
 from bench.bench_pickup import Server, folders, start_daemon  # noqa: E402
 from bench.turnbench import percentile  # noqa: E402
 from contemplation import backends  # noqa: E402
-from contemplation.dispatcher import Dispatcher  # noqa: E402
-from contemplation.layout import Conv, Home  # noqa: E402
-from contemplation.pipeline import process  # noqa: E402
-from contemplation.runtime import Runtime  # noqa: E402
+from contemplation.daemon.dispatcher import Dispatcher  # noqa: E402
+from contemplation.engine.pipeline import process  # noqa: E402
+from contemplation.engine.runtime import Runtime  # noqa: E402
+from contemplation.engine.tracking import Tracked  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
-from contemplation.tracking import Tracked  # noqa: E402
+from contemplation.store.layout import Conv, Home  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation, open_writer  # noqa: E402
 
 

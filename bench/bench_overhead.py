@@ -42,10 +42,10 @@ from bench.turnbench import TurnHome, percentile  # noqa: E402
 from contemplation.backends.base import PhaseTimeouts  # noqa: E402
 from contemplation.backends.local import default_model_path  # noqa: E402
 from contemplation.backends.openai import OpenAIBackend  # noqa: E402
-from contemplation.layout import read_state  # noqa: E402
-from contemplation.logview import LogView  # noqa: E402
-from contemplation.pipeline import process_pending  # noqa: E402
-from contemplation.prompts import build_request  # noqa: E402
+from contemplation.engine.pipeline import process_pending  # noqa: E402
+from contemplation.prompt.prompts import build_request  # noqa: E402
+from contemplation.store.layout import read_state  # noqa: E402
+from contemplation.store.logview import LogView  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402
 
 QUESTION = "Tell me a long story about a lighthouse keeper."  # longer than max_tokens

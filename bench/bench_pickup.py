@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.turnbench import percentile  # noqa: E402
-from contemplation.layout import Conv, Home  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Conv, Home  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation  # noqa: E402
 
 

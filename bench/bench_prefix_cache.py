@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.turnbench import TurnHome  # noqa: E402
-from contemplation import budget, prompts, summarise  # noqa: E402
-from contemplation.layout import read_state  # noqa: E402
-from contemplation.logview import LogView  # noqa: E402
-from contemplation.pipeline import process_pending  # noqa: E402
+from contemplation.engine.pipeline import process_pending  # noqa: E402
+from contemplation.prompt import budget, prompts, summarise  # noqa: E402
+from contemplation.store.layout import read_state  # noqa: E402
+from contemplation.store.logview import LogView  # noqa: E402
 from contemplation.writer import drop_message  # noqa: E402
 from tests import peers  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402

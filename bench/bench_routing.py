@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from contemplation import settings as settings_mod  # noqa: E402
-from contemplation.context import ContextAssembler  # noqa: E402
-from contemplation.layout import Conv, Home  # noqa: E402
 from contemplation.needs import rules as needrules  # noqa: E402
 from contemplation.needs.router import NeedRouter  # noqa: E402
-from contemplation.tools.base import ToolResult  # noqa: E402
-from contemplation.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore  # noqa: E402
+from contemplation.needs.tools.base import ToolResult  # noqa: E402
+from contemplation.needs.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore  # noqa: E402
+from contemplation.prompt.context import ContextAssembler  # noqa: E402
+from contemplation.store.layout import Conv, Home  # noqa: E402
 
 PEERS = ROOT / ".peers"
 

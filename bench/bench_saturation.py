@@ -44,14 +44,14 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation.layout import Conv, Home, read_state  # noqa: E402
-from contemplation.logformat import header  # noqa: E402
 from contemplation.models import BlockKind, Metadata, Status  # noqa: E402
 from contemplation.needs.router import NeedRouter  # noqa: E402
-from contemplation.parser import parse  # noqa: E402
-from contemplation.prompts import build_request, need_forms  # noqa: E402
+from contemplation.prompt.prompts import build_request, need_forms  # noqa: E402
+from contemplation.protocol.logformat import header  # noqa: E402
+from contemplation.protocol.parser import parse  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Conv, Home, read_state  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation  # noqa: E402
 from tests import peers  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402

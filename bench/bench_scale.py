@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation.layout import Home  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

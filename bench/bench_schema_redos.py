@@ -1,6 +1,7 @@
 """How long a hostile ``pattern`` takes to check: Python's jsonschema (``re``, what
 structured.py used before issue 35) against the reply check of now (jsonschema-rs with the
-``regex`` crate, contemplation/replycheck.py), in this process and through the child process
+``regex`` crate, contemplation/protocol/replycheck.py), in this process and through the child
+process
 the daemon uses (its start-up included).
 
     .venv/bin/python bench/bench_schema_redos.py [--cap SECONDS]
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from contemplation import replycheck
+from contemplation.protocol import replycheck
 
 WORDS = "the quick brown fox jumps over the lazy dog again"
 CASES = [

@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.turnbench import percentile  # noqa: E402
-from contemplation import index_db, listing, search_index  # noqa: E402
-from contemplation.layout import Home  # noqa: E402
+from contemplation.index import db as index_db  # noqa: E402
+from contemplation.index import listing  # noqa: E402
+from contemplation.index import search as search_index  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
 
 ALL = search_index.Filters(archived=True)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation.layout import Home  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
 from tests.conftest import DaemonProc, base_env  # noqa: E402
 from tests.fakes.ollama_server import FakeOllama, Step  # noqa: E402
-from tests.test_mcp_tasks import Wire, text_of  # noqa: E402
+from tests.system.test_mcp_tasks import Wire, text_of  # noqa: E402
 
 
 def main() -> None:

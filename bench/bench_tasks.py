@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_faces import env_for, line, pct, populate  # noqa: E402
-from contemplation.layout import Home  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
 
 TASKS = "io.modelcontextprotocol/tasks"
 

@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_foundation import InstantBackend  # noqa: E402
 from contemplation import backends  # noqa: E402
-from contemplation.daemon import build_runtime  # noqa: E402
-from contemplation.layout import Home  # noqa: E402
-from contemplation.pipeline import process_pending  # noqa: E402
+from contemplation.daemon.root import build_runtime  # noqa: E402
+from contemplation.engine.pipeline import process_pending  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Home  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import (  # noqa: E402
     drop_message,
     durable,

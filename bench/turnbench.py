@@ -12,11 +12,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation.layout import Conv, Home  # noqa: E402
+from contemplation.engine.pipeline import Runtime  # noqa: E402
 from contemplation.models import Metadata  # noqa: E402
-from contemplation.pipeline import Runtime  # noqa: E402
 from contemplation.settings import load  # noqa: E402
-from contemplation.templates import load_template  # noqa: E402
+from contemplation.store.layout import Conv, Home  # noqa: E402
+from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation, write_metadata  # noqa: E402
 
 

@@ -1,3 +1,3 @@
-from contemplation.cli import main
+from contemplation.faces.cli.root import main
 
 main()

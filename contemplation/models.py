@@ -210,7 +210,7 @@ class TurnStarted(BaseModel):
     """A model turn whose request went out and that has not ended (no reply, error, retry or
     cancel since): which turn (the one after ``turns`` turns and ``messages`` messages), the
     daemon run that began it last, and how many runs in a row began it. Found by a later
-    run, it is a turn a daemon died during (see :mod:`contemplation.inflight`)."""
+    run, it is a turn a daemon died during (see :mod:`contemplation.engine.inflight`)."""
 
     turns: int
     messages: int
@@ -271,7 +271,7 @@ class State(BaseModel):
     crashes: Crashes | None = None  # the current turn's unexpected failures (retrying.crashed)
     last_turn: Usage | None = None
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
-    turn_started: TurnStarted | None = None  # the turn in flight (contemplation.inflight)
+    turn_started: TurnStarted | None = None  # the turn in flight (contemplation.engine.inflight)
     backend_session: BackendSession | None = None  # the server-side session of the history
     parse_errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)

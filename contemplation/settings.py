@@ -49,9 +49,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from contemplation.backend_kinds import SERVER_ENV_BY_KIND
+from contemplation.base.backend_kinds import SERVER_ENV_BY_KIND
+from contemplation.base.redact import redacted
 from contemplation.errors import ConfigError
-from contemplation.redact import redacted
 
 if TYPE_CHECKING:
     from pydantic_settings.sources.types import Traversable
@@ -228,7 +228,7 @@ class ToolSettings(Section):
 
 
 class AttachmentSettings(Section):
-    """What one message may carry (see :mod:`contemplation.attachments`); over a limit the
+    """What one message may carry (see :mod:`contemplation.store.attachments`); over a limit the
     message goes to ``failed/`` with the reason."""
 
     max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, description="bytes of one attached file")
@@ -629,7 +629,7 @@ def check_names(settings: Settings) -> None:
     """Providers and aliases: names that can be labels, no alias named like a provider, no
     alias naming a provider that is neither configured nor a built-in kind's. One line naming
     the key and where it was set. (A plugin's kind is checked where plugins are read:
-    :func:`contemplation.validate.validate`, at start and by ``doctor``.)"""
+    :func:`contemplation.config.validate.validate`, at start and by ``doctor``.)"""
     import re
 
     def bad(key: str, why: str) -> ConfigError:

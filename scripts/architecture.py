@@ -3,22 +3,14 @@ the largest modules, and the module boundaries one message crosses on its way.
 
     .venv/bin/python scripts/architecture.py [--tree DIR]   (DIR: a checkout; default: here)
 
-Layers, lowest first (a module may import its own layer and those below; an import of a
-higher layer is an arrow up). Modules named by prefix; the first match wins:
+Layers, lowest first: the package's folders (rooms) and its few top-level modules, in the
+order of the README's code map. A module may import its own room and those below; an import
+of a higher room is an arrow up. ``plugin`` (the plugins' public face) sits above all and
+nothing inside imports it. tests/unit/test_layers.py holds these rules as tests.
 
-    0 leaves      models errors steps aio testing logformat parser limits exits terminal paging
-                  sdnotify logs plugins privacy redact
-    1 reading     layout logview templates settings conversation reload breaker providers
-                  activity waiting context_kinds index_rows attachments cursors structured
-                  openfiles probing
-                  (structured is pure: the templates check their schema with it)
-    2 writer      writer/
-    3 services    tools/ backends/ index_db listing search_index retention
-    4 needs       needs/ context summarise prompts budget reach (what is sent to the model)
-    5 runtime     runtime tracking scheduler validate
-    6 steps       turn retrying answering pipeline
-    7 engine      dispatcher watcher daemon index_keeper notify
-    8 faces       everything else (cli*, mcp_*, dashboard/, reading, actions, service, show)
+    0 errors models   1 base   2 protocol   3 settings   4 store   5 writer   6 backends
+    7 index   8 needs (with tools/)   9 prompt   10 config   11 engine   12 daemon   13 faces
+    14 plugin
 
 Imports under ``if TYPE_CHECKING:`` are not counted (they never run). A function-level import
 is counted (it runs). The message path is traced with ``sys.setprofile`` while one message
@@ -35,21 +27,22 @@ import sys
 from pathlib import Path
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("models", "errors", "steps", "aio", "testing", "logformat", "parser", "limits",
-         "exits", "terminal", "paging", "sdnotify", "logs", "plugins", "backend_kinds",
-         "privacy", "redact", "contained", "snippets", "replycheck",
-         "schema_rules", "search_query", "secret_names")),
-    (1, ("layout", "logview", "templates", "settings", "conversation", "reload", "breaker",
-         "providers", "activity", "waiting", "context_kinds", "index_rows", "attachments",
-         "structured", "cursors", "openfiles", "logstream", "retryclock", "probing")),
-    (2, ("writer",)),
-    (3, ("tools", "backends", "index_db", "listing", "search_index", "retention")),
-    (4, ("needs", "context", "summarise", "prompts", "budget", "reach")),
-    (5, ("runtime", "tracking", "scheduler", "validate")),
-    (6, ("turn", "retrying", "answering", "pipeline", "inflight")),
-    (7, ("dispatcher", "watcher", "daemon", "index_keeper", "notify", "loopwatch")),
+    (0, ("errors", "models")),
+    (1, ("base",)),
+    (2, ("protocol",)),
+    (3, ("settings",)),
+    (4, ("store",)),
+    (5, ("writer",)),
+    (6, ("backends",)),
+    (7, ("index",)),
+    (8, ("needs",)),
+    (9, ("prompt",)),
+    (10, ("config",)),
+    (11, ("engine",)),
+    (12, ("daemon",)),
+    (13, ("faces",)),
 ]  # fmt: skip
-FACES = 8
+PLUGIN = 14  # the plugins' public face: above everything, imported by nothing inside
 
 
 def layer(module: str) -> int:
@@ -58,7 +51,7 @@ def layer(module: str) -> int:
     for n, names in LAYERS:
         if head in names:
             return n
-    return FACES
+    return PLUGIN
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -152,14 +145,14 @@ from pathlib import Path
 sys.path.insert(0, ".")
 from bench.bench_foundation import InstantBackend
 from contemplation import backends
-from contemplation.layout import Home
-from contemplation.pipeline import Runtime, process_pending
+from contemplation.store.layout import Home
+from contemplation.engine.pipeline import Runtime, process_pending
 from contemplation.settings import load
 from contemplation.writer import drop_message, new_conversation
 try:
-    from contemplation.templates import load_template
+    from contemplation.store.templates import load_template
 except ImportError:
-    from contemplation.layout import load_template
+    from contemplation.store.layout import load_template
 tmp = Path(tempfile.mkdtemp())
 home = Home(tmp / "home")
 s = load(overrides={"home": str(home.root), "settle_seconds": 0, "durability": "none"})

@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 import pytest
 
 from contemplation import settings as settings_mod
-from contemplation.layout import Conv, Home, list_conversations
+from contemplation.engine.pipeline import Runtime, process_pending
 from contemplation.models import BlockKind
-from contemplation.parser import parse
-from contemplation.pipeline import Runtime, process_pending
+from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
+from contemplation.store.layout import Conv, Home, list_conversations
 from tests import hermetic, procgroups
 from tests.fakes.ollama_server import FakeOllama
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import uvicorn
 
-from contemplation.dashboard.app import Dashboard
-from contemplation.layout import Conv, Home
+from contemplation.faces.dashboard.app import Dashboard
 from contemplation.settings import Settings
-from contemplation.templates import load_template
+from contemplation.store.layout import Conv, Home
+from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import peers
 from tests.conftest import wait_for

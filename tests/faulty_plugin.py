@@ -1,5 +1,5 @@
 """A plugin whose code fails in every way plugin code can (issue 35 finding 4), installed by
-tests/test_plugin_faults.py as the distribution ``contemplation-faulty`` (a dist-info folder
+tests/system/test_plugin_faults.py as the distribution ``contemplation-faulty`` (a dist-info folder
 naming these kinds, as pip writes one), so that a real daemon finds it by its entry points.
 
 * the backend ``faulty`` streams one piece, then fails as the conversation's model says:
@@ -18,12 +18,12 @@ from typing import Any
 
 from contemplation.backends import BackendKind, Made
 from contemplation.backends.base import Capabilities, Check
-from contemplation.context_kinds import ContextKind, Job
 from contemplation.models import BackendSession, ChatRequest, StreamEvent, Usage
 from contemplation.needs.rules import Rule
-from contemplation.tools.base import ToolResult
-from contemplation.tools.registry import Made as ToolMade
-from contemplation.tools.registry import ToolKind
+from contemplation.needs.tools.base import ToolResult
+from contemplation.needs.tools.registry import Made as ToolMade
+from contemplation.needs.tools.registry import ToolKind
+from contemplation.prompt.context_kinds import ContextKind, Job
 
 RAISED: dict[str, type[BaseException]] = {
     "keyboard": KeyboardInterrupt,

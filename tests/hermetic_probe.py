@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from contemplation.layout import Home
+from contemplation.store.layout import Home
 from tests import procgroups
 from tests.conftest import DaemonProc, base_env
 from tests.fakes.ollama_server import FakeOllama

@@ -18,8 +18,8 @@ from pathlib import Path
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from contemplation.layout import Home
-from contemplation.mcp_server import token_path
+from contemplation.faces.mcp.server import token_path
+from contemplation.store.layout import Home
 from tests.conftest import ROOT, base_env, wait_for
 from tests.realpeers import free_port
 

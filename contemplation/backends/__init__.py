@@ -9,7 +9,7 @@ its name there, and its test). A plugin adds a kind through an entry point in th
 several); it is read only when a name is asked for that no built-in kind has, or when every
 kind is listed (the entry points cost about 25 ms).
 
-Where a provider's settings come from (:func:`contemplation.providers.table`):
+Where a provider's settings come from (:func:`contemplation.backends.providers.table`):
 ``[providers.<name>]``, else the ``[ollama]``-style section of a built-in kind's name, else
 ``[plugins.<name>]``. The kind's model checks them when the provider is made or validated;
 a bad key is one line naming it and where it was set. Nothing here imports a kind's module,
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from contemplation import backend_kinds, plugins
+from contemplation.base import backend_kinds, plugins
 from contemplation.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _adopt(kind: BackendKind, origin: str) -> BackendKind:
     def guarded(m: Made) -> Backend:
         from contemplation.backends.base import phase_timeouts
         from contemplation.backends.guard import Guarded
-        from contemplation.contained import described
+        from contemplation.base.contained import described
         from contemplation.settings import TimeoutSettings
 
         bounds = phase_timeouts(m.timeouts or TimeoutSettings(), m.settings.max_reply_bytes)
@@ -143,7 +143,7 @@ def _resolved(settings: Settings, name: str) -> tuple[BackendKind, Any, TimeoutS
     """:func:`config`, and for a plugin's kind the ``timeouts`` its table gives the guard."""
     from pydantic import ValidationError
 
-    from contemplation import providers
+    from contemplation.backends import providers
     from contemplation.settings import TimeoutSettings
 
     table = providers.table(settings, name)

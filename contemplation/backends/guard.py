@@ -8,7 +8,7 @@ timeout (retried like any server's), anything else it raises (``BaseException`` 
 ``KeyboardInterrupt``, ``SystemExit``, a ``CancelledError`` of its own) is one ERROR for that
 turn naming the plugin, and its other calls (``capabilities``, ``check``, ``models``,
 ``forget``, ``aclose``) are bounded by :data:`CALL_LIMIT`. A cancel of the daemon's own task
-(the agent's cancel, a stop) goes on through it (:func:`contemplation.contained.ours`). Its
+(the agent's cancel, a stop) goes on through it (:func:`contemplation.base.contained.ours`). Its
 bounds are the provider table's ``timeouts`` (``[plugins.<name>.timeouts]`` or
 ``[providers.<name>.timeouts]``), else the defaults every kind has. So a plugin that raises or
 hangs in an ``await`` costs that turn, never the daemon; one that blocks the event loop or
@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from contemplation.contained import described, ours
+from contemplation.base.contained import described, ours
 from contemplation.errors import BackendError, ErrorKind
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from contemplation.base.redact import credentials, redacted
 from contemplation.errors import BackendError, ConfigError, ErrorKind
-from contemplation.redact import credentials, redacted
 
 if TYPE_CHECKING:  # aiohttp costs ~110 ms to import: it comes when a request is first made,
     # so the backend modules (and the settings models they declare) cost a command nothing

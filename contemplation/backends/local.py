@@ -37,7 +37,6 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from contemplation import backend_kinds
 from contemplation.backends import BackendKind, Made, capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots, phase_timeouts
 from contemplation.backends.chat_completions import (
@@ -46,6 +45,7 @@ from contemplation.backends.chat_completions import (
     context_overflow,
     stream_error,
 )
+from contemplation.base import backend_kinds
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 from contemplation.settings import CapabilityOverride, Section, TimeoutSettings

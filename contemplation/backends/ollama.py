@@ -18,8 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
-from contemplation import backend_kinds, providers
-from contemplation.backends import BackendKind, Made, capabilities
+from contemplation.backends import BackendKind, Made, capabilities, providers
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -32,6 +31,7 @@ from contemplation.backends.base import (
 )
 from contemplation.backends.chat_completions import context_overflow
 from contemplation.backends.http import Http
+from contemplation.base import backend_kinds
 from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
 from contemplation.settings import CapabilityOverride, Concurrency, Section, TimeoutSettings

@@ -22,8 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
-from contemplation import backend_kinds, providers
-from contemplation.backends import BackendKind, Made, capabilities
+from contemplation.backends import BackendKind, Made, capabilities, providers
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -41,9 +40,10 @@ from contemplation.backends.chat_completions import (
     stream_error,
 )
 from contemplation.backends.http import Http
+from contemplation.base import backend_kinds
+from contemplation.base.redact import credentials
 from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
-from contemplation.redact import credentials
 from contemplation.settings import (
     CapabilityOverride,
     Concurrency,

@@ -41,14 +41,14 @@ from urllib.parse import quote
 import structlog
 from pydantic import Field, field_validator
 
-from contemplation import backend_kinds, providers
-from contemplation.backends import BackendKind, Made, capabilities
+from contemplation.backends import BackendKind, Made, capabilities, providers
 from contemplation.backends.base import Capabilities, Check, Slots, json_object
 from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
+from contemplation.base import backend_kinds
+from contemplation.base.redact import credentials
 from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, StreamEvent, Usage
-from contemplation.redact import credentials
 from contemplation.settings import CapabilityOverride, Concurrency, Section, check_url
 
 # OpenCode 1.18's built-in tools (agent "build"); all off by default: we want a conversation,

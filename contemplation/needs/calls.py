@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from contemplation.logformat import tool_call_lines
 from contemplation.models import Rule
 from contemplation.needs import rules
+from contemplation.protocol.logformat import tool_call_lines
 
 
 def may_hold_calls(text: str) -> bool:

@@ -34,11 +34,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from contemplation.base.secret_names import SECRET_NAMES
 from contemplation.errors import ConfigError
 from contemplation.models import ACTIONS, Action
 from contemplation.needs.rules import MCP_TOOL_RE, tool_ok
-from contemplation.secret_names import SECRET_NAMES
-from contemplation.tools.parts import split_range
+from contemplation.needs.tools.parts import split_range
 
 _STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}
 _GLOB_RE = re.compile(r"\*\*/|\*\*|\*|\?|[^*?]+")
@@ -96,7 +96,7 @@ def permission(key: str, pattern: str, action: Action, source: str, home: str = 
 
 
 # Never read for the model unless a root or a rule names them: :data:`SECRET_NAMES` (see
-# contemplation.secret_names); the configuration file is added by path (:func:`defaults`).
+# contemplation.base.secret_names); the configuration file is added by path (:func:`defaults`).
 _SPACE = re.compile(r"\s")
 
 

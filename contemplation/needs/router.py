@@ -16,7 +16,7 @@ Tool output is data, not instructions: :meth:`Answer.render_block` wraps it betw
 ``BEGIN TOOL OUTPUT`` and ``END TOOL OUTPUT``, and agent blocks are never scanned for NEEDs.
 
 Permissions (``[permissions]``, see :mod:`contemplation.needs.rules`): :meth:`NeedRouter.permit`
-says allow / ask / deny for a routed need; :mod:`contemplation.answering` marks each route
+says allow / ask / deny for a routed need; :mod:`contemplation.engine.answering` marks each route
 with it (and with the agent's decisions), and :meth:`NeedRouter.answer_all` refuses a denied
 route with an answer that says so and leaves an asked one alone (nothing is looked up).
 """
@@ -35,8 +35,13 @@ from typing import Any, Literal, NamedTuple
 import structlog
 
 from contemplation.errors import ConfigError, ToolError
-from contemplation.layout import Home
-from contemplation.logformat import (
+from contemplation.needs import permissions
+from contemplation.needs import rules as needrules
+from contemplation.needs.tools import registry
+from contemplation.needs.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
+from contemplation.needs.tools.files import FileReader, config_files
+from contemplation.needs.tools.mcp import McpPool, McpTool
+from contemplation.protocol.logformat import (
     RESPONSE_PREFIX,
     TOOL_OUTPUT_BEGIN,
     TOOL_OUTPUT_END,
@@ -44,14 +49,9 @@ from contemplation.logformat import (
     one_line,
     timestamp,
 )
-from contemplation.needs import permissions
-from contemplation.needs import rules as needrules
 from contemplation.settings import Settings
-from contemplation.templates import Template, load_template
-from contemplation.tools import registry
-from contemplation.tools.base import Refused, Tool, ToolResult, Unconfigured, trim
-from contemplation.tools.files import FileReader, config_files
-from contemplation.tools.mcp import McpPool, McpTool
+from contemplation.store.layout import Home
+from contemplation.store.templates import Template, load_template
 
 log = structlog.get_logger("contemplation.needs.router")
 

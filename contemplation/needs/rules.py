@@ -7,7 +7,7 @@ then the five defaults of the protocol. Arguments are templates filled from the 
 from ``{need}`` (the whole need) and ``{rest}`` (what follows a prefix), e.g.
 ``args = {path = "{path}"}``.
 
-Tools are named ``family.verb`` for the registered ones (:mod:`contemplation.tools.registry`),
+Tools are named ``family.verb`` for the registered ones (:mod:`contemplation.needs.tools.registry`),
 ``server:tool`` for a tool of a configured MCP server, or ``agent`` (the agent answers).
 
 Permissions (the second half): ``[permissions]`` says per rule or tool and argument pattern
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contemplation.errors import ConfigError
-from contemplation.logformat import canonical_need
 from contemplation.models import ACTIONS, FUNCTION_RE, Action, Route, Rule
-from contemplation.tools import registry
-from contemplation.tools.base import PLACEHOLDER_RE, fill
-from contemplation.tools.registry import default_rules
+from contemplation.needs.tools import registry
+from contemplation.needs.tools.base import PLACEHOLDER_RE, fill
+from contemplation.needs.tools.registry import default_rules
+from contemplation.protocol.logformat import canonical_need
 
 MAX_NEED_CHARS = 1000
 MAX_ARG_CHARS = 1000

@@ -17,11 +17,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from contemplation.attachments import FOLDER, MESSAGE_NAMES, Attachment
+from contemplation.base.privacy import DIR_MODE, FILE_MODE
+from contemplation.base.testing import armed, crashpoint
 from contemplation.errors import InputRejected
-from contemplation.layout import Conv, ignored_name
-from contemplation.privacy import DIR_MODE, FILE_MODE
-from contemplation.testing import armed, crashpoint
+from contemplation.store.attachments import FOLDER, MESSAGE_NAMES, Attachment
+from contemplation.store.layout import Conv, ignored_name
 from contemplation.writer.files import fsync_dir, write_all
 
 
@@ -86,7 +86,7 @@ def drop_folder_message(
     conv: Conv, text: str, files: Sequence[Attachment], *, name: str | None = None
 ) -> Path:
     """Maildir delivery of a message with files (see
-    :func:`contemplation.attachments.read_paths`): a dot-folder in ``inbox/`` gets
+    :func:`contemplation.store.attachments.read_paths`): a dot-folder in ``inbox/`` gets
     ``message.txt`` and each file (each fsynced), then is renamed into place whole."""
     conv.inbox.mkdir(DIR_MODE, parents=True, exist_ok=True)
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from contemplation.testing import COMMIT_LAG
+from contemplation.base.testing import COMMIT_LAG
 
 T = TypeVar("T")
 

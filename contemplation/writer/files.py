@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from contemplation.base.privacy import DIR_MODE, FILE_MODE
+from contemplation.base.testing import crashpoint
 from contemplation.errors import AlreadyRunning
-from contemplation.layout import Conv, Home, read_json
-from contemplation.privacy import DIR_MODE, FILE_MODE
-from contemplation.testing import crashpoint
+from contemplation.store.layout import Conv, Home, read_json
 from contemplation.writer.durable import Durable, Steps, fsync_path, run_now
 
 

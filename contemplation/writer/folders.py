@@ -14,8 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contemplation.base.privacy import DIR_MODE, FILE_MODE
+from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected, NotFound
-from contemplation.layout import (
+from contemplation.models import LogIdentity, Metadata, State
+from contemplation.store.layout import (
     Conv,
     Home,
     Seen,
@@ -27,11 +30,8 @@ from contemplation.layout import (
     rest_name,
     slugify,
 )
-from contemplation.models import LogIdentity, Metadata, State
-from contemplation.openfiles import being_written
-from contemplation.privacy import DIR_MODE, FILE_MODE
-from contemplation.templates import Template
-from contemplation.testing import crashpoint
+from contemplation.store.openfiles import being_written
+from contemplation.store.templates import Template
 from contemplation.writer.files import (
     atomic_write_bytes,
     atomic_write_json,
@@ -47,7 +47,7 @@ from contemplation.writer.templates import seed_templates
 def ensure_home(home: Home) -> None:
     """The home's folders. A templates/ folder made here gets the shipped templates (to
     read and edit); one that exists is never touched. Each is the owner's alone (see
-    :mod:`contemplation.privacy`); an existing folder's mode is left as it is."""
+    :mod:`contemplation.base.privacy`); an existing folder's mode is left as it is."""
     home.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
     for d in (home.active, home.completed):
         d.mkdir(DIR_MODE, exist_ok=True)
@@ -228,7 +228,7 @@ def unclaim(conv: Conv, claimed: Path) -> Path:
 def release_claimed(conv: Conv, claimed: Path, seen: Seen, *, durable: bool) -> Path | None:
     """A claimed message file whose block is committed goes, unless it is not as it was read
     (``seen``) or a process still holds it open for writing: then what it holds past the
-    bytes taken goes back into ``inbox/`` as a follow-up (:func:`~contemplation.layout.
+    bytes taken goes back into ``inbox/`` as a follow-up (:func:`~contemplation.store.layout.
     rest_name`), a message of its own once its writer is done. A file cut shorter, or
     rewritten in place, is queued whole. Returns the follow-up's path (None: removed)."""
     try:

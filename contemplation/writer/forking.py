@@ -1,7 +1,7 @@
 """A fork's folder: built whole under a dot-name in ``active/``, then renamed into place.
 
 What to put in it (which blocks, which segments, the metadata) is decided by
-:mod:`contemplation.fork`; this module only writes. A crash (a SIGKILL included) before the
+:mod:`contemplation.faces.fork`; this module only writes. A crash (a SIGKILL included) before the
 rename leaves a hidden ``.fork-<pid>-<rand>`` folder that no face lists and no daemon takes,
 removed by the next fork in the same home; after it, a whole conversation.
 
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from contemplation.base.privacy import DIR_MODE, FILE_MODE
+from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected
-from contemplation.layout import ATTACHMENTS, LOG_NAME, Conv, Home, list_folder, slugify
 from contemplation.models import Metadata, Status
-from contemplation.privacy import DIR_MODE, FILE_MODE
-from contemplation.testing import crashpoint
+from contemplation.store.layout import ATTACHMENTS, LOG_NAME, Conv, Home, list_folder, slugify
 from contemplation.writer.files import atomic_write_json, fsync_dir, now_iso, write_all
 from contemplation.writer.folders import ensure_conversation_files, ensure_home, pid_alive
 from contemplation.writer.session import rebuild_state

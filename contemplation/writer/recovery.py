@@ -18,13 +18,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from contemplation import logformat
-from contemplation.attachments import read_claimed
 from contemplation.errors import InputRejected
-from contemplation.layout import read_regular
 from contemplation.models import Intent, MarkerKind
-from contemplation.parser import parse
+from contemplation.protocol import logformat
+from contemplation.protocol.parser import parse
 from contemplation.settings import AttachmentSettings
+from contemplation.store.attachments import read_claimed
+from contemplation.store.layout import read_regular
 from contemplation.writer.folders import remove_tmp_files
 from contemplation.writer.session import ConvWriter, remove_claimed
 

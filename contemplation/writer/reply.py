@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from contemplation import logformat
-from contemplation.aio import settled
+from contemplation.base.aio import settled
+from contemplation.base.testing import crashpoint
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import (
     BackendSession,
@@ -37,7 +37,7 @@ from contemplation.models import (
     StreamEvent,
     Usage,
 )
-from contemplation.testing import crashpoint
+from contemplation.protocol import logformat
 from contemplation.writer.durable import GroupCommitter, Steps, run_now
 from contemplation.writer.files import now_iso, write_all
 
@@ -67,7 +67,8 @@ class ReplyStream:
     """A model reply streamed into the log as it arrives.
 
     The header is written with the first text, so a call that fails before any output leaves
-    no empty block. Text is stuffed line by line (see :mod:`contemplation.logformat`), thinking
+    no empty block. Text is stuffed line by line (see :mod:`contemplation.protocol.logformat`),
+    thinking
     goes into a ``=== THINKING === … === END THINKING ===`` section.
     """
 

@@ -17,19 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contemplation import logformat, logstream
-from contemplation.cursors import own_block
+from contemplation.base.privacy import FILE_MODE
+from contemplation.base.testing import armed, crashpoint
 from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
-from contemplation.layout import (
-    Conv,
-    Seen,
-    list_folder,
-    open_regular_stat,
-    processing_entries,
-    read_metadata,
-    read_state,
-)
-from contemplation.logview import log_segments
 from contemplation.models import (
     ApprovalRequest,
     ErrorInfo,
@@ -42,8 +32,19 @@ from contemplation.models import (
     Status,
     TurnStarted,
 )
-from contemplation.privacy import FILE_MODE
-from contemplation.testing import armed, crashpoint
+from contemplation.protocol import logformat
+from contemplation.store import logstream
+from contemplation.store.cursors import own_block
+from contemplation.store.layout import (
+    Conv,
+    Seen,
+    list_folder,
+    open_regular_stat,
+    processing_entries,
+    read_metadata,
+    read_state,
+)
+from contemplation.store.logview import log_segments
 from contemplation.writer.durable import Durable, GroupCommitter, Steps, run_now
 from contemplation.writer.files import (
     atomic_write_steps,
@@ -437,7 +438,7 @@ class ConvWriter:
     ) -> bytes:
         """The bytes of an agent's block appended at ``offset`` (the separator included);
         ``own``: its lines that are the writer's ``[attachment: …]`` lines, every other line
-        so shaped is stuffed (see :func:`contemplation.logformat.inert`)."""
+        so shaped is stuffed (see :func:`contemplation.protocol.logformat.inert`)."""
         block = logformat.header(sender, recipient, ts) + logformat.body(text, own)
         return self.separator(offset) + block.encode("utf-8")
 

@@ -1,4 +1,4 @@
-"""MCP task records (the tasks extension, :mod:`contemplation.mcp_tasks`): one small JSON
+"""MCP task records (the tasks extension, :mod:`contemplation.faces.mcp.tasks`): one small JSON
 file per task in the conversation's ``tasks/`` folder, named by the task's secret part.
 
 A record is written atomically and durably (temp file, fsync, rename, fsync of the folder;
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from contemplation.layout import Conv
+from contemplation.store.layout import Conv
 from contemplation.writer.files import atomic_write_json, fsync_dir
 
 TASKS_DIR = "tasks"

@@ -13,9 +13,9 @@ import secrets
 import shutil
 from pathlib import Path
 
-from contemplation.layout import Home, valid_id
-from contemplation.privacy import DIR_MODE
-from contemplation.templates import shipped_templates
+from contemplation.base.privacy import DIR_MODE
+from contemplation.store.layout import Home, valid_id
+from contemplation.store.templates import shipped_templates
 from contemplation.writer.files import atomic_write_bytes, fsync_dir
 
 MAX_TEMPLATE_FILE_BYTES = 1024 * 1024

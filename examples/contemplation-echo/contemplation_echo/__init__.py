@@ -2,7 +2,7 @@
 a context requirement ``{"type": "upper", "text": "hello"}`` puts ``HELLO`` into a new
 conversation's system prompt, and the ``echo`` backend (:mod:`contemplation_echo.backend`).
 
-A NEED tool is a :class:`~contemplation.tools.registry.ToolKind`: its name (what a rule's
+A NEED tool is a :class:`~contemplation.needs.tools.registry.ToolKind`: its name (what a rule's
 ``tool`` says), a one-line description, the argument a rule's capture fills, how the tool is
 made from the settings, and the NEED rules it offers (checked after the config's own). The
 tool itself has a ``name`` and an async ``call(arguments)`` that returns a ``ToolResult``; a
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contemplation.context_kinds import ContextKind, Job, text
 from contemplation.errors import ToolError
 from contemplation.needs.rules import Rule
-from contemplation.tools.base import ToolResult
-from contemplation.tools.registry import Made, ToolKind
+from contemplation.needs.tools.base import ToolResult
+from contemplation.needs.tools.registry import Made, ToolKind
+from contemplation.prompt.context_kinds import ContextKind, Job, text
 
 MAX_CHARS = 10_000  # an answer stays small whatever the model asks
 

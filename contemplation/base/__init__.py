@@ -1,0 +1,2 @@
+"""What every layer may use and that knows nothing of conversations: asyncio helpers, exit codes,
+logging, plugin loading, private files, redaction, the clock for retries."""

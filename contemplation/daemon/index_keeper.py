@@ -1,0 +1,95 @@
+"""The daemon keeps the index current (an extra of :func:`contemplation.daemon.root.serve`).
+
+Every event the daemon already has (a committed block, a status change, an archive, a folder
+adopted) marks the index stale; that is all the event loop does, a flag set in an observer. A
+worker thread brings the index up to date from the folders once the events pause for
+``BATCH_S`` seconds however many came (one batch), and every ``IDLE_S``, so hand edits are
+caught too. A burst of turns is indexed once it has passed (or 5 s after it began), so the
+refresh does not compete with the turns. With ``[retention] archived_days`` set it prunes once
+a day. An index that cannot be written (locked, corrupt, a full disk) costs a log line, never
+the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from contemplation.index import db as index_db
+from contemplation.index import retention
+
+if TYPE_CHECKING:
+    from contemplation.engine.runtime import Runtime
+
+log = structlog.get_logger("contemplation.index")
+
+BATCH_S = 0.5  # a refresh waits for this long without an event ...
+MAX_WAIT_S = 5.0  # ... but never longer than this after the first
+IDLE_S = 30.0  # a refresh at least this often (hand edits, folders made by hand)
+DAY_S = 86400.0
+
+
+class Keeper:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.stale = asyncio.Event()
+        self.refreshes = 0
+        self.last_prune = 0.0
+
+    def observe(self, conv_id: str, event: str, data: dict[str, Any]) -> None:
+        """Observer: marks the index stale; nothing else on the loop."""
+        self.stale.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.stale.set()  # bring it up to date at start (the recovery scan's view)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stale.wait(), timeout=IDLE_S)
+            if stop.is_set():
+                return
+            await self.quiet()
+            await asyncio.to_thread(self.refresh)
+            await self.maybe_prune()
+
+    async def quiet(self) -> None:
+        """Wait until no event came for BATCH_S (a burst of turns is indexed once, after it,
+        not on a thread that competes with the turns for the interpreter), at most MAX_WAIT_S
+        from the first event."""
+        first = time.monotonic()
+        while True:
+            self.stale.clear()
+            await asyncio.sleep(BATCH_S)
+            if not self.stale.is_set() or time.monotonic() - first >= MAX_WAIT_S:
+                return
+
+    def refresh(self) -> None:
+        home = self.rt.home
+        try:
+            # reading brings it up to date; one that cannot be written is a log line, not a
+            # copy in memory that nobody reads
+            index_db.read(home, lambda _conn: None, fallback=False)
+        except Exception as exc:
+            log.warning("index_refresh_failed", error=str(exc))
+            return
+        self.refreshes += 1
+
+    async def maybe_prune(self) -> None:
+        days = self.rt.settings.retention.archived_days
+        if days is None or time.time() - self.last_prune < DAY_S:
+            return
+        self.last_prune = time.time()
+        try:
+            await asyncio.to_thread(retention.prune, self.rt.home, days * DAY_S)
+        except Exception as exc:
+            log.warning("prune_failed", error=str(exc))
+
+
+async def keep_index(rt: Runtime, stop: asyncio.Event) -> None:
+    """Extra for :func:`contemplation.daemon.root.serve`."""
+    keeper = Keeper(rt)
+    with rt.observing(keeper.observe):
+        await keeper.run(stop)

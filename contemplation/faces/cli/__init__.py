@@ -1,0 +1,1 @@
+"""The click CLI: one module a command group; ``root`` is the entry point."""

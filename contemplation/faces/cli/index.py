@@ -1,0 +1,135 @@
+"""``contemplation search``, ``reindex`` and ``prune``: the derived index of every conversation
+(:mod:`contemplation.index.db`) and what it makes cheap.
+
+    contemplation search QUERY [--all] [--model M] [--status S] [--since DATE] [--limit N] [--json]
+    contemplation reindex [--check]
+    contemplation prune --older-than 90d [--dry-run] [--json]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from contemplation.base.exits import EXIT_ERROR
+from contemplation.base.terminal import safe
+from contemplation.faces.cli import show
+from contemplation.faces.cli.common import ctx_home, ctx_settings, emit, json_option
+from contemplation.store.layout import Home
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
+
+
+@click.command()
+@click.argument("query")
+@click.option("--all", "include_archived", is_flag=True, help="Archived conversations too.")
+@click.option("--thinking", is_flag=True, help="Search the models' thinking too.")
+@click.option("--model", "-m", default="", help="Only this model's (NAME or BACKEND/NAME).")
+@click.option("--status", "status", default="", help="Only conversations in this status.")
+@click.option("--since", default="", help="Only blocks from this day on (YYYY-MM-DD[ HH:MM]).")
+@click.option(
+    "--limit", type=click.IntRange(min=1, max=200), default=20, show_default=True, help="Hits."
+)
+@json_option("One JSON object per hit, a line each.")
+@click.pass_context
+def search(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    query: str,
+    include_archived: bool,
+    thinking: bool,
+    model: str,
+    status: str,
+    since: str,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Search the text of every conversation (words, "a phrase", OR, NOT, prefix* of 3
+    letters or more); best matches first, the newest conversation first on ties. A search
+    runs at most search_seconds (10 s): then it says it was cut."""
+    from contemplation.index import search as search_index
+
+    filters = search_index.Filters(
+        archived=include_archived,
+        thinking=thinking,
+        model=model,
+        status=status.strip().lower(),
+        since=search_index.since_bound(since),
+    )
+    s = ctx_settings(ctx)
+    found = search_index.find(Home(s.home), query, filters, limit, seconds=s.search_seconds)
+    hits = found.hits
+    if as_json:
+        for h in hits:
+            click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
+    if not hits and not found.cut:
+        more = found.archived_line()
+        click.echo(
+            f"no block of an active conversation matches {query!r}; {more}: search --all to "
+            "see them"
+            if more
+            else f"no block matches {query!r}",
+            err=True,
+        )
+    for h in () if as_json else hits:
+        where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
+        click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))
+    if found.cut:  # after what was found: the last line a person reads
+        click.echo(found.cut, err=True)
+
+
+@click.command()
+@click.option("--check", is_flag=True, help="Say what the index lacks; write nothing.")
+@json_option('With --check: {"missing", "gone", "changed"} as JSON.')
+@click.pass_context
+def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
+    """Make the search index anew from the folders (it is derived: safe at any time)."""
+    from contemplation.index import db as index_db
+
+    home = ctx_home(ctx)
+    if check:
+        found = index_db.drift(home)
+        human = "\n".join(
+            f"{k}: {len(v)}" + (f" ({', '.join(v[:5])})" if v else "") for k, v in found.items()
+        )
+        emit(found, as_json, human)
+        if any(found.values()):
+            sys.exit(EXIT_ERROR)
+        return
+    with contextlib.ExitStack() as stack:
+        bars: list[ProgressBar[int]] = []  # shown once the index is known to be writable
+
+        def step(done: int, total: int) -> None:
+            if not bars:
+                bar = click.progressbar(length=total, label="indexing", file=sys.stderr)
+                bars.append(stack.enter_context(bar))
+            bars[0].update(done - bars[0].pos)
+
+        count = index_db.rebuild(home, step)
+    click.echo(f"indexed {count} conversation(s) into {index_db.db_path(home)}")
+
+
+@click.command()
+@click.option(
+    "--older-than", "older_than", required=True, help="An age: 90d, 12h or 2w (a number: days)."
+)
+@click.option("--dry-run", is_flag=True, help="Say what would go; delete nothing.")
+@json_option('Print {"removed": [{id, last_activity, bytes}], "freed_bytes", "dry_run"}.')
+@click.pass_context
+def prune(ctx: click.Context, older_than: str, dry_run: bool, as_json: bool) -> None:
+    """Delete archived conversations whose last activity is older than an age (never an active
+    one); prints what goes and the bytes freed."""
+    from contemplation.index import retention
+
+    done = retention.prune(ctx_home(ctx), retention.parse_age(older_than), dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    lines = [
+        f"{verb} {r['id']}  (last activity {r['last_activity']}, {show.size(r['bytes'])})"
+        for r in done.removed
+    ]
+    total = f"{verb} {len(done.removed)} archived conversation(s), {show.size(done.freed)}"
+    emit(done.as_dict(), as_json, safe("\n".join([*lines, total])))

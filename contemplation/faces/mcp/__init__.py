@@ -1,0 +1,1 @@
+"""The MCP server: the SDK wiring, the tools' bodies, arguments, subscriptions."""

@@ -1,0 +1,370 @@
+"""The MCP tasks extension (``io.modelcontextprotocol/tasks``, protocol 2026-07-28) on the
+durable queue: the agent is told when the model has answered, it never polls.
+
+To a client that declares the extension *on its request* (``_meta`` →
+``io.modelcontextprotocol/clientCapabilities`` → ``extensions``), a tool that starts a model
+turn (:data:`TASK_TOOLS`) runs as always (the message is durable in ``inbox/`` when it
+returns) and is then answered with a ``CreateTaskResult`` (``resultType: "task"``) once the
+task's record is durable in the conversation's ``tasks/`` folder
+(:mod:`contemplation.writer.tasks`). Any other client gets the tool's own result, unchanged.
+
+A task id is ``<conversation id>.<32 hex digits>``: 128 random bits
+(:func:`secrets.token_hex`) name the record, the conversation id finds the folder, so any MCP
+server process on the same home answers for it, after a crash or a restart of either side.
+
+``tasks/get`` reads the conversation every time (nothing is kept in memory): the task is
+``working`` while the turn runs, with the activity line every face shows as its
+``statusMessage``; ``completed`` once the conversation is settled, with what
+``conversation_wait`` returns then (the model's blocks since the message, cut to the page
+budget with a cursor, ``parsed`` for a structured reply, ``waiting`` with the call that
+settles each need or lookup); a failed turn completes with ``isError``; ``cancelled`` after
+``tasks/cancel`` once the turn has stopped. ``ttlMs`` is the retention of archived
+conversations (``[retention] archived_days``; null: kept until the conversation is deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolRequestParams, CallToolResult, RequestParams
+from mcp_types.jsonrpc import INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
+from pydantic import Field
+
+from contemplation.errors import ContemplationError
+from contemplation.faces import actions
+from contemplation.faces.mcp.calls import Faces
+from contemplation.models import Status
+from contemplation.store import activity
+from contemplation.store.layout import Conv, read_state
+from contemplation.writer import daemon_alive
+from contemplation.writer.tasks import read_task, write_task
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+#: the tools that start a model turn: answered with a task to a client that takes tasks
+TASK_TOOLS = frozenset({"conversation_start", "conversation_respond", "conversation_approve"})
+SECRET_HEX = 32  # 128 bits
+MAX_RESPONSES = 64  # inputResponses read from one tasks/update
+#: pollIntervalMs by what is happening: tokens streaming, the model at work, queued, stalled
+POLL_STREAMING = 1000
+POLL_WORKING = 2000
+POLL_QUEUED = 5000
+POLL_STALLED = 15000
+_AT_WORK = frozenset({Status.GENERATING, Status.ROUTING, Status.RETRYING})
+
+
+class TaskParams(RequestParams):
+    task_id: str
+
+
+class UpdateParams(TaskParams):
+    input_responses: dict[str, Any] = Field(default_factory=dict)
+
+
+def declared(meta: Any) -> bool:
+    """Whether the request's ``_meta`` declares the tasks extension."""
+    caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
+    exts = caps.get("extensions") if isinstance(caps, dict) else None
+    return isinstance(exts, dict) and EXTENSION in exts
+
+
+def elicits(meta: Any) -> bool:
+    """Whether the request's client takes elicitation forms (``elicitation: {}`` is form)."""
+    caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
+    got = caps.get("elicitation") if isinstance(caps, dict) else None
+    return isinstance(got, dict) and ("form" in got or not got)
+
+
+DECISION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "oneOf": [
+                {"const": "once", "title": "Allow once"},
+                {"const": "always", "title": "Allow always (this tool, these arguments, here)"},
+                {"const": "reject", "title": "Reject (the model is told it was refused)"},
+            ],
+        }
+    },
+    "required": ["decision"],
+}
+
+
+def approval_form(item: dict[str, Any], model: str) -> dict[str, Any]:
+    """The elicitation form that asks the person about one lookup (a ``waiting`` item)."""
+    args = json.dumps(item.get("arguments", {}), ensure_ascii=False)
+    message = (
+        f"The local model ({model or 'model'}) asks to run {item.get('tool')} {args} "
+        f"for: {item.get('need')}. Asked because {item.get('why') or 'a rule says ask'}. "
+        "Allow it?"
+    )
+    return {
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": message, "requestedSchema": DECISION_SCHEMA},
+    }
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _not_found(task_id: str) -> MCPError:
+    return MCPError(INVALID_PARAMS, f"Failed to retrieve task: Task not found ({task_id[:160]})")
+
+
+class Tasks:
+    """Create, read and cancel tasks over the conversations' folders (no SDK in the bodies
+    but the errors: plain functions to test)."""
+
+    def __init__(self, faces: Faces) -> None:
+        self.faces = faces
+
+    @property
+    def ttl_ms(self) -> int | None:
+        days = self.faces.settings.retention.archived_days
+        return None if days is None else days * 86_400_000
+
+    def create(self, conv_id: str, since: int, tool: str) -> dict[str, Any]:
+        """Write the record of a new task on ``conv_id`` whose reply is what follows cursor
+        ``since``; returns the task as ``tasks/get`` shows it (durable on return)."""
+        conv = self.faces.reader.locate(conv_id)
+        secret = secrets.token_hex(SECRET_HEX // 2)
+        now = datetime.now(UTC).timestamp()
+        record = {"conversation_id": conv.id, "since": since, "tool": tool, "created": now}
+        durable = self.faces.settings.durability == "fsync"
+        write_task(conv, secret, record, durable=durable)
+        # the seed: the message was just queued (what runs ahead of it is tasks/get's to say:
+        # counting it reads every conversation's summary, most of this call's time at 500)
+        stamp = _iso(now)
+        alive = daemon_alive(self.faces.home)
+        return {
+            "taskId": f"{conv.id}.{secret}",
+            "createdAt": stamp,
+            "lastUpdatedAt": stamp,
+            "ttlMs": self.ttl_ms,
+            "status": "working",
+            "statusMessage": "queued"
+            if alive
+            else activity.describe(None, model="", daemon=False, queued=1),
+            "pollIntervalMs": POLL_QUEUED if alive else POLL_STALLED,
+        }
+
+    def _locate(self, task_id: str) -> tuple[Conv, str, dict[str, Any]]:
+        conv_id, _, secret = task_id.rpartition(".")
+        if (
+            not conv_id
+            or len(secret) != SECRET_HEX
+            or not all(c in "0123456789abcdef" for c in secret)
+        ):
+            raise _not_found(task_id)
+        try:
+            conv = self.faces.reader.locate(conv_id)
+        except ContemplationError:
+            raise _not_found(task_id) from None
+        record = read_task(conv, secret)
+        if record is None or record.get("conversation_id") != conv.id:
+            raise _not_found(task_id)
+        return conv, secret, record
+
+    def get(self, task_id: str, *, elicit: bool = False) -> dict[str, Any]:
+        """The task as the conversation says it is now (a ``DetailedTask``). ``elicit``: the
+        client takes elicitation forms, so lookups that wait for approval are asked of the
+        person as ``input_required`` (answered with ``tasks/update``)."""
+        conv, _, record = self._locate(task_id)
+        since = int(record.get("since") or 0)
+        created = float(record.get("created") or 0.0)
+        state = read_state(conv)
+        updated = max(created, conv.state.stat().st_mtime if state is not None else created)
+        task: dict[str, Any] = {
+            "taskId": task_id,
+            "createdAt": _iso(created),
+            "lastUpdatedAt": _iso(max(updated, float(record.get("cancelled_at") or 0.0))),
+            "ttlMs": self.ttl_ms,
+        }
+        settled = self.faces.settled(conv)
+        if record.get("cancelled_at") and (
+            settled or state is None or state.status not in _AT_WORK
+        ):
+            return task | {
+                "status": "cancelled",
+                "statusMessage": "cancelled: the turn was stopped",
+            }
+        if not settled:
+            out = self.faces.check(conv.id, since)
+            return task | {
+                "status": "working",
+                "statusMessage": str(out.get("activity") or out.get("status")),
+                "pollIntervalMs": self._poll(out),
+            }
+        out = self.faces.check(conv.id, since)
+        asks = [i for i in out.get("waiting", []) if i.get("kind") == "approval"]
+        if elicit and asks:
+            return task | {
+                "status": "input_required",
+                "statusMessage": str(out.get("activity") or ""),
+                "pollIntervalMs": POLL_QUEUED,
+                "inputRequests": {
+                    str(i["id"]): approval_form(i, str(out.get("model", ""))) for i in asks
+                },
+            }
+        out["timed_out"] = False
+        result = {
+            "content": [
+                {"type": "text", "text": json.dumps(out, ensure_ascii=False, separators=(",", ":"))}
+            ],
+            "isError": out.get("status") == Status.ERROR.value,
+        }
+        return task | {
+            "status": "completed",
+            "statusMessage": str(out.get("activity") or ""),
+            "result": result,
+        }
+
+    def _poll(self, out: dict[str, Any]) -> int:
+        if not daemon_alive(self.faces.home):
+            return POLL_STALLED
+        status = out.get("status")
+        if status == Status.GENERATING.value and out.get("in_progress"):
+            return POLL_STREAMING
+        if status in {s.value for s in _AT_WORK}:
+            return POLL_WORKING
+        return POLL_QUEUED
+
+    def cancel(self, task_id: str) -> None:
+        """Stop the task's turn (the daemon's cancel, as ``conversation_cancel``) and mark the
+        task cancelled. Cancellation is cooperative: a task already settled, or whose message
+        still waits in the queue (the daemon would take it all the same), is left to complete
+        as it will."""
+        conv, secret, record = self._locate(task_id)
+        state = read_state(conv)
+        if record.get("cancelled_at") or conv.is_completed or self.faces.settled(conv):
+            return
+        if state is None or state.status not in _AT_WORK:
+            return
+        record["cancelled_at"] = datetime.now(UTC).timestamp()
+        write_task(conv, secret, record, durable=self.faces.settings.durability == "fsync")
+        actions.cancel(conv)
+
+    def update(self, task_id: str, responses: dict[str, Any]) -> None:
+        """The person's answers to the forms (``inputResponses``): accept with a decision,
+        or decline (a rejection); a cancelled form, an unknown key or a lookup decided
+        already is ignored (the first decision about a lookup is final)."""
+        conv, _, _ = self._locate(task_id)
+        for key, response in list(responses.items())[:MAX_RESPONSES]:
+            if not isinstance(response, dict):
+                continue
+            action = response.get("action")
+            content = response.get("content")
+            decision = content.get("decision") if isinstance(content, dict) else None
+            if action == "decline":
+                decision = "reject"
+            elif action != "accept" or decision not in actions.DECISIONS:
+                continue
+            try:
+                actions.approve(
+                    self.faces.settings,
+                    conv,
+                    str(decision),
+                    str(key),
+                    reader=self.faces.reader,
+                    face="mcp",
+                )
+            except ContemplationError:
+                continue  # not outstanding (decided, answered, or never asked): ignored
+
+
+def _since_before(faces: Faces, params: CallToolRequestParams) -> int | None:
+    """Where the reply to an answer or a decision will start: the log's end before the call
+    (the agent's own blocks are left out of the result, so its message may come after)."""
+    cid = (params.arguments or {}).get("conversation_id")
+    if not isinstance(cid, str):
+        return None
+    try:
+        return faces.reader.boundary(faces.reader.locate(cid))
+    except (ContemplationError, OSError):
+        return None
+
+
+class TasksExtension(Extension):
+    """The SDK's extension: the ``tools/call`` interceptor and ``tasks/get`` /
+    ``tasks/cancel``."""
+
+    identifier = EXTENSION
+
+    def __init__(self, faces: Faces) -> None:
+        self.tasks = Tasks(faces)
+        self.faces = faces
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return (
+            MethodBinding("tasks/get", TaskParams, self._get),
+            MethodBinding("tasks/cancel", TaskParams, self._cancel),
+            MethodBinding("tasks/update", UpdateParams, self._update),
+        )
+
+    @staticmethod
+    def _require(ctx: ServerRequestContext[Any, Any]) -> None:
+        if not declared(ctx.meta):
+            raise MCPError(
+                MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "Missing required client capability",
+                {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+            )
+
+    async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
+        self._require(ctx)
+        elicit = elicits(ctx.meta)
+        task = await anyio.to_thread.run_sync(
+            lambda: self.tasks.get(str(params.task_id), elicit=elicit)
+        )
+        return task | {"resultType": "complete"}
+
+    async def _update(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
+        self._require(ctx)
+        responses = dict(params.input_responses)
+        await anyio.to_thread.run_sync(self.tasks.update, str(params.task_id), responses)
+        return {"resultType": "complete"}
+
+    async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
+        self._require(ctx)
+        await anyio.to_thread.run_sync(self.tasks.cancel, str(params.task_id))
+        return {"resultType": "complete"}
+
+    async def intercept_tool_call(
+        self,
+        params: CallToolRequestParams,
+        ctx: ServerRequestContext[Any, Any],
+        call_next: CallNext,
+    ) -> HandlerResult:
+        if params.name not in TASK_TOOLS or not declared(ctx.meta):
+            return await call_next(ctx)
+        before = await anyio.to_thread.run_sync(_since_before, self.faces, params)
+        result = await call_next(ctx)
+        if not isinstance(result, CallToolResult) or result.is_error:
+            return result
+        try:
+            said = json.loads("".join(getattr(b, "text", "") for b in result.content))
+        except ValueError:
+            return result
+        cid = said.get("conversation_id") if isinstance(said, dict) else None
+        prompt = (params.arguments or {}).get("initial_prompt")
+        empty = params.name == "conversation_start" and not (
+            isinstance(prompt, str) and prompt.strip()
+        )
+        if not isinstance(cid, str) or empty:
+            return result  # no message: no turn to wait for
+        since = int(said.get("cursor") or 0) if params.name == "conversation_start" else before
+        task = await anyio.to_thread.run_sync(
+            self.tasks.create, cid, since if since is not None else 0, params.name
+        )
+        return task | {"resultType": "task"}

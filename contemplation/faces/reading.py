@@ -1,0 +1,337 @@
+"""Read-only views of conversations for the faces (MCP server, dashboard): summaries, the
+blocks since a cursor, pending needs, exports. Nothing here writes.
+
+A *cursor* is a byte offset into the whole conversation: the rotated segments (oldest
+first) and then the live ``messages.log``, laid end to end. Rotation only renames files, so
+offsets already handed out stay valid. A cursor always points at a block boundary: it stops
+before a reply that is still being streamed, so the next read returns that block whole.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contemplation.errors import InputRejected, NotFound
+from contemplation.index import listing
+from contemplation.models import BUSY, Block, Metadata, State, Status
+from contemplation.protocol.conversation import next_action
+from contemplation.protocol.parser import find_responses
+from contemplation.store import activity
+from contemplation.store.cursors import (
+    AGENT_SOURCE,
+    Segment,
+    Since,
+    block_dict,
+    blocks_since,
+    log_text,
+    own,
+    own_block,
+    segment_blocks,
+    segments,
+)
+from contemplation.store.layout import (
+    Conv,
+    Home,
+    find_conversation,
+    list_conversations,
+    queued_messages,
+    read_metadata,
+    read_regular,
+    read_state,
+    valid_id,
+)
+from contemplation.store.logview import LogView
+from contemplation.store.waiting import WaitItem, look
+from contemplation.writer import daemon_alive
+
+__all__ = [  # the cursor space's names, which the faces read here
+    "AGENT_SOURCE", "Reader", "Segment", "Since", "Standing", "block_dict", "blocks_since",
+    "locate", "log_text", "own", "own_block", "segments",
+]  # fmt: skip
+
+VIEWS_KEPT = 256
+STANDING_TRIES = 8  # reads of a conversation that changes under each one before it is busy
+
+
+def locate(home: Home, name: str) -> Conv:
+    """The one conversation lookup of every face: an exact id (active first, then completed),
+    else a unique id prefix or topic among active and completed conversations.
+
+    An archived conversation is found like any other (reading it is fine); the actions that
+    would change it refuse with "archived (in completed/)" (:func:`actions.require_active`)."""
+    try:
+        if valid_id(name):
+            for completed in (False, True):
+                conv = home.conv(name, completed=completed)
+                if conv.dir.is_dir():
+                    return conv
+        return find_conversation(home, name)
+    except OSError as exc:
+        raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
+
+
+OWN_SEGMENTS_BACK = 8  # rotated segments searched for the agent's last own message
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """One conversation as one moment shows it, for every face that follows one (CLI
+    ``--wait`` and ``wait``, MCP check, wait and progress, the dashboard): its documents, what
+    waits for the agent, and whether the daemon is done, all from the same reading."""
+
+    meta: Metadata | None
+    state: State | None
+    items: list[WaitItem]
+    deciding: tuple[str, ...]  # lookups decided by the agent, not answered by the daemon yet
+    queued: int  # messages in inbox/ and processing/
+    settled: bool
+
+
+def _committed(view: LogView, state: State | None, *, daemon: bool) -> tuple[Block, ...]:
+    """The blocks of the log as ``state`` accounts for them. While a ``daemon`` runs, a block
+    that begins past the state's committed size (one it has just written and not yet
+    committed, or a hand append it has not taken in yet) belongs to a later moment than the
+    state's and is left out; with none running, nothing takes such bytes in, and the log is
+    read as it is."""
+    blocks = view.refresh().blocks
+    if not daemon or state is None or (state.log.ino and state.log.ino != view.ino):
+        return blocks  # no state, or one of another file (a rotation, a replaced log)
+    later = sum(1 for b in view.live.blocks if b.offset >= state.log.size)
+    return blocks[: len(blocks) - later]
+
+
+def _settled(
+    meta: Metadata | None,
+    state: State | None,
+    live: int,
+    blocks: tuple[Block, ...],
+    *,
+    queued: int,
+    deciding: tuple[str, ...],
+) -> bool:
+    """The daemon is done for now: nothing queued, nothing being written, no decision of the
+    agent left to act on, and no model turn due."""
+    if queued or meta is None or (state is not None and state.intent is not None):
+        return False
+    if state is not None and live != state.log.size:
+        # bytes past the last commit: a reply whose commit also commits the message it
+        # answers (written with no intent, see ReplyStream.merge_into_commit), or an
+        # append the daemon has not adopted yet; either way not done
+        return False
+    if not blocks:
+        return True  # started empty: there is nothing to wait for
+    if state is None or state.status in BUSY or deciding:
+        return False
+    return next_action(blocks).action != "turn"
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def _live_size(conv: Conv) -> int:
+    try:
+        return conv.log.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+@dataclass
+class Reader:
+    """Reads of one home: summaries from the index, incremental log views."""
+
+    home: Home
+    _views: OrderedDict[Path, LogView] = field(default_factory=OrderedDict)
+
+    def conversations(self, *, include_completed: bool = True) -> list[Conv]:
+        return list_conversations(self.home, include_completed=include_completed)
+
+    def summary(self, conv: Conv) -> dict[str, Any]:
+        """One conversation's summary (its folder read again if it changed)."""
+        row = listing.one(self.home, conv.id)
+        if row is None:
+            raise NotFound(f"no conversation {conv.id!r}")
+        return row
+
+    def summaries(self, *, include_completed: bool = True) -> list[dict[str, Any]]:
+        """Every summary from the index, newest activity first."""
+        return listing.summaries(self.home, include_completed=include_completed)
+
+    def view(self, conv: Conv, agent_label: str) -> LogView:
+        v = self._views.get(conv.dir)
+        if v is None or v.agent_label != agent_label:
+            v = LogView(conv, agent_label, bare=True)  # (no face reads an old text here)
+            self._views[conv.dir] = v
+        self._views.move_to_end(conv.dir)
+        while len(self._views) > VIEWS_KEPT:
+            self._views.popitem(last=False)
+        return v
+
+    def queued_answers(self, paths: list[Path]) -> set[str]:
+        """Needs whose answers are on their way: queued in inbox/ or claimed in processing/
+        (``paths``, listed in the order a message moves: inbox → processing → log, so an
+        answer on its way is seen in one of the three)."""
+        queued: set[str] = set()
+        for path in paths:
+            try:
+                head = read_regular(path, 1 << 20).decode("utf-8", errors="replace")
+            except (OSError, InputRejected):
+                continue
+            queued.update(find_responses(head))
+        return queued
+
+    def standing(self, conv: Conv, *, decided: bool = False) -> Standing:
+        """Where ``conv`` stands, as one moment shows it: what waits for the agent and whether
+        the daemon is done with it, both from one reading of its metadata, its state and its
+        log (``decided``: see :func:`~contemplation.store.waiting.look`). The state is read again
+        after the log: a reading it changed under is done again, and one that never holds
+        still is *busy* (nothing listed, not settled), never a mix of two moments."""
+        if conv.is_completed:
+            return Standing(read_metadata(conv), read_state(conv), [], (), 0, settled=True)
+        for _ in range(STANDING_TRIES):
+            got = self._standing(conv, decided=decided)
+            if got is not None:
+                return got
+        return Standing(read_metadata(conv), read_state(conv), [], (), 0, settled=False)
+
+    def _standing(self, conv: Conv, *, decided: bool) -> Standing | None:
+        if not conv.dir.is_dir():  # archived meanwhile
+            return Standing(None, None, [], (), 0, settled=False)
+        paths = queued_messages(conv)
+        queued = self.queued_answers(paths)
+        meta = read_metadata(conv)
+        state = read_state(conv)
+        live = _live_size(conv)
+        daemon = daemon_alive(self.home)
+        view = self.view(conv, meta.agent_label) if meta is not None else None
+        blocks = _committed(view, state, daemon=daemon) if view is not None else ()
+        if read_state(conv) != state:
+            return None  # the daemon wrote meanwhile: the log may be of another moment
+        seen = look(conv, blocks, meta, state, queued, decided=decided)
+        return Standing(
+            meta,
+            state,
+            seen.items,
+            seen.deciding,
+            len(paths),
+            settled=_settled(meta, state, live, blocks, queued=len(paths), deciding=seen.deciding),
+        )
+
+    def streamed(self, conv: Conv) -> int | None:
+        """Characters of the reply being streamed into the log now (None: none is), read
+        from the end of what is committed: only the reply in flight is read."""
+        partial = self.since(conv, self.boundary(conv)).partial
+        return len(str(partial.get("text", ""))) if partial is not None else None
+
+    def activity(self, conv: Conv, view: Standing, *, written: int | None = None) -> str:
+        """What ``conv`` is doing, in the words of :func:`activity.describe`, from ``view``
+        and the same figures on every face (``status``, MCP, the dashboard): what is queued
+        and ahead of it, what waits, and the characters streamed so far (``written``: when
+        the caller has just read them; else read here while a turn generates)."""
+        meta, state = view.meta, view.state
+        model = meta.model if meta else ""
+        behind = 0
+        if view.queued and meta is not None:
+            rows = self.summaries(include_completed=False)
+            behind = activity.queued_behind(conv.id, meta.backend, model, rows)
+        if written is None and state is not None and state.status is Status.GENERATING:
+            written = self.streamed(conv)
+        asks = sum(1 for i in view.items if i.kind == "approval")
+        return activity.describe(
+            state,
+            model=model,
+            daemon=daemon_alive(self.home),
+            queued=view.queued,
+            behind=behind,
+            written=written,
+            waiting=(len(view.items) - asks, asks),
+        )
+
+    def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:
+        """What waits for the agent (:mod:`contemplation.store.waiting`): needs to answer and
+        lookups to approve, each with its stable id (``decided``: see ``look``)."""
+        return self.standing(conv, decided=decided).items
+
+    def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:
+        meta = read_metadata(conv)
+        state = read_state(conv)
+        # a write in flight: from its intent's offset, else from the last commit (a reply
+        # whose commit also commits the message it answers is written with no intent)
+        writing_at: int | None = None
+        if state is not None:
+            writing_at = state.intent.offset if state.intent is not None else state.log.size
+        return blocks_since(
+            conv,
+            cursor,
+            agent_label=meta.agent_label if meta else "CLAUDE",
+            writing_at=writing_at,
+            thinking=thinking,
+        )
+
+    def last_own(self, conv: Conv) -> int:
+        """Cursor of the agent's own latest block (a message or its own answer; never a
+        rule's answer), searched back over a few rotated segments; 0 when there is none."""
+        meta = read_metadata(conv)
+        label = meta.agent_label if meta else "CLAUDE"
+        segs = segments(conv)
+        if not segs:
+            return 0
+        view = self.view(conv, label)
+        view.refresh()
+        live = [b for b in view.live.blocks if own_block(b)]
+        if live:
+            return segs[-1].start + live[-1].offset
+        for seg in reversed(segs[:-1][-OWN_SEGMENTS_BACK:]):
+            found = None
+            for b in segment_blocks(seg, label):
+                found = b if own_block(b) else found
+            if found is not None:
+                return seg.start + found.offset
+        return 0
+
+    def settled(self, conv: Conv) -> bool:
+        """The daemon is done with the conversation for now (:attr:`Standing.settled`): the
+        one rule of every face (``--wait``, MCP ``wait``)."""
+        return self.standing(conv).settled
+
+    def block_at(self, conv: Conv, cursor: int) -> tuple[Block, int] | None:
+        """The block a cursor points strictly inside (a page cut in the middle of a long
+        block, see :func:`page`), with the cursor of its header; None at a block boundary."""
+        segs = segments(conv)
+        seg = next((g for g in segs if g.start <= cursor < g.end), None)
+        if seg is None:
+            return None
+        local = cursor - seg.start
+        meta = read_metadata(conv)
+        label = meta.agent_label if meta else "CLAUDE"
+        blocks: Iterable[Block]
+        if seg is segs[-1]:
+            view = self.view(conv, label)
+            view.refresh()
+            blocks = view.live.blocks
+        else:
+            blocks = segment_blocks(seg, label)
+        for b in blocks:
+            if b.offset < local < b.end:
+                return b, seg.start + b.offset
+        return None
+
+    def boundary(self, conv: Conv) -> int:
+        """The cursor an action hands out (``start``, ``respond``): the end of what is
+        committed, so a reply still being written when it is taken is read whole later, never
+        skipped. Never past what :meth:`since` would return as its cursor at the same time."""
+        segs = segments(conv)
+        if not segs:
+            return 0
+        live = segs[-1]
+        state = read_state(conv)
+        if state is None:
+            return live.end
+        at = state.intent.offset if state.intent is not None else state.log.size
+        return live.start + min(live.size, max(0, at))
+
+    def locate(self, name: str) -> Conv:
+        return locate(self.home, name)

@@ -1,0 +1,1 @@
+"""The sqlite index of every log: rows, search, lists, retention."""

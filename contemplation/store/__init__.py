@@ -1,0 +1,2 @@
+"""The home, read side: its layout, the log as segments and cursors, templates, attachments, and
+what a conversation is doing or waiting for."""

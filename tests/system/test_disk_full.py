@@ -1,0 +1,208 @@
+"""A full disk, for real: a 1 MiB tmpfs filled to the last byte, and the real CLI and daemon
+run against a home on it. Every command that cannot write says so in one line and exits
+non-zero; the read commands read the folders; the index is kept; no temp file is left; the
+daemon keeps the message and answers it once there is room.
+
+Mounting needs root (CI runs as root): elsewhere these tests are skipped, in CI they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contemplation.index.db import DB_NAME
+from contemplation.store.layout import Conv, Home
+from tests.conftest import ROOT, base_env, cli, model_replies, wait_for
+from tests.fakes.ollama_server import FakeOllama
+
+DISK = "1m"
+CHUNKS = (1 << 16, 1 << 12, 1)  # the filler is written in smaller and smaller pieces
+FULL = "error: the disk is full: "
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A small tmpfs of its own, unmounted whatever the test did."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    why = "mounting a tmpfs needs root"
+    if os.geteuid() == 0:
+        got = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        why = "" if got.returncode == 0 else f"mount failed: {got.stderr.strip()}"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"a full-disk test cannot run in CI: {why}")
+        pytest.skip(why)
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(where)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write a filler file until not one more byte fits (bounded: the disk's size)."""
+    filler = disk / "filler"
+    st = os.statvfs(disk)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in CHUNKS:
+            data = b"\0" * chunk
+            for _ in range(st.f_blocks * st.f_frsize // chunk + 1):
+                try:
+                    os.write(fd, data)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match="No space left"):
+        (disk / "probe").write_bytes(b"x")
+    return filler
+
+
+def one_line_full(proc: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with the one line that says the disk is full (no traceback)."""
+    assert proc.returncode not in (0, 2), (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(FULL), proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0].removeprefix(FULL)
+
+
+def convs(home: Home) -> dict[str, Conv]:
+    return {p.name.split("_", 2)[2]: Conv(p) for p in sorted(home.active.iterdir())}
+
+
+def no_temp_files(home: Home) -> None:
+    left = [
+        str(p.relative_to(home.root))
+        for p in home.root.rglob("*")
+        if p.name.startswith((".new-", ".doctor.")) or (p.name.startswith(".") and ".tmp" in p.name)
+    ]
+    assert left == []
+
+
+def test_a_full_disk_is_one_line_and_reads_come_from_the_folders(
+    disk: Path, fake_ollama: FakeOllama
+) -> None:
+    home = Home(disk / "home")
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    cli(env, "new", "alpha")
+    cli(env, "send", "alpha", "zebra stripes")
+    cli(env, "run", "--once")
+    assert "alpha" in cli(env, "list").stdout  # the index is made
+    cli(env, "new", "beta")  # made after the index last looked: only its folder knows it
+    index = home.root / DB_NAME
+    assert index.exists()
+    by = convs(home)
+    fill(disk)
+
+    listed = cli(env, "list")
+    assert "_alpha" in listed.stdout and "_beta" in listed.stdout
+    assert "Traceback" not in listed.stderr
+    st = cli(env, "status")
+    assert "active: 2" in st.stdout, st.stdout
+    one = cli(env, "status", "beta")
+    assert "beta" in one.stdout
+    found = cli(env, "search", "zebra")
+    assert "_alpha" in found.stdout, found.stdout
+
+    where = one_line_full(cli(env, "send", "alpha", "more", check=False))
+    assert where.startswith(str(home.root)), where
+    assert list(by["alpha"].inbox.iterdir()) == []  # neither the message nor its temp file
+    one_line_full(cli(env, "new", "gamma", check=False))
+    one_line_full(cli(env, "respond", "beta", "an answer", check=False))
+    one_line_full(cli(env, "reindex", check=False))
+    one_line_full(cli(env, "run", check=False, timeout=30))  # the daemon cannot start
+    doctor = cli(env, "doctor", check=False)
+    assert doctor.returncode != 0 and "the disk is full" in doctor.stdout, doctor.stdout
+
+    assert index.exists()  # a write error never throws the index away
+    assert sorted(convs(home)) == ["alpha", "beta"]
+    no_temp_files(home)
+    assert "_beta" in cli(env, "list").stdout
+
+
+def test_a_full_disk_without_an_index_still_lists(disk: Path) -> None:
+    """The first read on a full disk: no index can be made; the folders are read instead,
+    and no loop throws away and remakes an empty one."""
+    home = Home(disk / "home")
+    env = base_env(home)
+    cli(env, "new", "alpha")
+    (home.root / DB_NAME).unlink(missing_ok=True)
+    fill(disk)
+    for _ in range(2):
+        listed = cli(env, "list")
+        assert "_alpha" in listed.stdout, listed.stderr
+        assert "Traceback" not in listed.stderr
+        assert "active: 1" in cli(env, "status").stdout
+
+
+def test_the_daemon_on_a_full_disk_keeps_the_message_and_answers_once_there_is_room(
+    disk: Path, fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    home = Home(disk / "home")
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    env["CONTEMPLATION_RESCAN_INTERVAL"] = "0.2"
+    env["CONTEMPLATION_DASHBOARD_ENABLED"] = "false"
+    cli(env, "new", "alpha")
+    conv = convs(home)["alpha"]
+    staged = disk / "hello.msg"  # written while there is room, delivered by a rename
+    staged.write_text("hello")
+    index = home.root / DB_NAME
+    logs = tmp_path / "daemon.log"  # not on the full disk
+    with logs.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "run"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    try:
+        wait_for(lambda: '"started"' in logs.read_text(), 20, what="the daemon's start")
+        wait_for(  # the index's first refresh is over: nothing more is written until an event
+            lambda: index.exists() and not Path(f"{index}-wal").exists(), 20, what="the index"
+        )
+        filler = fill(disk)
+        staged.rename(conv.inbox / staged.name)  # a rename takes no room
+        wait_for(lambda: _failures(logs.read_text()), 20, what="a failed write")
+        time.sleep(2.0)  # a window of ten rescans to count the daemon's lines in
+        assert proc.poll() is None, logs.read_text()
+        said = logs.read_text()
+        assert _failures(said) == 1, said  # said once, retried with backoff: not a spin
+        assert "Traceback" not in said, said
+        queued = [*conv.inbox.iterdir(), *conv.processing.iterdir()]
+        assert queued or b"hello" in conv.log.read_bytes(), queued  # the message is kept
+        assert model_replies(conv) == []
+        filler.unlink()
+        wait_for(lambda: model_replies(conv) == ["Echo: hello"], 30, what="the reply")
+        assert "conversation_resumed" in logs.read_text()
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    no_temp_files(home)
+
+
+def _failures(said: str) -> int:
+    return sum(said.count(what) for what in ("write_failed", "conversation_failed"))

@@ -1,0 +1,162 @@
+"""Issue 39: no silent truncation. Ollama cuts a prompt over ``num_ctx`` without a word unless
+the request says ``"truncate": false``; then it refuses with HTTP 400
+``exceed_context_size_error`` (ollama #16712, #16800), and the turn compacts once, visibly,
+and asks again, calibrated by the server's own count. The scripted Ollama speaks both modes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from contemplation.backends.base import PhaseTimeouts
+from contemplation.backends.ollama import OllamaBackend
+from contemplation.engine.runtime import Runtime
+from contemplation.errors import ContextOverflow
+from contemplation.models import ChatMessage, ChatRequest, MarkerKind, Status
+from contemplation.prompt import budget
+from contemplation.protocol.parser import parse
+from contemplation.settings import Settings
+from contemplation.store.layout import Conv, Home, read_state
+from contemplation.store.templates import load_template
+from contemplation.writer import drop_message, new_conversation
+from tests.conftest import run_burst
+from tests.fakes.ollama_server import FakeOllama, Step
+
+FAST = PhaseTimeouts(connect=2, first_byte=2, idle=2, total=10)
+WINDOW = 2048
+
+
+def _post(fake: FakeOllama, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{fake.url}/api/chat", json=body, timeout=10)
+
+
+def _long(n: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": "word " * n}]
+
+
+# --------------------------------------------------------------------------- the fake, both modes
+
+
+def test_the_fake_truncates_silently_by_default_like_ollama(fake_ollama: FakeOllama) -> None:
+    """Without ``truncate: false`` the prompt is cut and the count is taken after the cut
+    (num_ctx/2 + 2, ollama #17427): comparing the count with the window shows nothing."""
+    fake_ollama.enqueue(Step(text="ok"))
+    body = {"model": "gemma", "messages": _long(2000), "options": {"num_ctx": 1024}}
+    lines = [json.loads(x) for x in _post(fake_ollama, body).text.splitlines()]
+    assert lines[-1]["done"] is True and lines[-1]["prompt_eval_count"] == 1024 // 2 + 2
+    assert fake_ollama.truncated == 1
+
+
+def test_the_fake_refuses_with_the_documented_400_when_asked_not_to_truncate(
+    fake_ollama: FakeOllama,
+) -> None:
+    body = {
+        "model": "gemma",
+        "messages": _long(2000),
+        "options": {"num_ctx": 1024},
+        "truncate": False,
+    }
+    resp = _post(fake_ollama, body)
+    assert resp.status_code == 400
+    inner = json.loads(resp.json()["error"])  # a JSON string inside "error" (ollama #16800)
+    n = 10000 // 4 + 1
+    assert inner == {
+        "error": {
+            "code": 400,
+            "message": f"request ({n} tokens) exceeds the available context size (1024 tokens), "
+            "try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": n,
+            "n_ctx": 1024,
+        }
+    }
+    assert fake_ollama.truncated == 0 and fake_ollama.refused == [n]
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+def test_every_chat_request_says_truncate_false(fake_ollama: FakeOllama) -> None:
+    b = OllamaBackend(fake_ollama.url, timeouts=FAST)
+    body = b.request_body(ChatRequest(model="gemma", messages=(ChatMessage("user", "hi"),)))
+    assert body["truncate"] is False
+
+
+def test_the_400_is_a_context_overflow_with_the_servers_counts(fake_ollama: FakeOllama) -> None:
+    async def go() -> None:
+        b = OllamaBackend(fake_ollama.url, timeouts=FAST, num_ctx=1024)
+        req = ChatRequest(model="gemma", messages=(ChatMessage("user", "word " * 2000),))
+        try:
+            with pytest.raises(ContextOverflow) as err:
+                async for _ in b.stream(req):
+                    pass
+        finally:
+            await b.aclose()
+        assert (err.value.n_prompt, err.value.n_ctx) == (2501, 1024)
+        assert "2501 tokens into a window of 1024" in str(err.value)
+
+    asyncio.run(go())
+    assert fake_ollama.truncated == 0
+
+
+# --------------------------------------------------------------------------- the turn
+
+
+def notes_of(conv: Conv) -> list[str]:
+    return [
+        t for b in parse(conv.log.read_bytes()).blocks for k, t in b.markers if k is MarkerKind.NOTE
+    ]
+
+
+def test_a_refused_prompt_is_compacted_once_visibly_and_asked_again(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """The server's tokenizer counts 2.4 times our estimate: the history we thought fits is
+    refused; the turn writes one NOTE with both counts, summarises, and the request it sends
+    again fits the server's count. Never an answer built on a cut prompt."""
+    rt = Runtime(settings=make_settings(fake_ollama), home=home)
+    conv = new_conversation(
+        home, "overflow", template=load_template(home, "default"), model="gemma", backend="ollama"
+    )
+    meta = json.loads(conv.metadata.read_text())
+    meta["options"] = {"num_ctx": WINDOW}
+    conv.metadata.write_text(json.dumps(meta))
+    for i in range(3):  # ~1,300 characters a turn
+        drop_message(conv, f"question {i}: " + "Tell me about the plan. " * 40)
+        fake_ollama.enqueue(Step(text=f"answer {i}: " + "It moves a table at a time. " * 10))
+        run_burst(rt)
+    assert fake_ollama.refused == [] and notes_of(conv) == []
+    # a server whose tokenizer counts 2.4 times our estimate: the next turn, which fits by
+    # our estimate, is refused; then a summary, then the turn again
+    fake_ollama.tokens_per_char = 0.6
+    fake_ollama.enqueue(Step(text="The agent asked about the plan, twice."), Step(text="Done."))
+    drop_message(conv, "And last? " + "Say more. " * 10)
+    run_burst(rt)
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE, st
+    assert fake_ollama.truncated == 0  # every request said truncate: false
+    assert all(r.get("truncate") is False for r in fake_ollama.chat_requests())
+    refused = fake_ollama.refused
+    assert len(refused) == 1  # one refusal, one compaction, one retry
+    blocks = parse(conv.log.read_bytes()).blocks
+    last = blocks[-1]
+    notes = notes_of(conv)  # (written before the reply began: on the agent's block)
+    assert any(
+        f"the server counted {refused[0]} prompt tokens for a window of {WINDOW}" in n
+        for n in notes
+    ), notes
+    assert any(n.startswith("summary of the log before") for n in notes), notes
+    assert not [
+        t for b in blocks for k, t in b.markers if k in (MarkerKind.ERROR, MarkerKind.WARNING)
+    ]
+    assert last.text.strip() == "Done."
+    # the request sent again fits the server's own count
+    final = fake_ollama.chat_requests()[-1]
+    assert fake_ollama.prompt_tokens(final["messages"]) <= WINDOW
+    # and the calibration keeps the server's ratio: the next turn is not refused again
+    assert rt.calibration.ratio("gemma") >= 0.5 > budget.DEFAULT_RATIO
