@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from contemplation import backends
+from contemplation.backends.catalog import in_use
 from contemplation.base.exits import disk_full
 from contemplation.base.privacy import open_mode
 from contemplation.errors import ConfigError
@@ -22,7 +23,6 @@ from contemplation.faces.cli.common import (
     emit,
     json_option,
 )
-from contemplation.faces.cli.models import in_use
 from contemplation.settings import Settings
 from contemplation.store.layout import Home, refused_folders
 from contemplation.writer import daemon_alive, ensure_home

@@ -233,12 +233,12 @@ class Faces:
     async def models(self) -> dict[str, Any]:
         """Backends with their model names (bounded: MODELS_SHOWN each, MODELS_WAIT in all),
         the defaults and the templates: what conversation_start can name."""
-        from contemplation.faces.cli import models as cli_models
+        from contemplation.backends import catalog
         from contemplation.store.templates import load_template, template_dirs
 
         s = self.settings
         with anyio.move_on_after(MODELS_WAIT) as scope:
-            listing = await cli_models.list_all(s, cli_models.configured(s, ()))
+            listing = await catalog.list_all(s, catalog.configured(s, ()))
         out: dict[str, Any] = {
             "default_backend": s.default_backend,
             "default_model": s.default_model,
