@@ -1,7 +1,8 @@
 """Deleting archived conversations past an age (``prune``, and the daemon once a day).
 
-Only ``completed/`` is ever touched. A conversation is taken out of sight first (renamed to a
-dot-name no face lists, within ``completed/``) and then deleted, so a crash in between leaves
+Only ``completed/`` is ever touched, by the writer (:func:`~contemplation.writer.delete_archived`):
+a conversation is taken out of sight first (renamed to a dot-name no face lists, within
+``completed/``) and then deleted, so a crash in between leaves
 no half-deleted conversation behind: the next prune finishes what a crash left. Its index rows
 go with it. Age is the conversation's last activity as the index knows it (the log's last
 dated header for a folder made by hand).
@@ -9,9 +10,7 @@ dated header for a folder made by hand).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -19,15 +18,14 @@ from typing import Any
 
 import structlog
 
-from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected
 from contemplation.index import db as index_db
 from contemplation.index import rows as index_rows
 from contemplation.store.layout import Home
+from contemplation.writer import delete_archived, finish_deletions
 
 log = structlog.get_logger("contemplation.retention")
 
-TRASH = ".pruning-"
 _AGE = re.compile(r"(\d+)\s*([dhw]?)")
 _UNITS = {"": 86400, "d": 86400, "h": 3600, "w": 7 * 86400}
 
@@ -64,10 +62,10 @@ def prune(home: Home, older_than_s: float, *, dry_run: bool = False) -> Pruned:
 
     out = Pruned(dry_run=dry_run)
     if not dry_run:
-        _finish_left(home)
+        finish_deletions(home)
     for conv_id, last_ts, disk in index_db.read(home, old):
         row = {"id": conv_id, "last_activity": index_rows.clock(last_ts), "bytes": disk}
-        if not dry_run and not _delete(home, conv_id):
+        if not dry_run and not delete_archived(home, conv_id):
             continue
         out.removed.append(row)
         out.freed += disk
@@ -75,25 +73,3 @@ def prune(home: Home, older_than_s: float, *, dry_run: bool = False) -> Pruned:
         index_db.forget(home, [r["id"] for r in out.removed])
         log.info("pruned", conversations=len(out.removed), freed_bytes=out.freed)
     return out
-
-
-def _delete(home: Home, conv_id: str) -> bool:
-    src = home.completed / conv_id
-    gone = home.completed / f"{TRASH}{conv_id}.{os.getpid()}"
-    try:
-        os.rename(src, gone)  # out of sight at once: reopen or a reader never sees it half gone
-    except FileNotFoundError:
-        return False  # reopened or removed meanwhile
-    crashpoint("prune")
-    shutil.rmtree(gone, ignore_errors=True)
-    return True
-
-
-def _finish_left(home: Home) -> None:
-    """Folders a crashed prune took out of sight but did not delete."""
-    try:
-        names = [n for n in os.listdir(home.completed) if n.startswith(TRASH)]
-    except FileNotFoundError:
-        return
-    for name in names:
-        shutil.rmtree(home.completed / name, ignore_errors=True)

@@ -383,3 +383,41 @@ def idempotent_create(
         return conv, True
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- deletion
+
+TRASH = ".pruning-"  # an archived conversation on its way out: no face lists a dot-name
+
+
+def delete_archived(home: Home, conv_id: str) -> bool:
+    """Delete an archived conversation (``prune``): out of sight at once (a dot-name within
+    ``completed/``), then removed; False when it was reopened or removed meanwhile."""
+    src = home.completed / conv_id
+    gone = home.completed / f"{TRASH}{conv_id}.{os.getpid()}"
+    try:
+        os.rename(src, gone)  # out of sight at once: reopen or a reader never sees it half gone
+    except FileNotFoundError:
+        return False  # reopened or removed meanwhile
+    crashpoint("prune")
+    shutil.rmtree(gone, ignore_errors=True)
+    return True
+
+
+def finish_deletions(home: Home) -> None:
+    """Folders a crashed prune took out of sight but did not delete."""
+    try:
+        names = [n for n in os.listdir(home.completed) if n.startswith(TRASH)]
+    except FileNotFoundError:
+        return
+    for name in names:
+        shutil.rmtree(home.completed / name, ignore_errors=True)
+
+
+def probe_writable(home: Home) -> None:
+    """Write and remove a small file at the home's root (``doctor``): OSError if it cannot."""
+    probe = home.root / f".doctor.{os.getpid()}"
+    try:
+        probe.write_text("ok")
+    finally:
+        probe.unlink(missing_ok=True)  # made even when the disk had no room for "ok"

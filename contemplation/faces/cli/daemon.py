@@ -4,7 +4,6 @@ when one of them runs (see :mod:`contemplation.faces.cli.root`)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,7 @@ from contemplation.faces.cli.common import (
 )
 from contemplation.settings import Settings
 from contemplation.store.layout import Home, refused_folders
-from contemplation.writer import daemon_alive, ensure_home
+from contemplation.writer import daemon_alive, ensure_home, probe_writable
 
 
 @click.command()
@@ -120,11 +119,7 @@ def _check_home(s: Settings, home: Home, add: Callable[..., None]) -> None:
     mode = open_mode(home.root)
     try:
         ensure_home(home)
-        probe = home.root / f".doctor.{os.getpid()}"
-        try:
-            probe.write_text("ok")
-        finally:
-            probe.unlink(missing_ok=True)  # made even when the disk had no room for "ok"
+        probe_writable(home)
         add("home", True, f"{home.root} is writable")
     except OSError as exc:
         add("home", False, f"{home.root}: {'the disk is full' if disk_full(exc) else exc}")
