@@ -16,14 +16,22 @@ import asyncio
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-from contemplation.backends import BackendKind, Made
-from contemplation.backends.base import Capabilities, Check
-from contemplation.models import BackendSession, ChatRequest, StreamEvent, Usage
-from contemplation.needs.rules import Rule
-from contemplation.needs.tools.base import ToolResult
-from contemplation.needs.tools.registry import Made as ToolMade
-from contemplation.needs.tools.registry import ToolKind
-from contemplation.prompt.context_kinds import ContextKind, Job
+from contemplation.plugin import (
+    BackendInputs,
+    BackendKind,
+    BackendSession,
+    Capabilities,
+    ChatRequest,
+    Check,
+    ContextKind,
+    Job,
+    Rule,
+    StreamEvent,
+    ToolInputs,
+    ToolKind,
+    ToolResult,
+    Usage,
+)
 
 RAISED: dict[str, type[BaseException]] = {
     "keyboard": KeyboardInterrupt,
@@ -62,7 +70,7 @@ class FaultyBackend:
         return None
 
 
-def _backend(made: Made) -> FaultyBackend:
+def _backend(made: BackendInputs) -> FaultyBackend:
     return FaultyBackend()
 
 
@@ -76,7 +84,7 @@ class FaultyTool:
         raise SystemExit("the faulty tool called sys.exit")
 
 
-def _tool(made: ToolMade) -> FaultyTool:
+def _tool(made: ToolInputs) -> FaultyTool:
     return FaultyTool()
 
 

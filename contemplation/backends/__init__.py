@@ -33,8 +33,17 @@ if TYPE_CHECKING:
     from contemplation.settings import Settings, TimeoutSettings
 
 __all__ = [
-    "Backend", "BackendKind", "Capabilities", "Check", "Made", "PhaseTimeouts", "available",
-    "build", "check_all", "config", "known",
+    "Backend",
+    "BackendInputs",
+    "BackendKind",
+    "Capabilities",
+    "Check",
+    "PhaseTimeouts",
+    "available",
+    "build",
+    "check_all",
+    "config",
+    "known",
 ]  # fmt: skip
 
 _BASE_NAMES = frozenset({"Backend", "Capabilities", "Check", "PhaseTimeouts"})
@@ -52,7 +61,7 @@ def __getattr__(name: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class Made:
+class BackendInputs:
     """What a backend is made from: the daemon's settings, the provider's name (the log's
     label) and its own settings (checked by the kind's ``settings_model``; without one, the
     table as a dict). For a plugin's kind, ``timeouts`` are the bounds the daemon holds its
@@ -69,7 +78,7 @@ class BackendKind:
     """A backend kind: its name, how one is made, and the pydantic model of its settings."""
 
     name: str
-    make: Callable[[Made], Backend]
+    make: Callable[[BackendInputs], Backend]
     settings_model: type[BaseModel] | None = None
 
 
@@ -83,7 +92,7 @@ def _adopt(kind: BackendKind, origin: str) -> BackendKind:
     if origin in (plugins.BUILT_IN, plugins.IN_PROCESS):
         return kind
 
-    def guarded(m: Made) -> Backend:
+    def guarded(m: BackendInputs) -> Backend:
         from contemplation.backends.base import phase_timeouts
         from contemplation.backends.guard import Guarded
         from contemplation.base.contained import described
@@ -179,7 +188,7 @@ def _resolved(settings: Settings, name: str) -> tuple[BackendKind, Any, TimeoutS
 def make(name: str, settings: Settings) -> Backend:
     """The provider ``name`` (``[providers.<name>]``, an old section, a kind named directly)."""
     kind, own, bounds = _resolved(settings, name)
-    return kind.make(Made(settings, name, own, bounds))
+    return kind.make(BackendInputs(settings, name, own, bounds))
 
 
 def build(name: str, settings: Settings, *, fallback: bool = True) -> Backend:

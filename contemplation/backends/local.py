@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from contemplation.backends import BackendKind, Made, capabilities
+from contemplation.backends import BackendInputs, BackendKind, capabilities
 from contemplation.backends.base import Capabilities, Check, PhaseTimeouts, Slots, phase_timeouts
 from contemplation.backends.chat_completions import (
     ChunkTurn,
@@ -475,7 +475,7 @@ class LocalSettings(Section):
         return value
 
 
-def _make(m: Made) -> LocalBackend:
+def _make(m: BackendInputs) -> LocalBackend:
     s: LocalSettings = m.own
     return LocalBackend(
         model_path=s.model_path,

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
-from contemplation.backends import BackendKind, Made, capabilities, providers
+from contemplation.backends import BackendInputs, BackendKind, capabilities, providers
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -417,7 +417,7 @@ class OllamaSettings(Section):
     _urls = field_validator("url", "host", mode="after")(_ollama_url)
 
 
-def _make(m: Made) -> OllamaBackend:
+def _make(m: BackendInputs) -> OllamaBackend:
     s: OllamaSettings = m.own
     url, auth = parse_ollama_host(s.url or s.host)
     at = ".".join(providers.table(m.settings, m.name).at)

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
-from contemplation.backends import BackendKind, Made, capabilities, providers
+from contemplation.backends import BackendInputs, BackendKind, capabilities, providers
 from contemplation.backends.base import (
     Capabilities,
     Check,
@@ -341,7 +341,7 @@ class OpenAISettings(Section):
     _urls = field_validator("url", "base_url", mode="after")(check_url)
 
 
-def _make(m: Made) -> OpenAIBackend:
+def _make(m: BackendInputs) -> OpenAIBackend:
     s: OpenAISettings = m.own
     at = ".".join(providers.table(m.settings, m.name).at)
     return OpenAIBackend(

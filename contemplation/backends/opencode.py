@@ -41,7 +41,7 @@ from urllib.parse import quote
 import structlog
 from pydantic import Field, field_validator
 
-from contemplation.backends import BackendKind, Made, capabilities, providers
+from contemplation.backends import BackendInputs, BackendKind, capabilities, providers
 from contemplation.backends.base import Capabilities, Check, Slots, json_object
 from contemplation.backends.http import Http, Reply
 from contemplation.backends.thinking import ThinkSplitter
@@ -661,7 +661,7 @@ class OpenCodeBackend:
         return checks
 
 
-def _make(m: Made) -> OpenCodeBackend:
+def _make(m: BackendInputs) -> OpenCodeBackend:
     s: OpenCodeSettings = m.own
     return OpenCodeBackend(
         s.url,

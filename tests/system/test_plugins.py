@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from contemplation import backends
-from contemplation.backends import Backend, BackendKind, Made, guard
+from contemplation.backends import Backend, BackendInputs, BackendKind, guard
 from contemplation.backends.base import Capabilities, Check
 from contemplation.engine.pipeline import Runtime
 from contemplation.errors import ErrorKind
@@ -187,7 +187,7 @@ def test_a_plugin_backend_that_hangs_or_raises_costs_its_turn_not_the_daemon(
     kind_name = f"misbehaving_{'hangs' if hang else 'raises'}"
     made: list[_Misbehaving] = []
 
-    def make(m: Made) -> Backend:
+    def make(m: BackendInputs) -> Backend:
         made.append(_Misbehaving(m.name, hang))
         return made[-1]
 
@@ -230,7 +230,7 @@ def test_a_provider_that_cannot_be_made_is_the_agents_error_not_a_crash_loop(
     turn writes one ERROR the agent reads and the conversation stops in status error (before,
     each was a traceback in the daemon's log every few seconds, and the agent saw nothing)."""
 
-    def make(m: Made) -> Backend:
+    def make(m: BackendInputs) -> Backend:
         raise RuntimeError("no licence file")
 
     backends.KINDS.register(BackendKind("unmakeable", make), "contemplation-test-plugin")

@@ -36,15 +36,7 @@ GROUPS = (
 PROBE_TIMEOUT = 30.0  # seconds one plugin's child may take to load it
 PARALLEL = 4  # children at once
 SAID = "contemplation-probe: "
-API = (  # what a plugin is written against: imported in the child before the plugin is
-    "contemplation.models",
-    "contemplation.backends.base",
-    "contemplation.needs.tools.base",
-    "contemplation.needs.tools.registry",
-    "contemplation.needs.rules",
-    "contemplation.prompt.context_kinds",
-    "contemplation.faces.dashboard.panels",
-)
+API = ("contemplation.plugin",)  # what a plugin is written against: imported first
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # making a tool imports its module: naming one does not
 
 
 @dataclass(frozen=True, slots=True)
-class Made:
+class ToolInputs:
     """What a tool is made from: the settings, the MCP servers, the tools made before it."""
 
     settings: Settings
@@ -49,7 +49,7 @@ class ToolKind:
     name: str
     description: str
     default_arg: str | None = "query"  # None: the tool takes no argument from the need
-    make: Callable[[Made], Tool] | None = None  # None: nothing to make ("agent")
+    make: Callable[[ToolInputs], Tool] | None = None  # None: nothing to make ("agent")
     rules: tuple[Rule, ...] = ()  # the NEED rules it offers (after the config's own)
 
 
@@ -84,7 +84,7 @@ def _adopt(kind: ToolKind, origin: str) -> ToolKind:
     plugin = f"{kind.name} ({origin})"
     make = kind.make
 
-    def contained(m: Made) -> Tool:
+    def contained(m: ToolInputs) -> Tool:
         assert make is not None
         try:
             return _Contained(kind.name, plugin, make(m))
@@ -115,7 +115,7 @@ def make_all(settings: Settings, pool: McpPool) -> dict[str, Tool]:
     made: dict[str, Tool] = {}
     for kind in kinds().values():
         if kind.make is not None:
-            made[kind.name] = kind.make(Made(settings, pool, made))
+            made[kind.name] = kind.make(ToolInputs(settings, pool, made))
     return made
 
 
@@ -124,7 +124,7 @@ def ready(tool: object) -> bool:
     return bool(getattr(tool, "ready", True))
 
 
-def _files_read(m: Made) -> Tool:
+def _files_read(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.files import FileReader, config_files
 
     t = m.settings.tools
@@ -137,7 +137,7 @@ def _files_read(m: Made) -> Tool:
     )
 
 
-def _files_tree(m: Made) -> Tool:
+def _files_tree(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.files import FileReader, FileTree
 
     reader = m.tools["files.read"]
@@ -145,33 +145,33 @@ def _files_tree(m: Made) -> Tool:
     return FileTree(reader)
 
 
-def _notes(m: Made) -> Tool:
+def _notes(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.notes import NotesSearch
 
     return NotesSearch(m.settings.tools.notes_vault)
 
 
-def _store(m: Made, file: str) -> JsonStore:
+def _store(m: ToolInputs, file: str) -> JsonStore:
     from contemplation.needs.tools.memory import JsonStore
     from contemplation.store.layout import Home
 
     return JsonStore(Home(m.settings.home), file, durable=m.settings.durability == "fsync")
 
 
-def _memory(m: Made) -> Tool:
+def _memory(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.memory import MEMORY_FILE, MemorySearch
 
     return MemorySearch(_store(m, MEMORY_FILE))
 
 
-def _state(m: Made) -> Tool:
+def _state(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.memory import STATE_FILE
     from contemplation.needs.tools.state import StateLookup
 
     return StateLookup(_store(m, STATE_FILE))
 
 
-def _web(m: Made) -> Tool:
+def _web(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.search import ConfiguredSearch
 
     t = m.settings.tools

@@ -14,11 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contemplation.errors import ToolError
-from contemplation.needs.rules import Rule
-from contemplation.needs.tools.base import ToolResult
-from contemplation.needs.tools.registry import Made, ToolKind
-from contemplation.prompt.context_kinds import ContextKind, Job, text
+from contemplation.plugin import (
+    ContextKind,
+    Job,
+    Rule,
+    ToolError,
+    ToolInputs,
+    ToolKind,
+    ToolResult,
+    text,
+)
 
 MAX_CHARS = 10_000  # an answer stays small whatever the model asks
 
@@ -33,7 +38,7 @@ class Upper:
         return ToolResult(text.strip()[:MAX_CHARS].upper(), "upper")
 
 
-def _make(made: Made) -> Upper:  # made.settings, made.pool and the tools made before it
+def _make(made: ToolInputs) -> Upper:  # made.settings, made.pool and the tools made before it
     return Upper()
 
 

@@ -14,9 +14,16 @@ from collections.abc import AsyncGenerator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contemplation.backends import BackendKind, Made
-from contemplation.backends.base import Capabilities, Check
-from contemplation.models import BackendSession, ChatRequest, StreamEvent, Usage
+from contemplation.plugin import (
+    BackendInputs,
+    BackendKind,
+    BackendSession,
+    Capabilities,
+    ChatRequest,
+    Check,
+    StreamEvent,
+    Usage,
+)
 
 
 class EchoSettings(BaseModel):
@@ -58,7 +65,7 @@ class EchoBackend:
         return None
 
 
-def _make(made: Made) -> EchoBackend:  # made.settings, made.name (the provider) and made.own
+def _make(made: BackendInputs) -> EchoBackend:  # made: settings, name (provider), own
     assert isinstance(made.own, EchoSettings)
     return EchoBackend(made.own)
 

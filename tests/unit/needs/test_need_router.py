@@ -374,7 +374,7 @@ def test_a_tool_registered_from_outside_is_made_routed_and_offered_like_a_built_
     monkeypatch.setattr(registry.KINDS, "_origins", dict(registry.origins()))
     made: list[Upper] = []
 
-    def make_upper(m: registry.Made) -> Upper:
+    def make_upper(m: registry.ToolInputs) -> Upper:
         assert "files.read" in m.tools  # made after the built-ins registered before it
         made.append(Upper())
         return made[-1]

@@ -1,0 +1,64 @@
+"""The one module a plugin imports: every name a tool, backend, context kind or dashboard panel
+is written against, and nothing else.
+
+A plugin declares entry points (``contemplation.tools``, ``contemplation.backends``,
+``contemplation.prompt.context``, ``contemplation.panels``) that name objects built from these
+classes; docs/plugins.md walks through one of each. A backend: ``BackendKind``, what its
+``make`` receives (``BackendInputs``), the ``Backend`` contract and its request, stream and
+usage types. A tool: ``ToolKind``, ``ToolInputs``, ``Tool``, ``ToolResult``, its ``Rule`` and
+its refusals (``ToolError``, ``Refused``, ``Unconfigured``). A context kind: ``ContextKind``,
+``Job``, ``text``. A dashboard panel: ``Panel``, ``Row``, ``Seen``.
+
+The promise: a name in ``__all__`` keeps its meaning and its import path for the whole of a
+major version; the package's other modules are its own to move (issue 36 moved all of them
+at once, and no plugin noticed).
+"""
+
+from __future__ import annotations
+
+from contemplation.backends import BackendInputs, BackendKind
+from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
+from contemplation.errors import BackendError, ToolError
+from contemplation.faces.dashboard.panels import Panel, Row, Seen
+from contemplation.models import (
+    BackendSession,
+    ChatMessage,
+    ChatRequest,
+    ImageRef,
+    Rule,
+    StreamEvent,
+    Usage,
+)
+from contemplation.needs.tools.base import Refused, Tool, ToolResult, Unconfigured
+from contemplation.needs.tools.registry import ToolInputs, ToolKind
+from contemplation.prompt.context_kinds import ContextKind, Job, text
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendInputs",
+    "BackendKind",
+    "BackendSession",
+    "Capabilities",
+    "ChatMessage",
+    "ChatRequest",
+    "Check",
+    "ContextKind",
+    "ImageRef",
+    "Job",
+    "Panel",
+    "PhaseTimeouts",
+    "Refused",
+    "Row",
+    "Rule",
+    "Seen",
+    "StreamEvent",
+    "Tool",
+    "ToolError",
+    "ToolInputs",
+    "ToolKind",
+    "ToolResult",
+    "Unconfigured",
+    "Usage",
+    "text",
+]
