@@ -12,6 +12,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ def test_a_search_past_its_bound_is_cut_and_says_so(big: Home) -> None:
             timeout=10,
         )
     assert r.status_code == 200 and r.json()["cut"].startswith("search cut after 0.01 s")
-    app_js = (Path(mcp_server.__file__).parent / "dashboard" / "static" / "app.js").read_text()
+    app_js = resources.files("contemplation.faces.dashboard").joinpath("static", "app.js").read_text()
     assert "data.cut" in app_js
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from contemplation.protocol import logformat
 from contemplation.store import layout
 
-PKG = Path(layout.__file__).parent
+PKG = Path(layout.__file__).parents[1]  # the package: layout sits in store/
 
 # every file and folder name of the folder contract, as the layout module owns them
 LAYOUT_NAMES = {
@@ -62,8 +62,8 @@ def test_the_watcher_and_dispatcher_spell_no_folder_or_file_name() -> None:
     through :mod:`contemplation.store.layout` (the watcher's roles of a watch are their own
     fact)."""
     for module, skip in (
-        ("watcher.py", frozenset({"ROLE_ACTIVE", "ROLE_CONV", "ROLE_INBOX"})),
-        ("dispatcher.py", frozenset[str]()),
+        ("daemon/watcher.py", frozenset({"ROLE_ACTIVE", "ROLE_CONV", "ROLE_INBOX"})),
+        ("daemon/dispatcher.py", frozenset[str]()),
     ):
         found = _spelled(_strings(PKG / module, skip_targets=skip), LAYOUT_NAMES)
         assert found == [], f"{module} spells layout names: {found}"
@@ -75,7 +75,7 @@ def test_the_attachments_folder_is_named_by_the_layout_alone() -> None:
         for p in sorted(PKG.rglob("*.py"))
         if _spelled(_strings(p), {layout.ATTACHMENTS})
     ]
-    assert owners == ["layout.py"]
+    assert owners == ["store/layout.py"]
 
 
 def test_the_tool_call_line_is_built_and_read_by_the_log_format_alone() -> None:
@@ -87,7 +87,7 @@ def test_the_tool_call_line_is_built_and_read_by_the_log_format_alone() -> None:
         for p in sorted(PKG.rglob("*.py"))
         if any("(tool call" in s or r"\(tool call" in s for _, s in _strings(p))
     ]
-    assert owners == ["logformat.py"]
+    assert owners == ["protocol/logformat.py"]
     text = "prose\n" + logformat.tool_call_lines("c1", "read", '{"a": 1}', "read x") + "more"
     assert logformat.TOOL_CALL_RE.findall(text) == [("c1", "read", '{"a": 1}', "read x")]
 
@@ -109,10 +109,10 @@ def test_each_backend_kind_declares_its_name_and_server_variables_once() -> None
         assert name in settings.Settings.model_fields  # its [section]
     variables = {v for env in backend_kinds.SERVER_ENV_BY_KIND.values() for v in env}
     assert set(settings.SERVER_ENV) == variables
-    for module in ("settings.py", "providers.py", "backends/__init__.py"):
+    for module in ("settings.py", "backends/providers.py", "backends/__init__.py"):
         found = [(n, s) for n, s in _strings(PKG / module) if s in variables]
         assert found == [], f"{module} spells a server's variable: {found}"
-    for module in ("providers.py", "backends/__init__.py"):
+    for module in ("backends/providers.py", "backends/__init__.py"):
         found = [(n, s) for n, s in _strings(PKG / module) if s in backend_kinds.NAMES]
         assert found == [], f"{module} spells a built-in kind's name: {found}"
 
@@ -132,4 +132,4 @@ def test_queued_messages_are_counted_by_one_reader(tmp_path: Path) -> None:
         if {"inbox_entries", "processing_entries"}
         <= {n.id for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Name)}
     ]
-    assert both == ["layout.py"]
+    assert both == ["store/layout.py"]
