@@ -157,9 +157,55 @@ def fit(
             f"({context_window} tokens)"
         )
     if total > budget:
+        kept, cut = cut_to_fit(kept, budget, context_window, ratio)
+        note = f"{note}; {cut}" if note and cut else note or cut
+        total = estimate(kept, ratio)
+    if total > budget:
         over = f"the prompt (~{total} tokens) is still larger than the window less the reserve"
         note = f"{note}; {over}" if note else over
     return kept, dropped, note
+
+
+def cut_to_fit(
+    messages: Sequence[ChatMessage], budget: int, window: int, ratio: float = DEFAULT_RATIO
+) -> tuple[list[ChatMessage], str]:
+    """What is still larger than ``budget`` once the history was fitted (a model reply of
+    20,000 NEED lines, a tool output no stub covers): the largest of the model's replies and
+    the answers to its needs are cut in the middle, each with a line saying how much was left
+    out, until the prompt fits; the newest message and the system prompt never (the note
+    then says the prompt is still too large). Returns the messages and a note ("" when
+    nothing was cut): a cut the model and the log are told of, never a silent one by the
+    server."""
+    msgs = list(messages)
+    total = estimate(msgs, ratio)
+    newest_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
+    others = [  # never the system prompt, the newest message, nor the agent's newest words
+        i for i, m in enumerate(msgs[:-1]) if m.role != "system" and i != newest_user
+    ]
+    cut = 0
+    for i in sorted(others, key=lambda i: -len(msgs[i].content)):
+        if total <= budget:
+            break
+        m = msgs[i]
+        tokens = message_tokens(m, ratio)
+        keep = int(max(64, tokens - (total - budget) - 64) / ratio)
+        if keep >= len(m.content):
+            continue
+        head, tail = m.content[: keep // 2], m.content[len(m.content) - keep // 2 :]
+        left = len(m.content) - len(head) - len(tail)
+        marker = (
+            f"\n[… {left} characters of this message left out to fit the model's context "
+            f"window ({window} tokens) …]\n"
+        )
+        msgs[i] = replace(m, content=head + marker + tail)
+        total += message_tokens(msgs[i], ratio) - tokens
+        cut += 1
+    if not cut:
+        return msgs, ""
+    return msgs, (
+        f"{cut} message(s) larger than the model's context window ({window} tokens) were cut "
+        "in the middle, each saying how much was left out"
+    )
 
 
 # --------------------------------------------------------------------------- history that fits
@@ -388,7 +434,9 @@ class Plan:
         notes = [_evicted_note(stubbed, self.window)] if stubbed else []
         if note:
             notes.append(note)
-        messages = [*head, *kept]
+        messages, cut = cut_to_fit([*head, *kept], self.budget, self.window, self.ratio)
+        if cut:
+            notes.append(cut)
         total = estimate(messages, self.ratio)
         if total > self.budget:
             notes.append(

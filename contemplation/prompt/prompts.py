@@ -19,7 +19,12 @@ from contemplation.models import (
 )
 from contemplation.needs.tools import registry
 from contemplation.protocol.conversation import last_marker, retracted, whole
-from contemplation.protocol.logformat import TOOL_CALL_OPEN, TOOL_CALL_RE, canonical_need
+from contemplation.protocol.logformat import (
+    RESPONSE_PREFIX,
+    TOOL_CALL_OPEN,
+    TOOL_CALL_RE,
+    canonical_need,
+)
 from contemplation.protocol.structured import body as without_schema
 from contemplation.store.templates import PromptMode
 
@@ -200,6 +205,29 @@ def cancelled(block: Block) -> bool:
     return last_marker(block) is MarkerKind.CANCELLED
 
 
+NEEDS_SHOWN = 5  # of a long run of needs answered together, the first and last this many
+
+
+def condensed_needs(text: str) -> str:
+    """An answer block shared by many needs (the needs past a reply's limit: one line each,
+    20,000 for a reply that asked for 20,000 things) as the model is sent it: the first and
+    last few needs and how many between; the log keeps every line."""
+    lines = text.split("\n")
+    run = 0
+    while run < len(lines) and lines[run].startswith(RESPONSE_PREFIX):
+        run += 1
+    if run <= 2 * NEEDS_SHOWN + 1:
+        return text
+    left = run - 2 * NEEDS_SHOWN
+    return "\n".join(
+        [
+            *lines[:NEEDS_SHOWN],
+            f"[… {left} more needs, answered together with these …]",
+            *lines[run - NEEDS_SHOWN :],
+        ]
+    )
+
+
 def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
     """:func:`history` with the index of the block each message comes from (a block gives
     one message, and an agent's block a cancelled turn followed gives the note of it after
@@ -224,7 +252,7 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
             continue
         text = b.text.strip("\n")
         if b.kind is BlockKind.AGENT:
-            text = without_schema(text)  # the schema goes as the request's, not as words
+            text = condensed_needs(without_schema(text))  # the schema goes as the request's
             call = calls_by_need.pop(b.response_to, None) if b.response_to else None
             if call is not None:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
