@@ -216,6 +216,27 @@ def claim(conv: Conv, inbox_file: Path) -> Path | None:
     return claimed
 
 
+def withdraw(conv: Conv, name: str, *, durable: bool = True) -> bool:
+    """Take message ``name`` back out of ``inbox/`` before a daemon claims it: renamed to a
+    dot-name (which no daemon claims) in one step, so either this or the daemon's
+    :func:`claim` wins, never both; then removed. False when it is no longer there (claimed,
+    or withdrawn already)."""
+    if ignored_name(name) or "/" in name or name in {".", ".."}:
+        return False
+    gone = conv.inbox / f".{name}.{secrets.token_hex(3)}.withdrawn"
+    try:
+        os.rename(conv.inbox / name, gone)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if gone.is_dir() and not gone.is_symlink():
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        gone.unlink(missing_ok=True)
+    if durable:
+        fsync_dir(conv.inbox)
+    return True
+
+
 def unclaim(conv: Conv, claimed: Path) -> Path:
     """Put a claimed file back into ``inbox/``, under the name it came with (or one still
     free): a process opened it for writing between the look and the claim, so it is taken

@@ -280,24 +280,40 @@ def test_the_daemon_killed_mid_reply_the_task_still_completes_with_the_reply_onc
     assert len(whole) == 1, out["blocks"]
 
 
-def test_cancel_of_a_message_still_queued_is_acknowledged_and_the_task_completes(
+def test_cancel_of_a_message_still_queued_withdraws_it_and_the_task_is_cancelled(
     home: Home,
     fake_ollama: FakeOllama,
     daemon_factory: Callable[..., DaemonProc],
     wires: Callable[[dict[str, str]], Wire],
 ) -> None:
-    """Cancellation is cooperative: no turn runs yet, so nothing is stopped and the task is
-    not called cancelled while the daemon will take its message all the same."""
+    """No turn runs yet (no daemon): tasks/cancel withdraws the message from inbox/ before
+    any daemon claims it, so the task ends cancelled and a daemon started later never sends
+    it to the model. An answer to a need, still queued, is withdrawn the same way."""
     env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
     wire = wires(env)
     task = wire.call("conversation_start", topic="Queued", initial_prompt="Which index?")
+    conv = Reader(home).locate(TASK_ID.match(task["taskId"])["conv"])  # type: ignore[index]
+    assert [p.name for p in conv.inbox.iterdir()] == ["0000-initial.msg"]
     acked = wire.request("tasks/cancel", {"taskId": task["taskId"]})["result"]
     assert acked["resultType"] == "complete"
-    assert wire.get(task["taskId"])["status"] == "working"
+    assert [p.name for p in conv.inbox.iterdir()] == []  # withdrawn, nothing left behind
+    got = wire.get(task["taskId"])
+    assert got["status"] == "cancelled", got
+    assert "withdrawn" in got["statusMessage"]
+    sent = wire.call("conversation_respond", conversation_id=conv.id, response="Second try?")
+    assert sent["resultType"] == "task"
+    wire.request("tasks/cancel", {"taskId": sent["taskId"]})
+    assert wire.get(sent["taskId"])["status"] == "cancelled"
     fake_ollama.enqueue(Step(text="Add an index on users(email)."))
     daemon_factory(env, home).wait_ready()
-    done = wire.until(task["taskId"], completed)
-    assert "users(email)" in text_of(done["result"])["blocks"][0]["text"]
+    third = wire.call("conversation_respond", conversation_id=conv.id, response="Third?")
+    done = wire.until(third["taskId"], completed)
+    assert [b["text"] for b in text_of(done["result"])["blocks"]] == [
+        "Add an index on users(email)."
+    ]
+    log = conv.log.read_text()
+    assert "Which index?" not in log and "Second try?" not in log  # never sent
+    assert wire.get(task["taskId"])["status"] == "cancelled"  # and stays so
 
 
 def test_two_hundred_tasks_started_at_once_all_complete_with_their_own_replies(

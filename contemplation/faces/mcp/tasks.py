@@ -18,8 +18,10 @@ server process on the same home answers for it, after a crash or a restart of ei
 ``conversation_wait`` returns then (the model's blocks since the message, cut to the page
 budget with a cursor, ``parsed`` for a structured reply, ``waiting`` with the call that
 settles each need or lookup); a failed turn completes with ``isError``; ``cancelled`` after
-``tasks/cancel`` once the turn has stopped. ``ttlMs`` is the retention of archived
-conversations (``[retention] archived_days``; null: kept until the conversation is deleted).
+``tasks/cancel`` once the turn has stopped, or at once when its message was still queued (it
+is withdrawn from ``inbox/`` before a daemon claims it, and never reaches the model).
+``ttlMs`` is the retention of archived conversations (``[retention] archived_days``; null:
+kept until the conversation is deleted).
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ from pydantic import Field
 
 from contemplation.errors import ContemplationError
 from contemplation.faces import actions
+from contemplation.faces.actions import INITIAL_NAME
 from contemplation.faces.mcp.calls import Faces
 from contemplation.models import Status
 from contemplation.store import activity
 from contemplation.store.layout import Conv, read_state
 from contemplation.writer import daemon_alive
+from contemplation.writer.folders import withdraw
 from contemplation.writer.tasks import read_task, write_task
 
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -134,13 +138,19 @@ class Tasks:
         days = self.faces.settings.retention.archived_days
         return None if days is None else days * 86_400_000
 
-    def create(self, conv_id: str, since: int, tool: str) -> dict[str, Any]:
+    def create(
+        self, conv_id: str, since: int, tool: str, queued: str | None = None
+    ) -> dict[str, Any]:
         """Write the record of a new task on ``conv_id`` whose reply is what follows cursor
-        ``since``; returns the task as ``tasks/get`` shows it (durable on return)."""
+        ``since`` (``queued``: the inbox name of its message, withdrawn by a cancel that
+        comes before a daemon claims it); returns the task as ``tasks/get`` shows it
+        (durable on return)."""
         conv = self.faces.reader.locate(conv_id)
         secret = secrets.token_hex(SECRET_HEX // 2)
         now = datetime.now(UTC).timestamp()
         record = {"conversation_id": conv.id, "since": since, "tool": tool, "created": now}
+        if queued:
+            record["queued"] = queued
         durable = self.faces.settings.durability == "fsync"
         write_task(conv, secret, record, durable=durable)
         # the seed: the message was just queued (what runs ahead of it is tasks/get's to say:
@@ -191,6 +201,11 @@ class Tasks:
             "lastUpdatedAt": _iso(max(updated, float(record.get("cancelled_at") or 0.0))),
             "ttlMs": self.ttl_ms,
         }
+        if record.get("withdrawn"):
+            return task | {
+                "status": "cancelled",
+                "statusMessage": "cancelled: the message was withdrawn before the model saw it",
+            }
         settled = self.faces.settled(conv)
         if record.get("cancelled_at") and (
             settled or state is None or state.status not in _AT_WORK
@@ -242,17 +257,25 @@ class Tasks:
 
     def cancel(self, task_id: str) -> None:
         """Stop the task's turn (the daemon's cancel, as ``conversation_cancel``) and mark the
-        task cancelled. Cancellation is cooperative: a task already settled, or whose message
-        still waits in the queue (the daemon would take it all the same), is left to complete
-        as it will."""
+        task cancelled; a message still queued is withdrawn from ``inbox/`` instead (whoever
+        renames it first wins: this, or the daemon's claim). Cancellation is cooperative: a
+        task already settled, or whose message was just claimed but whose turn has not begun,
+        is left to complete as it will."""
         conv, secret, record = self._locate(task_id)
-        state = read_state(conv)
         if record.get("cancelled_at") or conv.is_completed or self.faces.settled(conv):
             return
+        durable = self.faces.settings.durability == "fsync"
+        queued = record.get("queued")
+        if isinstance(queued, str) and withdraw(conv, queued, durable=durable):
+            record["cancelled_at"] = datetime.now(UTC).timestamp()
+            record["withdrawn"] = True
+            write_task(conv, secret, record, durable=durable)
+            return
+        state = read_state(conv)
         if state is None or state.status not in _AT_WORK:
             return
         record["cancelled_at"] = datetime.now(UTC).timestamp()
-        write_task(conv, secret, record, durable=self.faces.settings.durability == "fsync")
+        write_task(conv, secret, record, durable=durable)
         actions.cancel(conv)
 
     def update(self, task_id: str, responses: dict[str, Any]) -> None:
@@ -364,7 +387,12 @@ class TasksExtension(Extension):
         if not isinstance(cid, str) or empty:
             return result  # no message: no turn to wait for
         since = int(said.get("cursor") or 0) if params.name == "conversation_start" else before
+        queued = INITIAL_NAME if params.name == "conversation_start" else said.get("queued")
         task = await anyio.to_thread.run_sync(
-            self.tasks.create, cid, since if since is not None else 0, params.name
+            self.tasks.create,
+            cid,
+            since if since is not None else 0,
+            params.name,
+            queued if isinstance(queued, str) else None,
         )
         return task | {"resultType": "task"}
