@@ -32,9 +32,10 @@ GRAPH = {m: arch.imports(p, set(MODULES)) for m, p in MODULES.items()}
 
 # The run command starts the daemon; it is the one face that may import it.
 RUN_COMMAND = "faces.cli.daemon"
-# Writes that are not the home's: the service's unit files (in the user's config), and the
-# index's own sqlite files, which sqlite writes and the index alone removes when corrupt.
-WRITES_ELSEWHERE = {"faces/service.py", "index/db.py"}
+# Writes that are not the home's: the service's unit files (in the user's config), the Claude
+# plugin's marketplace and the Desktop bundle (where the user points), and the index's own
+# sqlite files, which sqlite writes and the index alone removes when corrupt.
+WRITES_ELSEWHERE = {"faces/service.py", "faces/claude.py", "index/db.py"}
 
 
 def test_every_module_has_a_room_and_the_rooms_are_the_folders() -> None:
