@@ -232,6 +232,47 @@ class Usage(BaseModel):
     done_reason: str | None = None
     context_window: int | None = None
     context_full: bool = False
+    # the ledger's (None: the server did not say; never guessed): prompt tokens the server
+    # took from its cache, and those it computed again (sent = both, when both are known)
+    cached_tokens: int | None = None
+    computed_tokens: int | None = None
+    queued_ms: float | None = None  # waiting for the daemon's slot on the provider
+    provider: str | None = None  # the provider that answered, and the server's model name
+    model: str | None = None
+
+
+LEDGER_TURNS_KEPT = 100  # turns listed one by one in state.json (all are in the sums)
+LEDGER_KEYS_KEPT = 16  # provider/model pairs summed apart in one conversation
+
+
+class LedgerSums(BaseModel):
+    """Where the tokens and the time of some turns went (summed; None: no turn said)."""
+
+    turns: int = 0
+    sent: int | None = None  # prompt tokens sent
+    reused: int | None = None  # of them, taken from the server's cache
+    recomputed: int | None = None  # of them, computed again (prefilled)
+    output: int | None = None
+    queued_ms: float | None = None
+    load_ms: float | None = None
+    prefill_ms: float | None = None
+    generate_ms: float | None = None
+    context_bytes: int = 0  # read by the daemon for the model, never in the agent's context
+
+
+class LedgerTurn(LedgerSums):
+    turn: int = 0  # the conversation's turn number (1 is the first)
+    provider: str = ""
+    model: str = ""
+
+
+class Ledger(BaseModel):
+    """state.json ``ledger``: the last turns one by one, and every turn summed per
+    provider/model ("provider/model" keys)."""
+
+    turns: list[LedgerTurn] = Field(default_factory=list)
+    by: dict[str, LedgerSums] = Field(default_factory=dict)
+    unturned_bytes: int = 0  # context read since the last turn: counted with the next one
 
 
 class BackendSession(BaseModel):
@@ -270,6 +311,7 @@ class State(BaseModel):
     retry_settings: str = ""  # fingerprint of the backend's settings when the backoff was set
     crashes: Crashes | None = None  # the current turn's unexpected failures (retrying.crashed)
     last_turn: Usage | None = None
+    ledger: Ledger = Field(default_factory=Ledger)
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     turn_started: TurnStarted | None = None  # the turn in flight (contemplation.engine.inflight)
     backend_session: BackendSession | None = None  # the server-side session of the history

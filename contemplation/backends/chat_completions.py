@@ -333,8 +333,20 @@ class ChunkTurn:
         def count(v: Any) -> int | None:
             return int(v) if isinstance(v, int | float) else None
 
+        details = u.get("prompt_tokens_details")
+        cached = count(tm.get("cache_n"))  # llama-server: prompt tokens reused from its cache
+        if cached is None and isinstance(details, dict):
+            cached = count(details.get("cached_tokens"))  # OpenAI's own word for it
+        computed = count(tm.get("prompt_n"))  # llama-server: prompt tokens evaluated
+        sent = count(u.get("prompt_tokens"))
+        if computed is None and sent is not None and cached is not None:
+            computed = sent - cached
+        if sent is None and computed is not None and cached is not None:
+            sent = computed + cached
         usage = Usage(
-            prompt_eval_count=count(u.get("prompt_tokens")) or count(tm.get("prompt_n")),
+            prompt_eval_count=sent or computed,
+            cached_tokens=cached,
+            computed_tokens=computed,
             eval_count=count(u.get("completion_tokens"))
             or count(tm.get("predicted_n"))
             or (self.deltas or None),

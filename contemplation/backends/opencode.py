@@ -485,8 +485,10 @@ class OpenCodeBackend:
             return int(v) if isinstance(v, int | float) else None
 
         caps = self._caps.get(model)
+        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
         usage = Usage(
             prompt_eval_count=count(tokens.get("input")),
+            cached_tokens=count((cache or {}).get("read")),
             eval_count=count(tokens.get("output")),
             wall_ms=(time.monotonic() - t0) * 1000,
             done_reason=str(info["finish"]) if info.get("finish") else None,

@@ -152,23 +152,31 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 if need not in asked:
                     left.append(need)
                 continue
-            w.append_block(
+            block = ans.render_block(need)
+            w.read_for_model(len(block.encode()))  # read for the model: the agent never had to
+            at = w.append_block(
                 meta.agent_label,
                 meta.sender_label(),
-                ans.render_block(need),
+                block,
                 msg_id=f"{base}-{asked_in.index(need) if need in asked_in else i}",
             )
+            if at < 0:  # in the log already: counted then
+                w.read_for_model(-len(block.encode()))
             rt.notify(conv.id, ConvEvent.NEED_ANSWERED, need=need, tool=ans.tool, status=ans.status)
             await asyncio.sleep(0)  # a batch of appends never holds the loop
         over = [need for need, _ in answered[cap:] if need in still]
         limit = answered[cap].answer if len(answered) > cap else None
         if over and limit is not None:
-            w.append_block(
+            block = limit.render_block(*over)
+            w.read_for_model(len(block.encode()))
+            at = w.append_block(
                 meta.agent_label,
                 meta.sender_label(),
-                limit.render_block(*over),
+                block,
                 msg_id=f"{base}-over",
             )
+            if at < 0:
+                w.read_for_model(-len(block.encode()))
             rt.notify(
                 conv.id,
                 ConvEvent.NEED_ANSWERED,

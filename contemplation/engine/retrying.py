@@ -46,6 +46,7 @@ class On:
     provider: str
     target: Target
     guard: Guard
+    queued_ms: float | None = None  # waited for the provider's slot (the ledger's)
 
     @property
     def model(self) -> str:

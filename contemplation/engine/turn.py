@@ -105,13 +105,16 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
         update={"model": target.model, "options": target.options, "think": target.think}
     )
     prepared = await _prepare(conv, rt, served, usable)
+    if w.state.turns == 0 and prepared.context:  # the context the daemon read, once
+        w.context_read(len(prepared.context.encode()))
     # the request is built while the slots may still be busy
     planned = await _plan(conv, rt, seen, w, meta=served, prepared=prepared)
     if planned is None:
         return AGAIN
     pool = [(name, rt.scheduler(name)) for name in usable]
+    asked = time.monotonic()
     async with slot_any(pool, target.model) as (provider, held):
-        on = On(provider, target, guards[provider])
+        on = On(provider, target, guards[provider], (time.monotonic() - asked) * 1000)
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more; one whose alias has a provider not resting goes
         # there at once instead of waiting out this one's rest
@@ -600,6 +603,7 @@ async def _finish(
             (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
         )
     if usage is not None:
+        usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
         usage.context_window = usage.context_window or planned.window
         warning = budget.context_warning(usage, budget.estimate_request(request, planned.ratio))
         if warning:

@@ -41,12 +41,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
+from pydantic import ValidationError
 
 from contemplation.base.privacy import DIR_MODE, FILE_MODE
 from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected
 from contemplation.index.rows import Facts, as_int, disk_use, header_ts, summary_row
-from contemplation.models import Block
+from contemplation.models import Block, LedgerSums
+from contemplation.protocol.ledger import FIELDS as LEDGER_COLUMNS
 from contemplation.protocol.logformat import FRAME_OPEN, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 from contemplation.store import logstream
 from contemplation.store.cursors import own_block
@@ -63,10 +65,11 @@ log = structlog.get_logger("contemplation.index")
 
 T = TypeVar("T")
 
+# 5: the ledger table (each conversation's tokens and times per provider/model, issue 39);
 # 4: each block marked as the agent's own (a message or its own answer; a tool's answer is
 #    not: "messages N from the agent"); 3: one summary row per conversation (turns, messages
 #    and activity from the log's own blocks); 2: the owned table; 1: the first
-SCHEMA = 4
+SCHEMA = 5
 DB_NAME = ".index.sqlite3"
 BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
@@ -93,10 +96,16 @@ _DDL = (
     "CREATE VIEW block_text AS SELECT id, unz(zbody) AS body, unz(zthinking) AS thinking "
     "FROM blocks",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",  # the last full sweep's mark
+    # state.json's ledger summed per provider/model (NULL: no turn said); summed over every
+    # conversation in SQL, never by reading folders
+    f"CREATE TABLE ledger (conv TEXT NOT NULL, archived INTEGER NOT NULL, provider TEXT, "
+    f"model TEXT, turns INTEGER, {', '.join(f'{c} REAL' for c in LEDGER_COLUMNS)}, "
+    "context_bytes INTEGER)",
+    "CREATE INDEX ledger_conv ON ledger (conv)",
     "CREATE VIRTUAL TABLE text USING fts5(body, thinking, content = 'block_text', "
     "content_rowid = 'id', tokenize = 'unicode61')",
 )
-_TABLES = ("convs", "owned", "blocks", "text", "meta")
+_TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger")
 _VIEWS = ("block_text",)
 
 
@@ -593,6 +602,7 @@ def forget(home: Home, ids: Iterable[str]) -> None:
             for conv_id in ids:
                 _forget(conn, conv_id)
                 conn.execute("DELETE FROM convs WHERE id = ?", (conv_id,))
+                conn.execute("DELETE FROM ledger WHERE conv = ?", (conv_id,))
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -794,6 +804,7 @@ def _put_row(
     row = summary_row(conv, archived, meta, state, facts, problem)
     turn = state.get("last_turn")
     usage: dict[str, Any] = turn if isinstance(turn, dict) else {}
+    _put_ledger(conn, conv.id, archived, state.get("ledger"))
     conn.execute(
         "INSERT OR REPLACE INTO convs VALUES "
         "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -821,6 +832,26 @@ def _put_row(
             keys[0],
             keys[1],
         ),
+    )
+
+
+def _put_ledger(conn: sqlite3.Connection, conv_id: str, archived: bool, raw: Any) -> None:
+    """The conversation's ledger rows (one per provider/model) from state.json's ``ledger``;
+    a value that is none is left out (a hand edit cannot stop the index)."""
+    conn.execute("DELETE FROM ledger WHERE conv = ?", (conv_id,))
+    by = raw.get("by") if isinstance(raw, dict) else None
+    rows = []
+    for key, sums in (by if isinstance(by, dict) else {}).items():
+        try:
+            got = LedgerSums.model_validate(sums)
+        except ValidationError:
+            continue
+        provider, _, model = str(key).partition("/")
+        figures = [getattr(got, c) for c in LEDGER_COLUMNS]
+        rows.append((conv_id, int(archived), provider, model, got.turns, *figures,
+                     got.context_bytes))  # fmt: skip
+    conn.executemany(
+        f"INSERT INTO ledger VALUES ({', '.join('?' * (len(LEDGER_COLUMNS) + 6))})", rows
     )
 
 

@@ -60,6 +60,7 @@ class Session(Protocol):
         self, *, durable: bool = True, also: tuple[int | Path, ...] = ()
     ) -> Steps[None]: ...
     def append_marker(self, kind: MarkerKind, text: str = "") -> None: ...
+    def count_turn(self, usage: Usage | None) -> None: ...
     def marker_steps(self, kind: MarkerKind, text: str = "") -> Steps[None]: ...
 
 
@@ -275,6 +276,7 @@ class ReplyStream:
         self.w.state.log.size = self.w.log_size()
         self.w.state.turns += 1
         self.w.state.last_turn = usage
+        self.w.count_turn(usage)
         self.w.state.retry_count = 0
         self.w.state.next_retry_at = None
         if status is not None:

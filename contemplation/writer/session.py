@@ -31,8 +31,9 @@ from contemplation.models import (
     State,
     Status,
     TurnStarted,
+    Usage,
 )
-from contemplation.protocol import logformat
+from contemplation.protocol import ledger, logformat
 from contemplation.store import logstream
 from contemplation.store.cursors import own_block
 from contemplation.store.layout import (
@@ -256,6 +257,31 @@ class ConvWriter:
             self.state.status = status
             self.state.pending_needs = shown
             self.save(durable=False)
+
+    def read_for_model(self, size: int) -> None:
+        """``size`` bytes the daemon read for the model (a need's answer, the context), never
+        in the agent's context: counted in the ledger with the next turn (saved with the
+        next state write; negative: taken back, before that write)."""
+        book = self.state.ledger
+        book.unturned_bytes = max(0, book.unturned_bytes + size)
+
+    def context_read(self, size: int) -> None:
+        """The first turn's context sections (``size`` bytes) in its ledger line: set, not
+        added, so a turn begun again counts them once."""
+        self.state.ledger.unturned_bytes = max(0, size)
+
+    def count_turn(self, usage: Usage | None) -> None:
+        """The turn that ends in the ledger (in the state the reply's commit writes)."""
+        book = self.state.ledger
+        line = ledger.entry(
+            usage,
+            turn=self.state.turns,
+            provider=self.meta.backend,
+            model=self.meta.model,
+            context_bytes=book.unturned_bytes,
+        )
+        ledger.record(book, line)
+        book.unturned_bytes = 0
 
     def generating(self, since: float) -> None:
         """A turn holds a slot since ``since`` (a monotonic time): written by the reply's

@@ -34,7 +34,7 @@ from contemplation.faces.cli.common import (
 )
 from contemplation.faces.reading import Reader, log_text
 from contemplation.models import State, Status
-from contemplation.protocol import structured
+from contemplation.protocol import ledger, structured
 from contemplation.settings import Settings
 from contemplation.store import attachments, openfiles, waiting
 from contemplation.store.layout import (
@@ -480,6 +480,7 @@ def _word(value: Any) -> str:
 def _state_details(state: State) -> dict[str, Any]:
     return {
         "last_turn": state.last_turn.model_dump() if state.last_turn else None,
+        "ledger": ledger.total(state.ledger).model_dump(),
         "generating_since": state.generating_since if state.status is Status.GENERATING else None,
         "retry_count": state.retry_count,
         "next_retry_at": state.next_retry_at,

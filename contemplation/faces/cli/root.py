@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("daemon", "doctor", "Check the home, the config and every..."),
     "fork": ("fork", "fork", "Start a new conversation from blocks 1..N..."),
     "install": ("install", "install", "Install contemplation into Claude Code (a..."),
+    "ledger": ("ledger", "ledger", "Tokens sent, reused, recomputed and..."),
     "list": ("conv", "list_", "List conversations, the latest activity..."),
     "mcp": ("daemon", "mcp", "MCP server for agents (stdio by default)."),
     "memory": (

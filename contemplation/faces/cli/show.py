@@ -9,6 +9,7 @@ from typing import Any
 
 from contemplation.base.terminal import safe
 from contemplation.models import State, Status
+from contemplation.protocol import ledger
 from contemplation.store import waiting
 
 ADVICE = {
@@ -119,6 +120,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
                 rate = f", {turn.eval_count / ((turn.eval_duration_ms or 1) / 1000):.1f} tok/s"
             prompt = f"{turn.prompt_eval_count} prompt + " if turn.prompt_eval_count else ""
             lines.append(("last turn", f"{prompt}{turn.eval_count} tokens{rate}"))
+        if state.ledger.by:  # where every turn's tokens and time went (contemplation ledger)
+            lines.append(("ledger", ledger.line(ledger.total(state.ledger))))
         if state.status is Status.RETRYING and state.next_retry_at:
             lines.append(("next try", f"in {max(0.0, state.next_retry_at - time.time()):.0f} s"))
         if state.last_error is not None and state.status in (Status.ERROR, Status.RETRYING):

@@ -1,0 +1,116 @@
+"""The ledger (issue 39): where a conversation's tokens and time went, turn by turn.
+
+A turn's entry is made from the backend's :class:`Usage` alone: a figure the server did not
+report stays None (never guessed); "sent" is the server's prompt count, or its cached and
+computed counts added when it gave those instead. Sums keep None only where no turn said.
+Pure: the writer keeps the ledger in state.json, the index sums it over conversations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from contemplation.models import (
+    LEDGER_KEYS_KEPT,
+    LEDGER_TURNS_KEPT,
+    Ledger,
+    LedgerSums,
+    LedgerTurn,
+    Usage,
+)
+
+FIELDS = (
+    "sent", "reused", "recomputed", "output",
+    "queued_ms", "load_ms", "prefill_ms", "generate_ms",
+)  # fmt: skip
+OTHER = "other"  # the key past LEDGER_KEYS_KEPT provider/model pairs
+
+
+def _sent(u: Usage) -> int | None:
+    if u.prompt_eval_count is not None:
+        return u.prompt_eval_count
+    if u.cached_tokens is not None and u.computed_tokens is not None:
+        return u.cached_tokens + u.computed_tokens
+    return None
+
+
+def entry(
+    usage: Usage | None, *, turn: int, provider: str, model: str, context_bytes: int = 0
+) -> LedgerTurn:
+    """One turn's line of the ledger."""
+    u = usage or Usage()
+    return LedgerTurn(
+        turns=1,
+        turn=turn,
+        provider=u.provider or provider,
+        model=u.model or model,
+        sent=_sent(u),
+        reused=u.cached_tokens,
+        recomputed=u.computed_tokens,
+        output=u.eval_count,
+        queued_ms=u.queued_ms,
+        load_ms=u.load_duration_ms,
+        prefill_ms=u.prompt_eval_duration_ms,
+        generate_ms=u.eval_duration_ms,
+        context_bytes=context_bytes,
+    )
+
+
+def _plus(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def added(total: LedgerSums, more: LedgerSums) -> LedgerSums:
+    """``total`` with ``more`` added (None + None stays None)."""
+    out = {k: _plus(getattr(total, k), getattr(more, k)) for k in FIELDS}
+    return LedgerSums(
+        turns=total.turns + more.turns,
+        context_bytes=total.context_bytes + more.context_bytes,
+        **out,
+    )
+
+
+def record(ledger: Ledger, line: LedgerTurn) -> None:
+    """Add a turn: listed (the last LEDGER_TURNS_KEPT), and summed under its provider/model
+    (past LEDGER_KEYS_KEPT pairs, under "other")."""
+    ledger.turns = [*ledger.turns, line][-LEDGER_TURNS_KEPT:]
+    key = f"{line.provider}/{line.model}"
+    if key not in ledger.by and len(ledger.by) >= LEDGER_KEYS_KEPT:
+        key = OTHER
+    ledger.by[key] = added(ledger.by.get(key, LedgerSums()), line)
+
+
+def total(ledger: Ledger) -> LedgerSums:
+    """Every turn of the conversation summed."""
+    return summed(ledger.by.values())
+
+
+def summed(parts: Iterable[LedgerSums]) -> LedgerSums:
+    out = LedgerSums()
+    for p in parts:
+        out = added(out, p)
+    return out
+
+
+def _n(v: int | float | None, unit: str = "") -> str:
+    return "?" if v is None else f"{round(v):,}{unit}"
+
+
+def line(s: LedgerSums) -> str:
+    """One line: ``3 turns: 1,200 prompt tokens (900 reused, 300 recomputed) + 80 out; ...``"""
+    return (
+        f"{s.turns} turns: {_n(s.sent)} prompt tokens ({_n(s.reused)} reused, "
+        f"{_n(s.recomputed)} recomputed) + {_n(s.output)} out; "
+        f"{_n(s.queued_ms, ' ms')} queued, {_n(s.load_ms, ' ms')} loading, "
+        f"{_n(s.prefill_ms, ' ms')} prefill, {_n(s.generate_ms, ' ms')} generating; "
+        f"{_n(s.context_bytes, ' B')} context read for the model"
+    )
+
+
+def as_dict(s: LedgerSums) -> dict[str, Any]:
+    return s.model_dump()

@@ -1,0 +1,58 @@
+"""The ledger (issue 39): a turn's line from the backend's usage alone, sums that keep an
+unknown figure unknown, and a bounded state.json record."""
+
+from __future__ import annotations
+
+import time
+
+from contemplation.backends.chat_completions import ChunkTurn
+from contemplation.models import LEDGER_KEYS_KEPT, LEDGER_TURNS_KEPT, Ledger, Usage
+from contemplation.protocol import ledger
+
+
+def test_llama_server_timings_say_what_was_reused_and_recomputed() -> None:
+    turn = ChunkTurn(t0=time.monotonic())
+    turn.chunk({"choices": [{"index": 0, "delta": {"content": "hi"}}]})
+    turn.chunk({
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 7},
+        "timings": {"cache_n": 260, "prompt_n": 40, "prompt_ms": 12.5,
+                    "predicted_n": 7, "predicted_ms": 30.0},
+    })  # fmt: skip
+    usage = turn.finish(None)[-1].usage
+    assert usage is not None
+    line = ledger.entry(usage, turn=1, provider="openai", model="smollm2")
+    assert (line.sent, line.reused, line.recomputed, line.output) == (300, 260, 40, 7)
+    assert (line.prefill_ms, line.generate_ms, line.load_ms) == (12.5, 30.0, None)
+
+
+def test_openai_cached_tokens_give_the_recomputed_by_difference() -> None:
+    turn = ChunkTurn(t0=time.monotonic())
+    turn.chunk({"usage": {"prompt_tokens": 1000, "completion_tokens": 5,
+                          "prompt_tokens_details": {"cached_tokens": 768}}})  # fmt: skip
+    usage = turn.finish(None)[-1].usage
+    assert usage is not None
+    assert (usage.cached_tokens, usage.computed_tokens, usage.prompt_eval_count) == (768, 232, 1000)
+
+
+def test_a_figure_no_server_said_stays_unknown_in_the_sums() -> None:
+    book = Ledger()
+    ollama = Usage(prompt_eval_count=100, eval_count=10, load_duration_ms=1.0)
+    ledger.record(book, ledger.entry(ollama, turn=1, provider="ollama", model="m"))
+    ledger.record(book, ledger.entry(None, turn=2, provider="ollama", model="m", context_bytes=9))
+    total = ledger.total(book)
+    assert (total.turns, total.sent, total.output, total.load_ms) == (2, 100, 10, 1.0)
+    assert total.reused is None and total.recomputed is None and total.queued_ms is None
+    assert total.context_bytes == 9
+    assert "? reused" in ledger.line(total)
+
+
+def test_the_record_is_bounded_but_the_sums_hold_every_turn() -> None:
+    book = Ledger()
+    n = LEDGER_TURNS_KEPT + 50
+    for i in range(n):
+        model = f"m{i % (LEDGER_KEYS_KEPT + 4)}"
+        ledger.record(book, ledger.entry(Usage(eval_count=1), turn=i + 1, provider="p", model=model))
+    assert len(book.turns) == LEDGER_TURNS_KEPT and book.turns[-1].turn == n
+    assert len(book.by) == LEDGER_KEYS_KEPT + 1 and ledger.OTHER in book.by
+    assert ledger.total(book).output == n
