@@ -79,6 +79,28 @@ class Wire:
         assert "result" in got, got
         return dict(got["result"])
 
+    def send(self, method: str, params: dict[str, Any], *, tasks: bool = True) -> int:
+        """Write one request and return its id without reading the answer (a listen
+        stream's answer is its notifications)."""
+        assert self.proc.stdin is not None
+        self.ids += 1
+        msg = {
+            "jsonrpc": "2.0",
+            "id": self.ids,
+            "method": method,
+            "params": {**params, "_meta": envelope(tasks=tasks)},
+        }
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.ids
+
+    def read(self) -> dict[str, Any]:
+        """The next line the server writes (a notification or a response)."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "the MCP server closed its stdout"
+        return dict(json.loads(line))
+
     def get(self, task_id: str) -> dict[str, Any]:
         got = self.request("tasks/get", {"taskId": task_id})
         assert "result" in got, got
@@ -314,6 +336,58 @@ def test_cancel_of_a_message_still_queued_withdraws_it_and_the_task_is_cancelled
     log = conv.log.read_text()
     assert "Which index?" not in log and "Second try?" not in log  # never sent
     assert wire.get(task["taskId"])["status"] == "cancelled"  # and stays so
+
+
+def test_a_listener_is_told_working_then_completed_and_never_polls(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """subscriptions/listen with the task's id: the ack names it, then notifications/tasks
+    carry the whole task on every change (working with its statusMessage, then completed
+    with the result tasks/get would give), with no tasks/get call at all."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Push", initial_prompt="Which index?")
+    unknown = task["taskId"][:-1] + ("0" if task["taskId"][-1] != "0" else "1")
+    listen = {"notifications": {"taskIds": [task["taskId"], unknown]}}
+    sid = wire.send("subscriptions/listen", listen)
+    ack = wire.read()
+    assert ack["method"] == "notifications/subscriptions/acknowledged", ack
+    assert ack["params"]["notifications"]["taskIds"] == [task["taskId"]]  # unknown left out
+    seen = [wire.read()]
+    assert seen[0]["method"] == "notifications/tasks", seen
+    assert seen[0]["params"]["status"] == "working"
+    assert "no daemon" in seen[0]["params"]["statusMessage"]
+    assert seen[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == sid
+    fake_ollama.enqueue(Step(text="Add an index on users(email)."))
+    daemon_factory(env, home).wait_ready()
+    for _ in range(100):  # bounded: a notification per change (a hang is pytest-timeout's)
+        if seen[-1]["params"]["status"] == "completed":
+            break
+        seen.append(wire.read())
+    assert all(n["method"] == "notifications/tasks" for n in seen), seen
+    said = [(n["params"]["status"], n["params"]["statusMessage"]) for n in seen]
+    assert len(set(said)) == len(said), said  # one notification per change
+    done = seen[-1]["params"]
+    assert text_of(done["result"])["blocks"][0]["text"] == "Add an index on users(email)."
+    got = wire.get(task["taskId"])
+    assert {k: v for k, v in done.items() if k != "_meta"} == {
+        k: v for k, v in got.items() if k not in {"resultType", "_meta"}
+    }
+
+
+def test_listening_to_tasks_needs_the_extension_and_is_bounded(
+    home: Home, wires: Callable[[dict[str, str]], Wire]
+) -> None:
+    wire = wires(base_env(home, None, CONTEMPLATION_DASHBOARD_ENABLED="false"))
+    task = wire.call("conversation_start", topic="Push", initial_prompt="Which index?")
+    ids = {"notifications": {"taskIds": [task["taskId"]]}}
+    refused = wire.request("subscriptions/listen", ids, tasks=False)
+    assert refused["error"]["code"] == -32021, refused
+    many = {"notifications": {"taskIds": [f"{task['taskId']}{i}" for i in range(65)]}}
+    assert wire.request("subscriptions/listen", many)["error"]["code"] == -32602
 
 
 def test_two_hundred_tasks_started_at_once_all_complete_with_their_own_replies(

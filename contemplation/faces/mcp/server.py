@@ -55,6 +55,7 @@ from contemplation.faces.mcp.calls import (
     _json,
 )
 from contemplation.faces.mcp.subscriptions import Subscriptions
+from contemplation.faces.mcp.task_push import TaskPush
 from contemplation.faces.mcp.tasks import TasksExtension
 from contemplation.faces.reading import log_text
 from contemplation.index import listing
@@ -67,7 +68,9 @@ from contemplation.writer import daemon_alive, ensure_home
 INSTRUCTIONS = """\
 Asynchronous conversations with local LLMs. conversation_start queues a first message and
 returns a cursor at once; conversation_wait (or conversation_check) with the latest returned
-cursor picks up the reply. When the model stops for you, `waiting` lists each item with its id
+cursor picks up the reply. A client that declares the io.modelcontextprotocol/tasks extension
+gets a task instead: its result is the reply, so it need not call conversation_wait or
+conversation_check. When the model stops for you, `waiting` lists each item with its id
 and the call that settles it: a need (answer with conversation_respond) or a lookup waiting
 for approval (decide with conversation_approve: the tool answers it, never your text).
 Subscribe to conversation://<id>/status or /log to be told when a conversation changes."""
@@ -160,6 +163,8 @@ class ContemplationServer(MCPServer[Any]):
         self.faces = Faces(settings, limits)
         self.subs = Subscriptions(self.faces)
         subs = self.subs
+        tasks = TasksExtension(self.faces)
+        subs.push = TaskPush(tasks.tasks, subs.bus).listen  # listen streams with task ids
 
         @asynccontextmanager
         async def lifespan(_: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
@@ -175,7 +180,7 @@ class ContemplationServer(MCPServer[Any]):
             log_level="WARNING",
             lifespan=lifespan,
             subscriptions=subs.bus,
-            extensions=[TasksExtension(self.faces)],  # tasks to a client that takes them
+            extensions=[tasks],  # tasks to a client that takes them
         )
         subs.install(self)
         self.aliases: dict[str, dict[str, str]] = {}  # tool → {alias: the argument it names}

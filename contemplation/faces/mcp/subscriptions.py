@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +45,25 @@ RECOMPUTE_EVERY = 5.0  # a watched status is recomputed at least this often
 LISTEN_BACKLOG = 256  # events a listen stream may hold unread before the SDK ends it
 SEND_TIMEOUT = 5.0  # a notification a session cannot take in this long is dropped
 
+TaskListen = Callable[
+    [ServerRequestContext[Any, Any], SubscriptionsListenRequestParams, list[str]],
+    Awaitable[SubscriptionsListenResult],
+]
 URI_RE = re.compile(r"conversation://(?P<id>[^/]+)/(?P<kind>log|status)")
 
 
 
-def _stat_key(path: os.PathLike[str]) -> tuple[int, int, int] | None:
+def task_ids_of(params: SubscriptionsListenRequestParams) -> list[str] | None:
+    """The ``taskIds`` a listen request names (None: it names none)."""
+    got = (params.notifications.model_extra or {}).get("taskIds")
+    if got is None:
+        return None
+    if not isinstance(got, list) or not all(isinstance(i, str) for i in got):
+        raise MCPError(INVALID_PARAMS, "taskIds is a list of task ids")
+    return list(dict.fromkeys(got))
+
+
+def stat_key(path: os.PathLike[str]) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
@@ -56,7 +71,7 @@ def _stat_key(path: os.PathLike[str]) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _connection(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
+def connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
     """The session's connection: its ``exit_stack`` is how we learn that the session ended.
     mcp 2.3.0 hands lowlevel handlers no public way to it (only the unused ``Context`` has
     ``.connection``), so it is read off the session, and None if a later SDK moves it."""
@@ -99,6 +114,8 @@ class Subscriptions:
         self.watches: dict[str, _Watch] = {}
         self.peers: dict[int, _Peer] = {}
         self._owner: object | None = None
+        #: serves a listen stream that names task ids (set by the tasks' push)
+        self.push: TaskListen | None = None
 
     # -- what is watched ----------------------------------------------------------------
 
@@ -148,13 +165,13 @@ class Subscriptions:
             if not conv.dir.is_dir():  # archived (or removed) since the last look
                 conv = self.faces.reader.locate(conv.id)
             if w.kind == "log":
-                gate: tuple[Any, ...] = (str(conv.dir), _stat_key(conv.log))
+                gate: tuple[Any, ...] = (str(conv.dir), stat_key(conv.log))
                 return conv, gate, gate
             files = (conv.state, conv.metadata, conv.inbox, conv.processing, conv.log)
             # two changes within one mtime tick can leave the stats as they were: the time
             # slot makes sure the status is recomputed at least every RECOMPUTE_EVERY seconds
             slot = int(time.monotonic() // RECOMPUTE_EVERY)
-            gate = (str(conv.dir), daemon_alive(self.faces.home), slot, *map(_stat_key, files))
+            gate = (str(conv.dir), daemon_alive(self.faces.home), slot, *map(stat_key, files))
             if gate == w.gate:
                 return conv, gate, w.value
             return conv, gate, self.faces.status_text(conv)
@@ -202,7 +219,7 @@ class Subscriptions:
     # -- the protocol handlers -----------------------------------------------------------
 
     def _peer(self, ctx: ServerRequestContext[Any, Any]) -> _Peer:
-        conn = _connection(ctx)
+        conn = connection_of(ctx)
         key = id(conn)
         peer = self.peers.get(key)
         if peer is None:
@@ -237,7 +254,7 @@ class Subscriptions:
     async def unsubscribe(
         self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
-        peer = self.peers.get(id(_connection(ctx)))
+        peer = self.peers.get(id(connection_of(ctx)))
         uri = str(params.uri)
         if peer is not None and uri in peer.uris:
             peer.uris.discard(uri)
@@ -248,6 +265,7 @@ class Subscriptions:
         self, ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams
     ) -> SubscriptionsListenResult:
         """The SDK's listen handler, with the stream's resources watched while it is open."""
+        task_ids = task_ids_of(params) if self.push is not None else None
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
         if len(uris) > (most := self.faces.limits.max_subscriptions):
             raise MCPError(
@@ -258,6 +276,8 @@ class Subscriptions:
             for uri in uris:
                 await self.hold(uri)
                 held.append(uri)
+            if task_ids is not None and self.push is not None:  # tasks: the push serves it
+                return await self.push(ctx, params, task_ids)
             return await self.listener(ctx, params)
         finally:
             for uri in held:

@@ -118,6 +118,15 @@ def approval_form(item: dict[str, Any], model: str) -> dict[str, Any]:
     }
 
 
+def missing_extension() -> MCPError:
+    """The error a client that did not declare the extension gets for a task method."""
+    return MCPError(
+        MISSING_REQUIRED_CLIENT_CAPABILITY,
+        "Missing required client capability",
+        {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
+    )
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -169,7 +178,7 @@ class Tasks:
             "pollIntervalMs": POLL_QUEUED if alive else POLL_STALLED,
         }
 
-    def _locate(self, task_id: str) -> tuple[Conv, str, dict[str, Any]]:
+    def locate(self, task_id: str) -> tuple[Conv, str, dict[str, Any]]:
         conv_id, _, secret = task_id.rpartition(".")
         if (
             not conv_id
@@ -190,7 +199,7 @@ class Tasks:
         """The task as the conversation says it is now (a ``DetailedTask``). ``elicit``: the
         client takes elicitation forms, so lookups that wait for approval are asked of the
         person as ``input_required`` (answered with ``tasks/update``)."""
-        conv, _, record = self._locate(task_id)
+        conv, _, record = self.locate(task_id)
         since = int(record.get("since") or 0)
         created = float(record.get("created") or 0.0)
         state = read_state(conv)
@@ -261,7 +270,7 @@ class Tasks:
         renames it first wins: this, or the daemon's claim). Cancellation is cooperative: a
         task already settled, or whose message was just claimed but whose turn has not begun,
         is left to complete as it will."""
-        conv, secret, record = self._locate(task_id)
+        conv, secret, record = self.locate(task_id)
         if record.get("cancelled_at") or conv.is_completed or self.faces.settled(conv):
             return
         durable = self.faces.settings.durability == "fsync"
@@ -282,7 +291,7 @@ class Tasks:
         """The person's answers to the forms (``inputResponses``): accept with a decision,
         or decline (a rejection); a cancelled form, an unknown key or a lookup decided
         already is ignored (the first decision about a lookup is final)."""
-        conv, _, _ = self._locate(task_id)
+        conv, _, _ = self.locate(task_id)
         for key, response in list(responses.items())[:MAX_RESPONSES]:
             if not isinstance(response, dict):
                 continue
@@ -338,11 +347,7 @@ class TasksExtension(Extension):
     @staticmethod
     def _require(ctx: ServerRequestContext[Any, Any]) -> None:
         if not declared(ctx.meta):
-            raise MCPError(
-                MISSING_REQUIRED_CLIENT_CAPABILITY,
-                "Missing required client capability",
-                {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
-            )
+            raise missing_extension()
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
         self._require(ctx)
