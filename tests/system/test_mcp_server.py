@@ -534,6 +534,9 @@ def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Hom
             msg = json.loads(raw)  # every stdout line is a JSON-RPC message
             assert msg["jsonrpc"] == "2.0"
         assert json.loads(line)["result"]["serverInfo"]["name"] == "contemplation"
+        said = json.loads(line)["result"]["instructions"]  # both contracts, briefly (issue 37)
+        assert "conversation_wait" in said and "io.modelcontextprotocol/tasks" in said
+        assert len(said) < 1000
         assert len(json.loads(second)["result"]["tools"]) == len(TOOLS)
         assert exit_after < 3
         assert b"Traceback" not in stderr
