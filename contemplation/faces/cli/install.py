@@ -52,7 +52,10 @@ def claude_code(
     cmd = claude.claude_install(found or "claude", dest, scope)
     if found is None:
         fail(f"claude is not on the PATH; install the plugin with: {' '.join(cmd)}")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    except OSError as e:
+        fail(f"cannot run {found} ({e.strerror}); install the plugin with: {' '.join(cmd)}")
     click.echo((done.stdout + done.stderr).strip())
     if done.returncode != 0:
         fail(f"`{' '.join(cmd)}` failed (exit {done.returncode})")

@@ -73,3 +73,19 @@ def test_the_bundle_is_a_zip_with_the_manifest_at_its_root(tmp_path: Path) -> No
         str(tmp_path / "c.toml"),
     ]
     assert not (tmp_path / "b.mcpb.part").exists()
+
+
+def test_without_claude_the_plugin_is_written_and_the_command_to_run_is_said(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from contemplation.faces.cli.root import main
+
+    for extra in ([], ["--claude", str(tmp_path / "no-claude")]):
+        done = CliRunner(env={"PATH": str(tmp_path)}).invoke(
+            main, ["install", "claude-code", "--dir", str(tmp_path / "m"), *extra]
+        )
+        assert done.exit_code == 1, done.output
+        assert "plugin install contemplation --marketplace" in done.output
+        assert (tmp_path / "m" / "contemplation" / ".mcp.json").is_file()
