@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from contemplation.engine.runtime import Runtime
+from contemplation.faces.dashboard import panels
+from contemplation.faces.mcp.calls import Faces
 from contemplation.faces.cli.root import main
 from contemplation.index import ledger as sums
 from contemplation.models import Ledger, Usage
@@ -89,11 +91,17 @@ def test_scripted_ollama_turns_are_in_the_ledger_as_the_server_said(
     assert [t["turn"] for t in paged["turns"]] == [2, 3] and paged["more"]
     rest = json.loads(run_cli(home, "ledger", conv.id, "--json", "--cursor", paged["cursor"]))
     assert [t["turn"] for t in rest["turns"]] == [1] and not rest["more"]
+    # MCP: conversation_check (and wait, and the status resource) carry the conversation's sums
+    checked = Faces(s).check(conv.id)
+    assert checked["ledger"] == one["total"]
     archive(home, conv)  # archived conversations are summed as well
     by = json.loads(run_cli(home, "ledger", "--json", "--by", "provider"))
     assert by["groups"] == [{"key": "ollama", **by["total"]}]
     assert by["total"]["sent"] == 410 and by["total"]["reused"] is None
     assert by["total"]["context_bytes"] == turns[1].context_bytes
+    # the dashboard's panel: every conversation, per provider and per model
+    rows = dict(panels.kinds()["ledger"].rows(panels.Seen(home, {})))
+    assert rows["all"] == rows["ollama"] == rows["ollama/gemma"] == ledger.line(total)
 
 
 def _archived_with_ledger(home: Home, n: int) -> None:

@@ -28,7 +28,10 @@ from typing import Any
 
 from contemplation.base import plugins
 from contemplation.base.contained import described
+from contemplation.index import ledger as ledger_sums
 from contemplation.index import listing
+from contemplation.models import LedgerSums
+from contemplation.protocol import ledger
 from contemplation.store.layout import Home
 
 MAX_ROWS = 50  # rows one panel shows
@@ -166,5 +169,21 @@ def _metrics_rows(seen: Seen) -> list[Row]:
     ]
 
 
+LEDGER_GROUPS = 10  # providers, then models, the ledger panel lists
+
+
+def _ledger_rows(seen: Seen) -> list[Row]:
+    """Where the tokens and the time went, over every conversation (the index's sums)."""
+    got = ledger_sums.summed(seen.home, by="provider", limit=LEDGER_GROUPS)
+    rows: list[Row] = [("all", ledger.line(LedgerSums.model_validate(got["total"])))]
+    rows += [(g["key"], ledger.line(LedgerSums.model_validate(g))) for g in got["groups"]]
+    models = ledger_sums.summed(seen.home, by="model", limit=LEDGER_GROUPS)
+    rows += [(g["key"], ledger.line(LedgerSums.model_validate(g))) for g in models["groups"]]
+    if got["more"] or models["more"]:
+        rows.append(("more", "contemplation ledger --by provider | model"))
+    return rows
+
+
 def _builtins() -> None:
     register(Panel("metrics", "metrics", _metrics_rows))
+    register(Panel("ledger", "ledger: tokens and time", _ledger_rows))

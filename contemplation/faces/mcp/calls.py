@@ -20,7 +20,7 @@ from contemplation.errors import ContemplationError, InputRejected
 from contemplation.faces.reading import Reader, Since, block_dict, own, segments
 from contemplation.index import listing
 from contemplation.models import BUSY, Status
-from contemplation.protocol import paging
+from contemplation.protocol import ledger, paging
 from contemplation.settings import Settings
 from contemplation.store import attachments
 from contemplation.store.attachments import Attachment
@@ -160,6 +160,8 @@ class Faces:
             "last_error": state.last_error.model_dump() if state and state.last_error else None,
             "daemon_alive": alive,
         }
+        if state is not None and state.ledger.by:  # where its tokens and time went
+            out["ledger"] = ledger.total(state.ledger).model_dump()
         empty = queued == 0 and _log_size(conv) == 0
         hint = self._hint(conv, status, items, alive, empty)
         if hint:
