@@ -90,6 +90,16 @@ class KnowsLimits(Protocol):
     def stale(self) -> None: ...
 
 
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A backend whose server has a tokenizer (llama-server ``POST /tokenize``)."""
+
+    async def count_tokens(self, text: str, *, within: float) -> int | None:
+        """How many tokens the server's tokenizer makes of ``text``, asked once within
+        ``within`` s; None when it cannot say (no such endpoint, an error, too slow)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class PhaseTimeouts:
     """The phases of one streamed reply, and the longest line a server may send in it."""

@@ -232,6 +232,25 @@ class OpenAIBackend:
             return Slots(min(len(listed), 64), "server /slots")
         return Slots(self.concurrency, "default_concurrency (the server does not say)")
 
+    async def count_tokens(self, text: str, *, within: float) -> int | None:
+        """llama-server's ``POST /tokenize`` ``{"content": text}`` → ``{"tokens": [...]}``
+        (beside the API, at the server's root); None for a server without it (vLLM asks
+        for other fields, hosted APIs have none) or one that fails or is late."""
+        try:
+            resp = await self._http.request(
+                "POST", self.root("tokenize"), json={"content": text}, within=within, resend=True
+            )
+            tokens = resp.json().get("tokens") if resp.status == 200 else None
+        except (BackendError, ValueError, AttributeError):
+            return None
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def slot_ids(self) -> int:
+        """How many slots a request may name by ``id_slot``: llama-server's ``/props``
+        ``total_slots`` (0: another server)."""
+        total = (await self.props() or {}).get("total_slots")
+        return min(total, 64) if isinstance(total, int) and total > 0 else 0
+
     def stale(self) -> None:
         self._caps.clear()
         self._props, self._props_asked = None, False

@@ -23,6 +23,8 @@ from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import resolve_think
 from contemplation.backends.providers import Target
 from contemplation.base.aio import on_thread
+from contemplation.engine import tokenized
+from contemplation.engine.affinity import NamesSlots, Pinned
 from contemplation.engine.retrying import (
     On,
     cancelled,
@@ -47,7 +49,7 @@ from contemplation.models import (
     Status,
 )
 from contemplation.needs import calls
-from contemplation.prompt import budget
+from contemplation.prompt import budget, tokencount
 from contemplation.prompt.context import saved_context
 from contemplation.prompt.prompts import NeedForm, build_request, need_forms
 from contemplation.prompt.reach import reach
@@ -86,6 +88,7 @@ class _Prepared:
     window: int | None = None  # the tokens a request gets, when the backend knows
     vision: bool = True  # the model can see images (unknown: let the server say)
     constrains: bool = False  # every provider can hold a reply to a JSON Schema
+    tokenizer: str | None = None  # a provider whose server counts tokens (llama-server)
 
 
 async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Outcome:
@@ -114,7 +117,13 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     pool = [(name, rt.scheduler(name)) for name in usable]
     asked = time.monotonic()
     async with slot_any(pool, target.model) as (provider, held):
-        on = On(provider, target, guards[provider], (time.monotonic() - asked) * 1000)
+        on = On(
+            provider,
+            target,
+            guards[provider],
+            (time.monotonic() - asked) * 1000,
+            slot=await _name_slot(rt, provider, conv.id, served, held),
+        )
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more; one whose alias has a provider not resting goes
         # there at once instead of waiting out this one's rest
@@ -165,6 +174,30 @@ def _grown(rt: Runtime, w: ConvWriter) -> bool:
     return again
 
 
+async def _name_slot(
+    rt: Runtime, provider: str, conv_id: str, meta: Metadata, held: Held
+) -> int | None:
+    """The server slot this turn names, where the server lets a request name one (issue 39:
+    its own cache, else its template's warm prefix); given back with ``held``."""
+    backend = rt.backend(provider)
+    try:
+        ids = await backend.slot_ids() if isinstance(backend, NamesSlots) else 0
+    except BackendError:  # the turn itself reports what is wrong with the server
+        ids = 0
+    if not ids:
+        return None
+    affinity = rt.affinity(provider)
+    slot = affinity.take(conv_id, f"{meta.model}\n{meta.template}", slots=ids)
+    held.then(lambda: affinity.give(slot))
+    return slot
+
+
+def _backend(rt: Runtime, on: On) -> Backend:
+    """The turn's provider; every request of the turn names its slot when it has one."""
+    backend = rt.backend(on.provider)
+    return backend if on.slot is None else Pinned(backend, on.slot)
+
+
 def _pinned(target: Target, session: BackendSession | None) -> Target:
     """A conversation whose history a server holds (an OpenCode session) stays on it."""
     if session is not None and len(target.providers) > 1 and session.provider in target.providers:
@@ -203,6 +236,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -
         window=min(windows) if windows else None,
         vision=all(c.vision for c in known),  # (unknown: let the server say)
         constrains=all(getattr(rt.backend(p), "structured_output", False) for p in usable),
+        tokenizer=next((p for p in usable if tokenized.counter([rt.backend(p)])), None),
     )
 
 
@@ -271,6 +305,21 @@ async def _plan(
     # pure work in proportion to the history (~10 µs a block): a long one is fitted on a
     # thread, not on the loop (5,500 blocks took ~100 ms)
     plan = await on_thread(fit) if len(blocks) - first > LONG_HISTORY else fit()
+    if prepared.tokenizer is not None:  # the estimate checked against the server's count
+        note = await tokenized.calibrate(
+            rt.calibration,
+            rt.backend(prepared.tokenizer),
+            meta.model,
+            plan.request,
+            plan.window,
+            now=rt.steady(),
+        )
+        if note is not None:
+            ratio = rt.calibration.ratio(meta.model)
+            fit = functools.partial(fit, ratio=ratio)
+            plan = await on_thread(fit) if len(blocks) - first > LONG_HISTORY else fit()
+            if not tokencount.noted(parsed.blocks, meta.model):  # said once a conversation
+                plan = replace(plan, notes=(note, *plan.notes))
     return replace(plan, notes=(blind, *plan.notes)) if blind else plan
 
 
@@ -436,7 +485,7 @@ async def _fit(
     await reply.save()  # says generating while it is made
     caps = await rt.capabilities(on.provider, on.model)
     text, why = await summarise(
-        rt.backend(on.provider),
+        _backend(rt, on),
         fitted,
         think=False if caps is not None and caps.thinking else None,
         check=functools.partial(_check_cancel, conv),
@@ -515,7 +564,7 @@ async def _pump_guarded(
     """:func:`_pump`, and the reasoning budget guard: a reply that spent all its tokens
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
-    backend = rt.backend(on.provider)
+    backend = _backend(rt, on)
     got = await _pump(conv, backend, request, reply, on_end=held.release)
     usage = got.usage
     if (

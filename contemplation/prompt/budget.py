@@ -78,9 +78,24 @@ class Calibration:
 
     weight: float = 0.3  # how much one new sample moves the ratio
     ratios: dict[str, float] = field(default_factory=dict)
+    asked: dict[str, float] = field(default_factory=dict)  # model -> when a tokenizer was asked
 
     def ratio(self, model: str) -> float:
         return self.ratios.get(model, DEFAULT_RATIO)
+
+    def measured(self, model: str) -> bool:
+        """A server has counted ``model``'s prompts (its reply, a refusal or its tokenizer)."""
+        return model in self.ratios
+
+    def counted(self, model: str, chars: int, tokens: int) -> float:
+        """The server's tokenizer counted ``tokens`` for ``chars`` characters of a request:
+        the ratio is the server's, at once (the chat template's few tokens a message are
+        :data:`PER_MESSAGE`)."""
+        if chars <= 0 or tokens <= 0:
+            return self.ratio(model)
+        new = min(max(tokens / chars, MIN_RATIO), MAX_REFUSED_RATIO)
+        self.ratios[model] = new
+        return new
 
     def observe(self, model: str, messages: Sequence[ChatMessage], prompt_eval_count: int) -> float:
         chars = prompt_chars(messages)

@@ -1,0 +1,82 @@
+"""The token estimate calibrated by the server's own tokenizer (issue 38 item 8, issue 39).
+
+A real llama-server (xllamacpp's build) counts digits at about one token a character, four
+times the default estimate. A daemon that has not yet heard the server count this model's
+prompts (a restart) would send a history it believes fits and have it refused; with a
+tokenizer at hand it counts the request's text once (``POST /tokenize``), fits the history to
+that count, and the request it sends fits the first time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from contemplation.engine.runtime import Runtime
+from contemplation.models import MarkerKind, Status
+from contemplation.prompt import budget, tokencount
+from contemplation.protocol.parser import parse
+from contemplation.settings import Settings
+from contemplation.store.layout import Conv, Home, read_state
+from contemplation.store.templates import load_template
+from contemplation.writer import drop_message, new_conversation
+from tests import peers, realpeers
+from tests.conftest import run_burst
+
+pytestmark = pytest.mark.real
+
+WINDOW = 2048  # llama-server's tokens per slot
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[realpeers.LlamaServer]:
+    peers.xllamacpp_available()
+    server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=WINDOW, threads=1).start()
+    yield server
+    server.stop()
+
+
+def notes_of(conv: Conv) -> list[str]:
+    return [
+        t for b in parse(conv.log.read_bytes()).blocks for k, t in b.markers if k is MarkerKind.NOTE
+    ]
+
+
+def digits(n: int) -> str:
+    return ("1234567890" * (n // 10 + 1))[:n]
+
+
+def test_a_restarted_daemon_counts_with_the_servers_tokenizer_and_sends_a_request_that_fits(
+    home: Home, llama: realpeers.LlamaServer, make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings(openai={"base_url": llama.url + "/v1"})
+    conv = new_conversation(
+        home, "numbers", template=load_template(home, "default"), model="smollm2", backend="openai"
+    )
+    meta = json.loads(conv.metadata.read_text())
+    meta["options"] = {"temperature": 0, "num_predict": 16}
+    conv.metadata.write_text(json.dumps(meta))
+    for i in range(2):  # each turn fits the window, even by the server's count
+        drop_message(conv, f"Table {i}, read it back: {digits(650)}")
+        run_burst(Runtime(settings=settings, home=home))
+        st = read_state(conv)
+        assert st is not None and st.status is Status.IDLE and st.turns == i + 1, st
+    # a daemon started again knows no ratio for smollm2: by the default estimate (a quarter
+    # of a token a character) the history and this message fit; by the server's count not
+    rt = Runtime(settings=settings, home=home)
+    assert not rt.calibration.measured("smollm2")
+    drop_message(conv, f"And this one: {digits(500)}")
+    run_burst(rt)
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE and st.turns == 3, st
+    notes = notes_of(conv)
+    assert not [n for n in notes if n.startswith("the server counted")], notes  # never refused
+    calibrated = [n for n in notes if tokencount.is_calibration_note(n, "smollm2")]
+    assert len(calibrated) == 1, notes
+    assert any(n.startswith("summary of the log before") for n in notes), notes  # compacted
+    assert rt.calibration.ratio("smollm2") > 2 * budget.DEFAULT_RATIO
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert not [t for b in blocks for k, t in b.markers if k is MarkerKind.ERROR]
+    assert blocks[-1].text.strip()  # answered
