@@ -54,9 +54,10 @@ from contemplation.faces.mcp.calls import (
     Limits,
     _json,
 )
+from contemplation.faces.mcp.elicit import takes_forms, wait_asking
 from contemplation.faces.mcp.subscriptions import Subscriptions
 from contemplation.faces.mcp.task_push import TaskPush
-from contemplation.faces.mcp.tasks import TasksExtension
+from contemplation.faces.mcp.tasks import TasksExtension, declared
 from contemplation.faces.reading import log_text
 from contemplation.index import listing
 from contemplation.models import Decision, Status
@@ -468,17 +469,21 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             if ctx is not None:
                 await ctx.report_progress(done, total, line)
 
-        try:
-            return _json(
-                await faces.wait(
-                    conversation_id,
-                    cursor,
-                    timeout_s,
-                    include_own=include_own,
-                    progress=progress,
-                    max_bytes=max_bytes,
-                )
+        async def wait(seconds: float) -> dict[str, Any]:
+            return await faces.wait(
+                conversation_id,
+                cursor,
+                seconds,
+                include_own=include_own,
+                progress=progress,
+                max_bytes=max_bytes,
             )
+
+        try:
+            if ctx is None or declared(ctx.request_context.meta) or not takes_forms(ctx):
+                return _json(await wait(timeout_s))
+            # a lookup marked ask is the person's: a form through the client, then on
+            return _json(await wait_asking(faces, ctx, wait, min(timeout_s, faces.limits.wait_cap)))
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc
 

@@ -42,13 +42,14 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from contemplation.errors import ContemplationError
+from contemplation.faces.mcp.elicit import elicits
 from contemplation.faces.mcp.subscriptions import (
     LISTEN_BACKLOG,
     RECOMPUTE_EVERY,
     connection_of,
     stat_key,
 )
-from contemplation.faces.mcp.tasks import Tasks, declared, elicits, missing_extension
+from contemplation.faces.mcp.tasks import Tasks, declared, missing_extension
 from contemplation.store.layout import Conv
 from contemplation.writer import daemon_alive
 from contemplation.writer.tasks import task_path

@@ -44,6 +44,7 @@ from contemplation.errors import ContemplationError
 from contemplation.faces import actions
 from contemplation.faces.actions import INITIAL_NAME
 from contemplation.faces.mcp.calls import Faces
+from contemplation.faces.mcp.elicit import CAPABILITIES_KEY, approval_form, elicits
 from contemplation.models import Status
 from contemplation.store import activity
 from contemplation.store.layout import Conv, read_state
@@ -52,7 +53,6 @@ from contemplation.writer.folders import withdraw
 from contemplation.writer.tasks import read_task, write_task
 
 EXTENSION = "io.modelcontextprotocol/tasks"
-CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 #: the tools that start a model turn: answered with a task to a client that takes tasks
 TASK_TOOLS = frozenset({"conversation_start", "conversation_respond", "conversation_approve"})
 SECRET_HEX = 32  # 128 bits
@@ -78,44 +78,6 @@ def declared(meta: Any) -> bool:
     caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
     exts = caps.get("extensions") if isinstance(caps, dict) else None
     return isinstance(exts, dict) and EXTENSION in exts
-
-
-def elicits(meta: Any) -> bool:
-    """Whether the request's client takes elicitation forms (``elicitation: {}`` is form)."""
-    caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
-    got = caps.get("elicitation") if isinstance(caps, dict) else None
-    return isinstance(got, dict) and ("form" in got or not got)
-
-
-DECISION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "decision": {
-            "type": "string",
-            "title": "Decision",
-            "oneOf": [
-                {"const": "once", "title": "Allow once"},
-                {"const": "always", "title": "Allow always (this tool, these arguments, here)"},
-                {"const": "reject", "title": "Reject (the model is told it was refused)"},
-            ],
-        }
-    },
-    "required": ["decision"],
-}
-
-
-def approval_form(item: dict[str, Any], model: str) -> dict[str, Any]:
-    """The elicitation form that asks the person about one lookup (a ``waiting`` item)."""
-    args = json.dumps(item.get("arguments", {}), ensure_ascii=False)
-    message = (
-        f"The local model ({model or 'model'}) asks to run {item.get('tool')} {args} "
-        f"for: {item.get('need')}. Asked because {item.get('why') or 'a rule says ask'}. "
-        "Allow it?"
-    )
-    return {
-        "method": "elicitation/create",
-        "params": {"mode": "form", "message": message, "requestedSchema": DECISION_SCHEMA},
-    }
 
 
 def missing_extension() -> MCPError:

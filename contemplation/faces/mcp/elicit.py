@@ -1,0 +1,147 @@
+"""Approvals are the person's: a lookup a ``[permissions]`` rule marks ``ask`` is put to the
+person as an elicitation form (allow once / allow always / reject, with what will be read and
+why) by a client that takes forms, and their answer is the decision, recorded as
+``conversation_approve`` records one (:func:`contemplation.faces.actions.approve`: under the
+faces' lock, the first decision about a lookup wins). A form is never answered by the agent's
+chat text: it goes to the client, which shows it to the person.
+
+Two ways in: a task's ``inputRequests`` (:mod:`contemplation.faces.mcp.tasks`, answered with
+``tasks/update``), and, outside tasks, :func:`wait_asking`: while ``conversation_wait`` waits,
+each lookup that waits for approval is sent as an ``elicitation/create`` request on the
+call's back channel, and the wait goes on with the decision made. A client that takes no
+forms (or has no back channel) keeps today's contract: ``waiting`` names conversation_approve.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp_types import ElicitResult
+
+from contemplation.errors import ContemplationError
+from contemplation.faces import actions
+from contemplation.faces.mcp.calls import Faces
+
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+MAX_ASKS = 16  # forms one conversation_wait puts to the person, at most
+ASK_TIMEOUT = 600.0  # seconds a person has to answer one form (then it is left undecided)
+
+
+def elicits(meta: Any) -> bool:
+    """Whether the request's client takes elicitation forms (``elicitation: {}`` is form)."""
+    caps = meta.get(CAPABILITIES_KEY) if isinstance(meta, dict) else None
+    got = caps.get("elicitation") if isinstance(caps, dict) else None
+    return isinstance(got, dict) and ("form" in got or not got)
+
+
+DECISION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "oneOf": [
+                {"const": "once", "title": "Allow once"},
+                {"const": "always", "title": "Allow always (this tool, these arguments, here)"},
+                {"const": "reject", "title": "Reject (the model is told it was refused)"},
+            ],
+        }
+    },
+    "required": ["decision"],
+}
+
+
+def approval_form(item: dict[str, Any], model: str) -> dict[str, Any]:
+    """The elicitation form that asks the person about one lookup (a ``waiting`` item)."""
+    args = json.dumps(item.get("arguments", {}), ensure_ascii=False)
+    message = (
+        f"The local model ({model or 'model'}) asks to run {item.get('tool')} {args} "
+        f"for: {item.get('need')}. Asked because {item.get('why') or 'a rule says ask'}. "
+        "Allow it?"
+    )
+    return {
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": message, "requestedSchema": DECISION_SCHEMA},
+    }
+
+
+def takes_forms(ctx: Context[Any, Any]) -> bool:
+    """Whether the client of this call takes form elicitation and can be asked now: declared
+    on the request (2026-07-28) or at initialize, with a back channel open."""
+    rc = ctx.request_context
+    if not rc.session.can_send_request:
+        return False
+    if elicits(rc.meta):
+        return True
+    caps = rc.session.client_capabilities
+    got = caps.elicitation if caps is not None else None
+    return got is not None and (got.form is not None or got.url is None)
+
+
+def _decision(result: ElicitResult) -> str | None:
+    if result.action == "decline":
+        return "reject"
+    got = (result.content or {}).get("decision") if result.action == "accept" else None
+    return got if isinstance(got, str) and got in actions.DECISIONS else None
+
+
+async def ask(faces: Faces, ctx: Context[Any, Any], out: dict[str, Any], asked: set[str]) -> int:
+    """Put each lookup of ``out["waiting"]`` not asked yet to the person; record their
+    decisions. Returns how many were decided here (a form cancelled, unanswered in time, or
+    a lookup another face decided first, is not)."""
+    rc = ctx.request_context
+    cid = str(out.get("conversation_id"))
+    decided = 0
+    for item in out.get("waiting", []):
+        if item.get("kind") != "approval" or str(item.get("id")) in asked:
+            continue
+        if len(asked) >= MAX_ASKS:
+            break
+        asked.add(str(item.get("id")))
+        form = approval_form(item, str(out.get("model", "")))["params"]
+        with anyio.move_on_after(ASK_TIMEOUT):
+            result = await rc.session.elicit_form(
+                form["message"], form["requestedSchema"], related_request_id=rc.request_id
+            )
+            decision = _decision(result)
+            if decision is not None and await anyio.to_thread.run_sync(
+                _record, faces, cid, decision, str(item.get("id"))
+            ):
+                decided += 1
+    return decided
+
+
+def _record(faces: Faces, cid: str, decision: str, request: str) -> bool:
+    try:
+        with faces.lock:
+            conv = faces.reader.locate(cid)
+            actions.approve(
+                faces.settings, conv, decision, request, reader=faces.reader, face="mcp"
+            )
+    except ContemplationError:
+        return False  # decided already (the first decision wins), or gone
+    return True
+
+
+async def wait_asking(
+    faces: Faces,
+    ctx: Context[Any, Any],
+    wait: Callable[[float], Awaitable[dict[str, Any]]],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """``conversation_wait`` for a client that takes forms: each lookup that waits for
+    approval is asked of the person, and once one is decided the wait goes on (within the
+    same ``timeout_s``) so the reply it lets through comes back in this call."""
+    deadline = anyio.current_time() + timeout_s
+    out = await wait(timeout_s)
+    asked: set[str] = set()
+    while len(asked) < MAX_ASKS and await ask(faces, ctx, out, asked):
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            break
+        out = await wait(left)
+    return out
