@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from contemplation.engine.runtime import Runtime
+from contemplation.faces.cli.root import main
 from contemplation.faces.dashboard import panels
 from contemplation.faces.mcp.calls import Faces
-from contemplation.faces.cli.root import main
 from contemplation.index import ledger as sums
 from contemplation.models import Ledger, Usage
 from contemplation.protocol import ledger
@@ -95,6 +95,7 @@ def test_scripted_ollama_turns_are_in_the_ledger_as_the_server_said(
     checked = Faces(s).check(conv.id)
     assert checked["ledger"] == one["total"]
     archive(home, conv)  # archived conversations are summed as well
+    assert f"ledger: {ledger.line(total)}" in run_cli(home, "status")  # the daemon's: all
     by = json.loads(run_cli(home, "ledger", "--json", "--by", "provider"))
     assert by["groups"] == [{"key": "ollama", **by["total"]}]
     assert by["total"]["sent"] == 410 and by["total"]["reused"] is None

@@ -33,7 +33,7 @@ from contemplation.faces.cli.common import (
     text_arg,
 )
 from contemplation.faces.reading import Reader, log_text
-from contemplation.models import State, Status
+from contemplation.models import LedgerSums, State, Status
 from contemplation.protocol import ledger, structured
 from contemplation.settings import Settings
 from contemplation.store import attachments, openfiles, waiting
@@ -502,6 +502,11 @@ def _daemon_status(home: Home) -> dict[str, Any]:
         "disk_active": show.size(counts["active_bytes"]),
         "disk_completed": show.size(counts["completed_bytes"]),
     }
+    from contemplation.index import ledger as ledger_sums
+
+    total = ledger_sums.summed(home, limit=1)["total"]  # every conversation, from the index
+    if total["turns"]:
+        data["ledger"] = ledger.line(LedgerSums.model_validate(total))
     now = time.time()
     generating = [
         f"{r['id']} since {time.strftime('%H:%M:%S', time.localtime(since))} ({now - since:.0f} s)"
