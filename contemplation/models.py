@@ -392,6 +392,7 @@ class ChatRequest:
     conversation_id: str = ""
     session: BackendSession | None = None  # what state.json says the server already holds
     schema: dict[str, Any] | None = None  # a JSON Schema the reply must match (structured.py)
+    slot: int | None = None  # the server slot holding this conversation's cache (id_slot)
 
 
 @dataclass(frozen=True, slots=True)

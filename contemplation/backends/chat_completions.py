@@ -411,6 +411,8 @@ def chat_body(request: ChatRequest, *, stream_usage: bool = True) -> dict[str, A
         body.setdefault("reasoning_effort", "high" if think == "max" else think)
     if request.tools:
         body["tools"] = list(request.tools)
+    if request.slot is not None:  # llama-server: the slot that holds this prompt's prefix
+        body["id_slot"] = request.slot
     if request.schema is not None:  # structured outputs (llama-server constrains decoding)
         body["response_format"] = {
             "type": "json_schema",

@@ -47,6 +47,7 @@ class On:
     target: Target
     guard: Guard
     queued_ms: float | None = None  # waited for the provider's slot (the ledger's)
+    slot: int | None = None  # the server slot the turn names (llama-server id_slot)
 
     @property
     def model(self) -> str:

@@ -16,6 +16,7 @@ from contemplation import backends as backend_registry
 from contemplation.backends import providers
 from contemplation.backends.base import Backend, Capabilities, KnowsLimits, Slots
 from contemplation.config.reload import backend_fingerprint
+from contemplation.engine.affinity import SlotAffinity
 from contemplation.engine.breaker import Breaker, Guard
 from contemplation.engine.probing import Prober
 from contemplation.engine.retryclock import RetryClock, longest_wait
@@ -59,6 +60,7 @@ class Runtime:
     retry_now: set[str] = field(default_factory=set)  # backoffs to cut short (a reload)
     retired: list[Any] = field(default_factory=list)  # clients a reload replaced: closed at the end
     slots_seen: dict[str, Slots] = field(default_factory=dict)  # what each provider said
+    affinities: dict[str, SlotAffinity] = field(default_factory=dict)  # slots a turn names
     _slots_asked: dict[str, float] = field(default_factory=dict)  # when (a failure: retried)
     _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -85,6 +87,10 @@ class Runtime:
                 slots=self.backend(name).concurrency, switch_after=self.settings.model_switch_after
             )
         return self.schedulers[name]
+
+    def affinity(self, name: str) -> SlotAffinity:
+        """Which of provider ``name``'s server slots holds which conversation's prompt."""
+        return self.affinities.setdefault(name, SlotAffinity())
 
     def target(self, meta: Metadata) -> providers.Target:
         """Where ``meta``'s turns go (its provider, or its alias's providers)."""
@@ -117,6 +123,7 @@ class Runtime:
         next used, since a restarted server may have other slots or another window."""
         self._slots_asked.pop(name, None)
         self.slots_seen.pop(name, None)
+        self.affinities.pop(name, None)  # a restarted server's slots hold nothing
         backend = self.backends.get(name)
         if isinstance(backend, KnowsLimits):
             backend.stale()
@@ -226,6 +233,7 @@ class Runtime:
         for name in changed:
             backend = self.backends.pop(name, None)
             self.schedulers.pop(name, None)
+            self.affinities.pop(name, None)
             self._slots_asked.pop(name, None)
             self.slots_seen.pop(name, None)
             if backend is not None:

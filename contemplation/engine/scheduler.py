@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 GRANTS_KEPT = 256
@@ -29,10 +29,18 @@ class Held:
 
     def __init__(self, scheduler: ModelScheduler) -> None:
         self._scheduler: ModelScheduler | None = scheduler
+        self._then: Callable[[], None] | None = None
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once, when the slot is given back (the server slot the turn named)."""
+        self._then = fn
 
     def release(self) -> None:
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
+            then, self._then = self._then, None
+            if then is not None:
+                then()
             scheduler._free += 1
             scheduler._dispatch()
 

@@ -24,6 +24,7 @@ from contemplation.backends.capabilities import resolve_think
 from contemplation.backends.providers import Target
 from contemplation.base.aio import on_thread
 from contemplation.engine import tokenized
+from contemplation.engine.affinity import NamesSlots, Pinned
 from contemplation.engine.retrying import (
     On,
     cancelled,
@@ -116,7 +117,13 @@ async def run_turn(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Out
     pool = [(name, rt.scheduler(name)) for name in usable]
     asked = time.monotonic()
     async with slot_any(pool, target.model) as (provider, held):
-        on = On(provider, target, guards[provider], (time.monotonic() - asked) * 1000)
+        on = On(
+            provider,
+            target,
+            guards[provider],
+            (time.monotonic() - asked) * 1000,
+            slot=await _name_slot(rt, provider, conv.id, served, held),
+        )
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more; one whose alias has a provider not resting goes
         # there at once instead of waiting out this one's rest
@@ -165,6 +172,30 @@ def _grown(rt: Runtime, w: ConvWriter) -> bool:
             log.info("message_grown", conv=w.conv.id, file=path.name, bytes=msg.seen.size)
             again = True
     return again
+
+
+async def _name_slot(
+    rt: Runtime, provider: str, conv_id: str, meta: Metadata, held: Held
+) -> int | None:
+    """The server slot this turn names, where the server lets a request name one (issue 39:
+    its own cache, else its template's warm prefix); given back with ``held``."""
+    backend = rt.backend(provider)
+    try:
+        ids = await backend.slot_ids() if isinstance(backend, NamesSlots) else 0
+    except BackendError:  # the turn itself reports what is wrong with the server
+        ids = 0
+    if not ids:
+        return None
+    affinity = rt.affinity(provider)
+    slot = affinity.take(conv_id, f"{meta.model}\n{meta.template}", slots=ids)
+    held.then(lambda: affinity.give(slot))
+    return slot
+
+
+def _backend(rt: Runtime, on: On) -> Backend:
+    """The turn's provider; every request of the turn names its slot when it has one."""
+    backend = rt.backend(on.provider)
+    return backend if on.slot is None else Pinned(backend, on.slot)
 
 
 def _pinned(target: Target, session: BackendSession | None) -> Target:
@@ -454,7 +485,7 @@ async def _fit(
     await reply.save()  # says generating while it is made
     caps = await rt.capabilities(on.provider, on.model)
     text, why = await summarise(
-        rt.backend(on.provider),
+        _backend(rt, on),
         fitted,
         think=False if caps is not None and caps.thinking else None,
         check=functools.partial(_check_cancel, conv),
@@ -533,7 +564,7 @@ async def _pump_guarded(
     """:func:`_pump`, and the reasoning budget guard: a reply that spent all its tokens
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
-    backend = rt.backend(on.provider)
+    backend = _backend(rt, on)
     got = await _pump(conv, backend, request, reply, on_end=held.release)
     usage = got.usage
     if (

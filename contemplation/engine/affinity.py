@@ -1,0 +1,129 @@
+"""Which of a server's slots a turn names, so that it lands where its prompt is cached.
+
+llama-server keeps each slot's last prompt and reuses the longest common prefix with the next
+request in that slot; a request may name its slot (``id_slot``; a busy one queues it). A
+conversation keeps the slot that holds its history unless that slot is busy and another is
+free (issue 39). A new conversation takes an unused slot, but while one slot prefills its
+template's prefix for the first time, the others of a burst join the slots that hold that
+prefix instead of prefilling it again each (the protocol and the template's text come first
+in every prompt): one cold prefill at a time, the rest reused. Only this daemon's turns are
+counted: a slot another client keeps busy makes the server queue ours.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+from contemplation.backends.base import Backend, Capabilities, Check
+from contemplation.models import BackendSession, ChatRequest, StreamEvent
+
+KEPT = 4096  # conversations remembered per provider (the oldest forgotten)
+
+
+@dataclass
+class SlotAffinity:
+    """One provider's slots as this daemon uses them: who each slot's cache belongs to (the
+    conversation whose turn it served last), which template's prefix it holds, and how many
+    of this daemon's turns are on it now (more than one: the server queues them)."""
+
+    _load: dict[int, int] = field(default_factory=dict)  # turns on the slot now
+    _used: dict[int, int] = field(default_factory=dict)  # slot -> when last taken (a counter)
+    _owner: dict[int, str] = field(default_factory=dict)  # slot -> the conversation it holds
+    _holds: dict[int, str] = field(default_factory=dict)  # slot -> the prefix it holds
+    _warming: set[int] = field(default_factory=set)  # slots prefilling a prefix anew
+    _conv: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    _tick: itertools.count[int] = field(default_factory=itertools.count)
+
+    def take(self, conv_id: str, prefix: str, *, slots: int) -> int:
+        """The slot for a turn of ``conv_id`` whose prompt starts with ``prefix``'s shared
+        text, counted until :meth:`give`.
+
+        Its own slot (the one whose cache is still its history) when free, or when every
+        slot is busy; when it is busy and another is free, the free one holding the prefix,
+        else the one used longest ago. A new conversation: a slot no turn has used yet, unless
+        another slot is already prefilling this prefix for the first time (a burst of one
+        template): then the least busy slot that holds the prefix, where the server queues
+        it behind the turn there (one cold prefill at a time, the others reuse it); with no
+        unused slot left, the free slot that holds the prefix, else the one used longest ago."""
+        free = [i for i in range(slots) if not self._load.get(i)]
+        own = self._conv.get(conv_id)
+        if own is not None and own < slots and self._owner.get(own) == conv_id:
+            if own in free or not free:
+                return self._mark(own, conv_id, prefix)
+            moved = min(free, key=lambda i: (self._holds.get(i) != prefix, self._used.get(i, -1)))
+            return self._mark(moved, conv_id, prefix)  # busy, another free: it moves there
+        warm = [i for i in range(slots) if self._holds.get(i) == prefix]
+        cold = [i for i in free if i not in self._used]
+        warming = any(i in self._warming and self._load.get(i) for i in warm)
+        if cold and not warming:
+            slot = cold[0]
+        elif cold or not free:  # join the warm prefix (the server queues it there)
+            slot = min(warm or range(slots), key=lambda i: (self._load.get(i, 0), self._used[i]))
+        else:
+            slot = min([i for i in free if i in warm] or free, key=lambda i: self._used[i])
+        return self._mark(slot, conv_id, prefix)
+
+    def _mark(self, slot: int, conv_id: str, prefix: str) -> int:
+        if self._holds.get(slot) != prefix:
+            self._warming.add(slot)
+        self._holds[slot], self._owner[slot] = prefix, conv_id
+        self._load[slot] = self._load.get(slot, 0) + 1
+        self._used[slot] = next(self._tick)
+        _remember(self._conv, conv_id, slot)
+        return slot
+
+    def give(self, slot: int) -> None:
+        """A turn on ``slot`` is over: the slot holds that turn's prompt (and prefix)."""
+        self._load[slot] = max(0, self._load.get(slot, 0) - 1)
+        if not self._load[slot]:
+            self._warming.discard(slot)
+
+    def remembered(self) -> int:
+        return len(self._conv)
+
+
+def _remember(seen: OrderedDict[str, int], key: str, slot: int) -> None:
+    seen[key] = slot
+    seen.move_to_end(key)
+    while len(seen) > KEPT:
+        seen.popitem(last=False)
+
+
+@runtime_checkable
+class NamesSlots(Protocol):
+    """A backend whose server lets a request name its slot (llama-server ``id_slot``)."""
+
+    async def slot_ids(self) -> int:
+        """How many slots a request may name (0: none); raises BackendError."""
+        ...
+
+
+class Pinned:
+    """A backend whose every request of one turn names ``slot`` (the reply and the summary
+    call the turn may make first: both start with the prompt that slot holds)."""
+
+    def __init__(self, inner: Backend, slot: int) -> None:
+        self.inner, self.slot = inner, slot
+        self.name, self.label, self.concurrency = inner.name, inner.label, inner.concurrency
+
+    def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
+        return self.inner.stream(replace(request, slot=self.slot))
+
+    async def capabilities(self, model: str) -> Capabilities:
+        return await self.inner.capabilities(model)
+
+    async def check(self, model: str | None) -> list[Check]:
+        return await self.inner.check(model)
+
+    async def models(self) -> list[str]:
+        return await self.inner.models()
+
+    async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
+        await self.inner.forget(conversation_id, session)
+
+    async def aclose(self) -> None:
+        return None  # the client is the provider's, not this turn's

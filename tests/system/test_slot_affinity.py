@@ -1,0 +1,115 @@
+"""Issue 39, affinity: a conversation's turns name the llama-server slot that holds its
+history (``id_slot``), so that two conversations taking turns on a 4-slot server each find
+their whole previous prompt in the cache (the server's ``timings.cache_n``), never the
+other's. A recording proxy on loopback sits between the daemon's runtime and the server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from contemplation.engine.runtime import Runtime
+from contemplation.settings import Settings
+from contemplation.store.layout import Conv, Home, read_metadata
+from contemplation.store.templates import load_template
+from contemplation.writer import drop_message, new_conversation, write_metadata
+from tests import peers
+from tests.conftest import run_burst
+from tests.realpeers import LlamaServer
+
+
+class Recorder:
+    """Forwards every request to ``upstream`` as it is; keeps each chat request's body and
+    the ``timings`` of its reply (the last streamed chunk that carries them)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.chats: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._forward(None)
+
+            def do_POST(self) -> None:
+                self._forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def _forward(self, body: bytes | None) -> None:
+                headers = {"Content-Type": "application/json"}
+                with httpx.stream(
+                    self.command, upstream + self.path, content=body, headers=headers, timeout=600
+                ) as resp:
+                    self.send_response(resp.status_code)
+                    self.send_header("Content-Type", resp.headers.get("content-type", ""))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    timings: dict[str, Any] = {}
+                    for line in resp.iter_lines():
+                        if line.startswith("data: {") and '"timings"' in line:
+                            timings = json.loads(line[6:]).get("timings") or timings
+                        self.wfile.write(line.encode() + b"\n")
+                        self.wfile.flush()
+                if body and self.path.endswith("chat/completions"):
+                    recorder.chats.append((json.loads(body), timings))
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorded() -> Iterator[Recorder]:
+    server = LlamaServer(peers.smollm2_gguf(), n_ctx=2048, n_parallel=4).start()
+    recorder = Recorder(server.url)
+    try:
+        yield recorder
+    finally:
+        recorder.stop()
+        server.stop()
+
+
+def _conversation(home: Home, topic: str) -> Conv:
+    conv = new_conversation(
+        home, topic, template=load_template(home, "default"), model="smollm2", backend="openai"
+    )
+    meta = read_metadata(conv)
+    assert meta is not None
+    write_metadata(conv, meta.model_copy(update={"options": {"temperature": 0, "num_predict": 8}}))
+    return conv
+
+
+@pytest.mark.real
+def test_two_conversations_taking_turns_each_keep_their_slot_and_its_cache(
+    home: Home, recorded: Recorder, make_settings: Callable[..., Settings]
+) -> None:
+    rt = Runtime(settings=make_settings(openai={"base_url": recorded.url}), home=home)
+    convs = {"a": _conversation(home, "Folder queues"), "b": _conversation(home, "Log rotation")}
+    for i in range(3):
+        for conv in convs.values():
+            drop_message(conv, f"In one short sentence, idea number {i}?")
+            run_burst(rt)
+    sent = recorded.chats
+    assert len(sent) == 6, [b.get("id_slot") for b, _ in sent]
+    slots = {
+        name: [sent[j][0].get("id_slot") for j in range(k, 6, 2)]
+        for k, name in [(0, "a"), (1, "b")]
+    }
+    assert all(isinstance(s, int) for ids in slots.values() for s in ids), slots
+    assert len(set(slots["a"])) == 1 and len(set(slots["b"])) == 1, slots  # each keeps its own
+    assert slots["a"][0] != slots["b"][0], slots  # an unused slot was free: no eviction
+    for j in range(2, 6):  # turn k+1 finds turn k's whole prompt in its slot's cache
+        before, now = sent[j - 2][1], sent[j][1]
+        assert now["cache_n"] >= before["cache_n"] + before["prompt_n"] - 2, (j, before, now)
