@@ -183,8 +183,10 @@ def test_a_real_llama_server_counts_what_the_ledger_says_within_one_percent(
     assert total.recomputed == pytest.approx(prefilled, rel=0.01)
     assert total.output == pytest.approx(predicted, rel=0.01)
     assert total.prefill_ms and total.generate_ms and total.queued_ms is not None
+    off = [abs(a - b) / b * 100 for a, b in ((total.recomputed, prefilled), (total.output, predicted))]
     print(
-        f"ledger recomputed {total.recomputed} vs server prompt_tokens_total {prefilled:.0f}; "
-        f"ledger output {total.output} vs tokens_predicted_total {predicted:.0f}; "
-        f"sent {total.sent} = reused {total.reused} + recomputed {total.recomputed}"
+        f"\nledger recomputed {total.recomputed} vs server prompt_tokens_total {prefilled:.0f} "
+        f"({off[0]:.2f} % off); ledger output {total.output} vs tokens_predicted_total "
+        f"{predicted:.0f} ({off[1]:.2f} % off); sent {total.sent} = reused {total.reused} "
+        f"+ recomputed {total.recomputed}"
     )
