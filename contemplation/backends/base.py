@@ -34,6 +34,8 @@ class Capabilities:
     source: str = "default"  # "server", "family table", "config", "default"
     request_window: int | None = None  # what each request is given, when the backend sets it
     # (Ollama's num_ctx, always sent: Ollama otherwise truncates silently)
+    cannot_chat: str = ""  # what the server says the model is instead of one that chats
+    # (Ollama's capabilities without "completion": "embedding", "decision"); "": it chats
 
 
 @dataclass(frozen=True, slots=True)

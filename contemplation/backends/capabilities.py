@@ -193,3 +193,16 @@ def resolve_think(
             kind=ErrorKind.UNSUPPORTED,
         )
     return None, f"{why}; think={value!r} was dropped for this reply"
+
+
+def cannot_chat(model: str, caps: Capabilities) -> BackendError | None:
+    """The one-line refusal of a conversation with a model its server says cannot chat (an
+    embedding model, a ``decision`` one: no "completion" among its capabilities)."""
+    if not caps.cannot_chat:
+        return None
+    return BackendError(
+        f"{model} cannot hold a conversation: its server lists it as {caps.cannot_chat} "
+        "(no completion); pick a model that chats (contemplation models)",
+        transient=False,
+        kind=ErrorKind.UNSUPPORTED,
+    )

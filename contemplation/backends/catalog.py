@@ -69,6 +69,7 @@ async def _describe(backend: Backend, model: str, room: asyncio.Semaphore) -> di
         "context_length": caps.context_length,
         "request_window": caps.request_window,
         "source": caps.source,
+        "cannot_chat": caps.cannot_chat,  # "": it chats; else what the server says it is
     }
 
 

@@ -288,6 +288,7 @@ class OllamaBackend:
                 tools="tools" in listed,
                 vision="vision" in listed,
                 source="server",
+                cannot_chat=_not_chat(listed),
             )
         info = data.get("model_info") or {}
         arch = info.get("general.architecture")
@@ -436,3 +437,11 @@ def _make(m: BackendInputs) -> OllamaBackend:
 
 
 KIND = BackendKind(backend_kinds.OLLAMA, _make, OllamaSettings)
+
+
+def _not_chat(listed: list[Any]) -> str:
+    """What ``/api/show`` lists for a model that cannot chat (no "completion": an embedding
+    model, a ``decision`` one), "" for one that can or a list that says nothing."""
+    if not listed or "completion" in listed:
+        return ""
+    return ", ".join(str(c) for c in listed)

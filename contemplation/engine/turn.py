@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from contemplation.backends.base import Backend
-from contemplation.backends.capabilities import resolve_think
+from contemplation.backends.capabilities import cannot_chat, resolve_think
 from contemplation.backends.providers import Target
 from contemplation.base.aio import on_thread
 from contemplation.engine import tokenized
@@ -212,6 +212,9 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -
     found = [await rt.capabilities(name, meta.model) for name in usable]
     known = [c for c in found if c is not None]
     caps = known[0] if known else None  # None: the turn reports the error
+    for c in known:  # an embedding or decision model: one ERROR, no request (issue 39)
+        if (refused := cannot_chat(meta.model, c)) is not None:
+            return _Prepared(context=context, error=refused)
     windows = [w for c in known if (w := c.request_window or c.context_length)]
     think: bool | str | None = meta.think
     note: str | None = None

@@ -86,6 +86,10 @@ class FakeOllama:
                 "ctx": 40960,
             },
             "gemma": {"capabilities": ["completion"], "arch": "gemma", "ctx": 8192},
+            # models that cannot chat: /api/show lists no "completion" (Ollama's own words for
+            # an embedding model; "decision" as issue 39 reports Ollama 0.35 lists it)
+            "nomic-embed-text": {"capabilities": ["embedding"], "arch": "nomic-bert", "ctx": 2048},
+            "judge": {"capabilities": ["decision"], "arch": "qwen3", "ctx": 8192},
         }
         self.default_step = Step()
         self.lock = threading.Lock()
