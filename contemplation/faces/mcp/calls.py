@@ -276,8 +276,10 @@ class Faces:
         for path in paths:
             try:
                 found.append((self._router.judge_file(path, template=template), Path(path).name))
-            except ContemplationError as exc:
-                raise InputRejected(f"cannot attach {path}: {exc}") from exc
+            except ContemplationError as exc:  # the agent is told the setting too: its person's
+                hint = getattr(exc, "hint", "")
+                why = f"{exc} ({hint})" if hint else str(exc)
+                raise InputRejected(f"cannot attach {path}: {why}") from exc
         limits = self.settings.attachments
         return attachments.checked(
             tuple(attachments.read_file(real, limits, name) for real, name in found), limits
