@@ -247,6 +247,7 @@ MIN_ENTRY_CHARS = 300  # a message cut shorter than this says too little to summ
 NOTE_CHARS = 480  # text per NOTE line (logformat.one_line cuts a marker's text at 500)
 SUMMARY_HEAD = "summary of the log before the last {keep} block(s)"
 SUMMARY_MORE = "summary, continued: "
+REUSED_TAIL = "the summary above stands in for them"  # a reused summary's NOTE, said once
 _SUMMARY_RE = re.compile(r"^summary of the log before the last (\d+) block\(s\)[^:]*: (.*)$", re.S)
 _SUMMARY_ASK = (
     "Summarise this earlier part of a conversation in at most {words} words. Keep facts, "
@@ -312,10 +313,12 @@ def evict(
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """A summary read back from the log: its text and the first block it does not cover."""
+    """A summary read back from the log: its text and the first block it does not cover
+    (``at``: the block that holds it)."""
 
     text: str
     covers: int
+    at: int = field(default=-1, compare=False)
 
 
 def _flat(text: str) -> str:
@@ -368,8 +371,13 @@ def read_summary(blocks: Sequence[Block]) -> Saved | None:
                     break
                 parts.append(more[len(SUMMARY_MORE) :])
             keep = max(1, int(m.group(1)))  # the block that holds it is never in it
-            return Saved(" ".join(parts).strip(), max(0, idx + 1 - keep))
+            return Saved(" ".join(parts).strip(), max(0, idx + 1 - keep), at=idx)
     return None
+
+
+def _said(blocks: Sequence[Block], tail: str) -> bool:
+    """A NOTE in ``blocks`` ends with ``tail``."""
+    return any(k is MarkerKind.NOTE and t.endswith(tail) for b in blocks for k, t in b.markers)
 
 
 def with_summary(messages: Sequence[ChatMessage], summary: str) -> list[ChatMessage]:
@@ -526,9 +534,11 @@ def _plan(
     if old is not None and head + _summary_cost(ratio, len(old)) + sum(costs) <= budget:
         # the summary in the log still covers enough: no call
         req, out = replace(base, kept=tuple(rest[start:]))._finish(old, "")
+        if saved is not None and _said(blocks[saved.at + 1 :], REUSED_TAIL):
+            return Plan(req, tuple(out))  # said once, at its first reuse: not every turn
         reused = (
             f"{before + start} earlier message(s) were left out {_window_note(window)}; "
-            "the summary above stands in for them"
+            f"{REUSED_TAIL}"
         )
         return Plan(req, (*out, reused))
     # fitted at once to the low-water mark, not to the brim: the turns after it grow into the
