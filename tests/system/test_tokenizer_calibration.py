@@ -9,11 +9,14 @@ that count, and the request it sends fits the first time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from contemplation.backends.base import PhaseTimeouts
+from contemplation.backends.openai import OpenAIBackend
 from contemplation.engine.runtime import Runtime
 from contemplation.models import MarkerKind, Status
 from contemplation.prompt import budget, tokencount
@@ -24,6 +27,7 @@ from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests import peers, realpeers
 from tests.conftest import run_burst
+from tests.fakes.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.real
 
@@ -80,3 +84,29 @@ def test_a_restarted_daemon_counts_with_the_servers_tokenizer_and_sends_a_reques
     blocks = parse(conv.log.read_bytes()).blocks
     assert not [t for b in blocks for k, t in b.markers if k is MarkerKind.ERROR]
     assert blocks[-1].text.strip()  # answered
+
+
+FAST = PhaseTimeouts(connect=2, first_byte=5, idle=5, total=30)
+
+
+def count(url: str, text: str) -> int | None:
+    async def go() -> int | None:
+        backend = OpenAIBackend(url, timeouts=FAST)
+        try:
+            return await backend.count_tokens(text, within=5)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(go())
+
+
+def test_the_count_is_llama_servers_own_and_a_server_without_a_tokenizer_says_none(
+    llama: realpeers.LlamaServer,
+) -> None:
+    assert count(llama.url + "/v1", digits(300)) == 300  # one token a digit, as it counts
+    fake = FakeOpenAI().start()  # an OpenAI-compatible server with no /tokenize (404)
+    try:
+        assert count(fake.url + "/v1", digits(300)) is None
+        assert [r["_path"] for r in fake.requests] == ["/tokenize"]  # at the root, once
+    finally:
+        fake.stop()
