@@ -9,6 +9,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from contemplation import backends
+from contemplation.backends import capabilities, providers
 from contemplation.errors import BackendError, ConfigError
 from contemplation.settings import Settings
 from contemplation.store.layout import Home, list_conversations, read_metadata
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # aiohttp comes with the families: only when a caller talks t
 
 MAX_MODELS = 200  # per backend; the rest are counted, not described
 AT_ONCE = 4  # capability look-ups in flight per backend
+LOOKUP_S = 5.0  # the longest a face waits to learn whether a model can chat
 
 
 def configured(settings: Settings, asked: tuple[str, ...]) -> list[str]:
@@ -107,6 +109,28 @@ async def _slots(backend: Backend) -> dict[str, Any]:
     except BackendError as exc:
         return {"slots": backend.concurrency, "slots_from": f"not asked: {exc}"}
     return {"slots": found.count, "slots_from": found.source}
+
+
+async def refusal(settings: Settings, backend: str, model: str) -> str | None:
+    """Why a conversation with ``model`` on ``backend`` (a provider or an alias) is refused:
+    its server says it cannot chat (issue 39). None when it chats, or when no server can say
+    within LOOKUP_S (the daemon asks again at its turn and writes the same ERROR)."""
+    target = providers.target(settings, backend, model)
+    for name in target.providers:
+        try:
+            found = backends.build(name, settings, fallback=False)
+        except ConfigError:
+            continue
+        try:
+            async with asyncio.timeout(LOOKUP_S):
+                caps = await found.capabilities(target.model)
+        except (BackendError, TimeoutError):
+            continue
+        finally:
+            await found.aclose()
+        refused = capabilities.cannot_chat(target.model, caps)
+        return str(refused) if refused is not None else None
+    return None
 
 
 async def list_all(settings: Settings, names: list[str]) -> list[dict[str, Any]]:

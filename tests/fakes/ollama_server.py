@@ -65,6 +65,14 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+# models that cannot chat, as /api/show lists them: no "completion" (an embedding model;
+# "decision" as issue 39 reports Ollama 0.35 lists it)
+NOT_CHAT: dict[str, dict[str, Any]] = {
+    "nomic-embed-text": {"capabilities": ["embedding"], "arch": "nomic-bert", "ctx": 2048},
+    "judge": {"capabilities": ["decision"], "arch": "qwen3", "ctx": 8192},
+}
+
+
 class FakeOllama:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.script: deque[Step] = deque()
@@ -86,11 +94,7 @@ class FakeOllama:
                 "ctx": 40960,
             },
             "gemma": {"capabilities": ["completion"], "arch": "gemma", "ctx": 8192},
-            # models that cannot chat: /api/show lists no "completion" (Ollama's own words for
-            # an embedding model; "decision" as issue 39 reports Ollama 0.35 lists it)
-            "nomic-embed-text": {"capabilities": ["embedding"], "arch": "nomic-bert", "ctx": 2048},
-            "judge": {"capabilities": ["decision"], "arch": "qwen3", "ctx": 8192},
-        }
+        }  # a test adds NOT_CHAT's models where it wants them listed
         self.default_step = Step()
         self.lock = threading.Lock()
         self.active = 0
@@ -277,6 +281,9 @@ class _Handler(JsonHandler):
         info = fake.models.get(name)
         if info is None:
             self._json(404, {"error": f"model '{model}' not found"})
+            return
+        if "completion" not in info["capabilities"]:  # Ollama's ChatHandler, in its words
+            self._json(400, {"error": f'"{model}" does not support chat'})
             return
         if body.get("think") not in (None, False) and "thinking" not in info["capabilities"]:
             self._json(400, {"error": f'"{model}" does not support thinking'})

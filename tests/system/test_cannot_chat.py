@@ -16,10 +16,10 @@ from contemplation.engine.runtime import Runtime
 from contemplation.models import MarkerKind, Status
 from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
-from contemplation.store.layout import Home, read_state
+from contemplation.store.layout import Home, list_conversations, read_state
 from contemplation.writer import drop_message
-from tests.conftest import run_burst
-from tests.fakes.ollama_server import FakeOllama
+from tests.conftest import base_env, cli, run_burst
+from tests.fakes.ollama_server import NOT_CHAT, FakeOllama
 from tests.system.test_history import make
 
 
@@ -33,6 +33,7 @@ def test_a_conversation_with_a_model_that_cannot_chat_ends_in_one_error(
     model: str,
     capability: str,
 ) -> None:
+    fake_ollama.models.update(NOT_CHAT)
     rt = Runtime(settings=make_settings(fake_ollama), home=home)
     conv = make(home, model=model)
     drop_message(conv, "Hello?")
@@ -52,9 +53,30 @@ def test_a_conversation_with_a_model_that_cannot_chat_ends_in_one_error(
 def test_models_lists_what_cannot_chat(
     fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:
+    fake_ollama.models.update(NOT_CHAT)
     listing = asyncio.run(list_all(make_settings(fake_ollama), ["ollama"]))
     rows = {m["name"].split(":")[0]: m for m in listing[0]["models"]}
     assert rows["nomic-embed-text"]["cannot_chat"] == "embedding"
     assert rows["judge"]["cannot_chat"] == "decision"
     assert rows["gemma"]["cannot_chat"] == ""
     json.dumps(listing)  # the --json face prints it as it is
+
+
+def test_the_cli_lists_them_and_refuses_a_conversation_with_one(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    fake_ollama.models.update(NOT_CHAT)
+    env = base_env(home, fake_ollama)
+    out = cli(env, "models").stdout
+    assert "ollama: nomic-embed-text:latest cannot chat (embedding)" in out, out
+    assert "ollama: judge:latest cannot chat (decision)" in out, out
+    refused = cli(env, "new", "Vectors", "--model", "nomic-embed-text", check=False)
+    assert refused.returncode == 1, refused
+    [line] = refused.stderr.strip().splitlines()  # one line, naming the capability
+    assert "nomic-embed-text" in line and "embedding" in line, line
+    assert list_conversations(home) == []  # nothing was created
+    conv = cli(env, "new", "Words", "--model", "gemma").stdout.strip()
+    moved = cli(env, "set-model", conv, "judge", check=False)
+    assert moved.returncode == 1 and "decision" in moved.stderr, moved
+    assert len(moved.stderr.strip().splitlines()) == 1, moved.stderr
+    assert json.loads((home.active / conv / "metadata.json").read_text())["model"] == "gemma"

@@ -6,6 +6,7 @@ when one of them runs (see :mod:`contemplation.faces.cli.root`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -15,7 +16,9 @@ from typing import Any
 import click
 
 from contemplation.backends import providers
+from contemplation.backends.catalog import refusal
 from contemplation.base.terminal import safe
+from contemplation.errors import InputRejected
 from contemplation.faces import actions
 from contemplation.faces.cli import show
 from contemplation.faces.cli import wait as cli_wait
@@ -114,6 +117,8 @@ def new(  # noqa: PLR0917 - click passes every option positionally
             actions.check_message(text, s)  # before anything is created
     elif wait:
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
+    if model and (why := asyncio.run(refusal(s, backend or s.default_backend, model))):
+        raise InputRejected(why)  # an embedding or decision model (issue 39)
     conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
     reader = Reader(Home(s.home))
     ex = cli_wait.begin(reader, conv, _block(text, files, s), wait=wait)

@@ -94,6 +94,14 @@ def models(ctx: click.Context, asked: tuple[str, ...], as_json: bool) -> None:
                 click.echo(safe(f"{entry['backend']}: {entry['error']}"), err=True)
             elif entry.get("slots_from"):
                 click.echo(f"{entry['backend']}: {entry['slots']} slot(s), {entry['slots_from']}")
+            for m in entry.get("models", []):
+                if m.get("cannot_chat"):
+                    click.echo(
+                        safe(
+                            f"{entry['backend']}: {m['name']} cannot chat ({m['cannot_chat']}): "
+                            "a conversation with it is refused"
+                        )
+                    )
     if any(not e["ok"] and e["backend"] in needed for e in listing):
         sys.exit(EXIT_ERROR)
 

@@ -5,10 +5,15 @@ Loaded only when they run (see :mod:`contemplation.faces.cli.root`)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import click
 
+from contemplation.backends.catalog import refusal
+from contemplation.errors import InputRejected
 from contemplation.faces import actions
 from contemplation.faces.cli.common import CONVERSATION, ctx_settings, emit, json_option, lookup
+from contemplation.store.layout import read_metadata
 
 
 @click.command()
@@ -38,7 +43,12 @@ def set_model(
 ) -> None:
     """Send the next turns of CONVERSATION to MODEL (a turn in flight ends as it began)."""
     conv = lookup(ctx, conversation)
-    done = actions.set_model(ctx_settings(ctx), conv, model, backend)
+    s = ctx_settings(ctx)
+    meta = read_metadata(conv)
+    on = backend or (model if model in s.aliases else None) or (meta.backend if meta else "")
+    if why := asyncio.run(refusal(s, on or s.default_backend, model)):
+        raise InputRejected(why)  # an embedding or decision model (issue 39)
+    done = actions.set_model(s, conv, model, backend)
     was = done["was"]
     human = (
         f"{conv.id}: the next turn goes to {done['model']} on {done['backend']} "
