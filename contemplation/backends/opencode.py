@@ -485,10 +485,19 @@ class OpenCodeBackend:
             return int(v) if isinstance(v, int | float) else None
 
         caps = self._caps.get(model)
-        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+        # OpenCode's input leaves out what the cache gave (cache.read) and what was written
+        # to it (cache.write, computed): its total is input + output + both
+        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else None
+        sent, read = count(tokens.get("input")), None
+        computed = None
+        if cache is not None and sent is not None:
+            read = count(cache.get("read"))
+            computed = sent + (count(cache.get("write")) or 0)
+            sent = computed + (read or 0)
         usage = Usage(
-            prompt_eval_count=count(tokens.get("input")),
-            cached_tokens=count((cache or {}).get("read")),
+            prompt_eval_count=sent,
+            cached_tokens=read,
+            computed_tokens=computed,
             eval_count=count(tokens.get("output")),
             wall_ms=(time.monotonic() - t0) * 1000,
             done_reason=str(info["finish"]) if info.get("finish") else None,

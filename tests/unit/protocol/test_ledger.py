@@ -56,3 +56,27 @@ def test_the_record_is_bounded_but_the_sums_hold_every_turn() -> None:
     assert len(book.turns) == LEDGER_TURNS_KEPT and book.turns[-1].turn == n
     assert len(book.by) == LEDGER_KEYS_KEPT + 1 and ledger.OTHER in book.by
     assert ledger.total(book).output == n
+
+
+
+def test_opencode_reports_its_input_and_cache_read_as_its_fixture_shows() -> None:
+    """The shape of OpenCode 1.18's prompt response (shared/reference/fixtures), with a cache
+    read where the fixture's stub server had none."""
+    from contemplation.backends.opencode import OpenCodeBackend
+
+    tokens = {"total": 130, "input": 10, "output": 3, "reasoning": 0,
+              "cache": {"write": 0, "read": 117}}  # fmt: skip
+    data = {
+        "info": {"role": "assistant", "tokens": tokens, "finish": "stop", "id": "msg_1"},
+        "parts": [
+            {"type": "step-start", "id": "prt_1"},
+            {"type": "text", "text": "pong from stub ", "id": "prt_2"},
+            {"type": "step-finish", "reason": "stop", "tokens": tokens, "id": "prt_3"},
+        ],
+    }
+    events, _ = OpenCodeBackend("http://127.0.0.1:9")._events(data, time.monotonic(), "m")
+    usage = events[-1].usage
+    assert usage is not None
+    line = ledger.entry(usage, turn=1, provider="opencode", model="m")
+    # OpenCode's input leaves the cache read out (its total is input + output + cache)
+    assert (line.sent, line.reused, line.recomputed, line.output) == (127, 117, 10, 3)
