@@ -108,26 +108,29 @@ def test_a_thousand_needs_are_capped(
 ) -> None:
     rt = rt_for(make_settings, fake_ollama, tmp_path)
     conv = make(home)
-    # the block of 995 refusals alone is ~11,000 tokens: a 16,384-token window holds it, not
-    # the whole history (the fake refuses a prompt over its window, as Ollama does when told
-    # "truncate": false; a cut prompt is never answered)
+    # the model's reply of 1,000 NEED lines is ~9,000 tokens: a 16,384-token window holds it
+    # (the fake refuses a prompt over its window, as Ollama does when told "truncate": false)
     meta = json.loads(conv.metadata.read_text())
     conv.metadata.write_text(json.dumps({**meta, "options": {"num_ctx": 16384}}))
     drop_message(conv, "ask for everything")
     fake_ollama.enqueue(
         Step(text="\n".join(f"NEED: Current state of item {i}" for i in range(1000))),
-        # 1,000 answers overflow the window: the older turns are summarised
         Step(text="asked for a thousand items"),
-        Step(text="done"),
     )
     run_burst(rt)
     log = conv.log.read_text()
     assert log.count("limit reached: the reply asked for 1000 things") == 1  # one block for 995
     assert log.count("RESPONSE TO NEED: Current state of item") == 1000
     assert log.count("=== CLAUDE -> OLLAMA") == 1 + 5 + 1
-    assert "summarised to fit the model's context window" in log
-    assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "done"
-    assert len(fake_ollama.chat_requests()) == 3  # the reply, one summary, the reply after
+    assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "asked for a thousand items"
+    # the log keeps all 995 lines of the limit block; the model is sent the first and last
+    # five and how many between, so the answers fit beside its reply with no summary
+    requests = fake_ollama.chat_requests()
+    assert len(requests) == 2
+    sent = requests[-1]["messages"][-1]["content"]
+    assert "[… 985 more needs, answered together with these …]" in sent
+    assert sent.count("RESPONSE TO NEED: Current state of item") == 10
+    assert "summarised" not in log
 
 
 def test_native_tool_calls_with_every_argument_shape(
