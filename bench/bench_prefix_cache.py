@@ -9,7 +9,8 @@ what was sent from the reply's ``usage.prompt_tokens`` (the whole prompt).
 
   burst     one conversation of the default template, then ``--burst - 1`` more at once
             (4 slots of 2,048 tokens): per later conversation, the tokens of its first prompt
-            the server reused, against the shared part (the prompt up to the topic)
+            the server reused (its ``timings.cache_n``), against the shared part (the system
+            prompt as the daemon sends it, up to the topic)
   dialogue  one conversation of ``--turns`` turns in one 1,024-token slot (replies of at most
             48 tokens): prompt tokens recomputed a turn (the summary calls included) against
             the new tokens a turn (the agent's message and the reply before it)
@@ -85,21 +86,24 @@ async def burst(url: str, n: int) -> dict[str, float]:
     try:
         _first, meta = th.conversation(TOPICS[0], "In one sentence: what is this about?")
         await process_pending(th.rt)
-        shared_text = prompts.system_prompt(meta, th.template.system_prompt).split(TOPICS[0])[0]
+        offered = prompts.need_forms(th.rt.need_router().offered(meta.template))  # as sent
+        shared_text = prompts.system_prompt(
+            meta, th.template.system_prompt, needs=offered
+        ).split(TOPICS[0])[0]
         shared = tokens(url, shared_text)
         convs = [th.conversation(TOPICS[i % len(TOPICS)], "In one sentence: what is this about?")[0]
                  for i in range(1, n)]  # fmt: skip
         before = prefilled(url)
         await process_pending(th.rt)
         recomputed = prefilled(url) - before
-        sent = 0
+        sent = cached = 0
         for conv in convs:
             st = read_state(conv)
             assert st is not None and st.last_turn is not None, st
             sent += st.last_turn.prompt_eval_count or 0
-        reused = sent - recomputed
+            cached += min(st.last_turn.cached_tokens or 0, shared)  # the server's cache_n
         return {"conversations": n - 1, "shared": shared, "sent": sent, "recomputed": recomputed,
-                "reused_of_shared": reused / (shared * (n - 1))}  # fmt: skip
+                "reused_of_shared": cached / (shared * (n - 1))}  # fmt: skip
     finally:
         await th.aclose()
 
