@@ -79,8 +79,8 @@ class SlotAffinity:
     def give(self, slot: int) -> None:
         """A turn on ``slot`` is over: the slot holds that turn's prompt (and prefix)."""
         self._load[slot] = max(0, self._load.get(slot, 0) - 1)
-        if not self._load[slot]:
-            self._warming.discard(slot)
+        self._warming.discard(slot)  # the server runs a slot's turns in order: the first
+        # to end is the one that prefilled the prefix; those queued behind it reuse it
 
     def remembered(self) -> int:
         return len(self._conv)

@@ -68,3 +68,12 @@ def test_what_is_remembered_stays_bounded() -> None:
     for i in range(KEPT * 3):
         aff.give(aff.take(f"conv-{i}", f"tpl-{i}", slots=4))
     assert aff.remembered() <= KEPT
+
+
+def test_the_prefill_is_over_when_its_turn_ends_not_when_the_queue_behind_it_does() -> None:
+    aff = SlotAffinity()
+    first = aff.take("conv-1", "research", slots=2)
+    queued = aff.take("conv-2", "research", slots=2)
+    assert queued == first  # joins the slot prefilling the prefix
+    aff.give(first)  # conv-1 is done: its slot holds the prefix, conv-2 runs there now
+    assert aff.take("conv-3", "research", slots=2) != first  # no wait: the unused slot
