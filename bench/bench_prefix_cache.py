@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.turnbench import TurnHome  # noqa: E402
 from contemplation.engine.pipeline import process_pending  # noqa: E402
+from contemplation.needs.tools import registry  # noqa: E402
 from contemplation.prompt import budget, prompts, summarise  # noqa: E402
 from contemplation.store.layout import read_state  # noqa: E402
 from contemplation.store.logview import LogView  # noqa: E402
@@ -70,14 +71,14 @@ def use_old_order() -> None:
     def system_prompt(meta: Any, template_prompt: str = "", **kw: Any) -> str:
         offered = kw.get("needs")
         offered = (
-            prompts.need_forms(prompts.registry.default_rules()) if offered is None else offered
+            prompts.need_forms(registry.default_rules()) if offered is None else offered
         )
         own = (meta.system_prompt or template_prompt).strip()
         text = "\n\n".join([old_intro, own or prompts.STYLE, prompts.protocol(offered)])
         return text.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
-    prompts.system_prompt = system_prompt  # type: ignore[assignment]
-    summarise.cached_request = lambda *a, **k: None  # type: ignore[assignment]
+    prompts.system_prompt = system_prompt
+    summarise.cached_request = lambda *a, **k: None
     budget.LOW_WATER = 1.0
 
 

@@ -265,4 +265,5 @@ def model_replies(conv: Conv) -> list[str]:
 
 
 def state_of(conv: Conv) -> dict[str, Any]:
-    return json.loads(conv.state.read_text())
+    state: dict[str, Any] = json.loads(conv.state.read_text())
+    return state

@@ -151,7 +151,7 @@ def text_of(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def completed(task: dict[str, Any]) -> bool:
-    return task["status"] == "completed"
+    return bool(task["status"] == "completed")
 
 
 def test_a_client_that_takes_tasks_gets_one_and_the_reply_in_it_from_any_mcp_process(
