@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import signal
@@ -138,6 +139,11 @@ def test_disk_full_during_append_keeps_the_message_and_resumes(
     home: Home, fake_ollama: FakeOllama
 ) -> None:
     conv = make(home)
+    # 50,000 characters: past the 20,000-byte file limit below, and (~12,500 tokens) past the
+    # fake's default window, which refuses a prompt it cannot hold as Ollama does when told
+    # "truncate": false; the window is made to hold it, the disk is what this test is about
+    meta = json.loads(conv.metadata.read_text())
+    conv.metadata.write_text(json.dumps({**meta, "options": {"num_ctx": 32768}}))
     drop_message(conv, "x" * 50_000, name="big.msg")
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     proc = subprocess.run(
