@@ -30,7 +30,7 @@ from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
-from contemplation.writer import drop_message, ensure_home, new_conversation
+from contemplation.writer import conv_lock, drop_message, ensure_home, new_conversation
 from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -259,7 +259,7 @@ def test_a_recursive_schema_is_refused_at_send_and_in_the_inbox_it_is_never_aske
     assert any(conv.failed.glob("*by-hand.txt"))
     # a recursive schema appended to the log by hand: the turn is free-form, answered once
     fake_ollama.default_step = Step(text="Hello.")
-    with conv.log.open("a") as f:
+    with conv_lock(conv), conv.log.open("a") as f:  # a hand append takes the lock (docs)
         f.write(
             f"\n=== CLAUDE -> OLLAMA [2026-11-25 10:00:00] ===\nSCHEMA: {json.dumps(TREE)}\nHi\n"
         )
