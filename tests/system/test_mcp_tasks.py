@@ -56,21 +56,13 @@ class Wire:
 
     def request(self, method: str, params: dict[str, Any], *, tasks: bool = True) -> dict[str, Any]:
         """The response (``result`` or ``error``) to one request; notifications are skipped."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.ids += 1
-        msg = {
-            "jsonrpc": "2.0",
-            "id": self.ids,
-            "method": method,
-            "params": {**params, "_meta": envelope(tasks=tasks)},
-        }
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
+        assert self.proc.stdout is not None
+        sent = self.send(method, params, tasks=tasks)
         for _ in range(1000):  # bounded: notifications before the answer
             line = self.proc.stdout.readline()
             assert line, "the MCP server closed its stdout"
             got = json.loads(line)
-            if got.get("id") == self.ids:
+            if got.get("id") == sent:
                 return dict(got)
         raise AssertionError(f"no response to {method}")
 
