@@ -230,8 +230,14 @@ class Reader:
         """What ``conv`` is doing, in the words of :func:`activity.describe`, from ``view``
         and the same figures on every face (``status``, MCP, the dashboard): what is queued
         and ahead of it, what waits, and the characters streamed so far (``written``: when
-        the caller has just read them; else read here while a turn generates)."""
+        the caller has just read them; else read here while a turn generates). An archived
+        conversation is archived, whatever its last state (:func:`activity.archived`)."""
         meta, state = view.meta, view.state
+        if conv.is_completed:
+            try:
+                return activity.archived(str(self.summary(conv)["status"]))
+            except NotFound:  # moved on meanwhile: its state's word
+                return activity.archived(state.status.value if state else Status.PENDING.value)
         model = meta.model if meta else ""
         behind = 0
         if view.queued and meta is not None:

@@ -25,6 +25,15 @@ def queued_behind(conv_id: str, backend: str, model: str, rows: Iterable[Mapping
     )
 
 
+def archived(status: str) -> str:
+    """The line of a conversation in completed/: finished, never stalled or queued, since no
+    daemon answers there. ``status``: its summary's (which knows a folder made by hand from
+    its log), where "pending" is a last message nobody answers."""
+    if status == Status.PENDING.value:
+        return "archived: the last message got no answer; reopen to have it answered"
+    return "archived: reopen to go on with it"
+
+
 def describe(
     state: State | None,
     *,
@@ -36,10 +45,10 @@ def describe(
     waiting: tuple[int, int] = (0, 0),
     now: float | None = None,
 ) -> str:
-    """The line. ``queued``: messages in inbox/ or processing/; ``behind``: turns ahead of it
-    on the same model (:func:`queued_behind`); ``written``: characters of the reply streamed
-    so far (None: no reply is being written); ``waiting``: (needs, lookups) that wait for the
-    agent."""
+    """The line of an active conversation (an archived one's: :func:`archived`). ``queued``:
+    messages in inbox/ or processing/; ``behind``: turns ahead of it on the same model
+    (:func:`queued_behind`); ``written``: characters of the reply streamed so far (None: no
+    reply is being written); ``waiting``: (needs, lookups) that wait for the agent."""
     now = time.time() if now is None else now
     status = state.status if state is not None else Status.PENDING
     needs, lookups = waiting

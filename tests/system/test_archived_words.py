@@ -7,9 +7,18 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
-from contemplation.store.layout import Home
+from mcp import Client
+from starlette.testclient import TestClient
+
+from contemplation.faces.dashboard.app import Dashboard
+from contemplation.models import Status
+from contemplation.store.layout import Home, read_state
+from contemplation.writer import atomic_write_json
 from tests.conftest import base_env, cli
+from tests.system.test_dashboard import BASE, TOKEN
+from tests.system.test_mcp_server import needs_conv, run_calls, settings_for, tool
 from tests.system.test_small_words import _imported
 
 ANSWERED = "conv_20260301-083000_wal-checkpoints"
@@ -46,3 +55,31 @@ def test_an_archive_whose_last_message_got_no_answer_says_so_not_pending(home: H
     row = next(ln for ln in table.splitlines() if ln.startswith(UNANSWERED))
     assert "unanswered (archived)" in row and "pending" not in row, table
     assert "idle (archived)" in table, table
+
+
+def test_an_archived_conversation_reads_archived_on_every_face_not_stalled(home: Home) -> None:
+    """Review: MCP ``check`` and the dashboard said "stalled: no daemon is running" of an
+    archived conversation whose model had asked for something: archived is finished, not
+    stalled. A real conversation (written by the writer), archived by the real CLI, with no
+    daemon running; then each face is asked."""
+    conv = needs_conv(home, "the schema")
+    state = read_state(conv)
+    assert state is not None
+    state.status = Status.AWAITING_AGENT  # as the daemon leaves it when it stops
+    atomic_write_json(conv.state, state.model_dump(mode="json"), durable=False)
+    env = base_env(home)
+    cli(env, "archive", conv.id)
+    assert home.conv(conv.id, completed=True).dir.is_dir()
+    said: dict[str, str] = {}
+    out = cli(env, "status", conv.id).stdout
+    said["cli"] = next(ln for ln in out.splitlines() if ln.startswith("now:")).split(":", 1)[1]
+
+    async def check(c: Client) -> Any:
+        return await tool(c, "conversation_check", conversation_id=conv.id)
+
+    said["mcp"] = run_calls(settings_for(home), check)["activity"]
+    dash = Dashboard(settings_for(home), token=TOKEN)
+    with TestClient(dash.asgi(), base_url=BASE, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        said["dashboard"] = c.get(f"/api/conversations/{conv.id}").json()["activity"]
+    for face, words in said.items():
+        assert words.strip() == "archived: reopen to go on with it", (face, said)

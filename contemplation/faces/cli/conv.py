@@ -451,8 +451,6 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     items = view.items
     data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
     data["activity"] = reader.activity(conv, view)  # the words of MCP and the dashboard
-    if conv.is_completed:  # no daemon answers in completed/
-        data["activity"] = show.archived_now(data["status"])
     data["daemon_running"] = daemon_alive(home)
     target = providers.target(ctx_settings(ctx), data["backend"], data["model"])
     if target.alias is not None:  # what the alias stands for

@@ -62,13 +62,6 @@ def _model(summary: dict[str, Any]) -> str:
     return f"{summary['model']} (alias: {alias['model']} on {where}, a free slot on any)"
 
 
-def archived_now(status: str) -> str:
-    """The ``now`` of an archived conversation: no daemon answers in completed/."""
-    if status == "pending":
-        return "archived: the last message got no answer; reopen to have it answered"
-    return "archived: reopen to go on with it"
-
-
 def list_status(status: str, archived: bool) -> str:
     """The STATUS column of ``list``: an archived "pending" is a message nobody answers."""
     if not archived:
