@@ -37,6 +37,9 @@ from contemplation.models import BackendSession, ChatMessage, ChatRequest, Strea
 from contemplation.settings import CapabilityOverride, Concurrency, Section, TimeoutSettings
 
 _NS_PER_MS = 1_000_000
+#: the old ``[ollama]`` section (the one table OLLAMA_HOST reaches) and the key that sets
+SECTION = backend_kinds.OLLAMA
+SECTION_HOST = f"{SECTION}.host"
 
 
 def _message_json(m: ChatMessage) -> dict[str, Any]:
@@ -149,7 +152,7 @@ class OllamaBackend:
         concurrency: int | str = 1,
         overrides: Mapping[str, CapabilityOverride] | None = None,
         name: str = "ollama",
-        where: str = "ollama.host",
+        where: str = SECTION_HOST,
     ) -> None:
         self.name = name
         self.where = where  # the key its URL came from, for the hint that names it
@@ -350,7 +353,7 @@ class OllamaBackend:
 
     def _unreachable_hint(self) -> str:
         """OLLAMA_HOST only reaches the ``[ollama]`` section; a named provider has its own url."""
-        if self.where == "ollama.host":
+        if self.where == SECTION_HOST:
             return "start it with `ollama serve`, or set OLLAMA_HOST (or ollama.host)"
         return f"start Ollama at {self.base_url}, or change {self.where}"
 
@@ -432,7 +435,7 @@ def _make(m: BackendInputs) -> OllamaBackend:
         overrides=m.settings.capabilities,
         name=m.name,
         # the key to change: a named provider's url (OLLAMA_HOST reaches [ollama] alone)
-        where=f"{at}.{'url' if s.url or (at != 'ollama' and not s.host) else 'host'}",
+        where=f"{at}.{'url' if s.url or (at != SECTION and not s.host) else 'host'}",
     )
 
 
