@@ -49,7 +49,7 @@ from contemplation.models import (
     Status,
 )
 from contemplation.needs import calls
-from contemplation.prompt import budget, tokencount
+from contemplation.prompt import budget, tokencount, truncation
 from contemplation.prompt.context import saved_context
 from contemplation.prompt.prompts import NeedForm, build_request, need_forms
 from contemplation.prompt.reach import reach
@@ -657,11 +657,16 @@ async def _finish(
     if usage is not None:
         usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
         usage.context_window = usage.context_window or planned.window
-        warning = budget.context_warning(usage, budget.estimate_request(request, planned.ratio))
+        # the server counted clearly fewer tokens than our calibrated count: it cut the prompt
+        cut = truncation.cut(usage, request, planned.ratio)
+        estimate = budget.estimate_request(request, planned.ratio)
+        warning = cut or budget.context_warning(usage, estimate)
         if warning:
             usage.context_full = True
             markers.append((MarkerKind.WARNING, warning))
-        if usage.prompt_eval_count:
+        if cut:  # its count is of what was left: never learnt (see truncation.py)
+            log.warning("prompt_cut", conv=conv.id, counted=usage.prompt_eval_count, sent=estimate)
+        elif usage.prompt_eval_count:
             rt.calibration.observe(on.model, request.messages, usage.prompt_eval_count)
     # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
     # state write that commits the reply

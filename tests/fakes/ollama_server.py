@@ -85,6 +85,7 @@ class FakeOllama:
         # which gets HTTP 400 exceed_context_size_error instead (ollama #16712, #16800)
         self.tokens_per_char = 0.25  # the fake's tokenizer: tokens a character of content
         self.truncated = 0  # prompts cut silently
+        self.honours_truncate = True  # False: an older Ollama that ignores "truncate": false
         self.refused: list[int] = []  # the token counts of the prompts refused (bounded)
         self.models: dict[str, dict[str, Any]] = {
             "llama3.2": {"capabilities": ["completion", "tools"], "arch": "llama", "ctx": 131072},
@@ -292,9 +293,11 @@ class _Handler(JsonHandler):
             self._json(400, {"error": f"registry.ollama.ai/library/{model} does not support tools"})
             return
         messages = body.get("messages") or []
-        n_ctx = int((body.get("options") or {}).get("num_ctx") or info["ctx"])
+        # a num_ctx over the model's trained context is lowered to it, with a line in the
+        # server's log only ("requested context size too large for model")
+        n_ctx = min(int((body.get("options") or {}).get("num_ctx") or info["ctx"]), info["ctx"])
         n_prompt = fake.prompt_tokens(messages)
-        if n_prompt > n_ctx and body.get("truncate") is False:
+        if n_prompt > n_ctx and body.get("truncate") is False and fake.honours_truncate:
             with fake.lock:
                 fake.refused = [*fake.refused[-99:], n_prompt]
             self._json(400, {"error": _exceeds(n_prompt, n_ctx)})

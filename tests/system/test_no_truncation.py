@@ -18,7 +18,7 @@ from contemplation.backends.ollama import OllamaBackend
 from contemplation.engine.runtime import Runtime
 from contemplation.errors import ContextOverflow
 from contemplation.models import ChatMessage, ChatRequest, MarkerKind, Status
-from contemplation.prompt import budget
+from contemplation.prompt import budget, truncation
 from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
@@ -26,6 +26,8 @@ from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import Step as OpenAIStep
 
 FAST = PhaseTimeouts(connect=2, first_byte=2, idle=2, total=10)
 WINDOW = 2048
@@ -160,3 +162,152 @@ def test_a_refused_prompt_is_compacted_once_visibly_and_asked_again(
     assert fake_ollama.prompt_tokens(final["messages"]) <= WINDOW
     # and the calibration keeps the server's ratio: the next turn is not refused again
     assert rt.calibration.ratio("gemma") >= 0.5 > budget.DEFAULT_RATIO
+
+
+# --------------------------------------------------------------------------- servers that still cut
+
+
+def _conv(home: Home, name: str, backend: str, model: str, options: dict[str, Any]) -> Conv:
+    conv = new_conversation(
+        home, name, template=load_template(home, "default"), model=model, backend=backend
+    )
+    meta = json.loads(conv.metadata.read_text())
+    meta["options"] = options
+    conv.metadata.write_text(json.dumps(meta))
+    return conv
+
+
+def warnings_of(conv: Conv) -> list[str]:
+    return [
+        t
+        for b in parse(conv.log.read_bytes()).blocks
+        for k, t in b.markers
+        if k is MarkerKind.WARNING
+    ]
+
+
+def test_an_older_ollama_that_cuts_silently_is_caught_by_our_count_not_the_window(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """An Ollama that ignores ``truncate: false`` lowers a num_ctx over the model's trained
+    context to it (a line in its own log only), then cuts the prompt over that and counts
+    num_ctx/2 + 2 (#17427): well inside the window we asked for, so comparing with the window
+    shows nothing. Our own count of what was sent (the ratio learnt from its earlier, honest
+    counts) is far above it: the reply says, in one WARNING with both counts, that it was
+    built on a cut prompt, and the cut count is not learnt. The next such turn says so again,
+    once: one request a turn, no loop."""
+    fake_ollama.honours_truncate = False
+    trained = fake_ollama.models["gemma"]["ctx"]  # 8,192
+    rt = Runtime(settings=make_settings(fake_ollama), home=home)
+    conv = _conv(home, "cut", "ollama", "gemma", {"num_ctx": 2 * trained})
+    for i in range(3):  # ~2,000 tokens a turn
+        drop_message(conv, f"question {i}: " + "Tell me about the plan. " * 300)
+        fake_ollama.enqueue(Step(text=f"answer {i}: " + "It moves a table at a time. " * 30))
+        run_burst(rt)
+    assert fake_ollama.truncated == 0 and warnings_of(conv) == []
+    learnt = rt.calibration.ratio("gemma")
+    fake_ollama.enqueue(Step(text="Built on half of it."))
+    drop_message(conv, "And this? " + "Say more about the plan. " * 400)
+    run_burst(rt)
+    assert fake_ollama.truncated == 1
+    cut = trained // 2 + 2
+    warnings = warnings_of(conv)
+    assert len(warnings) == 1 and f"the server counted {cut} prompt tokens of the ~" in warnings[0]
+    sent = int(warnings[0].split("of the ~")[1].split(" ")[0])
+    assert sent > cut / truncation.SHARE  # both counts, ours clearly above the server's
+    assert f"smaller than the one of {2 * trained} tokens asked for" in warnings[0]
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert blocks[-1].text.strip() == "Built on half of it."
+    assert (MarkerKind.WARNING, warnings[0]) in blocks[-1].markers  # on the reply built on it
+    assert rt.calibration.ratio("gemma") == learnt  # the cut count was not learnt
+    assert notes_of(conv) == []
+    st = read_state(conv)
+    assert st is not None and st.status is Status.IDLE and st.turns == 4, st
+    # the next turn is cut again and says so again: one request, one WARNING, no loop
+    asked = len(fake_ollama.chat_requests())
+    fake_ollama.enqueue(Step(text="Again on half."))
+    drop_message(conv, "Once more, shortly.")
+    run_burst(rt)
+    assert fake_ollama.truncated == 2 and len(fake_ollama.chat_requests()) == asked + 1
+    blocks = parse(conv.log.read_bytes()).blocks
+    assert [k for k, _ in blocks[-1].markers] == [MarkerKind.WARNING]
+    assert len(warnings_of(conv)) == 2
+    assert rt.calibration.ratio("gemma") == learnt
+
+
+def test_an_openai_compatible_server_that_cuts_is_caught(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    """A server with a window smaller than we were told (llama-server's context shift keeps
+    what is past n_keep halved) reports ``usage.prompt_tokens`` after its cut."""
+    fake = FakeOpenAI().start()
+    try:
+        rt = Runtime(settings=make_settings(openai={"base_url": fake.url + "/v1"}), home=home)
+        conv = _conv(home, "cut", "openai", "fake-model", {"num_ctx": 16384})
+        usage = {"prompt_tokens": 400, "completion_tokens": 3, "total_tokens": 403}
+        fake.enqueue(OpenAIStep(pieces=["Built on ", "a part."], usage=usage))
+        drop_message(conv, "Read this table back: " + "The plan moves a table. " * 400)
+        run_burst(rt)
+    finally:
+        fake.stop()
+    warnings = warnings_of(conv)
+    assert len(warnings) == 1 and "the server counted 400 prompt tokens of the ~" in warnings[0]
+    assert parse(conv.log.read_bytes()).blocks[-1].text.strip() == "Built on a part."
+
+
+def test_a_prompt_cache_hit_never_looks_like_a_cut(
+    home: Home, make_settings: Callable[..., Settings]
+) -> None:
+    """llama-server reuses its cache: ``timings.prompt_n`` is only the new tokens, and
+    ``cache_n + prompt_n`` (and ``usage.prompt_tokens``) is the whole prompt; a server that
+    gives ``prompt_n`` alone says nothing about a cut. Neither is called one."""
+    fake = FakeOpenAI().start()
+    try:
+        rt = Runtime(settings=make_settings(openai={"base_url": fake.url + "/v1"}), home=home)
+        conv = _conv(home, "cached", "openai", "fake-model", {"num_ctx": 16384})
+        drop_message(conv, "Read this table back: " + "The plan moves a table. " * 100)
+        first = uncounted_turn(fake, rt)
+        assert warnings_of(conv) == []
+        # the next turn: all but the new tail came from the cache
+        fake.enqueue(
+            OpenAIStep(
+                pieces=["ok"],
+                usage={"prompt_tokens": first + 40, "completion_tokens": 1},
+                timings={"cache_n": first, "prompt_n": 40, "predicted_n": 1},
+            ),
+            OpenAIStep(pieces=["ok"], usage=None, timings={"prompt_n": 12, "predicted_n": 1}),
+        )
+        drop_message(conv, "And again?")
+        run_burst(rt)
+        drop_message(conv, "And once more?")
+        run_burst(rt)
+    finally:
+        fake.stop()
+    assert warnings_of(conv) == []
+    st = read_state(conv)
+    assert st is not None and st.turns == 3, st
+
+
+def uncounted_turn(fake: FakeOpenAI, rt: Runtime) -> int:
+    """One turn the server gives no count for (nothing to compare); what a server that
+    counts a quarter of a token a character and the template's tokens would count for it."""
+    fake.enqueue(OpenAIStep(pieces=["ok"], usage=None))
+    run_burst(rt)
+    sent = fake.chat_requests()[-1]
+    chars = sum(len(m.get("content") or "") for m in sent["messages"])
+    return chars // 4 + budget.PER_MESSAGE * len(sent["messages"])
+
+
+def test_an_ollama_dialogue_with_honest_counts_never_looks_cut(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """Ollama's runner counts every input of the prompt, those from its cache too: a dialogue
+    under the window, by an Ollama that would cut, is never called cut."""
+    fake_ollama.honours_truncate = False
+    rt = Runtime(settings=make_settings(fake_ollama), home=home)
+    conv = _conv(home, "honest", "ollama", "gemma", {"num_ctx": WINDOW})
+    for i in range(4):
+        drop_message(conv, f"question {i}: " + "Tell me about the plan. " * 20)
+        fake_ollama.enqueue(Step(text=f"answer {i}."))
+        run_burst(rt)
+    assert fake_ollama.truncated == 0 and warnings_of(conv) == []
