@@ -54,6 +54,7 @@ from contemplation.prompt.context import saved_context
 from contemplation.prompt.prompts import NeedForm, build_request, need_forms
 from contemplation.prompt.reach import reach
 from contemplation.prompt.summarise import summarise
+from contemplation.prompt.toolspecs import canonical_tools
 from contemplation.protocol import structured
 from contemplation.protocol.conversation import still_due
 from contemplation.protocol.parser import find_needs
@@ -228,7 +229,7 @@ async def _prepare(conv: Conv, rt: Runtime, meta: Metadata, usable: list[str]) -
     tools: tuple[dict[str, Any], ...] = ()
     if caps is not None and caps.tools and rt.settings.native_tools:
         try:
-            tools = tuple(rt.need_router().tool_specs(template=meta.template))
+            tools = canonical_tools(rt.need_router().tool_specs(template=meta.template))
         except ContemplationError:
             tools = ()
     return _Prepared(
