@@ -104,6 +104,10 @@ def _error_info(body: bytes) -> tuple[str, dict[str, Any]]:
     return json.dumps(data)[:500], {}
 
 
+#: where the ``[openai]`` section's key is read from (a named provider reads its own table's)
+OPENAI_KEY = "OPENAI_API_KEY (or openai.api_key in the config)"
+
+
 def classify_status(
     status: int,
     body: bytes,
@@ -112,9 +116,11 @@ def classify_status(
     model: str,
     url: str,
     url_key: str = "OPENAI_BASE_URL",
+    key_at: str = OPENAI_KEY,
 ) -> BackendError:
     """Map an error response to a transient or permanent :class:`BackendError`; ``url_key``
-    names where the URL came from (a named provider's own ``providers.<name>.url``)."""
+    names where the URL came from (a named provider's own ``providers.<name>.url``), and
+    ``key_at`` where its API key is read from (its own ``providers.<name>.api_key``)."""
     text, info = _error_info(body)
     if status in {400, 413}:
         overflow = context_overflow(text, info)
@@ -122,8 +128,7 @@ def classify_status(
             return overflow
     if status in {401, 403}:
         return BackendError(
-            f"{url} refused the credentials ({status}: {text}); check OPENAI_API_KEY "
-            "(or openai.api_key in the config)",
+            f"{url} refused the credentials ({status}: {text}); check {key_at}",
             transient=False,
             kind=ErrorKind.AUTH,
             status_code=status,

@@ -33,6 +33,7 @@ from contemplation.backends.base import (
     phase_timeouts,
 )
 from contemplation.backends.chat_completions import (
+    OPENAI_KEY,
     ChunkTurn,
     chat_body,
     classify_status,
@@ -124,6 +125,7 @@ class OpenAIBackend:
                     model=request.model,
                     url=self.base_url,
                     url_key=self._url_key(),
+                    key_at=self._key_at(),
                 )
             lines = TimedLines(resp, self.timeouts, self.base_url, t0=turn.t0)
             async for name, payload in sse_payloads(lines):
@@ -167,7 +169,12 @@ class OpenAIBackend:
             return
         if resp.status != 200:
             err = classify_status(
-                resp.status, resp.body, resp.headers, model=model, url=self.base_url
+                resp.status,
+                resp.body,
+                resp.headers,
+                model=model,
+                url=self.base_url,
+                key_at=self._key_at(),
             )
             if isinstance(err, ContextOverflow):
                 raise err
@@ -180,7 +187,14 @@ class OpenAIBackend:
         """``GET /models`` entries, or None when the server has no such list."""
         resp = await self._http.request("GET", "models", within=self.timeouts.connect * 3)
         if resp.status in {401, 403}:
-            raise classify_status(resp.status, resp.body, resp.headers, model="", url=self.base_url)
+            raise classify_status(
+                resp.status,
+                resp.body,
+                resp.headers,
+                model="",
+                url=self.base_url,
+                key_at=self._key_at(),
+            )
         if resp.status != 200:
             return None
         try:
@@ -319,13 +333,17 @@ class OpenAIBackend:
             return "OPENAI_BASE_URL (or openai.base_url)"
         return self.where
 
+    def _key_at(self) -> str:
+        """The setting its API key is read from: OPENAI_API_KEY reaches the ``[openai]``
+        section alone; a named provider reads its own ``providers.<name>.api_key``."""
+        table = self.where.rpartition(".")[0]
+        return OPENAI_KEY if table == "openai" else f"{table}.api_key"
+
     def _hint(self, kind: str) -> str:
         """What to do when the server cannot be reached or refuses the key: the keys this
         provider reads (the environment's OPENAI_* only reach the ``[openai]`` section)."""
-        table = self.where.rpartition(".")[0]
-        section = table == "openai"
         if kind == "auth":
-            return "set OPENAI_API_KEY (or openai.api_key)" if section else f"set {table}.api_key"
+            return f"set {self._key_at()}"
         if self.where == "openai.base_url":
             return "start the server, or set OPENAI_BASE_URL (or openai.base_url)"
         return f"start the server at {self.base_url}, or change {self.where}"

@@ -4,11 +4,19 @@ variable that only reaches the old ``[ollama]`` / ``[openai]`` sections."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from contemplation import backends
+from contemplation.backends.base import Backend
+from contemplation.errors import BackendError
+from contemplation.settings import Settings
 from contemplation.store.layout import Home
 from tests.conftest import base_env, cli
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import FakeOpenAI, Step
 from tests.system.test_backend_openai import fails, request
 from tests.system.test_small_words import _free_port
 
@@ -36,3 +44,39 @@ def test_a_missing_chat_completions_names_the_named_providers_url(tmp_path: Path
         assert "OPENAI_BASE_URL" in str(err), err
     finally:
         server.stop()
+
+
+def test_refused_credentials_name_the_key_the_provider_reads(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Review: a 401/403 said "check OPENAI_API_KEY" for a named provider too, which reads
+    its key from ``providers.<name>.api_key`` only (the variable reaches ``[openai]`` alone).
+    Each provider is made from real settings, as the daemon makes it."""
+    server = FakeOpenAI().start()
+    try:
+        settings = make_settings(
+            providers={"lab": {"kind": "openai", "url": server.url, "api_key": "sk-wrong"}},
+            openai={"base_url": server.url, "api_key": "sk-wrong"},
+        )
+        said = {}
+        for name in ("lab", "openai"):
+            server.enqueue(Step(kind="error", status=401, body={"error": {"message": "bad key"}}))
+            said[name] = str(refused(backends.build(name, settings, fallback=False)))
+        assert "providers.lab.api_key" in said["lab"], said
+        assert "OPENAI_API_KEY" not in said["lab"] and "openai.api_key" not in said["lab"], said
+        assert "OPENAI_API_KEY (or openai.api_key in the config)" in said["openai"], said
+    finally:
+        server.stop()
+
+
+def refused(backend: Backend) -> BackendError:
+    async def go() -> None:
+        try:
+            [_ async for _ in backend.stream(request())]
+        finally:
+            await backend.aclose()
+
+    with pytest.raises(BackendError) as info:
+        asyncio.run(go())
+    assert info.value.kind == "auth"
+    return info.value
