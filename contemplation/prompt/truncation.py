@@ -45,6 +45,16 @@ def whole_count(usage: Usage) -> int | None:
     return count
 
 
+def ratio(planned: float, own: float | None) -> float:
+    """The ratio our count of a request is made with: the lower of the one it was planned
+    with (the model's, learnt from every conversation, or its tokenizer's count of this very
+    request) and the conversation's own (:meth:`~contemplation.prompt.budget.Calibration.own`;
+    before the server has counted one, the default: a quarter of a token a character, about
+    what tokenizers give English prose and fewer than most other text gets). A ratio too high
+    would call an honest count a cut; one too low only lets a small cut pass."""
+    return min(planned, budget.DEFAULT_RATIO if own is None else own)
+
+
 def sent_tokens(request: ChatRequest, ratio: float) -> int:
     """Our count of what ``request`` sends: its text (messages, tool calls, tool definitions)
     at the model's calibrated ratio. The chat template's tokens a message are left out: they

@@ -84,6 +84,7 @@ class FakeOllama:
         # the cut: num_ctx/2 + 2, ollama #17427) unless the request says "truncate": false,
         # which gets HTTP 400 exceed_context_size_error instead (ollama #16712, #16800)
         self.tokens_per_char = 0.25  # the fake's tokenizer: tokens a character of content
+        self.digit_tokens = False  # True: a digit is a token of its own
         self.truncated = 0  # prompts cut silently
         self.honours_truncate = True  # False: an older Ollama that ignores "truncate": false
         self.refused: list[int] = []  # the token counts of the prompts refused (bounded)
@@ -144,9 +145,11 @@ class FakeOllama:
         return self.default_step
 
     def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
-        """The prompt's tokens, as this fake's tokenizer counts them."""
-        chars = sum(len(m.get("content") or "") for m in messages)
-        return int(chars * self.tokens_per_char) + 1
+        """The prompt's tokens, as this fake's tokenizer counts them (a digit a token, as
+        real tokenizers count digits, where ``digit_tokens`` says so)."""
+        text = "".join(m.get("content") or "" for m in messages)
+        digits = sum(c.isdigit() for c in text) if self.digit_tokens else 0
+        return int((len(text) - digits) * self.tokens_per_char) + digits + 1
 
     def chat_requests(self) -> list[dict[str, Any]]:
         with self.lock:

@@ -311,3 +311,27 @@ def test_an_ollama_dialogue_with_honest_counts_never_looks_cut(
         fake_ollama.enqueue(Step(text=f"answer {i}."))
         run_burst(rt)
     assert fake_ollama.truncated == 0 and warnings_of(conv) == []
+
+
+def test_a_conversation_of_numbers_beside_one_of_prose_is_never_called_cut(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """One model, two conversations: a table of digits (a token a digit) teaches the model's
+    ratio a high count; a conversation of prose beside it counts four times fewer a
+    character. Its honest count is measured against its own ratio, never the other's."""
+    fake_ollama.honours_truncate = False
+    fake_ollama.digit_tokens = True
+    rt = Runtime(settings=make_settings(fake_ollama), home=home)
+    table = _conv(home, "table", "ollama", "gemma", {"num_ctx": 16384})
+    prose = _conv(home, "prose", "ollama", "gemma", {"num_ctx": 16384})
+    for i in range(3):
+        drop_message(table, f"Row {i}: " + "1234567890" * 150)
+        fake_ollama.enqueue(Step(text="Read.", model="gemma"))
+        run_burst(rt)
+    assert rt.calibration.ratio("gemma") > 0.5  # the model's ratio: the table's
+    for i in range(3):
+        drop_message(prose, f"Chapter {i}: " + "The plan moves a table at a time. " * 100)
+        fake_ollama.enqueue(Step(text="Noted.", model="gemma"))
+        run_burst(rt)
+    assert fake_ollama.truncated == 0
+    assert warnings_of(table) == [] and warnings_of(prose) == []

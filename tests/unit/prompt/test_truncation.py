@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contemplation.models import ChatMessage, ChatRequest, Usage
-from contemplation.prompt import truncation
+from contemplation.prompt import budget, truncation
 
 RATIO = 0.25
 
@@ -49,3 +49,22 @@ def test_a_short_prompt_needs_a_gap_of_tokens_not_only_a_share() -> None:
     req = request(600)  # 150 tokens: a server's 100 is two thirds, but only 50 tokens fewer
     assert truncation.cut(Usage(prompt_eval_count=100), req, RATIO) == ""
     assert truncation.cut(Usage(prompt_eval_count=60), req, RATIO) != ""  # 90 fewer
+
+
+def test_our_count_takes_the_lower_of_the_models_ratio_and_the_conversations_own() -> None:
+    assert truncation.ratio(0.7, None) == 0.25  # never counted: the default
+    assert truncation.ratio(0.7, 0.24) == 0.24  # its own prose, beside a model of tables
+    assert truncation.ratio(0.3, 0.9) == 0.3  # a planned (tokenizer's) count below its own
+
+
+def test_a_conversations_own_ratio_is_its_last_count_and_few_are_kept() -> None:
+    cal = budget.Calibration()
+    msgs = [ChatMessage("user", "x" * 1000)]
+    cal.observe("m", msgs, 1000 + budget.PER_MESSAGE, conversation="table")
+    cal.observe("m", msgs, 250 + budget.PER_MESSAGE, conversation="prose")
+    assert (cal.own("table"), cal.own("prose"), cal.own("other")) == (1.0, 0.25, None)
+    assert 0.25 < cal.ratio("m") < 1.0  # the model's mixes both
+    for i in range(budget.CONVERSATIONS_KEPT):
+        cal.observe("m", msgs, 500, conversation=f"c{i}")
+    assert len(cal.by_conversation) == budget.CONVERSATIONS_KEPT
+    assert cal.own("table") is None  # the least recent went first
