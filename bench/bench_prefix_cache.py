@@ -1,5 +1,5 @@
 """How much of each prompt the server reuses from its cache (issue 39).
-Run: .venv/bin/python bench/bench_prefix_cache.py [--burst 8] [--turns 30] [--old]
+Run: .venv/bin/python bench/bench_prefix_cache.py [--burst 8] [--turns 30] [--old] [--no-copy]
 
 Against a real llama-server (xllamacpp's build, SmolLM2-135M, started here), through the
 daemon's own path (``process_pending`` with the openai backend, as bench_overhead does).
@@ -10,7 +10,9 @@ what was sent from the reply's ``usage.prompt_tokens`` (the whole prompt).
   burst     one conversation of the default template, then ``--burst - 1`` more at once
             (4 slots of 2,048 tokens): per later conversation, the tokens of its first prompt
             the server reused (its ``timings.cache_n``), against the shared part (the system
-            prompt as the daemon sends it, up to the topic)
+            prompt as the daemon sends it, up to the topic). The server is started with
+            ``--slot-save-path`` (it copies a slot's cache into another); ``--no-copy``:
+            without it, as llama-server starts by default
   dialogue  one conversation of ``--turns`` turns in one 1,024-token slot (replies of at most
             48 tokens): prompt tokens recomputed a turn (the summary calls included) against
             the new tokens a turn (the agent's message and the reply before it)
@@ -26,6 +28,7 @@ import argparse
 import asyncio
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +97,9 @@ async def burst(url: str, n: int) -> dict[str, float]:
         shared = tokens(url, shared_text)
         convs = [th.conversation(TOPICS[i % len(TOPICS)], "In one sentence: what is this about?")[0]
                  for i in range(1, n)]  # fmt: skip
-        before = prefilled(url)
+        before, t0 = prefilled(url), time.monotonic()
         await process_pending(th.rt)
+        took = time.monotonic() - t0
         recomputed = prefilled(url) - before
         sent = cached = 0
         for conv in convs:
@@ -104,7 +108,7 @@ async def burst(url: str, n: int) -> dict[str, float]:
             sent += st.last_turn.prompt_eval_count or 0
             cached += min(st.last_turn.cached_tokens or 0, shared)  # the server's cache_n
         return {"conversations": n - 1, "shared": shared, "sent": sent, "recomputed": recomputed,
-                "reused_of_shared": cached / (shared * (n - 1))}  # fmt: skip
+                "reused_of_shared": cached / (shared * (n - 1)), "seconds": took}  # fmt: skip
     finally:
         await th.aclose()
 
@@ -137,22 +141,24 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=8)
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--old", action="store_true", help="the order before issue 39")
+    ap.add_argument("--no-copy", action="store_true", help="a server without --slot-save-path")
     args = ap.parse_args()
     if args.old:
         use_old_order()
     gguf = peers.smollm2_gguf()
     b: dict[str, float] = {}
     if args.burst:
-        server = LlamaServer(gguf, n_ctx=2048, n_parallel=4).start()
+        server = LlamaServer(gguf, n_ctx=2048, n_parallel=4, slot_save=not args.no_copy).start()
         try:
             b = asyncio.run(burst(server.url, args.burst))
         finally:
             server.stop()
     if b:
-        print(f"burst of {args.burst} ({'old order' if args.old else 'canonical order'}): "
+        copies = "no slot copies" if args.no_copy else "slot copies"
+        print(f"burst of {args.burst} ({'old order' if args.old else 'canonical order'}, {copies}): "
               f"shared prompt {b['shared']} tokens; the {b['conversations']} later first turns "
               f"sent {b['sent']}, recomputed {b['recomputed']}: reused "
-              f"{b['reused_of_shared']:.0%} of the shared prompt")  # fmt: skip
+              f"{b['reused_of_shared']:.0%} of the shared prompt, in {b['seconds']:.1f} s")  # fmt: skip
     if not args.turns:
         return
     server = LlamaServer(gguf, n_ctx=1024, n_parallel=1).start()

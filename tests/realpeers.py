@@ -107,8 +107,10 @@ class LlamaServer(_Proc):
         n_parallel: int = 1,
         alias: str = "smollm2",
         threads: int = 0,
+        slot_save: bool = False,
     ) -> None:
         self.gguf = gguf
+        self.slot_save = slot_save  # /slots save and restore (--slot-save-path): slot copies
         self.threads = threads
         self.n_ctx = n_ctx
         self.n_parallel = n_parallel
@@ -127,7 +129,7 @@ class LlamaServer(_Proc):
             "--port", str(self.port), "--n-ctx", str(self.n_ctx),
             "--n-parallel", str(self.n_parallel), "--alias", self.alias,
             "--threads", str(self.threads),
-        ]  # fmt: skip
+        ] + (["--slot-save-path", str(self.dir / "slots")] if self.slot_save else [])  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = procgroups.popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -265,6 +265,22 @@ class OpenAIBackend:
         total = (await self.props() or {}).get("total_slots")
         return min(total, 64) if isinstance(total, int) and total > 0 else 0
 
+    async def copy_slot(self, source: int, target: int) -> bool:
+        """Slot ``source``'s cache into slot ``target`` (issue 39): llama-server's ``POST
+        /slots/{id}?action=save`` to a file in its ``--slot-save-path`` (one a slot, written
+        again each time), then ``restore`` from it; False when the server does not do it
+        (started without ``--slot-save-path``: 501). A slot busy on the server queues it."""
+        name = {"filename": f"contemplation-slot-{source}.bin"}
+        within = self.timeouts.connect * 3
+        for slot, action in ((source, "save"), (target, "restore")):
+            resp = await self._http.request(
+                "POST", self.root(f"slots/{slot}"), params={"action": action}, json=name,
+                within=within,
+            )  # fmt: skip
+            if resp.status != 200:
+                return False
+        return True
+
     def stale(self) -> None:
         self._caps.clear()
         self._props, self._props_asked = None, False

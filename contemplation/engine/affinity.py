@@ -6,12 +6,17 @@ conversation keeps the slot that holds its history unless that slot is busy and 
 free (issue 39). A new conversation takes an unused slot, but while one slot prefills its
 template's prefix for the first time, the others of a burst join the slots that hold that
 prefix instead of prefilling it again each (the protocol and the template's text come first
-in every prompt): one cold prefill at a time, the rest reused. Only this daemon's turns are
+in every prompt): one cold prefill at a time, the rest reused. Where the server copies a
+slot's cache into another (llama-server started with ``--slot-save-path``: ``POST
+/slots/{id}?action=save`` then ``restore`` into the other, milliseconds), a new
+conversation takes an unused slot with a copy of an idle slot that holds its prefix: every
+slot busy at once and the prefix never prefilled twice. Only this daemon's turns are
 counted: a slot another client keeps busy makes the server queue ours.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from contemplation.backends.base import Backend, Capabilities, Check
+from contemplation.errors import BackendError
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
 KEPT = 4096  # conversations remembered per provider (the oldest forgotten)
@@ -35,12 +41,17 @@ class SlotAffinity:
     _owner: dict[int, str] = field(default_factory=dict)  # slot -> the conversation it holds
     _holds: dict[int, str] = field(default_factory=dict)  # slot -> the prefix it holds
     _warming: set[int] = field(default_factory=set)  # slots prefilling a prefix anew
+    copies: bool | None = None  # the server copies slots (None: not known before a first copy)
+    _asking: asyncio.Event | None = None  # set when that first copy has answered
+    _copy: dict[int, int] = field(default_factory=dict)  # slot -> the slot to copy into it first
+    _reads: dict[int, int] = field(default_factory=dict)  # slot -> copies planned from it
+    _read: dict[int, asyncio.Event] = field(default_factory=dict)  # set when those are made
     _conv: OrderedDict[str, int] = field(default_factory=OrderedDict)
     _tick: itertools.count[int] = field(default_factory=itertools.count)
 
-    def take(self, conv_id: str, prefix: str, *, slots: int) -> int:
+    def take(self, conv_id: str, prefix: str, *, slots: int, copy: bool = False) -> int:
         """The slot for a turn of ``conv_id`` whose prompt starts with ``prefix``'s shared
-        text, counted until :meth:`give`.
+        text, counted until :meth:`give`; :meth:`ready` before its first request.
 
         Its own slot (the one whose cache is still its history) when free, or when every
         slot is busy; when it is busy and another is free, the free one holding the prefix,
@@ -48,7 +59,10 @@ class SlotAffinity:
         another slot is already prefilling this prefix for the first time (a burst of one
         template): then the least busy slot that holds the prefix, where the server queues
         it behind the turn there (one cold prefill at a time, the others reuse it); with no
-        unused slot left, the free slot that holds the prefix, else the one used longest ago."""
+        unused slot left, the free slot that holds the prefix, else the one used longest ago.
+        ``copy`` (the server may copy slots): a new conversation takes an unused slot with a
+        copy of a free slot that holds its prefix, made by :meth:`ready` (while the first
+        copy is out, not known to work, no other is planned: see :meth:`asked`)."""
         free = [i for i in range(slots) if not self._load.get(i)]
         own = self._conv.get(conv_id)
         if own is not None and own < slots and self._owner.get(own) == conv_id:
@@ -59,6 +73,15 @@ class SlotAffinity:
         warm = [i for i in range(slots) if self._holds.get(i) == prefix]
         cold = [i for i in free if i not in self._used]
         warming = any(i in self._warming and self._load.get(i) for i in warm)
+        source = [i for i in warm if i in free and i not in self._copy]
+        may = self.copies or (self.copies is None and self._asking is None)
+        if cold and source and copy and may:  # a copy of the prefix, not its prefill
+            if self.copies is None:
+                self._asking = asyncio.Event()
+            self._copy[cold[0]] = source[0]
+            self._reads[source[0]] = self._reads.get(source[0], 0) + 1
+            self._read.setdefault(source[0], asyncio.Event())
+            return self._mark(cold[0], conv_id, prefix, warming=False)
         if cold and not warming:
             slot = cold[0]
         elif cold or not free:  # join the warm prefix (the server queues it there)
@@ -67,8 +90,42 @@ class SlotAffinity:
             slot = min([i for i in free if i in warm] or free, key=lambda i: self._used[i])
         return self._mark(slot, conv_id, prefix)
 
-    def _mark(self, slot: int, conv_id: str, prefix: str) -> int:
-        if self._holds.get(slot) != prefix:
+    async def asked(self) -> None:
+        """Before :meth:`take`: while the first copy is out (will the server copy slots?),
+        wait for its answer, so that a burst is placed knowing it (milliseconds)."""
+        while self._asking is not None:
+            await self._asking.wait()
+
+    async def ready(self, slot: int, copier: CopiesSlots) -> None:
+        """Before the first request of a turn on ``slot``: the copy :meth:`take` planned into
+        it made (a refusal: the slot prefills the prefix, and no copy is planned again), and
+        the copies planned out of it made (the server copies only an idle slot)."""
+        source = self._copy.pop(slot, None)
+        if source is not None:
+            done: bool | None = None
+            try:
+                done = await copier.copy_slot(source, slot)
+            except BackendError:
+                pass  # not this time: it prefills
+            finally:
+                self.copies = self.copies if done is None else done
+                if not done:
+                    self._warming.add(slot)
+                self._copied(source)
+        if (read := self._read.get(slot)) is not None:
+            await read.wait()
+
+    def _copied(self, source: int) -> None:
+        if (asking := self._asking) is not None:  # the one copy out while that is not known
+            self._asking = None
+            asking.set()  # it answered (or its turn ended without it)
+        self._reads[source] -= 1
+        if not self._reads[source]:
+            del self._reads[source]
+            self._read.pop(source).set()
+
+    def _mark(self, slot: int, conv_id: str, prefix: str, *, warming: bool = True) -> int:
+        if self._holds.get(slot) != prefix and warming:
             self._warming.add(slot)
         self._holds[slot], self._owner[slot] = prefix, conv_id
         self._load[slot] = self._load.get(slot, 0) + 1
@@ -79,6 +136,8 @@ class SlotAffinity:
     def give(self, slot: int) -> None:
         """A turn on ``slot`` is over: the slot holds that turn's prompt (and prefix)."""
         self._load[slot] = max(0, self._load.get(slot, 0) - 1)
+        if (source := self._copy.pop(slot, None)) is not None:  # ended before it was made
+            self._copied(source)
         self._warming.discard(slot)  # the server runs a slot's turns in order: the first
         # to end is the one that prefilled the prefix; those queued behind it reuse it
 
@@ -99,6 +158,17 @@ class NamesSlots(Protocol):
 
     async def slot_ids(self) -> int:
         """How many slots a request may name (0: none); raises BackendError."""
+        ...
+
+
+@runtime_checkable
+class CopiesSlots(Protocol):
+    """A server that copies one slot's cache into another (llama-server's ``/slots`` save
+    and restore, where it was started with ``--slot-save-path``)."""
+
+    async def copy_slot(self, source: int, target: int) -> bool:
+        """``source``'s cache into ``target``; False: the server does not copy slots.
+        Raises BackendError."""
         ...
 
 

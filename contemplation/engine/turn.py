@@ -24,7 +24,7 @@ from contemplation.backends.capabilities import cannot_chat, resolve_think
 from contemplation.backends.providers import Target
 from contemplation.base.aio import on_thread
 from contemplation.engine import tokenized
-from contemplation.engine.affinity import NamesSlots, Pinned
+from contemplation.engine.affinity import CopiesSlots, NamesSlots, Pinned
 from contemplation.engine.retrying import (
     On,
     cancelled,
@@ -179,7 +179,8 @@ async def _name_slot(
     rt: Runtime, provider: str, conv_id: str, meta: Metadata, held: Held
 ) -> int | None:
     """The server slot this turn names, where the server lets a request name one (issue 39:
-    its own cache, else its template's warm prefix); given back with ``held``."""
+    its own cache, else its template's warm prefix, copied into an unused slot where the
+    server copies slots); given back with ``held``."""
     backend = rt.backend(provider)
     try:
         ids = await backend.slot_ids() if isinstance(backend, NamesSlots) else 0
@@ -188,8 +189,14 @@ async def _name_slot(
     if not ids:
         return None
     affinity = rt.affinity(provider)
-    slot = affinity.take(conv_id, f"{meta.model}\n{meta.template}", slots=ids)
+    copier = backend if isinstance(backend, CopiesSlots) else None
+    if copier is not None:
+        await affinity.asked()
+    prefix = f"{meta.model}\n{meta.template}"
+    slot = affinity.take(conv_id, prefix, slots=ids, copy=copier is not None)
     held.then(lambda: affinity.give(slot))
+    if copier is not None:
+        await affinity.ready(slot, copier)
     return slot
 
 

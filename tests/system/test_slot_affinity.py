@@ -1,7 +1,9 @@
 """Issue 39, affinity: a conversation's turns name the llama-server slot that holds its
 history (``id_slot``), so that two conversations taking turns on a 4-slot server each find
 their whole previous prompt in the cache (the server's ``timings.cache_n``), never the
-other's. A recording proxy on loopback sits between the daemon's runtime and the server."""
+other's; on a server that copies slots (``--slot-save-path``), a burst of new conversations
+takes every slot at once, each with the template's prefix copied into it, not prefilled. A
+recording proxy on loopback sits between the daemon's runtime and the server."""
 
 from __future__ import annotations
 
@@ -70,15 +72,26 @@ class Recorder:
         self.server.server_close()
 
 
-@pytest.fixture
-def recorded() -> Iterator[Recorder]:
-    server = LlamaServer(peers.smollm2_gguf(), n_ctx=2048, n_parallel=4).start()
+def _recorded(slot_save: bool) -> Iterator[Recorder]:
+    gguf = peers.smollm2_gguf()
+    server = LlamaServer(gguf, n_ctx=2048, n_parallel=4, slot_save=slot_save).start()
     recorder = Recorder(server.url)
     try:
         yield recorder
     finally:
         recorder.stop()
         server.stop()
+
+
+@pytest.fixture
+def recorded() -> Iterator[Recorder]:
+    yield from _recorded(slot_save=False)
+
+
+@pytest.fixture
+def copying() -> Iterator[Recorder]:
+    """A 4-slot server started with ``--slot-save-path``: it copies a slot into another."""
+    yield from _recorded(slot_save=True)
 
 
 def _conversation(home: Home, topic: str) -> Conv:
@@ -113,3 +126,32 @@ def test_two_conversations_taking_turns_each_keep_their_slot_and_its_cache(
     for j in range(2, 6):  # turn k+1 finds turn k's whole prompt in its slot's cache
         before, now = sent[j - 2][1], sent[j][1]
         assert now["cache_n"] >= before["cache_n"] + before["prompt_n"] - 2, (j, before, now)
+
+
+@pytest.mark.real
+def test_a_burst_takes_every_slot_with_its_templates_prefix_copied_not_prefilled(
+    home: Home, copying: Recorder, make_settings: Callable[..., Settings]
+) -> None:
+    """Measured before: of a burst's first turns on 4 slots, those sent to unused slots
+    prefilled the template's prefix again (71 % of it reused in bench_prefix_cache), or
+    waited on the slots that held it while the others idled."""
+    rt = Runtime(settings=make_settings(openai={"base_url": copying.url}), home=home)
+    topics = ["Folder queues", "Log rotation", "Crash safety", "Cache eviction", "Summaries"]
+    convs = [_conversation(home, topic) for topic in topics]
+    drop_message(convs[0], "In one short sentence, what is this about?")
+    run_burst(rt)  # the first fills one slot with the prefix
+    for conv in convs[1:]:
+        drop_message(conv, "In one short sentence, what is this about?")
+    run_burst(rt)  # four at once
+    sent = copying.chats
+    assert len(sent) == 5, [b.get("id_slot") for b, _ in sent]
+    systems = [body["messages"][0]["content"] for body, _ in sent]
+    same = (i for i, chars in enumerate(zip(*systems, strict=False)) if len(set(chars)) > 1)
+    shared = systems[0][: next(same, min(map(len, systems)))]
+    assert len(shared) > 500, shared  # the protocol and the template's text
+    tokenized = httpx.post(f"{copying.url}/tokenize", json={"content": shared}, timeout=30)
+    n_shared = len(tokenized.json()["tokens"])
+    burst = sent[1:]
+    assert sorted(body["id_slot"] for body, _ in burst) == [0, 1, 2, 3], burst  # all at once
+    for body, timings in burst:  # the prefix found in every slot: copied, not prefilled
+        assert timings["cache_n"] >= n_shared - 2, (body["id_slot"], timings, n_shared)

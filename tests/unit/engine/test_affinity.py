@@ -2,11 +2,44 @@
 the slot that holds its history unless it is busy and another is free; a burst of new
 conversations of one template prefills its prefix in one slot at a time and the others
 join the slots that hold it; no unused slot left, the free one holding the prefix, else the
-one used longest ago."""
+one used longest ago. Where the server copies slots (llama-server's ``/slots`` save and
+restore), a burst takes every unused slot at once, each with a copy of an idle slot that
+holds its prefix, and a turn on that slot waits for the copies out of it (the server copies
+only an idle slot)."""
 
 from __future__ import annotations
 
-from contemplation.engine.affinity import KEPT, SlotAffinity
+import asyncio
+
+from contemplation.engine.affinity import KEPT, CopiesSlots, SlotAffinity
+
+
+class Copier:
+    """Stands for the server's copy (``copy_slot``); ``done``: False, a server that
+    refuses (started without ``--slot-save-path``). ``log``: what happened, in order."""
+
+    def __init__(self, done: bool = True) -> None:
+        self.done = done
+        self.log: list[tuple[str, int, int]] = []
+
+    async def copy_slot(self, source: int, target: int) -> bool:
+        await asyncio.sleep(0)  # the HTTP round trip: other turns run meanwhile
+        self.log.append(("copy", source, target))
+        return self.done
+
+
+async def _turns(aff: SlotAffinity, copier: Copier, convs: list[str], slots: int) -> list[int]:
+    """Turns of ``convs`` at once, as the engine starts them (:meth:`SlotAffinity.asked`,
+    ``take``, ``ready``, then the first request, logged); their slots, still taken."""
+
+    async def turn(conv: str) -> int:
+        await aff.asked()
+        slot = aff.take(conv, "research", slots=slots, copy=True)
+        await aff.ready(slot, copier)
+        copier.log.append(("request", slot, slot))
+        return slot
+
+    return list(await asyncio.gather(*(turn(c) for c in convs)))
 
 
 def test_a_conversation_keeps_its_slot() -> None:
@@ -77,3 +110,48 @@ def test_the_prefill_is_over_when_its_turn_ends_not_when_the_queue_behind_it_doe
     assert queued == first  # joins the slot prefilling the prefix
     aff.give(first)  # conv-1 is done: its slot holds the prefix, conv-2 runs there now
     assert aff.take("conv-3", "research", slots=2) != first  # no wait: the unused slot
+
+
+def test_where_the_server_copies_slots_a_burst_takes_every_slot_with_the_prefix_copied() -> None:
+    """Measured before: the bench's burst reused 71 % of the shared prompt (two unused slots
+    prefilled it anew) or, held on the warm slots, left the others idle."""
+    aff = SlotAffinity()
+    copier = Copier()
+    assert isinstance(copier, CopiesSlots)
+    [first] = asyncio.run(_turns(aff, copier, ["conv-1"], 4))
+    aff.give(first)  # its slot holds the prefix, idle
+    burst = asyncio.run(_turns(aff, copier, [f"conv-{i}" for i in range(2, 6)], 4))
+    assert sorted(burst) == [0, 1, 2, 3], burst  # every slot busy at once
+    copies = [e for e in copier.log if e[0] == "copy"]
+    assert sorted(copies) == sorted(("copy", first, s) for s in burst if s != first)
+    on_first = copier.log.index(("request", first, first), 1)
+    assert all(copier.log.index(c) < on_first for c in copies)  # copied while it was idle
+    for s in burst:
+        aff.give(s)
+    assert aff.take("conv-9", "research", slots=4, copy=True) in burst  # every slot warm now
+
+
+def test_a_server_that_refuses_to_copy_is_asked_once_and_the_burst_waits_for_its_answer() -> None:
+    aff = SlotAffinity()
+    copier = Copier(done=False)  # started without --slot-save-path
+    [first] = asyncio.run(_turns(aff, copier, ["conv-1"], 4))
+    aff.give(first)
+    burst = asyncio.run(_turns(aff, copier, [f"conv-{i}" for i in range(2, 6)], 4))
+    assert [e for e in copier.log if e[0] == "copy"] == [("copy", first, 1)]  # once
+    assert aff.copies is False
+    assert set(burst) == {first, 1}, burst  # the refused slot prefills; the rest join
+    for s in burst:
+        aff.give(s)
+    again = asyncio.run(_turns(aff, copier, ["conv-6"], 4))
+    assert [e for e in copier.log if e[0] == "copy"] == [("copy", first, 1)], again
+
+
+def test_a_turn_that_ends_before_its_copy_frees_the_slot_it_would_copy() -> None:
+    aff = SlotAffinity()
+    first = aff.take("conv-1", "research", slots=2, copy=True)
+    aff.give(first)
+    second = aff.take("conv-2", "research", slots=2, copy=True)  # a copy of first planned
+    aff.give(second)  # the turn ended (cancelled) before its first request
+    copier = Copier()
+    again = asyncio.run(asyncio.wait_for(_turns(aff, copier, ["conv-1"], 2), 5))
+    assert again == [first] and copier.log == [("request", first, first)]  # nothing to wait on
