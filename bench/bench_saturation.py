@@ -2,6 +2,8 @@
 
 Run: .venv/bin/python bench/bench_saturation.py [--conversations 16] [--max-tokens 48]
      [--rounds 3] [--failover 40] [--skip-failover]
+On a GPU (bench/gpu/run.sh): ... --llama-server BUILD/bin/llama-server --gguf MODEL
+     [--slots N] --only-one    (a llama.cpp build of one's own; slots: the server's choice)
 
 Real llama-servers (xllamacpp's build of upstream llama-server, SmolLM2-135M, each its own
 process on loopback) and the daemon as its own process (``contemplation run``, default
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu.server import BinaryLlamaServer  # noqa: E402
 from contemplation.models import BlockKind, Metadata, Status  # noqa: E402
 from contemplation.needs.router import NeedRouter  # noqa: E402
 from contemplation.prompt.prompts import build_request, need_forms  # noqa: E402
@@ -55,6 +59,8 @@ from contemplation.store.templates import load_template  # noqa: E402
 from contemplation.writer import drop_message, new_conversation  # noqa: E402
 from tests import peers  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402
+
+Server = LlamaServer | BinaryLlamaServer
 
 TOPICS = ["a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper"]
 
@@ -189,7 +195,7 @@ class Daemon:
         return convs
 
     def burst(
-        self, convs: list[Conv], texts: list[str], kill: LlamaServer | None = None
+        self, convs: list[Conv], texts: list[str], kill: Server | None = None
     ) -> tuple[float, int]:
         t0 = time.perf_counter()
         for c, text in zip(convs, texts, strict=True):
@@ -248,7 +254,7 @@ def _alias(providers: list[str], max_tokens: int) -> str:
 
 
 def compare(
-    label: str, servers: list[LlamaServer], per_server: int, args: argparse.Namespace
+    label: str, servers: Sequence[Server], per_server: int, args: argparse.Namespace
 ) -> None:
     names = [f"box{i + 1}" for i in range(len(servers))]
     config = "".join(_provider(n, s.url) for n, s in zip(names, servers, strict=True))
@@ -316,14 +322,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--failover", type=int, default=40)
     ap.add_argument("--skip-failover", action="store_true")
+    ap.add_argument("--llama-server", type=Path, help="a llama-server binary (default: xllamacpp)")
+    ap.add_argument("--gguf", type=Path, help="the model for --llama-server")
+    ap.add_argument("--slots", type=int, help="slots of the one server (--llama-server: its own)")
+    ap.add_argument("--only-one", action="store_true", help="one server only (implies no fail-over)")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; {args.conversations} conversations a burst, "
           f"{args.max_tokens} tokens each (ignore_eos), median of {args.rounds} rounds", flush=True)  # fmt: skip
-    one = [_server(4)]
+    one: list[Server]
+    if args.llama_server:
+        gguf = args.gguf or peers.smollm2_gguf()
+        one = [BinaryLlamaServer(args.llama_server, gguf, n_parallel=args.slots or 0).start()]
+    else:
+        one = [_server(args.slots or 4)]
+    slots = one[0].n_parallel
     try:
-        compare("one server, 4 slots", one, 4, args)
+        compare(f"one server, {slots} slots", one, slots, args)
     finally:
         one[0].stop()
+    if args.only_one:
+        return
     two = [_server(2, share=2), _server(2, share=2)]
     try:
         compare("two servers, 2 slots each (alias)", two, 2, args)

@@ -13,9 +13,9 @@ import contextlib
 import email.utils
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
@@ -150,6 +150,43 @@ def json_object(text: str, source: str) -> dict[str, Any]:
     return data
 
 
+class Merged:
+    """Runs of text events (content, or thinking) that came in one read of the stream, as one
+    event each. A server faster than the daemon (a GPU's) sends many tokens per read; each event
+    costs the turn a pass of its loop and the log a write, so without this the daemon, not the
+    server, sets the pace (bench/bench_ingest.py). When the daemon keeps up, a read holds one
+    token and nothing waits: :meth:`flush` is called whenever no more is buffered."""
+
+    LIMIT = 64 * 1024  # characters in one merged event: a flood still goes out in pieces
+
+    def __init__(self) -> None:
+        self._kind: Literal["content", "thinking"] | None = None
+        self._parts: list[str] = []
+        self._size = 0
+
+    def add(self, events: Iterable[StreamEvent]) -> list[StreamEvent]:
+        """What may go on now: all but a text run that may still grow."""
+        out: list[StreamEvent] = []
+        for ev in events:
+            if ev.kind in ("content", "thinking") and ev.text:
+                if ev.kind != self._kind or self._size >= self.LIMIT:
+                    out += self.flush()
+                    self._kind = ev.kind
+                self._parts.append(ev.text)
+                self._size += len(ev.text)
+            else:
+                out += self.flush()
+                out.append(ev)
+        return out
+
+    def flush(self) -> list[StreamEvent]:
+        if self._kind is None:
+            return []
+        ev = StreamEvent(kind=self._kind, text="".join(self._parts))
+        self._kind, self._parts, self._size = None, [], 0
+        return [ev]
+
+
 class TimedLines:
     """The lines of a streamed body, under the phase timeouts and a cap on a line's length.
 
@@ -174,8 +211,16 @@ class TimedLines:
         self.started = True
         self.last_progress = time.monotonic()
 
+    @property
+    def ready(self) -> bool:
+        """A whole line is buffered: :meth:`next` returns it without waiting for the server."""
+        return self._buf.find(b"\n", self._pos) >= 0
+
     async def next(self) -> str | None:
         """The next line (without its end), or None at the end of the body."""
+        end = self._buf.find(b"\n", self._pos)
+        if end >= 0:  # already here: no timer to arm (a fast server sends many lines a read)
+            return self._take(end, end + 1)
         limit = self.t.idle if self.started else self.t.first_byte
         now = time.monotonic()
         wait = min(self.last_progress + limit, self.deadline) - now

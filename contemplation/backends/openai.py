@@ -26,6 +26,7 @@ from contemplation.backends import BackendInputs, BackendKind, capabilities, pro
 from contemplation.backends.base import (
     Capabilities,
     Check,
+    Merged,
     PhaseTimeouts,
     Slots,
     TimedLines,
@@ -128,15 +129,24 @@ class OpenAIBackend:
                     key_at=self._key_at(),
                 )
             lines = TimedLines(resp, self.timeouts, self.base_url, t0=turn.t0)
+            merged = Merged()  # the tokens of one read, one event (see Merged)
             async for name, payload in sse_payloads(lines):
                 turn.events_seen += 1
                 if payload.strip() == "[DONE]":
-                    for ev in turn.finish(self._known_context(request.model)):
+                    for ev in merged.flush() + turn.finish(self._known_context(request.model)):
                         yield ev
                     await lines.drain()
                     return
-                for ev in self._payload(turn, name, payload):
+                try:
+                    events = merged.add(self._payload(turn, name, payload))
+                except BackendError:
+                    for ev in merged.flush():  # the text before an error event is kept
+                        yield ev
+                    raise
+                for ev in events if lines.ready else events + merged.flush():
                     yield ev
+            for ev in merged.flush():
+                yield ev
             if turn.finish_reason is not None:  # servers that never send [DONE]
                 for ev in turn.finish(self._known_context(request.model)):
                     yield ev

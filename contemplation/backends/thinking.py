@@ -38,7 +38,9 @@ class ThinkSplitter:
 
     def feed(self, text: str) -> list[Piece]:
         """The pieces that are certain after ``text``; adjacent pieces of one kind are merged."""
-        out: list[Piece] = []
+        if not self._held and not self._skip_ws and self._tag[0] not in text:
+            return [("thinking" if self.in_thinking else "content", text)] if text else []
+        out: list[Piece] = []  # (above: no tag and no start of one, the common token)
         buf = self._held + text
         self._held = ""
         while buf:

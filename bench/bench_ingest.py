@@ -1,0 +1,134 @@
+"""Ingest ceiling: how many streamed tokens a second can the daemon take in and write down?
+
+Run: .venv/bin/python bench/bench_ingest.py [--slots 16] [--conversations 64]
+     [--max-tokens 256] [--rounds 3]
+
+A real model limits a benchmark to the model's speed; this one takes the model away. A server
+of our own (its own process on loopback, aiohttp) speaks llama-server's streamed chat wire
+format (``/props`` with ``total_slots``, SSE ``data:`` chunks of one token each, the last with
+``usage`` and ``timings``, then ``[DONE]``) and answers as fast as it can. The daemon runs as
+its own process with default settings (``concurrency`` auto: the slots from ``/props``), as in
+bench_saturation.py, against a direct aiohttp client holding as many requests in flight. The
+ratio daemon/direct is the share of a very fast server (a GPU's) the daemon can keep busy; the
+direct rate is the ceiling of the server process and the loopback themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_saturation import Daemon, direct, messages, prompt  # noqa: E402
+from tests.realpeers import free_port  # noqa: E402
+
+SERVER = textwrap.dedent(
+    """
+    import json, sys
+    from aiohttp import web
+    slots = int(sys.argv[2])
+    word = "tick"
+
+    async def props(request):
+        return web.json_response({"total_slots": slots,
+            "default_generation_settings": {"n_ctx": 4096}})
+
+    async def chat(request):
+        body = await request.json()
+        n = int(body.get("max_tokens") or body.get("n_predict") or 16)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            chunk = {"choices": [{"index": 0, "delta": {"content": " " + word}}],
+                     "object": "chat.completion.chunk", "model": "smollm2"}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+        last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": n, "total_tokens": 100 + n},
+                "timings": {"cache_n": 0, "prompt_n": 100, "predicted_n": n,
+                            "prompt_ms": 1.0, "predicted_ms": 1.0}}
+        await resp.write(b"data: " + json.dumps(last).encode() + b"\\n\\ndata: [DONE]\\n\\n")
+        await resp.write_eof()
+        return resp
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "smollm2"}]})
+
+    async def health(request):
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.get("/props", props), web.post("/v1/chat/completions", chat),
+                    web.get("/v1/models", models), web.get("/health", health)])
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+    """
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--conversations", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(args.slots)])
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        config = (
+            f'[providers.box1]\nkind = "openai"\nurl = "{url}/v1"\napi_key = "none"\n'
+            f'[aliases.small]\nmodel = "smollm2"\nproviders = ["box1"]\n'
+            f"options = {{ num_predict = {args.max_tokens} }}\n"
+        )
+        daemon = Daemon(config)
+        try:
+            texts = [prompt(i) for i in range(args.conversations)]
+            msgs = [messages(daemon.home, i, args.max_tokens) for i in range(len(texts))]
+            asyncio.run(direct([url], args.slots, msgs, args.max_tokens))  # warm
+            daemon.burst(daemon.conversations(2, "small", "small"), texts[:2])
+            d_rates, c_rates = [], []
+            for _ in range(args.rounds):
+                wall, tokens = asyncio.run(direct([url], args.slots, msgs, args.max_tokens))
+                d_rates.append(tokens / wall)
+                convs = daemon.conversations(args.conversations, "small", "small")
+                wall, tokens = daemon.burst(convs, texts)
+                c_rates.append(tokens / wall)
+            d, c = statistics.median(d_rates), statistics.median(c_rates)
+            print(
+                f"machine: {os.cpu_count()} CPUs; {args.slots} slots, {args.conversations} "
+                f"conversations a burst, {args.max_tokens} tokens each\n"
+                f"direct {d:.0f} tok/s, daemon {c:.0f} tok/s, ratio {c / d:.2f}x "
+                f"(rounds: direct {', '.join(f'{r:.0f}' for r in d_rates)}; "
+                f"daemon {', '.join(f'{r:.0f}' for r in c_rates)})",
+                flush=True,
+            )
+        finally:
+            daemon.stop()
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()
