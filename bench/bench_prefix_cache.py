@@ -1,5 +1,5 @@
 """How much of each prompt the server reuses from its cache (issue 39).
-Run: .venv/bin/python bench/bench_prefix_cache.py [--burst 8] [--turns 30] [--old] [--no-copy]
+Run: .venv/bin/python bench/bench_prefix_cache.py [--burst 8] [--turns 30] [--old] [--no-copy] [--cold]
 
 Against a real llama-server (xllamacpp's build, SmolLM2-135M, started here), through the
 daemon's own path (``process_pending`` with the openai backend, as bench_overhead does).
@@ -12,7 +12,9 @@ what was sent from the reply's ``usage.prompt_tokens`` (the whole prompt).
             the server reused (its ``timings.cache_n``), against the shared part (the system
             prompt as the daemon sends it, up to the topic). The server is started with
             ``--slot-save-path`` (it copies a slot's cache into another); ``--no-copy``:
-            without it, as llama-server starts by default
+            without it, as llama-server starts by default. ``--cold``: all ``--burst`` at
+            once on empty slots (reused summed over all, against the shared part times
+            ``--burst - 1``: the first served prefills it)
   dialogue  one conversation of ``--turns`` turns in one 1,024-token slot (replies of at most
             48 tokens): prompt tokens recomputed a turn (the summary calls included) against
             the new tokens a turn (the agent's message and the reply before it)
@@ -85,11 +87,12 @@ def use_old_order() -> None:
     budget.LOW_WATER = 1.0
 
 
-async def burst(url: str, n: int) -> dict[str, float]:
+async def burst(url: str, n: int, cold: bool = False) -> dict[str, float]:
     th = TurnHome("openai", MODEL, {"temperature": 0, "num_predict": 8}, {"base_url": url})
     try:
-        _first, meta = th.conversation(TOPICS[0], "In one sentence: what is this about?")
-        await process_pending(th.rt)
+        first, meta = th.conversation(TOPICS[0], "In one sentence: what is this about?")
+        if not cold:
+            await process_pending(th.rt)
         offered = prompts.need_forms(th.rt.need_router().offered(meta.template))  # as sent
         shared_text = prompts.system_prompt(
             meta, th.template.system_prompt, needs=offered
@@ -97,6 +100,7 @@ async def burst(url: str, n: int) -> dict[str, float]:
         shared = tokens(url, shared_text)
         convs = [th.conversation(TOPICS[i % len(TOPICS)], "In one sentence: what is this about?")[0]
                  for i in range(1, n)]  # fmt: skip
+        convs = [first, *convs] if cold else convs  # cold: the first is one of the burst
         before, t0 = prefilled(url), time.monotonic()
         await process_pending(th.rt)
         took = time.monotonic() - t0
@@ -107,7 +111,7 @@ async def burst(url: str, n: int) -> dict[str, float]:
             assert st is not None and st.last_turn is not None, st
             sent += st.last_turn.prompt_eval_count or 0
             cached += min(st.last_turn.cached_tokens or 0, shared)  # the server's cache_n
-        return {"conversations": n - 1, "shared": shared, "sent": sent, "recomputed": recomputed,
+        return {"conversations": len(convs), "shared": shared, "sent": sent, "recomputed": recomputed,
                 "reused_of_shared": cached / (shared * (n - 1)), "seconds": took}  # fmt: skip
     finally:
         await th.aclose()
@@ -142,6 +146,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--old", action="store_true", help="the order before issue 39")
     ap.add_argument("--no-copy", action="store_true", help="a server without --slot-save-path")
+    ap.add_argument("--cold", action="store_true", help="the whole burst at once, no slot warm")
     args = ap.parse_args()
     if args.old:
         use_old_order()
@@ -150,13 +155,13 @@ def main() -> None:
     if args.burst:
         server = LlamaServer(gguf, n_ctx=2048, n_parallel=4, slot_save=not args.no_copy).start()
         try:
-            b = asyncio.run(burst(server.url, args.burst))
+            b = asyncio.run(burst(server.url, args.burst, cold=args.cold))
         finally:
             server.stop()
     if b:
-        copies = "no slot copies" if args.no_copy else "slot copies"
+        copies = ("no slot copies" if args.no_copy else "slot copies") + (", cold" * args.cold)
         print(f"burst of {args.burst} ({'old order' if args.old else 'canonical order'}, {copies}): "
-              f"shared prompt {b['shared']} tokens; the {b['conversations']} later first turns "
+              f"shared prompt {b['shared']} tokens; the {b['conversations']} {'' if args.cold else 'later '}first turns "
               f"sent {b['sent']}, recomputed {b['recomputed']}: reused "
               f"{b['reused_of_shared']:.0%} of the shared prompt, in {b['seconds']:.1f} s")  # fmt: skip
     if not args.turns:

@@ -275,21 +275,28 @@ class OpenAIBackend:
         total = (await self.props() or {}).get("total_slots")
         return min(total, 64) if isinstance(total, int) and total > 0 else 0
 
+    async def copies_slots(self, idle: int) -> bool:
+        """Whether llama-server copies slots (:meth:`copy_slot`): it saves slot ``idle``
+        (no request on it: a few bytes) where it was started with ``--slot-save-path``,
+        and answers 501 where not."""
+        return await self._slot_action(idle, "save", idle)
+
     async def copy_slot(self, source: int, target: int) -> bool:
         """Slot ``source``'s cache into slot ``target`` (issue 39): llama-server's ``POST
         /slots/{id}?action=save`` to a file in its ``--slot-save-path`` (one a slot, written
-        again each time), then ``restore`` from it; False when the server does not do it
-        (started without ``--slot-save-path``: 501). A slot busy on the server queues it."""
-        name = {"filename": f"contemplation-slot-{source}.bin"}
-        within = self.timeouts.connect * 3
-        for slot, action in ((source, "save"), (target, "restore")):
-            resp = await self._http.request(
-                "POST", self.root(f"slots/{slot}"), params={"action": action}, json=name,
-                within=within,
-            )  # fmt: skip
-            if resp.status != 200:
-                return False
-        return True
+        again each time), then ``restore`` from it, milliseconds; False where the server
+        did not. A slot busy on the server queues it."""
+        return await self._slot_action(source, "save", source) and await self._slot_action(
+            target, "restore", source
+        )
+
+    async def _slot_action(self, slot: int, action: str, file_of: int) -> bool:
+        resp = await self._http.request(
+            "POST", self.root(f"slots/{slot}"), params={"action": action},
+            json={"filename": f"contemplation-slot-{file_of}.bin"},
+            within=self.timeouts.connect * 3,
+        )  # fmt: skip
+        return resp.status == 200
 
     def stale(self) -> None:
         self._caps.clear()

@@ -41,11 +41,12 @@ class SlotAffinity:
     _owner: dict[int, str] = field(default_factory=dict)  # slot -> the conversation it holds
     _holds: dict[int, str] = field(default_factory=dict)  # slot -> the prefix it holds
     _warming: set[int] = field(default_factory=set)  # slots prefilling a prefix anew
-    copies: bool | None = None  # the server copies slots (None: not known before a first copy)
-    _asking: asyncio.Event | None = None  # set when that first copy has answered
+    copies: bool | None = None  # the server copies slots (None: not asked yet)
+    _asking: asyncio.Event | None = None  # set when the server has said it
     _copy: dict[int, int] = field(default_factory=dict)  # slot -> the slot to copy into it first
     _reads: dict[int, int] = field(default_factory=dict)  # slot -> copies planned from it
     _read: dict[int, asyncio.Event] = field(default_factory=dict)  # set when those are made
+    _warmed: dict[int, asyncio.Event] = field(default_factory=dict)  # set when its prefill ends
     _conv: OrderedDict[str, int] = field(default_factory=OrderedDict)
     _tick: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -61,8 +62,10 @@ class SlotAffinity:
         it behind the turn there (one cold prefill at a time, the others reuse it); with no
         unused slot left, the free slot that holds the prefix, else the one used longest ago.
         ``copy`` (the server may copy slots): a new conversation takes an unused slot with a
-        copy of a free slot that holds its prefix, made by :meth:`ready` (while the first
-        copy is out, not known to work, no other is planned: see :meth:`asked`)."""
+        copy of a slot that holds its prefix, free or prefilling it for the first time (made
+        by :meth:`ready` once that turn ends: the server copies only an idle slot), rather
+        than joining it; while the server has not said whether it copies, one such plan at a
+        time (see :meth:`asked`)."""
         free = [i for i in range(slots) if not self._load.get(i)]
         own = self._conv.get(conv_id)
         if own is not None and own < slots and self._owner.get(own) == conv_id:
@@ -73,7 +76,8 @@ class SlotAffinity:
         warm = [i for i in range(slots) if self._holds.get(i) == prefix]
         cold = [i for i in free if i not in self._used]
         warming = any(i in self._warming and self._load.get(i) for i in warm)
-        source = [i for i in warm if i in free and i not in self._copy]
+        first = [i for i in warm if i in self._warming and self._load.get(i) == 1]
+        source = [i for i in warm if i in free and i not in self._copy] or first
         may = self.copies or (self.copies is None and self._asking is None)
         if cold and source and copy and may:  # a copy of the prefix, not its prefill
             if self.copies is None:
@@ -81,6 +85,8 @@ class SlotAffinity:
             self._copy[cold[0]] = source[0]
             self._reads[source[0]] = self._reads.get(source[0], 0) + 1
             self._read.setdefault(source[0], asyncio.Event())
+            if source[0] in first:
+                self._warmed.setdefault(source[0], asyncio.Event())
             return self._mark(cold[0], conv_id, prefix, warming=False)
         if cold and not warming:
             slot = cold[0]
@@ -91,34 +97,45 @@ class SlotAffinity:
         return self._mark(slot, conv_id, prefix)
 
     async def asked(self) -> None:
-        """Before :meth:`take`: while the first copy is out (will the server copy slots?),
-        wait for its answer, so that a burst is placed knowing it (milliseconds)."""
+        """Before :meth:`take`: while the server is being asked whether it copies slots,
+        wait for its answer (milliseconds), so that a burst is placed knowing it."""
         while self._asking is not None:
             await self._asking.wait()
 
     async def ready(self, slot: int, copier: CopiesSlots) -> None:
         """Before the first request of a turn on ``slot``: the copy :meth:`take` planned into
-        it made (a refusal: the slot prefills the prefix, and no copy is planned again), and
-        the copies planned out of it made (the server copies only an idle slot)."""
-        source = self._copy.pop(slot, None)
+        it made, once its source's first prefill has ended (the server first asked whether
+        it copies slots; a refusal: this slot prefills the prefix and no copy is planned
+        again), and the copies planned out of this slot made (it must stay idle until then)."""
+        source = self._copy.get(slot)
         if source is not None:
-            done: bool | None = None
+            done = False
             try:
-                done = await copier.copy_slot(source, slot)
+                if self.copies is None:
+                    try:
+                        self.copies = await copier.copies_slots(slot)  # idle, unused: no harm
+                    finally:
+                        self._answered()
+                if self.copies:
+                    if (warmed := self._warmed.get(source)) is not None:
+                        await warmed.wait()
+                    self.copies = done = await copier.copy_slot(source, slot)
             except BackendError:
                 pass  # not this time: it prefills
             finally:
-                self.copies = self.copies if done is None else done
                 if not done:
                     self._warming.add(slot)
-                self._copied(source)
+                if self._copy.pop(slot, None) is not None:
+                    self._copied(source)
         if (read := self._read.get(slot)) is not None:
             await read.wait()
 
-    def _copied(self, source: int) -> None:
-        if (asking := self._asking) is not None:  # the one copy out while that is not known
+    def _answered(self) -> None:
+        if (asking := self._asking) is not None:
             self._asking = None
-            asking.set()  # it answered (or its turn ended without it)
+            asking.set()
+
+    def _copied(self, source: int) -> None:
         self._reads[source] -= 1
         if not self._reads[source]:
             del self._reads[source]
@@ -138,8 +155,12 @@ class SlotAffinity:
         self._load[slot] = max(0, self._load.get(slot, 0) - 1)
         if (source := self._copy.pop(slot, None)) is not None:  # ended before it was made
             self._copied(source)
+            if self.copies is None:
+                self._answered()  # the one plan while the server had not said: not asked
         self._warming.discard(slot)  # the server runs a slot's turns in order: the first
         # to end is the one that prefilled the prefix; those queued behind it reuse it
+        if (warmed := self._warmed.pop(slot, None)) is not None:
+            warmed.set()  # the copies waiting for that prefill are made now
 
     def remembered(self) -> int:
         return len(self._conv)
@@ -166,8 +187,13 @@ class CopiesSlots(Protocol):
     """A server that copies one slot's cache into another (llama-server's ``/slots`` save
     and restore, where it was started with ``--slot-save-path``)."""
 
+    async def copies_slots(self, idle: int) -> bool:
+        """Whether the server copies slots (asked of ``idle``, a slot no request is on).
+        Raises BackendError."""
+        ...
+
     async def copy_slot(self, source: int, target: int) -> bool:
-        """``source``'s cache into ``target``; False: the server does not copy slots.
+        """``source``'s cache into ``target``; False: the server did not copy it.
         Raises BackendError."""
         ...
 

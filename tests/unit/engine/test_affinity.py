@@ -22,6 +22,11 @@ class Copier:
         self.done = done
         self.log: list[tuple[str, int, int]] = []
 
+    async def copies_slots(self, idle: int) -> bool:
+        await asyncio.sleep(0)
+        self.log.append(("asked", idle, idle))
+        return self.done
+
     async def copy_slot(self, source: int, target: int) -> bool:
         await asyncio.sleep(0)  # the HTTP round trip: other turns run meanwhile
         self.log.append(("copy", source, target))
@@ -137,13 +142,32 @@ def test_a_server_that_refuses_to_copy_is_asked_once_and_the_burst_waits_for_its
     [first] = asyncio.run(_turns(aff, copier, ["conv-1"], 4))
     aff.give(first)
     burst = asyncio.run(_turns(aff, copier, [f"conv-{i}" for i in range(2, 6)], 4))
-    assert [e for e in copier.log if e[0] == "copy"] == [("copy", first, 1)]  # once
-    assert aff.copies is False
-    assert set(burst) == {first, 1}, burst  # the refused slot prefills; the rest join
+    asked = [e for e in copier.log if e[0] != "request"]
+    assert asked == [("asked", 1, 1)] and aff.copies is False  # asked once, of an idle slot
+    assert set(burst) == {first, 1}, burst  # that slot prefills; the rest join, as before
     for s in burst:
         aff.give(s)
     again = asyncio.run(_turns(aff, copier, ["conv-6"], 4))
-    assert [e for e in copier.log if e[0] == "copy"] == [("copy", first, 1)], again
+    assert [e for e in copier.log if e[0] != "request"] == asked, again  # never again
+
+
+def test_a_cold_burst_copies_the_first_prefill_into_the_other_slots_when_its_turn_ends() -> None:
+    """Nothing warm: the first prefills the prefix; the others take the unused slots and
+    wait for a copy of it (before: they queued behind it on its slot, one after another)."""
+    aff = SlotAffinity()
+    copier = Copier()
+
+    async def burst() -> list[int]:
+        turns = asyncio.ensure_future(_turns(aff, copier, [f"c{i}" for i in range(4)], 4))
+        for _ in range(100):  # every turn runs until it waits (bounded: no timing)
+            await asyncio.sleep(0)
+        assert copier.log == [("request", 0, 0), ("asked", 1, 1)]  # the rest wait for slot 0
+        aff.give(0)  # its turn ends: slot 0 holds the prefix, idle
+        return await turns
+
+    slots = asyncio.run(burst())
+    assert sorted(slots) == [0, 1, 2, 3], slots
+    assert sorted(e for e in copier.log if e[0] == "copy") == [("copy", 0, i) for i in (1, 2, 3)]
 
 
 def test_a_turn_that_ends_before_its_copy_frees_the_slot_it_would_copy() -> None:
