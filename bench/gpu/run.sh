@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The benchmarks on the lent GPU machine (one H100/H200; CUDA 13 with nvcc, cmake, ninja and
+# python3 3.12 are there; nothing can be fetched). .gpu/ is made by bench/gpu/pack.sh.
+#   bash bench/gpu/run.sh [SECONDS]      everything within SECONDS (default 540)
+# Builds llama-server for the GPU from the carried source (unless a build was carried), then:
+# saturation at the server's own slot count and at 16 slots (daemon vs direct client, real
+# llama-server), the ingest ceiling (bench_ingest.py), and the same on BASE's tree if carried.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+BUDGET=${1:-540}
+left() { echo $((BUDGET - SECONDS)); }
+exec > >(tee -a "$OUT/run.log") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "cpus: $(nproc); $(python3 --version)"
+
+BIN=/tmp/llama-bin
+CUBLAS=$(dirname "$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name 'libcublas.so.13' -print 2>/dev/null | head -1)")
+if [ -f .gpu/llama-bin.tar.xz ]; then
+  mkdir -p $BIN && tar xJf .gpu/llama-bin.tar.xz -C $BIN
+else
+  mkdir -p /tmp/llama && tar xJf .gpu/llama-src.tar.xz -C /tmp/llama
+  cmake -S /tmp/llama/llama.cpp -B /tmp/llama/build -G Ninja -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release \
+    > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+  ninja -C /tmp/llama/build llama-server > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  BIN=/tmp/llama/build/bin
+  echo "built llama-server in ${SECONDS} s"
+fi
+export LD_LIBRARY_PATH=$BIN:$CUBLAS:${LD_LIBRARY_PATH:-}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .gpu/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+"$BIN/llama-server" --version 2>&1 | tail -2
+
+run() {  # NEED_S COMMAND...: run it if NEED_S seconds are left, within what is left
+  local need=$1; shift
+  if [ "$(left)" -lt "$need" ]; then echo "skipped, out of time: $*"; return; fi
+  echo "== $* ($(left) s left)"
+  timeout "$(($(left) - 5))" "$@"
+}
+mkdir -p /tmp/head && tar xJf .gpu/head.tar.xz -C /tmp/head && cd /tmp/head  # the committed tree
+SERVE=(--llama-server "$BIN/llama-server" --gguf "$ROOT/.gpu/model.gguf" --only-one)
+run 90 python3 bench/bench_saturation.py "${SERVE[@]}" --conversations 32 --max-tokens 128 --rounds 3
+run 90 python3 bench/bench_saturation.py "${SERVE[@]}" --slots 16 --conversations 64 --max-tokens 128 --rounds 3
+run 60 python3 bench/bench_ingest.py --slots 16 --conversations 64 --max-tokens 256 --rounds 3
+if [ -f .gpu/base.tar.xz ]; then  # the same benchmarks on the tree before (A/B on this machine)
+  mkdir -p /tmp/base && tar xJf .gpu/base.tar.xz -C /tmp/base
+  mkdir -p /tmp/base/bench/gpu && cp bench/bench_ingest.py bench/bench_saturation.py /tmp/base/bench/
+  cp bench/gpu/*.py /tmp/base/bench/gpu/  # (the benchmarks themselves are today's)
+  cd /tmp/base
+  run 60 python3 bench/bench_ingest.py --slots 16 --conversations 64 --max-tokens 256 --rounds 3
+  run 90 python3 bench/bench_saturation.py "${SERVE[@]}" --slots 16 --conversations 64 --max-tokens 128 --rounds 3
+fi
+echo "done in ${SECONDS} s"
