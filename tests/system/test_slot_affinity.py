@@ -128,6 +128,21 @@ def test_two_conversations_taking_turns_each_keep_their_slot_and_its_cache(
         assert now["cache_n"] >= before["cache_n"] + before["prompt_n"] - 2, (j, before, now)
 
 
+TOPICS = ["Folder queues", "Log rotation", "Crash safety", "Cache eviction", "Summaries"]
+ASK = "In one short sentence, what is this about?"
+
+
+def _shared_tokens(recorder: Recorder) -> int:
+    """Tokens of the text every recorded system prompt starts with (the protocol and the
+    template's text, up to the topic), as the server counts them."""
+    systems = [body["messages"][0]["content"] for body, _ in recorder.chats]
+    same = (i for i, chars in enumerate(zip(*systems, strict=False)) if len(set(chars)) > 1)
+    shared = systems[0][: next(same, min(map(len, systems)))]
+    assert len(shared) > 500, shared
+    tokenized = httpx.post(f"{recorder.url}/tokenize", json={"content": shared}, timeout=30)
+    return len(tokenized.json()["tokens"])
+
+
 @pytest.mark.real
 def test_a_burst_takes_every_slot_with_its_templates_prefix_copied_not_prefilled(
     home: Home, copying: Recorder, make_settings: Callable[..., Settings]
@@ -136,22 +151,34 @@ def test_a_burst_takes_every_slot_with_its_templates_prefix_copied_not_prefilled
     prefilled the template's prefix again (71 % of it reused in bench_prefix_cache), or
     waited on the slots that held it while the others idled."""
     rt = Runtime(settings=make_settings(openai={"base_url": copying.url}), home=home)
-    topics = ["Folder queues", "Log rotation", "Crash safety", "Cache eviction", "Summaries"]
-    convs = [_conversation(home, topic) for topic in topics]
-    drop_message(convs[0], "In one short sentence, what is this about?")
+    convs = [_conversation(home, topic) for topic in TOPICS]
+    drop_message(convs[0], ASK)
     run_burst(rt)  # the first fills one slot with the prefix
     for conv in convs[1:]:
-        drop_message(conv, "In one short sentence, what is this about?")
+        drop_message(conv, ASK)
     run_burst(rt)  # four at once
     sent = copying.chats
     assert len(sent) == 5, [b.get("id_slot") for b, _ in sent]
-    systems = [body["messages"][0]["content"] for body, _ in sent]
-    same = (i for i, chars in enumerate(zip(*systems, strict=False)) if len(set(chars)) > 1)
-    shared = systems[0][: next(same, min(map(len, systems)))]
-    assert len(shared) > 500, shared  # the protocol and the template's text
-    tokenized = httpx.post(f"{copying.url}/tokenize", json={"content": shared}, timeout=30)
-    n_shared = len(tokenized.json()["tokens"])
+    n_shared = _shared_tokens(copying)
     burst = sent[1:]
     assert sorted(body["id_slot"] for body, _ in burst) == [0, 1, 2, 3], burst  # all at once
     for body, timings in burst:  # the prefix found in every slot: copied, not prefilled
         assert timings["cache_n"] >= n_shared - 2, (body["id_slot"], timings, n_shared)
+
+
+@pytest.mark.real
+def test_a_cold_burst_prefills_the_prefix_once_and_copies_it_into_the_other_slots(
+    home: Home, copying: Recorder, make_settings: Callable[..., Settings]
+) -> None:
+    """Nothing warm, four at once: before, the three after the first queued behind it on
+    its slot (or prefilled the prefix again in an unused one)."""
+    rt = Runtime(settings=make_settings(openai={"base_url": copying.url}), home=home)
+    for topic in TOPICS[:4]:
+        drop_message(_conversation(home, topic), ASK)
+    run_burst(rt)
+    sent = copying.chats
+    assert len(sent) == 4, [b.get("id_slot") for b, _ in sent]
+    assert sorted(body["id_slot"] for body, _ in sent) == [0, 1, 2, 3], sent
+    n_shared = _shared_tokens(copying)
+    reused = sorted(timings["cache_n"] for _, timings in sent)
+    assert reused[0] == 0 and all(n >= n_shared - 2 for n in reused[1:]), (reused, n_shared)
