@@ -47,8 +47,8 @@ SERVE=(--llama-server "$BIN/llama-server" --gguf "$ROOT/.gpu/model.gguf" --only-
 run 90 python3 bench/bench_saturation.py "${SERVE[@]}" --conversations 32 --max-tokens 128 --rounds 3
 run 90 python3 bench/bench_saturation.py "${SERVE[@]}" --slots 16 --conversations 64 --max-tokens 128 --rounds 3
 run 60 python3 bench/bench_ingest.py --slots 16 --conversations 64 --max-tokens 256 --rounds 3
-if [ -f .gpu/base.tar.xz ]; then  # the same benchmarks on the tree before (A/B on this machine)
-  mkdir -p /tmp/base && tar xJf .gpu/base.tar.xz -C /tmp/base
+if [ -f "$ROOT/.gpu/base.tar.xz" ]; then  # the same benchmarks on the tree before (A/B on this machine)
+  mkdir -p /tmp/base && tar xJf "$ROOT/.gpu/base.tar.xz" -C /tmp/base
   mkdir -p /tmp/base/bench/gpu && cp bench/bench_ingest.py bench/bench_saturation.py /tmp/base/bench/
   cp bench/gpu/*.py /tmp/base/bench/gpu/  # (the benchmarks themselves are today's)
   cd /tmp/base
