@@ -17,12 +17,24 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "cpus: $(nproc); $(python3 --version)"
 
 BIN=/tmp/llama-bin
-CUBLAS=$(dirname "$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name 'libcublas.so.13' -print 2>/dev/null | head -1)")
+CUBLAS=$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' -print -quit 2>/dev/null)")
+echo "cuBLAS: $CUBLAS"
 if [ -f .gpu/llama-bin.tar.xz ]; then
   mkdir -p $BIN && tar xJf .gpu/llama-bin.tar.xz -C $BIN
 else
   mkdir -p /tmp/llama && tar xJf .gpu/llama-src.tar.xz -C /tmp/llama
+  # a toolkit with cuBLAS and a libcuda.so to link with: the image's own, or one put together
+  # from it, the cuBLAS of PyTorch's wheels and a stub of the driver (its real one is loaded)
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc); TK=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+  rm -rf /tmp/cuda && cp -rs "$TK/" /tmp/cuda
+  if [ ! -e /tmp/cuda/include/cublas_v2.h ] && [ -n "$CUBLAS" ]; then
+    cp "$CUBLAS"/../include/cublas*.h /tmp/cuda/include/
+    for f in "$CUBLAS"/libcublas*.so.13; do ln -sf "$f" "/tmp/cuda/lib64/$(basename "$f" .13)"; done
+  fi
+  echo > /tmp/stub.c && gcc -shared -o /tmp/libcuda.so -Wl,-soname,libcuda.so.1 /tmp/stub.c
   cmake -S /tmp/llama/llama.cpp -B /tmp/llama/build -G Ninja -DGGML_CUDA=ON \
+    -DCUDAToolkit_ROOT=/tmp/cuda -DCMAKE_CUDA_COMPILER="$TK/bin/nvcc" \
+    -DCUDA_cuda_driver_LIBRARY=/tmp/libcuda.so -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release \
     > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
