@@ -665,9 +665,8 @@ async def _finish(
     if usage is not None:
         usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
         usage.context_window = usage.context_window or planned.window
-        # the server counted clearly fewer tokens than our calibrated count: it cut the prompt
-        own = rt.calibration.own(conv.id)
-        cut = truncation.cut(usage, request, truncation.ratio(planned.ratio, own))
+        # the server counted clearly fewer tokens than our count of what was sent: it cut it
+        cut = truncation.check(rt.calibration.counts, conv.id, usage, request, planned.ratio)
         estimate = budget.estimate_request(request, planned.ratio)
         warning = cut or budget.context_warning(usage, estimate)
         if warning:
@@ -676,9 +675,7 @@ async def _finish(
         if cut:  # its count is of what was left: never learnt (see truncation.py)
             log.warning("prompt_cut", conv=conv.id, model=on.model, why=cut)
         elif usage.prompt_eval_count:
-            rt.calibration.observe(
-                on.model, request.messages, usage.prompt_eval_count, conversation=conv.id
-            )
+            rt.calibration.observe(on.model, request.messages, usage.prompt_eval_count)
     # a reply with no NEED and no COMPLETE leaves the conversation idle: said in the same
     # state write that commits the reply
     said = reply.text

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from contemplation.models import Block, ChatMessage, ChatRequest, MarkerKind, Usage
-from contemplation.prompt import prompts
+from contemplation.prompt import prompts, truncation
 from contemplation.protocol.logformat import RESPONSE_PREFIX, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
 
 DEFAULT_RATIO = 0.25  # tokens per character: about 4 characters a token for English
@@ -26,7 +26,6 @@ PER_MESSAGE = 4  # role markers and separators in chat templates
 MIN_RATIO, MAX_RATIO = 0.1, 1.2
 REFUSED_MARGIN = 1.05  # a refused prompt's ratio is raised this much above the server's count
 MAX_REFUSED_RATIO = 4.0  # tokens a character, at most, whatever a server counts
-CONVERSATIONS_KEPT = 1024  # conversations whose own ratio is kept (the least recent go)
 SUMMARY_PREFIX = "Summary of the earlier part of this conversation (left out to fit the context):"
 
 
@@ -80,17 +79,11 @@ class Calibration:
     weight: float = 0.3  # how much one new sample moves the ratio
     ratios: dict[str, float] = field(default_factory=dict)
     asked: dict[str, float] = field(default_factory=dict)  # model -> when a tokenizer was asked
-    # conversation -> the ratio of the server's last count of its prompt (the newest last)
-    by_conversation: dict[str, float] = field(default_factory=dict)
+    # per conversation, the server's last honest count of its request (the cut check's)
+    counts: truncation.Counts = field(default_factory=truncation.Counts)
 
     def ratio(self, model: str) -> float:
         return self.ratios.get(model, DEFAULT_RATIO)
-
-    def own(self, conversation: str) -> float | None:
-        """The ratio of the server's last count of ``conversation``'s prompt: its own text,
-        where the model's ratio mixes every conversation's (a table of digits counts four
-        times a character of prose). None before the server has counted one."""
-        return self.by_conversation.get(conversation)
 
     def measured(self, model: str) -> bool:
         """A server has counted ``model``'s prompts (its reply, a refusal or its tokenizer)."""
@@ -106,16 +99,7 @@ class Calibration:
         self.ratios[model] = new
         return new
 
-    def observe(
-        self,
-        model: str,
-        messages: Sequence[ChatMessage],
-        prompt_eval_count: int,
-        *,
-        conversation: str = "",
-    ) -> float:
-        """The server counted ``prompt_eval_count`` for ``messages``: the model's ratio moves
-        toward it, and the conversation's own ratio becomes it (see :meth:`own`)."""
+    def observe(self, model: str, messages: Sequence[ChatMessage], prompt_eval_count: int) -> float:
         chars = prompt_chars(messages)
         overhead = PER_MESSAGE * len(messages)
         if chars < 200 or prompt_eval_count <= overhead:
@@ -123,11 +107,6 @@ class Calibration:
         sample = (prompt_eval_count - overhead) / chars
         if not MIN_RATIO <= sample <= MAX_RATIO:
             return self.ratio(model)
-        if conversation:
-            self.by_conversation.pop(conversation, None)  # the newest last (the oldest go)
-            self.by_conversation[conversation] = sample
-            while len(self.by_conversation) > CONVERSATIONS_KEPT:
-                del self.by_conversation[next(iter(self.by_conversation))]
         old = self.ratios.get(model)
         new = sample if old is None else old + self.weight * (sample - old)
         self.ratios[model] = new

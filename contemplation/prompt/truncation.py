@@ -4,32 +4,96 @@ An older Ollama ignores ``"truncate": false`` and cuts a prompt over ``num_ctx``
 and some OpenAI-compatible servers cut too (llama-server's context shift, vLLM's
 ``truncate_prompt_tokens``). Their prompt count is taken *after* the cut, so comparing it with
 the window catches nothing (Ollama #17427 reports num_ctx/2 + 2). What does catch it is our own
-count of what was sent (calibrated by the server's tokenizer where it has one): a server that
-counted clearly fewer tokens than that did not read all of it.
+count of what was sent: a server that counted clearly fewer tokens than that did not read all
+of it.
+
+Our count is made so that an honest server never counts clearly fewer (a false alarm is worse
+than a small cut let pass): where the request extends the conversation's previous one (the
+usual turn: the same messages, then the reply and the new message), the server's own count of
+that previous request, plus the new text at a low ratio; otherwise the whole text at a low
+ratio. The low ratio is the calibrated one (the model's, learnt from the server's counts or its
+tokenizer's count of this very request) but never above a quarter of a token a character,
+about what tokenizers give English prose and fewer than most other text gets: the model's
+ratio mixes every conversation's (a table of digits counts a token a digit), and a conversation
+of digits compacted to a summary in prose counts fewer a character than before.
 
 Only a count of the whole prompt is compared: Ollama's ``prompt_eval_count`` (its runner counts
 every input of the sequence, those it reused from its cache included; a fully cached prompt may
 leave it out: then nothing is compared), OpenAI's ``usage.prompt_tokens``, llama-server's
 ``timings.cache_n + timings.prompt_n``. A count of the evaluated tokens alone (``prompt_n``
-without ``cache_n``) says nothing about a cut: a prompt cache hit makes it small.
+without ``cache_n``) says nothing about a cut: a prompt cache hit makes it small. A count
+suspected of a cut is never kept nor learnt from: it is the count of what was left.
 """
 
 from __future__ import annotations
 
-from contemplation.models import ChatRequest, Usage
-from contemplation.prompt import budget
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contemplation.models import ChatMessage, ChatRequest, Usage
 
 # The server's count must be below this share of ours, and below it by MIN_GAP tokens, before
-# the prompt is called cut. Our count is an estimate: characters times a ratio learnt from the
-# server's earlier counts (or its tokenizer), plus PER_MESSAGE tokens a message. The ratio of a
-# text moves with what it holds (prose, code, a list of numbers: ~±20 % between turns of one
-# dialogue), and the chat template's tokens a message are a guess; a cut, by contrast, takes
-# a large share (Ollama keeps num_ctx/2 + 2 of a prompt over num_ctx, llama-server's context
-# shift discards half of what is past n_keep). A share of 0.75 leaves the estimate's error
-# room and still catches every cut of a quarter or more; MIN_GAP keeps a short prompt's few
-# template tokens from counting as a cut.
+# the prompt is called cut. Our count errs low (see above), but the new text's ratio and the
+# chat template's tokens are still estimates; a cut, by contrast, takes a large share (Ollama
+# keeps num_ctx/2 + 2 of a prompt over num_ctx, llama-server's context shift discards half of
+# what is past n_keep). A share of 0.75 leaves the estimate room and still catches a cut of a
+# quarter or more of what we count; MIN_GAP keeps a short prompt's few tokens out of it.
 SHARE = 0.75
 MIN_GAP = 64
+LOW_RATIO = 0.25  # tokens a character at most for our count (budget.DEFAULT_RATIO)
+KEPT = 1024  # conversations whose last count is kept (the least recent go first)
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """The server's honest count of one request of a conversation."""
+
+    messages: int  # how many messages it had
+    digest: bytes  # of its tool definitions and those messages (see :func:`_digest`)
+    chars: int
+    tokens: int
+
+
+class Counts:
+    """Per conversation, the server's last honest count of its request (bounded)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, Counted] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def last(self, conversation: str) -> Counted | None:
+        return self._last.get(conversation)
+
+    def keep(self, conversation: str, request: ChatRequest, tokens: int) -> None:
+        self._last.pop(conversation, None)  # the newest last: the oldest go first
+        self._last[conversation] = Counted(
+            len(request.messages),
+            _digest(request.messages, request.tools),
+            _chars(request),
+            tokens,
+        )
+        while len(self._last) > KEPT:
+            del self._last[next(iter(self._last))]
+
+
+def _chars(request: ChatRequest) -> int:
+    chars = sum(len(m.content) for m in request.messages) + sum(len(str(t)) for t in request.tools)
+    return chars + sum(len(str(c)) for m in request.messages for c in m.tool_calls)
+
+
+def _digest(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]]) -> bytes:
+    """Of the tool definitions and ``messages``, in order."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(list(tools), sort_keys=True, default=str).encode() + b"\1")
+    for m in messages:
+        calls = json.dumps(list(m.tool_calls), sort_keys=True, default=str)
+        h.update(f"{m.role}\0{len(m.content)}\0{m.content}\0{calls}\1".encode())
+    return h.digest()
 
 
 def whole_count(usage: Usage) -> int | None:
@@ -45,32 +109,36 @@ def whole_count(usage: Usage) -> int | None:
     return count
 
 
-def ratio(planned: float, own: float | None) -> float:
-    """The ratio our count of a request is made with: the lower of the one it was planned
-    with (the model's, learnt from every conversation, or its tokenizer's count of this very
-    request) and the conversation's own (:meth:`~contemplation.prompt.budget.Calibration.own`;
-    before the server has counted one, the default: a quarter of a token a character, about
-    what tokenizers give English prose and fewer than most other text gets). A ratio too high
-    would call an honest count a cut; one too low only lets a small cut pass."""
-    return min(planned, budget.DEFAULT_RATIO if own is None else own)
+def sent_tokens(request: ChatRequest, ratio: float, last: Counted | None = None) -> int:
+    """Our count of what ``request`` sends (see the module's words): the server's count of
+    ``last`` (the conversation's previous request) when ``request`` extends it, plus the rest
+    of its text (messages, tool calls, tool definitions) at ``ratio``, never above LOW_RATIO.
+    The chat template's tokens a message are left out of the new text: the server counts
+    them on its side, so leaving them out errs toward no alarm."""
+    low = min(ratio, LOW_RATIO)
+    chars = _chars(request)
+    if (
+        last is not None
+        and len(request.messages) >= last.messages
+        and chars >= last.chars
+        and _digest(request.messages[: last.messages], request.tools) == last.digest
+    ):
+        return last.tokens + int((chars - last.chars) * low)
+    return int(chars * low)
 
 
-def sent_tokens(request: ChatRequest, ratio: float) -> int:
-    """Our count of what ``request`` sends: its text (messages, tool calls, tool definitions)
-    at the model's calibrated ratio. The chat template's tokens a message are left out: they
-    are a guess (:data:`~contemplation.prompt.budget.PER_MESSAGE`), and the server counts them
-    on its side, so leaving them out errs toward no alarm."""
-    chars = budget.prompt_chars(request.messages) + sum(len(str(t)) for t in request.tools)
-    chars += sum(len(str(c)) for m in request.messages for c in m.tool_calls)
-    return int(chars * ratio)
-
-
-def cut(usage: Usage, request: ChatRequest, ratio: float) -> str:
+def check(
+    counts: Counts, conversation: str, usage: Usage, request: ChatRequest, ratio: float
+) -> str:
     """The WARNING for a reply whose server counted clearly fewer prompt tokens than we sent
-    (:func:`sent_tokens`); "" when the counts agree or the server gave none."""
-    sent = sent_tokens(request, ratio)
+    (:func:`sent_tokens`); "" when the counts agree (the count is then kept for the
+    conversation's next request) or the server gave none."""
     counted = whole_count(usage)
-    if counted is None or counted >= sent * SHARE or sent - counted < MIN_GAP:
+    if counted is None:
+        return ""
+    sent = sent_tokens(request, ratio, counts.last(conversation))
+    if counted >= sent * SHARE or sent - counted < MIN_GAP:
+        counts.keep(conversation, request, counted)
         return ""
     asked = f" of {usage.context_window}" if usage.context_window else ""
     return (

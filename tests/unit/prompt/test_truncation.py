@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from contemplation.models import ChatMessage, ChatRequest, Usage
-from contemplation.prompt import budget, truncation
+from contemplation.prompt import truncation
 
 RATIO = 0.25
 
@@ -13,6 +15,10 @@ def request(chars: int) -> ChatRequest:
         model="m",
         messages=(ChatMessage("system", "s" * 400), ChatMessage("user", "u" * (chars - 400))),
     )
+
+
+def check(counts: truncation.Counts, usage: Usage, req: ChatRequest, ratio: float = RATIO) -> str:
+    return truncation.check(counts, "c", usage, req, ratio)
 
 
 def test_a_count_of_the_whole_prompt_is_ollamas_openais_or_llama_servers_cache_plus_new() -> None:
@@ -29,42 +35,66 @@ def test_no_count_or_only_the_evaluated_tokens_is_no_count_of_the_prompt() -> No
     assert truncation.whole_count(Usage(prompt_eval_count=12, computed_tokens=12)) is None
 
 
-def test_a_count_clearly_below_ours_is_a_cut_with_both_counts() -> None:
-    req = request(8000)  # ~2,000 tokens by our count
+def test_a_count_clearly_below_ours_is_a_cut_with_both_counts_and_is_not_kept() -> None:
+    counts = truncation.Counts()
+    req = request(8000)  # 2,000 tokens by our count
     assert truncation.sent_tokens(req, RATIO) == 2000
-    text = truncation.cut(Usage(prompt_eval_count=1026, context_window=4096), req, RATIO)
+    text = check(counts, Usage(prompt_eval_count=1026, context_window=4096), req)
     assert text.startswith("the server counted 1026 prompt tokens of the ~2000 sent")
     assert "smaller than the one of 4096 tokens asked for" in text
+    assert counts.last("c") is None  # the count of what was left: never kept
 
 
-def test_a_count_near_ours_or_above_is_no_cut() -> None:
+def test_a_count_near_ours_or_above_is_no_cut_and_is_kept() -> None:
     req = request(8000)
     for counted in (1501, 2000, 2100, 9000):  # the estimate's error room, template tokens
-        assert truncation.cut(Usage(prompt_eval_count=counted), req, RATIO) == ""
+        counts = truncation.Counts()
+        assert check(counts, Usage(prompt_eval_count=counted), req) == ""
+        last = counts.last("c")
+        assert last is not None and last.tokens == counted
     cached = Usage(prompt_eval_count=2010, cached_tokens=1990, computed_tokens=20)
-    assert truncation.cut(cached, req, RATIO) == ""  # a cache hit, counted whole
+    assert check(truncation.Counts(), cached, req) == ""  # a cache hit, counted whole
 
 
 def test_a_short_prompt_needs_a_gap_of_tokens_not_only_a_share() -> None:
     req = request(600)  # 150 tokens: a server's 100 is two thirds, but only 50 tokens fewer
-    assert truncation.cut(Usage(prompt_eval_count=100), req, RATIO) == ""
-    assert truncation.cut(Usage(prompt_eval_count=60), req, RATIO) != ""  # 90 fewer
+    assert check(truncation.Counts(), Usage(prompt_eval_count=100), req) == ""
+    assert check(truncation.Counts(), Usage(prompt_eval_count=60), req) != ""  # 90 fewer
 
 
-def test_our_count_takes_the_lower_of_the_models_ratio_and_the_conversations_own() -> None:
-    assert truncation.ratio(0.7, None) == 0.25  # never counted: the default
-    assert truncation.ratio(0.7, 0.24) == 0.24  # its own prose, beside a model of tables
-    assert truncation.ratio(0.3, 0.9) == 0.3  # a planned (tokenizer's) count below its own
+def test_our_ratio_is_never_above_a_quarter_a_character() -> None:
+    """The model's ratio mixes every conversation's: one of digits makes it high, and a
+    conversation of prose beside it counts far fewer a character."""
+    req = request(8000)
+    assert truncation.sent_tokens(req, 0.9) == 2000
+    assert check(truncation.Counts(), Usage(prompt_eval_count=1800), req, ratio=0.9) == ""
+    assert truncation.sent_tokens(req, 0.2) == 1600  # a calibrated ratio below it counts
 
 
-def test_a_conversations_own_ratio_is_its_last_count_and_few_are_kept() -> None:
-    cal = budget.Calibration()
-    msgs = [ChatMessage("user", "x" * 1000)]
-    cal.observe("m", msgs, 1000 + budget.PER_MESSAGE, conversation="table")
-    cal.observe("m", msgs, 250 + budget.PER_MESSAGE, conversation="prose")
-    assert (cal.own("table"), cal.own("prose"), cal.own("other")) == (1.0, 0.25, None)
-    assert 0.25 < cal.ratio("m") < 1.0  # the model's mixes both
-    for i in range(budget.CONVERSATIONS_KEPT):
-        cal.observe("m", msgs, 500, conversation=f"c{i}")
-    assert len(cal.by_conversation) == budget.CONVERSATIONS_KEPT
-    assert cal.own("table") is None  # the least recent went first
+def test_a_request_that_extends_the_last_counts_the_servers_count_plus_the_new_text() -> None:
+    counts = truncation.Counts()
+    first = request(4000)
+    assert check(counts, Usage(prompt_eval_count=4000), first) == ""  # a token a digit
+    grown = replace(
+        first,
+        messages=(
+            *first.messages,
+            ChatMessage("assistant", "a" * 400),
+            ChatMessage("user", "b" * 400),
+        ),
+    )
+    assert truncation.sent_tokens(grown, RATIO, counts.last("c")) == 4000 + 200
+    text = check(counts, Usage(prompt_eval_count=2050), grown)  # num_ctx/2 + 2 of 4,096
+    assert text.startswith("the server counted 2050 prompt tokens of the ~4200 sent")
+    # a compacted request (its history is not the last one's) is counted from its text
+    compacted = replace(first, messages=(ChatMessage("system", "s" * 400), grown.messages[-1]))
+    assert truncation.sent_tokens(compacted, RATIO, counts.last("c")) == 200
+
+
+def test_the_last_counts_of_the_most_recent_conversations_are_kept() -> None:
+    counts = truncation.Counts()
+    req = request(1000)
+    for i in range(truncation.KEPT + 5):
+        truncation.check(counts, f"c{i}", Usage(prompt_eval_count=250), req, RATIO)
+    assert len(counts) == truncation.KEPT
+    assert counts.last("c0") is None and counts.last(f"c{truncation.KEPT + 4}") is not None
