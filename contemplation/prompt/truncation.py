@@ -82,7 +82,9 @@ class Counts:
 
 
 def _chars(request: ChatRequest) -> int:
-    chars = sum(len(m.content) for m in request.messages) + sum(len(str(t)) for t in request.tools)
+    """The characters of the messages and their tool calls. Not the tool definitions: how a
+    chat template renders them (JSON, a list of signatures, not at all) is the server's."""
+    chars = sum(len(m.content) for m in request.messages)
     return chars + sum(len(str(c)) for m in request.messages for c in m.tool_calls)
 
 
@@ -112,7 +114,7 @@ def whole_count(usage: Usage) -> int | None:
 def sent_tokens(request: ChatRequest, ratio: float, last: Counted | None = None) -> int:
     """Our count of what ``request`` sends (see the module's words): the server's count of
     ``last`` (the conversation's previous request) when ``request`` extends it, plus the rest
-    of its text (messages, tool calls, tool definitions) at ``ratio``, never above LOW_RATIO.
+    of its text (messages and tool calls) at ``ratio``, never above LOW_RATIO.
     The chat template's tokens a message are left out of the new text: the server counts
     them on its side, so leaving them out errs toward no alarm."""
     low = min(ratio, LOW_RATIO)

@@ -87,6 +87,7 @@ class FakeOllama:
         self.digit_tokens = False  # True: a digit is a token of its own
         self.truncated = 0  # prompts cut silently
         self.honours_truncate = True  # False: an older Ollama that ignores "truncate": false
+        self.caps_num_ctx = False  # True: a num_ctx over the model's trained context is lowered
         self.refused: list[int] = []  # the token counts of the prompts refused (bounded)
         self.models: dict[str, dict[str, Any]] = {
             "llama3.2": {"capabilities": ["completion", "tools"], "arch": "llama", "ctx": 131072},
@@ -296,9 +297,9 @@ class _Handler(JsonHandler):
             self._json(400, {"error": f"registry.ollama.ai/library/{model} does not support tools"})
             return
         messages = body.get("messages") or []
-        # a num_ctx over the model's trained context is lowered to it, with a line in the
-        # server's log only ("requested context size too large for model")
-        n_ctx = min(int((body.get("options") or {}).get("num_ctx") or info["ctx"]), info["ctx"])
+        n_ctx = int((body.get("options") or {}).get("num_ctx") or info["ctx"])
+        if fake.caps_num_ctx:  # Ollama: "requested context size too large for model" (its log)
+            n_ctx = min(n_ctx, info["ctx"])
         n_prompt = fake.prompt_tokens(messages)
         if n_prompt > n_ctx and body.get("truncate") is False and fake.honours_truncate:
             with fake.lock:

@@ -197,6 +197,7 @@ def test_an_older_ollama_that_cuts_silently_is_caught_by_our_count_not_the_windo
     built on a cut prompt, and the cut count is not learnt. The next such turn says so again,
     once: one request a turn, no loop."""
     fake_ollama.honours_truncate = False
+    fake_ollama.caps_num_ctx = True
     trained = fake_ollama.models["gemma"]["ctx"]  # 8,192
     rt = Runtime(settings=make_settings(fake_ollama), home=home)
     conv = _conv(home, "cut", "ollama", "gemma", {"num_ctx": 2 * trained})
