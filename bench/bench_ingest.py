@@ -33,10 +33,47 @@ from tests.realpeers import free_port  # noqa: E402
 
 SERVER = textwrap.dedent(
     """
-    import json, sys
+    import asyncio, json, sys
     from aiohttp import web
     slots = int(sys.argv[2])
+    token_s = float(sys.argv[3]) / 1000
     word = "tick"
+    # a slot serves one request at a time, as llama-server's: a request naming a busy slot
+    # (id_slot) waits for it, one naming none takes any free one
+    free = asyncio.Queue()
+    for i in range(slots):
+        free.put_nowait(i)
+    busy = set()
+    named = {i: asyncio.Event() for i in range(slots)}
+    stats = {"max_busy": 0, "waited_named": 0}
+
+    async def take(slot):
+        if slot is None or slot < 0 or slot >= slots:
+            got = await free.get()
+        else:
+            while slot in busy:
+                stats["waited_named"] += 1
+                named[slot].clear()
+                await named[slot].wait()
+            got = slot
+            # leave the free queue consistent: take it out of there
+            rest = [free.get_nowait() for _ in range(free.qsize())]
+            for r in rest:
+                if r != got:
+                    free.put_nowait(r)
+        busy.add(got)
+        stats["max_busy"] = max(stats["max_busy"], len(busy))
+        return got
+
+    def give(slot):
+        busy.discard(slot)
+        free.put_nowait(slot)
+        named[slot].set()
+
+    async def stats_view(request):
+        out = dict(stats)
+        stats.update(max_busy=len(busy), waited_named=0)  # each reading starts a new count
+        return web.json_response(out)
 
     async def props(request):
         return web.json_response({"total_slots": slots,
@@ -45,12 +82,18 @@ SERVER = textwrap.dedent(
     async def chat(request):
         body = await request.json()
         n = int(body.get("max_tokens") or body.get("n_predict") or 16)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i in range(n):
-            chunk = {"choices": [{"index": 0, "delta": {"content": " " + word}}],
-                     "object": "chat.completion.chunk", "model": "smollm2"}
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+        slot = await take(body.get("id_slot"))
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i in range(n):
+                if token_s:
+                    await asyncio.sleep(token_s)
+                chunk = {"choices": [{"index": 0, "delta": {"content": " " + word}}],
+                         "object": "chat.completion.chunk", "model": "smollm2"}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+        finally:
+            give(slot)
         last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 100, "completion_tokens": n, "total_tokens": 100 + n},
                 "timings": {"cache_n": 0, "prompt_n": 100, "predicted_n": n,
@@ -67,10 +110,18 @@ SERVER = textwrap.dedent(
 
     app = web.Application()
     app.add_routes([web.get("/props", props), web.post("/v1/chat/completions", chat),
-                    web.get("/v1/models", models), web.get("/health", health)])
+                    web.get("/v1/models", models), web.get("/health", health),
+                    web.get("/stats", stats_view)])
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
     """
 )
+
+
+def _busy(url: str, side: str) -> str:
+    import httpx
+
+    got = httpx.get(f"{url}/stats").json()
+    return f"{side} {got['max_busy']}, {got['waited_named']}"
 
 
 def main() -> None:
@@ -79,10 +130,12 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--token-ms", type=float, default=0.0,
+                    help="each slot's time per token (0: as fast as it can; 4: a GPU's pace)")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(args.slots)])
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(args.slots), str(args.token_ms)])
     try:
         import httpx
 
@@ -108,19 +161,24 @@ def main() -> None:
             asyncio.run(direct([url], args.slots, msgs, args.max_tokens))  # warm
             daemon.burst(daemon.conversations(2, "small", "small"), texts[:2])
             d_rates, c_rates = [], []
+            busy: list[str] = []
+            httpx.get(f"{url}/stats")
             for _ in range(args.rounds):
                 wall, tokens = asyncio.run(direct([url], args.slots, msgs, args.max_tokens))
                 d_rates.append(tokens / wall)
+                busy.append(_busy(url, "direct"))
                 convs = daemon.conversations(args.conversations, "small", "small")
                 wall, tokens = daemon.burst(convs, texts)
                 c_rates.append(tokens / wall)
+                busy.append(_busy(url, "daemon"))
             d, c = statistics.median(d_rates), statistics.median(c_rates)
             print(
                 f"machine: {os.cpu_count()} CPUs; {args.slots} slots, {args.conversations} "
                 f"conversations a burst, {args.max_tokens} tokens each\n"
                 f"direct {d:.0f} tok/s, daemon {c:.0f} tok/s, ratio {c / d:.2f}x "
                 f"(rounds: direct {', '.join(f'{r:.0f}' for r in d_rates)}; "
-                f"daemon {', '.join(f'{r:.0f}' for r in c_rates)})",
+                f"daemon {', '.join(f'{r:.0f}' for r in c_rates)})\n"
+                f"slots busy at most, requests that waited for the slot they named: {'; '.join(busy)}",
                 flush=True,
             )
         finally:

@@ -75,7 +75,6 @@ class SlotAffinity:
             return self._mark(moved, conv_id, prefix)  # busy, another free: it moves there
         warm = [i for i in range(slots) if self._holds.get(i) == prefix]
         cold = [i for i in free if i not in self._used]
-        warming = any(i in self._warming and self._load.get(i) for i in warm)
         first = [i for i in warm if i in self._warming and self._load.get(i) == 1]
         source = [i for i in warm if i in free and i not in self._copy] or first
         may = self.copies or (self.copies is None and self._asking is None)
@@ -88,12 +87,12 @@ class SlotAffinity:
             if source[0] in first:
                 self._warmed.setdefault(source[0], asyncio.Event())
             return self._mark(cold[0], conv_id, prefix, warming=False)
-        if cold and not warming:
+        if cold:  # an unused slot: no other conversation's cache is evicted
             slot = cold[0]
-        elif cold or not free:  # join the warm prefix (the server queues it there)
-            slot = min(warm or range(slots), key=lambda i: (self._load.get(i, 0), self._used[i]))
-        else:
+        elif free:  # never queued behind a busy slot while another is free
             slot = min([i for i in free if i in warm] or free, key=lambda i: self._used[i])
+        else:  # every slot carries a turn of this daemon: the server queues it there
+            slot = min(warm or range(slots), key=lambda i: (self._load.get(i, 0), self._used[i]))
         return self._mark(slot, conv_id, prefix)
 
     async def asked(self) -> None:
