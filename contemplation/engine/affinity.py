@@ -3,10 +3,11 @@
 llama-server keeps each slot's last prompt and reuses the longest common prefix with the next
 request in that slot; a request may name its slot (``id_slot``; a busy one queues it). A
 conversation keeps the slot that holds its history unless that slot is busy and another is
-free (issue 39). A new conversation takes an unused slot, but while one slot prefills its
-template's prefix for the first time, the others of a burst join the slots that hold that
-prefix instead of prefilling it again each (the protocol and the template's text come first
-in every prompt): one cold prefill at a time, the rest reused. Where the server copies a
+free (issue 39). A new conversation takes an unused slot, else the free slot that holds its
+template's prefix (the protocol and the template's text come first in every prompt). No turn
+waits behind a busy slot while another is free: on a 16-slot GPU server, a burst that joined
+the slot prefilling its prefix kept 10 slots busy and ran at 0.77x a direct client (the
+prefix's prefill, which it saved, costs a GPU milliseconds). Where the server copies a
 slot's cache into another (llama-server started with ``--slot-save-path``: ``POST
 /slots/{id}?action=save`` then ``restore`` into the other, milliseconds), a new
 conversation takes an unused slot with a copy of an idle slot that holds its prefix: every
@@ -56,11 +57,9 @@ class SlotAffinity:
 
         Its own slot (the one whose cache is still its history) when free, or when every
         slot is busy; when it is busy and another is free, the free one holding the prefix,
-        else the one used longest ago. A new conversation: a slot no turn has used yet, unless
-        another slot is already prefilling this prefix for the first time (a burst of one
-        template): then the least busy slot that holds the prefix, where the server queues
-        it behind the turn there (one cold prefill at a time, the others reuse it); with no
-        unused slot left, the free slot that holds the prefix, else the one used longest ago.
+        else the one used longest ago. A new conversation: a slot no turn has used yet, else
+        the free slot that holds the prefix, else the one used longest ago; with every slot
+        busy with this daemon's turns, the least busy one holding the prefix (queued there).
         ``copy`` (the server may copy slots): a new conversation takes an unused slot with a
         copy of a slot that holds its prefix, free or prefilling it for the first time (made
         by :meth:`ready` once that turn ends: the server copies only an idle slot), rather
