@@ -1,7 +1,7 @@
 """Upstream llama-server (xllamacpp's build of it) over HTTP, as a process of its own.
 
     python tests/llama_server.py MODEL.gguf --port PORT [--n-ctx N] [--n-parallel N] [--alias A]
-                                 [--threads N] [--slot-save-path DIR]
+                                 [--threads N] [--slot-save-path DIR] [--kv-unified]
 
 Serves ``/health``, ``/v1/models``, ``/v1/chat/completions`` (``usage`` and ``timings`` in the
 last streamed chunk), ``/props``, ``/slots`` and ``/metrics`` on 127.0.0.1:PORT until SIGTERM,
@@ -30,6 +30,9 @@ def main() -> None:
     ap.add_argument("--alias", default="smollm2")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: llama.cpp's choice)")
     ap.add_argument("--slot-save-path", default="", help="/slots save and restore (into DIR)")
+    ap.add_argument(
+        "--kv-unified", action="store_true", help="one KV buffer for all slots (as -np auto)"
+    )
     args = ap.parse_args()
     params = xllamacpp.CommonParams()
     params.model.path = args.model
@@ -41,6 +44,8 @@ def main() -> None:
     if args.slot_save_path:  # the server writes there, under the names a request gives
         os.makedirs(args.slot_save_path, exist_ok=True)
         params.slot_save_path = os.path.join(args.slot_save_path, "")
+    if args.kv_unified:  # what llama-server does when -np is left to it, idle slots cached
+        params.kv_unified = True  # in host memory (--cache-idle-slots) at each new request
     if args.threads:  # two servers on one small machine: each its share of the cores
         params.cpuparams.n_threads = args.threads
         params.cpuparams_batch.n_threads = args.threads

@@ -108,8 +108,10 @@ class LlamaServer(_Proc):
         alias: str = "smollm2",
         threads: int = 0,
         slot_save: bool = False,
+        kv_unified: bool = False,
     ) -> None:
         self.gguf = gguf
+        self.kv_unified = kv_unified  # llama-server's way with -np left to it (see llama_server.py)
         self.slot_save = slot_save  # /slots save and restore (--slot-save-path): slot copies
         self.threads = threads
         self.n_ctx = n_ctx
@@ -129,7 +131,9 @@ class LlamaServer(_Proc):
             "--port", str(self.port), "--n-ctx", str(self.n_ctx),
             "--n-parallel", str(self.n_parallel), "--alias", self.alias,
             "--threads", str(self.threads),
-        ] + (["--slot-save-path", str(self.dir / "slots")] if self.slot_save else [])  # fmt: skip
+        ] + (["--slot-save-path", str(self.dir / "slots")] if self.slot_save else []) + (
+            ["--kv-unified"] if self.kv_unified else []
+        )  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = procgroups.popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

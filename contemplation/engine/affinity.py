@@ -29,6 +29,7 @@ from contemplation.errors import BackendError
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
 KEPT = 4096  # conversations remembered per provider (the oldest forgotten)
+MISSES = 2  # turns in a row that found nothing of their history in their own named slot
 
 
 @dataclass
@@ -50,6 +51,10 @@ class SlotAffinity:
     _warmed: dict[int, asyncio.Event] = field(default_factory=dict)  # set when its prefill ends
     _conv: OrderedDict[str, int] = field(default_factory=OrderedDict)
     _tick: itertools.count[int] = field(default_factory=itertools.count)
+    # False once the server is seen to keep no named slot's history (see :meth:`observed`)
+    named: bool = True
+    _expect: dict[int, str] = field(default_factory=dict)  # slot -> whose history it holds
+    _misses: int = 0
 
     def take(self, conv_id: str, prefix: str, *, slots: int, copy: bool = False) -> int:
         """The slot for a turn of ``conv_id`` whose prompt starts with ``prefix``'s shared
@@ -69,7 +74,9 @@ class SlotAffinity:
         own = self._conv.get(conv_id)
         if own is not None and own < slots and self._owner.get(own) == conv_id:
             if own in free or not free:
-                return self._mark(own, conv_id, prefix)
+                self._mark(own, conv_id, prefix)
+                self._expect[own] = conv_id  # its history should be found there
+                return own
             moved = min(free, key=lambda i: (self._holds.get(i) != prefix, self._used.get(i, -1)))
             return self._mark(moved, conv_id, prefix)  # busy, another free: it moves there
         warm = [i for i in range(slots) if self._holds.get(i) == prefix]
@@ -143,6 +150,7 @@ class SlotAffinity:
         if self._holds.get(slot) != prefix and warming:
             self._warming.add(slot)
         self._holds[slot], self._owner[slot] = prefix, conv_id
+        self._expect.pop(slot, None)
         self._load[slot] = self._load.get(slot, 0) + 1
         self._used[slot] = next(self._tick)
         _remember(self._conv, conv_id, slot)
@@ -159,6 +167,22 @@ class SlotAffinity:
         # to end is the one that prefilled the prefix; those queued behind it reuse it
         if (warmed := self._warmed.pop(slot, None)) is not None:
             warmed.set()  # the copies waiting for that prefill are made now
+
+    def observed(self, slot: int, conv_id: str, reused: int | None) -> bool:
+        """What the server reused of a turn's prompt (its cache figure). A turn on its own
+        slot that reused nothing, ``MISSES`` times in a row, means the server does not keep a
+        named slot's history: llama-server with ``-np`` left to it unifies its KV cache and
+        moves idle slots into host memory at each new request (``--cache-idle-slots``), so a
+        named slot starts empty while the server, left to pick, finds the prompt in that
+        cache. Then no slot is named any more. True: that was decided now."""
+        if reused is None or self._expect.get(slot) != conv_id:
+            return False
+        del self._expect[slot]
+        self._misses = 0 if reused else self._misses + 1
+        if self._misses < MISSES or not self.named:
+            return False
+        self.named = False
+        return True
 
     def remembered(self) -> int:
         return len(self._conv)

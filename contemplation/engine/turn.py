@@ -67,6 +67,11 @@ log = structlog.get_logger("contemplation.turn")
 
 CANCEL_CHECK_INTERVAL = 0.2
 LONG_HISTORY = 200  # blocks above which a turn's request is built and fitted on a thread
+NO_NAMED_HISTORY = (
+    "its turns found nothing of their history in their own slot (llama-server with -np left "
+    "to its default moves idle slots out of the KV cache; give -np to keep them): the server "
+    "picks each turn's slot from here on"
+)
 
 
 class _Gone(Exception):
@@ -186,9 +191,9 @@ async def _name_slot(
         ids = await backend.slot_ids() if isinstance(backend, NamesSlots) else 0
     except BackendError:  # the turn itself reports what is wrong with the server
         ids = 0
-    if not ids:
-        return None
     affinity = rt.affinity(provider)
+    if not ids or not affinity.named:
+        return None
     copier = backend if isinstance(backend, CopiesSlots) else None
     if copier is not None:
         await affinity.asked()
@@ -665,6 +670,9 @@ async def _finish(
     if usage is not None:
         usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
         usage.context_window = usage.context_window or planned.window
+        affinity = rt.affinity(on.provider)  # a server that keeps no named slot's history:
+        if on.slot is not None and affinity.observed(on.slot, conv.id, usage.cached_tokens):
+            log.warning("slots_not_named", provider=on.provider, why=NO_NAMED_HISTORY)  # it picks
         # the server counted clearly fewer tokens than our count of what was sent: it cut it
         cut = truncation.check(rt.calibration.counts, conv.id, usage, request, planned.ratio)
         estimate = budget.estimate_request(request, planned.ratio)

@@ -72,9 +72,11 @@ class Recorder:
         self.server.server_close()
 
 
-def _recorded(slot_save: bool) -> Iterator[Recorder]:
+def _recorded(slot_save: bool, kv_unified: bool = False) -> Iterator[Recorder]:
     gguf = peers.smollm2_gguf()
-    server = LlamaServer(gguf, n_ctx=2048, n_parallel=4, slot_save=slot_save).start()
+    server = LlamaServer(
+        gguf, n_ctx=2048, n_parallel=4, slot_save=slot_save, kv_unified=kv_unified
+    ).start()
     recorder = Recorder(server.url)
     try:
         yield recorder
@@ -92,6 +94,14 @@ def recorded() -> Iterator[Recorder]:
 def copying() -> Iterator[Recorder]:
     """A 4-slot server started with ``--slot-save-path``: it copies a slot into another."""
     yield from _recorded(slot_save=True)
+
+
+@pytest.fixture
+def unified() -> Iterator[Recorder]:
+    """A 4-slot server with one KV buffer for all slots, as llama-server runs when ``-np`` is
+    left to it: at each new request it moves idle slots' prompts into its host-memory cache,
+    so a slot named by ``id_slot`` no longer holds its last prompt."""
+    yield from _recorded(slot_save=False, kv_unified=True)
 
 
 def _conversation(home: Home, topic: str) -> Conv:
@@ -126,6 +136,28 @@ def test_two_conversations_taking_turns_each_keep_their_slot_and_its_cache(
     for j in range(2, 6):  # turn k+1 finds turn k's whole prompt in its slot's cache
         before, now = sent[j - 2][1], sent[j][1]
         assert now["cache_n"] >= before["cache_n"] + before["prompt_n"] - 2, (j, before, now)
+
+
+@pytest.mark.real
+def test_where_the_server_keeps_no_named_slots_history_the_daemon_lets_it_pick(
+    home: Home, unified: Recorder, make_settings: Callable[..., Settings]
+) -> None:
+    """Naming slots there made every later turn prefill its whole prompt (cache_n 0 on each
+    of 6 turns, measured on this server); left to pick, the server restores a cached prompt
+    (here the template's shared prefix: 209 of ~290 tokens)."""
+    rt = Runtime(settings=make_settings(openai={"base_url": unified.url}), home=home)
+    convs = [_conversation(home, "Folder queues"), _conversation(home, "Log rotation")]
+    for i in range(4):
+        for conv in convs:
+            drop_message(conv, f"In one short sentence, idea number {i}?")
+            run_burst(rt)
+    sent = unified.chats
+    assert len(sent) == 8
+    named = [body.get("id_slot") for body, _ in sent]
+    seen = [(body.get("id_slot"), t["cache_n"], t["prompt_n"]) for body, t in sent]
+    assert named[:2] != [None, None] and named[-4:] == [None] * 4, seen  # named, then not
+    shared = _shared_tokens(unified)
+    assert all(cache_n >= shared - 2 for _, cache_n, _ in seen[-4:]), (shared, seen)
 
 
 TOPICS = ["Folder queues", "Log rotation", "Crash safety", "Cache eviction", "Summaries"]

@@ -181,3 +181,29 @@ def test_a_turn_that_ends_before_its_copy_frees_the_slot_it_would_copy() -> None
     copier = Copier()
     again = asyncio.run(asyncio.wait_for(_turns(aff, copier, ["conv-1"], 2), 5))
     assert again == [first] and copier.log == [("request", first, first)]  # nothing to wait on
+
+
+def test_a_server_that_keeps_no_named_slots_history_is_left_to_pick_after_two_misses() -> None:
+    aff = SlotAffinity()
+    a = aff.take("conv-a", "research", slots=4)
+    aff.give(a)
+    assert not aff.observed(a, "conv-a", 0)  # a new conversation's slot: nothing expected
+    again = aff.take("conv-a", "research", slots=4)  # its own slot: its history expected
+    aff.give(again)
+    assert not aff.observed(again, "conv-a", 120)  # found: no miss
+    for miss in range(2):
+        slot = aff.take("conv-a", "research", slots=4)
+        aff.give(slot)
+        assert aff.observed(slot, "conv-a", 0) is (miss == 1)  # decided at the second
+    assert aff.named is False
+    assert not aff.observed(slot, "conv-a", 0)  # said once
+
+
+def test_a_turn_that_reused_its_history_resets_the_count_and_an_unknown_figure_counts_nothing() -> None:
+    aff = SlotAffinity()
+    aff.give(aff.take("conv-a", "t", slots=2))
+    for reused in (0, None, 50, 0, None):
+        slot = aff.take("conv-a", "t", slots=2)
+        aff.give(slot)
+        assert not aff.observed(slot, "conv-a", reused)
+    assert aff.named
