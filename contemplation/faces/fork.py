@@ -32,9 +32,7 @@ this one function. The rules:
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +61,7 @@ NEED_HINT_SCAN = 1000  # blocks after N looked at for the first one past a NEED 
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One file of the source's log as it was read: rotated segments oldest first, then
-    the live ``messages.log``. Its blocks carry no text (see :func:`_bare`)."""
+    the live ``messages.log``. Its blocks carry no text (see :func:`logstream.bare`)."""
 
     segment: Segment
     blocks: tuple[Block, ...]
@@ -193,7 +191,7 @@ def _read_pieces(conv: Conv, label: str, *, locked: bool) -> tuple[Piece, ...]:
             size = 0
             try:
                 for part in logstream.stream(fd, agent_label=label):
-                    blocks.extend(_bare(b) for b in part.blocks)
+                    blocks.extend(logstream.bare(b) for b in part.blocks)
                     size += part.size
             finally:
                 os.close(fd)
@@ -202,15 +200,6 @@ def _read_pieces(conv: Conv, label: str, *, locked: bool) -> tuple[Piece, ...]:
         if locked or segment_inodes(conv) == before:
             break
     return tuple(pieces)
-
-
-def _bare(b: Block) -> Block:
-    """A block as a fork needs it: where it is and what it says of the exchange (needs,
-    answers, markers), without its text, which a long log could not hold (its labels shared
-    with every other block's: a few hundred bytes a block)."""
-    return dataclasses.replace(
-        b, text="", thinking="", sender=sys.intern(b.sender), recipient=sys.intern(b.recipient)
-    )
 
 
 def choose(snap: Snapshot, at: int | None, offset: int | None = None) -> int:

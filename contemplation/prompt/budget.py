@@ -13,6 +13,7 @@ Token counts are estimates (characters times a per-model ratio, plus a few token
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,8 +30,13 @@ MAX_REFUSED_RATIO = 4.0  # tokens a character, at most, whatever a server counts
 SUMMARY_PREFIX = "Summary of the earlier part of this conversation (left out to fit the context):"
 
 
+def json_chars(obj: object) -> int:
+    """Characters of a tool definition or call as it goes over the wire (JSON, not repr)."""
+    return len(json.dumps(obj, default=str))
+
+
 def message_tokens(m: ChatMessage, ratio: float = DEFAULT_RATIO) -> int:
-    chars = len(m.content) + sum(len(str(c)) for c in m.tool_calls)
+    chars = len(m.content) + sum(json_chars(c) for c in m.tool_calls)
     return int(chars * ratio + 0.999) + PER_MESSAGE
 
 
@@ -40,7 +46,7 @@ def estimate(
     tools: Sequence[Mapping[str, object]] = (),
 ) -> int:
     """Estimated prompt tokens of ``messages`` (and of the tool definitions offered)."""
-    tool_chars = sum(len(str(t)) for t in tools)
+    tool_chars = sum(json_chars(t) for t in tools)
     return sum(message_tokens(m, ratio) for m in messages) + int(tool_chars * ratio)
 
 
@@ -116,8 +122,8 @@ class Calibration:
         """The server refused ``request`` for its window, counting ``counted`` prompt tokens
         (its own tokenizer): the ratio is raised at once, with a margin, so that the request
         made again is planned with the server's count (never lowered here)."""
-        chars = prompt_chars(request.messages) + sum(len(str(t)) for t in request.tools)
-        chars += sum(len(str(c)) for m in request.messages for c in m.tool_calls)
+        chars = prompt_chars(request.messages) + sum(json_chars(t) for t in request.tools)
+        chars += sum(json_chars(c) for m in request.messages for c in m.tool_calls)
         if chars <= 0:
             return self.ratio(model)
         sample = (counted - PER_MESSAGE * len(request.messages)) / chars * REFUSED_MARGIN

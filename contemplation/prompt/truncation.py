@@ -85,7 +85,8 @@ def _chars(request: ChatRequest) -> int:
     """The characters of the messages and their tool calls. Not the tool definitions: how a
     chat template renders them (JSON, a list of signatures, not at all) is the server's."""
     chars = sum(len(m.content) for m in request.messages)
-    return chars + sum(len(str(c)) for m in request.messages for c in m.tool_calls)
+    calls = (c for m in request.messages for c in m.tool_calls)
+    return chars + sum(len(json.dumps(c, default=str)) for c in calls)  # as sent: JSON
 
 
 def _digest(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]]) -> bytes:
