@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -140,6 +142,17 @@ class LlamaServer(_Proc):
             )
         self._ready(f"{self.url}/health", self.log, timeout)
         return self
+
+
+def serving_smollm2(**kwargs: Any) -> Iterator[LlamaServer]:
+    """For a fixture: a SmolLM2 llama-server (``LlamaServer``'s keywords), started, yielded
+    and stopped however the tests end."""
+    peers.xllamacpp_available()
+    server = LlamaServer(peers.smollm2_gguf(), **kwargs).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class OpenCodeServer(_Proc):

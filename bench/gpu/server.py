@@ -8,29 +8,21 @@ The slot count is left to the server unless given (``-np`` auto): the daemon dis
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from pathlib import Path
 
 import httpx
 
 from tests import procgroups
-from tests.realpeers import _Proc, free_port
+from tests.realpeers import LlamaServer
 
 
-class BinaryLlamaServer(_Proc):
+class BinaryLlamaServer(LlamaServer):
     def __init__(
         self, binary: Path, gguf: Path, *, n_ctx: int = 2048, n_parallel: int = 0,
         alias: str = "smollm2",
     ) -> None:  # fmt: skip
-        self.binary, self.gguf, self.alias = binary, gguf, alias
-        self.n_ctx, self.n_parallel = n_ctx, n_parallel  # 0: the server's own choice
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="llama-server-"))
-        self.log = self.dir / "server.log"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(gguf, n_ctx=n_ctx, n_parallel=n_parallel, alias=alias)
+        self.binary = binary  # n_parallel 0: the server's own choice
 
     def start(self, timeout: float = 180) -> BinaryLlamaServer:
         argv = [

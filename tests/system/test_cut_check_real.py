@@ -23,7 +23,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
-from tests import peers, realpeers
+from tests import realpeers
 
 pytestmark = pytest.mark.real
 
@@ -33,10 +33,7 @@ TURNS = 7
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[realpeers.LlamaServer]:
-    peers.xllamacpp_available()
-    server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=WINDOW, threads=1).start()
-    yield server
-    server.stop()
+    yield from realpeers.serving_smollm2(n_ctx=WINDOW, threads=1)
 
 
 def digits(n: int, seed: int) -> str:

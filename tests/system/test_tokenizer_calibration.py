@@ -25,7 +25,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
-from tests import peers, realpeers
+from tests import realpeers
 from tests.conftest import run_burst
 from tests.fakes.openai_server import FakeOpenAI
 
@@ -36,10 +36,7 @@ WINDOW = 2048  # llama-server's tokens per slot
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[realpeers.LlamaServer]:
-    peers.xllamacpp_available()
-    server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=WINDOW, threads=1).start()
-    yield server
-    server.stop()
+    yield from realpeers.serving_smollm2(n_ctx=WINDOW, threads=1)
 
 
 def notes_of(conv: Conv) -> list[str]:
