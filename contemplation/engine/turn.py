@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -280,10 +280,12 @@ def _offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
         return None
 
 
-def _window(request: ChatRequest, known: int | None) -> int:
-    """The context window this request gets: its own num_ctx option, else what the backend
-    says (Ollama: the num_ctx it sends; others: the model's), else a conservative 4096."""
-    return int(request.options.get("num_ctx") or known or 4096)
+def _window(options: Mapping[str, Any], known: int | None, kept: int | None) -> int:
+    """The context window a request gets: its own num_ctx option, else what the backend
+    says (Ollama: the num_ctx it sends; others: the model's), else a conservative 4096; never
+    more than a server that cut the model's prompt was found to keep (``kept``)."""
+    window = int(options.get("num_ctx") or known or 4096)
+    return min(window, kept) if kept else window
 
 
 async def _plan(
@@ -299,7 +301,7 @@ async def _plan(
     ratio = rt.calibration.ratio(meta.model)
     blocks, first = parsed.blocks, 0
     if view.bare_count:  # a long log: the newest blocks' text read back, as far as needed
-        window = int(meta.options.get("num_ctx") or prepared.window or 4096)  # as _window
+        window = _window(meta.options, prepared.window, rt.calibration.kept.get(meta.model))
         blocks, first = await on_thread(lambda: reach(view, parsed.blocks, window, ratio))
     blind = ""
     if not prepared.vision:  # older images left out, said once (its own message's: an ERROR)
@@ -317,6 +319,7 @@ async def _plan(
         prepared=prepared,
         session=w.state.backend_session,
         ratio=ratio,
+        kept=rt.calibration.kept.get(meta.model),
     )
     # pure work in proportion to the history (~10 µs a block): a long one is fitted on a
     # thread, not on the loop (5,500 blocks took ~100 ms)
@@ -350,6 +353,7 @@ def _fitted(
     ratio: float,
     spec: structured.Spec | None = None,
     first: int = 0,
+    kept: int | None = None,
 ) -> budget.Plan:
     """The request built from ``blocks[first:]`` (the older ones may be bare: see
     :mod:`contemplation.prompt.reach`) and fitted to the window (pure: runs on a thread). A reply
@@ -368,7 +372,7 @@ def _fitted(
     )
     if spec is not None:
         request = structured.shape(request, spec, constrains=prepared.constrains)
-    window = _window(request, prepared.window)
+    window = _window(request.options, prepared.window, kept)
     reserve = budget.reply_reserve(window, request.options)
     return budget.plan(request, window, blocks=blocks, reserve=reserve, ratio=ratio, first=first)
 
@@ -675,6 +679,9 @@ async def _finish(
             log.warning("slots_not_named", provider=on.provider, why=NO_NAMED_HISTORY)  # it picks
         # the server counted clearly fewer tokens than our count of what was sent: it cut it
         cut = truncation.check(rt.calibration.counts, conv.id, usage, request, planned.ratio)
+        if cut and (counted := truncation.whole_count(usage)):  # fitted to that from now on
+            kept = rt.calibration.cut(on.model, counted)
+            cut += f"; the next requests to {on.model} are fitted to the {kept} tokens it kept"
         estimate = budget.estimate_request(request, planned.ratio)
         warning = cut or budget.context_warning(usage, estimate)
         if warning:

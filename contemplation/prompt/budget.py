@@ -87,9 +87,18 @@ class Calibration:
     asked: dict[str, float] = field(default_factory=dict)  # model -> when a tokenizer was asked
     # per conversation, the server's last honest count of its request (the cut check's)
     counts: truncation.Counts = field(default_factory=truncation.Counts)
+    # model -> the tokens a server that cut its prompt kept of it (only ever lowered)
+    kept: dict[str, int] = field(default_factory=dict)
 
     def ratio(self, model: str) -> float:
         return self.ratios.get(model, DEFAULT_RATIO)
+
+    def cut(self, model: str, counted: int) -> int:
+        """A server cut a prompt of ``model`` and counted the ``counted`` tokens it kept: the
+        model's window is taken as that from now on (never raised), so that the next request
+        is fitted to what the server reads instead of being cut again."""
+        self.kept[model] = min(counted, self.kept.get(model, counted))
+        return self.kept[model]
 
     def measured(self, model: str) -> bool:
         """A server has counted ``model``'s prompts (its reply, a refusal or its tokenizer)."""
