@@ -25,6 +25,7 @@ from contemplation.protocol.logformat import RESPONSE_PREFIX, TOOL_OUTPUT_BEGIN,
 DEFAULT_RATIO = 0.25  # tokens per character: about 4 characters a token for English
 PER_MESSAGE = 4  # role markers and separators in chat templates
 MIN_RATIO, MAX_RATIO = 0.1, 1.2
+MIN_KEPT = 1024  # tokens: the smallest window a server's cut makes us take (Calibration.cut)
 REFUSED_MARGIN = 1.05  # a refused prompt's ratio is raised this much above the server's count
 MAX_REFUSED_RATIO = 4.0  # tokens a character, at most, whatever a server counts
 SUMMARY_PREFIX = "Summary of the earlier part of this conversation (left out to fit the context):"
@@ -96,8 +97,12 @@ class Calibration:
     def cut(self, model: str, counted: int) -> int:
         """A server cut a prompt of ``model`` and counted the ``counted`` tokens it kept: the
         model's window is taken as that from now on (never raised), so that the next request
-        is fitted to what the server reads instead of being cut again."""
-        self.kept[model] = min(counted, self.kept.get(model, counted))
+        is fitted to what the server reads instead of being cut again. Never below
+        :data:`MIN_KEPT`: a count that small is more likely a server counting only what it
+        did not have cached (older Ollama did) than a window, and a window that small would
+        summarise every turn; a cut below it is still told on each reply."""
+        kept = max(MIN_KEPT, counted)
+        self.kept[model] = min(kept, self.kept.get(model, kept))
         return self.kept[model]
 
     def measured(self, model: str) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from contemplation.models import ChatMessage, ChatRequest, Usage
 from contemplation.prompt import truncation
+from contemplation.prompt.budget import MIN_KEPT, Calibration
 
 RATIO = 0.25
 
@@ -98,3 +99,12 @@ def test_the_last_counts_of_the_most_recent_conversations_are_kept() -> None:
         truncation.check(counts, f"c{i}", Usage(prompt_eval_count=250), req, RATIO)
     assert len(counts) == truncation.KEPT
     assert counts.last("c0") is None and counts.last(f"c{truncation.KEPT + 4}") is not None
+
+
+def test_a_cut_lowers_the_models_window_never_raises_it_nor_below_the_floor() -> None:
+    cal = Calibration()
+    assert cal.cut("gemma", 4098) == 4098
+    assert cal.cut("gemma", 6000) == 4098  # never raised
+    assert cal.cut("gemma", 3000) == 3000
+    assert cal.cut("gemma", 40) == max(MIN_KEPT, 40) == MIN_KEPT  # a count, not a window
+    assert cal.kept == {"gemma": MIN_KEPT} and cal.cut("other", 2000) == 2000
