@@ -22,6 +22,8 @@ from typing import Any
 
 from tests.fakes.http import JsonHandler
 
+AUTO_USAGE: dict[str, Any] = {}  # (by identity) Step.usage counted from the request
+
 
 @dataclass
 class Step:
@@ -37,9 +39,9 @@ class Step:
     tool_fragments: list[dict[str, Any]] = field(default_factory=list)  # delta.tool_calls items
     finish_reason: str | None = "stop"
     send_done: bool = True
-    usage: dict[str, Any] | None = field(
-        default_factory=lambda: {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
-    )
+    # the default: counted from the request as a server would (a quarter token a character,
+    # 4 a message) and the reply's pieces; a fixed small count would look like a cut prompt
+    usage: dict[str, Any] | None = field(default_factory=lambda: AUTO_USAGE)
     timings: dict[str, Any] | None = None
     pings: int = 0  # ": ping" comment lines before each event
     blank_lines: bool = True  # False: events not separated by blank lines
@@ -218,12 +220,22 @@ class _Handler(JsonHandler):
                     "object": "chat.completion.chunk",
                     "model": body.get("model"),
                     "choices": [],
-                    "usage": step.usage,
+                    "usage": _usage(body, step),
                 }
             )
         if step.send_done:
             event("[DONE]")
         self._write_chunk(b"")
+
+
+def _usage(body: dict[str, Any], step: Step) -> dict[str, Any] | None:
+    if step.usage is not AUTO_USAGE:
+        return step.usage
+    messages = body.get("messages") or []
+    chars = sum(len(json.dumps(m.get("content", ""))) for m in messages)
+    prompt = chars // 4 + 4 * len(messages)
+    done = len(step.pieces if step.pieces is not None else _echo(body))
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
 def _echo(body: dict[str, Any]) -> list[str]:
@@ -247,5 +259,5 @@ def _completion(body: dict[str, Any], step: Step) -> dict[str, Any]:
                 "finish_reason": "stop",
             }
         ],
-        "usage": step.usage,
+        "usage": _usage(body, step),
     }

@@ -77,7 +77,8 @@ def test_base_url_works_with_or_without_v1(given: str, expected: str) -> None:
 
 
 def test_a_streamed_reply_with_usage_and_the_request_it_came_from(fake: FakeOpenAI) -> None:
-    fake.enqueue(Step(pieces=["Hel", "lo", " there"]))
+    usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    fake.enqueue(Step(pieces=["Hel", "lo", " there"], usage=usage))
     req = request(options={"temperature": 0, "num_predict": 16, "num_ctx": 4096}, think="max")
     events = collect(f"{fake.url}/v1", req, api_key="sk-test")
     assert text_of(events) == "Hello there"
