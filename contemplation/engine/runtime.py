@@ -62,7 +62,10 @@ class Runtime:
     slots_seen: dict[str, Slots] = field(default_factory=dict)  # what each provider said
     affinities: dict[str, SlotAffinity] = field(default_factory=dict)  # slots a turn names
     _slots_asked: dict[str, float] = field(default_factory=dict)  # when (a failure: retried)
-    _cap_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # (provider, model) -> the lock of one capabilities lookup, and the loop it serves
+    _cap_locks: dict[
+        tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]
+    ] = field(default_factory=dict)
     _cap_failed: dict[tuple[str, str], float] = field(default_factory=dict)
     retries: RetryClock = field(init=False, repr=False)  # retry times, on the monotonic clock
     prober: Prober = field(init=False, repr=False)  # dead providers, probed in the background
@@ -155,7 +158,11 @@ class Runtime:
         (2,000 conversations starting together make one /api/show, not 2,000); a failed
         lookup is not repeated for CAPS_RETRY seconds (the turn reports the real error)."""
         key = (backend_name, model)
-        async with self._cap_locks.setdefault(key, asyncio.Lock()):
+        loop = asyncio.get_running_loop()
+        held = self._cap_locks.get(key)
+        if held is None or held[0] is not loop:  # a lock waited on in one loop fails in
+            held = self._cap_locks[key] = (loop, asyncio.Lock())  # another (asyncio.run)
+        async with held[1]:
             failed = self._cap_failed.get(key)
             if failed is not None and self.steady() - failed < CAPS_RETRY:
                 return None
