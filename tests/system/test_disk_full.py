@@ -193,7 +193,8 @@ def test_the_daemon_on_a_full_disk_keeps_the_message_and_answers_once_there_is_r
         assert model_replies(conv) == []
         filler.unlink()
         wait_for(lambda: model_replies(conv) == ["Echo: hello"], 30, what="the reply")
-        assert "conversation_resumed" in logs.read_text()
+        # said once the turn is over, which is a moment after its reply is in the log
+        wait_for(lambda: "conversation_resumed" in logs.read_text(), 10, what="the line")
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
