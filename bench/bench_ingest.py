@@ -21,15 +21,17 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
-import time
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_saturation import Daemon, direct, messages, prompt  # noqa: E402
-from tests.realpeers import free_port  # noqa: E402
+from tests.realpeers import _poll, free_port  # noqa: E402
 
 SERVER = textwrap.dedent(
     """
@@ -118,8 +120,6 @@ SERVER = textwrap.dedent(
 
 
 def _busy(url: str, side: str) -> str:
-    import httpx
-
     got = httpx.get(f"{url}/stats").json()
     return f"{side} {got['max_busy']}, {got['waited_named']}"
 
@@ -135,20 +135,12 @@ def main() -> None:
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(args.slots), str(args.token_ms)])
+    log = Path(tempfile.mkdtemp(prefix="bench-ingest-")) / "server.log"
+    with log.open("wb") as out:
+        argv = [sys.executable, "-c", SERVER, str(port), str(args.slots), str(args.token_ms)]
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
-        import httpx
-
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.05)
+        _poll(f"{url}/health", server, log, 30)  # (its log shown if it does not start)
         config = (
             f'[providers.box1]\nkind = "openai"\nurl = "{url}/v1"\napi_key = "none"\n'
             f'[aliases.small]\nmodel = "smollm2"\nproviders = ["box1"]\n'
