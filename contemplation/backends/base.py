@@ -157,7 +157,9 @@ class Merged:
     server, sets the pace (bench/bench_ingest.py). When the daemon keeps up, a read holds one
     token and nothing waits: :meth:`flush` is called whenever no more is buffered."""
 
-    LIMIT = 64 * 1024  # characters in one merged event: a flood still goes out in pieces
+    # characters in one merged event (about 250 tokens; at most 4 KiB of UTF-8): a flood still
+    # goes out in pieces, and a reply cut at max_reply_bytes overshoots by less than one
+    LIMIT = 1024
 
     def __init__(self) -> None:
         self._kind: Literal["content", "thinking"] | None = None
@@ -178,6 +180,11 @@ class Merged:
                 out += self.flush()
                 out.append(ev)
         return out
+
+    def take(self, events: Iterable[StreamEvent], *, more: bool) -> list[StreamEvent]:
+        """:meth:`add`, and what is held too unless ``more`` of the read is buffered."""
+        out = self.add(events)
+        return out if more else out + self.flush()
 
     def flush(self) -> list[StreamEvent]:
         if self._kind is None:

@@ -22,6 +22,7 @@ from contemplation.backends import BackendInputs, BackendKind, capabilities, pro
 from contemplation.backends.base import (
     Capabilities,
     Check,
+    Merged,
     PhaseTimeouts,
     Slots,
     TimedLines,
@@ -204,10 +205,13 @@ class OllamaBackend:
                     request.model,
                 )
             lines = TimedLines(resp, self.timeouts, "Ollama", t0=t0)
+            merged = Merged()  # the tokens of one read, one event (see Merged)
             first_token_ms: float | None = None
             while True:
                 line = await lines.next()
                 if line is None:
+                    for ev in merged.flush():  # the text before the cut is kept
+                        yield ev
                     raise BackendError(
                         "Ollama's stream ended without a final done line (cut off)",
                         transient=True,
@@ -218,29 +222,25 @@ class OllamaBackend:
                     continue
                 chunk = json_object(line, "Ollama")
                 if "error" in chunk:
+                    for ev in merged.flush():  # the text before an error line is kept
+                        yield ev
                     raise BackendError(
                         f"Ollama reported an error mid-stream: {chunk['error']}",
                         transient=True,
                         kind=ErrorKind.STREAM_ERROR,
                     )
-                msg = chunk.get("message") or {}
-                thinking = msg.get("thinking") or ""
-                content = msg.get("content") or ""
-                if (thinking or content) and first_token_ms is None:
+                events = _events(chunk.get("message") or {})
+                if first_token_ms is None and any(ev.text for ev in events):
                     first_token_ms = (time.monotonic() - t0) * 1000
-                if thinking:
-                    yield StreamEvent("thinking", text=thinking)
-                if content:
-                    yield StreamEvent("content", text=content)
-                for call in msg.get("tool_calls") or []:
-                    if isinstance(call, dict):
-                        yield StreamEvent("tool_call", tool_call=call)
                 if chunk.get("done") is True:
                     usage = _usage(chunk, first_token_ms, (time.monotonic() - t0) * 1000)
                     usage.context_window = int(request.options.get("num_ctx", self.num_ctx))
-                    yield StreamEvent("done", usage=usage)
+                    for ev in merged.add([*events, StreamEvent("done", usage=usage)]):
+                        yield ev
                     await lines.drain()
                     return
+                for ev in merged.take(events, more=lines.ready):
+                    yield ev
         finally:
             resp.close()
 
@@ -440,6 +440,15 @@ def _make(m: BackendInputs) -> OllamaBackend:
 
 
 KIND = BackendKind(backend_kinds.OLLAMA, _make, OllamaSettings)
+
+
+def _events(msg: Mapping[str, Any]) -> list[StreamEvent]:
+    """One streamed line's message: its thinking, its text, its whole tool calls, in order."""
+    events = [StreamEvent("thinking", text=t)] if (t := msg.get("thinking")) else []
+    if content := msg.get("content"):
+        events.append(StreamEvent("content", text=content))
+    calls = msg.get("tool_calls") or []
+    return events + [StreamEvent("tool_call", tool_call=c) for c in calls if isinstance(c, dict)]
 
 
 def _not_chat(listed: list[Any]) -> str:

@@ -138,12 +138,12 @@ class OpenAIBackend:
                     await lines.drain()
                     return
                 try:
-                    events = merged.add(self._payload(turn, name, payload))
+                    events = self._payload(turn, name, payload)
                 except BackendError:
                     for ev in merged.flush():  # the text before an error event is kept
                         yield ev
                     raise
-                for ev in events if lines.ready else events + merged.flush():
+                for ev in merged.take(events, more=lines.ready):
                     yield ev
             for ev in merged.flush():
                 yield ev

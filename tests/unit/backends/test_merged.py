@@ -36,3 +36,10 @@ def test_a_flood_still_goes_out_in_pieces_of_the_limit() -> None:
     assert "".join(e.text for e in out) == token * 200
     assert len(out) > 1
     assert all(len(e.text) <= Merged.LIMIT + len(token) for e in out)
+
+
+def test_take_holds_a_run_only_while_more_of_the_read_is_buffered() -> None:
+    m = Merged()
+    assert m.take([_ev("content", "a")], more=True) == []
+    out = m.take([_ev("content", "b")], more=False)
+    assert [(e.kind, e.text) for e in out] == [("content", "ab")]
