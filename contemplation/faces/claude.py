@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contemplation import __version__
+from contemplation.base import child
 from contemplation.errors import ContemplationError
 
 NAME = "contemplation"
@@ -42,8 +43,10 @@ def default_dir(env: dict[str, str] | None = None) -> Path:
 
 
 def server_command(home: Path | None = None, config: Path | None = None) -> list[str]:
-    """``contemplation mcp`` as this installation runs it (its Python, absolute paths)."""
-    cmd = [sys.executable, "-m", NAME]
+    """``contemplation mcp`` as this installation runs it (its Python in safe-path mode,
+    absolute paths): Claude Code starts it in the project it has open, whose own ``mcp/`` or
+    ``contemplation/`` must not be imported in place of ours (:mod:`contemplation.base.child`)."""
+    cmd = child.python("-m", NAME)
     if home is not None:
         cmd += ["--home", str(home.expanduser().absolute())]
     if config is not None:
@@ -109,7 +112,7 @@ def claude_install(claude: str, dest: Path, scope: str = "user") -> list[str]:
 def bundle_manifest(home: Path | None = None, config: Path | None = None) -> dict[str, Any]:
     """The ``.mcpb`` manifest (schema 0.3): Desktop starts ``server/main.py`` with this
     installation's Python, which runs ``contemplation mcp``."""
-    flags = server_command(home, config)[3:-1]
+    flags = server_command(home, config)[4:-1]
     platform = {"linux": "linux", "darwin": "darwin", "win32": "win32"}.get(sys.platform, "linux")
     return {
         "manifest_version": "0.3",
@@ -131,7 +134,7 @@ def bundle_manifest(home: Path | None = None, config: Path | None = None) -> dic
             "entry_point": "server/main.py",
             "mcp_config": {
                 "command": sys.executable,
-                "args": ["${__dirname}/server/main.py", *flags],
+                "args": [child.SAFE_PATH, "${__dirname}/server/main.py", *flags],
             },
         },
         "compatibility": {

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from contemplation.base import child
 from contemplation.errors import ConfigError, ContemplationError
 from contemplation.faces import service_env
 from contemplation.faces.service_env import Carried
@@ -103,7 +104,7 @@ def systemd_quote(arg: str, *, expand: bool = True) -> str:
 
 
 def render_systemd(ctx: Context) -> str:
-    argv = [str(ctx.python), "-m", "contemplation", *ctx.args, "run"]
+    argv = [str(ctx.python), child.SAFE_PATH, "-m", "contemplation", *ctx.args, "run"]
     env = {"PYTHONUNBUFFERED": "1", **ctx.carried.public}
     lines = [f"Environment={systemd_quote(f'{k}={v}', expand=False)}" for k, v in env.items()]
     if ctx.carried.secret:  # never in the unit itself: a file only the user can read

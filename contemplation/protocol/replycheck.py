@@ -5,11 +5,10 @@ The engine is jsonschema-rs with the Rust ``regex`` crate behind ``pattern`` and
 ``^(a+)+$`` against ``aaa…a!`` is answered in microseconds where Python's ``re`` backtracks
 for hours (bench/bench_schema_redos.py measures both). It holds the GIL while it validates,
 and a schema can still make it work hard in other ways (``$ref``s that expand
-exponentially), so :func:`checked` runs the check in a child process (``python -m
-contemplation.protocol.replycheck``) that is killed at ``seconds``: the daemon's loop only waits on
-a
-pipe, and a check that runs out of time, or a checker that dies, is a failed validation that
-says so, never a frozen or crashed turn.
+exponentially), so :func:`checked` runs the check in a child process (``python -P -m
+contemplation.protocol.replycheck``, in ``/``: see :mod:`contemplation.base.child`) that is
+killed at ``seconds``: the daemon's loop only waits on a pipe, and a check that runs out of
+time, or a checker that dies, is a failed validation that says so, never a frozen or crashed turn.
 
 A reply nested deeper than :data:`MAX_DEPTH` levels is not valid JSON here (Python's parser
 raises RecursionError near 1,000 levels; the engine recurses with the nesting).
@@ -19,12 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from contemplation.base import child
 
 if TYPE_CHECKING:
     import jsonschema_rs
@@ -106,14 +105,6 @@ def problem(text: str, schema: Mapping[str, Any]) -> str | None:
 # --------------------------------------------------------------------------- the child
 
 
-def _child_env() -> dict[str, str]:
-    """This process's environment, with this package first on the child's path."""
-    env = dict(os.environ)
-    here = str(Path(__file__).resolve().parents[__name__.count(".")])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
-    return env
-
-
 async def checked(
     text: str, schema: Mapping[str, Any], seconds: float = CHECK_SECONDS
 ) -> str | None:
@@ -125,13 +116,12 @@ async def checked(
         {"schema": schema, "text": text, "seconds": seconds}, ensure_ascii=False
     ).encode("utf-8")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "contemplation.protocol.replycheck",
+        *child.python("-m", "contemplation.protocol.replycheck"),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=_child_env(),
+        env=child.environment(),
+        cwd=child.CWD,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(payload), seconds)

@@ -87,7 +87,7 @@ def test_launchd_plist_parses_and_has_every_required_key(tmp_path: Path) -> None
     assert data["Label"] == "com.contemplation.daemon"
     args = data["ProgramArguments"]
     assert all(isinstance(a, str) for a in args) and Path(args[0]).is_absolute()
-    assert args[1:] == ["-m", "contemplation", "--home", str(home.absolute()), "run"]
+    assert args[1:] == ["-P", "-m", "contemplation", "--home", str(home.absolute()), "run"]
     assert data["RunAtLoad"] is True
     assert data["KeepAlive"] == {"SuccessfulExit": False}
     assert isinstance(data["ThrottleInterval"], int) and data["ThrottleInterval"] >= 5

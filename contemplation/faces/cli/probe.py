@@ -9,8 +9,9 @@ ended before it said how the load went, or ran past :data:`PROBE_TIMEOUT`, is ke
 this process (:func:`contemplation.base.plugins.refuse`) with a line naming it; the others are
 loaded here as usual, and the child's time to load each is what names a slow one.
 
-The child is ``python -m contemplation.faces.cli.probe GROUP NAME DIST``: it loads that one entry
-point and prints one line, :data:`SAID` and JSON (``seconds``, ``error``).
+The child is ``python -P -m contemplation.faces.cli.probe GROUP NAME DIST``, in ``/`` (see
+:mod:`contemplation.base.child`): it loads that one entry point and prints one line,
+:data:`SAID` and JSON (``seconds``, ``error``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from contemplation.base import plugins
+from contemplation.base import child, plugins
 from contemplation.base.contained import described
 
 GROUPS = (
@@ -85,9 +86,17 @@ def slow(found: list[Probed]) -> list[plugins.Slow]:
 
 
 def _child(group: str, name: str, dist: str, *, timeout: float) -> Probed:
-    argv = [sys.executable, "-m", __name__, group, name, dist]
+    argv = child.python("-m", __name__, group, name, dist)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=child.CWD,
+            env=child.environment(),
+        )
     except subprocess.TimeoutExpired:  # killed by run
         return Probed(group, name, dist, fatal=f"did not finish loading within {timeout:g} s")
     said = [line for line in done.stdout.splitlines() if line.startswith(SAID)]

@@ -34,7 +34,7 @@ def test_package_data_ships_every_file_of_the_plugin() -> None:
 
 def test_the_plugin_points_at_this_python_and_the_hook_is_opt_in(tmp_path: Path) -> None:
     cmd = claude.server_command(home=tmp_path / "h")
-    assert cmd == [sys.executable, "-m", "contemplation", "--home", str(tmp_path / "h"), "mcp"]
+    assert cmd == [sys.executable, "-P", "-m", "contemplation", "--home", str(tmp_path / "h"), "mcp"]
     plugin = claude.write_plugin(tmp_path / "m", cmd)
     mcp = json.loads((plugin / ".mcp.json").read_text())["mcpServers"]["contemplation"]
     assert [mcp["command"], *mcp["args"]] == cmd
@@ -68,6 +68,7 @@ def test_the_bundle_is_a_zip_with_the_manifest_at_its_root(tmp_path: Path) -> No
         manifest = json.loads(z.read("manifest.json"))
     assert manifest["server"]["entry_point"] == "server/main.py"
     assert manifest["server"]["mcp_config"]["args"] == [
+        "-P",
         "${__dirname}/server/main.py",
         "--config",
         str(tmp_path / "c.toml"),
