@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contemplation.base.secret_names import SERVICE_ENV
 from contemplation.errors import ConfigError
 from contemplation.settings import ENV_PREFIX, SERVER_ENV
 
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 BY_ARGS = frozenset({ENV_PREFIX + "HOME", ENV_PREFIX + "CONFIG"})  # --home / --config
 MASK = "***"
-FILE_NAME = "service.env"
+FILE_NAME = SERVICE_ENV
 _LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)='([^'\n]*)'$")
 
 

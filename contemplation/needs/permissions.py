@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from contemplation.base.secret_names import SECRET_NAMES
+from contemplation.base.secret_names import SECRET_NAMES, own_secret
 from contemplation.errors import ConfigError
 from contemplation.models import ACTIONS, Action
 from contemplation.needs.rules import MCP_TOOL_RE, tool_ok
@@ -182,6 +182,18 @@ def _hint(secret: Permission, form: str, rule: str, tool: str, home: str) -> str
     return f'{said}: [permissions] {key} = {{ "{shown}" = "allow" }}'
 
 
+def _own(form: str) -> Permission | None:
+    """The built-in refusal of one of the tool's own secrets (:func:`own_secret`) that the
+    path ``form`` is or lies in; None when it is none. Only a path can be one, as for
+    :func:`_guarded`."""
+    if not form or ("/" not in form and _SPACE.search(form)):
+        return None
+    why = own_secret(form.split("/"))
+    if why is None:
+        return None
+    return Permission("*", form, "deny", "built in, not to be lifted", secret=form, note=why)
+
+
 def _guarded(
     scoped: Sequence[Permission], form: str, rule: str, tool: str, home: str
 ) -> Permission | None:
@@ -315,6 +327,8 @@ def decide(
     worst = Verdict("allow")
     for value in subjects(arguments):
         forms = _forms(value, home)
+        if own := _own(forms[-1]):  # the tool's own secrets: no root or rule lifts them
+            return Verdict("deny", own, value)
         for form in forms:  # a secret is judged by what the value means: the last form
             secret = _guarded(scoped, form, rule, tool, home) if form is forms[-1] else None
             hit = secret or next(

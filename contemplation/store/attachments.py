@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from contemplation.base.secret_names import own_secret
 from contemplation.errors import BackendError, ErrorKind, InputRejected
 from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, ImageRef, MarkerKind
 from contemplation.protocol.conversation import retracted
@@ -135,9 +136,13 @@ def check_name(name: str) -> None:
 
 def read_file(path: Path, limits: AttachmentSettings, name: str | None = None) -> Attachment:
     """One file as an attachment: a regular file (a link, FIFO, device or folder is refused)
-    within ``max_file_bytes``, an image or UTF-8 text."""
+    within ``max_file_bytes``, an image or UTF-8 text; never one of the tool's own secrets,
+    as named or where its folders lead (:func:`~contemplation.base.secret_names.own_secret`)."""
     shown = name or path.name
     check_name(shown)
+    for spelled in (os.path.abspath(path), os.path.realpath(path)):
+        if why := own_secret(Path(spelled).parts):
+            raise InputRejected(why)
     try:
         fd, st = open_regular_stat(path)
     except FileNotFoundError:

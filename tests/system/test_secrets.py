@@ -30,6 +30,7 @@ from contemplation import settings as settings_mod
 from contemplation.backends.base import phase_timeouts
 from contemplation.backends.openai import OpenAIBackend
 from contemplation.base.redact import credentials, redacted
+from contemplation.base.secret_names import OWN_SECRETS, SERVICE_ENV
 from contemplation.models import ChatMessage, ChatRequest
 from contemplation.needs import permissions
 from contemplation.needs.tools import registry
@@ -313,7 +314,9 @@ def test_the_tools_own_files_are_on_the_list() -> None:
     from contemplation.index import db as index_db
     from contemplation.needs.tools.files import DEFAULT_DENY
 
-    own = (dashboard.TOKEN_FILE, mcp_server.TOKEN_FILE, index_db.DB_NAME, index_db.DB_NAME + "-wal")
+    for name in (dashboard.TOKEN_FILE, mcp_server.TOKEN_FILE, SERVICE_ENV):
+        assert name in OWN_SECRETS  # the modules that write them take the names from there
+    own = (*OWN_SECRETS, index_db.DB_NAME, index_db.DB_NAME + "-wal")
     for name in own:
         assert (
             permissions.decide(
@@ -321,8 +324,8 @@ def test_the_tools_own_files_are_on_the_list() -> None:
             ).action
             == "deny"
         )
-        assert FileReader([Path("/")]).denied([name]) is not None
-    assert ".dashboard.token" in DEFAULT_DENY
+    assert FileReader([Path("/")]).denied([index_db.DB_NAME]) is not None
+    assert ".index.sqlite3*" in DEFAULT_DENY
 
 
 HOME = "/home/u"
@@ -361,7 +364,8 @@ SECRETS = [
 def test_no_broad_rule_or_root_lifts_a_built_in_secret(path: str, table: dict[str, Any]) -> None:
     v = verdict(table, path, roots=("~",))
     assert v.action == "deny", (path, table, v)
-    assert v.rule is not None and "name it" in v.rule.shown()
+    said = "whatever tools.allowed_roots" if "token" in path else "name it"
+    assert v.rule is not None and said in v.rule.shown()
 
 
 @pytest.mark.parametrize(
@@ -467,3 +471,105 @@ def test_a_daemon_turn_never_sends_a_secret_to_the_model(
     assert log.count("NOT ANSWERED (refused)") == 3
     assert "tools.allowed_roots" in log and "name it" in log
     assert [c.id for c in list_conversations(home)] == [cid]
+
+
+# --------------------------------------------------------------------------- issue 43 finding 3
+
+OWN = [
+    "~/.config/contemplation/service.env",
+    "~/.claude.json",
+    "~/.claude/.credentials.json",
+    "~/work/project/.mcp.json",
+    "/home/u/.local/share/contemplation/.mcp.token",
+]
+
+
+@pytest.mark.parametrize("path", OWN)
+def test_no_root_or_rule_lifts_the_tools_own_secrets(path: str) -> None:
+    """What lifts the person's secrets (a root or a rule that names them) never lifts the
+    files the tool writes a credential into; the refusal says why in one line."""
+    folder = path.rsplit("/", 1)[0]
+    named = {"read_file": {path: "allow", folder + "/**": "allow"}}
+    for table, roots in (({}, ("~",)), (named, (folder, path)), ({"*": "allow"}, ("/",))):
+        v = verdict(table, path, roots=roots)
+        assert v.action == "deny", (path, table, roots, v)
+        assert v.rule is not None and "never reads it for a model" in v.rule.shown(), v
+    assert verdict({}, "~/notes/claude.json.md", roots=("~",)).action == "allow"
+
+
+def test_the_file_reader_and_attachments_refuse_the_tools_own_secrets_by_any_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Named, under a root that is their own folder, or behind a link in a root: refused."""
+    from contemplation.errors import InputRejected
+    from contemplation.settings import AttachmentSettings
+    from contemplation.store import attachments
+
+    user = tmp_path / "user"
+    conf = user / ".config" / "contemplation"
+    conf.mkdir(parents=True)
+    (conf / "service.env").write_text("OPENAI_API_KEY=sk-SERVICE-ENV-KEY\n")
+    (user / ".claude.json").write_text('{"mcpServers": {"x": {"headers": {"A": "B"}}}}\n')
+    (user / "notes").mkdir()
+    (user / "notes" / "innocent.txt").symlink_to(conf / "service.env")
+    (user / "notes" / "cfg").symlink_to(conf)
+    monkeypatch.setenv("HOME", str(user))
+    reader = FileReader([Path("~"), conf, conf / "service.env", user / ".claude.json"])
+    for asked in (
+        "~/.config/contemplation/service.env",
+        str(conf / "service.env"),
+        "~/.claude.json",
+        "notes/innocent.txt",
+        "~/notes/cfg/service.env",
+    ):
+        with pytest.raises(Refused, match="never reads it for a model"):
+            reader.read(asked)
+    limits = AttachmentSettings()
+    for path in (conf / "service.env", user / ".claude.json", user / "notes" / "cfg" / "service.env"):
+        with pytest.raises(InputRejected, match="never reads it for a model or attaches it"):
+            attachments.read_paths([path], limits)
+
+
+def test_a_daemon_turn_never_sends_the_tools_own_secrets_nor_attaches_them(
+    tmp_path: Path,
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+) -> None:
+    """allowed_roots names ``~`` and the config folder itself, [permissions] allows every read:
+    the model asks for service.env, ~/.claude.json (holding the MCP token, as ``claude mcp add
+    --header`` leaves it) and the MCP token file; each is refused with the line saying why,
+    none of their bytes reach the server, and ``send --attach`` of either queues nothing."""
+    cfg_dir = tmp_path / "xdg-config" / "contemplation"
+    cfg_dir.mkdir(parents=True)
+    (cfg_dir / "service.env").write_text("OPENAI_API_KEY=sk-SERVICE-ENV-KEY-91\n")
+    (tmp_path / ".claude.json").write_text(
+        json.dumps({"mcpServers": {"c": {"headers": {"Authorization": "Bearer CLAUDE-JSON-TOK"}}}})
+    )
+    home.root.mkdir(parents=True)
+    (home.root / ".mcp.token").write_text("MCP-TOKEN-FILE-BYTES\n")
+    (cfg_dir / "config.toml").write_text(
+        f'[tools]\nallowed_roots = ["~", "{cfg_dir}", "{home.root}"]\n\n'
+        '[permissions]\nread_file = { "*" = "allow" }\n'
+    )
+    env = base_env(home, fake_ollama, HOME=str(tmp_path))
+    asks = ["~/xdg-config/contemplation/service.env", "~/.claude.json", str(home.root / ".mcp.token")]
+    fake_ollama.enqueue(
+        OllamaStep(text="\n".join(f"NEED: File contents of {a}" for a in asks)),
+        OllamaStep(text="I will do without them."),
+    )
+    daemon_factory(env, home).wait_ready()
+    cid = cli(env, "new", "own", "--model", "gemma", "--message", "go").stdout.strip()
+    conv = home.conv(cid)
+    wait_for(lambda: b"I will do without them." in conv.log.read_bytes(), 30, what="the reply")
+    log = conv.log.read_text()
+    sent = json.dumps(fake_ollama.chat_requests())
+    for secret in ("SK-SERVICE-ENV-KEY-91", "CLAUDE-JSON-TOK", "MCP-TOKEN-FILE-BYTES"):
+        assert secret.casefold() not in sent.casefold() and secret.casefold() not in log.casefold()
+    assert log.count("NOT ANSWERED (refused)") == 3, log
+    assert log.count("never reads it for a model") == 3, log
+    for path in (cfg_dir / "service.env", tmp_path / ".claude.json"):
+        sent_attach = cli(env, "send", cid, "look", "--attach", str(path), check=False)
+        assert sent_attach.returncode != 0
+        assert "never reads it for a model or attaches it" in sent_attach.stderr
+    assert not list(conv.inbox.iterdir())

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from contemplation.base.secret_names import DASHBOARD_TOKEN
 from contemplation.faces import bearer
 from contemplation.store.layout import Home, read_json
 from contemplation.writer import atomic_write_json
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("contemplation.dashboard")
 
-TOKEN_FILE = ".dashboard.token"  # noqa: S105 - a file name, not a secret
+TOKEN_FILE = DASHBOARD_TOKEN
 INFO_FILE = ".dashboard.json"
 
 

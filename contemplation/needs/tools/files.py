@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from contemplation.base.secret_names import FILES_ALSO, SECRET_NAMES
+from contemplation.base.secret_names import FILES_ALSO, SECRET_NAMES, own_secret
 from contemplation.errors import ToolError
 from contemplation.needs.tools.base import Refused, ToolResult, Unconfigured, text_arg
 from contemplation.needs.tools.parts import read_part, split_range
@@ -168,7 +168,10 @@ class FileReader:
 
     def _refuse_secret(self, raw: str, path: Path, root: Path | None, how: str) -> None:
         """:class:`Refused` when ``path`` (under ``root``, the one that names it most
-        precisely) is a secret: which one, and how to name it to read it anyway."""
+        precisely) is a secret: which one, and how to name it to read it anyway; one of the
+        tool's own secrets is refused whatever the roots (nothing lifts it)."""
+        if why := own_secret(path.parts):
+            raise Refused(f"{raw!r}: {why}")
         if path in self.protected and path != root:
             secret, why = path, "is the configuration file (it holds the api keys)"
         else:
