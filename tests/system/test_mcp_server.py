@@ -718,3 +718,115 @@ def test_http_on_a_busy_port_is_one_line_and_exit_1(home: Home) -> None:
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith(f"error: cannot serve MCP on 127.0.0.1:{port}: ")
     assert proc.stderr.count("\n") == 1 and "MCP streamable HTTP on" not in proc.stderr
+
+
+def _initialized(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "pytest", "version": "1"},
+        },
+    }
+    proc.stdin.write((json.dumps(init) + "\n").encode())
+    proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["id"] == 1
+
+
+def nested(depth: int, rid: object = 7, *, id_last: bool = False) -> str:
+    """A tools/call whose arguments nest ``depth`` arrays deep (its id first or last)."""
+    deep = "[" * depth + "]" * depth
+    call = (
+        f'"method":"tools/call","params":{{"name":"conversation_list","arguments":{{"x":{deep}}}}}'
+    )
+    rid_member = f'"id":{json.dumps(rid)}' if rid is not None else ""
+    parts = [p for p in ('"jsonrpc":"2.0"', rid_member, call) if p]
+    if id_last and rid_member:
+        parts = ['"jsonrpc":"2.0"', call, rid_member]
+    return "{" + ",".join(parts) + "}"
+
+
+def test_a_line_the_stdio_face_cannot_read_is_answered_and_serving_goes_on(home: Home) -> None:
+    """Issue 43: a request nested ~200 levels deep got no answer at all (the SDK drops a line
+    it cannot parse); now each such line is a JSON-RPC error, with its id where one can be
+    read, and the next request is served."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "contemplation", "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=base_env(home),
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        _initialized(proc)
+        lines = [
+            nested(200),  # past the parser's depth: parse error, id 7
+            nested(100_000, "deep", id_last=True),  # the id after the depth is still read
+            "not json",  # parse error, id null
+            '{"jsonrpc":"2.0","id":9}',  # JSON but no request: invalid request, id 9
+            "[]",  # invalid request, id null
+            nested(300, None),  # a notification: never answered
+            '{"jsonrpc":"2.0","id":2,"method":"tools/list"}',
+        ]
+        proc.stdin.write("".join(line + "\n" for line in lines).encode())
+        proc.stdin.flush()
+        answers = []
+        while not answers or answers[-1].get("id") != 2:
+            line = proc.stdout.readline()
+            assert line, "the server closed its stdout"
+            answers.append(json.loads(line))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=15)
+    errors = [(a["id"], a["error"]["code"]) for a in answers if "error" in a]
+    assert errors == [(7, -32700), ("deep", -32700), (None, -32700), (9, -32600), (None, -32600)]
+    assert "nested too deep" in answers[0]["error"]["message"]
+    assert len(answers[-1]["result"]["tools"]) == len(TOOLS)
+    assert proc.returncode == 0
+
+
+def test_a_deeply_nested_request_over_http_is_answered_and_serving_goes_on(home: Home) -> None:
+    """Issue 43 over the HTTP face: the SDK's transport answers the body itself (400, -32700)."""
+    import httpx
+
+    face = mcp_http.serve(home)
+    try:
+        headers = {
+            "Authorization": f"Bearer {face.token}",
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "pytest", "version": "1"},
+            },
+        }
+        with httpx.Client(timeout=30) as http:
+            first = http.post(face.url, json=init, headers=headers)
+            assert first.status_code == 200
+            headers["mcp-session-id"] = first.headers["mcp-session-id"]
+            headers["mcp-protocol-version"] = "2025-06-18"
+            note = '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+            http.post(face.url, content=note, headers=headers)
+            deep = http.post(face.url, content=nested(5000), headers=headers)
+            assert deep.status_code == 400
+            refused = deep.json()
+            assert refused["error"]["code"] == -32700 and refused["id"] is None
+            after = http.post(
+                face.url, content='{"jsonrpc":"2.0","id":2,"method":"tools/list"}', headers=headers
+            )
+            assert after.status_code == 200 and '"id":2' in after.text
+    finally:
+        face.stop()

@@ -41,6 +41,7 @@ from mcp_types import Resource as MCPResource
 from pydantic import Field, ValidationError
 
 from contemplation import __version__
+from contemplation.base.secret_names import MCP_TOKEN
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.faces import actions, bearer
 from contemplation.faces.mcp import arguments as mcp_arguments
@@ -75,7 +76,7 @@ conversation_check. When the model stops for you, `waiting` lists each item with
 and the call that settles it: a need (answer with conversation_respond) or a lookup waiting
 for approval (decide with conversation_approve: the tool answers it, never your text).
 Subscribe to conversation://<id>/status or /log to be told when a conversation changes."""
-TOKEN_FILE = ".mcp.token"  # noqa: S105 - a file name, not a secret
+TOKEN_FILE = MCP_TOKEN
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -620,10 +621,26 @@ def print_claude_command(settings: Settings, http_port: int, host: str = "127.0.
     print(claude_command(url_of(host, http_port), bearer.ensure_token(token_path(home))))
 
 
+async def serve_stdio(server: ContemplationServer) -> None:
+    """The SDK's stdio serving, with each line it cannot read answered by a JSON-RPC error
+    (:mod:`contemplation.faces.mcp.wire`; the SDK drops it, and the request waits forever)."""
+    from mcp.server.stdio import stdio_server
+
+    from contemplation.faces.mcp.wire import Answering
+
+    low = server._lowlevel_server  # run_stdio_async's own two lines, plus Answering
+    async with stdio_server() as (read_stream, write_stream):
+        await low.run(
+            Answering(read_stream, write_stream),
+            write_stream,
+            low.create_initialization_options(),
+        )
+
+
 def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.0.1") -> None:
     server = build_server(settings)
     if http_port is None:
-        anyio.run(server.run_stdio_async)
+        anyio.run(serve_stdio, server)
         return
     import shlex
     import socket
