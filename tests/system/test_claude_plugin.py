@@ -77,7 +77,7 @@ def test_install_claude_code_is_one_step_and_the_real_claude_finds_the_server(
     assert "✔ Validation passed" in out and "hooks:" not in out
     home = str(tmp_path / "conversations")
     assert (
-        f'mcpServers: contemplation stdio {sys.executable} ["-m","contemplation","--home",'
+        f'mcpServers: contemplation stdio {sys.executable} ["-P","-m","contemplation","--home",'
         f'"{home}","mcp"]'
     ) in out
     assert "✔ Validation passed" in _claude(tmp_path, "plugin", "validate", str(plugin.parent))

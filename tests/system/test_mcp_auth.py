@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -178,42 +179,71 @@ def test_http_face_demands_the_token_and_says_how_to_give_it(home: Home) -> None
     assert_refused(out)
     assert out["right"][0] == 200
     assert found["count"] == 1
-    path = shlex.quote(str(face.token_file))
     assert said[0].startswith(f"MCP streamable HTTP on {face.url} ")
     assert str(face.token_file) in said[0]
-    assert said[1].strip().endswith(
-        f"claude mcp add --transport http contemplation {face.url} "
-        f'--header "Authorization: Bearer $(cat {path})"'
-    ), said[1]
+    assert said[1].startswith("add it to Claude Code: claude mcp add-json --scope user "), said
+    assert "--print-headers" in said[1] and face.url in said[1]
     assert face.token not in "".join(said)  # the token itself stays out of logs
 
 
-def test_print_claude_command_prints_the_line_with_the_token(home: Home) -> None:
-    def printed() -> str:
-        return cli(base_env(home), "mcp", "--http", "8765", "--print-claude-command").stdout
-
-    first, again = printed(), printed()
+def test_print_claude_command_prints_a_line_without_the_token_and_the_helper_gives_it(
+    home: Home,
+) -> None:
+    """The line names the helper (``mcp --print-headers``), never the token (issue 43 finding
+    4); the helper, run as Claude Code runs it (a shell, from any folder), prints the header."""
+    env = base_env(home)
+    first = cli(env, "mcp", "--http", "8765", "--print-claude-command").stdout
+    again = cli(env, "mcp", "--http", "8765", "--print-claude-command").stdout
     token = (home.root / ".mcp.token").read_text().strip()
     assert len(token) >= 32
-    assert first == again == (
-        "claude mcp add --transport http contemplation http://127.0.0.1:8765/mcp "
-        f'--header "Authorization: Bearer {token}"\n'
+    assert first == again
+    assert token not in first
+    words = shlex.split(first)
+    assert words[:6] == ["claude", "mcp", "add-json", "--scope", "user", "contemplation"], words
+    config = json.loads(words[6])
+    assert config["type"] == "http" and config["url"] == "http://127.0.0.1:8765/mcp"
+    helper = subprocess.run(  # noqa: S602 - through a shell, as Claude Code runs it
+        config["headersHelper"],
+        shell=True,
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
+    assert helper.returncode == 0, helper.stderr
+    assert json.loads(helper.stdout) == {"Authorization": f"Bearer {token}"}
     assert stat.S_IMODE((home.root / ".mcp.token").stat().st_mode) == 0o600
+
+
+def _argv_with(secret: str) -> list[str]:
+    """The command lines of this machine's processes that hold ``secret`` (what another
+    user reads from /proc/*/cmdline)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            raw = cmdline.read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        if secret.encode() in raw:
+            found.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+    return found
 
 
 def test_the_real_claude_code_connects_with_the_printed_command_and_not_without_the_token(
     home: Home, tmp_path: Path
 ) -> None:
     """The line ``--print-claude-command`` prints, run as a person would paste it: the real
-    Claude Code (npm) adds the server and its health check connects; the same server added
-    without the header, or with another token, does not."""
+    Claude Code (npm) adds the server and its health check connects, through the helper; the
+    same server added without the header, or with another token, does not. The token is in
+    no process's command line meanwhile, nor in Claude Code's configuration."""
     claude = node_bin("claude")
     face = serve(home)
     try:
         args = ("mcp", "--http", str(face.port), "--print-claude-command")
         line = cli(base_env(home), *args).stdout.strip()
-        assert line.startswith("claude mcp add ")
+        assert line.startswith("claude mcp add-json ") and face.token not in line
         env = {
             "PATH": f"{claude.parent}:{os.environ.get('PATH', '')}",
             "HOME": str(tmp_path / "claude-home"),  # Claude Code's own config stays here
@@ -235,10 +265,24 @@ def test_the_real_claude_code_connects_with_the_printed_command_and_not_without_
         bare = ("claude", "mcp", "add", "--transport", "http")
         claude_run(*bare, "tokenless", face.url)
         claude_run(*bare, "wrong", face.url, "--header", "Authorization: Bearer " + "0" * 43)
-        listed = {
-            ln.split(":", 1)[0]: ln for ln in claude_run("claude", "mcp", "list").splitlines()
-        }
+        seen: list[str] = []
+        done = threading.Event()
+
+        def scan() -> None:  # as another user would, while Claude Code connects
+            while not done.wait(0.002):
+                seen.extend(_argv_with(face.token))
+
+        scanner = threading.Thread(target=scan, daemon=True)
+        scanner.start()
+        try:
+            listing = claude_run("claude", "mcp", "list")
+        finally:
+            done.set()
+            scanner.join(10)
+        listed = {ln.split(":", 1)[0]: ln for ln in listing.splitlines()}
         assert "✔ Connected" in listed["contemplation"], listed
+        assert seen == []
+        assert face.token not in (tmp_path / "claude-home" / ".claude.json").read_text()
         assert "✔ Connected" not in listed["tokenless"], listed
         assert "✔ Connected" not in listed["wrong"], listed
     finally:

@@ -88,11 +88,25 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
 @click.option(
     "--print-claude-command",
     is_flag=True,
-    help="Print the `claude mcp add` line for --http PORT, token included, and exit.",
+    help="Print the `claude mcp add-json` line for --http PORT and exit (Claude Code reads "
+    "the token through --print-headers, never from a command line).",
+)
+@click.option(
+    "--print-headers",
+    is_flag=True,
+    help="Print the HTTP face's headers as JSON, token included, and exit (Claude Code's "
+    "headersHelper).",
 )
 @click.pass_context
-def mcp(ctx: click.Context, http_port: int | None, print_claude_command: bool) -> None:
+def mcp(
+    ctx: click.Context, http_port: int | None, print_claude_command: bool, print_headers: bool
+) -> None:
     """MCP server for agents (stdio by default)."""
+    if print_headers:
+        from contemplation.faces.mcp import connect
+
+        connect.print_headers(ctx_settings(ctx))
+        return
     from contemplation.faces.mcp import server as mcp_server
 
     if print_claude_command:
