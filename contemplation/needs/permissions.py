@@ -182,7 +182,7 @@ def _hint(secret: Permission, form: str, rule: str, tool: str, home: str) -> str
     return f'{said}: [permissions] {key} = {{ "{shown}" = "allow" }}'
 
 
-def _own(form: str) -> Permission | None:
+def _own(form: str, home: str) -> Permission | None:
     """The built-in refusal of one of the tool's own secrets (:func:`own_secret`) that the
     path ``form`` is or lies in; None when it is none. Only a path can be one, as for
     :func:`_guarded`."""
@@ -191,7 +191,8 @@ def _own(form: str) -> Permission | None:
     why = own_secret(form.split("/"))
     if why is None:
         return None
-    return Permission("*", form, "deny", "built in, not to be lifted", secret=form, note=why)
+    shown = _shown_path(form, home)
+    return Permission("*", shown, "deny", "built in, not to be lifted", secret=form, note=why)
 
 
 def _guarded(
@@ -327,7 +328,7 @@ def decide(
     worst = Verdict("allow")
     for value in subjects(arguments):
         forms = _forms(value, home)
-        if own := _own(forms[-1]):  # the tool's own secrets: no root or rule lifts them
+        if own := _own(forms[-1], home):  # the tool's own secrets: no root or rule lifts them
             return Verdict("deny", own, value)
         for form in forms:  # a secret is judged by what the value means: the last form
             secret = _guarded(scoped, form, rule, tool, home) if form is forms[-1] else None
