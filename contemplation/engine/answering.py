@@ -12,7 +12,10 @@ agent's decisions in metadata.json ``approvals``). A denied or rejected need get
 that says so and the model carries on; an asked one is not looked up: it becomes an
 :class:`~contemplation.models.ApprovalRequest` in state.json (``pending_approvals``) and the
 conversation waits in ``awaiting_approval`` until the agent decides (``contemplation
-approve``), which rewrites metadata.json and so wakes the daemon.
+approve``), which rewrites metadata.json and so wakes the daemon. A ``RESPONSE TO NEED``
+block for such a lookup, written by hand or dropped in ``inbox/``, is no answer
+(:func:`~contemplation.protocol.conversation.awaiting`): it stays in the log as written, the
+lookup still waits, and :func:`answer` says so once in a NOTE after it.
 """
 
 from __future__ import annotations
@@ -32,11 +35,20 @@ from contemplation.models import (
     ApprovalRequest,
     Block,
     ConvEvent,
+    MarkerKind,
     Metadata,
     Route,
     Status,
 )
-from contemplation.protocol.conversation import need_id, next_action, turn_start, unanswered
+from contemplation.protocol.conversation import (
+    DISOWNED,
+    answered_by_hand,
+    awaiting,
+    need_id,
+    next_action,
+    turn_start,
+    unanswered,
+)
 from contemplation.store.layout import Conv, inbox_entries
 
 log = structlog.get_logger("contemplation.answering")
@@ -113,7 +125,9 @@ def plan(rt: Runtime, meta: Metadata, blocks: tuple[Block, ...], needs: tuple[st
         marked.append(route)
         if request is not None:
             asked.append(request)
-    if all(r is None or r.verdict == "ask" for r in marked) and len(needs) <= len(marked):
+    only_asked = all(r is None or r.verdict == "ask" for r in marked) and len(needs) <= len(marked)
+    # a lookup waiting for approval answered by hand: :func:`answer` says it is no answer
+    if only_asked and not answered_by_hand(blocks, {r.id for r in asked}):
         return Plan(None, tuple(asked))
     return Plan(
         NeedsDue(meta, needs, f"{meta.id}@{turn_start(blocks)}", tuple(marked)), tuple(asked)
@@ -133,9 +147,17 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
     stack, w = await lock(conv, rt, meta)
     with stack:
         parsed = await seen.view(conv, meta.agent_label).refreshed()
-        nxt = next_action(parsed.blocks)
+        held = awaiting(w.state, w.meta)
+        nxt = next_action(parsed.blocks, held)
         if nxt.action != "needs":
             return AGAIN
+        for rid, need in answered_by_hand(parsed.blocks, held):
+            w.append_marker(
+                MarkerKind.NOTE,
+                f"{DISOWNED} {rid}: it waits for approval, and only its tool answers it once "
+                f"decided (contemplation approve {conv.id} --need {rid} --once|--always|--reject)",
+            )
+            log.warning("hand_answer_to_a_lookup", conv=conv.id, request=rid, need=need)
         still = set(nxt.needs)
         model_block, _ = unanswered(parsed.blocks)
         # unique across rotated segments: offsets restart in each messages.log, inodes do not

@@ -56,7 +56,7 @@ from contemplation.prompt.reach import reach
 from contemplation.prompt.summarise import summarise
 from contemplation.prompt.toolspecs import canonical_tools
 from contemplation.protocol import structured
-from contemplation.protocol.conversation import still_due
+from contemplation.protocol.conversation import awaiting, still_due
 from contemplation.protocol.parser import find_needs
 from contemplation.store import attachments
 from contemplation.store.layout import Conv
@@ -296,7 +296,7 @@ async def _plan(
     appended by hand, which wait for the next step). None: no turn is due after all."""
     view = seen.view(conv, w.meta.agent_label)
     parsed = await view.refreshed(fd=w.fd)
-    if not still_due(parsed.blocks):
+    if not still_due(parsed.blocks, awaiting(w.state, w.meta)):
         return None
     ratio = rt.calibration.ratio(meta.model)
     blocks, first = parsed.blocks, 0

@@ -4,20 +4,34 @@ The log is the source of truth; ``state.json`` only journals writes and caches. 
 due when the agent side spoke last (a message, or answers to every pending need) or when the
 last model reply was cut off (``=== INTERRUPTED ===``). ERROR and CANCELLED markers stop the
 retrying until the agent writes again.
+
+A lookup that waits for the person's approval (``state.json`` → ``pending_approvals``, not yet
+decided in ``metadata.json`` → ``approvals``: :func:`awaiting`) is answered by its tool once
+decided, never by text: a ``RESPONSE TO NEED`` block for it, written by hand into the log or
+dropped in ``inbox/``, does not count (``held``), and the daemon says so with a
+:data:`DISOWNED` NOTE after it, which keeps it from counting for that lookup for good (the tool's
+answer after the decision, written after the NOTE, does).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from contemplation.models import Block, BlockKind, MarkerKind
+from contemplation.models import Block, BlockKind, MarkerKind, Metadata, State
 
 _STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
 _UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED}
 # the agent's own word on the turn that ends here: no turn is due until it writes again
 _HOLDS = {MarkerKind.FORKED, MarkerKind.RETRACTED}
+#: the NOTE after a RESPONSE TO NEED block written for a lookup that waits for approval: the
+#: blocks before it do not answer that lookup (its id follows)
+DISOWNED = "the RESPONSE TO NEED above does not answer lookup"
+_DISOWNED_RE = re.compile(re.escape(DISOWNED) + r" ([0-9a-f]{12})\b")
+NONE: frozenset[str] = frozenset()
 
 
 def whole(block: Block) -> bool:
@@ -55,19 +69,37 @@ class Next:
     rounds: int = 0  # model replies since the agent's last own message (need rounds)
 
 
-def unanswered(blocks: tuple[Block, ...]) -> tuple[Block | None, tuple[str, ...]]:
-    """The last whole model block and its needs that have no RESPONSE yet."""
-    answered: set[str] = set()
+def disowned(block: Block) -> Iterator[str]:
+    """The lookups (ids) a :data:`DISOWNED` NOTE on ``block`` says the blocks up to it do not
+    answer."""
+    for kind, text in block.markers:
+        if kind is MarkerKind.NOTE and (m := _DISOWNED_RE.match(text)) is not None:
+            yield m.group(1)
+
+
+def unanswered(
+    blocks: tuple[Block, ...], held: Collection[str] = NONE
+) -> tuple[Block | None, tuple[str, ...]]:
+    """The last whole model block and its needs that have no RESPONSE yet. An answer to a
+    lookup in ``held`` (waiting for approval, :func:`awaiting`), or to one a later
+    :data:`DISOWNED` NOTE names, is none."""
+    answers: list[tuple[tuple[str, ...], frozenset[str]]] = []  # each block's, what it may not
+    voided: set[str] = set()
     for b in reversed(blocks):
+        voided.update(disowned(b))
         if b.kind is BlockKind.AGENT:
             if b.response_to is None:
                 return None, ()
-            answered.update(b.responds)
+            answers.append((b.responds, frozenset(voided)))
             continue
         if not whole(b):
             continue
         if b.complete:
             return b, ()
+        answered: set[str] = set()
+        for responds, void in answers:
+            barred = void.union(held) if held or void else NONE
+            answered.update(n for n in responds if not barred or need_id(b, n) not in barred)
         seen: set[str] = set()
         missing = []
         for n in b.needs:
@@ -76,6 +108,41 @@ def unanswered(blocks: tuple[Block, ...]) -> tuple[Block | None, tuple[str, ...]
                 seen.add(n)
         return b, tuple(missing)
     return None, ()
+
+
+def awaiting(state: State | None, meta: Metadata | None) -> frozenset[str]:
+    """The lookups (ids) that wait for the person's approval: asked (``pending_approvals``)
+    and not decided yet (``approvals``: its own decision, or an ``always`` one for the same
+    tool and arguments). Only the tool answers them, after the decision."""
+    if state is None or not state.pending_approvals:
+        return NONE
+    given = meta.approvals() if meta is not None else []
+    own = {d.request for d in given}
+    always = [(d.tool, d.arguments) for d in given if d.decision == "always"]
+    return frozenset(
+        r.id
+        for r in state.pending_approvals
+        if r.id not in own and (r.tool, r.arguments) not in always
+    )
+
+
+def answered_by_hand(blocks: tuple[Block, ...], held: Collection[str]) -> list[tuple[str, str]]:
+    """The lookups in ``held`` that an agent block since the last whole model reply answers,
+    with no :data:`DISOWNED` NOTE yet: (id, need) each, once."""
+    model_block, _ = unanswered(blocks)
+    if model_block is None or not held:
+        return []
+    noted: set[str] = set()
+    out: dict[str, str] = {}
+    for b in reversed(blocks):
+        if b is model_block:
+            break
+        noted.update(disowned(b))
+        for n in b.responds:
+            rid = need_id(model_block, n)
+            if rid in held and rid not in noted:
+                out.setdefault(rid, n)
+    return list(out.items())
 
 
 def need_id(block: Block | None, need: str) -> str:
@@ -103,7 +170,9 @@ def need_rounds(blocks: tuple[Block, ...]) -> int:
     return rounds
 
 
-def next_action(blocks: tuple[Block, ...]) -> Next:
+def next_action(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Next:
+    """What is due, from the log; ``held``: the lookups waiting for approval (:func:`awaiting`),
+    which no agent block answers."""
     if not blocks:
         return Next("idle", reason="empty log")
     last = blocks[-1]
@@ -120,19 +189,19 @@ def next_action(blocks: tuple[Block, ...]) -> Next:
         if last.complete:
             return Next("complete")
         if last.needs:
-            _, missing = unanswered(blocks)
+            _, missing = unanswered(blocks, held)
             return Next("needs", needs=missing, rounds=need_rounds(blocks))
         return Next("idle", reason="answered")
     if last.truncated:
         return Next("idle", reason="the last block is still being written")
     if last.response_to is not None:
-        model_block, missing = unanswered(blocks)
+        model_block, missing = unanswered(blocks, held)
         if model_block is not None and missing:
             return Next("needs", needs=missing, rounds=need_rounds(blocks))
     return Next("turn", rounds=need_rounds(blocks))
 
 
-def still_due(blocks: tuple[Block, ...]) -> bool:
+def still_due(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> bool:
     """A turn decided by the step is still due once the lock is taken again (nobody answered
-    or cancelled meanwhile)."""
-    return next_action(blocks).action == "turn"
+    or cancelled meanwhile, and the message taken is no answer to a lookup in ``held``)."""
+    return next_action(blocks, held).action == "turn"

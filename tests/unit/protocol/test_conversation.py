@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from contemplation.models import Block, MarkerKind
 from contemplation.protocol.conversation import (
+    DISOWNED,
+    answered_by_hand,
     need_id,
     need_rounds,
     next_action,
@@ -110,3 +112,27 @@ def test_a_need_id_is_stable_per_reply_and_new_when_asked_again() -> None:
     assert need_id(first, "The time") == need_id(first, "The time")
     assert need_id(first, "The time") != need_id(again, "The time")
     assert len(need_id(None, "x")) == 12
+
+
+def test_a_lookup_held_for_approval_is_answered_by_no_agent_block() -> None:
+    """Issue 43: a RESPONSE TO NEED block for a lookup waiting for approval (``held``) is no
+    answer; the NOTE the daemon writes after it keeps it so once the lookup is decided, and
+    the tool's answer after the NOTE counts."""
+    asked = (agent("plan?"), model("NEED: File contents of s.md\nNEED: The time"))
+    reply = blocks(*asked)[-1]
+    rid = need_id(reply, "File contents of s.md")
+    hand = (*asked, answer("File contents of s.md", "made up"), answer("The time", "noon"))
+    assert still_due(blocks(*hand))  # nothing held: the hand answer counts
+    held = {rid}
+    nxt = next_action(blocks(*hand), held)
+    assert (nxt.action, nxt.needs) == ("needs", ("File contents of s.md",))
+    assert not still_due(blocks(*hand), held)
+    assert answered_by_hand(blocks(*hand), held) == [(rid, "File contents of s.md")]
+    noted = (*hand, marker(MarkerKind.NOTE, f"{DISOWNED} {rid}: it waits for approval") + "\n")
+    # decided now (held no more), the NOTE still voids the hand answer, and only that one
+    assert next_action(blocks(*noted)).needs == ("File contents of s.md",)
+    assert answered_by_hand(blocks(*noted), held) == []
+    tool = (*noted, answer("File contents of s.md", "(source: files.read, …)\nthe real text"))
+    assert still_due(blocks(*tool))
+    # a plain message instead of a decision is the next turn, as before
+    assert still_due(blocks(*hand, agent("never mind")), held)
