@@ -124,6 +124,20 @@ def test_pages_and_api_carry_a_strict_csp(client: TestClient) -> None:
     assert "<script>" not in html and 'src="/static/app.js"' in html  # no inline script
 
 
+def test_health_without_the_token_says_only_that_it_is_alive(
+    home: Home, client: TestClient
+) -> None:
+    """Issue 43: /health answers anyone who reaches the port (a probe, a load balancer), so
+    without the token it says it is alive and nothing else: no pid, no path of the home."""
+    bare = client.get("/health", headers={"Authorization": ""})
+    assert bare.status_code == 200 and bare.json() == {"ok": True}
+    wrong = client.get("/health", headers={"Authorization": "Bearer " + "x" * 43})
+    assert wrong.json() == {"ok": True}
+    said = client.get("/health").json()  # the client sends the token
+    assert said["ok"] is True and said["home"] == str(home.root) and said["pid"] > 0
+    assert set(said) == {"ok", "pid", "daemon_alive", "uptime_s", "home"}
+
+
 def test_the_list_comes_a_page_at_a_time_with_a_cursor(home: Home, client: TestClient) -> None:
     """The browser asks for one page (not the whole home), filtered on the server; the
     cursor continues exactly where the page ended."""

@@ -35,7 +35,7 @@ from contemplation.errors import (
     LockBusy,
     NotFound,
 )
-from contemplation.faces import actions
+from contemplation.faces import actions, bearer
 from contemplation.faces.dashboard import export, panels
 from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
@@ -142,16 +142,17 @@ class Dashboard:
         )
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse(
-            {
-                "ok": True,
+        """Alive, to anyone who reaches the port (``{"ok": true}``); the pid, the uptime,
+        whether the daemon runs and the home's path only with the token (issue 43)."""
+        said: dict[str, Any] = {"ok": True}
+        if bearer.matches(bearer.given(request.headers), self.token):
+            said |= {
                 "pid": os.getpid(),
                 "daemon_alive": daemon_alive(self.home),
                 "uptime_s": round(time.time() - self.started, 1),
                 "home": str(self.home.root),
-            },
-            headers={"cache-control": "no-store"},
-        )
+            }
+        return JSONResponse(said, headers={"cache-control": "no-store"})
 
     def status_data(self) -> dict[str, Any]:
         counts = listing.counts(self.home)
@@ -375,6 +376,7 @@ class Dashboard:
             body = await self._body(request)
         except InputRejected as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+
         def send() -> dict[str, Any]:
             conv = self._conv(request)
             left = [i.as_dict(conv.id, "cli") for i in self.reader.waiting(conv)]
