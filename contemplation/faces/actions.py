@@ -17,7 +17,7 @@ from typing import Any, get_args
 from contemplation import backends
 from contemplation.base.terminal import safe
 from contemplation.errors import AlreadyDecided, ContemplationError, InputRejected, LockBusy
-from contemplation.faces.reading import Reader, Standing
+from contemplation.faces.reading import Answered, Reader, Standing
 from contemplation.models import (
     APPROVALS_KEY,
     CANCELLABLE,
@@ -261,8 +261,20 @@ def _respond(
     files: Sequence[Attachment] = (),
 ) -> dict[str, Any]:
     items = reader.waiting(conv)
-    chosen = waiting.choose(conv.id, items, need, "need", face)
+    try:
+        chosen = waiting.choose(conv.id, items, need, "need", face)
+    except InputRejected:
+        if need and (hit := _answered_already(reader, conv, need)):
+            left = f"; waiting: {waiting.listed(items)}" if items else ""
+            raise InputRejected(f"{conv.id}: {hit.said()}; nothing was sent{left}") from None
+        raise
     if chosen is None:
+        if given := reader.answered(conv):  # the loser of a race: a message starts a turn
+            plain = "plain=true" if face == "mcp" else f"`contemplation send {conv.id} …`"
+            raise InputRejected(
+                f"{conv.id} waits for no answer: {given[-1].said()}; nothing was sent. To "
+                f"send a new message, use {plain}"
+            )
         return {
             "answered": None,
             "need_id": None,
@@ -278,6 +290,15 @@ def _respond(
         "queued": name,
         "still_waiting": [i.as_dict(conv.id, face) for i in items if i.id != chosen.id],
     }
+
+
+def _answered_already(reader: Reader, conv: Conv, ref: str) -> Answered | None:
+    """The answer given already to the need ``ref`` names (its id, a prefix, its text)."""
+    ref = ref.strip()
+    for a in reversed(reader.answered(conv)):
+        if ref in {a.id, a.need} or (len(ref) >= waiting.MIN_PREFIX and a.id.startswith(ref)):
+            return a
+    return None
 
 
 KEPT_GRANTS = 256  # "always" decisions a conversation keeps (the oldest go first)

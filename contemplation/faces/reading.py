@@ -9,16 +9,17 @@ before a reply that is still being streamed, so the next read returns that block
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from contemplation.errors import InputRejected, NotFound
 from contemplation.index import listing
-from contemplation.models import BUSY, Block, Metadata, State, Status
-from contemplation.protocol.conversation import next_action
+from contemplation.models import BUSY, Block, BlockKind, Metadata, State, Status
+from contemplation.protocol.conversation import need_id, next_action
 from contemplation.protocol.parser import find_responses
 from contemplation.store import activity
 from contemplation.store.cursors import (
@@ -89,6 +90,30 @@ class Standing:
     deciding: tuple[str, ...]  # lookups decided by the agent, not answered by the daemon yet
     queued: int  # messages in inbox/ and processing/
     settled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A need of the latest reply, answered already: by whom (``agent``, a tool) and when."""
+
+    need: str
+    by: str
+    at: str
+    queued: bool = False  # still on its way to the log
+    id: str = ""  # the need's id (as ``waiting`` lists it)
+
+    def said(self) -> str:
+        how = "queued" if self.queued else "answered"
+        return f"{self.need!r} was {how} by {self.by} at {self.at}"
+
+
+_SOURCE = re.compile(r"^\(source: ([^,()\n]+), ([^()\n]+)\)$", re.MULTILINE)
+
+
+def _source(text: str, stamp: str = "?") -> tuple[str, str]:
+    """Who wrote an answer and when, from its ``(source: WHO, WHEN)`` line."""
+    m = _SOURCE.search(text[:4096])
+    return (m[1], m[2]) if m else ("?", stamp)
 
 
 def _committed(view: LogView, state: State | None, *, daemon: bool) -> tuple[Block, ...]:
@@ -182,6 +207,32 @@ class Reader:
                 continue
             queued.update(find_responses(head))
         return queued
+
+    def answered(self, conv: Conv) -> list[Answered]:
+        """The answers already given to the needs of the model's latest reply, while they are
+        in play (no reply or message came after them): those on their way (``inbox/``,
+        ``processing/``) and those in the log after it, each with who gave it and when (what a
+        responder that came second is told)."""
+        meta = read_metadata(conv)
+        out: list[Answered] = []
+        for path in queued_messages(conv):
+            try:
+                head = read_regular(path, 1 << 20).decode("utf-8", errors="replace")
+            except (OSError, InputRejected):
+                continue
+            out += [Answered(need, *_source(head), queued=True) for need in find_responses(head)]
+        if meta is None:
+            return out
+        given: list[Answered] = []
+        for b in reversed(self.view(conv, meta.agent_label).refresh().blocks):
+            if b.kind is BlockKind.MODEL:  # the latest reply: its needs, if it asked any
+                found = out + given[::-1]
+                return [replace(a, id=need_id(b, a.need)) for a in found if a.need in b.needs]
+            if b.response_to is None:
+                break  # a message came since: no need of an earlier reply is still in play
+            for need in b.responds:
+                given.append(Answered(need, *_source(b.text, b.timestamp)))
+        return []
 
     def standing(self, conv: Conv, *, decided: bool = False) -> Standing:
         """Where ``conv`` stands, as one moment shows it: what waits for the agent and whether

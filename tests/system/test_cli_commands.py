@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -20,7 +21,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_metadata
 from contemplation.store.templates import load_template
 from contemplation.writer import archive, drop_message, new_conversation
-from tests.conftest import run_burst
+from tests.conftest import base_env, cli, run_burst
 from tests.fakes.ollama_server import FakeOllama, Step
 
 ARCHIVED = "archived (in completed/)"
@@ -146,6 +147,36 @@ def test_respond_without_a_pending_need_queues_a_message(home: Home) -> None:
     assert len(list(conv.inbox.iterdir())) == 1
     nope = invoke(home, "respond", conv.id, "x", "--need", "1")
     assert nope.exit_code == 1 and "waits for nothing from the agent" in nope.stderr
+
+
+def test_two_agents_answering_one_need_cost_one_answer_and_the_loser_is_told(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """Two real processes answer the one waiting need at once, without --need: exactly one
+    answer is queued; the other exits 1 saying who answered and when, and sends nothing. The
+    loser of --need is told the need was just answered, not that nothing is its id."""
+    conv = waiting_for(home, fake_ollama, make_settings, "The release manager")
+    (item,) = Reader(home).waiting(conv)
+    env = base_env(home)
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(
+            pool.map(
+                lambda who: cli(env, "respond", conv.id, f"{who} says Ada", check=False),
+                ("first", "second"),
+            )
+        )
+    assert sorted(r.returncode for r in runs) == [0, 1], [r.stderr for r in runs]
+    lost = next(r for r in runs if r.returncode == 1)
+    assert "'The release manager' was queued by agent at 2" in lost.stderr, lost.stderr
+    assert "nothing was sent" in lost.stderr and f"contemplation send {conv.id}" in lost.stderr
+    assert len(list(conv.inbox.iterdir())) == 1
+    plain = invoke(home, "respond", conv.id, "a new message", "--plain")
+    assert plain.exit_code == 0 and plain.stdout.startswith("queued as a message (")
+    (conv.inbox / plain.stdout.split("(")[1].split(")")[0]).unlink()
+    late = invoke(home, "respond", conv.id, "Bob", "--need", item.id)
+    assert late.exit_code == 1
+    assert "'The release manager' was queued by agent at" in late.stderr, late.stderr
+    assert len(list(conv.inbox.iterdir())) == 1
 
 
 def test_respond_says_which_need_it_answered(

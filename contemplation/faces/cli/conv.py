@@ -248,6 +248,7 @@ def wait(ctx: click.Context, conversation: str, timeout: float, as_json: bool) -
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("text")
 @click.option("--need", help="Which need this answers: its id (or a unique prefix) or its text.")
+@click.option("--plain", is_flag=True, help="Send TEXT as a new message, whatever waits (= send).")
 @WAIT
 @TIMEOUT
 @json_option('Print {"answered", "need_id", "queued", "still_waiting", "cursor"} as JSON.')
@@ -257,6 +258,7 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
     conversation: str,
     text: str,
     need: str | None,
+    plain: bool,
     wait: bool,
     timeout: float,
     as_json: bool,
@@ -264,13 +266,15 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
     """Answer a need the model is waiting for (TEXT, or - for stdin).
 
     --need may be left out when one need waits; when the model waits for none, TEXT is
-    queued as a plain message. A lookup waiting for approval is decided with `approve`."""
+    queued as a plain message, unless the need was answered already (another agent came
+    first): then nothing is sent, the exit status is 1 and the line says who answered it and
+    when (a new message is `send`, or --plain). A lookup waiting for approval takes `approve`."""
     s = ctx_settings(ctx)
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     body = text_arg(text)
     ex = cli_wait.begin(reader, conv, body, wait=wait)
-    done = actions.respond(s, reader, conv, body, need)
+    done = actions.respond(s, reader, conv, body, need, plain=plain)
     ex.queued = done["queued"]
     if not wait:
         emit(done, as_json, show.responded(done))
