@@ -45,6 +45,7 @@ from contemplation.base.secret_names import MCP_TOKEN
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.faces import actions, bearer
 from contemplation.faces.mcp import arguments as mcp_arguments
+from contemplation.faces.mcp import connect
 from contemplation.faces.mcp.calls import (
     EMPTY_HINT,
     LIST_CAP,
@@ -608,17 +609,14 @@ def url_of(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
 
 
-def claude_command(url: str, token: str) -> str:
-    """The line that adds this server to Claude Code, sending ``token`` with every request."""
-    header = f'--header "Authorization: Bearer {token}"'
-    return f"claude mcp add --transport http contemplation {url} {header}"
-
-
 def print_claude_command(settings: Settings, http_port: int, host: str = "127.0.0.1") -> None:
-    """``contemplation mcp --http PORT --print-claude-command``: the line with the token."""
+    """``contemplation mcp --http PORT --print-claude-command``: the line that adds this face
+    to Claude Code, which reads the token through a helper, never from the line
+    (:mod:`contemplation.faces.mcp.connect`)."""
     home = Home(settings.home)
     ensure_home(home)
-    print(claude_command(url_of(host, http_port), bearer.ensure_token(token_path(home))))
+    bearer.ensure_token(token_path(home))
+    print(connect.claude_line(url_of(host, http_port), settings))
 
 
 async def serve_stdio(server: ContemplationServer) -> None:
@@ -642,7 +640,6 @@ def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.
     if http_port is None:
         anyio.run(serve_stdio, server)
         return
-    import shlex
     import socket
 
     import uvicorn
@@ -668,6 +665,6 @@ def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.
     # the token itself stays out of the log: the line reads it from its file when pasted
     said = f"MCP streamable HTTP on {url} (every request needs the token in {path})"
     print(said, file=sys.stderr)
-    told = claude_command(url, f"$(cat {shlex.quote(str(path))})")
+    told = connect.claude_line(url, settings)
     print(f"add it to Claude Code: {told}", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])
