@@ -31,6 +31,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sqlite3
 import stat
 import sys
@@ -69,7 +70,7 @@ T = TypeVar("T")
 # 4: each block marked as the agent's own (a message or its own answer; a tool's answer is
 #    not: "messages N from the agent"); 3: one summary row per conversation (turns, messages
 #    and activity from the log's own blocks); 2: the owned table; 1: the first
-SCHEMA = 5
+SCHEMA = 6
 DB_NAME = ".index.sqlite3"
 BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
@@ -104,8 +105,12 @@ _DDL = (
     "CREATE INDEX ledger_conv ON ledger (conv)",
     "CREATE VIRTUAL TABLE text USING fts5(body, thinking, content = 'block_text', "
     "content_rowid = 'id', tokenize = 'unicode61')",
+    # the blocks past the reader's bound (logstream.MAX_BLOCK_BYTES), indexed by their first
+    # ``kept`` bytes of ``bytes``: words past that are not found, and searches say so
+    "CREATE TABLE cut (conv TEXT NOT NULL, at INTEGER, bytes INTEGER, kept INTEGER)",
+    "CREATE INDEX cut_conv ON cut (conv, at)",
 )
-_TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger")
+_TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger", "cut")
 _VIEWS = ("block_text",)
 
 
@@ -632,6 +637,10 @@ def _rows(conv_id: str, blocks: Iterable[Block], n: int, base: int) -> list[_Blo
     return out
 
 
+# logstream's error for a block read by its first bytes: where, how long, how much was kept
+_CUT_NOTE = re.compile(r"the block at byte (\d+) is (\d+) bytes: only its first (\d+) were")
+
+
 def _indexed(
     conn: sqlite3.Connection,
     conv: Conv,
@@ -655,6 +664,11 @@ def _indexed(
         size += part.size
         for note in logstream.cut_notes(part.errors):
             log.warning("index_block_cut", conv=conv.id, why=note)
+            if (m := _CUT_NOTE.search(note)) is not None:
+                at, whole, kept = (int(g) for g in m.groups())
+                conn.execute(
+                    "INSERT INTO cut VALUES (?, ?, ?, ?)", (conv.id, base + at, whole, kept)
+                )
     return n, size
 
 
@@ -750,6 +764,7 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
             (conv.id, start),
         )
         conn.execute("DELETE FROM blocks WHERE conv = ? AND at >= ?", (conv.id, start))
+        conn.execute("DELETE FROM cut WHERE conv = ? AND at >= ?", (conv.id, start))
         kept = conn.execute("SELECT count(*) FROM blocks WHERE conv = ?", (conv.id,)).fetchone()
         _indexed(conn, conv, fd, label=label, n=kept[0], base=live_start, start=start - live_start)
     finally:
@@ -882,3 +897,4 @@ def _forget(conn: sqlite3.Connection, conv_id: str) -> None:
         (conv_id,),
     )
     conn.execute("DELETE FROM blocks WHERE conv = ?", (conv_id,))
+    conn.execute("DELETE FROM cut WHERE conv = ?", (conv_id,))

@@ -31,6 +31,7 @@ from contemplation.index import query as search_query
 from contemplation.index import rows as index_rows
 from contemplation.index import snippets
 from contemplation.index.listing import Query
+from contemplation.store import logstream
 from contemplation.store.layout import Home
 
 MAX_LIMIT = 200
@@ -50,9 +51,10 @@ class Hit:
     time: str
     snippet: str  # the match marked «…»
     at: int  # the block's offset in the whole conversation (a cursor for check/wait)
+    indexed: tuple[int, int] | None = None  # a block past the bound: (its first bytes, of)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "conversation_id": self.conv,
             "topic": self.topic,
             "archived": self.archived,
@@ -63,6 +65,9 @@ class Hit:
             "snippet": self.snippet,
             "at": self.at,
         }
+        if self.indexed is not None:
+            out["indexed_bytes"], out["block_bytes"] = self.indexed
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,7 @@ class Found:
     hits: list[Hit]
     cut: str = ""
     archived: int = 0  # no hit, archived conversations left out: their blocks that match
+    partial: int = 0  # blocks searched only by their first bytes (past the reader's bound)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"hits": [h.as_dict() for h in self.hits], "count": len(self.hits)}
@@ -139,7 +145,20 @@ class Found:
             out["cut"] = self.cut
         if self.archived:
             out["archived_matches"] = self.archived
+        if self.partial:
+            out["partly_indexed"] = self.partial_line()
         return out
+
+    def partial_line(self) -> str:
+        """What a search says when some blocks it covers are indexed in part ("": none)."""
+        if not self.partial:
+            return ""
+        bound = logstream.MAX_BLOCK_BYTES
+        said = f"{bound >> 20} MiB" if bound % (1 << 20) == 0 else f"{bound:,} bytes"
+        return (
+            f"{self.partial} block(s) searched are longer than the index's bound of {said} a "
+            "block and indexed by their first bytes only: words past that are not found"
+        )
 
     def archived_line(self) -> str:
         """What a search with no hit says when archived blocks match ("": none do)."""
@@ -213,15 +232,31 @@ def _bounded(
         if bound.over():
             return Found(hits, bound.why(len(hits)))
         snip = snippets.of_block(conn, r[0], marks, bound.over, columns)
-        hits.append(Hit(r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], snip, r[8]))
+        part = (int(r[10]), int(r[9])) if r[9] is not None else None
+        hits.append(Hit(r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], snip, r[8], part))
+    partial = _partial(conn, f)
     if hits or f.archived or f.status == "archived":
-        return Found(hits)
+        return Found(hits, partial=partial)
     try:  # nothing active: say how many archived blocks would have matched
-        return Found(hits, archived=_archived_count(conn, parsed, f))
+        return Found(hits, archived=_archived_count(conn, parsed, f), partial=partial)
     except sqlite3.OperationalError:
         if bound.over():
-            return Found(hits)  # no count in time: the search itself was not cut
+            return Found(hits, partial=partial)  # no count in time: the search was not cut
         raise
+
+
+def _partial(conn: sqlite3.Connection, f: Filters) -> int:
+    """The blocks in the search's conversations indexed by their first bytes only."""
+    archived = f.status == "archived"
+    scope = "archived" if archived else "all" if f.archived else "active"
+    where = {"archived": "c.archived = 1", "all": "1", "active": "c.archived = 0"}[scope]
+    try:
+        got = conn.execute(
+            f"SELECT count(*) FROM cut JOIN convs c ON c.id = cut.conv WHERE {where}"
+        ).fetchone()
+    except sqlite3.OperationalError:  # interrupted past the bound: not said
+        return 0
+    return int(got[0])
 
 
 def _archived_count(conn: sqlite3.Connection, parsed: search_query.Parsed, f: Filters) -> int:
@@ -267,7 +302,9 @@ def _ranked(conn: sqlite3.Connection, query: str, f: Filters, limit: int) -> lis
     of_convs = Query(scope=scope, status="" if archived else f.status, model=f.model)
     where, args = _where(query, f, of_convs)
     return conn.execute(
-        "SELECT b.id, b.conv, c.topic, c.archived, c.status, b.block, b.sender, b.time, b.at "
+        "SELECT b.id, b.conv, c.topic, c.archived, c.status, b.block, b.sender, b.time, b.at, "
+        "(SELECT bytes FROM cut WHERE cut.conv = b.conv AND cut.at = b.at), "
+        "(SELECT kept FROM cut WHERE cut.conv = b.conv AND cut.at = b.at) "
         "FROM text JOIN blocks b ON b.id = text.rowid JOIN convs c ON c.id = b.conv "
         f"WHERE {' AND '.join(where)} "
         "ORDER BY bm25(text), c.last_ts DESC LIMIT ?",

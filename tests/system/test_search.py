@@ -149,3 +149,35 @@ def test_reindex_and_check_say_and_mend_what_the_index_lacks(home: Home) -> None
     again = cli(env, "reindex", "--check")
     assert again.returncode == 0 and again.stdout.splitlines()[0] == "missing: 0"
     assert len(search_index.search(home, "albatross")) == 2
+
+
+def test_words_past_the_bound_of_a_block_are_not_found_and_a_search_says_so(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43: a block longer than the reader's bound (logstream.MAX_BLOCK_BYTES, 16 MiB;
+    64 KiB here) is indexed by its first bytes. The index records which blocks were cut, a hit
+    in one says how much of it was indexed, and every search over them says that words past
+    the bound are not found (the honest, bounded choice: nothing reads a block whole)."""
+    from contemplation.store import logstream
+
+    monkeypatch.setattr(logstream, "MAX_BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(logstream, "CHUNK", 16 << 10)  # read as a big log is: a chunk at a time
+    filler = ("lorem ipsum dolor sit amet " * 40 + "\n") * 200  # ~216 KB
+    _by_hand(home, "big", "short question", f"aardvark begins\n{filler}zanzibar ends")
+    _by_hand(home, "small", "another", "nothing long here", day=2)
+    late = search_index.find(home, "zanzibar")
+    assert late.hits == [] and late.partial == 1
+    said = late.as_dict()["partly_indexed"]
+    assert said.startswith("1 block(s) searched are longer than the index's bound of 65,536 bytes")
+    early = search_index.find(home, "aardvark")
+    [hit] = early.hits
+    out = hit.as_dict()
+    assert out["block_bytes"] > out["indexed_bytes"] >= 60 << 10
+    assert "indexed_bytes" not in search_index.find(home, "another").hits[0].as_dict()
+
+    async def over_mcp() -> dict[str, object]:
+        async with Client(mcp_server.build_server(settings_for(home))) as c:
+            return await tool(c, "conversation_search", query="zanzibar")
+
+    got = asyncio.run(over_mcp())
+    assert got["count"] == 0 and got["partly_indexed"] == said
