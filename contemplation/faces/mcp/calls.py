@@ -207,7 +207,7 @@ class Faces:
         out["blocks"] = page.blocks
         out["cursor"] = got.cursor if page.cursor is None else page.cursor
         if page.cut is not None:
-            out["cut"] = page.cut | {"next": "more follows: call again with the returned cursor"}
+            out["cut"] = page.cut | {"next": _read_on(conv.id, out["cursor"], include_own)}
         elif partial is not None and keep(partial):
             room = budget - paging.size(page.blocks)
             room_tokens = paging.PAGE_TOKENS - paging.tokens(page.blocks)
@@ -381,6 +381,17 @@ class Faces:
             asks = sum(1 for i in items if i.kind == "approval")
             row["waits_for"] = {"needs": len(items) - asks, "lookups": asks}
         return row
+
+
+def _read_on(conv_id: str, cursor: int, include_own: bool) -> str:
+    """What a page cut short says to do next, whichever tool's result it is (a task's of
+    conversation_start, where "call again" started another conversation): the one tool that
+    reads on from a cursor at once, with the conversation and the cursor written out."""
+    own = " and include_own=true" if include_own else ""
+    return (
+        f'more follows: call conversation_check with conversation_id="{conv_id}" and '
+        f"cursor={cursor}{own}; call again with each cursor it returns until a result has no cut"
+    )
 
 
 def _backend_row(entry: dict[str, Any]) -> dict[str, Any]:

@@ -26,10 +26,12 @@ kept until the conversation is deleted).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -45,12 +47,13 @@ from contemplation.faces import actions
 from contemplation.faces.actions import INITIAL_NAME
 from contemplation.faces.mcp.calls import Faces
 from contemplation.faces.mcp.elicit import CAPABILITIES_KEY, approval_form, elicits
-from contemplation.models import Status
+from contemplation.models import State, Status
 from contemplation.store import activity
 from contemplation.store.layout import Conv, read_state
 from contemplation.writer import daemon_alive
+from contemplation.writer.files import atomic_write_json
 from contemplation.writer.folders import withdraw
-from contemplation.writer.tasks import read_task, write_task
+from contemplation.writer.tasks import read_task, task_path, write_task
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 #: the tools that start a model turn: answered with a task to a client that takes tasks
@@ -119,24 +122,29 @@ class Tasks:
         conv = self.faces.reader.locate(conv_id)
         secret = secrets.token_hex(SECRET_HEX // 2)
         now = datetime.now(UTC).timestamp()
-        record = {"conversation_id": conv.id, "since": since, "tool": tool, "created": now}
+        # the seed: the message was just queued (what runs ahead of it is tasks/get's to say:
+        # counting it reads every conversation's summary, most of this call's time at 500)
+        alive = daemon_alive(self.faces.home)
+        said = "queued" if alive else activity.describe(None, model="", daemon=False, queued=1)
+        record: dict[str, Any] = {
+            "conversation_id": conv.id,
+            "since": since,
+            "tool": tool,
+            "created": now,
+            "said": said,  # what this answer says: a tasks/get that says otherwise is an update
+        }
         if queued:
             record["queued"] = queued
         durable = self.faces.settings.durability == "fsync"
         write_task(conv, secret, record, durable=durable)
-        # the seed: the message was just queued (what runs ahead of it is tasks/get's to say:
-        # counting it reads every conversation's summary, most of this call's time at 500)
         stamp = _iso(now)
-        alive = daemon_alive(self.faces.home)
         return {
             "taskId": f"{conv.id}.{secret}",
             "createdAt": stamp,
             "lastUpdatedAt": stamp,
             "ttlMs": self.ttl_ms,
             "status": "working",
-            "statusMessage": "queued"
-            if alive
-            else activity.describe(None, model="", daemon=False, queued=1),
+            "statusMessage": said,
             "pollIntervalMs": POLL_QUEUED if alive else POLL_STALLED,
         }
 
@@ -161,19 +169,73 @@ class Tasks:
         """The task as the conversation says it is now (a ``DetailedTask``). ``elicit``: the
         client takes elicitation forms, so lookups that wait for approval are asked of the
         person as ``input_required`` (answered with ``tasks/update``)."""
-        conv, _, record = self.locate(task_id)
-        since = int(record.get("since") or 0)
+        conv, secret, record = self.locate(task_id)
         created = float(record.get("created") or 0.0)
         state = read_state(conv)
-        updated = max(created, conv.state.stat().st_mtime if state is not None else created)
-        task: dict[str, Any] = {
+        try:  # what the status and its message come from, besides the clock and the daemon
+            written = conv.state.stat().st_mtime if state is not None else created
+        except OSError:  # archived meanwhile
+            written = created
+        shown = self._now(conv, record, state, elicit=elicit)
+        changed = max(created, written, float(record.get("cancelled_at") or 0.0))
+        told = self._told(conv, secret, record, shown, changed, elicit=elicit)
+        return {
             "taskId": task_id,
             "createdAt": _iso(created),
-            "lastUpdatedAt": _iso(max(updated, float(record.get("cancelled_at") or 0.0))),
+            "lastUpdatedAt": _iso(told),
             "ttlMs": self.ttl_ms,
-        }
+        } | shown
+
+    def _told(
+        self,
+        conv: Conv,
+        secret: str,
+        record: dict[str, Any],
+        shown: dict[str, Any],
+        changed: float,
+        *,
+        elicit: bool,
+    ) -> float:
+        """``lastUpdatedAt`` (epoch seconds): when the status or ``statusMessage`` last changed.
+        The message follows the clock too ("generating for 12 s", a retry's countdown) and
+        the daemon's life, which no file's time tells, so what a ``tasks/get`` said is kept
+        beside the task's record (``<secret>.told``, one per kind of client: one that takes
+        forms is told ``input_required`` where another is told ``completed``); a look that
+        says otherwise is an update, at the time of the files it came from when they moved
+        since (``changed``), else now. The same words keep their time; every change moves it
+        on by a millisecond at least. Nothing is kept in memory: any MCP process says the same."""
+        key = "forms" if elicit else "plain"
+        path = _told_path(conv, secret)
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            kept = {}
+        kept = kept if isinstance(kept, dict) else {}
+        said = [shown["status"], shown.get("statusMessage")]
+        prev = kept.get(key)
+        if not (isinstance(prev, list) and len(prev) == 3 and isinstance(prev[2], int)):
+            prev = None  # not looked at yet: what conversation_start's answer said, if known
+            if "said" in record:
+                prev = ["working", record["said"], int(float(record.get("created") or 0) * 1000)]
+        if prev is not None and prev[:2] == said:
+            return int(prev[2]) / 1000
+        changed_ms = int(changed * 1000)
+        if prev is None or changed_ms > prev[2]:
+            at = changed_ms
+        else:
+            at = max(int(datetime.now(UTC).timestamp() * 1000), prev[2] + 1)
+        kept[key] = [*said, at]
+        with contextlib.suppress(OSError):  # archived meanwhile: said again next time
+            atomic_write_json(path, kept, durable=False)
+        return at / 1000
+
+    def _now(
+        self, conv: Conv, record: dict[str, Any], state: State | None, *, elicit: bool
+    ) -> dict[str, Any]:
+        """The task's status, its message and what goes with them, as the conversation is now."""
+        since = int(record.get("since") or 0)
         if record.get("withdrawn"):
-            return task | {
+            return {
                 "status": "cancelled",
                 "statusMessage": "cancelled: the message was withdrawn before the model saw it",
             }
@@ -181,13 +243,13 @@ class Tasks:
         if record.get("cancelled_at") and (
             settled or state is None or state.status not in _AT_WORK
         ):
-            return task | {
+            return {
                 "status": "cancelled",
                 "statusMessage": "cancelled: the turn was stopped",
             }
         if not settled:
             out = self.faces.check(conv.id, since)
-            return task | {
+            return {
                 "status": "working",
                 "statusMessage": str(out.get("activity") or out.get("status")),
                 "pollIntervalMs": self._poll(out),
@@ -195,7 +257,7 @@ class Tasks:
         out = self.faces.check(conv.id, since)
         asks = [i for i in out.get("waiting", []) if i.get("kind") == "approval"]
         if elicit and asks:
-            return task | {
+            return {
                 "status": "input_required",
                 "statusMessage": str(out.get("activity") or ""),
                 "pollIntervalMs": POLL_QUEUED,
@@ -210,7 +272,7 @@ class Tasks:
             ],
             "isError": out.get("status") == Status.ERROR.value,
         }
-        return task | {
+        return {
             "status": "completed",
             "statusMessage": str(out.get("activity") or ""),
             "result": result,
@@ -275,6 +337,11 @@ class Tasks:
                 )
             except ContemplationError:
                 continue  # not outstanding (decided, answered, or never asked): ignored
+
+
+def _told_path(conv: Conv, secret: str) -> Path:
+    """Where what ``tasks/get`` last said of a task is kept (beside its record)."""
+    return task_path(conv, secret).with_suffix(".told")
 
 
 def _since_before(faces: Faces, params: CallToolRequestParams) -> int | None:
