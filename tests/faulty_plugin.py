@@ -4,7 +4,9 @@ naming these kinds, as pip writes one), so that a real daemon finds it by its en
 
 * the backend ``faulty`` streams one piece, then fails as the conversation's model says:
   ``keyboard`` (KeyboardInterrupt), ``exit`` (SystemExit), ``cancelled`` (a CancelledError
-  of its own), ``base`` (a bare BaseException); any other model is answered ``fine``;
+  of its own), ``base`` (a bare BaseException), ``os_exit`` (``os._exit(0)``: the process
+  ends; each such stream first appends a line to the file ``FAULTY_BEGUN`` names, when set);
+  any other model is answered ``fine``;
 * the NEED tool ``faulty`` (rule ``faulty_answer``: ``NEED: Faulty answer for X``) raises
   SystemExit from its call;
 * the context kind ``faulty`` raises KeyboardInterrupt when asked for its jobs.
@@ -13,6 +15,7 @@ naming these kinds, as pip writes one), so that a real daemon finds it by its en
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -47,7 +50,12 @@ class FaultyBackend:
     concurrency = 8
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
+        if request.model == "os_exit" and os.environ.get("FAULTY_BEGUN"):
+            with open(os.environ["FAULTY_BEGUN"], "a") as begun:  # noqa: ASYNC230 - a test's note
+                begun.write("begun\n")
         yield StreamEvent("content", "a first piece ")
+        if request.model == "os_exit":
+            os._exit(0)
         raised = RAISED.get(request.model)
         if raised is not None:
             raise raised(f"the faulty plugin raised {raised.__name__}")
@@ -61,7 +69,7 @@ class FaultyBackend:
         return [Check("faulty", True, "answers at once")]
 
     async def models(self) -> list[str]:
-        return [*RAISED, "fine"]
+        return [*RAISED, "os_exit", "fine"]
 
     async def forget(self, conversation_id: str, session: BackendSession | None = None) -> None:
         return None
@@ -111,3 +119,22 @@ def _jobs(requirement: Mapping[str, Any]) -> list[Job] | str:
 
 
 faulty_context = ContextKind("faulty", "background", _jobs, "fails with KeyboardInterrupt")
+
+
+# A plugin that starts a thread that never ends (not a daemon thread) when it is imported, as
+# a module ``lingers`` of the distribution ``contemplation-lingers``: a backend ``lingers``
+# (the faulty backend's behaviour) whose module's thread would hold every exit of the process.
+LINGERS = """\
+import threading
+
+from contemplation.plugin import BackendKind
+from tests.faulty_plugin import FaultyBackend
+
+
+def _forever():
+    threading.Event().wait()
+
+
+threading.Thread(target=_forever, name="lingering-worker").start()
+kind = BackendKind("lingers", lambda made: FaultyBackend())
+"""

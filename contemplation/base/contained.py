@@ -12,7 +12,8 @@ daemon (it handles SIGINT and SIGTERM itself), so one there is the plugin's.
 
 What no guard in the process can contain (a call that blocks the event loop, ``os._exit``
 while serving, a crash of the interpreter) is said in docs/plugins.md, with how the daemon
-notices it.
+notices it; :mod:`contemplation.base.ending` makes such an ``os._exit`` a failure's exit
+code, and bounds the exit that a plugin's threads would hold.
 """
 
 from __future__ import annotations

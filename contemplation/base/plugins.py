@@ -38,6 +38,10 @@ SLOW_IMPORT = 1.0  # seconds: a plugin that takes longer to load is named
 # (group, entry point, distribution) -> why it is not loaded: a child process found that
 # loading it ends its process (see refuse)
 _refused: dict[tuple[str, str, str], str] = {}
+# the top-level module of each entry point loaded -> "entry point (distribution)"; and each
+# distribution of one: whose code a thread or a call is (see owner)
+_modules: dict[str, str] = {}
+_dists: set[str] = set()
 
 
 class Exited(BaseException):
@@ -160,6 +164,10 @@ def load(
         if refused is not None:
             failed.append((where, refused))
             continue
+        top = ep.module.partition(".")[0]
+        if top != "contemplation":  # ours: never a plugin's, whatever names it
+            _modules.setdefault(top, where)
+            _dists.add(dist)
         started = time.monotonic()
         try:
             with exit_refused():
@@ -177,6 +185,25 @@ def load(
             failed.append((where, why))
             log.warning("plugin_failed", plugin=where, group=group, error=why)
     return failed, slow
+
+
+def owner(module: str) -> str | None:
+    """The plugin whose code ``module`` is: ``entry point (distribution)`` when its top-level
+    package is an entry point's loaded in this process, the distribution's name when it is
+    another package of such a distribution; None otherwise (ours, or no plugin's)."""
+    top = module.partition(".")[0]
+    if not top or top == "contemplation":
+        return None
+    where = _modules.get(top)
+    if where is not None or not _dists:
+        return where
+    from importlib.metadata import packages_distributions
+
+    try:
+        found = packages_distributions().get(top, [])
+    except Exception:  # a broken distribution's metadata: no name rather than no line
+        return None
+    return next((d for d in found if d in _dists), None)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from contemplation.backends import available as backend_families
-from contemplation.base import privacy, sdnotify
+from contemplation.base import ending, privacy, sdnotify
 from contemplation.config.reload import compare, fingerprint, load_new
 from contemplation.config.validate import validate
 from contemplation.daemon.dispatcher import Dispatcher
@@ -81,7 +81,21 @@ async def serve(
     loader: Callable[[], Settings] | None = None,
 ) -> int:
     """Run until a signal. ``loader`` reads the settings anew from the sources they came
-    from: SIGHUP reloads them with it (see :mod:`contemplation.config.reload`)."""
+    from: SIGHUP reloads them with it (see :mod:`contemplation.config.reload`). While it
+    serves, a plugin's ``os._exit`` ends the process as a failure; once it has stopped, the
+    exit is bounded whatever a plugin's threads do (:mod:`contemplation.base.ending`)."""
+    with ending.exits_are_failures():
+        code = await _serve(settings, extras=extras, loader=loader)
+    ending.arm(code)  # from here on the exit is bounded (asyncio.run's end, the threads')
+    return code
+
+
+async def _serve(
+    settings: Settings,
+    *,
+    extras: list[Extra] | None,
+    loader: Callable[[], Settings] | None,
+) -> int:
     rt = build_runtime(settings)
     lock = DaemonLock(rt.home)
     lock.acquire()

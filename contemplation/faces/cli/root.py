@@ -5,7 +5,9 @@ A command's module is imported only when that command runs (or its help is asked
 each command's one-line help, which ``--help`` prints without importing anything
 (``tests/system/test_startup.py`` checks both the lightness and that these lines match the
 commands).
-Errors are one line on stderr and a non-zero exit (:mod:`contemplation.base.exits`).
+Errors are one line on stderr and a non-zero exit (:mod:`contemplation.base.exits`). Once a
+command is done the process ends within a bound, whatever threads a plugin left running
+(:mod:`contemplation.base.ending`).
 """
 
 from __future__ import annotations
@@ -117,6 +119,25 @@ class _Group(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """The program: once the command returns or exits, its exit is bounded (see
+        :mod:`contemplation.base.ending`), unless this group runs inside another program (a
+        test's runner)."""
+        from contemplation.base import ending
+
+        if getattr(sys.modules.get("__main__"), "main", None) is self:  # the entry point's
+            ending.enable()
+        try:
+            result = super().main(*args, **kwargs)
+        except SystemExit as exc:
+            ending.arm(_code(exc.code))
+            raise
+        except BaseException:
+            ending.arm(1)
+            raise
+        ending.arm(0)
+        return result
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -131,6 +152,13 @@ class _Group(click.Group):
             if isinstance(exc, OSError):
                 fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
             raise
+
+
+def _code(code: object) -> int:
+    """The process's exit code for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
 
 
 def _where(ctx: click.Context, exc: BaseException) -> str:
