@@ -33,6 +33,7 @@ from contemplation.protocol.conversation import Next, awaiting, next_action
 from contemplation.store import attachments
 from contemplation.store.layout import (
     Conv,
+    Rest,
     inbox_entries,
     list_conversations,
     read_metadata,
@@ -50,8 +51,8 @@ from contemplation.writer import (
     unclaim,
 )
 from contemplation.writer.attachments import store as store_attachments
+from contemplation.writer.folders import remove_empty_rest, sweep_rests
 from contemplation.writer.recovery import recover
-from contemplation.writer.session import remove_claimed
 
 log = structlog.get_logger("contemplation.pipeline")
 
@@ -103,6 +104,7 @@ def _tidy(
     if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
         for what in recover(w, rt.settings.max_message_bytes, rt.settings.attachments):
             log.warning("recovered", conv=conv.id, what=what)
+        sweep_rests(conv)  # follow-ups' records a crash left without their files
         seen.recovered.add(conv.id)
     foreign = w.check_identity()
     st = w.log_stat
@@ -233,10 +235,11 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         log.info("unclaimed", conv=w.conv.id, file=back.name, why="open for writing")
         return AGAIN
     folder = claimed.is_dir() and not claimed.is_symlink()
-    # a follow-up (see release_claimed): its first name, and the bytes of it taken before
-    rest = None if folder else rest_of(claimed.name.split("-", 2)[-1])
-    if rest is not None and _nothing_past(claimed, rest[1]):
-        remove_claimed(claimed)  # a follow-up its writer added nothing to
+    # a follow-up its record proves (see release_claimed; never a name): the message it
+    # is the rest of, and the bytes of it taken before. Any other file is a whole message.
+    rest = None if folder else rest_of(claimed)
+    if rest is not None and rest.offset and _nothing_past(claimed, rest.offset):
+        remove_empty_rest(claimed)  # its writer added nothing: it holds only bytes taken
         return AGAIN
     try:  # a file, or a folder with files (kept in attachments/ before the block names them)
         msg = attachments.read_claimed(
@@ -262,11 +265,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         name = claimed.name.split("-", 2)[-1]  # as the agent named it (claim's prefix off)
         w.append_marker(MarkerKind.NOTE, f"the next message ({name}) was not UTF-8: {note}")
     if rest is not None:
-        w.append_marker(
-            MarkerKind.NOTE,
-            f"the next message is the rest of {rest[0]}: written into it after it was taken "
-            f"(its bytes from {rest[1]} on), so it follows as a message of its own",
-        )
+        _note_rest(w, rest)
     # fsynced, committed and its file removed by the turn's first state write (off the loop)
     w.append_block(
         w.meta.agent_label,
@@ -279,6 +278,20 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     )
     rt.notify(w.conv.id, ConvEvent.MESSAGE, text=text)
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again
+
+
+def _note_rest(w: ConvWriter, rest: Rest) -> None:
+    """The NOTE before a follow-up's block; not again when the log ends with it already (a
+    crash after it was committed and before the block was: the follow-up is taken again)."""
+    text = (
+        f"the next message is the rest of {rest.first}: written into it after it was taken "
+        f"(its bytes from {rest.offset} on), so it follows as a message of its own"
+    )
+    said = logformat.marker(MarkerKind.NOTE, text).encode("utf-8")
+    size = w.log_size()
+    if size >= len(said) and w.log_bytes(size - len(said), len(said)) == said:
+        return
+    w.append_marker(MarkerKind.NOTE, text)
 
 
 # --------------------------------------------------------------------------- entry points

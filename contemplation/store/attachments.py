@@ -269,11 +269,12 @@ def _bounded(data: bytes, limit: int) -> str:
 
 def read_claimed(path: Path, max_message_bytes: int, limits: AttachmentSettings) -> Claimed:
     """A claimed message, a file or a folder, as its block text (a pure function of what
-    it holds, so recovery finds its block again) and its files. A follow-up (see
-    :func:`contemplation.store.layout.rest_of`) is read from the first byte not taken yet."""
+    it holds, so recovery finds its block again) and its files. A follow-up whose record
+    proves it (:func:`contemplation.store.layout.rest_of`, never its name) is read from the
+    first byte not taken yet; any other file is read whole."""
     if not path.is_dir() or path.is_symlink():
-        _, offset = rest_of(path.name) or ("", 0)
-        text, note, seen = read_message_seen(path, max_message_bytes, offset)
+        rest = rest_of(path)
+        text, note, seen = read_message_seen(path, max_message_bytes, rest.offset if rest else 0)
         return Claimed(text, note, seen=seen)
     try:
         text, files = read_folder(path, max_message_bytes, limits)

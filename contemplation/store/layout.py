@@ -4,6 +4,7 @@ templates: :mod:`.templates`). This module never writes."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -392,22 +393,98 @@ def ignored_name(name: str) -> bool:
     )
 
 
-REST_RE = re.compile(r"^(?P<name>.+)\.rest@(?P<offset>\d{1,15})$")
 REST_NAME_KEPT = 50  # characters of the first name a follow-up keeps (a claim keeps 80)
+REST_RECORD = ".rest-"  # processing/.rest-<inode>: a follow-up's record (see Rest)
 
 
-def rest_name(name: str, offset: int) -> str:
-    """The inbox name of a follow-up: what was written into the message ``name`` after its
-    first ``offset`` bytes were taken (see :func:`rest_of`)."""
-    first, _ = rest_of(name) or (name, 0)
+@dataclass(frozen=True, slots=True)
+class Rest:
+    """The record of a follow-up: what was written into a claimed message's file after the
+    daemon took it, put back into ``inbox/`` by the writer (``release_claimed``) to be taken
+    as a message of its own, from byte ``offset`` on.
+
+    The record is the one place its bookkeeping lives: ``processing/.rest-<inode>``, a
+    dot-name (the inbox rule and :func:`processing_entries` never list it) in a folder only
+    the daemon writes, written atomically before the file is put back. The follow-up's name
+    (``<first>.rest@<offset>``, see :func:`rest_name`) only tells a person what it is: a
+    file of any name without a record that proves it is a whole, ordinary message, never cut
+    and never deleted on the strength of a name (issue 43). See :func:`rest_of` for the
+    proof, and ``release_claimed`` for its crash safety."""
+
+    first: str  # the name of the message it is the rest of (the NOTE says it)
+    offset: int  # the bytes of the file taken before: read from here on
+    name: str  # the name it was put back into inbox/ under
+    sha256: str  # of its first ``offset`` bytes, as they were when it was put back
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "first": self.first,
+            "offset": self.offset,
+            "name": self.name,
+            "sha256": self.sha256,
+        }
+
+
+def rest_name(first: str, offset: int) -> str:
+    """The inbox name of a follow-up of the message ``first`` whose first ``offset`` bytes
+    were taken: for people to read; the daemon reads nothing from it (see :class:`Rest`)."""
     return f"{first[:REST_NAME_KEPT]}.rest@{offset}"
 
 
-def rest_of(name: str) -> tuple[str, int] | None:
-    """A follow-up's first name and the bytes of it already taken (None: not a follow-up).
-    A claimed ``name`` gives its first name with the claim's prefix."""
-    m = REST_RE.match(name)
-    return (m["name"], int(m["offset"])) if m else None
+def rest_record(folder: Path, ino: int) -> Path:
+    """Where the record of the follow-up with inode ``ino`` lives (``folder``: the
+    conversation's ``processing/``)."""
+    return folder / f"{REST_RECORD}{ino}"
+
+
+def head_sha256(fd: int, n: int) -> str | None:
+    """The sha256 of the first ``n`` bytes of an open file (None: it holds fewer)."""
+    h = hashlib.sha256()
+    at = 0
+    while at < n:
+        chunk = os.pread(fd, min(n - at, 1 << 20), at)
+        if not chunk:
+            return None
+        h.update(chunk)
+        at += len(chunk)
+    return h.hexdigest()
+
+
+def rest_of(claimed: Path) -> Rest | None:
+    """The record of the claimed file ``claimed`` (in ``processing/``) when it proves the
+    file is that follow-up, else None: a whole message. Proven when the record named by the
+    file's inode is a record, names the file (its inbox name, after the claim's prefix and
+    any prefix a taken name got) and the file's first ``offset`` bytes are still those it
+    was put back with. A record left by a crash (its file gone) whose inode a person's new
+    file got, or a follow-up renamed or rewritten in place, is not trusted: that file is
+    taken whole (the bytes taken before come twice at worst; nothing is ever lost)."""
+    try:
+        fd, st = open_regular_stat(claimed)
+    except (OSError, InputRejected):
+        return None
+    try:
+        data = read_json(rest_record(claimed.parent, st.st_ino))
+        if data is None:
+            return None
+        first, offset = data.get("first"), data.get("offset")
+        name, sha = data.get("name"), data.get("sha256")
+        if not (
+            isinstance(first, str)
+            and isinstance(name, str)
+            and isinstance(sha, str)
+            and type(offset) is int
+            and 0 <= offset <= st.st_size
+            and name
+        ):
+            return None
+        taken = claimed.name.split("-", 2)[-1]  # the claim's prefix off
+        if taken != name and not taken.endswith(f"-{name}"):
+            return None
+        if head_sha256(fd, offset) != sha:
+            return None
+        return Rest(first, offset, name, sha)
+    finally:
+        os.close(fd)
 
 
 def inbox_entries(conv: Conv) -> list[InboxEntry]:

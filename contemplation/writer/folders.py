@@ -19,15 +19,21 @@ from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected, NotFound
 from contemplation.models import LogIdentity, Metadata, State
 from contemplation.store.layout import (
+    REST_RECORD,
     Conv,
     Home,
+    Rest,
     Seen,
+    head_sha256,
     ignored_name,
     list_folder,
+    open_regular_stat,
     read_json,
     read_metadata,
     read_state,
     rest_name,
+    rest_of,
+    rest_record,
     slugify,
 )
 from contemplation.store.openfiles import being_written
@@ -249,9 +255,28 @@ def unclaim(conv: Conv, claimed: Path) -> Path:
 def release_claimed(conv: Conv, claimed: Path, seen: Seen, *, durable: bool) -> Path | None:
     """A claimed message file whose block is committed goes, unless it is not as it was read
     (``seen``) or a process still holds it open for writing: then what it holds past the
-    bytes taken goes back into ``inbox/`` as a follow-up (:func:`~contemplation.store.layout.
-    rest_name`), a message of its own once its writer is done. A file cut shorter, or
-    rewritten in place, is queued whole. Returns the follow-up's path (None: removed)."""
+    bytes taken goes back into ``inbox/`` as a follow-up, a message of its own once its
+    writer is done, read from where this one ended. A file cut shorter, or rewritten in
+    place, is queued whole. Returns the follow-up's path (None: removed).
+
+    The follow-up's bookkeeping is its record (:class:`~contemplation.store.layout.Rest`,
+    ``processing/.rest-<inode>``), never its name: the name (:func:`~contemplation.store.
+    layout.rest_name`) is only for people, and a person's file of that shape is a whole
+    message. The steps, and what a crash between them leaves:
+
+    1. the record is written atomically (temp file, fsync, rename, fsync of processing/),
+       replacing the one a follow-up's own follow-up had. A crash before or after it leaves
+       the claimed file in ``processing/`` with its block committed: recovery removes it as
+       it removes any committed message (what it gained is lost then, as before: recovery's
+       rule, see ``writer.recovery``); a record left without its file is never trusted (it
+       names a file by inode, name and the hash of its first bytes, see ``rest_of``) and
+       :func:`sweep_rests` removes it;
+    2. the file is renamed into ``inbox/`` and inbox/ fsynced: from here it is a follow-up,
+       and its record says from which byte it is read (by the take, by a turn that finds it
+       grew, and by recovery, which finds its block again). It is released in turn by this
+       function: a file taken whole is removed first and its record after
+       (:func:`forget_rest`), so a crash between the two never leaves a follow-up without
+       its record (which would take the bytes taken before twice)."""
     try:
         st = os.lstat(claimed)
     except FileNotFoundError:
@@ -260,13 +285,83 @@ def release_claimed(conv: Conv, claimed: Path, seen: Seen, *, durable: bool) -> 
     rewritten = st.st_size < seen.size or (not grown and st.st_mtime_ns != seen.mtime_ns)
     if not stat.S_ISREG(st.st_mode) or not (grown or rewritten or being_written(claimed)):
         claimed.unlink(missing_ok=True)
+        forget_rest(claimed.parent, st.st_ino)  # a follow-up's record goes with its file
         return None
-    first = claimed.name.split("-", 2)[-1]  # the claim's prefix off
-    dest = _free_name(conv.inbox, rest_name(first, 0 if rewritten else seen.size))
+    before = rest_of(claimed)  # a follow-up's follow-up: the rest of the same first message
+    first = before.first if before else claimed.name.split("-", 2)[-1]  # the claim's prefix off
+    offset = 0 if rewritten else seen.size
+    fd, held = open_regular_stat(claimed)
+    try:
+        sha = head_sha256(fd, offset)
+        if sha is None:  # cut shorter since the look: queued whole
+            offset, sha = 0, head_sha256(fd, 0) or ""
+    finally:
+        os.close(fd)
+    dest = _free_name(conv.inbox, rest_name(first, offset))
+    record = Rest(first, offset, dest.name, sha)
+    atomic_write_json(rest_record(claimed.parent, held.st_ino), record.data(), durable=durable)
     os.rename(claimed, dest)
     if durable:
         fsync_dir(conv.inbox)
+    sweep_rests(conv)
     return dest
+
+
+def forget_rest(processing: Path, ino: int) -> None:
+    """The record of the follow-up with inode ``ino``, whose file has just been removed."""
+    with contextlib.suppress(OSError):
+        rest_record(processing, ino).unlink()
+
+
+def remove_empty_rest(claimed: Path) -> None:
+    """A claimed follow-up its writer added nothing to (its record proves it holds only
+    bytes taken before): removed, then its record (see :func:`release_claimed`)."""
+    try:
+        ino = os.lstat(claimed).st_ino
+    except FileNotFoundError:
+        return
+    claimed.unlink(missing_ok=True)
+    forget_rest(claimed.parent, ino)
+
+
+def sweep_rests(conv: Conv) -> None:
+    """Remove the follow-ups' records whose file is no longer queued (in ``inbox/`` or
+    ``processing/``): left by a crash (see :func:`release_claimed`), or by a follow-up
+    refused into ``failed/``; and a record's temp file whose writer is gone. Run under the
+    conversation's lock (only its holder writes records), after recovery and each release.
+    A stale record is harmless (``rest_of`` never trusts it for another file): this only
+    keeps ``processing/`` clean."""
+    try:
+        names = os.listdir(conv.processing)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    records = [n for n in names if n.startswith(REST_RECORD)]
+    temps = [n for n in names if n.startswith(f".{REST_RECORD}") and ".tmp." in n]
+    for name in temps:  # .<record>.tmp.<pid>.<rand>
+        try:
+            pid = int(name.rsplit(".", 2)[-2])
+        except (ValueError, IndexError):
+            pid = 0
+        if not pid or not pid_alive(pid):
+            with contextlib.suppress(OSError):
+                os.unlink(conv.processing / name)
+    if not records:
+        return
+    queued: set[int] = set()
+    for folder in (conv.inbox, conv.processing):
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    if not e.name.startswith("."):
+                        with contextlib.suppress(OSError):
+                            queued.add(e.stat(follow_symlinks=False).st_ino)
+        except OSError:
+            continue
+    for name in records:
+        ino = name[len(REST_RECORD) :]
+        if not (ino.isdigit() and int(ino) in queued):
+            with contextlib.suppress(OSError):
+                os.unlink(conv.processing / name)
 
 
 def _free_name(folder: Path, name: str) -> Path:

@@ -209,9 +209,16 @@ def test_a_claimed_file_still_held_for_writing_is_queued_and_an_empty_rest_vanis
 def test_a_follow_up_is_taken_from_where_the_message_ended_after_a_note(
     conv: Conv, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:
-    (conv.inbox / "q.txt.rest@9").write_text("part one\npart two\n")
+    # put back by the daemon (its record in processing/ says from which byte): a file
+    # dropped by hand under such a name is a whole message (tests/system/test_follow_up_names)
+    path = conv.processing / "01-ab-q.txt"
+    path.write_text("part one\n")
+    seen = read(path)
+    with open(path, "a") as f:
+        f.write("part two\n")
+    assert release_claimed(conv, path, seen, durable=False) == conv.inbox / "q.txt.rest@9"
     run_burst(runtime_for(make_settings(fake_ollama)))
     assert blocks(conv)[0] == (BlockKind.AGENT, "part two")
     log = conv.log.read_text()
     assert log.index("the next message is the rest of q.txt") < log.index("part two")
-    assert not list(conv.inbox.iterdir()) and not processing_entries(conv)
+    assert not list(conv.inbox.iterdir()) and not list(conv.processing.iterdir())
