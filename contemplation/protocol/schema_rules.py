@@ -3,11 +3,16 @@ daemon, checked wherever one is accepted (send, new --message, MCP, a template, 
 message's SCHEMA line), each broken rule one line (:func:`refusal`):
 
 * nested at most :data:`MAX_DEPTH` levels (validators recurse with the nesting);
-* no ``$ref`` that reaches itself, directly or through others (``{"$ref": "#"}`` sent
-  Python's validator into endless recursion, and a tree schema's recursion is only bounded
-  by the reply);
-* its ``$ref`` entries expand to at most :data:`MAX_EXPANDED` subschemas (forty ``$defs``
-  that each refer twice to the one below are 2**40 checks of every reply);
+* no ``$ref`` that reaches itself without going into the reply (``{"$ref": "#"}``, or
+  ``a`` → ``anyOf`` → ``b`` → ``a``: the same value checked again and again, endlessly).
+  Recursion through a keyword that goes one level into the reply (:data:`DESCENDING`:
+  ``properties``, ``items`` …) is legitimate (a tree: ``{"properties": {"children":
+  {"items": {"$ref": "#"}}}}``) and accepted: each round checks a part one level down, so it
+  ends with the reply, whose depth is bounded (``replycheck.MAX_DEPTH``), and the check runs
+  in a child process with a time limit;
+* its ``$ref`` entries expand, each up to where it goes into the reply, to at most
+  :data:`MAX_EXPANDED` subschemas (forty ``$defs`` that each refer twice to the one below are
+  2**40 checks of every reply);
 * the reply check's engine (:mod:`contemplation.protocol.replycheck`) can use it: it is valid under
   its draft's meta-schema, every pattern is a linear-time regular expression (no lookaround,
   no backreferences, within the engine's size limit) and every ``$ref`` resolves within the
@@ -32,6 +37,22 @@ DATA_KEYS = frozenset({"const", "enum", "default", "examples"})  # values, not s
 NAME_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 )
+# a schema's keywords whose subschemas check the parts of the value (one level down): a $ref
+# that reaches itself through one of them is recursion bounded by the reply's depth
+DESCENDING = frozenset(
+    {
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "unevaluatedItems",
+        "contains",
+    }
+)
 
 Pointer = tuple[str, ...]
 
@@ -51,7 +72,10 @@ def refusal(schema: Mapping[str, Any], what: str) -> str | None:
     looped = graph.cycle()
     if looped is not None:
         holder, ref = looped
-        return f"{what}'s $ref at {_shown(holder)} refers back to itself ({ref})"
+        return (
+            f"{what}'s $ref at {_shown(holder)} refers back to itself ({ref}) without going "
+            "into the value (recursion through properties, items … is fine)"
+        )
     if graph.expanded() > MAX_EXPANDED:
         return f"{what}'s $refs expand to more than {MAX_EXPANDED} subschemas"
     return None
@@ -90,8 +114,11 @@ def _shown(pointer: Pointer) -> str:
 
 class _Graph:
     """The schema as a graph: each object or list a vertex, with an edge to each part of it
-    and from each ``$ref`` to what it names (resolved within the schema: a JSON pointer, an
-    anchor, an embedded ``$id``). A cycle is a ``$ref`` that reaches itself."""
+    that checks the same value (not through a :data:`DESCENDING` keyword) and from each
+    ``$ref`` to what it names (resolved within the schema: a JSON pointer, an anchor, an
+    embedded ``$id``). A cycle is a ``$ref`` that reaches itself without going into the
+    value. Every vertex is a start: a part reached only through a descending keyword is
+    checked against parts of the value of its own."""
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self.root = schema
@@ -101,6 +128,7 @@ class _Graph:
         self.resources: dict[str, Any] = {}
         self.anchors: dict[tuple[str, str], Any] = {}
         self.order: list[Any] = []  # every vertex, each after all it leads to (by cycle())
+        self.nodes: list[Any] = []  # every vertex, the root first
         pending: list[tuple[dict[str, Any], str]] = []
         todo: list[tuple[Any, Pointer, str, bool]] = [(schema, (), "", False)]
         while todo:
@@ -117,11 +145,14 @@ class _Graph:
                 items = [(k, v) for k, v in node.items() if named_map or k not in DATA_KEYS]
             else:
                 items = [(str(i), v) for i, v in enumerate(node)]
+            self.nodes.append(node)
             parts = self.parts[id(node)] = []
             for key, value in reversed(items):
                 if isinstance(value, dict | list):
-                    parts.append(value)
-                    child_map = not named_map and isinstance(node, dict) and key in NAME_MAPS
+                    schema_key = not named_map and isinstance(node, dict)
+                    if not (schema_key and key in DESCENDING):
+                        parts.append(value)
+                    child_map = schema_key and key in NAME_MAPS
                     todo.append((value, (*at, _escaped(key)), base, child_map))
             parts.reverse()
         for node, base in pending:
@@ -172,33 +203,39 @@ class _Graph:
         return found
 
     def cycle(self) -> tuple[Pointer, str] | None:
-        """The first ``$ref`` found to reach itself: where it is, and its text."""
-        state: dict[int, int] = {id(self.root): 1}  # 1: on the current path, 2: done
-        stack: list[tuple[Any, list[tuple[Any, str | None]]]] = [(self.root, self._next(self.root))]
-        while stack:
-            node, ahead = stack[-1]
-            if not ahead:
-                stack.pop()
-                state[id(node)] = 2
-                self.order.append(node)
+        """The first ``$ref`` found to reach itself (without going into the value): where
+        it is, and its text. Every vertex is visited once, from the root on."""
+        state: dict[int, int] = {}  # 1: on the current path, 2: done
+        for start in self.nodes:
+            if id(start) in state:
                 continue
-            nxt, ref = ahead.pop()
-            seen = state.get(id(nxt))
-            if seen == 1 and ref is not None:
-                return self.pointer[id(node)], ref
-            if seen is None:
-                state[id(nxt)] = 1
-                stack.append((nxt, self._next(nxt)))
+            state[id(start)] = 1
+            stack: list[tuple[Any, list[tuple[Any, str | None]]]] = [(start, self._next(start))]
+            while stack:
+                node, ahead = stack[-1]
+                if not ahead:
+                    stack.pop()
+                    state[id(node)] = 2
+                    self.order.append(node)
+                    continue
+                nxt, ref = ahead.pop()
+                seen = state.get(id(nxt))
+                if seen == 1:  # a cycle, which only a $ref edge can close
+                    return self.pointer[id(node)], ref or ""
+                if seen is None:
+                    state[id(nxt)] = 1
+                    stack.append((nxt, self._next(nxt)))
         return None
 
     def expanded(self) -> int:
-        """How many subschemas the schema is with its $refs replaced (counted up to
-        :data:`MAX_EXPANDED` + 1). Only after :meth:`cycle` found none."""
+        """The most subschemas one value is checked against at one level: the largest part
+        of the schema with its $refs replaced, up to where it goes into the value (counted
+        up to :data:`MAX_EXPANDED` + 1). Only after :meth:`cycle` found none."""
         size: dict[int, int] = {}
         for node in self.order:
             total = 1 + sum(size.get(id(n), 1) for n, _ in self._next(node))
             size[id(node)] = min(total, MAX_EXPANDED + 1)
-        return size.get(id(self.root), 1)
+        return max(size.values(), default=1)
 
 
 def _escaped(token: str) -> str:

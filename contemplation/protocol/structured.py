@@ -17,8 +17,9 @@ runs in a child process with a hard time limit and a linear-time regex engine
 A schema is accepted (:func:`check_schema`) when it is valid under its draft's meta-schema
 and breaks none of the rules that keep a schema harmless
 (:mod:`contemplation.protocol.schema_rules`:
-its depth, no recursive ``$ref``, how far its ``$ref`` entries expand, patterns the engine can
-run), checked by the same engine that checks the replies.
+its depth, no ``$ref`` loop that stays on one value (recursion into the value, a tree, is
+fine), how far its ``$ref`` entries expand, patterns the engine can run), checked by the same
+engine that checks the replies.
 """
 
 from __future__ import annotations

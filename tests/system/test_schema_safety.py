@@ -43,13 +43,27 @@ HOSTILE = {  # the finding's two patterns, each with a reply that makes Python's
     ),
 }
 RECURSIVE = {"$ref": "#"}
+LOOP = {  # two $refs that reach each other without going into the value: endless
+    "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+    "$ref": "#/$defs/a",
+}
+# recursion through the value (issue 43): legitimate, bounded by the reply's depth
 MUTUAL = {
     "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}},
     "$ref": "#/$defs/a",
 }
-TREE = {  # recursion through the instance: still refused (a $ref that reaches itself)
+TREE = {
     "type": "object",
     "properties": {"children": {"type": "array", "items": {"$ref": "#"}}},
+}
+NODE = {  # the issue's tree
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        }
+    },
+    "$ref": "#/$defs/node",
 }
 
 
@@ -100,8 +114,8 @@ def dashboard_port(home: Home, d: DaemonProc) -> int:
     ("schema", "start"),
     [
         (RECURSIVE, "the schema's $ref at / refers back to itself (#)"),
-        (MUTUAL, "the schema's $ref at /$defs/b/items refers back to itself (#/$defs/a)"),
-        (TREE, "the schema's $ref at /properties/children/items refers back to itself (#)"),
+        (LOOP, "the schema's $ref at /$defs/"),
+        ({"allOf": [{"$ref": "#"}]}, "the schema's $ref at /allOf/0 refers back to itself (#)"),
         (
             {"type": "string", "pattern": "(?=a)b"},
             "the schema's pattern at /pattern cannot be used: ",
@@ -115,7 +129,7 @@ def dashboard_port(home: Home, d: DaemonProc) -> int:
         (dag(40), "the schema's $refs expand to more than 100000 subschemas"),
         ({"$ref": "http://127.0.0.1:9/city.json"}, "the schema cannot be used: "),
     ],
-    ids=["self", "mutual", "tree", "lookahead", "backref", "huge", "deep", "dag", "remote"],
+    ids=["self", "loop", "allof", "lookahead", "backref", "huge", "deep", "dag", "remote"],
 )
 def test_a_schema_that_could_hurt_is_refused_in_one_line(schema: Any, start: str) -> None:
     text = json.dumps(schema)
@@ -126,6 +140,29 @@ def test_a_schema_that_could_hurt_is_refused_in_one_line(schema: Any, start: str
     assert message.startswith(start), message
     why = structured.refused(structured.with_schema("hi", schema), LIMIT)
     assert why is not None and why.startswith("the message's SCHEMA line"), why
+
+
+def _tree(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"children": []}
+    for _ in range(depth):
+        node = {"children": [node, {"children": []}]}
+    return node
+
+
+@pytest.mark.parametrize("schema", [TREE, NODE], ids=["tree", "node"])
+def test_a_schema_recursive_through_the_value_is_accepted_and_checks_replies(
+    schema: dict[str, Any],
+) -> None:
+    """Issue 43: a tree's ``$ref`` recursion goes one level into the reply each round, so it
+    ends with the reply (at most replycheck.MAX_DEPTH levels, checked in a child process with
+    a time limit): accepted, where a ``$ref`` loop that stays on one value is refused above."""
+    assert structured.load_schema(json.dumps(schema), LIMIT) == schema
+    assert structured.refused(structured.with_schema("hi", schema), LIMIT) is None
+    assert structured.load_schema(json.dumps(MUTUAL), LIMIT) == MUTUAL
+    assert replycheck.problem(json.dumps(_tree(100)), schema) is None
+    bad = json.dumps({"children": [{"children": [{"children": "leaf"}]}]})
+    said = replycheck.problem(bad, schema)
+    assert said is not None and "children" in said, said
 
 
 def test_a_schema_nested_deeper_than_the_json_parser_goes_is_one_line() -> None:
@@ -246,10 +283,10 @@ def test_a_recursive_schema_is_refused_at_send_and_in_the_inbox_it_is_never_aske
     refused = cli(env, "send", conv_id, "Hi", "--schema", json.dumps(RECURSIVE), check=False)
     assert refused.returncode == 1 and refused.stdout == ""
     [line] = refused.stderr.strip().splitlines()
-    assert line.endswith("the schema's $ref at / refers back to itself (#)"), line
+    assert "the schema's $ref at / refers back to itself (#) without going into" in line, line
     assert list(conv.inbox.iterdir()) == []
 
-    (conv.inbox / "by-hand.txt").write_text(structured.with_schema("Hi", MUTUAL))
+    (conv.inbox / "by-hand.txt").write_text(structured.with_schema("Hi", LOOP))
     d = daemon_factory(env, home).wait_ready()
     wait_for(
         lambda: conv.log.exists() and "refers back to itself" in conv.log.read_text(),
@@ -261,7 +298,7 @@ def test_a_recursive_schema_is_refused_at_send_and_in_the_inbox_it_is_never_aske
     fake_ollama.default_step = Step(text="Hello.")
     with conv_lock(conv), conv.log.open("a") as f:  # a hand append takes the lock (docs)
         f.write(
-            f"\n=== CLAUDE -> OLLAMA [2026-11-25 10:00:00] ===\nSCHEMA: {json.dumps(TREE)}\nHi\n"
+            f"\n=== CLAUDE -> OLLAMA [2026-11-25 10:00:00] ===\nSCHEMA: {json.dumps(LOOP)}\nHi\n"
         )
     wait_for(lambda: len(fake_ollama.chat_requests()) >= 1, 15, what="the free-form turn")
     wait_for(lambda: "Hello." in conv.log.read_text(), 15, what="the reply")
@@ -304,9 +341,7 @@ def test_a_turn_that_fails_the_same_way_twice_after_streaming_is_not_redone(
     [(kind, last)] = blocks[1].markers
     assert kind is MarkerKind.ERROR and "InjectedFault" in last and "twice" in last
     st = read_state(conv)
-    assert (
-        st is not None and st.last_error is not None and "InjectedFault" in st.last_error.message
-    )
+    assert st is not None and st.last_error is not None and "InjectedFault" in st.last_error.message
     # the agent's next message is answered again (the fault gone, as a fixed bug is)
     fake_ollama.default_step = Step(text="Fine.")
     del env["CONTEMPLATION_RAISE_AT"]
