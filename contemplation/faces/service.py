@@ -16,6 +16,7 @@ import plistlib
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -271,6 +272,7 @@ def plan(
             p = Plan(manager, action, path, render_systemd(ctx).encode())
             p.env_file, p.secrets = ctx.env_file, ctx.carried
             p.steps = [
+                Step([*sc, "show-environment"], when="first: a user session to install into"),
                 Step([*sc, "daemon-reload"]),
                 Step([*sc, "enable", "--now", UNIT]),
                 Step([*sc, "try-restart", UNIT], when="if the unit file changed"),
@@ -365,27 +367,92 @@ def _write_secrets(p: Plan) -> bool:
     return True
 
 
+def _no_user_session(detail: str) -> ContemplationError:
+    """The one line for ``systemctl --user`` with no user manager to talk to (an ssh, su,
+    sudo or container shell: no ``XDG_RUNTIME_DIR``, no user bus): why, and what to do."""
+    user = getpass.getuser()
+    said = detail.strip().splitlines()[0] if detail.strip() else "no answer"
+    return ContemplationError(
+        f"cannot install the service: there is no systemd user session here ({said}), so "
+        f"`systemctl --user` has no service manager to install into; run `loginctl "
+        f"enable-linger {user}` and log in again (or `export XDG_RUNTIME_DIR=/run/user/"
+        f"{os.getuid()}`), or log in to a desktop or ssh session that systemd starts, then "
+        f"install again; or run the daemon yourself: `contemplation run`. Nothing was written"
+    )
+
+
+def _old(path: Path | None) -> tuple[bytes, int] | None:
+    """What is at ``path`` before an install writes it (None: nothing)."""
+    if path is None:
+        return None
+    try:
+        return path.read_bytes(), stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _put_back(path: Path | None, old: tuple[bytes, int] | None) -> None:
+    """Undo an install's write of ``path``: the old content again, or no file."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        if old is None:
+            path.unlink(missing_ok=True)
+        elif not path.exists() or path.read_bytes() != old[0]:
+            atomic_write_bytes(path, old[0], mode=old[1])
+
+
+def _print(p: Plan) -> list[str]:
+    """``launchctl print`` of an install plan's agent (exit 0: it is loaded)."""
+    return ["launchctl", "print", p.steps[2].argv[-1]]
+
+
 def install(p: Plan, run: Runner = run_command) -> list[str]:
-    """Carry out an install plan; returns what was done, for the user."""
+    """Carry out an install plan; returns what was done, for the user. systemd's user
+    manager is asked first whether it is there (nothing is written when it is not); a step
+    that fails after the files were written puts them back as they were, so a failed install
+    leaves neither a unit nor a file of secrets that no service uses."""
     if p.content is None:
         raise ContemplationError("not an install plan")
-    existed = p.path.exists()
+    if p.manager == "systemd":
+        probe = run(p.steps[0].argv, True)
+        if probe.returncode != 0:
+            raise _no_user_session(probe.stderr or probe.stdout or "")
+    before = _old(p.path), _old(p.env_file)
+    try:
+        return _install(p, run, existed=before[0] is not None)
+    except BaseException as exc:
+        _put_back(p.path, before[0])
+        _put_back(p.env_file, before[1])
+        with contextlib.suppress(Exception):
+            if p.manager == "systemd":  # the manager forgets the unit it was shown
+                run(p.steps[1].argv, True)
+            elif before[0] is not None and run(_print(p), True).returncode != 0:
+                run(p.steps[1].argv, True)  # the old agent, unloaded for the new: loaded again
+        if isinstance(exc, ContemplationError):
+            undone = "put back as they were" if before[0] else "removed"
+            raise ContemplationError(f"{exc}; the files it wrote were {undone}") from exc
+        raise
+
+
+def _install(p: Plan, run: Runner, *, existed: bool) -> list[str]:
+    assert p.content is not None
     secrets_changed = _write_secrets(p)  # first: the unit may name it
     changed = _write(p.path, p.content)
     done = [f"{'wrote' if changed else 'unchanged'}: {p.path}"]
     changed = changed or secrets_changed
     if p.manager == "systemd":
-        _must(p.steps[0], run)
         _must(p.steps[1], run)
+        _must(p.steps[2], run)
         if changed and existed:
-            _must(p.steps[2], run)
+            _must(p.steps[3], run)
             done.append("restarted with the new unit")
         done.append(f"enabled and started {UNIT}")
         return done + p.notes
     context_log = Path(plistlib.loads(p.content)["StandardErrorPath"]).parent
     context_log.mkdir(parents=True, exist_ok=True)
     target = p.steps[2].argv[-1]
-    loaded = run(["launchctl", "print", target], True).returncode == 0
+    loaded = run(_print(p), True).returncode == 0
     if loaded and changed:
         _must(p.steps[0], run)
         deadline = time.monotonic() + BOOTOUT_WAIT  # bootout is asynchronous

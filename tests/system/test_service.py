@@ -4,9 +4,11 @@ real daemon, and graceful shutdown on SIGTERM."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import plistlib
+import shutil
 import signal
 import socket
 import stat
@@ -160,12 +162,14 @@ def test_systemd_install_is_idempotent_and_uninstall_keeps_conversations(
     out = cli(env, "service", "install", "--manager", "systemd").stdout
     assert unit.is_file() and f"--home {home.root}" in unit.read_text()
     assert calls(log) == [
+        ["--user", "show-environment"],  # first: is there a user manager to install into?
         ["--user", "daemon-reload"],
         ["--user", "enable", "--now", "contemplation.service"],
     ]
     assert "enable-linger" in out or "linger" not in out
     cli(env, "service", "install", "--manager", "systemd")  # again: same file, same calls
     assert calls(log) == [
+        ["--user", "show-environment"],
         ["--user", "daemon-reload"],
         ["--user", "enable", "--now", "contemplation.service"],
     ]
@@ -255,6 +259,126 @@ def test_service_status_json_says_what_the_manager_says(
     launchd = json.loads(cli(env, "service", "status", "--manager", "launchd", "--json").stdout)
     assert launchd["manager"] == "launchd" and not launchd["installed"] and not launchd["loaded"]
     assert calls(log) == [["print", f"gui/{uid}/com.contemplation.daemon"]]
+
+
+NO_BUS = """#!/bin/sh
+# systemctl in a shell with no systemd user session (ssh, su, a container): no user bus
+python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$@" >> "$FAKE_LOG"
+echo "Failed to connect to bus: No medium found" >&2
+exit 1
+"""
+
+ENABLE_FAILS = """#!/bin/sh
+# systemctl with a user manager that refuses to enable the unit
+python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$@" >> "$FAKE_LOG"
+if [ "$2" = enable ]; then
+  echo "Failed to enable unit: Unit file contemplation.service is masked." >&2
+  exit 1
+fi
+exit 0
+"""
+
+SECRET_ENV = {"OPENAI_API_KEY": "sk-no-bus-0123456789", "CONTEMPLATION_MAX_TURNS": "7"}
+
+
+def _unit_and_secrets(env: dict[str, str]) -> tuple[Path, Path]:
+    config = Path(env["XDG_CONFIG_HOME"])
+    return config / "systemd" / "user" / "contemplation.service", (
+        config / "contemplation" / "service.env"
+    )
+
+
+def test_install_with_no_systemd_user_session_says_why_in_one_line_and_writes_nothing(
+    home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    """issue 44: with no user bus (an ssh or su shell, a container) install ended with
+    systemctl's raw "Failed to connect to bus" and left the unit and service.env behind. The
+    user manager is asked first; without one: exit 1, one line saying why and what to do,
+    and nothing written (a unit installed before stays as it was)."""
+    env, log = fake_managers
+    env.update(SECRET_ENV)
+    (tmp_path / "fakebin" / "systemctl").write_text(NO_BUS)
+    unit, secrets = _unit_and_secrets(env)
+    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    assert got.returncode == 1, got
+    [line] = got.stderr.splitlines()
+    assert line.startswith("error: cannot install the service: there is no systemd user session")
+    assert "(Failed to connect to bus: No medium found)" in line
+    user = getpass.getuser()
+    assert f"loginctl enable-linger {user}" in line and "`contemplation run`" in line
+    assert "Nothing was written" in line
+    assert not unit.exists() and not secrets.exists()
+    assert not unit.parent.exists()  # not even the folders
+    assert calls(log) == [["--user", "show-environment"]]
+    # installed before, from a session; now from one without: left exactly as it was
+    unit.parent.mkdir(parents=True)
+    unit.write_text("# installed before\n")
+    got = cli(dict(env, OLLAMA_HOST="http://10.0.0.5:11434"), "service", "install", check=False)
+    assert got.returncode == 1 and unit.read_text() == "# installed before\n"
+    assert not secrets.exists()
+
+
+def test_install_with_the_real_systemctl_and_no_user_session_writes_nothing(
+    home: Home, fake_managers: tuple[dict[str, str], Path]
+) -> None:
+    """The real systemctl, in a shell with neither XDG_RUNTIME_DIR nor a session bus (as
+    `su` or a container gives): the same one line, nothing written, nothing enabled."""
+    real = shutil.which("systemctl")
+    if real is None:
+        pytest.skip("no systemctl on this machine")
+    env, _ = fake_managers
+    env.update(SECRET_ENV)
+    env["PATH"] = f"{Path(real).parent}:{os.environ['PATH']}"
+    for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):
+        env.pop(name, None)
+    unit, secrets = _unit_and_secrets(env)
+    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    assert got.returncode == 1, got
+    [line] = got.stderr.splitlines()
+    assert "there is no systemd user session" in line and "enable-linger" in line, line
+    assert not unit.exists() and not secrets.exists()
+
+
+def test_an_install_that_fails_after_writing_puts_the_files_back(
+    home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    """A user manager that refuses the unit (masked): the error is systemctl's, and the unit
+    and the file of secrets it wrote are removed (an earlier unit is put back), then the
+    manager is reloaded so it forgets what it was shown."""
+    env, log = fake_managers
+    env.update(SECRET_ENV)
+    (tmp_path / "fakebin" / "systemctl").write_text(ENABLE_FAILS)
+    unit, secrets = _unit_and_secrets(env)
+    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    assert got.returncode == 1, got
+    assert "masked" in got.stderr and "the files it wrote were removed" in got.stderr
+    assert not unit.exists() and not secrets.exists()
+    assert calls(log) == [
+        ["--user", "show-environment"],
+        ["--user", "daemon-reload"],
+        ["--user", "enable", "--now", "contemplation.service"],
+        ["--user", "daemon-reload"],
+    ]
+    unit.parent.mkdir(parents=True, exist_ok=True)  # (the empty folder may stay)
+    unit.write_text("# installed before\n")
+    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    assert got.returncode == 1 and "put back as they were" in got.stderr
+    assert unit.read_text() == "# installed before\n" and not secrets.exists()
+
+
+def test_a_launchd_install_that_fails_to_load_removes_the_plist(
+    home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    """A LaunchAgent the first install cannot load (bootstrap refused): no plist is left."""
+    env, _ = fake_managers
+    launchctl = tmp_path / "fakebin" / "launchctl"
+    launchctl.write_text(
+        FAKE.replace("bootstrap) touch", "bootstrap) echo refused >&2; exit 5; touch")
+    )
+    plist = Path(env["HOME"]) / "Library" / "LaunchAgents" / "com.contemplation.daemon.plist"
+    got = cli(env, "service", "install", "--manager", "launchd", check=False)
+    assert got.returncode == 1 and "refused" in got.stderr, got
+    assert not plist.exists()
 
 
 # --------------------------------------------------------------------------- sd_notify
