@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --main
 . .venv/bin/activate
 
-# What the demo makes is its own (mktemp) and removed when it ends, however it ends: a
-# temporary home (unless CONTEMPLATION_HOME names one to keep) and Ollama's model list.
+# The demo's home stays when it ends, in a place of its own (the tail command it prints works
+# afterwards, and a second run adds to it): $XDG_DATA_HOME/contemplation-demo, unless
+# CONTEMPLATION_HOME names another. Its scratch files (the daemon's log, Ollama's model list)
+# are made with mktemp and removed when it ends, however it ends.
 scratch=$(mktemp -d)
 daemon=
 cleanup() {
@@ -18,8 +20,8 @@ cleanup() {
   rm -rf "$scratch"
 }
 trap cleanup EXIT
-kept=${CONTEMPLATION_HOME:+yes}
-export CONTEMPLATION_HOME=${CONTEMPLATION_HOME:-$scratch/contemplation}
+own=${CONTEMPLATION_HOME:+yes}  # the user's: used, never offered for removal
+export CONTEMPLATION_HOME=${CONTEMPLATION_HOME:-${XDG_DATA_HOME:-$HOME/.local/share}/contemplation-demo}
 host=$(python -c 'from contemplation.backends.ollama import parse_ollama_host as p; import os; print(p(os.environ.get("OLLAMA_HOST"))[0])')
 backend=local
 model=${DEMO_MODEL:-}
@@ -32,15 +34,18 @@ if [ "$backend" = local ]; then
   bash scripts/setup.sh --local
 fi
 echo "== home: $CONTEMPLATION_HOME   backend: $backend   model: $model"
-[ -n "$kept" ] || echo "   (a temporary home, removed when the demo ends: set CONTEMPLATION_HOME to keep one)"
+[ -n "$own" ] || echo "   (the demo's own, kept when it ends; CONTEMPLATION_HOME=... picks another)"
 
 contemplation run --no-dashboard 2>"$scratch/daemon.log" &
 daemon=$!
 for _ in $(seq 100); do contemplation status --json 2>/dev/null | grep -q '"daemon_running": true' && break; sleep 0.1; done
 
 id=$(contemplation new "Folder queues" --backend "$backend" --model "$model")
-echo "== conversation $id  (follow it with: CONTEMPLATION_HOME=$CONTEMPLATION_HOME contemplation tail -f $id)"
+q=$(printf %q "$CONTEMPLATION_HOME")  # as a shell reads it back: the commands below can be pasted
+echo "== conversation $id  (follow it with: CONTEMPLATION_HOME=$q contemplation tail -f $id)"
 contemplation send "$id" "In two sentences: why is a folder of plain-text files a good queue for talking to a local model?" --wait --timeout 900
 echo
 contemplation status "$id"
-if [ -n "$kept" ]; then echo "== the log: $CONTEMPLATION_HOME/active/$id/messages.log"; fi
+echo "== kept: $CONTEMPLATION_HOME/active/$id/messages.log"
+echo "   read it again: CONTEMPLATION_HOME=$q contemplation tail $id"
+[ -n "$own" ] || echo "   remove the demo's home when done: rm -rf $q"
