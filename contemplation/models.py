@@ -102,7 +102,15 @@ class ApprovalRequest(BaseModel):
 
 
 Decision = Literal["once", "always", "reject"]
-Decider = Literal["cli", "mcp", "dashboard"]  # the face a decision came through
+# The face a decision came through: "mcp" is the agent's conversation_approve, "form" the
+# person's answer to the form their MCP client showed them, "cli" and "dashboard" the person's
+Decider = Literal["cli", "mcp", "dashboard", "form"]
+DECIDERS: dict[str, str] = {
+    "mcp": "the agent (conversation_approve)",
+    "form": "the person (their MCP client's form)",
+    "cli": "the person (the CLI)",
+    "dashboard": "the person (the dashboard)",
+}
 
 
 class ApprovalDecision(BaseModel):

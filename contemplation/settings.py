@@ -272,6 +272,11 @@ class Settings(BaseSettings):
     max_schema_bytes: int = Field(
         16 * 1024, ge=64, description="largest JSON Schema a message or template may ask for"
     )
+    agent_approves: Literal["never", "without_forms", "always"] = Field(
+        "without_forms",
+        description="when the agent's conversation_approve may decide a lookup marked ask: "
+        "never; without_forms (only when its MCP client shows the person no forms); always",
+    )
     archive_on_complete: bool = True
     stop_grace: float = Field(
         10.0, ge=0, description="seconds in-flight turns get to finish after SIGTERM"

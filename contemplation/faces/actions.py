@@ -21,6 +21,7 @@ from contemplation.faces.reading import Answered, Reader, Standing
 from contemplation.models import (
     APPROVALS_KEY,
     CANCELLABLE,
+    DECIDERS,
     ApprovalDecision,
     Decider,
     Decision,
@@ -306,6 +307,26 @@ KEPT_DECIDED = 256  # other decisions it keeps, to name them to a later one (the
 DECISIONS: tuple[str, ...] = get_args(Decision)
 
 
+def agent_may_approve(settings: Settings, conv: Conv, *, forms: bool) -> None:
+    """Approvals are the person's (issue 44 finding 1): the agent's ``conversation_approve`` is
+    refused, in one line that says where the person decides, unless ``agent_approves`` lets
+    it decide: ``always``, or ``without_forms`` (the default) when its client shows the person
+    no forms (then the agent is the only one asked, as before)."""
+    how = settings.agent_approves
+    if how == "always" or (how == "without_forms" and not forms):
+        return
+    where = (
+        "in the form their MCP client shows (conversation_wait puts it to them)"
+        if forms
+        else "outside this chat"
+    )
+    raise InputRejected(
+        f"lookups of {conv.id} waiting for approval are the person's to decide, {where}, or with "
+        f"`contemplation approve {conv.id}` or the dashboard; agent_approves = \"{how}\" in "
+        "the config keeps the agent from deciding"
+    )
+
+
 def approve(
     settings: Settings,
     conv: Conv,
@@ -400,7 +421,8 @@ def _chosen(
             last = given[-1]
             line += (
                 f"; the last decision: lookup {last.request} ({last.need}) "
-                f"{waiting.VERBS[last.decision]}{f' by {last.face}' if last.face else ''}"
+                f"{waiting.VERBS[last.decision]}"
+                f"{f' by {DECIDERS.get(last.face, last.face)}' if last.face else ''}"
                 f"{f' at {last.time}' if last.time else ''}"
             )
         raise InputRejected(safe(line))

@@ -27,7 +27,14 @@ from typing import Any, Literal
 
 from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
-from contemplation.models import ApprovalDecision, ApprovalRequest, Metadata, State, Status
+from contemplation.models import (
+    DECIDERS,
+    ApprovalDecision,
+    ApprovalRequest,
+    Metadata,
+    State,
+    Status,
+)
 from contemplation.protocol.conversation import need_id, next_action, unanswered
 from contemplation.store.layout import Conv
 
@@ -157,7 +164,7 @@ VERBS = {"once": "approved once", "always": "approved always", "reject": "reject
 def decided_line(rid: str, need: str, d: ApprovalDecision) -> str:
     """The one line that refuses a second decision: what the first one was, by which face and
     when."""
-    by = f" by {d.face}" if d.face else ""
+    by = f" by {DECIDERS.get(d.face, d.face)}" if d.face else ""
     at = f" at {d.time}" if d.time else ""
     via = "" if d.request == rid else f" (the decision about lookup {d.request})"
     return safe(

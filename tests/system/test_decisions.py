@@ -29,7 +29,7 @@ from contemplation.engine.runtime import Runtime
 from contemplation.errors import InputRejected
 from contemplation.faces import actions
 from contemplation.faces.reading import Reader
-from contemplation.models import ApprovalDecision
+from contemplation.models import DECIDERS, ApprovalDecision
 from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_metadata
@@ -60,7 +60,7 @@ def decided_line(rid: str, d: ApprovalDecision) -> str:
     """The refusal's words (a pattern): what, through which face, when."""
     return (
         rf"lookup {rid} \({re.escape(d.need)}\) was decided already: {VERBS[d.decision]} "
-        rf"by {d.face} at {re.escape(d.time)}; a decision is final"
+        rf"by {re.escape(DECIDERS[d.face])} at {re.escape(d.time)}; a decision is final"
     )
 
 
@@ -159,7 +159,8 @@ def test_reject_then_once_from_the_cli_never_reads_the_secret(
     assert late.returncode == 1
     assert late.stderr.startswith(f"error: {conv_id} waits for no approval (status idle); ")
     assert re.search(
-        rf"the last decision: lookup {record.request} \({re.escape(need)}\) rejected by cli at ",
+        rf"the last decision: lookup {record.request} \({re.escape(need)}\) rejected by "
+        r"the person \(the CLI\) at ",
         late.stderr,
     )
     named = cli(env, "approve", conv_id, "--need", record.request, "--once", check=False)

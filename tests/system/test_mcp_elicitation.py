@@ -19,7 +19,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from contemplation.faces.reading import Reader
 from contemplation.store.layout import Home, read_json
-from tests.conftest import ROOT, DaemonProc, base_env
+from tests.conftest import ROOT, DaemonProc, base_env, cli
 from tests.fakes.ollama_server import FakeOllama, Step
 
 Answer = Callable[[types.ElicitRequestParams], types.ElicitResult]
@@ -99,7 +99,7 @@ def test_a_lookup_marked_ask_is_asked_of_the_person_while_conversation_wait_wait
     meta = read_json(conv.metadata)
     assert meta is not None
     [decided] = meta["approvals"]
-    assert decided["decision"] == "once" and decided["face"] == "mcp"  # as conversation_approve
+    assert decided["decision"] == "once" and decided["face"] == "form"  # the person's, in a form
 
 
 def test_a_client_without_elicitation_keeps_conversation_approve(
@@ -115,3 +115,80 @@ def test_a_client_without_elicitation_keeps_conversation_approve(
     assert asked == []
     [item] = out["waiting"]
     assert item["kind"] == "approval" and "conversation_approve" in json.dumps(item)
+
+
+async def agent_approves(env: dict[str, str], secret: Path, *, forms: bool) -> tuple[str, str]:
+    """The agent starts a conversation whose lookup asks, and (the lookup waiting) calls
+    conversation_approve itself; returns the conversation's id and what the call said."""
+
+    async def never(_: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        raise AssertionError("no form is put to the person here: nobody waits")
+
+    params = StdioServerParameters(
+        command=sys.executable, args=["-P", "-m", "contemplation", "mcp"], env=env, cwd=str(ROOT)
+    )
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, elicitation_callback=never if forms else None) as s,
+    ):
+        await s.initialize()
+        started = await s.call_tool(
+            "conversation_start",
+            {"topic": "Ask", "initial_prompt": f"Read {secret}", "model": "gemma"},
+        )
+        cid = json.loads(getattr(started.content[0], "text", ""))["conversation_id"]
+        for _ in range(400):  # the lookup comes to wait for approval: a bounded poll
+            checked = await s.call_tool("conversation_check", {"conversation_id": cid})
+            if "approval" in getattr(checked.content[0], "text", ""):
+                break
+            await asyncio.sleep(0.05)
+        done = await s.call_tool("conversation_approve", {"conversation_id": cid, "decision": "always"})
+        return cid, ("ERROR " if done.is_error else "") + getattr(done.content[0], "text", "")
+
+
+def test_the_agent_cannot_take_the_persons_decision_when_its_client_shows_forms(
+    tmp_path: Path,
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+) -> None:
+    """Issue 44 finding 1: with a client that shows forms, the agent's conversation_approve is
+    refused in one line that says where the person decides, and nothing is decided; the
+    person's decision at the CLI then goes through, recorded as the person's."""
+    env, secret = asking_setup(tmp_path, home, fake_ollama)
+    fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text="Read."))
+    daemon_factory(env, home).wait_ready()
+    cid, said = asyncio.run(agent_approves(env, secret, forms=True))
+    assert said.startswith("ERROR ") and "are the person's to decide" in said, said
+    assert "contemplation approve" in said and "agent_approves" in said
+    conv = Reader(home).locate(cid)
+    assert (read_json(conv.metadata) or {}).get("approvals", []) == []
+    assert "the launch code" not in conv.log.read_text()
+    done = cli(env, "approve", cid, "--reject")
+    assert done.returncode == 0, done.stderr
+    again = cli(env, "approve", cid, "--once", check=False)
+    assert again.returncode == 1 and "by the person (the CLI)" in again.stderr, again.stderr
+
+
+def test_without_forms_the_agent_decides_unless_the_person_says_never(
+    tmp_path: Path,
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+) -> None:
+    """A client that shows no forms leaves the agent as the one asked (recorded as the
+    agent's); agent_approves = "never" keeps the decision with the person even then."""
+    env, secret = asking_setup(tmp_path, home, fake_ollama)
+    fake_ollama.enqueue(
+        Step(text=f"NEED: File contents of {secret}"),
+        Step(text="Read."),
+        Step(text=f"NEED: File contents of {secret}"),
+    )
+    daemon_factory(env, home).wait_ready()
+    cid, said = asyncio.run(agent_approves(env, secret, forms=False))
+    assert not said.startswith("ERROR "), said
+    meta = read_json(Reader(home).locate(cid).metadata) or {}
+    assert [(d["decision"], d["face"]) for d in meta["approvals"]] == [("always", "mcp")]
+    env["CONTEMPLATION_AGENT_APPROVES"] = "never"
+    _, refused = asyncio.run(agent_approves(env, secret, forms=False))
+    assert refused.startswith("ERROR ") and 'agent_approves = "never"' in refused, refused

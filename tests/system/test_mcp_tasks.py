@@ -19,9 +19,9 @@ import pytest
 
 from contemplation.faces.reading import Reader
 from contemplation.models import Status
-from contemplation.store.layout import Home, read_state
+from contemplation.store.layout import Home, read_json, read_state
 from tests import procgroups
-from tests.conftest import ROOT, DaemonProc, base_env, wait_for
+from tests.conftest import ROOT, DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 TASKS = "io.modelcontextprotocol/tasks"
@@ -457,6 +457,54 @@ def test_a_lookup_marked_ask_is_a_form_for_the_person_and_their_answer_goes_on(
     assert "the launch code" not in conv.log.read_text()
     # the answer came from the person's form: recorded as a decision, never as chat text
     assert "refused" in conv.log.read_text()
+
+
+def test_a_form_answered_after_another_face_decided_is_refused_and_the_agent_never_decides(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """Issue 44 finding 1: while the person's form is out, the agent's conversation_approve is
+    refused (nothing decided); the person decides at the CLI; their later answer in the stale
+    form is a JSON-RPC error naming that decision, never a silent success."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    secret = notes / "secret.md"
+    secret.write_text("the launch code")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[tools]\nallowed_roots = ["{notes}"]\n\n[permissions]\nread_file = {{ "*secret*" = "ask" }}\n'
+    )
+    env = base_env(
+        home, fake_ollama, CONTEMPLATION_CONFIG=str(cfg), CONTEMPLATION_DASHBOARD_ENABLED="false"
+    )
+    fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text="Read it."))
+    daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Ask", initial_prompt="Read it", model="gemma")
+    asking = wire.until(task["taskId"], lambda t: t["status"] == "input_required", seconds=30)
+    [(key, _)] = asking["inputRequests"].items()
+    cid = TASK_ID.match(task["taskId"])["conv"]  # type: ignore[index]
+    agent = wire.request(
+        "tools/call",
+        {"name": "conversation_approve", "arguments": {"conversation_id": cid, "decision": "always"}},
+        tasks=False,
+    )
+    assert agent["result"]["isError"] and "are the person's to decide" in json.dumps(agent), agent
+    decided = cli(env, "approve", cid, "--once")
+    assert decided.returncode == 0, decided.stderr
+    stale = wire.request(
+        "tasks/update", {"taskId": task["taskId"], "inputResponses": {key: {"action": "decline"}}}
+    )
+    assert "error" in stale, stale
+    said = stale["error"]["message"]
+    assert "was decided already: approved once by the person (the CLI)" in said, said
+    done = wire.until(task["taskId"], completed, seconds=30)
+    assert text_of(done["result"])["blocks"][-1]["text"] == "Read it."
+    meta = read_json(Reader(home).locate(cid).metadata) or {}
+    assert [(d["decision"], d["face"]) for d in meta["approvals"]] == [("once", "cli")]
 
 
 def test_a_reply_that_completes_the_conversation_completes_the_task_from_the_archive(

@@ -104,7 +104,7 @@ def test_launchd_install_carries_the_shell_and_its_wrapper_reads_the_secrets(
     ).stdout.splitlines()
     assert f"OPENAI_API_KEY={SECRET}" in shown
     assert "OLLAMA_HOST=http://me:pw@10.0.0.5:11434" in shown
-    assert args[4:7] == [args[4], "-m", "contemplation"] and args[-1] == "run"
+    assert args[4:8] == [args[4], "-P", "-m", "contemplation"] and args[-1] == "run"
 
 
 def test_no_ollama_host_is_written_when_the_shell_has_none(

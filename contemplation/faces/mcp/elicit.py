@@ -72,9 +72,15 @@ def approval_form(item: dict[str, Any], model: str) -> dict[str, Any]:
 def takes_forms(ctx: Context[Any, Any]) -> bool:
     """Whether the client of this call takes form elicitation and can be asked now: declared
     on the request (2026-07-28) or at initialize, with a back channel open."""
+    return ctx.request_context.session.can_send_request and shows_forms(ctx)
+
+
+def shows_forms(ctx: Context[Any, Any]) -> bool:
+    """Whether the client of this call shows the person forms at all (declared on the
+    request or at initialize), back channel or not: a task's ``inputRequests`` need none.
+    Such a client's person decides the lookups (:func:`contemplation.faces.actions.
+    agent_may_approve`)."""
     rc = ctx.request_context
-    if not rc.session.can_send_request:
-        return False
     if elicits(rc.meta):
         return True
     caps = rc.session.client_capabilities
@@ -120,7 +126,7 @@ def _record(faces: Faces, cid: str, decision: str, request: str) -> bool:
         with faces.lock:
             conv = faces.reader.locate(cid)
             actions.approve(
-                faces.settings, conv, decision, request, reader=faces.reader, face="mcp"
+                faces.settings, conv, decision, request, reader=faces.reader, face="form"
             )
     except ContemplationError:
         return False  # decided already (the first decision wins), or gone

@@ -56,7 +56,7 @@ from contemplation.faces.mcp.calls import (
     Limits,
     _json,
 )
-from contemplation.faces.mcp.elicit import takes_forms, wait_asking
+from contemplation.faces.mcp.elicit import shows_forms, takes_forms, wait_asking
 from contemplation.faces.mcp.subscriptions import Subscriptions
 from contemplation.faces.mcp.task_push import TaskPush
 from contemplation.faces.mcp.tasks import TasksExtension, declared
@@ -75,7 +75,8 @@ cursor picks up the reply. A client that declares the io.modelcontextprotocol/ta
 gets a task instead: its result is the reply, so it need not call conversation_wait or
 conversation_check. When the model stops for you, `waiting` lists each item with its id
 and the call that settles it: a need (answer with conversation_respond) or a lookup waiting
-for approval (decide with conversation_approve: the tool answers it, never your text).
+for approval, which is the person's: a client that shows forms asks them (conversation_wait
+or the task puts the form); only without forms decide with conversation_approve.
 Subscribe to conversation://<id>/status or /log to be told when a conversation changes."""
 TOKEN_FILE = MCP_TOKEN
 
@@ -402,11 +403,15 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             str | None,
             Field(description="the lookup's id from `waiting` (or its need); if several wait"),
         ] = None,
+        ctx: Context[Any, Any] | None = None,
     ) -> str:
-        """Allow (once or always) or reject a lookup that waits for approval (kind "approval"
-        in `waiting`); the daemon then runs the tool, or tells the model it was refused."""
+        """Allow (once or always) or reject a lookup waiting for approval (kind "approval" in
+        `waiting`), if the person lets you: a client that shows forms asks the person
+        instead (conversation_wait puts the form)."""
+        forms = ctx is not None and shows_forms(ctx)
         with faces.lock:
             conv = faces.reader.locate(conversation_id)
+            actions.agent_may_approve(settings, conv, forms=forms)
             done = actions.approve(settings, conv, decision, need, reader=faces.reader, face="mcp")
         return _json({"conversation_id": conv.id} | done)
 

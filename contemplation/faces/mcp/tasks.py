@@ -42,7 +42,7 @@ from mcp_types import CallToolRequestParams, CallToolResult, RequestParams
 from mcp_types.jsonrpc import INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import Field
 
-from contemplation.errors import ContemplationError
+from contemplation.errors import AlreadyDecided, ContemplationError
 from contemplation.faces import actions
 from contemplation.faces.actions import INITIAL_NAME
 from contemplation.faces.mcp.calls import Faces
@@ -313,9 +313,11 @@ class Tasks:
 
     def update(self, task_id: str, responses: dict[str, Any]) -> None:
         """The person's answers to the forms (``inputResponses``): accept with a decision,
-        or decline (a rejection); a cancelled form, an unknown key or a lookup decided
-        already is ignored (the first decision about a lookup is final)."""
+        or decline (a rejection); a cancelled form or an unknown key is ignored. An answer
+        about a lookup decided already (the first decision is final) is a JSON-RPC error
+        naming that decision, who made it and when: never a silent success."""
         conv, _, _ = self.locate(task_id)
+        refused: list[str] = []
         for key, response in list(responses.items())[:MAX_RESPONSES]:
             if not isinstance(response, dict):
                 continue
@@ -333,10 +335,14 @@ class Tasks:
                     str(decision),
                     str(key),
                     reader=self.faces.reader,
-                    face="mcp",
+                    face="form",
                 )
+            except AlreadyDecided as exc:  # the person is told: their answer did nothing
+                refused.append(str(exc))
             except ContemplationError:
-                continue  # not outstanding (decided, answered, or never asked): ignored
+                continue  # not outstanding (answered, or never asked): ignored
+        if refused:
+            raise MCPError(INVALID_PARAMS, "; ".join(refused))
 
 
 def _told_path(conv: Conv, secret: str) -> Path:
