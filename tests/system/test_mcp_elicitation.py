@@ -7,9 +7,10 @@ decision, recorded as ``conversation_approve`` records one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,29 @@ def asking_setup(
     return env, secret
 
 
+@contextlib.asynccontextmanager
+async def session(env: dict[str, str], on_elicit: Any) -> AsyncIterator[ClientSession]:
+    """The SDK's own client over stdio to a real ``contemplation mcp``, initialized; it takes
+    forms when ``on_elicit`` is given."""
+    params = StdioServerParameters(
+        command=sys.executable, args=["-P", "-m", "contemplation", "mcp"], env=env, cwd=str(ROOT)
+    )
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, elicitation_callback=on_elicit) as s,
+    ):
+        await s.initialize()
+        yield s
+
+
+async def start(s: ClientSession, secret: Path) -> str:
+    """conversation_start with a message that makes the model ask for ``secret``."""
+    started = await s.call_tool(
+        "conversation_start", {"topic": "Ask", "initial_prompt": f"Read {secret}", "model": "gemma"}
+    )
+    return str(json.loads(getattr(started.content[0], "text", ""))["conversation_id"])
+
+
 async def converse(
     env: dict[str, str], answer: Answer | None, secret: Path
 ) -> tuple[dict[str, Any], list[types.ElicitRequestParams]]:
@@ -53,19 +77,8 @@ async def converse(
         assert answer is not None
         return answer(params)
 
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "contemplation", "mcp"], env=env, cwd=str(ROOT)
-    )
-    async with (
-        stdio_client(params) as (read, write),
-        ClientSession(read, write, elicitation_callback=on_elicit if answer else None) as s,
-    ):
-        await s.initialize()
-        started = await s.call_tool(
-            "conversation_start",
-            {"topic": "Ask", "initial_prompt": f"Read {secret}", "model": "gemma"},
-        )
-        cid = json.loads(getattr(started.content[0], "text", ""))["conversation_id"]
+    async with session(env, on_elicit if answer else None) as s:
+        cid = await start(s, secret)
         waited = await s.call_tool("conversation_wait", {"conversation_id": cid, "timeout_s": 45})
         assert not waited.is_error, waited.content
         return json.loads(getattr(waited.content[0], "text", "")), asked
@@ -124,19 +137,8 @@ async def agent_approves(env: dict[str, str], secret: Path, *, forms: bool) -> t
     async def never(_: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         raise AssertionError("no form is put to the person here: nobody waits")
 
-    params = StdioServerParameters(
-        command=sys.executable, args=["-P", "-m", "contemplation", "mcp"], env=env, cwd=str(ROOT)
-    )
-    async with (
-        stdio_client(params) as (read, write),
-        ClientSession(read, write, elicitation_callback=never if forms else None) as s,
-    ):
-        await s.initialize()
-        started = await s.call_tool(
-            "conversation_start",
-            {"topic": "Ask", "initial_prompt": f"Read {secret}", "model": "gemma"},
-        )
-        cid = json.loads(getattr(started.content[0], "text", ""))["conversation_id"]
+    async with session(env, never if forms else None) as s:
+        cid = await start(s, secret)
         for _ in range(400):  # the lookup comes to wait for approval: a bounded poll
             checked = await s.call_tool("conversation_check", {"conversation_id": cid})
             if "approval" in getattr(checked.content[0], "text", ""):

@@ -23,6 +23,7 @@ from contemplation.store.layout import Home, read_json, read_state
 from tests import procgroups
 from tests.conftest import ROOT, DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
+from tests.system.test_mcp_elicitation import asking_setup
 
 TASKS = "io.modelcontextprotocol/tasks"
 TASK_ID = re.compile(r"^(?P<conv>.+)\.(?P<secret>[0-9a-f]{32})$")
@@ -422,17 +423,7 @@ def test_a_lookup_marked_ask_is_a_form_for_the_person_and_their_answer_goes_on(
     task ``input_required`` with an elicitation form (allow once / always / reject, what will
     be read and why); the person's answer through ``tasks/update`` decides it, and the turn
     goes on to complete the task. A reply the person declines is a rejection."""
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    secret = notes / "secret.md"
-    secret.write_text("the launch code")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(
-        f'[tools]\nallowed_roots = ["{notes}"]\n\n[permissions]\nread_file = {{ "*secret*" = "ask" }}\n'
-    )
-    env = base_env(
-        home, fake_ollama, CONTEMPLATION_CONFIG=str(cfg), CONTEMPLATION_DASHBOARD_ENABLED="false"
-    )
+    env, secret = asking_setup(tmp_path, home, fake_ollama)
     fake_ollama.enqueue(
         Step(text=f"NEED: File contents of {secret}"), Step(text="Fine, without it.")
     )
@@ -469,17 +460,7 @@ def test_a_form_answered_after_another_face_decided_is_refused_and_the_agent_nev
     """Issue 44 finding 1: while the person's form is out, the agent's conversation_approve is
     refused (nothing decided); the person decides at the CLI; their later answer in the stale
     form is a JSON-RPC error naming that decision, never a silent success."""
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    secret = notes / "secret.md"
-    secret.write_text("the launch code")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(
-        f'[tools]\nallowed_roots = ["{notes}"]\n\n[permissions]\nread_file = {{ "*secret*" = "ask" }}\n'
-    )
-    env = base_env(
-        home, fake_ollama, CONTEMPLATION_CONFIG=str(cfg), CONTEMPLATION_DASHBOARD_ENABLED="false"
-    )
+    env, secret = asking_setup(tmp_path, home, fake_ollama)
     fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text="Read it."))
     daemon_factory(env, home).wait_ready()
     wire = wires(env)
