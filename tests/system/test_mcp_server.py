@@ -720,18 +720,21 @@ def test_http_on_a_busy_port_is_one_line_and_exit_1(home: Home) -> None:
     assert proc.stderr.count("\n") == 1 and "MCP streamable HTTP on" not in proc.stderr
 
 
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "pytest", "version": "1"},
+    },
+}
+
+
 def _initialized(proc: subprocess.Popen[bytes]) -> None:
     assert proc.stdin is not None and proc.stdout is not None
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "pytest", "version": "1"},
-        },
-    }
+    init = INITIALIZE
     proc.stdin.write((json.dumps(init) + "\n").encode())
     proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
     proc.stdin.flush()
@@ -803,16 +806,7 @@ def test_a_deeply_nested_request_over_http_is_answered_and_serving_goes_on(home:
             "Accept": "application/json, text/event-stream",
             "Content-Type": "application/json",
         }
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "pytest", "version": "1"},
-            },
-        }
+        init = INITIALIZE
         with httpx.Client(timeout=30) as http:
             first = http.post(face.url, json=init, headers=headers)
             assert first.status_code == 200
