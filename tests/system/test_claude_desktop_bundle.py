@@ -89,7 +89,8 @@ def test_the_bundle_passes_the_real_mcpb_and_starts_far_under_a_minute(tmp_path:
     assert (tmp_path / "again.mcpb").stat().st_size > 0, packed
     manifest = json.loads((tmp_path / "unpacked" / "manifest.json").read_text())
     assert manifest["server"]["mcp_config"]["command"] == sys.executable
-    assert manifest["server"]["mcp_config"]["args"][1:] == ["--home", str(home)]
+    assert manifest["server"]["mcp_config"]["args"][:1] == ["-P"]  # safe-path: see base/child.py
+    assert manifest["server"]["mcp_config"]["args"][2:] == ["--home", str(home)]
     took = _first_start(manifest, tmp_path / "unpacked", tmp_path)
     print(f"first start to initialize: {took:.2f} s")
     assert took < INITIALIZE_BUDGET_S

@@ -612,6 +612,7 @@ def test_two_responds_at_once_answer_a_need_once(
 ) -> None:
     import threading
 
+    from contemplation.errors import InputRejected
     from contemplation.faces import actions
     from contemplation.faces.reading import Reader
     from contemplation.protocol.parser import find_responses
@@ -621,15 +622,20 @@ def test_two_responds_at_once_answer_a_need_once(
         conv = _waiting_for(home, f"the secret number {trial}")
         gate = threading.Barrier(2)
         results: list[dict[str, object]] = []
+        refused: list[str] = []
 
         def respond(
             text: str,
             conv: Conv = conv,
             gate: threading.Barrier = gate,
             results: list[dict[str, object]] = results,
+            refused: list[str] = refused,
         ) -> None:
             gate.wait()
-            results.append(actions.respond(settings, Reader(home), conv, text))
+            try:
+                results.append(actions.respond(settings, Reader(home), conv, text))
+            except InputRejected as exc:  # the second: told who answered, nothing sent
+                refused.append(str(exc))
 
         threads = [threading.Thread(target=respond, args=(t,)) for t in ("42", "43")]
         for t in threads:
@@ -638,7 +644,9 @@ def test_two_responds_at_once_answer_a_need_once(
             t.join(10)
         answers = [p for p in conv.inbox.iterdir() if find_responses(p.read_text())]
         assert len(answers) == 1, [p.read_text() for p in conv.inbox.iterdir()]
-        assert sorted(str(r["answered"]) for r in results) == ["None", f"the secret number {trial}"]
+        assert [str(r["answered"]) for r in results] == [f"the secret number {trial}"]
+        assert len(refused) == 1 and "was queued by agent at" in refused[0], refused
+        assert len(list(conv.inbox.iterdir())) == 1  # the loser's text started no turn
 
 
 def test_archive_refuses_a_conversation_with_queued_messages(

@@ -315,7 +315,9 @@ def test_approve_picks_one_request_and_says_what_waits(
     ]
     # no change of mind, even before the daemon looked (here by a unique prefix of the id):
     # the first decision is final (issue 34)
-    with pytest.raises(InputRejected, match=r"was decided already: rejected by cli at "):
+    with pytest.raises(
+        InputRejected, match=r"was decided already: rejected by the person \(the CLI\) at "
+    ):
         actions.approve(s, conv, "once", ids[needs[1]][:6])
     meta = read_metadata(conv)
     assert meta is not None and [(d.need, d.decision) for d in meta.approvals()] == [
@@ -479,7 +481,7 @@ def test_ask_then_once_with_send_wait_and_the_cli(
     assert again.stderr.startswith(
         f"error: {conv_id} waits for no approval (status idle); the last decision: lookup "
     )
-    assert again.stderr.count("\n") == 1 and " approved once by cli at " in again.stderr
+    assert again.stderr.count("\n") == 1 and " approved once by the person (the CLI) at " in again.stderr
 
 
 def test_reject_and_always_end_to_end(
@@ -552,7 +554,7 @@ def test_an_approval_survives_daemon_restarts(
     # decided while no daemon runs: honoured by the next one, exactly once
     cli(env, "approve", conv.id, "--once")
     repeat = cli(env, "approve", conv.id, "--once", check=False)  # refused: it is decided
-    assert repeat.returncode == 1 and "was decided already: approved once by cli" in repeat.stderr
+    assert repeat.returncode == 1 and "was decided already: approved once by the person (the CLI)" in repeat.stderr
     daemon_factory(env, home).wait_ready()
     wait_for(lambda: b"Got the plan." in conv.log.read_bytes(), 30, what="the reply")
     log = conv.log.read_text()
