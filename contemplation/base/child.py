@@ -49,4 +49,3 @@ def environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = safe_pythonpath(env.get("PYTHONPATH"))
     env["PYTHONSAFEPATH"] = "1"
     return env
-

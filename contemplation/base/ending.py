@@ -93,14 +93,8 @@ def origin(thread: threading.Thread) -> str:
         modules.append(type(thread).__module__)
     frame = sys._current_frames().get(thread.ident or -1)
     modules.extend(_stack(frame))
-    from contemplation.base import plugins
-
-    for module in modules:
-        owner = plugins.owner(module)
-        if owner is not None:
-            return f"plugin {owner}"
-    named = next((m for m in modules if m and not _ours(m)), modules[0] if modules else "")
-    return f"module {named or '?'}"
+    plugin, name = _whose(modules)
+    return f"plugin {name}" if plugin else f"module {name}"
 
 
 def _stack(frame: FrameType | None) -> list[str]:
@@ -179,11 +173,17 @@ def exits_are_failures() -> Iterator[None]:
 def _caller(frame: FrameType | None) -> str:
     """The plugin whose code is on the stack from ``frame`` out (``NAME (DIST)``), else the
     innermost module that is not ours nor the standard library's."""
+    return _whose(_stack(frame))[1]
+
+
+def _whose(modules: list[str]) -> tuple[bool, str]:
+    """(True, ``NAME (DIST)``) for the first of ``modules`` a plugin owns; else (False, the
+    first that is not ours nor the standard library's, or the first, or ``?``)."""
     from contemplation.base import plugins
 
-    modules = _stack(frame)
     for module in modules:
         owner = plugins.owner(module)
         if owner is not None:
-            return owner
-    return next((m for m in modules if not _ours(m)), modules[0] if modules else "?")
+            return True, owner
+    named = next((m for m in modules if m and not _ours(m)), modules[0] if modules else "")
+    return False, named or "?"

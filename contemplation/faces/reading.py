@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,15 @@ def _source(text: str, stamp: str = "?") -> tuple[str, str]:
     return (m[1], m[2]) if m else ("?", stamp)
 
 
+def _heads(paths: Iterable[Path]) -> Iterator[str]:
+    """The first MiB of each queued message that can be read, as text."""
+    for path in paths:
+        try:
+            yield read_regular(path, 1 << 20).decode("utf-8", errors="replace")
+        except (OSError, InputRejected):
+            continue
+
+
 def _committed(view: LogView, state: State | None, *, daemon: bool) -> tuple[Block, ...]:
     """The blocks of the log as ``state`` accounts for them. While a ``daemon`` runs, a block
     that begins past the state's committed size (one it has just written and not yet
@@ -200,11 +209,7 @@ class Reader:
         (``paths``, listed in the order a message moves: inbox → processing → log, so an
         answer on its way is seen in one of the three)."""
         queued: set[str] = set()
-        for path in paths:
-            try:
-                head = read_regular(path, 1 << 20).decode("utf-8", errors="replace")
-            except (OSError, InputRejected):
-                continue
+        for head in _heads(paths):
             queued.update(find_responses(head))
         return queued
 
@@ -215,11 +220,7 @@ class Reader:
         responder that came second is told)."""
         meta = read_metadata(conv)
         out: list[Answered] = []
-        for path in queued_messages(conv):
-            try:
-                head = read_regular(path, 1 << 20).decode("utf-8", errors="replace")
-            except (OSError, InputRejected):
-                continue
+        for head in _heads(queued_messages(conv)):
             out += [Answered(need, *_source(head), queued=True) for need in find_responses(head)]
         if meta is None:
             return out

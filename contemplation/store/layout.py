@@ -416,14 +416,6 @@ class Rest:
     name: str  # the name it was put back into inbox/ under
     sha256: str  # of its first ``offset`` bytes, as they were when it was put back
 
-    def data(self) -> dict[str, Any]:
-        return {
-            "first": self.first,
-            "offset": self.offset,
-            "name": self.name,
-            "sha256": self.sha256,
-        }
-
 
 def rest_name(first: str, offset: int) -> str:
     """The inbox name of a follow-up of the message ``first`` whose first ``offset`` bytes

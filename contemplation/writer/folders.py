@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -298,8 +299,8 @@ def release_claimed(conv: Conv, claimed: Path, seen: Seen, *, durable: bool) -> 
     finally:
         os.close(fd)
     dest = _free_name(conv.inbox, rest_name(first, offset))
-    record = Rest(first, offset, dest.name, sha)
-    atomic_write_json(rest_record(claimed.parent, held.st_ino), record.data(), durable=durable)
+    record = dataclasses.asdict(Rest(first, offset, dest.name, sha))
+    atomic_write_json(rest_record(claimed.parent, held.st_ino), record, durable=durable)
     os.rename(claimed, dest)
     if durable:
         fsync_dir(conv.inbox)
