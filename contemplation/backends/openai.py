@@ -290,6 +290,22 @@ class OpenAIBackend:
             target, "restore", source
         )
 
+    async def keep_slot(self, slot: int, action: str, filename: str) -> tuple[int, int] | None:
+        """llama-server's ``POST /slots/{slot}?action=save|restore`` with a file of its
+        ``--slot-save-path`` (issue 45): the tokens and bytes saved or restored (``n_saved``
+        and ``n_written``, ``n_restored`` and ``n_read``), None where the server did not."""
+        resp = await self._http.request(
+            "POST", self.root(f"slots/{slot}"), params={"action": action},
+            json={"filename": filename}, within=self.timeouts.connect * 3,
+        )  # fmt: skip
+        try:
+            said = resp.json() if resp.status == 200 else None
+        except ValueError:
+            return None
+        keys = ("n_saved", "n_written") if action == "save" else ("n_restored", "n_read")
+        n, size = (said.get(k) for k in keys) if isinstance(said, dict) else (None, None)
+        return (n, size if isinstance(size, int) else 0) if isinstance(n, int) else None
+
     async def _slot_action(self, slot: int, action: str, file_of: int) -> bool:
         resp = await self._http.request(
             "POST", self.root(f"slots/{slot}"), params={"action": action},

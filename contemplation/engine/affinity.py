@@ -13,6 +13,13 @@ slot's cache into another (llama-server started with ``--slot-save-path``: ``POS
 conversation takes an unused slot with a copy of an idle slot that holds its prefix: every
 slot busy at once and the prefix never prefilled twice. Only this daemon's turns are
 counted: a slot another client keeps busy makes the server queue ours.
+
+Restart-proof KV (issue 45): on such a server a free slot that another conversation takes is
+first saved to a file of the conversation whose history it holds (:mod:`kvfiles`: a bounded
+pool of names), and a conversation that comes back finds its file restored into its slot
+before its turn. Every restore is checked by the next turn's reuse (the server's cache
+figure): llama.cpp can report a restore that did not take (llama.cpp #26676). After
+``RESTORE_FAILS`` such turns in a row no more restores are made on that server.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from contemplation.backends.base import Backend, Capabilities, Check
+from contemplation.engine.kvfiles import Kept, KvFiles
 from contemplation.errors import BackendError
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
 KEPT = 4096  # conversations remembered per provider (the oldest forgotten)
 MISSES = 2  # turns in a row that found nothing of their history in their own named slot
+RESTORE_FAILS = 2  # restores in a row that a turn found not to hold: no more restores
+SHORT = 4  # tokens a restored history may come up short by (the last one is computed again)
 
 
 @dataclass
@@ -55,6 +65,15 @@ class SlotAffinity:
     named: bool = True
     _expect: dict[int, str] = field(default_factory=dict)  # slot -> whose history it holds
     _misses: int = 0
+    files: KvFiles = field(default_factory=KvFiles)  # conversations kept in slot files
+    restores: bool = True  # False once restores are seen not to hold (RESTORE_FAILS)
+    restores_failed: int = 0  # restores a turn found not to hold
+    _failing: int = 0  # of them in a row
+    _dirty: set[int] = field(default_factory=set)  # slots whose cache no file holds yet
+    _sent: dict[int, int] = field(default_factory=dict)  # slot -> its last turn's prompt tokens
+    _save: dict[int, str] = field(default_factory=dict)  # slot -> whose cache to save first
+    _restore: dict[int, tuple[str, Kept]] = field(default_factory=dict)  # slot -> to restore
+    _verify: dict[int, tuple[str, int]] = field(default_factory=dict)  # slot -> (conv, tokens)
 
     def take(self, conv_id: str, prefix: str, *, slots: int, copy: bool = False) -> int:
         """The slot for a turn of ``conv_id`` whose prompt starts with ``prefix``'s shared
@@ -78,13 +97,15 @@ class SlotAffinity:
                 self._expect[own] = conv_id  # its history should be found there
                 return own
             moved = min(free, key=lambda i: (self._holds.get(i) != prefix, self._used.get(i, -1)))
+            self._keep(moved, conv_id, copy=copy, back=False)
             return self._mark(moved, conv_id, prefix)  # busy, another free: it moves there
         warm = [i for i in range(slots) if self._holds.get(i) == prefix]
         cold = [i for i in free if i not in self._used]
         first = [i for i in warm if i in self._warming and self._load.get(i) == 1]
         source = [i for i in warm if i in free and i not in self._copy] or first
         may = self.copies or (self.copies is None and self._asking is None)
-        if cold and source and copy and may:  # a copy of the prefix, not its prefill
+        back = copy and self.restores and self.copies is not False and conv_id in self.files
+        if cold and source and copy and may and not back:  # the prefix copied, not prefilled
             if self.copies is None:
                 self._asking = asyncio.Event()
             self._copy[cold[0]] = source[0]
@@ -99,7 +120,21 @@ class SlotAffinity:
             slot = min([i for i in free if i in warm] or free, key=lambda i: self._used[i])
         else:  # every slot carries a turn of this daemon: the server queues it there
             slot = min(warm or range(slots), key=lambda i: (self._load.get(i, 0), self._used[i]))
+        if slot in free:
+            self._keep(slot, conv_id, copy=copy, back=back)
         return self._mark(slot, conv_id, prefix)
+
+    def _keep(self, slot: int, conv_id: str, *, copy: bool, back: bool) -> None:
+        """Plans for a free ``slot`` that ``conv_id`` takes: the history it holds saved to
+        its conversation's file first, and ``conv_id``'s own file restored into it
+        (``back``), made by :meth:`ready`."""
+        if not copy or not self.restores or self.copies is False:
+            return
+        owner = self._owner.get(slot)
+        if owner is not None and owner != conv_id and slot in self._dirty:
+            self._save[slot] = owner
+        if back and (kept := self.files.kept(conv_id)) is not None:
+            self._restore[slot] = (conv_id, kept)
 
     async def asked(self) -> None:
         """Before :meth:`take`: while the server is being asked whether it copies slots,
@@ -112,6 +147,8 @@ class SlotAffinity:
         it made, once its source's first prefill has ended (the server first asked whether
         it copies slots; a refusal: this slot prefills the prefix and no copy is planned
         again), and the copies planned out of this slot made (it must stay idle until then)."""
+        if (owner := self._save.pop(slot, None)) is not None:
+            await self._saved(slot, owner, copier)
         source = self._copy.get(slot)
         if source is not None:
             done = False
@@ -134,6 +171,39 @@ class SlotAffinity:
                     self._copied(source)
         if (read := self._read.get(slot)) is not None:
             await read.wait()
+        if (back := self._restore.pop(slot, None)) is not None:
+            await self._restored(slot, *back, copier)
+
+    async def _saved(self, slot: int, owner: str, copier: CopiesSlots) -> None:
+        if not isinstance(copier, KeepsSlots):
+            return
+        name = self.files.name_for(owner)
+        try:
+            done = await copier.keep_slot(slot, "save", name)
+        except BackendError:  # not this time: the owner prefills when it comes back
+            self.files.drop(owner)
+            return
+        if done is None:
+            self.files.drop(owner)
+            if self.copies is None:  # a server without --slot-save-path answers 501
+                self.copies = False
+            return
+        tokens, size = done
+        history = self._sent.get(slot, tokens)
+        self.files.saved(owner, name, tokens=tokens, history=history, size=size)
+        self._dirty.discard(slot)
+
+    async def _restored(self, slot: int, conv_id: str, kept: Kept, copier: CopiesSlots) -> None:
+        if not isinstance(copier, KeepsSlots) or self.files.kept(conv_id) != kept:
+            return  # its file was given to another conversation meanwhile
+        try:
+            done = await copier.keep_slot(slot, "restore", kept.name)
+        except BackendError:
+            done = None
+        if done is not None and done[0]:
+            self._verify[slot] = (conv_id, min(done[0], kept.history))
+            self._dirty.discard(slot)  # what it holds is that file's
+            self._expect[slot] = conv_id
 
     def _answered(self) -> None:
         if (asking := self._asking) is not None:
@@ -163,6 +233,7 @@ class SlotAffinity:
             self._copied(source)
             if self.copies is None:
                 self._answered()  # the one plan while the server had not said: not asked
+        self._dirty.add(slot)  # its cache is that turn's now, in no file
         self._warming.discard(slot)  # the server runs a slot's turns in order: the first
         # to end is the one that prefilled the prefix; those queued behind it reuse it
         if (warmed := self._warmed.pop(slot, None)) is not None:
@@ -183,6 +254,28 @@ class SlotAffinity:
             return False
         self.named = False
         return True
+
+    def verified(self, slot: int | None, conv_id: str, reused: int | None, sent: int | None) -> str:
+        """After a turn on ``slot``: whether the file restored into it held (its reuse came
+        to the history restored, less ``SHORT``). "" (nothing to say), "restored", "failed",
+        or "off" (this failure made restores stop on this server)."""
+        if slot is None:
+            return ""
+        if sent is not None:
+            self._sent[slot] = sent
+        check = self._verify.pop(slot, None)
+        if check is None or check[0] != conv_id or reused is None:
+            return ""
+        if reused + SHORT >= check[1]:
+            self._failing = 0
+            return "restored"
+        self.restores_failed += 1
+        self._failing += 1
+        self.files.drop(conv_id)
+        if self._failing < RESTORE_FAILS or not self.restores:
+            return "failed"
+        self.restores = False
+        return "off"
 
     def remembered(self) -> int:
         return len(self._conv)
@@ -217,6 +310,17 @@ class CopiesSlots(Protocol):
     async def copy_slot(self, source: int, target: int) -> bool:
         """``source``'s cache into ``target``; False: the server did not copy it.
         Raises BackendError."""
+        ...
+
+
+@runtime_checkable
+class KeepsSlots(Protocol):
+    """A server that saves a slot's cache to a named file and restores it into any slot
+    (llama-server's ``/slots`` ``save`` and ``restore``)."""
+
+    async def keep_slot(self, slot: int, action: str, filename: str) -> tuple[int, int] | None:
+        """``action`` "save" or "restore" of ``slot`` with ``filename``: the tokens and bytes
+        saved or restored, None where the server did not. Raises BackendError."""
         ...
 
 

@@ -23,7 +23,7 @@ from contemplation.backends.base import Backend
 from contemplation.backends.capabilities import cannot_chat, resolve_think
 from contemplation.backends.providers import Target
 from contemplation.base.aio import on_thread
-from contemplation.engine import tokenized
+from contemplation.engine import kvfiles, tokenized
 from contemplation.engine.affinity import CopiesSlots, NamesSlots, Pinned
 from contemplation.engine.retrying import (
     On,
@@ -677,6 +677,9 @@ async def _finish(
         affinity = rt.affinity(on.provider)  # a server that keeps no named slot's history:
         if on.slot is not None and affinity.observed(on.slot, conv.id, usage.cached_tokens):
             log.warning("slots_not_named", provider=on.provider, why=NO_NAMED_HISTORY)  # it picks
+        kvfiles.said(on.provider, conv.id, affinity.verified(  # a slot file restored: held?
+            on.slot, conv.id, usage.cached_tokens, usage.prompt_eval_count
+        ))  # fmt: skip
         # the server counted clearly fewer tokens than our count of what was sent: it cut it
         cut = truncation.check(rt.calibration.counts, conv.id, usage, request, planned.ratio)
         if cut and (counted := truncation.whole_count(usage)):  # fitted to that from now on
