@@ -1,4 +1,6 @@
-"""structlog set-up: readable lines on a terminal, JSON lines otherwise (always on stderr)."""
+"""structlog set-up: readable lines on a terminal, JSON lines otherwise (always on stderr);
+a command that is not a service (``human``) says its warnings in a plain line instead, with
+no log record's shape (issue 45: ``status`` printed ``{"why": "disk I/O error", …}``)."""
 
 from __future__ import annotations
 
@@ -114,10 +116,29 @@ class _StdlibRateLimit(logging.Filter):
         return True
 
 
-def configure(fmt: Literal["auto", "console", "json"] = "auto", level: str = "info") -> None:
+def human(_logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
+    """A structlog renderer for a command's stderr: ``contemplation: warning: index
+    unwritable: disk I/O error (reading: the folders, into memory)``."""
+    what = str(event.pop("event", "")).replace("_", " ")
+    for key in ("level", "timestamp", "repeats_dropped"):
+        event.pop(key, None)
+    why = event.pop("why", None) or event.pop("error", None)
+    line = f"contemplation: {method}: {what}" + (f": {why}" if why else "")
+    rest = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in event.items())
+    return line + (f" ({rest})" if rest else "")
+
+
+def configure(
+    fmt: Literal["auto", "console", "json"] = "auto",
+    level: str = "info",
+    *,
+    human_lines: bool = False,
+) -> None:
     json_out = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
+        human
+        if human_lines
+        else structlog.processors.JSONRenderer()
         if json_out
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )

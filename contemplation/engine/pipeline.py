@@ -102,8 +102,10 @@ def _tidy(
     # an intent or rotation left in state.json is a write that did not finish (a crash, a
     # full disk): nobody else writes while we hold the lock, so it is recovered now
     if conv.id not in seen.recovered or w.state.intent is not None or w.state.rotation:
-        for what in recover(w, rt.settings.max_message_bytes, rt.settings.attachments):
+        cut = seen.cut_by.get(conv.id)  # a failed write, not a restart
+        for what in recover(w, rt.settings.max_message_bytes, rt.settings.attachments, cut=cut):
             log.warning("recovered", conv=conv.id, what=what)
+        seen.cut_by.pop(conv.id, None)
         sweep_rests(conv)  # follow-ups' records a crash left without their files
         seen.recovered.add(conv.id)
     foreign = w.check_identity()

@@ -144,6 +144,7 @@ def write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OSE
     after the claimed message's block) and marks it INTERRUPTED, so the turn is redone and a
     cut reply never stands as a finished one, and the claimed message is taken once."""
     seen.recovered.discard(conv.id)
+    seen.cut_by[conv.id] = f"writing messages.log failed: {exc.strerror or exc}"
     message = (
         f"writing messages.log failed ({exc.strerror or exc}); the reply will be marked "
         "interrupted and redone once the disk has room"

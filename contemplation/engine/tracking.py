@@ -30,6 +30,8 @@ class Tracked:
     writing: dict[Path, tuple[int, int]] = field(default_factory=dict)
     # conversations whose steps failed (a full disk): failures in a row, and the error said
     failing: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # conversations whose reply a failed write cut: what failed (said by its INTERRUPTED line)
+    cut_by: dict[str, str] = field(default_factory=dict)
     stopping: bool = False  # set on SIGTERM: finish the current turn, take nothing new
     # this run of the daemon (or burst): what a turn it begins records (see inflight.py)
     run: str = field(default_factory=lambda: secrets.token_hex(6))
@@ -70,3 +72,4 @@ class Tracked:
         self.log_sizes.pop(conv_id, None)
         self.recovered.discard(conv_id)
         self.failing.pop(conv_id, None)
+        self.cut_by.pop(conv_id, None)

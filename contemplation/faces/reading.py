@@ -21,7 +21,7 @@ from contemplation.index import listing
 from contemplation.models import BUSY, Block, BlockKind, Metadata, State, Status
 from contemplation.protocol.conversation import need_id, next_action
 from contemplation.protocol.parser import find_responses
-from contemplation.store import activity
+from contemplation.store import activity, room
 from contemplation.store.cursors import (
     AGENT_SOURCE,
     Segment,
@@ -298,6 +298,7 @@ class Reader:
         if written is None and state is not None and state.status is Status.GENERATING:
             written = self.streamed(conv)
         asks = sum(1 for i in view.items if i.kind == "approval")
+        busy = view.queued or (state is not None and state.status in BUSY)
         return activity.describe(
             state,
             model=model,
@@ -306,6 +307,7 @@ class Reader:
             behind=behind,
             written=written,
             waiting=(len(view.items) - asks, asks),
+            disk_full=room.full(self.home.root) if busy else "",
         )
 
     def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:

@@ -51,7 +51,7 @@ from contemplation.index.rows import Facts, as_int, disk_use, header_ts, summary
 from contemplation.models import Block, LedgerSums
 from contemplation.protocol.ledger import FIELDS as LEDGER_COLUMNS
 from contemplation.protocol.logformat import FRAME_OPEN, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
-from contemplation.store import logstream
+from contemplation.store import logstream, room
 from contemplation.store.cursors import own_block
 from contemplation.store.layout import (
     Conv,
@@ -76,7 +76,6 @@ BUSY_MS = 5000  # another process writing: wait this long for it, then read what
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
 NOTICE_AT = 500  # a refresh that reads this many folders again says so on a terminal
 BATCH = 200  # conversations indexed per transaction: a long rebuild lets others in between
-NO_ROOM = 64 << 10  # free bytes under which SQLite's I/O error on the index means a full disk
 SAY_EVERY_S = 60.0  # an index that cannot be written is said at most this often (a warning)
 
 _COLUMNS = (
@@ -235,11 +234,7 @@ def _busy(exc: sqlite3.Error) -> bool:
 
 
 def _no_room(folder: Path) -> bool:
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < NO_ROOM
+    return bool(room.full(folder))
 
 
 @contextlib.contextmanager

@@ -34,6 +34,12 @@ def archived(status: str) -> str:
     return "archived: reopen to go on with it"
 
 
+def _held(disk_full: str) -> str:
+    if disk_full:
+        return f"retrying: {disk_full}; the turn is redone whole once there is room"
+    return "stalled: no daemon is running (messages stay queued until one starts)"
+
+
 def describe(
     state: State | None,
     *,
@@ -44,11 +50,14 @@ def describe(
     written: int | None = None,
     waiting: tuple[int, int] = (0, 0),
     now: float | None = None,
+    disk_full: str = "",
 ) -> str:
     """The line of an active conversation (an archived one's: :func:`archived`). ``queued``:
     messages in inbox/ or processing/; ``behind``: turns ahead of it on the same model
     (:func:`queued_behind`); ``written``: characters of the reply streamed so far (None: no
-    reply is being written); ``waiting``: (needs, lookups) that wait for the agent."""
+    reply is being written); ``waiting``: (needs, lookups) that wait for the agent;
+    ``disk_full``: :func:`contemplation.store.room.full` (the turn cannot be written, whatever
+    the state the daemon could not write says)."""
     now = time.time() if now is None else now
     status = state.status if state is not None else Status.PENDING
     needs, lookups = waiting
@@ -58,8 +67,8 @@ def describe(
     if needs:
         return f"waiting for your answer to {needs} need(s)"
     busy = status in BUSY or queued > 0
-    if busy and not daemon:
-        return "stalled: no daemon is running (messages stay queued until one starts)"
+    if busy and (disk_full or not daemon):  # the disk: whatever the unwritable state says
+        return _held(disk_full if daemon else "")
     if status in {Status.AWAITING_AGENT, Status.AWAITING_APPROVAL}:  # and nothing waits now
         if not daemon:
             return "stalled: no daemon is running (what you decided waits until one starts)"

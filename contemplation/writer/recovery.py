@@ -33,9 +33,12 @@ def recover(
     w: ConvWriter,
     max_message_bytes: int = 16 * 1024 * 1024,
     limits: AttachmentSettings | None = None,
+    *,
+    cut: str | None = None,
 ) -> list[str]:
     """Finish or undo what a crash interrupted. Returns what was done (for the log).
-    ``limits``: those a folder message (with files) was taken under."""
+    ``limits``: those a folder message (with files) was taken under; ``cut``: what cut the
+    reply when it was no restart (a failed write: "writing messages.log failed: …")."""
     done: list[str] = []
     remove_tmp_files(w.conv, w.folder_names())
     if w.state.rotation is not None:
@@ -43,7 +46,9 @@ def recover(
     intent = w.state.intent
     if intent is not None:
         what = (
-            _recover_message(w, intent) if intent.kind == "message" else _recover_reply(w, intent)
+            _recover_message(w, intent)
+            if intent.kind == "message"
+            else _recover_reply(w, intent, cut)
         )
         done.extend([what] if what else [])
     claimed = w.claimed_files()
@@ -143,15 +148,17 @@ def _recover_unjournaled_reply(w: ConvWriter, offset: int) -> str:
     return _recover_reply(w, Intent(kind="reply", id=f"unjournaled-{offset}", offset=offset))
 
 
-def _recover_reply(w: ConvWriter, intent: Intent) -> str:
-    """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone."""
+def _recover_reply(w: ConvWriter, intent: Intent, cut: str | None = None) -> str:
+    """A streamed reply that was cut off is marked INTERRUPTED, so the turn is redone; its
+    line names what cut it (``cut``: a failed write), else a restart."""
     w.state.intent = None
     size = w.log_size()
     if size <= intent.offset:
         w.save()
         return ""
     w.state.log.size = size
-    w.append_marker(MarkerKind.INTERRUPTED, "reply cut off by a restart; it will be redone")
+    why = f"reply cut off: {cut}" if cut else "reply cut off by a restart"
+    w.append_marker(MarkerKind.INTERRUPTED, f"{why}; it will be redone")
     return f"marked the interrupted reply at byte {intent.offset}"
 
 

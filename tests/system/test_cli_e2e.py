@@ -239,9 +239,9 @@ def test_routes_test_call_logs_only_with_verbose(home: Home, tmp_path: Path) -> 
     need = f"File contents of {tmp_path / 'plan.md'}"
     quiet = cli(env, "routes", "test", "--call", need)
     assert quiet.stdout.startswith("RESPONSE TO NEED:") and "ship it" in quiet.stdout
-    assert "need_answered" not in quiet.stderr and "need_answered" not in quiet.stdout
+    assert "need answered" not in quiet.stderr and "need_answered" not in quiet.stdout
     loud = cli(env, "-v", "routes", "test", "--call", need)
-    assert "need_answered" in loud.stderr and "need_answered" not in loud.stdout
+    assert "need answered" in loud.stderr and "need_answered" not in loud.stdout
 
 
 # --------------------------------------------------------------------------- completion

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from contemplation.index.db import DB_NAME
 from contemplation.store.layout import Conv, Home
 from tests.conftest import ROOT, base_env, cli, model_replies, wait_for
-from tests.fakes.ollama_server import FakeOllama
+from tests.fakes.ollama_server import FakeOllama, Step
 
 DISK = "1m"
 CHUNKS = (1 << 16, 1 << 12, 1)  # the filler is written in smaller and smaller pieces
@@ -85,6 +86,15 @@ def one_line_full(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0].removeprefix(FULL)
 
 
+def no_log_records(proc: subprocess.CompletedProcess[str]) -> None:
+    """A command's stderr is for people: never a structlog record (a JSON object, or the
+    console renderer's ``[warning  ] event key=value``)."""
+    for line in proc.stderr.splitlines():
+        assert not line.lstrip().startswith("{"), proc.stderr
+        assert "[warning" not in line and "[error" not in line, proc.stderr
+        assert "index_unwritable" not in line, proc.stderr
+
+
 def convs(home: Home) -> dict[str, Conv]:
     return {p.name.split("_", 2)[2]: Conv(p) for p in sorted(home.active.iterdir())}
 
@@ -122,6 +132,8 @@ def test_a_full_disk_is_one_line_and_reads_come_from_the_folders(
     assert "beta" in one.stdout
     found = cli(env, "search", "zebra")
     assert "_alpha" in found.stdout, found.stdout
+    for read in (listed, st, one, found):  # the index's warning, in words: no log record
+        no_log_records(read)
 
     where = one_line_full(cli(env, "send", "alpha", "more", check=False))
     assert where.startswith(str(home.root)), where
@@ -207,3 +219,60 @@ def test_the_daemon_on_a_full_disk_keeps_the_message_and_answers_once_there_is_r
 
 def _failures(said: str) -> int:
     return sum(said.count(what) for what in ("write_failed", "conversation_failed"))
+
+
+def test_a_reply_cut_by_a_full_disk_is_said_as_such_on_every_face(
+    disk: Path, fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """Issue 45, finding 6: while the disk is full, status, status --json and wait said
+    "generating … tokens so far" (state.json cannot be written, so it still says
+    generating), and the redone turn's INTERRUPTED line blamed "a restart"."""
+    home = Home(disk / "home")
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    env["CONTEMPLATION_RESCAN_INTERVAL"] = "0.2"
+    env["CONTEMPLATION_DASHBOARD_ENABLED"] = "false"
+    cli(env, "new", "alpha")
+    conv = convs(home)["alpha"]
+    piece = "a sentence of the long reply that the full disk will cut. " * 2
+    fake_ollama.enqueue(Step(text=piece * 200, chunks=200, chunk_delay=0.05))
+    logs = tmp_path / "daemon.log"
+    with logs.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contemplation", "run"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    filler: Path | None = None
+    try:
+        wait_for(lambda: '"started"' in logs.read_text(), 20, what="the daemon's start")
+        cli(env, "send", "alpha", "hello")
+        wait_for(lambda: "tokens so far" in cli(env, "status", "alpha").stdout, 20, what="a reply")
+        filler = fill(disk)
+        wait_for(lambda: "write_failed" in logs.read_text(), 20, what="the failed write")
+        for face in (
+            cli(env, "status", "alpha"),
+            cli(env, "wait", "alpha", "--timeout", "0.5", check=False),
+        ):
+            assert "retrying: the disk is full" in face.stdout + face.stderr, face
+            assert "generating" not in face.stdout + face.stderr, face
+            no_log_records(face)
+        said = json.loads(cli(env, "status", "alpha", "--json").stdout)["activity"]
+        assert said.startswith("retrying: the disk is full"), said
+        filler.unlink()
+        filler = None
+        wait_for(lambda: model_replies(conv) == ["Echo: hello"], 30, what="the redone reply")
+        text = conv.log.read_text()
+        assert "INTERRUPTED" in text, text[-2000:]
+        cut = text[text.index("INTERRUPTED") :][:400]
+        assert "restart" not in cut and "writing messages.log failed" in cut, cut
+    finally:
+        if filler is not None:
+            filler.unlink(missing_ok=True)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

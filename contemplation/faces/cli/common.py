@@ -40,6 +40,7 @@ __all__ = [
     "EXIT_TIMEOUT", "fail",
 ]  # fmt: skip
 
+SERVICES = frozenset({"run", "mcp"})  # commands whose stderr is a log (log_format's)
 COMPLETIONS_MAX = 500  # candidates offered to the shell at most
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,7 +54,8 @@ def ctx_settings(ctx: click.Context) -> Settings:
         s = settings_mod.load(
             config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
         )
-        configure(s.log_format, s.log_level)
+        service = ctx.find_root().invoked_subcommand in SERVICES  # their stderr is a log
+        configure(s.log_format, s.log_level, human_lines=not service)
         obj["settings"] = s
     settings: Settings = obj["settings"]
     return settings

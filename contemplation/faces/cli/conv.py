@@ -36,10 +36,10 @@ from contemplation.faces.cli.common import (
     text_arg,
 )
 from contemplation.faces.reading import Reader, log_text
-from contemplation.models import LedgerSums, State, Status
+from contemplation.models import BUSY, LedgerSums, State, Status
 from contemplation.protocol import ledger, structured
 from contemplation.settings import Settings
-from contemplation.store import attachments, openfiles, waiting
+from contemplation.store import attachments, openfiles, room, waiting
 from contemplation.store.layout import (
     Conv,
     Home,
@@ -449,6 +449,10 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     reader = Reader(home)
     data = reader.summary(conv)
     state = read_state(conv)
+    full = room.full(home.root) if state is not None and state.status in BUSY else ""
+    if state is not None and full:  # state.json cannot be written now: the turn is not
+        state = state.model_copy(update={"status": Status.RETRYING, "generating_since": None})
+        data.update(status=Status.RETRYING.value, disk_full=full)  # generating (issue 45)
     if state:
         data.update(_state_details(state))
     view = reader.standing(conv)
@@ -522,6 +526,8 @@ def _daemon_status(home: Home) -> dict[str, Any]:
     ]
     if generating:
         data["generating"] = generating  # the conversations holding backend slots
+    if full := room.full(home.root):  # their turns are retried, not generating (issue 45)
+        data["disk_full"] = f"{full}: turns are retried once there is room"
     from contemplation.faces.dashboard import dashboard_link, token_path
 
     link = dashboard_link(home) if data["daemon_running"] else None

@@ -142,6 +142,8 @@ def still_running(conv_id: str, state: State | None, *, waited: float, now: str)
     with ``now``, what it is doing (``Reader.activity``: the words of every face)."""
     status = state.status if state is not None else Status.PENDING
     what = f"{status.value}: {now}"
+    if now.startswith(f"{Status.RETRYING.value}: "):  # a full disk: state.json is behind
+        what = now
     return safe(
         f"timed out after {waited:g} s; {conv_id} is {what}. The reply still comes: "
         f"`contemplation tail -f {conv_id}` follows it"
