@@ -194,3 +194,54 @@ def test_without_forms_the_agent_decides_unless_the_person_says_never(
     env["CONTEMPLATION_AGENT_APPROVES"] = "never"
     _, refused = asyncio.run(agent_approves(env, secret, forms=False))
     assert refused.startswith("ERROR ") and 'agent_approves = "never"' in refused, refused
+
+
+async def wait_unanswered(
+    env: dict[str, str], secret: Path, timeout_s: float
+) -> tuple[dict[str, Any], float, int]:
+    """conversation_wait through the SDK's client whose person never answers the form (the
+    callback waits until the session ends); returns the result, the seconds the call took
+    and how many forms were put."""
+    asked: list[types.ElicitRequestParams] = []
+
+    async def never_answers(_: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params)
+        await asyncio.Event().wait()  # the person is away: only the session's end ends this
+        raise AssertionError("unreachable")
+
+    async with session(env, never_answers) as s:
+        cid = await start(s, secret)
+        t0 = asyncio.get_running_loop().time()
+        waited = await asyncio.wait_for(
+            s.call_tool("conversation_wait", {"conversation_id": cid, "timeout_s": timeout_s}),
+            timeout_s + 60,  # the old code held the call 600 s a form: fail, not hang
+        )
+        took = asyncio.get_running_loop().time() - t0
+        assert not waited.is_error, waited.content
+        return json.loads(getattr(waited.content[0], "text", "")), took, len(asked)
+
+
+def test_a_form_nobody_answers_never_holds_the_wait_past_its_bound(
+    tmp_path: Path,
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+) -> None:
+    """Issue 44 finding 5: conversation_wait returns within its timeout (at most 50 s, as the
+    README promises) although the form it put to the person is left unanswered; the result
+    says the form is still pending and what to call next, and nothing is decided."""
+    env, secret = asking_setup(tmp_path, home, fake_ollama)
+    fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"))
+    daemon_factory(env, home).wait_ready()
+    out, took, forms = asyncio.run(wait_unanswered(env, secret, 6.0))
+    print(f"wait with an unanswered form returned after {took:.2f} s (timeout_s 6)")
+    assert forms == 1
+    assert took < 6.0 + 5.0, took  # its bound, plus the load of a shared machine
+    assert out["timed_out"] is True, out
+    [pending] = out["forms_pending"]
+    [item] = out["waiting"]
+    assert pending == item["id"] and item["kind"] == "approval"
+    assert "conversation_wait" in out["hint"] and "contemplation approve" in out["hint"], out
+    conv = Reader(home).locate(out["conversation_id"])
+    assert (read_json(conv.metadata) or {}).get("approvals", []) == []
+    assert "the launch code" not in conv.log.read_text()

@@ -95,10 +95,17 @@ def _decision(result: ElicitResult) -> str | None:
     return got if isinstance(got, str) and got in actions.DECISIONS else None
 
 
-async def ask(faces: Faces, ctx: Context[Any, Any], out: dict[str, Any], asked: set[str]) -> int:
+async def ask(
+    faces: Faces,
+    ctx: Context[Any, Any],
+    out: dict[str, Any],
+    asked: set[str],
+    deadline: float | None = None,
+) -> tuple[int, list[str]]:
     """Put each lookup of ``out["waiting"]`` not asked yet to the person; record their
-    decisions. Returns how many were decided here (a form cancelled, unanswered in time, or
-    a lookup another face decided first, is not)."""
+    decisions. Returns how many were decided here (a form cancelled, or a lookup another
+    face decided first, is not) and the ids of forms left unanswered when ``deadline`` (in
+    ``anyio.current_time()``) came: the person's answer is not waited for past it."""
     rc = ctx.request_context
     cid = str(out.get("conversation_id"))
     decided = 0
@@ -107,18 +114,23 @@ async def ask(faces: Faces, ctx: Context[Any, Any], out: dict[str, Any], asked: 
             continue
         if len(asked) >= MAX_ASKS:
             break
+        left = ASK_TIMEOUT if deadline is None else deadline - anyio.current_time()
+        if left <= 0:
+            return decided, [str(item.get("id"))]
         asked.add(str(item.get("id")))
         form = approval_form(item, str(out.get("model", "")))["params"]
-        with anyio.move_on_after(ASK_TIMEOUT):
+        with anyio.move_on_after(min(left, ASK_TIMEOUT)) as scope:
             result = await rc.session.elicit_form(
                 form["message"], form["requestedSchema"], related_request_id=rc.request_id
             )
-            decision = _decision(result)
-            if decision is not None and await anyio.to_thread.run_sync(
-                _record, faces, cid, decision, str(item.get("id"))
-            ):
-                decided += 1
-    return decided
+        if scope.cancelled_caught:  # the person has not answered: the wait keeps its bound
+            return decided, [str(item.get("id"))]
+        decision = _decision(result)
+        if decision is not None and await anyio.to_thread.run_sync(
+            _record, faces, cid, decision, str(item.get("id"))
+        ):
+            decided += 1
+    return decided, []
 
 
 def _record(faces: Faces, cid: str, decision: str, request: str) -> bool:
@@ -141,13 +153,33 @@ async def wait_asking(
 ) -> dict[str, Any]:
     """``conversation_wait`` for a client that takes forms: each lookup that waits for
     approval is asked of the person, and once one is decided the wait goes on (within the
-    same ``timeout_s``) so the reply it lets through comes back in this call."""
+    same ``timeout_s``) so the reply it lets through comes back in this call. A form still
+    unanswered when ``timeout_s`` is up is left open: the wait returns in its bound, with
+    ``forms_pending`` and a hint saying what to call next."""
     deadline = anyio.current_time() + timeout_s
     out = await wait(timeout_s)
     asked: set[str] = set()
-    while len(asked) < MAX_ASKS and await ask(faces, ctx, out, asked):
+    while len(asked) < MAX_ASKS:
+        decided, pending = await ask(faces, ctx, out, asked, deadline)
         left = deadline - anyio.current_time()
-        if left <= 0:
+        if pending:
+            return _still_pending(out, pending)
+        if not decided or left <= 0:
             break
         out = await wait(left)
+    return out
+
+
+def _still_pending(out: dict[str, Any], pending: list[str]) -> dict[str, Any]:
+    """The wait's result when the person has not answered a form in time: the lookups it
+    asked about are named as pending, with what to call next."""
+    cid = str(out.get("conversation_id"))
+    out["timed_out"] = True
+    out["forms_pending"] = pending
+    out["hint"] = (
+        f"The person has not answered the form about {len(pending)} lookup(s) yet; it is left "
+        "open and nothing is decided. Call conversation_wait again with the returned cursor "
+        "(the form is put to the person again), or the person decides with "
+        f"`contemplation approve {cid}`."
+    )
     return out
