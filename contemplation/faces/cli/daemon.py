@@ -76,47 +76,6 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
     sys.exit(code)
 
 
-@click.command()
-@click.option(
-    "--http",
-    "http_port",
-    type=int,
-    default=None,
-    help="Serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio; every request needs "
-    "the token in <home>/.mcp.token.",
-)
-@click.option(
-    "--print-claude-command",
-    is_flag=True,
-    help="Print the `claude mcp add-json` line for --http PORT and exit (Claude Code reads "
-    "the token through --print-headers, never from a command line).",
-)
-@click.option(
-    "--print-headers",
-    is_flag=True,
-    help="Print the HTTP face's headers as JSON, token included, and exit (Claude Code's "
-    "headersHelper).",
-)
-@click.pass_context
-def mcp(
-    ctx: click.Context, http_port: int | None, print_claude_command: bool, print_headers: bool
-) -> None:
-    """MCP server for agents (stdio by default)."""
-    if print_headers:
-        from contemplation.faces.mcp import connect
-
-        connect.print_headers(ctx_settings(ctx))
-        return
-    from contemplation.faces.mcp import server as mcp_server
-
-    if print_claude_command:
-        if http_port is None:
-            raise click.UsageError("--print-claude-command goes with --http PORT")
-        mcp_server.print_claude_command(ctx_settings(ctx), http_port)
-        return
-    mcp_server.run(ctx_settings(ctx), http_port=http_port)
-
-
 def _check_home(s: Settings, home: Home, add: Callable[..., None]) -> None:
     """doctor's rows for the home (made, written to) and for the home or the config file
     open to the group or others: the config holds api keys and passwords, the home what the

@@ -30,6 +30,7 @@ PROG = "contemplation"
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "aliases": ("models", "aliases", "The model aliases of [aliases.*]: what..."),
     "approve": ("conv", "approve", "Decide about a lookup that waits for..."),
+    "approvals": ("approvals", "approvals", "The decisions about lookups (once, always,..."),
     "archive": (
         "conv",
         "archive_",
@@ -41,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "install": ("install", "install", "Install contemplation into Claude Code (a..."),
     "ledger": ("ledger", "ledger", "Tokens sent, reused, recomputed and..."),
     "list": ("conv", "list_", "List conversations, the latest activity..."),
-    "mcp": ("daemon", "mcp", "MCP server for agents (stdio by default)."),
+    "mcp": ("mcpface", "mcp", "MCP server for agents (stdio by default)."),
     "memory": (
         "store",
         "memory",

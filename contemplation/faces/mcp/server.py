@@ -624,15 +624,17 @@ def print_claude_command(settings: Settings, http_port: int, host: str = "127.0.
     print(connect.claude_line(url_of(host, http_port), settings))
 
 
-async def serve_stdio(server: ContemplationServer) -> None:
+async def serve_stdio(server: ContemplationServer, stdin: Any = None, stdout: Any = None) -> None:
     """The SDK's stdio serving, with each line it cannot read answered by a JSON-RPC error
-    (:mod:`contemplation.faces.mcp.wire`; the SDK drops it, and the request waits forever)."""
+    (:mod:`contemplation.faces.mcp.wire`; the SDK drops it, and the request waits forever).
+    ``stdin`` / ``stdout``: the lines in and out where the process's own are not the wire
+    (:mod:`contemplation.faces.mcp.front` holds them)."""
     from mcp.server.stdio import stdio_server
 
     from contemplation.faces.mcp.wire import Answering
 
     low = server._lowlevel_server  # run_stdio_async's own two lines, plus Answering
-    async with stdio_server() as (read_stream, write_stream):
+    async with stdio_server(stdin, stdout) as (read_stream, write_stream):
         await low.run(
             Answering(read_stream, write_stream),
             write_stream,
@@ -640,11 +642,9 @@ async def serve_stdio(server: ContemplationServer) -> None:
         )
 
 
-def run(settings: Settings, *, http_port: int | None = None, host: str = "127.0.0.1") -> None:
+def run_http(settings: Settings, http_port: int, host: str = "127.0.0.1") -> None:
+    """The streamable HTTP face (stdio is served by :mod:`contemplation.faces.mcp.front`)."""
     server = build_server(settings)
-    if http_port is None:
-        anyio.run(serve_stdio, server)
-        return
     import socket
 
     import uvicorn
