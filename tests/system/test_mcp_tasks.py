@@ -505,3 +505,41 @@ def test_a_reply_that_completes_the_conversation_completes_the_task_from_the_arc
     wait_for((home.completed / cid).is_dir, 30, what="archived")
     out = text_of(wire.until(task["taskId"], completed)["result"])
     assert out["archived"] is True and "Use an index." in out["blocks"][0]["text"]
+
+
+def test_each_task_is_its_own_question_with_parallel_calls_on_one_conversation(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """Issue 44 finding 5: Claude Code makes parallel calls. A conversation is started and two
+    more questions are sent on it at once (both requests written before either answer is
+    read), all before the model answered anything: each task completes with the reply to its
+    own message, never a later message's."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    wire = wires(env)
+    first = wire.call("conversation_start", topic="Three", initial_prompt="Question one?")
+    m = TASK_ID.match(first["taskId"])
+    assert m is not None
+    sent = [
+        wire.send("tools/call", {"name": "conversation_respond", "arguments": {
+            "conversation_id": m["conv"], "response": f"Question {n}?"}})
+        for n in ("two", "three")
+    ]  # fmt: skip
+    answers: dict[int, dict[str, Any]] = {}
+    for _ in range(1000):  # bounded: notifications before the answers
+        got = wire.read()
+        if got.get("id") in sent:
+            answers[got["id"]] = got["result"]
+        if len(answers) == len(sent):
+            break
+    tasks = [first["taskId"], *(answers[i]["taskId"] for i in sent)]
+    fake_ollama.enqueue(
+        Step(text="Answer one."), Step(text="Answer two."), Step(text="Answer three.")
+    )
+    daemon_factory(env, home).wait_ready()
+    done = [wire.until(t, completed) for t in tasks]
+    said = [[b["text"] for b in text_of(t["result"])["blocks"]] for t in done]
+    print(f"the three tasks' blocks: {said}")
+    assert said == [["Answer one."], ["Answer two."], ["Answer three."]], said

@@ -45,6 +45,7 @@ from pydantic import Field
 from contemplation.errors import AlreadyDecided, ContemplationError
 from contemplation.faces import actions
 from contemplation.faces.actions import INITIAL_NAME
+from contemplation.faces.mcp import task_turn
 from contemplation.faces.mcp.calls import Faces
 from contemplation.faces.mcp.elicit import CAPABILITIES_KEY, approval_form, elicits
 from contemplation.models import State, Status
@@ -113,11 +114,17 @@ class Tasks:
         return None if days is None else days * 86_400_000
 
     def create(
-        self, conv_id: str, since: int, tool: str, queued: str | None = None
+        self,
+        conv_id: str,
+        since: int,
+        tool: str,
+        queued: str | None = None,
+        text: str | None = None,
     ) -> dict[str, Any]:
         """Write the record of a new task on ``conv_id`` whose reply is what follows cursor
         ``since`` (``queued``: the inbox name of its message, withdrawn by a cancel that
-        comes before a daemon claims it); returns the task as ``tasks/get`` shows it
+        comes before a daemon claims it; ``text``: the message, known again in the log by
+        its fingerprint, see :mod:`.task_turn`); returns the task as ``tasks/get`` shows it
         (durable on return)."""
         conv = self.faces.reader.locate(conv_id)
         secret = secrets.token_hex(SECRET_HEX // 2)
@@ -135,6 +142,8 @@ class Tasks:
         }
         if queued:
             record["queued"] = queued
+        if text and text.strip():
+            record |= task_turn.fingerprint(text)
         durable = self.faces.settings.durability == "fsync"
         write_task(conv, secret, record, durable=durable)
         stamp = _iso(now)
@@ -176,7 +185,7 @@ class Tasks:
             written = conv.state.stat().st_mtime if state is not None else created
         except OSError:  # archived meanwhile
             written = created
-        shown = self._now(conv, record, state, elicit=elicit)
+        shown = self._now(conv, secret, record, state, elicit=elicit)
         changed = max(created, written, float(record.get("cancelled_at") or 0.0))
         told = self._told(conv, secret, record, shown, changed, elicit=elicit)
         return {
@@ -229,17 +238,36 @@ class Tasks:
             atomic_write_json(path, kept, durable=False)
         return at / 1000
 
+    def portion(self, conv: Conv, secret: str, record: dict[str, Any]) -> task_turn.Portion:
+        """The task's part of the log (:func:`task_turn.locate`); what it found is kept in
+        the record, so the next look starts there."""
+        known = (record.get("at"), record.get("end"))
+        with self.faces.lock:
+            got = task_turn.locate(conv, secret, record)
+        if (record.get("at"), record.get("end")) != known:
+            with contextlib.suppress(OSError):  # archived meanwhile: found again next time
+                write_task(conv, secret, record, durable=False)
+        return got
+
     def _now(
-        self, conv: Conv, record: dict[str, Any], state: State | None, *, elicit: bool
+        self,
+        conv: Conv,
+        secret: str,
+        record: dict[str, Any],
+        state: State | None,
+        *,
+        elicit: bool,
     ) -> dict[str, Any]:
         """The task's status, its message and what goes with them, as the conversation is now."""
-        since = int(record.get("since") or 0)
         if record.get("withdrawn"):
             return {
                 "status": "cancelled",
                 "statusMessage": "cancelled: the message was withdrawn before the model saw it",
             }
-        settled = self.faces.settled(conv)
+        part = self.portion(conv, secret, record)
+        since = part.start
+        # a later question's message began: this task's turn is over, whatever runs now
+        settled = part.end is not None or self.faces.settled(conv)
         if record.get("cancelled_at") and (
             settled or state is None or state.status not in _AT_WORK
         ):
@@ -255,6 +283,8 @@ class Tasks:
                 "pollIntervalMs": self._poll(out),
             }
         out = self.faces.check(conv.id, since)
+        if part.end is not None:
+            out = task_turn.trimmed(out, part.end)
         asks = [i for i in out.get("waiting", []) if i.get("kind") == "approval"]
         if elicit and asks:
             return {
@@ -270,7 +300,7 @@ class Tasks:
             "content": [
                 {"type": "text", "text": json.dumps(out, ensure_ascii=False, separators=(",", ":"))}
             ],
-            "isError": out.get("status") == Status.ERROR.value,
+            "isError": part.end is None and out.get("status") == Status.ERROR.value,
         }
         return {
             "status": "completed",
@@ -428,11 +458,15 @@ class TasksExtension(Extension):
             return result  # no message: no turn to wait for
         since = int(said.get("cursor") or 0) if params.name == "conversation_start" else before
         queued = INITIAL_NAME if params.name == "conversation_start" else said.get("queued")
+        sent = (params.arguments or {}).get(
+            "initial_prompt" if params.name == "conversation_start" else "response"
+        )
         task = await anyio.to_thread.run_sync(
             self.tasks.create,
             cid,
             since if since is not None else 0,
             params.name,
             queued if isinstance(queued, str) else None,
+            sent if isinstance(sent, str) and params.name != "conversation_approve" else None,
         )
         return task | {"resultType": "task"}
