@@ -128,6 +128,15 @@ class ApprovalDecision(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     time: str = ""
     face: str = ""  # a Decider; empty in a record written before faces were named
+    # an ``always`` revoked (``contemplation approvals revoke``): it lets nothing through
+    # from then on, and the next such lookup is asked again; when and by which face
+    revoked: str = ""
+    revoked_by: str = ""  # a Decider
+
+    @property
+    def grants(self) -> bool:
+        """An ``always`` not revoked: it lets the same lookup through from now on."""
+        return self.decision == "always" and not self.revoked
 
 
 APPROVALS_KEY = "approvals"  # metadata.json: the agent's ApprovalDecisions

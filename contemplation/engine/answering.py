@@ -68,7 +68,7 @@ def _granted(rt: Runtime, found: Route, given: Iterable[ApprovalDecision]) -> bo
     router = rt.need_router()
     key = router.grant_key(found.tool, found.arguments)
     return key is not None and any(
-        d.decision == "always" and router.grant_key(d.tool, d.arguments) == key for d in given
+        d.grants and router.grant_key(d.tool, d.arguments) == key for d in given
     )
 
 

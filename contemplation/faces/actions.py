@@ -444,8 +444,8 @@ def _decided(given: list[ApprovalDecision], ref: str) -> ApprovalDecision | None
 def _kept(decided: list[ApprovalDecision]) -> list[ApprovalDecision]:
     """The decisions a conversation keeps: the latest KEPT_GRANTS ``always`` ones (they let
     lookups through from then on) and the latest KEPT_DECIDED others."""
-    grants = [d for d in decided if d.decision == "always"]
-    others = [d for d in decided if d.decision != "always"]
+    grants = [d for d in decided if d.grants]
+    others = [d for d in decided if not d.grants]
     dropped = {id(d) for d in grants[: max(0, len(grants) - KEPT_GRANTS)]}
     dropped |= {id(d) for d in others[: max(0, len(others) - KEPT_DECIDED)]}
     return [d for d in decided if id(d) not in dropped]

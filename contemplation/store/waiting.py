@@ -150,7 +150,7 @@ def deciding_for(
         (
             d
             for d in given
-            if d.decision == "always"
+            if d.grants
             and d.tool == request.tool
             and d.arguments == request.arguments
         ),

@@ -19,7 +19,7 @@ from contemplation.backends import providers
 from contemplation.backends.catalog import refusal
 from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
-from contemplation.faces import actions
+from contemplation.faces import actions, decisions
 from contemplation.faces.cli import show
 from contemplation.faces.cli import wait as cli_wait
 from contemplation.faces.cli.common import (
@@ -472,6 +472,8 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         f"writing:      inbox/{name} is still being written (open for writing); taken once closed"
         for name in data["being_written"]
     ]
+    data["decisions"], said = decisions.for_status(home, conv)  # who decided what, when
+    told += said
     _emit_lines(data, as_json, "\n".join([human, *told]))
 
 

@@ -35,7 +35,7 @@ from contemplation.errors import (
     LockBusy,
     NotFound,
 )
-from contemplation.faces import actions, bearer
+from contemplation.faces import actions, bearer, decisions
 from contemplation.faces.dashboard import export, panels
 from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
@@ -268,6 +268,7 @@ class Dashboard:
                 asked[i.id].model_dump(mode="json") for i in items if i.id in asked
             ]
             out["queued_messages"] = view.queued
+            out["decisions"] = decisions.page(self.home, only=conv)["decisions"]  # who, when
             out["activity"] = self.reader.activity(conv, view)  # the words of status and MCP
             out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
@@ -425,6 +426,21 @@ class Dashboard:
             )
         )
 
+    async def revoke(self, request: Request) -> Response:
+        """``{"id": a decision's id}``: revoke that ``always`` (recorded as the dashboard's)."""
+        try:
+            body = await self._body(request)
+        except InputRejected as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        ref = body.get("id")
+        if not isinstance(ref, str) or not ref.strip():
+            return JSONResponse({"error": "the body needs the decision's id"}, status_code=400)
+        return await self._call(
+            lambda: decisions.revoke(
+                self.settings, ref, only=self._conv(request), face="dashboard"
+            )
+        )
+
     async def cancel(self, request: Request) -> Response:
         def run() -> Response:
             conv = self._conv(request)
@@ -488,6 +504,7 @@ class Dashboard:
             "messages": self.send,
             "respond": self.respond,
             "approve": self.approve,
+            "revoke": self.revoke,  # offered on each standing decision, not in available_actions
             "cancel": self.cancel,
             "archive": self.archive,
             "fork": self.fork,  # offered on every block, not in available_actions

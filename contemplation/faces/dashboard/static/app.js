@@ -341,6 +341,7 @@ function showDetail(c) {
   const waiting = c.waiting || [];
   renderApprovals(can.has("approve") ? waiting.filter((w) => w.kind === "approval") : []);
   renderNeeds(can.has("respond") ? waiting.filter((w) => w.kind === "need") : []);
+  renderDecisions(c.completed ? [] : c.decisions || []);
   const cancel = $("cancel");
   cancel.hidden = !can.has("cancel");
   cancel.disabled = !!c.cancel_requested;
@@ -386,6 +387,50 @@ function needForm(item) {
     }
   });
   return f;
+}
+
+// the decisions made about lookups: who made each and when; an "always" still standing can be
+// revoked (the next such lookup is asked again)
+let shownDecisions = "";
+function renderDecisions(list) {
+  let box = $("decisions");
+  if (!box) {
+    box = el("section");
+    box.id = "decisions";
+    box.className = "decisions";
+    box.append(el("h2", null, "decisions about lookups"), el("div", "decision-rows"));
+    $("needs").before(box);
+  }
+  box.hidden = list.length === 0;
+  const key = JSON.stringify(list.map((d) => [d.id, d.standing]));
+  if (key === shownDecisions) return;
+  shownDecisions = key;
+  box.querySelector(".decision-rows").replaceChildren(...list.map(decisionRow));
+}
+
+function decisionRow(d) {
+  const row = el("div", "decision");
+  row.dataset.id = d.id;
+  const said = d.revoked ? " · revoked by " + d.revoked_by + " at " + d.revoked : "";
+  row.append(el("div", "tool", d.decision + ": " + d.tool + " " + JSON.stringify(d.arguments)),
+    el("div", "note", "by " + d.by + " at " + (d.time || "?") + said));
+  if (d.standing) {
+    const b = el("button", "danger", "revoke");
+    b.type = "button";
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      try {
+        await post(convBase() + "/revoke", { id: d.id });
+        flash("revoked: " + d.tool + " " + JSON.stringify(d.arguments));
+        await loadDetail();
+      } catch (err) {
+        flash("refused: " + err.message, true);
+        b.disabled = false;
+      }
+    });
+    row.append(b);
+  }
+  return row;
 }
 
 // lookups the permissions ask about (approval items of the list): one row each, approve once /
