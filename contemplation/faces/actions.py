@@ -479,15 +479,35 @@ def reopen(home: Home, conv: Conv) -> Conv:
 
 
 def cancel(conv: Conv) -> Status | None:
-    """Ask the daemon to stop the turn in flight (or its retries). Returns the status that is
-    being cancelled, or None when nothing runs: then no flag is written, so no future turn
-    can be cancelled by mistake."""
+    """Ask the daemon to stop the turn in flight (or its retries), or the turn that is due
+    and waits for its slot (its message taken into the log or ``processing/``: the daemon
+    honours the flag there, and the turn ends cancelled without reaching the model).
+    Returns the status that is being cancelled (``pending`` for a turn not begun), or None
+    when no turn runs or is due: then no flag is written, so no future turn can be
+    cancelled by mistake."""
     require_active(conv)
     state = read_state(conv)
-    if state is None or state.status not in CANCELLABLE:
+    if state is not None and state.status in CANCELLABLE:
+        request_cancel(conv)
+        return state.status
+    if not turn_due(conv):
         return None
     request_cancel(conv)
-    return state.status
+    return Status.PENDING
+
+
+def turn_due(conv: Conv) -> bool:
+    """A model turn is due and has not begun: a message is claimed into ``processing/``,
+    or the log ends with the agent's words and no reply (the turn waits for a slot)."""
+    from contemplation.protocol.conversation import next_action
+    from contemplation.store.logview import LogView
+
+    try:
+        if any(not p.name.startswith(".") for p in conv.processing.iterdir()):
+            return True
+    except OSError:
+        pass
+    return next_action(LogView(conv).refresh().blocks).action == "turn"
 
 
 RETRACT_LOCK_TRIES = 100  # the lock is asked this many times, 20 ms apart (a daemon's step)

@@ -543,3 +543,28 @@ def test_each_task_is_its_own_question_with_parallel_calls_on_one_conversation(
     said = [[b["text"] for b in text_of(t["result"])["blocks"]] for t in done]
     print(f"the three tasks' blocks: {said}")
     assert said == [["Answer one."], ["Answer two."], ["Answer three."]], said
+
+
+def test_cancel_of_a_task_whose_turn_is_over_is_an_error_that_says_so(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """Issue 44 finding 5: tasks/cancel never answers success for nothing done. A task the
+    model has answered is not cancelled: a JSON-RPC error (-32602) says its turn is over,
+    and the task stays completed with its reply."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    fake_ollama.enqueue(Step(text="Done already."))
+    daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Over", initial_prompt="Quick one?")
+    wire.until(task["taskId"], completed)
+    refused = wire.request("tasks/cancel", {"taskId": task["taskId"]})
+    print(f"tasks/cancel of a completed task: {refused}")
+    assert refused.get("error", {}).get("code") == -32602, refused
+    assert "Cannot cancel" in refused["error"]["message"]
+    assert "over" in refused["error"]["message"], refused
+    again = wire.get(task["taskId"])
+    assert again["status"] == "completed"
+    assert text_of(again["result"])["blocks"][-1]["text"] == "Done already."

@@ -319,14 +319,17 @@ class Tasks:
         return POLL_QUEUED
 
     def cancel(self, task_id: str) -> None:
-        """Stop the task's turn (the daemon's cancel, as ``conversation_cancel``) and mark the
-        task cancelled; a message still queued is withdrawn from ``inbox/`` instead (whoever
-        renames it first wins: this, or the daemon's claim). Cancellation is cooperative: a
-        task already settled, or whose message was just claimed but whose turn has not begun,
-        is left to complete as it will."""
+        """Stop the task's turn wherever it is: a message still queued is withdrawn from
+        ``inbox/`` (whoever renames it first wins: this, or the daemon's claim); a turn
+        claimed and waiting for a slot, loading or streaming is cancelled by the daemon
+        (:func:`actions.cancel`), and the task ends ``cancelled``. A task whose turn is over
+        (answered, or a later message's turn has begun) or that waits for the person is not
+        cancelled: a JSON-RPC error says why, never a silent success."""
         conv, secret, record = self.locate(task_id)
-        if record.get("cancelled_at") or conv.is_completed or self.faces.settled(conv):
-            return
+        if record.get("cancelled_at"):
+            return  # asked again: as the first time
+        if conv.is_completed:
+            raise _cannot(task_id, "its conversation is archived (the turn is over)")
         durable = self.faces.settings.durability == "fsync"
         queued = record.get("queued")
         if isinstance(queued, str) and withdraw(conv, queued, durable=durable):
@@ -334,12 +337,17 @@ class Tasks:
             record["withdrawn"] = True
             write_task(conv, secret, record, durable=durable)
             return
-        state = read_state(conv)
-        if state is None or state.status not in _AT_WORK:
-            return
+        part = self.portion(conv, secret, record)
+        if part.end is not None:
+            raise _cannot(task_id, "it has completed (a later message's turn has begun)")
+        with self.faces.lock:
+            stopping = actions.cancel(conv)
+        if stopping is None:
+            state = read_state(conv)
+            now = state.status.value if state else Status.PENDING.value
+            raise _cannot(task_id, f"its turn is over (the conversation is {now})")
         record["cancelled_at"] = datetime.now(UTC).timestamp()
         write_task(conv, secret, record, durable=durable)
-        actions.cancel(conv)
 
     def update(self, task_id: str, responses: dict[str, Any]) -> None:
         """The person's answers to the forms (``inputResponses``): accept with a decision,
@@ -373,6 +381,10 @@ class Tasks:
                 continue  # not outstanding (answered, or never asked): ignored
         if refused:
             raise MCPError(INVALID_PARAMS, "; ".join(refused))
+
+
+def _cannot(task_id: str, why: str) -> MCPError:
+    return MCPError(INVALID_PARAMS, f"Cannot cancel task {task_id[:160]}: {why}")
 
 
 def _told_path(conv: Conv, secret: str) -> Path:
