@@ -84,6 +84,7 @@ class MarkerKind(enum.StrEnum):
     CONTINUED = "CONTINUED"
     FORKED = "FORKED"  # a fork ends here and waits for the agent's next message
     RETRACTED = "RETRACTED"  # the agent withdrew the turn that ends here
+    GO_ON = "GO ON"  # the agent asked the model to go on with the reply that ends here
 
 
 # --------------------------------------------------------------------------- on disk
@@ -186,6 +187,20 @@ class ErrorInfo(BaseModel):
     kind: str
     message: str
     time: str
+
+
+CutReason = Literal["repeating", "length", "bytes"]
+
+
+class ReplyCut(BaseModel):
+    """state.json ``reply_cut``: the last reply was stopped before its end, and why
+    (``repeating``: the daemon stopped a model stuck in a loop; ``length``: the server stopped
+    at its token limit; ``bytes``: max_reply_bytes). Set with the reply's commit, cleared by
+    the next reply's."""
+
+    reason: CutReason
+    message: str
+    tokens: int | None = None  # the reply's tokens, where the server said
 
 
 class Crashes(BaseModel):
@@ -328,6 +343,7 @@ class State(BaseModel):
     retry_settings: str = ""  # fingerprint of the backend's settings when the backoff was set
     crashes: Crashes | None = None  # the current turn's unexpected failures (retrying.crashed)
     last_turn: Usage | None = None
+    reply_cut: ReplyCut | None = None  # the last reply stopped before its end (issue 45)
     ledger: Ledger = Field(default_factory=Ledger)
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     turn_started: TurnStarted | None = None  # the turn in flight (contemplation.engine.inflight)

@@ -287,6 +287,16 @@ class Settings(BaseSettings):
     native_tools: bool = Field(
         True, description="offer the routes as native tools to models that can call tools"
     )
+    stop_repeating: bool = Field(
+        True, description="stop a reply that repeats one span over and over (a model in a loop)"
+    )
+    reply_cap: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="the most a reply may take, as a share of the window, when the options "
+        "set no num_predict (0: no cap sent)",
+    )
     breaker_threshold: int = Field(
         5, ge=1, description="transient failures in a row before a backend is left alone"
     )

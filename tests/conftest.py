@@ -145,6 +145,9 @@ def base_env(home: Home, fake: FakeOllama | None = None, **extra: str) -> dict[s
         CONTEMPLATION_RETRY__BASE="0.05",
         CONTEMPLATION_RETRY__CAP="0.2",
         CONTEMPLATION_DASHBOARD_PORT="0",
+        # the scripted fakes stream filler ("word word word …") that is itself a loop: the
+        # loop stop is on in the tests that show it (tests/system/test_reply_cut.py)
+        CONTEMPLATION_STOP_REPEATING="false",
         PYTHONUNBUFFERED="1",
     )
     if fake is not None:
@@ -158,6 +161,7 @@ def make_settings(home: Home) -> Callable[..., Settings]:
     def make(fake: FakeOllama | None = None, **overrides: Any) -> Settings:
         env = {"OLLAMA_HOST": fake.url} if fake else {}
         base: dict[str, Any] = {"settle_seconds": 0, "retry": {"base": 0.01, "cap": 0.05}}
+        base["stop_repeating"] = False  # filler of the scripted fakes (see base_env)
         base.update(overrides)
         return settings_mod.load(home=home.root, env=env, overrides=base, config=None)
 

@@ -14,6 +14,7 @@ EXIT_ERROR = 1  # also a bad configuration, an unknown conversation, a failed tu
 # 2: a bad option or argument (click's own exit)
 EXIT_NEEDS_AGENT = 3  # send --wait: the model waits for a NEED no rule answers
 EXIT_TIMEOUT = 4  # send --wait --timeout: no reply in time (it stays queued)
+EXIT_CUT = 5  # --wait: the reply was stopped before its end (a loop, the token limit)
 EXIT_PLUGIN = 70  # a plugin ended the process (os._exit): a failure, restarted by systemd
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
@@ -24,6 +25,8 @@ Exit codes:
   2    bad usage
   3    the model waits for the agent (--wait: a need to answer or a lookup to approve)
   4    timed out (send --wait --timeout); the reply still comes
+  5    the reply was stopped before its end (--wait: a loop, or the token limit);
+       `contemplation continue` has the model go on
   70   a plugin ended the process (os._exit): run's service is restarted
   130  interrupted (Ctrl-C)
 """

@@ -46,6 +46,7 @@ from contemplation.models import (
     ConvEvent,
     MarkerKind,
     Metadata,
+    ReplyCut,
     Status,
 )
 from contemplation.needs import calls
@@ -58,6 +59,7 @@ from contemplation.prompt.toolspecs import canonical_tools
 from contemplation.protocol import structured
 from contemplation.protocol.conversation import awaiting, still_due
 from contemplation.protocol.parser import find_needs
+from contemplation.protocol.repetition import ReplyWatch
 from contemplation.store import attachments
 from contemplation.store.layout import Conv
 from contemplation.store.templates import Template
@@ -528,6 +530,7 @@ async def _pump_refitted(
 ) -> tuple[Streamed, budget.Plan, ChatRequest]:
     """:func:`_pump_guarded`; a prompt the server refuses for its window, saying how many
     tokens it counted, is compacted once and sent again (:func:`_refused`)."""
+    request = capped(request, planned.window, rt.settings.reply_cap)
     try:
         return await _pump_guarded(conv, rt, on, request, reply, held=held), planned, request
     except ContextOverflow as exc:
@@ -536,6 +539,7 @@ async def _pump_refitted(
         planned, request = await _refused(
             conv, rt, on=on, reply=reply, exc=exc, request=request, replan=replan
         )
+        request = capped(request, planned.window, rt.settings.reply_cap)
         return await _pump_guarded(conv, rt, on, request, reply, held=held), planned, request
 
 
@@ -585,7 +589,8 @@ async def _pump_guarded(
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
     backend = _backend(rt, on)
-    got = await _pump(conv, backend, request, reply, on_end=held.release)
+    watch = ReplyWatch() if rt.settings.stop_repeating else None
+    got = await _pump(conv, backend, request, reply, on_end=held.release, watch=watch)
     usage = got.usage
     if (
         usage is None
@@ -604,7 +609,12 @@ async def _pump_guarded(
     log.info("thinking_budget_spent", conv=conv.id, tokens=usage.eval_count)
     async with rt.scheduler(on.provider).slot(on.model) as again_held:  # let go of at the end
         again = await _pump(
-            conv, backend, replace(request, think=False), reply, on_end=again_held.release
+            conv,
+            backend,
+            replace(request, think=False),
+            reply,
+            on_end=again_held.release,
+            watch=watch,
         )
     again.truncated = again.truncated or got.truncated
     return again
@@ -617,11 +627,14 @@ async def _pump(
     reply: LiveReply,
     *,
     on_end: Callable[[], None],
+    watch: ReplyWatch | None = None,
 ) -> Streamed:
     """Read the backend's stream into the reply (which makes it durable, see
     :meth:`LiveReply.attempt`); raises _Cancelled on the agent's cancel, _Gone when the
     folder is deleted. The request goes out first, while the reply's first state write is
-    made; ``on_end`` (the slot's release) runs as soon as the stream ends."""
+    made; ``on_end`` (the slot's release) runs as soon as the stream ends. A reply ``watch``
+    sees stuck in a loop is stopped there: the stream is closed (the server stops generating)
+    and what was said is kept (``Streamed.repeating`` says what repeated)."""
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     stream = backend.stream(request)
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
@@ -630,6 +643,9 @@ async def _pump(
         try:
             ev = await first
             while ev is not None and not await feed.take(ev):
+                if watch is not None and (loop := watch.feed(ev.kind, ev.text)) is not None:
+                    feed.got.repeating = loop.describe()
+                    break
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
                     _check_cancel(conv)
@@ -665,12 +681,8 @@ async def _finish(
     meta, usage = w.meta, got.usage
     if request.schema is None:  # a reply held to a schema is offered no tools: it is the answer
         await _write_tool_calls(rt, reply, meta, got.calls)
-    markers: list[tuple[MarkerKind, str]] = []
-    if got.truncated:
-        limit = rt.settings.max_reply_bytes
-        markers.append(
-            (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
-        )
+    # a reply stopped before its end says so on every face (state.json reply_cut)
+    markers, ended = _ending(conv.id, got, request, rt.settings.max_reply_bytes)
     if usage is not None:
         usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
         usage.context_window = usage.context_window or planned.window
@@ -711,7 +723,12 @@ async def _finish(
     # the backend session is committed with the reply: the next start goes on in it
     try:
         await reply.finish(
-            markers=markers, usage=usage, status=status, error=error, session=got.session
+            markers=markers,
+            usage=usage,
+            status=status,
+            error=error,
+            session=got.session,
+            cut=ended,
         )
     finally:
         if reply.committed:  # a cancel that came meanwhile finds the reply committed
@@ -736,3 +753,60 @@ async def _write_tool_calls(
     if not native:
         await reply.note("tool calls written as JSON text were read as NEED lines")
     reply.content(("\n" if reply.text else "") + calls.need_lines(found, functions))
+
+
+def capped(request: ChatRequest, window: int, share: float) -> ChatRequest:
+    """``request`` with the default reply cap: ``share`` of the window in ``num_predict``
+    when its options set none (``num_predict`` or ``max_tokens``; -1 is Ollama's "no cap")."""
+    options = request.options
+    if share <= 0 or window <= 0 or "num_predict" in options or "max_tokens" in options:
+        return request
+    return replace(request, options={**options, "num_predict": max(1, int(window * share))})
+
+
+def _ending(
+    conv_id: str, got: Streamed, request: ChatRequest, limit: int
+) -> tuple[list[tuple[MarkerKind, str]], ReplyCut | None]:
+    """The markers that say how the reply ended early, and the ``reply_cut`` it records."""
+    markers: list[tuple[MarkerKind, str]] = []
+    if got.truncated:
+        markers.append(
+            (MarkerKind.WARNING, f"the reply was cut at {limit} bytes (max_reply_bytes)")
+        )
+    cut = stopped(conv_id, got, request, limit)
+    if cut is not None:
+        markers.append((MarkerKind.NOTE, cut.message))
+        log.warning("reply_cut", conv=conv_id, reason=cut.reason, tokens=cut.tokens)
+    return markers, cut
+
+
+def stopped(conv_id: str, got: Streamed, request: ChatRequest, limit: int) -> ReplyCut | None:
+    """How the reply was stopped before its end (None: it ended by itself), in the words of
+    its NOTE: a loop the daemon stopped, the server's token limit, or max_reply_bytes."""
+    go_on = f"`contemplation continue {conv_id}` (MCP: conversation_continue)"
+    tokens = got.usage.eval_count if got.usage is not None else None
+    if got.repeating:
+        return ReplyCut(
+            reason="repeating",
+            tokens=tokens,
+            message=f"stopped: the model was repeating itself, {got.repeating}; what it said "
+            "is kept. To go on: send a message that steers it (or set a repeat_penalty or a "
+            f"higher temperature in the options), or {go_on} has it go on from here",
+        )
+    if got.usage is not None and got.usage.done_reason == "length":
+        cap = request.options.get("num_predict") or request.options.get("max_tokens")
+        said = f"{tokens} tokens" if tokens else "its token limit"
+        of = f", num_predict {cap}" if isinstance(cap, int) and cap > 0 else ""
+        return ReplyCut(
+            reason="length",
+            tokens=tokens,
+            message=f"stopped at the token limit ({said}{of}): the reply is not whole; "
+            f"{go_on} has the model go on where it stopped",
+        )
+    if got.truncated:
+        return ReplyCut(
+            reason="bytes",
+            tokens=tokens,
+            message=f"stopped at max_reply_bytes ({limit} bytes): the reply is not whole",
+        )
+    return None

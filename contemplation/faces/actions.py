@@ -117,8 +117,12 @@ def _resolve(
     return tpl, backend_name, model_name
 
 
-def _extra(reqs: list[dict[str, str]], think: bool | str | None) -> dict[str, Any] | None:
+def _extra(
+    reqs: list[dict[str, str]], think: bool | str | None, started_by: str | None = None
+) -> dict[str, Any] | None:
     extra: dict[str, Any] = {}
+    if started_by:
+        extra["started_by"] = started_by  # the agent's face: `watch --agent` follows it
     if reqs:
         extra["context_requirements"] = reqs
     if think is not None:
@@ -134,6 +138,7 @@ def create(
     backend: str | None = None,
     template: str | None = None,
     think: bool | str | None = None,
+    started_by: str | None = None,
 ) -> Conv:
     """A new conversation with nothing queued (``contemplation new`` without a message)."""
     home = Home(settings.home)
@@ -147,7 +152,7 @@ def create(
         template=tpl,
         model=model_name,
         backend=backend_name,
-        extra=_extra([], think),
+        extra=_extra([], think, started_by),
         durable=settings.durability == "fsync",
     )
 
@@ -164,6 +169,7 @@ def start(
     idempotency_key: str | None = None,
     think: bool | str | None = None,
     files: Sequence[Attachment] = (),
+    started_by: str | None = None,
 ) -> tuple[Conv, bool]:
     """A new conversation with its first message queued (none when ``initial_prompt`` is None:
     it starts empty), carrying ``files``. Returns it and whether it is new."""
@@ -190,7 +196,7 @@ def start(
             template=tpl,
             model=model_name,
             backend=backend_name,
-            extra=_extra(reqs, think),
+            extra=_extra(reqs, think, started_by),
             durable=settings.durability == "fsync",
         )
         if files:
@@ -556,6 +562,44 @@ def _withdraw(conv: Conv, w: ConvWriter) -> dict[str, Any]:
     w.append_marker(MarkerKind.RETRACTED, RETRACTED_WORDS)
     w.show(Status.IDLE)
     return {"retracted": True, "block": n, "message": logformat.one_line(first, 80)}
+
+
+def go_on(settings: Settings, conv: Conv, face: Decider = "cli") -> dict[str, Any]:
+    """Have the model go on with its last reply (one a loop, the token limit or a person
+    thought short): a ``GO ON`` line ends the log and the next turn's request ends with that
+    reply as the model's own words, so the model carries on from them (a server that takes a
+    last assistant message as the start of its answer, as llama-server and Ollama do, goes on
+    mid-sentence). Its words come in a model block of their own; no message is written in
+    the person's name. Returns ``block`` (the reply's number, from 1)."""
+    require_active(conv)
+    for _ in range(RETRACT_LOCK_TRIES):
+        try:
+            with open_writer(conv, durable=settings.durability == "fsync", wait=False) as w:
+                return _go_on(conv, w, face)
+        except LockBusy:
+            time.sleep(0.02)
+    raise LockBusy(f"{conv.id} is busy (a reply is being written); try again shortly")
+
+
+def _go_on(conv: Conv, w: ConvWriter, face: Decider) -> dict[str, Any]:
+    from contemplation.protocol.conversation import next_action
+    from contemplation.store.logview import LogView
+
+    if w.state.intent is not None or w.state.rotation is not None:
+        raise InputRejected(f"{conv.id} has a write to recover first; try again once a daemon ran")
+    if w.log_size() != w.state.log.size:
+        raise InputRejected(f"{conv.id} has bytes the daemon has not taken yet; try again shortly")
+    blocks = LogView(conv).refresh().blocks
+    nxt = next_action(blocks)
+    if not blocks or blocks[-1].kind.value != "model" or nxt.action != "idle":
+        raise InputRejected(
+            f"{conv.id} has no reply to go on with: the last block is not a finished reply "
+            f"of the model's (status {w.state.status.value}); send a message instead"
+        )
+    who = "the agent (conversation_continue)" if face == "mcp" else DECIDERS[face]
+    w.append_marker(MarkerKind.GO_ON, f"asked by {who}")
+    w.show(Status.PENDING)
+    return {"continued": True, "block": len(blocks)}
 
 
 def set_model(

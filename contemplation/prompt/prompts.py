@@ -18,7 +18,7 @@ from contemplation.models import (
     Rule,
 )
 from contemplation.needs.tools import registry
-from contemplation.protocol.conversation import last_marker, retracted, whole
+from contemplation.protocol.conversation import goes_on, last_marker, retracted, whole
 from contemplation.protocol.logformat import (
     RESPONSE_PREFIX,
     TOOL_CALL_OPEN,
@@ -262,6 +262,9 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
                 out.append((i, ChatMessage("assistant", CANCELLED_NOTE)))
             continue
         content, calls = split_tool_calls(text)
+        if not calls and content and _goes_on(blocks, i, out):  # `continue`: one reply
+            out[-1] = (i, ChatMessage("assistant", out[-1][1].content + content))
+            continue
         calls_by_need = {need: (cid, name) for cid, name, _, need in calls}
         if calls:
             tool_calls = tuple(
@@ -272,6 +275,15 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
         elif content:
             out.append((i, ChatMessage("assistant", content)))
     return out
+
+
+def _goes_on(blocks: tuple[Block, ...], i: int, out: list[tuple[int, ChatMessage]]) -> bool:
+    """Block ``i`` (a model's) carries on the reply before it, which the agent asked the model
+    to go on with (``GO ON``): the two are one assistant message, as the model wrote them."""
+    if i == 0 or not out or not goes_on(blocks[i - 1]):
+        return False
+    last = out[-1][1]
+    return out[-1][0] == i - 1 and last.role == "assistant" and not last.tool_calls
 
 
 def message_count(blocks: Sequence[Block]) -> int:

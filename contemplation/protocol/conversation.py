@@ -48,6 +48,16 @@ def last_marker(block: Block) -> MarkerKind | None:
     return None
 
 
+def goes_on(block: Block) -> bool:
+    """A model block the agent asked the model to go on with (``continue``): its last marker
+    is ``GO ON``, and the next reply carries on from its words."""
+    return (
+        block.kind is BlockKind.MODEL
+        and bool(block.markers)
+        and (block.markers[-1][0] is MarkerKind.GO_ON)
+    )
+
+
 def retracted(blocks: tuple[Block, ...]) -> set[int]:
     """The indices of the blocks the agent withdrew: each ``RETRACTED`` marker withdraws
     the turn that ends with its block, from the agent's own message that began it."""
@@ -186,6 +196,8 @@ def next_action(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Next
     if last.kind is BlockKind.MODEL:
         if mark is MarkerKind.INTERRUPTED:
             return Next("turn", reason="the last reply was cut off", rounds=need_rounds(blocks))
+        if goes_on(last):  # `contemplation continue`: the reply goes on in a block of its own
+            return Next("turn", reason="the agent asked the model to go on")
         if last.complete:
             return Next("complete")
         if last.needs:

@@ -108,3 +108,15 @@ class Watch:
         while length + p <= n and s[n - length - p : n - length] == s[n - length : n - length + p]:
             length += p
         return length
+
+
+class ReplyWatch:
+    """A reply's answer and its thinking, each watched apart (a switch from one to the other
+    is no repetition, and a loop in either is one)."""
+
+    def __init__(self) -> None:
+        self._by = {"content": Watch(), "thinking": Watch()}
+
+    def feed(self, kind: str, text: str) -> Loop | None:
+        w = self._by.get(kind)
+        return w.feed(text) if w is not None and text else None

@@ -40,6 +40,21 @@ def _held(disk_full: str) -> str:
     return "stalled: no daemon is running (messages stay queued until one starts)"
 
 
+#: how a reply stopped before its end (state.json ``reply_cut.reason``), as every face says it
+CUT_WORDS = {
+    "repeating": "for repeating itself (a loop): `continue` or a message goes on",
+    "length": "at the token limit: `continue` has the model go on",
+    "bytes": "at max_reply_bytes",
+}
+
+
+def _idle(state: State | None) -> str:
+    cut = state.reply_cut if state is not None else None
+    if cut is not None:  # a reply that is not whole
+        return f"idle: the last reply was stopped {CUT_WORDS[cut.reason]}"
+    return "idle: waiting for your next message"
+
+
 def describe(
     state: State | None,
     *,
@@ -93,7 +108,7 @@ def describe(
             return f"queued behind {behind} turn(s) on {model}"
         return "queued: the daemon takes it next" if queued else "nothing to do yet"
     return {
-        Status.IDLE: "idle: waiting for your next message",
+        Status.IDLE: _idle(state),
         Status.COMPLETE: "complete",
         Status.ERROR: "the last turn failed",
         Status.CANCELLED: "the last turn was cancelled",

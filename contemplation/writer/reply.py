@@ -32,6 +32,7 @@ from contemplation.models import (
     Intent,
     MarkerKind,
     Metadata,
+    ReplyCut,
     State,
     Status,
     StreamEvent,
@@ -258,6 +259,7 @@ class ReplyStream:
         status: Status | None = None,
         error: ErrorInfo | None = None,
         session: BackendSession | None = None,
+        cut: ReplyCut | None = None,
     ) -> Steps[int]:
         """:meth:`finish` as steps (see :mod:`.durable`)."""
         if not self.started:
@@ -276,6 +278,7 @@ class ReplyStream:
         self.w.state.log.size = self.w.log_size()
         self.w.state.turns += 1
         self.w.state.last_turn = usage
+        self.w.state.reply_cut = cut  # this reply's (None: it ended by itself)
         self.w.count_turn(usage)
         self.w.state.retry_count = 0
         self.w.state.next_retry_at = None
@@ -315,6 +318,7 @@ class Streamed:
     usage: Usage | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     truncated: bool = False  # cut at the reply's byte limit
+    repeating: str = ""  # stopped: stuck in a loop (what repeated, for a person)
     session: BackendSession | None = None  # the server-side session now holding the history
 
 
@@ -403,6 +407,7 @@ class LiveReply:
         status: Status | None = None,
         error: tuple[ErrorKind, str] | None = None,
         session: BackendSession | None = None,
+        cut: ReplyCut | None = None,
     ) -> None:
         """Close the block and commit it, with ``status``, ``error`` (recorded, e.g. an empty
         reply) and the backend ``session`` in the same state write; its fsyncs run off the
@@ -410,7 +415,12 @@ class LiveReply:
         info = ErrorInfo(kind=error[0], message=error[1], time=now_iso()) if error else None
         await self._committer.run(
             self._r.finish_steps(
-                markers=markers, usage=usage, status=status, error=info, session=session
+                markers=markers,
+                usage=usage,
+                status=status,
+                error=info,
+                session=session,
+                cut=cut,
             )
         )
 

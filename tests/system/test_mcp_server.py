@@ -41,6 +41,7 @@ TOOLS = {
     "conversation_wait",
     "conversation_archive",
     "conversation_cancel",
+    "conversation_continue",
     "conversation_models",
     "conversation_reopen",
     "conversation_search",

@@ -20,6 +20,7 @@ from click.shell_completion import CompletionItem
 from contemplation import settings as settings_mod
 from contemplation.base.exits import (
     EXIT_CODES,
+    EXIT_CUT,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_NEEDS_AGENT,
@@ -36,7 +37,7 @@ from contemplation.store.layout import Conv, Home, valid_id
 from contemplation.store.templates import shipped_templates
 
 __all__ = [
-    "EXIT_CODES", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NEEDS_AGENT", "EXIT_OK",
+    "EXIT_CODES", "EXIT_CUT", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NEEDS_AGENT", "EXIT_OK",
     "EXIT_TIMEOUT", "fail",
 ]  # fmt: skip
 

@@ -467,6 +467,8 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     st = cli_wait.stat_or_none(conv.log)
     human = show.conversation(data, state, st.st_mtime if st else None)
     told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]
+    if state is not None and state.reply_cut is not None:  # the last reply is not whole
+        told.append(f"cut:          {state.reply_cut.message}")
     data["being_written"] = [] if conv.is_completed else openfiles.being_written_in(conv)
     told += [  # left in the inbox until its writer closes it (docs/format.md, the inbox rule)
         f"writing:      inbox/{name} is still being written (open for writing); taken once closed"
@@ -493,6 +495,7 @@ def _word(value: Any) -> str:
 def _state_details(state: State) -> dict[str, Any]:
     return {
         "last_turn": state.last_turn.model_dump() if state.last_turn else None,
+        "reply_cut": state.reply_cut.model_dump() if state.reply_cut else None,
         "ledger": ledger.total(state.ledger).model_dump(),
         "generating_since": state.generating_since if state.status is Status.GENERATING else None,
         "retry_count": state.retry_count,

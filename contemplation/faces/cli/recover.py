@@ -1,19 +1,32 @@
-"""``contemplation retract`` and ``set-model``: going on after a turn that failed (an image
-sent to a model that cannot see, a runaway reply): withdraw it, or move the conversation to
-another model (see :func:`contemplation.faces.actions.retract` and :func:`~.actions.set_model`).
+"""``contemplation retract``, ``set-model`` and ``continue``: going on after a turn that
+failed (an image sent to a model that cannot see, a runaway reply): withdraw it, or move the
+conversation to another model (see :func:`contemplation.faces.actions.retract` and
+:func:`~.actions.set_model`), or after a reply that stopped before its end: have the model
+go on (:func:`~.actions.go_on`).
 Loaded only when they run (see :mod:`contemplation.faces.cli.root`)."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import click
 
 from contemplation.backends.catalog import refusal
 from contemplation.errors import InputRejected
 from contemplation.faces import actions
-from contemplation.faces.cli.common import CONVERSATION, ctx_settings, emit, json_option, lookup
-from contemplation.store.layout import read_metadata
+from contemplation.faces.cli import wait as cli_wait
+from contemplation.faces.cli.common import (
+    CONVERSATION,
+    EXIT_CODES,
+    ctx_settings,
+    emit,
+    json_option,
+    lookup,
+)
+from contemplation.faces.cli.conv import TIMEOUT, WAIT, WAIT_JSON
+from contemplation.faces.reading import Reader
+from contemplation.store.layout import Home, read_metadata
 
 
 @click.command()
@@ -55,3 +68,30 @@ def set_model(
         f"(was {was['model']} on {was['backend']})"
     )
     emit({"conversation_id": conv.id} | done, as_json, human)
+
+
+@click.command("continue", epilog=EXIT_CODES)
+@click.argument("conversation", type=CONVERSATION)
+@WAIT
+@TIMEOUT
+@WAIT_JSON
+@click.pass_context
+def continue_(
+    ctx: click.Context, conversation: str, wait: bool, timeout: float, as_json: bool
+) -> None:
+    """Have the model go on with its last reply where it stopped (a token limit, a loop).
+
+    A GO ON line ends the log; the next turn sends that reply as the model's own words and
+    the model carries on from them, in a block of its own (no message in your name). With
+    --wait the continuation streams to stdout; exit codes as `send --wait` (5: stopped again)."""
+    s = ctx_settings(ctx)
+    conv = lookup(ctx, conversation)
+    done = actions.go_on(s, conv)
+    if not wait:
+        human = f"{conv.id}: the model goes on with its reply (block {done['block']})"
+        emit({"conversation_id": conv.id} | done, as_json, human)
+        return
+    reader = Reader(Home(s.home))
+    ex = cli_wait.Exchange(reader.boundary(conv))
+    cli_wait.note_no_daemon(reader.home)
+    sys.exit(cli_wait.follow(reader, conv, ex, timeout, as_json=as_json))

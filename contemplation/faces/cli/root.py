@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Move a conversation to completed/; prints...",
     ),
     "cancel": ("conv", "cancel", "Stop the in-flight generation and mark the..."),
+    "continue": ("recover", "continue_", "Have the model go on with its last reply..."),
     "doctor": ("daemon", "doctor", "Check the home, the config and every..."),
     "fork": ("fork", "fork", "Start a new conversation from blocks 1..N..."),
     "install": ("install", "install", "Install contemplation into Claude Code (a..."),

@@ -1,7 +1,7 @@
 """Waiting from a shell: ``send --wait``, ``respond --wait``, ``approve --wait``,
 ``new --message … --wait`` and ``contemplation wait`` stream one exchange to stdout and end
 with the same exit codes (0 done, 1 the turn failed, 3 the model waits for the agent, 4 the
-time ran out).
+time ran out, 5 the reply was stopped before its end: a loop, or the token limit).
 
 An exchange is what one message of the agent started: its own block, the model's replies and
 the rules' answers after it. Only that is printed: when an earlier reply is still being
@@ -23,7 +23,13 @@ import click
 
 from contemplation.base.terminal import safe
 from contemplation.faces.cli import show
-from contemplation.faces.cli.common import EXIT_ERROR, EXIT_NEEDS_AGENT, EXIT_OK, EXIT_TIMEOUT
+from contemplation.faces.cli.common import (
+    EXIT_CUT,
+    EXIT_ERROR,
+    EXIT_NEEDS_AGENT,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+)
 from contemplation.faces.reading import Reader, Standing, own, segments
 from contemplation.models import MarkerKind, Status
 from contemplation.protocol import logformat
@@ -240,6 +246,8 @@ def result(reader: Reader, conv: Conv, ex: Exchange, code: int) -> dict[str, Any
             out["parsed"] = replies[-1]["parsed"]
     if state is not None and state.last_error is not None and code == EXIT_ERROR:
         out["error"] = state.last_error.message
+    if state is not None and state.reply_cut is not None:
+        out["reply_cut"] = state.reply_cut.model_dump()
     return out
 
 
@@ -264,6 +272,8 @@ def _code(view: Standing, ex: Exchange) -> int | None:
         return EXIT_NEEDS_AGENT
     if state.status in (Status.CANCELLED, Status.ERROR):
         return EXIT_ERROR
+    if state.reply_cut is not None:  # the last reply is not whole (issue 45)
+        return EXIT_CUT
     return EXIT_OK
 
 
@@ -330,6 +340,8 @@ def report(conv: Conv, code: int, view: Standing, *, refused: str | None = None)
             f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
         ]
         click.echo("\n".join(told), err=True)
+    elif code == EXIT_CUT and state is not None and state.reply_cut is not None:
+        click.echo(safe(f"cut: {state.reply_cut.message}"), err=True)
     elif code == EXIT_ERROR and state is not None:
         if state.status is Status.CANCELLED:
             click.echo("error: the turn was cancelled", err=True)

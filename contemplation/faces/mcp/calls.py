@@ -52,6 +52,7 @@ class Limits:
     max_listen_streams: int = 32  # open subscriptions/listen streams
     resources_page: int = 50  # conversations a resources/list page lists (two resources each)
 
+
 LIST_FILTERS = ("active", "all", "archived", *(s.value for s in Status))
 EMPTY_HINT = "The conversation is empty: send the first message with conversation_respond."
 
@@ -160,10 +161,18 @@ class Faces:
             "last_error": state.last_error.model_dump() if state and state.last_error else None,
             "daemon_alive": alive,
         }
+        if state is not None and state.reply_cut is not None:  # the last reply is not whole
+            out["reply_cut"] = state.reply_cut.model_dump()
         if state is not None and state.ledger.by:  # where its tokens and time went
             out["ledger"] = ledger.total(state.ledger).model_dump()
         empty = queued == 0 and _log_size(conv) == 0
         hint = self._hint(conv, status, items, alive, empty)
+        if not hint and "reply_cut" in out and status == Status.IDLE.value:
+            hint = (
+                "The last reply was stopped before its end (reply_cut says why): "
+                "conversation_continue has the model go on where it stopped; "
+                "conversation_respond steers it instead."
+            )
         if hint:
             out["hint"] = hint
         return out

@@ -311,6 +311,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             context_requirements=context_requirements,
             idempotency_key=idempotency_key,
             files=files,
+            started_by="mcp",  # the agent's: `contemplation watch --agent` follows it
         )
         alive = daemon_alive(faces.home)
         # a new conversation's blocks all come after 0; a repeat of an earlier start gets
@@ -451,6 +452,18 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             now = state.status.value if state else Status.PENDING.value
             raise InputRejected(f"nothing to cancel: {conv.id} is {now} (no turn is running)")
         return _json({"conversation_id": conv.id, "cancelling": stopping.value})
+
+    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    @_errors_as_tool_errors
+    def conversation_continue(conversation_id: Id) -> str:
+        """Have the model go on with its last reply where it stopped (`reply_cut`: a token
+        limit, a loop): its words come in a new block, no message in your name. Returns a
+        cursor for conversation_wait."""
+        with faces.lock:
+            conv = faces.reader.locate(conversation_id)
+            done = actions.go_on(settings, conv, face="mcp")
+            cursor = faces.reader.boundary(conv)
+        return _json({"conversation_id": conv.id} | done | {"cursor": cursor})
 
     @tool(read_only)
     async def conversation_models() -> str:
