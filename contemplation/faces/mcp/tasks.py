@@ -18,8 +18,10 @@ server process on the same home answers for it, after a crash or a restart of ei
 ``conversation_wait`` returns then (the model's blocks since the message, cut to the page
 budget with a cursor, ``parsed`` for a structured reply, ``waiting`` with the call that
 settles each need or lookup); a failed turn completes with ``isError``; ``cancelled`` after
-``tasks/cancel`` once the turn has stopped, or at once when its message was still queued (it
-is withdrawn from ``inbox/`` before a daemon claims it, and never reaches the model).
+``tasks/cancel`` once the turn has stopped (waiting for its slot, loading or streaming), or at
+once when its message was still queued (it is withdrawn from ``inbox/`` before a daemon claims
+it, and never reaches the model). Each task is its own question: its result is its message's
+turn only (:mod:`.task_turn`), never a later message's reply.
 ``ttlMs`` is the retention of archived conversations (``[retention] archived_days``; null:
 kept until the conversation is deleted).
 """
