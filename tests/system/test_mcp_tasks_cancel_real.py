@@ -165,7 +165,9 @@ def test_a_turn_waiting_for_the_slot_is_cancelled_by_its_task_and_by_the_cli(
     _, by_cli = start("By the CLI", "Say goodbye.")
 
     def claimed(conv: Conv) -> bool:  # taken out of inbox/ and into the log: waits for the slot
-        return not any(conv.inbox.iterdir()) and conv.log.is_file() and "Say" in conv.log.read_text()
+        return (
+            not any(conv.inbox.iterdir()) and conv.log.is_file() and "Say" in conv.log.read_text()
+        )
 
     wait_for(lambda: claimed(queued) and claimed(by_cli), 30, what="both messages claimed")
     assert processing(llama)  # the slot is still the holder's
