@@ -5,7 +5,8 @@ task's ``since`` whose text is the one the tool sent (its sha256 and length are 
 task's record; the block may begin with more, as an answer's ``RESPONSE TO NEED`` lines).
 Several tasks sent on one conversation at once (Claude Code calls tools in parallel) share a
 ``since``: the daemon takes their messages one at a time in arrival order, so the n-th task
-with the same text and ``since`` (by inbox name, then creation) owns the n-th such block.
+with the same text (by inbox name, then creation) owns the n-th such block from its
+``since`` on (tasks whose message was found before that ``since`` are not counted).
 The task's turn runs from its message to the agent's next own block (exclusive): the reply
 and what its needs led to (the rules' answers, the replies after them), never a later
 message's reply. A task with no message (``conversation_approve``) starts at its ``since``.
@@ -52,8 +53,11 @@ def _matches(block_text: str, sha: str, n: int) -> bool:
 
 
 def _rank(conv: Conv, secret: str, record: dict[str, Any]) -> int:
-    """How many tasks on ``conv`` sent the same text from the same ``since`` before this one."""
+    """How many tasks on ``conv`` sent the same text before this one whose message may be
+    among this one's candidates (the blocks from its ``since`` on): not one sent from a later
+    cursor, nor one whose message was found before this ``since``."""
     mine = (str(record.get("queued") or ""), float(record.get("created") or 0.0), secret)
+    since = int(record.get("since") or 0)
     before = 0
     try:
         paths = sorted((conv.dir / TASKS_DIR).glob("*.json"))[:MAX_SIBLINGS]
@@ -68,10 +72,13 @@ def _rank(conv: Conv, secret: str, record: dict[str, Any]) -> int:
             continue
         if not isinstance(other, dict) or other.get("withdrawn"):
             continue
-        if other.get("text_sha") != record.get("text_sha") or other.get("since") != record.get(
-            "since"
-        ):
+        if other.get("text_sha") != record.get("text_sha"):
             continue
+        if int(other.get("since") or 0) > since:
+            continue  # sent after this one's cursor moved on: its message comes later
+        seen = other.get("at")
+        if isinstance(seen, int) and seen < since:
+            continue  # its message is before this task's cursor: not among the candidates
         key = (str(other.get("queued") or ""), float(other.get("created") or 0.0), path.stem)
         before += key < mine
     return before

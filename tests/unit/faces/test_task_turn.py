@@ -102,3 +102,21 @@ def test_trimmed_leaves_the_next_turn_out() -> None:
     }
     got = task_turn.trimmed(out, 40)
     assert got == {"blocks": [{"offset": 10, "text": "mine"}], "cursor": 40, "waiting": []}
+
+
+def test_the_same_text_sent_again_after_the_cursor_moved_owns_the_later_message(
+    tmp_path: Path,
+) -> None:
+    """An "ok?" queued while an earlier reply was still being written, then "ok?" again once it
+    was: the second task's cursor is past the first's, but both messages come after it."""
+    _, tasks, conv = made(tmp_path)
+    conv.log.write_text(block(ASK, "Before?"))
+    first = tasks.create(conv.id, conv.log.stat().st_size, "conversation_respond", "1.msg", "ok?")
+    with conv.log.open("a") as f:
+        f.write(block(SAY, "Earlier."))
+    second = tasks.create(conv.id, conv.log.stat().st_size, "conversation_respond", "2.msg", "ok?")
+    with conv.log.open("a") as f:
+        f.write(block(ASK, "ok?") + block(SAY, "One.") + block(ASK, "ok?"))
+    assert texts(tasks, first["taskId"]) == ["One."]
+    at = conv.log.read_text().rindex("=== CLAUDE")
+    assert portion(tasks, conv, second["taskId"]) == task_turn.Portion(at, None, True)
