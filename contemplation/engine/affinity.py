@@ -70,10 +70,11 @@ class SlotAffinity:
     restores_failed: int = 0  # restores a turn found not to hold
     _failing: int = 0  # of them in a row
     _dirty: set[int] = field(default_factory=set)  # slots whose cache no file holds yet
-    _sent: dict[int, int] = field(default_factory=dict)  # slot -> its last turn's prompt tokens
+    # slot -> its last turn's prompt tokens and messages (:func:`kvfiles.digest`)
+    _sent: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     _save: dict[int, str] = field(default_factory=dict)  # slot -> whose cache to save first
     _restore: dict[int, tuple[str, Kept]] = field(default_factory=dict)  # slot -> to restore
-    _verify: dict[int, tuple[str, int]] = field(default_factory=dict)  # slot -> (conv, tokens)
+    _verify: dict[int, tuple[str, Kept]] = field(default_factory=dict)  # slot -> restored
 
     def take(self, conv_id: str, prefix: str, *, slots: int, copy: bool = False) -> int:
         """The slot for a turn of ``conv_id`` whose prompt starts with ``prefix``'s shared
@@ -189,8 +190,8 @@ class SlotAffinity:
                 self.copies = False
             return
         tokens, size = done
-        history = self._sent.get(slot, tokens)
-        self.files.saved(owner, name, tokens=tokens, history=history, size=size)
+        history, said = self._sent.get(slot, (tokens, ()))
+        self.files.saved(owner, name, tokens=tokens, history=history, size=size, said=said)
         self._dirty.discard(slot)
 
     async def _restored(self, slot: int, conv_id: str, kept: Kept, copier: CopiesSlots) -> None:
@@ -201,7 +202,7 @@ class SlotAffinity:
         except BackendError:
             done = None
         if done is not None and done[0]:
-            self._verify[slot] = (conv_id, min(done[0], kept.history))
+            self._verify[slot] = (conv_id, replace(kept, history=min(done[0], kept.history)))
             self._dirty.discard(slot)  # what it holds is that file's
             self._expect[slot] = conv_id
 
@@ -255,18 +256,25 @@ class SlotAffinity:
         self.named = False
         return True
 
-    def verified(self, slot: int | None, conv_id: str, reused: int | None, sent: int | None) -> str:
+    def verified(
+        self, slot: int | None, conv_id: str, reused: int | None, sent: int | None,
+        said: tuple[int, ...] = (),
+    ) -> str:  # fmt: skip
         """After a turn on ``slot``: whether the file restored into it held (its reuse came
-        to the history restored, less ``SHORT``). "" (nothing to say), "restored", "failed",
-        or "off" (this failure made restores stop on this server)."""
+        to the history restored, less ``SHORT``), where its request (``said``: its messages,
+        :func:`kvfiles.digest`) begins with that history's. "" (nothing to say or nothing
+        to tell by), "restored", "failed", or "off" (this failure stopped restores here)."""
         if slot is None:
             return ""
         if sent is not None:
-            self._sent[slot] = sent
+            self._sent[slot] = (sent, said)
         check = self._verify.pop(slot, None)
         if check is None or check[0] != conv_id or reused is None:
             return ""
-        if reused + SHORT >= check[1]:
+        kept = check[1]
+        if said[: len(kept.said)] != kept.said:
+            return ""  # its history was summarised since: this turn cannot tell
+        if reused + SHORT >= kept.history:
             self._failing = 0
             return "restored"
         self.restores_failed += 1

@@ -13,9 +13,12 @@ tokens (SmolLM2-135M: ~23 KB a token; an 8B model: ~128 KB a token).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
+
+from contemplation.models import ChatMessage
 
 log = structlog.get_logger("contemplation.kv")
 FILES = 64  # names in the pool
@@ -29,6 +32,7 @@ class Kept:
     tokens: int  # tokens the file holds
     history: int  # prompt tokens of the conversation's last turn (what a restore must give)
     size: int  # bytes written (0: the server did not say)
+    said: tuple[int, ...] = ()  # that turn's messages (:func:`digest`)
 
 
 @dataclass
@@ -52,8 +56,11 @@ class KvFiles:
         _, oldest = self._kept.popitem(last=False)
         return oldest.name
 
-    def saved(self, conv_id: str, name: str, *, tokens: int, history: int, size: int) -> None:
-        self._kept[conv_id] = Kept(name, tokens, history, size)
+    def saved(
+        self, conv_id: str, name: str, *, tokens: int, history: int, size: int,
+        said: tuple[int, ...] = (),
+    ) -> None:  # fmt: skip
+        self._kept[conv_id] = Kept(name, tokens, history, size, said)
         self._kept.move_to_end(conv_id)
 
     def kept(self, conv_id: str) -> Kept | None:
@@ -78,11 +85,18 @@ class KvFiles:
         return len(self._kept)
 
 
+def digest(messages: Iterable[ChatMessage]) -> tuple[int, ...]:
+    """A request's messages, one number each: a turn whose request begins with the messages
+    of the turn a file was saved after must find that file's history in the cache; one whose
+    history was summarised meanwhile need not (its check is skipped)."""
+    return tuple(hash((m.role, m.content, m.tool_call_id)) for m in messages)
+
+
 def said(provider: str, conv_id: str, verdict: str) -> None:
     """The log's word on a restore a turn checked (see ``SlotAffinity.verified``): a failed
     one as a warning, the one that turns restores off once, as an error naming why."""
     if verdict == "restored":
-        log.info("kv_restored", provider=provider, conv=conv_id)
+        log.debug("kv_restored", provider=provider, conv=conv_id)
     elif verdict == "failed":
         log.warning(
             "kv_restore_failed",

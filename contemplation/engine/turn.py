@@ -56,7 +56,7 @@ from contemplation.prompt.prompts import NeedForm, build_request, need_forms
 from contemplation.prompt.reach import reach
 from contemplation.prompt.summarise import summarise
 from contemplation.prompt.toolspecs import canonical_tools
-from contemplation.protocol import structured
+from contemplation.protocol import ledger, structured
 from contemplation.protocol.conversation import awaiting, still_due
 from contemplation.protocol.parser import find_needs
 from contemplation.protocol.repetition import ReplyWatch
@@ -689,11 +689,21 @@ async def _finish(
         affinity = rt.affinity(on.provider)  # a server that keeps no named slot's history:
         if on.slot is not None and affinity.observed(on.slot, conv.id, usage.cached_tokens):
             log.warning("slots_not_named", provider=on.provider, why=NO_NAMED_HISTORY)  # it picks
-        kvfiles.said(on.provider, conv.id, affinity.verified(  # a slot file restored: held?
-            on.slot, conv.id, usage.cached_tokens, usage.prompt_eval_count
-        ))  # fmt: skip
+        restored = affinity.verified(  # a slot file restored: held?
+            on.slot, conv.id, usage.cached_tokens, usage.prompt_eval_count,
+            kvfiles.digest(request.messages),
+        )  # fmt: skip
+        kvfiles.said(on.provider, conv.id, restored)
+        last = rt.calibration.counts.last(conv.id)  # (before the check keeps this one's)
         # the server counted clearly fewer tokens than our count of what was sent: it cut it
         cut = truncation.check(rt.calibration.counts, conv.id, usage, request, planned.ratio)
+        usage.miss = ledger.miss(  # why it recomputed what it held, where it did
+            usage, held=last.tokens if last else None,
+            extends=last is not None and truncation.extends(request, last),
+            same_tools=last is None or truncation.same_tools(request, last),
+            compacted=bool(planned.summarise or planned.notes), cut=bool(cut),
+            restore=restored, first=w.state.turns == 0,
+        )  # fmt: skip
         if cut and (counted := truncation.whole_count(usage)):  # fitted to that from now on
             kept = rt.calibration.cut(on.model, counted)
             cut += f"; the next requests to {on.model} are fitted to the {kept} tokens it kept"
