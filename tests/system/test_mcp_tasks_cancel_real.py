@@ -159,6 +159,9 @@ def test_a_turn_waiting_for_the_slot_is_cancelled_by_its_task_and_by_the_cli(
 
     busy, holder = start("Holder", prompt)
     long_reply(holder)
+    meta = json.loads(holder.metadata.read_text())  # the model's end of text ignored: it
+    meta["options"]["ignore_eos"] = True  # holds the slot until cancelled (llama-server's)
+    holder.metadata.write_text(json.dumps(meta))
     daemon_factory(env, home).wait_ready()
     wire.until(busy["taskId"], lambda t: "tokens so far" in t["statusMessage"], seconds=180)
     waiting, queued = start("Queued", "Say hello.")
