@@ -298,7 +298,6 @@ class Reader:
         if written is None and state is not None and state.status is Status.GENERATING:
             written = self.streamed(conv)
         asks = sum(1 for i in view.items if i.kind == "approval")
-        busy = view.queued or (state is not None and state.status in BUSY)
         return activity.describe(
             state,
             model=model,
@@ -307,8 +306,14 @@ class Reader:
             behind=behind,
             written=written,
             waiting=(len(view.items) - asks, asks),
-            disk_full=room.full(self.home.root) if busy else "",
+            disk_full=self.disk_full(view),
         )
+
+    def disk_full(self, view: Standing) -> str:
+        """"the disk is full (…)" while a busy conversation's disk has no room (issue 45):
+        its state.json cannot be written then, so its status is behind (see store/room.py)."""
+        busy = view.queued or (view.state is not None and view.state.status in BUSY)
+        return room.full(self.home.root) if busy else ""
 
     def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:
         """What waits for the agent (:mod:`contemplation.store.waiting`): needs to answer and

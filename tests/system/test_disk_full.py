@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from contemplation import settings as settings_mod
+from contemplation.faces.mcp.calls import Faces
 from contemplation.index.db import DB_NAME
 from contemplation.store.layout import Conv, Home
 from tests.conftest import ROOT, base_env, cli, model_replies, wait_for
@@ -258,8 +260,13 @@ def test_a_reply_cut_by_a_full_disk_is_said_as_such_on_every_face(
             assert "retrying: the disk is full" in face.stdout + face.stderr, face
             assert "generating" not in face.stdout + face.stderr, face
             no_log_records(face)
-        said = json.loads(cli(env, "status", "alpha", "--json").stdout)["activity"]
-        assert said.startswith("retrying: the disk is full"), said
+        said = json.loads(cli(env, "status", "alpha", "--json").stdout)
+        assert said["activity"].startswith("retrying: the disk is full"), said
+        assert said["status"] == "retrying", said
+        mcp = Faces(settings_mod.load(home=home.root, env={}, config=None))
+        for out in (mcp.snapshot(conv), mcp.check(conv.id)):  # MCP results, tasks' message
+            assert out["activity"].startswith("retrying: the disk is full"), out
+        assert mcp.snapshot(conv)["status"] == "retrying"
         filler.unlink()
         filler = None
         wait_for(lambda: model_replies(conv) == ["Echo: hello"], 30, what="the redone reply")
