@@ -117,8 +117,12 @@ def _resolve(
     return tpl, backend_name, model_name
 
 
-def _extra(reqs: list[dict[str, str]], think: bool | str | None) -> dict[str, Any] | None:
+def _extra(
+    reqs: list[dict[str, str]], think: bool | str | None, started_by: str | None = None
+) -> dict[str, Any] | None:
     extra: dict[str, Any] = {}
+    if started_by:
+        extra["started_by"] = started_by  # the agent's face: `watch --agent` follows it
     if reqs:
         extra["context_requirements"] = reqs
     if think is not None:
@@ -134,6 +138,7 @@ def create(
     backend: str | None = None,
     template: str | None = None,
     think: bool | str | None = None,
+    started_by: str | None = None,
 ) -> Conv:
     """A new conversation with nothing queued (``contemplation new`` without a message)."""
     home = Home(settings.home)
@@ -147,7 +152,7 @@ def create(
         template=tpl,
         model=model_name,
         backend=backend_name,
-        extra=_extra([], think),
+        extra=_extra([], think, started_by),
         durable=settings.durability == "fsync",
     )
 
@@ -164,6 +169,7 @@ def start(
     idempotency_key: str | None = None,
     think: bool | str | None = None,
     files: Sequence[Attachment] = (),
+    started_by: str | None = None,
 ) -> tuple[Conv, bool]:
     """A new conversation with its first message queued (none when ``initial_prompt`` is None:
     it starts empty), carrying ``files``. Returns it and whether it is new."""
@@ -190,7 +196,7 @@ def start(
             template=tpl,
             model=model_name,
             backend=backend_name,
-            extra=_extra(reqs, think),
+            extra=_extra(reqs, think, started_by),
             durable=settings.durability == "fsync",
         )
         if files:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import zipfile
@@ -28,7 +29,8 @@ from contemplation.errors import ContemplationError
 NAME = "contemplation"
 MARKETPLACE = "contemplation-local"
 PLUGIN_DATA = resources.files("contemplation").joinpath("faces", "claude_code")
-HOOK_DATA = "opt-in"  # the reminder hook's files in the package, copied to hooks/ when asked
+HOOK_DATA = "opt-in"  # the opt-in hooks' files in the package, written to hooks/ when asked
+REMINDER, REWAKE = "hooks.json", "rewake.json"  # in opt-in/: the reminder, the Stop rewake
 DESCRIPTION = (
     "Hand a dialogue to a local LLM (Ollama, llama.cpp, OpenAI-compatible) through a durable "
     "folder queue; Claude is told when the model has answered."
@@ -70,9 +72,29 @@ def _json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def write_plugin(dest: Path, command: list[str], *, with_hook: bool = False) -> Path:
+def _hooks(plugin: Path, base: list[str], *, with_hook: bool, with_rewake: bool) -> None:
+    """``hooks/hooks.json`` of the opt-in hooks asked for: the reminder (SessionStart, with
+    its reminder.json) and the Stop hook that runs ``watch --rewake`` (asyncRewake)."""
+    data = PLUGIN_DATA.joinpath(HOOK_DATA)
+    events: dict[str, Any] = {}
+    if with_hook:
+        _copy(data, plugin / "hooks", skip=frozenset({REMINDER, REWAKE}))
+        events |= json.loads(data.joinpath(REMINDER).read_text())["hooks"]
+    if with_rewake:
+        stop = json.loads(data.joinpath(REWAKE).read_text())["hooks"]["Stop"]
+        stop[0]["hooks"][0]["command"] = shlex.join([*base, "watch", "--rewake"])
+        events["Stop"] = stop
+    if events:
+        _json(plugin / "hooks" / "hooks.json", {"hooks": events})
+
+
+def write_plugin(
+    dest: Path, command: list[str], *, with_hook: bool = False, with_rewake: bool = False
+) -> Path:
     """The marketplace folder ``dest`` with the plugin in ``dest/contemplation`` (made anew, so
-    a hook installed before goes when ``with_hook`` is off); returns the plugin's folder."""
+    a hook installed before goes when it is not asked for again); the monitor
+    (``monitors/monitors.json``) runs ``watch --agent`` with the MCP server's Python and
+    flags. Returns the plugin's folder."""
     plugin = dest / NAME
     manifest = plugin / ".claude-plugin" / "plugin.json"
     if plugin.exists():
@@ -89,8 +111,11 @@ def write_plugin(dest: Path, command: list[str], *, with_hook: bool = False) -> 
     _json(
         plugin / ".mcp.json", {"mcpServers": {NAME: {"command": command[0], "args": command[1:]}}}
     )
-    if with_hook:
-        _copy(PLUGIN_DATA.joinpath(HOOK_DATA), plugin / "hooks")
+    base = command[:-1]  # the server's command less its "mcp"
+    monitors = json.loads(PLUGIN_DATA.joinpath("monitors", "monitors.json").read_text())
+    monitors[0]["command"] = shlex.join([*base, "watch", "--agent"])
+    (plugin / "monitors" / "monitors.json").write_text(json.dumps(monitors, indent=2) + "\n")
+    _hooks(plugin, base, with_hook=with_hook, with_rewake=with_rewake)
     entry = {"name": NAME, "source": f"./{NAME}", "description": DESCRIPTION}
     _json(
         dest / ".claude-plugin" / "marketplace.json",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,28 @@ def test_the_skill_names_only_tools_the_server_has() -> None:
     skill = (PLUGIN / "skills" / "local-model-dialogue" / "SKILL.md").read_text()
     named = set(re.findall(r"`(conversation_[a-z_]+)`", skill))
     assert named and named <= TOOLS, named - TOOLS
+
+
+def test_the_monitor_and_the_opt_in_rewake_hook_pass_the_real_validate(tmp_path: Path) -> None:
+    """Issue 44: the plugin ships a monitor (``monitors/monitors.json``: ``watch --agent``,
+    each line of which reaches Claude) and, with ``--with-rewake``, a Stop hook with
+    ``asyncRewake`` (``watch --rewake``), both run with this installation's Python."""
+    shipped = _claude(tmp_path, "plugin", "validate", str(PLUGIN))
+    assert 'monitors: contemplation-replies "contemplation watch --agent"' in shipped
+    done = _install(tmp_path, "--with-rewake")
+    assert done.returncode == 0, done.stdout + done.stderr
+    plugin = tmp_path / "plugins" / "contemplation"
+    out = _claude(tmp_path, "plugin", "validate", str(plugin))
+    assert "✔ Validation passed" in out and "hooks: Stop" in out and "SessionStart" not in out
+    base = [sys.executable, "-P", "-m", "contemplation", "--home", str(tmp_path / "conversations")]
+    [monitor] = json.loads((plugin / "monitors" / "monitors.json").read_text())
+    assert monitor["command"] == shlex.join([*base, "watch", "--agent"])
+    assert f"monitors: contemplation-replies {json.dumps(monitor['command'])}" in out
+    [stop] = json.loads((plugin / "hooks" / "hooks.json").read_text())["hooks"]["Stop"]
+    assert stop["hooks"] == [
+        {"type": "command", "command": shlex.join([*base, "watch", "--rewake"]), "asyncRewake": True}
+    ]
+    idle = subprocess.run(  # the hook's command as Claude Code runs it: nothing awaited, exit 0
+        ["sh", "-c", stop["hooks"][0]["command"]], capture_output=True, text=True, timeout=60
+    )
+    assert idle.returncode == 0 and idle.stdout == "", idle.stderr

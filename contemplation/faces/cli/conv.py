@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from contemplation.backends import providers
 from contemplation.backends.catalog import refusal
 from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
-from contemplation.faces import actions, decisions
+from contemplation.faces import actions, decisions, watching
 from contemplation.faces.cli import show
 from contemplation.faces.cli import wait as cli_wait
 from contemplation.faces.cli.common import (
@@ -119,7 +120,10 @@ def new(  # noqa: PLR0917 - click passes every option positionally
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
     if model and (why := asyncio.run(refusal(s, backend or s.default_backend, model))):
         raise InputRejected(why)  # an embedding or decision model (issue 39)
-    conv = actions.create(s, topic, model=model, backend=backend, template=template, think=think)
+    by = watching.started_by(os.environ)  # Claude Code's Bash tool: the agent's
+    conv = actions.create(
+        s, topic, model=model, backend=backend, template=template, think=think, started_by=by
+    )
     reader = Reader(Home(s.home))
     ex = cli_wait.begin(reader, conv, _block(text, files, s), wait=wait)
     queued = actions.send(s, conv, text, files) if text is not None else None

@@ -33,6 +33,11 @@ def install() -> None:
 )
 @click.option("--with-hook", is_flag=True, help="Add the hook that reminds Claude of local models.")
 @click.option(
+    "--with-rewake",
+    is_flag=True,
+    help="Add the Stop hook that wakes Claude when a reply it awaits is done (asyncRewake).",
+)
+@click.option(
     "--scope",
     type=click.Choice(["user", "project", "local"]),
     default="user",
@@ -41,12 +46,19 @@ def install() -> None:
 )
 @click.option("--claude", "claude_bin", help="The claude command (default: claude on the PATH).")
 @click.pass_context
-def claude_code(
-    ctx: click.Context, dest: Path | None, with_hook: bool, scope: str, claude_bin: str | None
+def claude_code(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    dest: Path | None,
+    with_hook: bool,
+    with_rewake: bool,
+    scope: str,
+    claude_bin: str | None,
 ) -> None:
     """Write the Claude Code plugin (MCP server, skill, opt-in hook) and install it."""
     dest = (dest or claude.default_dir()).expanduser().absolute()
-    plugin = claude.write_plugin(dest, claude.server_command(**_where(ctx)), with_hook=with_hook)
+    plugin = claude.write_plugin(
+        dest, claude.server_command(**_where(ctx)), with_hook=with_hook, with_rewake=with_rewake
+    )
     click.echo(f"wrote the plugin to {plugin}" + (" (with the reminder hook)" if with_hook else ""))
     found = claude_bin or shutil.which("claude")
     cmd = claude.claude_install(found or "claude", dest, scope)

@@ -92,6 +92,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "The conversation templates: the home's...",
     ),
     "wait": ("conv", "wait", "Print the current exchange (from the..."),
+    "watch": ("watch", "watch", "Print one line per finished reply or..."),
 }
 
 

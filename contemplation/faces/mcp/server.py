@@ -311,6 +311,7 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             context_requirements=context_requirements,
             idempotency_key=idempotency_key,
             files=files,
+            started_by="mcp",  # the agent's: `contemplation watch --agent` follows it
         )
         alive = daemon_alive(faces.home)
         # a new conversation's blocks all come after 0; a repeat of an earlier start gets
