@@ -250,6 +250,16 @@ class TurnStarted(BaseModel):
     starts: int = 1
 
 
+# Why a turn's server recomputed more than the turn's new text (contemplation.protocol.ledger):
+# a conversation's first turn, a compaction that changed the prompt's start, its slot taken by
+# another conversation, a slot file whose restore did not hold, other tools offered, the prompt
+# cut (by the server or to fit), or its history changed otherwise (a retraction, an edit)
+MissCause = Literal[
+    "new conversation", "compaction", "slot taken", "restore failed", "tools changed", "cut",
+    "history changed",
+]  # fmt: skip
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -268,6 +278,7 @@ class Usage(BaseModel):
     # took from its cache, and those it computed again (sent = both, when both are known)
     cached_tokens: int | None = None
     computed_tokens: int | None = None
+    miss: MissCause | None = None  # why the server recomputed what it held (ledger.miss)
     queued_ms: float | None = None  # waiting for the daemon's slot on the provider
     provider: str | None = None  # the provider that answered, and the server's model name
     model: str | None = None
@@ -296,6 +307,7 @@ class LedgerTurn(LedgerSums):
     turn: int = 0  # the conversation's turn number (1 is the first)
     provider: str = ""
     model: str = ""
+    miss: MissCause | None = None  # why it recomputed more than its new text (None: it did not)
 
 
 class Ledger(BaseModel):

@@ -61,8 +61,19 @@ def _usage(chunk: dict[str, Any], first_token_ms: float | None, wall_ms: float) 
         v = chunk.get(key)
         return float(v) / _NS_PER_MS if isinstance(v, int | float) else None
 
+    # prompt_eval_count counts every prompt token (its runner's cache_n + prompt_n), and since
+    # #17943 (2026-08-22) prompt_eval_cached_count those read from the cache; left out (not 0)
+    # by an older server: then what it reused stays unknown
+    sent, cached = chunk.get("prompt_eval_count"), chunk.get("prompt_eval_cached_count")
+    computed = None
+    if isinstance(sent, int) and isinstance(cached, int) and 0 <= cached <= sent:
+        computed = sent - cached
+    else:
+        cached = None
     return Usage(
-        prompt_eval_count=chunk.get("prompt_eval_count"),
+        prompt_eval_count=sent,
+        cached_tokens=cached,
+        computed_tokens=computed,
         eval_count=chunk.get("eval_count"),
         total_duration_ms=ms("total_duration"),
         load_duration_ms=ms("load_duration"),

@@ -55,6 +55,7 @@ class Counted:
     digest: bytes  # of its tool definitions and those messages (see :func:`_digest`)
     chars: int
     tokens: int
+    tools: bytes = b""  # the digest of its tool definitions alone (ledger.miss)
 
 
 class Counts:
@@ -76,6 +77,7 @@ class Counts:
             _digest(request.messages, request.tools),
             _chars(request),
             tokens,
+            _digest((), request.tools),
         )
         while len(self._last) > KEPT:
             del self._last[next(iter(self._last))]
@@ -110,6 +112,19 @@ def whole_count(usage: Usage) -> int | None:
     if usage.computed_tokens is not None and count == usage.computed_tokens:
         return None  # only the evaluated tokens (llama-server's prompt_n without cache_n)
     return count
+
+
+def extends(request: ChatRequest, last: Counted) -> bool:
+    """``request`` begins with the messages and tools of ``last`` (the conversation's previous
+    request): what the server held of it is this one's prefix."""
+    return (
+        len(request.messages) >= last.messages
+        and _digest(request.messages[: last.messages], request.tools) == last.digest
+    )
+
+
+def same_tools(request: ChatRequest, last: Counted) -> bool:
+    return _digest((), request.tools) == last.tools
 
 
 def sent_tokens(request: ChatRequest, ratio: float, last: Counted | None = None) -> int:

@@ -17,6 +17,7 @@ from contemplation.models import (
     Ledger,
     LedgerSums,
     LedgerTurn,
+    MissCause,
     Usage,
 )
 
@@ -54,7 +55,44 @@ def entry(
         prefill_ms=u.prompt_eval_duration_ms,
         generate_ms=u.eval_duration_ms,
         context_bytes=context_bytes,
+        miss=u.miss,
     )
+
+
+SHORT = 16  # tokens a server may evaluate again of a prompt it holds (its last ones)
+SHORT_SHARE = 0.1  # and the share of it a re-tokenized reply may differ by
+
+
+def miss(
+    usage: Usage | None,
+    *,
+    held: int | None,
+    extends: bool,
+    same_tools: bool = True,
+    compacted: bool = False,
+    cut: bool = False,
+    restore: str = "",
+    first: bool = False,
+) -> MissCause | None:
+    """Why the server recomputed more than the turn's new text, or None (it did not, or its
+    cache figure is unknown: a miss is never guessed). ``held``: the server's count of the
+    conversation's previous request (None: none known); ``extends``: this request begins with
+    that one (its messages and tools); ``restore``: what :meth:`Affinity.verified` said of a
+    slot file restored for the turn ("failed" or "off": it did not hold); ``first``: the
+    conversation's first turn."""
+    if usage is None or usage.cached_tokens is None:
+        return None
+    if held is not None and extends:
+        if usage.cached_tokens + max(SHORT, int(held * SHORT_SHARE)) >= held:
+            return None
+        return "restore failed" if restore in {"failed", "off"} else "slot taken"
+    if held is None:
+        return "new conversation" if first else None
+    if cut:
+        return "cut"
+    if not same_tools:
+        return "tools changed"
+    return "compaction" if compacted else "history changed"
 
 
 def _plus(a: Any, b: Any) -> Any:
@@ -102,14 +140,16 @@ def _n(v: int | float | None, unit: str = "") -> str:
 
 
 def line(s: LedgerSums) -> str:
-    """One line: ``3 turns: 1,200 prompt tokens (900 reused, 300 recomputed) + 80 out; ...``"""
+    """One line: ``3 turns: 1,200 prompt tokens (900 reused, 300 recomputed) + 80 out; ...``
+    (a turn's line ends with the cause of its miss, when it had one)."""
+    cause = getattr(s, "miss", None)
     return (
         f"{s.turns} turns: {_n(s.sent)} prompt tokens ({_n(s.reused)} reused, "
         f"{_n(s.recomputed)} recomputed) + {_n(s.output)} out; "
         f"{_n(s.queued_ms, ' ms')} queued, {_n(s.load_ms, ' ms')} loading, "
         f"{_n(s.prefill_ms, ' ms')} prefill, {_n(s.generate_ms, ' ms')} generating; "
         f"{_n(s.context_bytes, ' B')} context read for the model"
-    )
+    ) + (f"; cache missed: {cause}" if cause else "")
 
 
 def as_dict(s: LedgerSums) -> dict[str, Any]:

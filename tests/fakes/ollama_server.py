@@ -49,6 +49,9 @@ class Step:
     retry_after: str | None = None
     after_chunks: int = 1  # for mid_error / cut_* / hang: content chunks sent first
     prompt_eval_count: int | None = None
+    # of those, read from the cache: sent only when set, as Ollama since #17943 (2026-08-22,
+    # api.Metrics ``PromptEvalCachedCount *int `json:"prompt_eval_cached_count,omitempty"```)
+    prompt_eval_cached_count: int | None = None
     hang_seconds: float = 3600.0
     model: str | None = None  # only for calls to this model (None: any)
     endless_bytes: int = 0
@@ -417,6 +420,11 @@ class _Handler(JsonHandler):
                     "eval_count": step.eval_count or max(1, len(pieces)),
                     "eval_duration": 4_535_599_000,
                 }
+                | (
+                    {"prompt_eval_cached_count": step.prompt_eval_cached_count}
+                    if step.prompt_eval_cached_count is not None
+                    else {}
+                )
             )
             self._end_chunks()
         except (BrokenPipeError, ConnectionResetError):
