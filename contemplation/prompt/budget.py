@@ -265,6 +265,9 @@ LOW_WATER = 0.5  # a compaction keeps the history under this share of the window
 SUMMARY_MAX_WORDS = 150  # asked of the model
 SUMMARY_MAX_TOKENS = 400  # num_predict of the summary call
 SUMMARY_MAX_CHARS = 1200  # what is kept of its answer (written to the log, sent every turn)
+SUMMARY_SHARE = 10  # a summary gets at most a tenth of the window (issue 45, finding 3)
+SUMMARY_MIN_TOKENS = 48
+ASK_TOKENS = 48  # the summary call's instruction, a bound of its tokens (summarise.SUMMARY_ASK)
 MIN_ENTRY_CHARS = 300  # a message cut shorter than this says too little to summarise
 NOTE_CHARS = 480  # text per NOTE line (logformat.one_line cuts a marker's text at 500)
 SUMMARY_HEAD = "summary of the log before the last {keep} block(s)"
@@ -276,6 +279,37 @@ _SUMMARY_ASK = (
     "decisions, open questions and the answers to requests for context; leave out "
     "pleasantries. Write only the summary."
 )
+
+
+def summary_tokens(window: int) -> int:
+    """The summary's bound in tokens for ``window`` (its call's ``num_predict``): a tenth of
+    the window, between :data:`SUMMARY_MIN_TOKENS` and :data:`SUMMARY_MAX_TOKENS`. A summary
+    of 374 tokens in a 1,024-token window left room for three turns before the next one."""
+    if window <= 0:
+        return SUMMARY_MAX_TOKENS
+    return max(SUMMARY_MIN_TOKENS, min(SUMMARY_MAX_TOKENS, window // SUMMARY_SHARE))
+
+
+def summary_words(window: int) -> int:
+    """The words the summary is asked for: 150 at the largest bound, in proportion below."""
+    return max(20, SUMMARY_MAX_WORDS * summary_tokens(window) // SUMMARY_MAX_TOKENS)
+
+
+def summary_chars(window: int) -> int:
+    """What is kept of a summary's text for ``window`` (written to the log, sent every turn)."""
+    return SUMMARY_MAX_CHARS * summary_tokens(window) // SUMMARY_MAX_TOKENS
+
+
+def compact_at(window: int, reserve: int, tools_cost: int = 0) -> int:
+    """The prompt size past which a turn compacts: below the window less the reply's reserve,
+    and low enough that the next summary call still fits the window as the conversation's own
+    prompt (the last request and its reply, the instruction appended, the bounded summary).
+    Compaction that waits for the window's edge finds no room for that call, and a summary
+    sent as a transcript in a prompt of its own replaces the slot's cache, system prompt
+    included (issue 45, finding 3)."""
+    edge = window - reserve - tools_cost
+    floor = window - tools_cost - summary_tokens(window) - ASK_TOKENS - reserve
+    return max(0, min(edge, floor))
 
 
 def reply_reserve(window: int, options: Mapping[str, object]) -> int:
@@ -454,7 +488,7 @@ class Plan:
         return len(self.summarise) + self.unseen
 
     def with_summary(self, text: str) -> tuple[ChatRequest, list[str]]:
-        summary = cap_summary(text)
+        summary = cap_summary(text, summary_chars(self.window))
         why = (
             f"{self.left_out} message(s) summarised {_window_note(self.window)}"
             if self.previous is None
@@ -519,13 +553,14 @@ def _plan(
 ) -> Plan:
     tools_cost = estimate((), ratio, request.tools)
     budget = max(0, window - reserve - tools_cost)
+    at = compact_at(window, reserve, tools_cost)  # below budget: room for the summary call
     msgs = list(request.messages)
-    if estimate(msgs, ratio) <= budget:
+    if estimate(msgs, ratio) <= at:
         return Plan(request)
     # 1. old tool outputs become stubs
-    evicted, stubbed = evict(msgs, budget, ratio)
+    evicted, stubbed = evict(msgs, at, ratio)
     notes = (_evicted_note(stubbed, window),) if stubbed else ()
-    if estimate(evicted, ratio) <= budget:
+    if estimate(evicted, ratio) <= at:
         return Plan(replace(request, messages=tuple(evicted)), notes)
     # 2. a summary: which block does each message come from? (A request whose history is not
     # the log's cannot say what a summary covers: its oldest turns are left out, as before.)
@@ -553,7 +588,7 @@ def _plan(
     head = estimate(system, ratio)
     base = Plan(request, window=window, budget=budget, ratio=ratio, system=system)
     old = cap_summary(saved.text) if saved is not None else None
-    if old is not None and head + _summary_cost(ratio, len(old)) + sum(costs) <= budget:
+    if old is not None and head + _summary_cost(ratio, len(old)) + sum(costs) <= at:
         # the summary in the log still covers enough: no call
         req, out = replace(base, kept=tuple(rest[start:]))._finish(old, "")
         if saved is not None and _said(blocks[saved.at + 1 :], REUSED_TAIL):
@@ -565,7 +600,7 @@ def _plan(
         return Plan(req, (*out, reused))
     # fitted at once to the low-water mark, not to the brim: the turns after it grow into the
     # room left, and the prefix the server caches stays the same until the next compaction
-    room = int(budget * LOW_WATER) - head - _summary_cost(ratio)
+    room = int(at * LOW_WATER) - head - _summary_cost(ratio, summary_chars(window))
     kept_from = len(turns) - 1  # the newest turn is always kept
     total = costs[kept_from] if turns else 0
     while kept_from > 0 and total + costs[kept_from - 1] <= room:
@@ -604,16 +639,33 @@ def _share(entries: list[str], chars: int) -> list[str]:
 def summary_request_for(
     plan_: Plan, *, think: bool | None = None, max_words: int = SUMMARY_MAX_WORDS
 ) -> ChatRequest:
-    """The one call that summarises what ``plan_`` leaves out (after the summary it extends),
-    made to fit the same window: tool outputs become stubs, then every message gets a fair
-    share of the room (the end of a long one is cut), and only when even that is too little
-    are the oldest left out."""
+    """The summary call as a transcript in a prompt of its own, made to fit the same window
+    (:func:`transcript`). Not what a turn sends: a prompt of its own replaces the server's
+    cache of the conversation (issue 45, finding 3); :mod:`contemplation.prompt.summarise`
+    sends the conversation's own prompt with the instruction appended."""
     ask = _SUMMARY_ASK.format(words=max_words)
+    bound = summary_tokens(plan_.window)
+    ratio = max(plan_.ratio, MIN_RATIO)
+    room = plan_.window - bound - PER_MESSAGE - int((len(ask) + 8) * ratio) - 1
+    options = {k: v for k, v in plan_.request.options.items() if k in {"num_ctx"}}
+    options["num_predict"] = bound
+    return ChatRequest(
+        model=plan_.request.model,
+        messages=(ChatMessage("user", f"{ask}\n\n{transcript(plan_, room)}"),),
+        options=options,
+        think=think,
+    )
+
+
+def transcript(plan_: Plan, room: int) -> str:
+    """What ``plan_`` leaves out (after the summary it extends) as a transcript of about
+    ``room`` tokens at most: tool outputs become stubs, then every message gets a fair share
+    of the room (the end of a long one is cut), and only when even that is too little are
+    the oldest left out, said in a line."""
     parts: list[str] = []
     if plan_.previous:
         parts.append(f"SUMMARY OF WHAT CAME BEFORE: {cap_summary(plan_.previous)}")
     ratio = max(plan_.ratio, MIN_RATIO)
-    room = plan_.window - SUMMARY_MAX_TOKENS - PER_MESSAGE - int((len(ask) + 8) * ratio) - 1
     room -= sum(int((len(p) + 2) * ratio) + 1 for p in parts)
     entries = [f"{m.role.upper()}: {m.content}" for m in plan_.summarise]
     if sum(len(e) + 2 for e in entries) * ratio > room:
@@ -628,12 +680,4 @@ def summary_request_for(
         parts.append(f"({skipped} earlier message(s) did not fit here and are not shown)")
         room -= int((len(parts[-1]) + 2) * ratio) + 1
     chars = int(max(0, room) / ratio) - 4 * len(entries)
-    transcript = "\n\n".join([*parts, *_share(entries, max(0, chars))])
-    options = {k: v for k, v in plan_.request.options.items() if k in {"num_ctx"}}
-    options["num_predict"] = SUMMARY_MAX_TOKENS
-    return ChatRequest(
-        model=plan_.request.model,
-        messages=(ChatMessage("user", f"{ask}\n\n{transcript}"),),
-        options=options,
-        think=think,
-    )
+    return "\n\n".join([*parts, *_share(entries, max(0, chars))])

@@ -220,9 +220,9 @@ def test_a_plan_over_the_window_asks_for_a_summary_of_the_oldest_turns_and_keeps
     assert p.keep == len(blocks) - p.left_out  # one message per block here
     summary_req = budget.summary_request_for(p)
     ask = summary_req.messages[0].content
-    assert budget.estimate(summary_req.messages) <= 2048 - budget.SUMMARY_MAX_TOKENS
+    assert budget.estimate(summary_req.messages) <= 2048 - budget.summary_tokens(2048)
     assert "question 0" in ask and f"question {p.left_out // 2}" not in ask
-    assert summary_req.options == {"num_ctx": 2048, "num_predict": budget.SUMMARY_MAX_TOKENS}
+    assert summary_req.options == {"num_ctx": 2048, "num_predict": budget.summary_tokens(2048)}
     final, notes = p.with_summary("Q and A about q and a.")
     assert final.messages[0].content.endswith(f"{budget.SUMMARY_PREFIX}\nQ and A about q and a.")
     assert list(final.messages[1:]) == rest[p.left_out :]
@@ -295,7 +295,7 @@ def test_the_summary_request_fits_its_window_stubbing_outputs_then_leaving_out_t
     )
     ask = budget.summary_request_for(p_small).messages[0].content
     assert "earlier message(s) did not fit here and are not shown" in ask
-    assert budget.estimate([ChatMessage("user", ask)]) <= 2048 - budget.SUMMARY_MAX_TOKENS
+    assert budget.estimate([ChatMessage("user", ask)]) <= 2048 - budget.summary_tokens(2048)
 
 
 def test_the_reply_reserve_follows_num_predict_and_never_takes_more_than_a_quarter() -> None:

@@ -36,8 +36,8 @@ def test_the_summary_call_is_the_conversations_prompt_plus_one_instruction(
     # a prefix of what the server holds (the system prompt, the oldest turn), then the ask
     assert sent[:-1] == _held(second, a(1))[: len(sent) - 1]
     assert [m["content"] for m in sent[1:-1]] == [q(0), a(0), q(1), a(1)]  # what it stands for
-    assert sent[-1] == {"role": "user", "content": SUMMARY_ASK.format(words=150)}
-    assert call["options"]["num_predict"] == budget.SUMMARY_MAX_TOKENS
+    assert sent[-1] == {"role": "user", "content": SUMMARY_ASK.format(words=budget.summary_words(2048))}
+    assert call["options"]["num_predict"] == budget.summary_tokens(2048)  # a tenth
     assert [m["content"] for m in third["messages"][1:]] == [q(2)]
 
 
@@ -58,7 +58,7 @@ def test_a_summary_that_extends_one_starts_with_the_prompt_that_carried_it(
     before = requests[asks[1] - 1]  # the turn before, and its reply: what the server holds
     j = int(before["messages"][-1]["content"].split(":")[0].removeprefix("question "))
     assert sent[:-1] == _held(before, a(j))[: len(sent) - 1]
-    assert sent[-1] == {"role": "user", "content": SUMMARY_ASK.format(words=150)}
+    assert sent[-1] == {"role": "user", "content": SUMMARY_ASK.format(words=budget.summary_words(2048))}
 
 
 def test_compaction_fits_to_a_low_water_mark_so_the_turns_after_it_need_none(

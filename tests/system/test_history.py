@@ -168,8 +168,10 @@ def test_the_oldest_turns_are_summarised_once_written_to_the_log_and_reused(
     # fitted at once to the low-water mark (issue 39): both older turns go into the summary
     assert [m["content"] for m in summary_call["messages"][1:5]] == [q(0), a(0), q(1), a(1)]
     ask = summary_call["messages"][-1]["content"]
-    assert ask.startswith("Summarise the conversation above in at most 150 words")
-    assert summary_call["options"] == {"num_ctx": WINDOW, "num_predict": budget.SUMMARY_MAX_TOKENS}
+    words = budget.summary_words(WINDOW)  # a summary gets a tenth of the window (issue 45)
+    assert ask.startswith(f"Summarise the conversation above in at most {words} words")
+    bound = budget.summary_tokens(WINDOW)
+    assert summary_call["options"] == {"num_ctx": WINDOW, "num_predict": bound}
     assert "think" not in summary_call and "tools" not in summary_call
     # the turn: the summary in front (in the system message), then the newest turns whole
     system = third["messages"][0]["content"]
