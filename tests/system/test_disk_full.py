@@ -130,6 +130,7 @@ def test_a_full_disk_is_one_line_and_reads_come_from_the_folders(
     assert "Traceback" not in listed.stderr
     st = cli(env, "status")
     assert "active: 2" in st.stdout, st.stdout
+    assert "disk_full: the disk is full" in st.stdout, st.stdout  # issue 45
     one = cli(env, "status", "beta")
     assert "beta" in one.stdout
     found = cli(env, "search", "zebra")
