@@ -83,7 +83,14 @@ def use_old_order() -> None:
         return text.replace("{agent}", meta.agent_label.title()).replace("{topic}", meta.topic)
 
     prompts.system_prompt = system_prompt
-    summarise.cached_request = lambda *a, **k: None
+    def at_the_edge(window: int, reserve: int, tools_cost: int = 0) -> int:
+        return max(0, window - reserve - tools_cost)  # compaction waited for the edge
+
+    def transcript(fitted: budget.Plan, *, think: bool | None) -> Any:
+        return budget.summary_request_for(fitted, think=think)  # a prompt of its own
+
+    summarise.cached_request = transcript
+    budget.compact_at = at_the_edge
     budget.LOW_WATER = 1.0
 
 
