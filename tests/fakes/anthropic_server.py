@@ -2,7 +2,11 @@
 Code (``ANTHROPIC_BASE_URL``). Each ``POST /v1/messages`` takes the next scripted turn and
 streams it as the documented SSE events (``message_start``, ``content_block_start`` /
 ``_delta`` / ``_stop``, ``message_delta`` with the stop reason, ``message_stop``); a turn is a
-``tool_use`` of one tool with its input, or text that ends the turn. Every request body is
+``tool_use`` of one tool with its input, or text that ends the turn. As a real model, it calls
+only a tool its request lists: a request without the scripted tool gets a call of Claude
+Code's ``WaitForMcpServers`` where it is offered (what its description asks of the model
+when a server's tools are not listed yet), else words (``unlisted`` says which), and the
+scripted call waits for a request that lists it. Every request body is
 kept, so a test asserts on what Claude Code sent back (the ``tool_result`` of each call).
 Requests that are not the agent's main loop (a title, a summary: no tools in the body) get a
 short text and take no turn."""
@@ -19,6 +23,9 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from tests.fakes.http import JsonHandler
+
+#: Claude Code's tool for MCP servers still connecting (offered while one is)
+WAIT_FOR_SERVERS = "WaitForMcpServers"
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class FakeAnthropic:
     def __init__(self, *turns: Turn) -> None:
         self.script: deque[Turn] = deque(turns)
         self.requests: list[dict[str, Any]] = []  # main-loop requests (with tools), in order
+        self.unlisted: list[str] = []  # tools the script would have called but were not listed
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
         fake = self
@@ -68,6 +76,15 @@ class FakeAnthropic:
             if self.script and self.script[0].then is not None and not _results(body):
                 return Turn(text="ok")  # a side request: the next call needs a tool's result
             self.requests.append(body)
+            head = self.script[0] if self.script else None
+            if head is not None and head.tool and head.tool not in (listed := _listed(body)):
+                # a model calls only the tools its request lists: the turn waits for a
+                # request that lists it; meanwhile it waits for the servers still
+                # connecting where Claude Code offers that, else answers with words
+                self.unlisted.append(head.tool)
+                if WAIT_FOR_SERVERS in listed:
+                    return Turn(tool=WAIT_FOR_SERVERS)
+                return Turn(text=f"I have no tool named {head.tool}.")
             turn = self.script.popleft() if self.script else Turn(text="Done.")
         if turn.then is not None:
             last = _results(body)
@@ -75,23 +92,32 @@ class FakeAnthropic:
             turn = Turn(tool=turn.tool, input=turn.then(text))
         return turn
 
-    def tool_results(self) -> list[dict[str, Any]]:
-        """Every ``tool_result`` block Claude Code sent, in order (the last request holds
-        the whole history)."""
-        with self.lock:
-            last = self.requests[-1] if self.requests else {}
-        return _results(last)
-
-    def tool_uses(self) -> list[str]:
+    def _uses(self) -> list[dict[str, Any]]:
+        """The scripted ``tool_use`` blocks of the whole history (the last request holds
+        it), less this fake's own waits for the servers."""
         with self.lock:
             last = self.requests[-1] if self.requests else {}
         return [
-            b["name"]
+            b
             for m in last.get("messages", [])
             if isinstance(m.get("content"), list)
             for b in m["content"]
-            if b.get("type") == "tool_use"
+            if b.get("type") == "tool_use" and b.get("name") != WAIT_FOR_SERVERS
         ]
+
+    def tool_results(self) -> list[dict[str, Any]]:
+        """Every ``tool_result`` block Claude Code sent for a scripted call, in order."""
+        ids = {b.get("id") for b in self._uses()}
+        with self.lock:
+            last = self.requests[-1] if self.requests else {}
+        return [r for r in _results(last) if r.get("tool_use_id") in ids]
+
+    def tool_uses(self) -> list[str]:
+        return [str(b["name"]) for b in self._uses()]
+
+
+def _listed(body: dict[str, Any]) -> set[str]:
+    return {str(t.get("name")) for t in body.get("tools", []) if isinstance(t, dict)}
 
 
 def _text(content: Any) -> str:

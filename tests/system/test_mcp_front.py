@@ -45,7 +45,7 @@ class Server:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=base_env(home, **env),
+            env=base_env(home, None, **env),
             cwd="/",
         )
 
@@ -103,9 +103,7 @@ def _seconds_to_tools(home: Home) -> float:
 
 def _seconds_to_import_the_sdk() -> float:
     started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-P", "-c", "import mcp.server.mcpserver"], check=True, cwd="/"
-    )
+    subprocess.run([sys.executable, "-P", "-c", "import mcp.server.mcpserver"], check=True, cwd="/")
     return time.perf_counter() - started
 
 
@@ -195,3 +193,63 @@ def test_a_server_that_cannot_start_says_why_to_every_request(home: Home) -> Non
     assert "cannot start" in answers[2]["error"]["message"]
     assert "cannot parse" in answers[2]["error"]["message"]
     assert code != 0
+
+
+META = {
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.328"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {}},
+    }
+}
+
+
+def test_the_stateless_protocol_is_answered_at_once_and_the_conversations_follow(
+    home: Home,
+) -> None:
+    """Claude Code 2.1.328 speaks 2026-07-28 first: ``server/discover``, a listen whose
+    acknowledgement it waits for, then the lists. All are answered at once (resources/list
+    with the server's own resources, none); once the server is loaded, the listen is told
+    the resources changed, and the list it then asks for holds the conversations."""
+    from contemplation import settings as settings_mod
+    from contemplation.faces import actions
+
+    settings = settings_mod.load(home=home.root, env={}, config=None)
+    conv = actions.create(settings, "already here")
+    server = Server(home)
+    notifications = {
+        "toolsListChanged": True,
+        "promptsListChanged": True,
+        "resourcesListChanged": True,
+    }
+    try:
+        server.send(
+            {"jsonrpc": "2.0", "id": "probe", "method": "server/discover", "params": META},
+            {
+                "jsonrpc": "2.0",
+                "id": "listen:0",
+                "method": "subscriptions/listen",
+                "params": {**META, "notifications": notifications},
+            },
+            *(
+                {"jsonrpc": "2.0", "id": n, "method": m, "params": META}
+                for n, m in enumerate(
+                    ("server/discover", "prompts/list", "resources/list", "tools/list")
+                )
+            ),
+        )
+        early = [server.answer() for _ in range(6)]
+        changed = server.answer()
+        server.send({"jsonrpc": "2.0", "id": 9, "method": "resources/list", "params": META})
+        later = server.answer()
+    finally:
+        assert server.close() == 0, server.stderr()
+    methods = [a.get("method") for a in early]
+    assert methods.count("notifications/subscriptions/acknowledged") == 1
+    answered = {a["id"]: a["result"] for a in early if "id" in a}
+    assert set(answered) == {"probe", 0, 1, 2, 3}
+    assert answered["probe"]["capabilities"]["tools"] == {"listChanged": True}
+    assert len(answered[3]["tools"]) >= 10 and answered[2]["resources"] == []
+    assert changed["method"] == "notifications/resources/list_changed"
+    assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen:0"
+    assert later["id"] == 9 and conv.dir.name in json.dumps(later["result"])

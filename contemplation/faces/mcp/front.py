@@ -37,7 +37,20 @@ if TYPE_CHECKING:
     from contemplation.faces.mcp.server import ContemplationServer
 
 MANIFEST: Final = os.path.join(os.path.dirname(__file__), "manifest.json")
-REPLAYED: Final = "contemplation-front-initialize"  # the id the SDK's own initialize goes under
+REPLAYED: Final = "contemplation-front-replayed"  # the id the server sees the first answered under
+VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"  # a stateless request's version
+LISTEN: Final = "subscriptions/listen"
+RESOURCES: Final = "resources/list"
+CHANGED: Final = "notifications/resources/list_changed"
+ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+SUBSCRIPTION_KEY: Final = "io.modelcontextprotocol/subscriptionId"
+#: the listen acknowledged here (Claude Code's: the lists' changes, no resources, no tasks)
+LISTENED: Final = {
+    "toolsListChanged": True,
+    "promptsListChanged": True,
+    "resourcesListChanged": True,
+}
+_NOT_HERE: Final = object()
 HELD_LINES: Final = 256  # lines held for the SDK server; the reader then waits (the pipe fills)
 READ_BYTES: Final = 64 * 1024  # longer lines are never answered here: the server reads them
 UNKNOWN_VERSION: Final = "*"  # the manifest's answer for a protocol version it does not name
@@ -93,6 +106,23 @@ def _sdk_version() -> str:
     return version("mcp")
 
 
+def _era(msg: dict[str, Any]) -> object:
+    """The protocol version a stateless request names in its ``_meta`` (None: a session's)."""
+    params = msg.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(VERSION_KEY) if isinstance(meta, dict) else None
+
+
+def _stateless(msg: dict[str, Any]) -> bool:
+    """A request of the stateless protocol: it stands alone, so one answered here may
+    overtake one the server answers (each answer names its request)."""
+    return isinstance(_era(msg), str)
+
+
+def canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _handshake(msg: object) -> TypeGuard[dict[str, Any]]:
     """An ``initialize`` request the SDK would take: its parameters have the handshake's
     shape (anything else is left for the SDK to answer, or refuse)."""
@@ -133,8 +163,12 @@ class Front:
         self.ready = threading.Event()  # set once the SDK server reads the lines itself
         self.gate = threading.Lock()  # a line is answered here, or the server is handed over
         self.first = True
-        self.initialize: str | None = None  # the client's initialize, answered here
-        self.told: dict[str, Any] | None = None  # and the result it was given
+        self.legacy = False  # the client's initialize was answered here
+        self.replay: str | None = None  # the first request answered here, for the server
+        self.told: object = None  # and the result it was given
+        self.acked: dict[object, object] = {}  # subscription id → the acknowledgement sent
+        self.listening: list[object] = []  # listens acknowledged here that follow resources
+        self.owed = False  # resources/list answered with the server's own resources only
         self.reader = threading.Thread(target=self._read, name="mcp-front", daemon=True)
 
     def start(self) -> Front:
@@ -150,52 +184,97 @@ class Front:
             self.lines.put(line)
         self.lines.put(None)
 
-    def _answer(self, msg: dict[str, Any], result: object) -> None:
-        self.wire.send(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}))
-
     def _answered(self, line: str) -> bool:
-        assert self.early is not None
         msg = _read(line)
         first, self.first = self.first, False
-        if first:
-            if not _handshake(msg):
-                self.early = None  # not a handshake the manifest knows: the SDK answers all
-                return False
-            answers = self.early["initialize"]
-            result = answers.get(msg["params"]["protocolVersion"], answers[UNKNOWN_VERSION])
-            self.initialize = json.dumps({**msg, "id": REPLAYED})
-            self.told = result
-            self._answer(msg, result)
-            return True
-        if isinstance(msg, dict) and "method" in msg and "id" not in msg:
-            return False  # a notification: held, and the answers go on
         if not isinstance(msg, dict) or "id" not in msg:
-            self.early = None  # the server answers this one: every later answer waits too,
-            return False  # so that none overtakes it
+            if first or not (isinstance(msg, dict) and "method" in msg):
+                self.early = None  # the server answers this line: no later answer overtakes it
+            return False  # a notification is held, and the answers go on
+        if msg.get("method") == LISTEN:
+            self._acknowledge(msg)
+            return False  # the stream itself is the server's; it is never answered in order
+        result = self._result(msg, first)
+        if result is _NOT_HERE:
+            if not _stateless(msg):  # a session's answers keep their order
+                self.early = None
+            return False
+        if self.replay is None:
+            self.replay = json.dumps({**msg, "id": REPLAYED})
+            self.told = result
+        self.wire.send(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}))
+        return True
+
+    def _acknowledge(self, msg: dict[str, Any]) -> None:
+        """A listen the manifest knows is acknowledged at once (Claude Code waits for the
+        acknowledgement before it lists the tools); the server's own is kept off the wire."""
+        assert self.early is not None
         params = msg.get("params")
-        if msg.get("method") == "tools/list" and not (
-            isinstance(params, dict) and params.get("cursor")
-        ):
-            self._answer(msg, self.early["tools/list"])
-            return True
-        if msg.get("method") == "ping":
-            self._answer(msg, {})
-            return True
-        self.early = None
-        return False
+        era = _era(msg)
+        acks = self.early["modern"].get(era, {}).get(LISTEN, {}) if isinstance(era, str) else {}
+        ack = acks.get(canonical(params.get("notifications"))) if isinstance(params, dict) else None
+        if ack is None:
+            return
+        self.acked[msg["id"]] = ack
+        if isinstance(ack, dict) and ack.get("notifications", {}).get("resourcesListChanged"):
+            self.listening.append(msg["id"])
+        note = {"_meta": {SUBSCRIPTION_KEY: msg["id"]}, **ack}
+        self.wire.send(json.dumps({"jsonrpc": "2.0", "method": ACKNOWLEDGED, "params": note}))
+
+    def _result(self, msg: dict[str, Any], first: bool) -> object:
+        """The manifest's answer to ``msg``, or :data:`_NOT_HERE`."""
+        assert self.early is not None
+        method, params = msg.get("method"), msg.get("params")
+        if isinstance(params, dict) and params.get("cursor"):
+            return _NOT_HERE  # later pages are the server's
+        era = _era(msg)
+        if isinstance(era, str):  # the stateless protocol: each request names its version
+            table = self.early["modern"].get(era, {})
+            if method == RESOURCES:  # the conversations are not read here: the server's own
+                if not self.listening:  # resources now, and the client told of the rest
+                    return _NOT_HERE  # once the server is loaded (see hand_over)
+                self.owed = True
+            return table.get(method, _NOT_HERE) if isinstance(method, str) else _NOT_HERE
+        if first and _handshake(msg):
+            self.legacy = True
+            answers = self.early["initialize"]
+            return answers.get(msg["params"]["protocolVersion"], answers[UNKNOWN_VERSION])
+        if self.legacy and method == "tools/list":
+            return self.early["tools/list"]
+        if self.legacy and method == "ping":
+            return {}
+        return _NOT_HERE
 
     # ------------------------------------------------------------------ the SDK's side
 
     def hand_over(self) -> str | None:
-        """From now on every line goes to the SDK server; the client's initialize, if it
-        was answered here (the server must see it first, under :data:`REPLAYED`)."""
+        """From now on every line goes to the SDK server; the first request answered here
+        (the client's initialize or discover), which the server must see first, under
+        :data:`REPLAYED`."""
         with self.gate:
             self.ready.set()
-            return self.initialize
+            if self.owed:  # the conversations were left out of the early list: list again
+                for sid in self.listening:
+                    note = {"_meta": {SUBSCRIPTION_KEY: sid}}
+                    self.wire.send(
+                        json.dumps({"jsonrpc": "2.0", "method": CHANGED, "params": note})
+                    )
+            return self.replay
 
-    def replayed(self, line: str) -> bool:
-        """Whether ``line`` (written by the SDK server) answers the replayed initialize; a
-        result other than the one the client was told is said on stderr."""
+    def kept_off(self, line: str) -> bool:
+        """Whether ``line`` (written by the SDK server) was said already: the answer to the
+        replayed request, or a listen's acknowledgement; one that differs from what the
+        client was told is said on stderr."""
+        if ACKNOWLEDGED in line and self.acked:
+            try:
+                note = json.loads(line)["params"]
+                sid = note.pop("_meta", {}).get(SUBSCRIPTION_KEY)
+            except (ValueError, LookupError, TypeError, AttributeError):
+                return False
+            if sid not in self.acked:
+                return False
+            self._compare(note, self.acked.pop(sid))
+            return True
         if REPLAYED not in line:
             return False
         try:
@@ -204,14 +283,18 @@ class Front:
             return False
         if msg.get("id") != REPLAYED:
             return False
-        if msg.get("result") != self.told:
+        self._compare(msg.get("result"), self.told)
+        return True
+
+    @staticmethod
+    def _compare(said: object, told: object) -> None:
+        if said != told:
             print(
-                "contemplation mcp: the SDK's initialize answer differs from the one sent "
+                "contemplation mcp: the SDK's answer differs from the one sent "
                 f"early ({MANIFEST} is stale: run scripts/mcp_manifest.py)",
                 file=sys.stderr,
                 flush=True,
             )
-        return True
 
     def refuse_all(self, why: str) -> None:
         """The server could not be made: each request, held or still to come, is answered
@@ -228,7 +311,7 @@ class Front:
 
 
 class Lines:
-    """The SDK transport's stdin: the replayed initialize, then the wire's lines in order."""
+    """The SDK transport's stdin: the replayed request, then the wire's lines in order."""
 
     def __init__(self, front: Front) -> None:
         self.front = front
@@ -251,7 +334,7 @@ class Lines:
 
 class Out:
     """The SDK transport's stdout: each message onto the wire, but the answer to the
-    replayed initialize."""
+    replayed request."""
 
     def __init__(self, front: Front) -> None:
         self.front = front
@@ -260,7 +343,7 @@ class Out:
         import anyio.to_thread
 
         line = text.rstrip("\n")
-        if not self.front.replayed(line):
+        if not self.front.kept_off(line):
             await anyio.to_thread.run_sync(self.front.wire.send, line)
 
     async def flush(self) -> None:
