@@ -18,7 +18,7 @@ import pytest
 from contemplation.engine.runtime import Runtime
 from contemplation.prompt import budget
 from contemplation.settings import Settings
-from contemplation.store.layout import Conv, Home, read_metadata
+from contemplation.store.layout import Conv, Home, read_metadata, read_state
 from contemplation.store.logview import LogView
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation, write_metadata
@@ -96,3 +96,10 @@ def test_compaction_in_a_small_slot_extends_the_cache_instead_of_replacing_it(
         system = str(after["messages"][0]["content"]).split(budget.SUMMARY_PREFIX)[0]
         assert after_t["cache_n"] >= 0.9 * _tokens(small_slot.url, system), (j, seen)
     assert recomputed <= 1.6 * new, (recomputed, new, seen)
+    # the ledger names each miss: the first turn's, and each compaction's turn (issue 45, 5)
+    st = read_state(conv)
+    assert st is not None
+    misses = [t.miss for t in st.ledger.turns]
+    assert misses[0] == "new conversation", misses
+    assert misses.count("compaction") == len(summaries), misses
+    assert set(misses[1:]) <= {None, "compaction"}, misses
