@@ -28,6 +28,13 @@ from tests.conftest import DaemonProc, base_env, cli
 pytestmark = pytest.mark.real
 
 README_ASK = "In one sentence: why is a folder of text files a good queue?"
+#: a reply SmolLM2 loops on every time (temperature 0): the README's question loops only with
+#: some samplings, as in the issue's 3,740 tokens of "a data warehouse and ..."
+LOOP_ASK = (
+    "Continue this text exactly as it goes, without stopping: the queue and the folder and the "
+    "queue and the folder and the queue and the folder and the queue and the folder and the "
+    "queue and the folder and"
+)
 
 
 def set_options(conv: Conv, **options: object) -> None:
@@ -44,11 +51,6 @@ def model_blocks(conv: Conv) -> list[tuple[str, list[tuple[MarkerKind, str]]]]:
     ]
 
 
-@pytest.mark.skip(
-    reason="no prompt found yet that SmolLM2 loops on exactly: the README's answered in one "
-    "sentence here (31 s, exit 0, default and temperature 0); 'List every word that rhymes with "
-    "queue.' loops as a numbered list, which the exact watch does not see (the reply cap does)"
-)
 @pytest.mark.timeout(400)
 def test_the_readme_loop_is_stopped_and_every_face_says_so(
     home: Home, daemon_factory: Callable[..., DaemonProc], make_settings: Callable[..., Settings]
@@ -63,9 +65,7 @@ def test_the_readme_loop_is_stopped_and_every_face_says_so(
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0)
     began = time.monotonic()
-    r = cli(
-        env, "send", "folder", README_ASK, "--wait", "--timeout", "170", timeout=200, check=False
-    )
+    r = cli(env, "send", "folder", LOOP_ASK, "--wait", "--timeout", "170", timeout=200, check=False)
     took = time.monotonic() - began
     print(f"\nsend --wait: exit {r.returncode} after {took:.1f} s; stderr: {r.stderr[-400:]}")
     assert r.returncode == 5, (r.returncode, r.stderr[-2000:])
@@ -73,7 +73,7 @@ def test_the_readme_loop_is_stopped_and_every_face_says_so(
     assert "contemplation continue" in r.stderr
     # the log: what it said is kept, then a NOTE says why it stopped and how to go on
     [(text, markers)] = model_blocks(conv)
-    assert "data warehouse" in text or len(text) > 600
+    assert "the folder and" in text and len(text) > 600  # what it said is kept
     notes = [t for k, t in markers if k is MarkerKind.NOTE]
     assert any(t.startswith("stopped: the model was repeating itself") for t in notes), markers
     assert not any(k is MarkerKind.INTERRUPTED for k, _ in markers)
