@@ -12,13 +12,20 @@ Code's WaitForMcpServers instead (a server still connecting).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' scripted peers
 
 from contemplation.store.layout import Home
 from tests.fakes.anthropic_server import WAIT_FOR_SERVERS, FakeAnthropic
 from tests.fakes.ollama_server import FakeOllama
-from tests.system.test_claude_code_first_request import first_requests, interactive, printed
+from tests.system.test_claude_code_first_request import (
+    first_requests,
+    interactive,
+    printed,
+)
 from tests.system.test_claude_code_tasks import START
 
 
