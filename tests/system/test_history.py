@@ -356,7 +356,10 @@ def test_the_guard_leaves_alone_a_cut_answer_and_a_reply_already_without_thinkin
     fake_ollama.enqueue(Step(no_content=True, done_reason="length"))
     run_burst(rt)
     assert len(fake_ollama.chat_requests()) == 2  # no continuation for either
-    assert notes_of(thinking) == [] and notes_of(plain) == []
+    # no note of the guard's: only the length stop's own (issue 45: a cut reply is said)
+    for conv in (thinking, plain):
+        [note] = notes_of(conv)
+        assert note.startswith("stopped at the token limit"), note
     assert parse(thinking.log.read_bytes()).blocks[-1].text == "A cut answ"
 
 
