@@ -114,19 +114,15 @@ def _ours(module: str) -> bool:
 
 
 def _log() -> Any:
-    """The process's log; on stderr when the command set none up (structlog's default is
-    stdout, which is the command's output)."""
+    """The process's log; a plain line on stderr when the command set none up (structlog's
+    default is stdout, which is the command's output, and no command prints log records)."""
     import structlog
+
+    from contemplation.base.logs import human
 
     if structlog.is_configured():
         return structlog.get_logger("contemplation.exit")
-    return structlog.wrap_logger(
-        structlog.PrintLogger(sys.stderr),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-    )
+    return structlog.wrap_logger(structlog.PrintLogger(sys.stderr), processors=[human])
 
 
 def flush() -> None:

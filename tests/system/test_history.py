@@ -394,6 +394,8 @@ def test_real_llama_cpp_summarises_a_history_too_big_for_a_small_window_and_reus
     run_burst(rt)
     after = notes_of(conv)
     assert [n for n in after if n.startswith("summary of the log before the last")] == summaries
-    assert after[-1].endswith("the summary above stands in for them")
+    # num_predict 16 cuts each reply: its length stop's NOTE follows the summary's (issue 45)
+    fits = [n for n in after if not n.startswith("stopped at the token limit")]
+    assert fits[-1].endswith("the summary above stands in for them")
     st = read_state(conv)
     assert st is not None and st.status is Status.IDLE and st.turns == 4

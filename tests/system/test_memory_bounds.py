@@ -90,7 +90,7 @@ def test_indexing_a_200_mb_log_keeps_memory_flat(home: Home) -> None:
     peak, said = peak_rss_kib(env, "reindex")
     growth_mb = (peak - empty) / 1024
     assert growth_mb < GROWTH_BOUND_MB, f"reindex of {LOG_MB} MB grew by {growth_mb:.0f} MB"
-    assert "index_block_cut" in said and f"bound is {MAX_BLOCK_BYTES} bytes" in said, said
+    assert "index block cut" in said and f"bound is {MAX_BLOCK_BYTES} bytes" in said, said
     assert "index_skipped" not in said, said
     rows = json.loads(cli(env, "list", "--json").stdout)["conversations"]
     (row,) = rows

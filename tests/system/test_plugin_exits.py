@@ -81,7 +81,7 @@ def _held_by_the_plugin(stderr: str, *, logged: bool = True) -> None:
         assert len(held) == 1, stderr[-3000:]
         assert held[0]["threads"] == [named], held
     else:
-        lines = [x for x in stderr.splitlines() if "exit_held" in x]
+        lines = [x for x in stderr.splitlines() if "warning: exit held" in x]  # a plain line
         assert len(lines) == 1 and named in lines[0], stderr[-3000:]
 
 
@@ -93,7 +93,7 @@ def test_a_plugin_thread_that_never_ends_holds_no_command_past_a_few_seconds(
     env = _lingers(home, fake_ollama, tmp_path)
     code, out, err, took = _timed(env, "plugins")
     assert (code, took < BOUND) == (0, True), (code, took, err[-2000:])
-    assert "lingers    contemplation-lingers" in out and "exit_held" not in out
+    assert "lingers    contemplation-lingers" in out and "exit held" not in out
     _held_by_the_plugin(err, logged=False)
     code, out, err, took = _timed(env, "doctor")
     assert code in (0, 1) and took < BOUND + 2, (code, took, err[-2000:])  # + the probe's child
