@@ -52,7 +52,6 @@ TaskListen = Callable[
 URI_RE = re.compile(r"conversation://(?P<id>[^/]+)/(?P<kind>log|status)")
 
 
-
 def task_ids_of(params: SubscriptionsListenRequestParams) -> list[str] | None:
     """The ``taskIds`` a listen request names (None: it names none)."""
     got = (params.notifications.model_extra or {}).get("taskIds")
@@ -244,8 +243,7 @@ class Subscriptions:
             if len(peer.uris) >= (most := self.faces.limits.max_subscriptions):
                 raise MCPError(
                     INVALID_REQUEST,
-                    f"at most {most} subscriptions per session; "
-                    "unsubscribe from one first",
+                    f"at most {most} subscriptions per session; unsubscribe from one first",
                 )
             await self.hold(uri)
             peer.uris.add(uri)
@@ -268,9 +266,7 @@ class Subscriptions:
         task_ids = task_ids_of(params) if self.push is not None else None
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
         if len(uris) > (most := self.faces.limits.max_subscriptions):
-            raise MCPError(
-                INVALID_PARAMS, f"at most {most} resources per listen stream"
-            )
+            raise MCPError(INVALID_PARAMS, f"at most {most} resources per listen stream")
         held: list[str] = []
         try:
             for uri in uris:
@@ -293,5 +289,3 @@ class Subscriptions:
         low.add_request_handler(
             "subscriptions/listen", SubscriptionsListenRequestParams, self.listen
         )
-
-
