@@ -104,7 +104,8 @@ CLIENT = {
 }
 
 
-async def _session(settings: Settings, version: str) -> tuple[Any, Any]:
+def handshake(settings: Settings, version: str) -> tuple[Any, Any]:
+    """The answers to ``initialize`` asking for ``version``, and to ``tools/list`` after it."""
     hello = {"protocolVersion": version, "capabilities": {}}
     lines: list[dict[str, Any]] = [
         {
@@ -116,8 +117,7 @@ async def _session(settings: Settings, version: str) -> tuple[Any, Any]:
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ]
-    kept = _Kept(2)
-    await serve_stdio(build_server(settings), _script(lines, kept), kept)
+    kept = anyio.run(_answers, settings, lines, None)
     return kept.answers[1], kept.answers[2]
 
 
@@ -128,7 +128,7 @@ def capture() -> dict[str, Any]:
         initialize: dict[str, Any] = {}
         tools: Any = None
         for asked in (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS, NOT_A_VERSION):
-            answer, tools = anyio.run(_session, settings, asked)
+            answer, tools = handshake(settings, asked)
             initialize[UNKNOWN_VERSION if asked == NOT_A_VERSION else asked] = answer
         stateless = {v: modern(settings, v, CLIENT) for v in MODERN_PROTOCOL_VERSIONS}
     from importlib.metadata import version
