@@ -15,9 +15,7 @@ answered and is not revocable.
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +24,7 @@ from contemplation.errors import ContemplationError, InputRejected, NotFound
 from contemplation.models import APPROVALS_KEY, DECIDERS, ApprovalDecision, Decider, read_approvals
 from contemplation.settings import Settings
 from contemplation.store import waiting
-from contemplation.store.layout import Conv, Home, read_json, read_metadata, valid_id
+from contemplation.store.layout import Conv, Home, list_conversations, read_json, read_metadata
 from contemplation.writer.files import atomic_write_json, faces_lock
 
 DEFAULT_LIMIT = 50
@@ -67,20 +65,10 @@ class Listed:
         return out
 
 
-def _convs(home: Home, only: Conv | None) -> Iterator[Conv]:
+def _convs(home: Home, only: Conv | None) -> list[Conv]:
     if only is not None:
-        yield only
-        return
-    try:
-        with os.scandir(home.active) as it:
-            names = sorted(
-                (e.name for e in it if valid_id(e.name) and e.is_dir(follow_symlinks=False)),
-                reverse=True,
-            )
-    except FileNotFoundError:
-        return
-    for name in names[:MAX_CONVERSATIONS]:
-        yield home.conv(name)
+        return [only]
+    return list(reversed(list_conversations(home)))[:MAX_CONVERSATIONS]
 
 
 def every(home: Home, only: Conv | None = None) -> list[Listed]:

@@ -14,20 +14,19 @@ server started, the CLI command otherwise).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from contemplation.base.terminal import safe
-from contemplation.models import State, Status
+from contemplation.models import BUSY, State, Status
 from contemplation.protocol.logformat import one_line
 from contemplation.store.layout import (
     Conv,
     Home,
+    list_conversations,
     queued_messages,
     read_metadata,
     read_state,
-    valid_id,
 )
 from contemplation.store.waiting import WaitItem, how
 
@@ -42,7 +41,6 @@ _SAID = {
     Status.AWAITING_APPROVAL: "waits for an approval",
     Status.ERROR: "stopped with an error",
 }
-BUSY = frozenset({Status.PENDING, Status.ROUTING, Status.GENERATING, Status.RETRYING})
 
 
 def started_by(env: Mapping[str, str]) -> str | None:
@@ -63,12 +61,8 @@ class Watch:
     primed: bool = False
 
     def _ids(self) -> list[str]:
-        try:
-            with os.scandir(self.home.active) as it:
-                names = [e.name for e in it if valid_id(e.name) and e.is_dir()]
-        except FileNotFoundError:
-            return []
-        return sorted(names, reverse=True)[:MAX_CONVERSATIONS]
+        newest = reversed(list_conversations(self.home))
+        return [c.id for c in newest][:MAX_CONVERSATIONS]
 
     def poll(self) -> list[str]:
         out: list[str] = []
