@@ -7,12 +7,18 @@ within seconds, with nobody touching the stale form.
 
 Claude Code runs as in :mod:`tests.system.test_claude_code_tasks` (a pseudo-terminal,
 offline, a scripted Anthropic Messages server and a scripted Ollama behind the real
-daemon)."""
+daemon). What reaches Claude is the plugin's monitor (``contemplation watch --agent``, armed by
+Claude Code at the session's start): its line comes as a ``<task-notification>`` "Monitor
+event". Without the plugin (a bare ``claude mcp add``) nothing does, kept as a strict xfail:
+while the form is open Claude Code sends no ``tasks/get``, and its listen stream has no place
+for a task's status."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,25 +57,55 @@ def asking(tmp_path: Path) -> tuple[Path, Path]:
     return secret, cfg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Claude Code 2.1.328 awaits the task's form before it polls again (tasks/get is not "
-    "sent while the form is open; notifications/tasks is not in its listen schema); no fix yet",
-)
-def test_a_lookup_decided_from_the_cli_reaches_claude_while_its_form_is_unanswered(
+PLUGIN_START = "mcp__plugin_contemplation_contemplation__conversation_start"
+
+
+def set_up_plugin(env: dict[str, str], home: Home, project: Path) -> None:
+    """``contemplation install claude-code`` as a person would (the plugin: its MCP server and
+    its monitor), and Claude Code's first-run questions answered in its config."""
+    Path(env["HOME"]).mkdir(parents=True)
+    project.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "contemplation", "--home", str(home.root), "install",
+         "claude-code", "--dir", str(Path(env["HOME"]) / "plugins"),
+         "--claude", str(peers.node_bin("claude"))],
+        env=env, cwd=project, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    config_path = Path(env["HOME"]) / ".claude.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    config.update(
+        hasCompletedOnboarding=True,
+        theme="dark",
+        customApiKeyResponses={"approved": [env["ANTHROPIC_API_KEY"][-20:]], "rejected": []},
+    )
+    config.setdefault("projects", {}).setdefault(str(project), {})["hasTrustDialogAccepted"] = True
+    config_path.write_text(json.dumps(config))
+
+
+def decided_from_the_cli_while_the_form_is_open(
     home: Home,
     tmp_path: Path,
     fake_ollama: FakeOllama,
     daemon_factory: Callable[..., DaemonProc],
     anthropic: Callable[..., FakeAnthropic],  # noqa: F811
-) -> None:
+    plugin: bool,
+) -> tuple[FakeAnthropic, str, float]:
+    """Claude Code up to its approval form, the form left alone, ``contemplation approve``
+    run, and then "Claude" watched until it holds a request with the reply's news (or
+    :data:`TOLD_WITHIN` runs out). Returns the scripted server, the conversation and the
+    seconds from the decision to that request (``inf`` where none came)."""
     secret, cfg = asking(tmp_path)
-    fake = anthropic(Turn(tool=START, input={"topic": "Notes", "initial_prompt": f"Read {secret}"}))
+    start = PLUGIN_START if plugin else START
+    fake = anthropic(Turn(tool=start, input={"topic": "Notes", "initial_prompt": f"Read {secret}"}))
     env = claude_env(home, tmp_path, fake, fake_ollama) | {"CONTEMPLATION_CONFIG": str(cfg)}
-    set_up_claude(env, tmp_path / "project")
+    if plugin:
+        set_up_plugin(env, home, tmp_path / "project")
+    else:
+        set_up_claude(env, tmp_path / "project")
     fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text=REPLY))
     daemon_factory(env, home).wait_ready()
-    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--allowedTools", START]
+    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--allowedTools", start]
     term = Terminal(argv, env, tmp_path / "project")
     try:
 
@@ -87,20 +123,58 @@ def test_a_lookup_decided_from_the_cli_reaches_claude_while_its_form_is_unanswer
             started = json.dumps(fake.requests[-1]["messages"])
         found = TASK_ID.search(started)
         assert found, started[-2000:]
-        assert not any(REPLY in json.dumps(r) for r in fake.requests)
-        decided = cli(env, "approve", found.group(1), "--once")
-        assert decided.returncode == 0, decided.stderr
-        at = time.monotonic()
+        conv = found.group(1)
+        news = (REPLY, f"{conv} (Notes) replied")  # the task's result; the monitor's line
 
         def told() -> bool:
             screen()
             with fake.lock:
-                return any(REPLY in json.dumps(r) for r in fake.requests)
+                return any(n in json.dumps(r) for r in fake.requests for n in news)
 
+        assert not told()
+        decided = cli(env, "approve", conv, "--once")
+        assert decided.returncode == 0, decided.stderr
+        at = time.monotonic()
         try:
-            wait_for(told, TOLD_WITHIN, what="the reply handed to Claude")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; screen: {screen()[-3000:]!r}") from None
-        assert time.monotonic() - at <= TOLD_WITHIN
+            wait_for(told, TOLD_WITHIN, what="the reply's news handed to Claude")
+        except AssertionError:
+            return fake, conv, float("inf")
+        return fake, conv, time.monotonic() - at
     finally:
         term.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="without the plugin's monitor nothing reaches Claude: Claude Code 2.1.328 awaits the "
+    "task's form before it polls again (no tasks/get while the form is open; notifications/tasks "
+    "is not in its listen schema). With the plugin it is told: the test below",
+)
+def test_a_bare_mcp_server_cannot_tell_claude_while_its_form_is_unanswered(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    anthropic: Callable[..., FakeAnthropic],  # noqa: F811
+) -> None:
+    made = (home, tmp_path, fake_ollama, daemon_factory, anthropic)
+    _, _, took = decided_from_the_cli_while_the_form_is_open(*made, plugin=False)
+    assert took <= TOLD_WITHIN
+
+
+def test_the_plugin_monitor_tells_claude_when_the_cli_decides(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    anthropic: Callable[..., FakeAnthropic],  # noqa: F811
+) -> None:
+    made = (home, tmp_path, fake_ollama, daemon_factory, anthropic)
+    fake, conv, took = decided_from_the_cli_while_the_form_is_open(*made, plugin=True)
+    assert took <= TOLD_WITHIN, f"no request to Claude held the monitor's line in {TOLD_WITHIN} s"
+    with fake.lock:
+        event = next(
+            json.dumps(r) for r in fake.requests if f"{conv} (Notes) replied" in json.dumps(r)
+        )
+    assert "Monitor event" in event and "<task-notification>" in event, event[-2000:]
+    assert f'conversation_check(conversation_id=\\"{conv}\\")' in event  # what to call next
