@@ -488,6 +488,38 @@ def test_a_form_answered_after_another_face_decided_is_refused_and_the_agent_nev
     assert [(d["decision"], d["face"]) for d in meta["approvals"]] == [("once", "cli")]
 
 
+def test_cancel_of_a_task_whose_lookup_waits_for_the_person_says_so_and_decides_nothing(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """Issue 44: tasks/cancel of a task whose turn waits for the person's approval is not a
+    way for the agent to take that decision: a JSON-RPC error says the turn waits for the
+    person and where they decide (never "its turn is over"); the form stays out, and the
+    person's answer still goes on."""
+    env, secret = asking_setup(tmp_path, home, fake_ollama)
+    fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text="Read it."))
+    daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    task = wire.call("conversation_start", topic="Ask", initial_prompt="Read it", model="gemma")
+    asking = wire.until(task["taskId"], lambda t: t["status"] == "input_required", seconds=30)
+    cid = TASK_ID.match(task["taskId"])["conv"]  # type: ignore[index]
+    refused = wire.request("tasks/cancel", {"taskId": task["taskId"]})
+    print(f"tasks/cancel while the form is out: {refused}")
+    said = refused.get("error", {}).get("message", "")
+    assert refused["error"]["code"] == -32602, refused
+    assert "waits for the person's decision" in said and "over" not in said, said
+    assert f"contemplation approve {cid} --reject" in said, said
+    again = wire.get(task["taskId"])
+    assert again["status"] == "input_required"
+    assert again["inputRequests"] == asking["inputRequests"]
+    assert cli(env, "approve", cid, "--once").returncode == 0
+    done = wire.until(task["taskId"], completed, seconds=30)
+    assert text_of(done["result"])["blocks"][-1]["text"] == "Read it."
+
+
 def test_a_reply_that_completes_the_conversation_completes_the_task_from_the_archive(
     home: Home,
     fake_ollama: FakeOllama,

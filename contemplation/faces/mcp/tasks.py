@@ -346,6 +346,8 @@ class Tasks:
             stopping = actions.cancel(conv)
         if stopping is None:
             state = read_state(conv)
+            if state is not None and state.status is Status.AWAITING_APPROVAL:
+                raise _cannot(task_id, _persons(conv))
             now = state.status.value if state else Status.PENDING.value
             raise _cannot(task_id, f"its turn is over (the conversation is {now})")
         record["cancelled_at"] = datetime.now(UTC).timestamp()
@@ -387,6 +389,16 @@ class Tasks:
 
 def _cannot(task_id: str, why: str) -> MCPError:
     return MCPError(INVALID_PARAMS, f"Cannot cancel task {task_id[:160]}: {why}")
+
+
+def _persons(conv: Conv) -> str:
+    """Why a turn paused on a lookup is not cancelled: that decision is the person's, and
+    where they take it (a reject ends the wait; the model then goes on without the lookup)."""
+    return (
+        "its turn waits for the person's decision on a lookup (awaiting_approval), which the "
+        "agent does not take: the person rejects it in the form, with `contemplation approve "
+        f"{conv.id} --reject`, or on the dashboard"
+    )
 
 
 def _told_path(conv: Conv, secret: str) -> Path:
