@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -60,7 +61,7 @@ def asking(tmp_path: Path) -> tuple[Path, Path]:
 PLUGIN_START = "mcp__plugin_contemplation_contemplation__conversation_start"
 
 
-def set_up_plugin(env: dict[str, str], home: Home, project: Path) -> None:
+def set_up_plugin(env: dict[str, str], home: Home, project: Path, *extra: str) -> None:
     """``contemplation install claude-code`` as a person would (the plugin: its MCP server and
     its monitor), and Claude Code's first-run questions answered in its config."""
     Path(env["HOME"]).mkdir(parents=True)
@@ -68,7 +69,7 @@ def set_up_plugin(env: dict[str, str], home: Home, project: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "contemplation", "--home", str(home.root), "install",
          "claude-code", "--dir", str(Path(env["HOME"]) / "plugins"),
-         "--claude", str(peers.node_bin("claude"))],
+         "--claude", str(peers.node_bin("claude")), *extra],
         env=env, cwd=project, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -178,3 +179,51 @@ def test_the_plugin_monitor_tells_claude_when_the_cli_decides(
         )
     assert "Monitor event" in event and "<task-notification>" in event, event[-2000:]
     assert f'conversation_check(conversation_id=\\"{conv}\\")' in event  # what to call next
+
+
+def test_the_rewake_hook_wakes_claude_when_a_cli_conversation_replies(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    anthropic: Callable[..., FakeAnthropic],  # noqa: F811
+) -> None:
+    """Issue 44, "wake the agent where tasks do not reach": Claude starts a conversation
+    with the CLI from its Bash tool (no MCP task to bring the reply back) and ends its turn
+    while the model still works; the opt-in Stop hook (``asyncRewake``: ``watch --rewake``)
+    waits for the reply and wakes the idle session with the line (Claude Code hands it over
+    as "Stop hook feedback")."""
+    cmd = shlex.join(
+        [sys.executable, "-m", "contemplation", "--home", str(home.root),
+         "new", "Slow", "--message", "Take your time."]
+    )  # fmt: skip
+    fake = anthropic(
+        Turn(tool="Bash", input={"command": cmd, "description": "ask"}), Turn(text="Asked.")
+    )
+    env = claude_env(home, tmp_path, fake, fake_ollama)
+    set_up_plugin(env, home, tmp_path / "project", "--with-rewake")
+    fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=8.0))
+    daemon_factory(env, home).wait_ready()
+    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--permission-mode", "default"]
+    argv += ["--allowedTools", "Bash"]
+    term = Terminal(argv, env, tmp_path / "project")
+    try:
+
+        def woken() -> bool:
+            if term.proc.poll() is not None:
+                raise AssertionError(f"claude exited: {term.tail()}")
+            with fake.lock:
+                return any(
+                    "Stop hook" in json.dumps(r["messages"][-1:])
+                    and "(Slow) replied" in json.dumps(r["messages"][-1:])
+                    for r in fake.requests
+                )
+
+        try:
+            wait_for(woken, 120, what="Claude woken with the reply's line")
+        except AssertionError as exc:
+            with fake.lock:
+                said = [json.dumps(r["messages"][-1])[-800:] for r in fake.requests]
+            raise AssertionError(f"{exc}; requests: {said}; screen: {term.tail()!r}") from None
+    finally:
+        term.stop()
