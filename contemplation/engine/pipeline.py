@@ -25,7 +25,8 @@ from contemplation.engine import answering, inflight
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
 from contemplation.engine.tracking import Tracked
-from contemplation.engine.turn import run_turn
+from contemplation.engine.turn.run import run_turn
+from contemplation.engine.turn.state import Turn
 from contemplation.errors import ContemplationError, LockBusy, NotFound
 from contemplation.models import BackendSession, Block, ConvEvent, MarkerKind, Status
 from contemplation.protocol import logformat, structured
@@ -366,7 +367,7 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
                     if stop is not None:  # a turn runs that died during it: not again
                         return stop
                     try:
-                        outcome = await run_turn(conv, rt, seen, w)
+                        outcome = await run_turn(Turn(conv, rt, seen, w))
                     finally:
                         w.end_turn()  # however it ended, a stop too (a death leaves it)
                     if isinstance(outcome, Wait) or seen.stopping:

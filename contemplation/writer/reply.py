@@ -489,6 +489,36 @@ class Feed:
         await asyncio.wait([nxt, self._start], return_when=asyncio.FIRST_COMPLETED)
         await self._release_if_durable()
 
+    async def drain(
+        self,
+        stream: AsyncIterator[StreamEvent],
+        first: asyncio.Future[StreamEvent | None],
+        *,
+        stop: Callable[[StreamEvent], bool],
+    ) -> None:
+        """Take ``stream``'s events (its first one asked already: ``first``) until it ends,
+        the reply reaches its byte limit, or ``stop`` (called after each event taken; it may
+        raise) says so. While the journaling write is not durable the next event and that
+        write are awaited together (:meth:`durable_or`): the server's stream is read at its
+        pace, and held text reaches the log the moment the write is durable. An event still
+        being asked for when this returns or raises is cancelled."""
+        nxt = first
+        try:
+            ev = await first
+            while ev is not None and not await self.take(ev):
+                if stop(ev):
+                    break
+                if self.holding:
+                    nxt = asyncio.ensure_future(anext(stream, None))
+                    await self.durable_or(nxt)
+                    ev = await nxt
+                else:
+                    ev = await anext(stream, None)
+        finally:
+            if not nxt.done():
+                nxt.cancel()
+                await asyncio.wait([nxt])
+
     async def close(self, *, ended: bool) -> None:
         """The stream is over (``ended``) or was left by a way out (see
         :meth:`LiveReply.attempt`)."""

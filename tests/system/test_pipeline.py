@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from contemplation.engine import turn
 from contemplation.engine.pipeline import Runtime, process, process_safely
 from contemplation.engine.tracking import Tracked
+from contemplation.engine.turn import fit
 from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.protocol import logformat
 from contemplation.protocol.parser import parse
@@ -205,7 +205,7 @@ def test_a_long_log_is_parsed_and_fitted_off_the_loop(
     and LONG_HISTORY's 200 blocks; a 10 MB log took ~90 ms to parse and ~100 ms to fit). Each
     call off the loop waits for a callback the loop must run meanwhile: on the loop it hangs."""
     monkeypatch.setattr(logview, "LONG_PARSE", 4096)
-    monkeypatch.setattr(turn, "LONG_HISTORY", 10)
+    monkeypatch.setattr(fit, "LONG_HISTORY", 10)
     conv = make_conv(home)
     with open_writer(conv, durable=False) as w:
         for i in range(20):
@@ -232,7 +232,7 @@ def test_a_long_log_is_parsed_and_fitted_off_the_loop(
             return call
 
         monkeypatch.setattr(LogView, "refresh", wrapped("parse", LogView.refresh))
-        monkeypatch.setattr(turn, "_fitted", wrapped("fit", turn._fitted))
+        monkeypatch.setattr(fit, "fitted", wrapped("fit", fit.fitted))
         await process(conv, rt, Tracked())
         await rt.aclose()
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contemplation.engine.pipeline import process_pending
-from contemplation.engine.retrying import rest
+from contemplation.engine.turn.retrying import rest
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template

@@ -340,7 +340,7 @@ def test_the_window_and_slots_come_from_the_server(
 
 def test_a_conversation_whose_session_a_provider_holds_stays_on_it(tmp_path: Path) -> None:
     """OpenCode keeps the history in its session: the turns go where the session is."""
-    from contemplation.engine.turn import _pinned
+    from contemplation.engine.turn.run import _pinned
     from contemplation.models import BackendSession
 
     s = _load(tmp_path, CONFIG)

@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 
 import structlog
 
 from contemplation.backends.providers import Target
 from contemplation.config.reload import backend_fingerprint
-from contemplation.engine.breaker import Guard
 from contemplation.engine.runtime import Runtime, backoff
 from contemplation.engine.steps import AGAIN, Outcome, Wait
-from contemplation.engine.tracking import Tracked
+from contemplation.engine.turn.state import Attempt, On, Turn
 from contemplation.errors import BackendError, ConfigError, ErrorKind
 from contemplation.models import ConvEvent, Crashes, MarkerKind, Status
 from contemplation.protocol.logformat import one_line
-from contemplation.store.layout import Conv
-from contemplation.writer import ConvWriter, LiveReply, clear_cancel
+from contemplation.writer import ConvWriter, clear_cancel
 
 log = structlog.get_logger("contemplation.turn")
 
@@ -36,22 +33,6 @@ RETRY_AFTER_CAP = 3600.0  # the longest pause a server's Retry-After can ask of 
 SAME_CRASHES = 2  # a turn that raised the same thing this often is not redone again
 ANY_CRASHES = 3  # ... nor one that raised this often, whatever it raised
 MAX_CAUSE = 300  # characters of the exception kept in the markers and the state
-
-
-@dataclass(frozen=True, slots=True)
-class On:
-    """Where this turn runs: the provider whose slot it holds, the server's model name, the
-    conversation's target (all the providers it may use) and the provider's breakers."""
-
-    provider: str
-    target: Target
-    guard: Guard
-    queued_ms: float | None = None  # waited for the provider's slot (the ledger's)
-    slot: int | None = None  # the server slot the turn names (llama-server id_slot)
-
-    @property
-    def model(self) -> str:
-        return self.target.model
 
 
 def rest(rt: Runtime, w: ConvWriter, until: float, target: Target) -> Wait:
@@ -105,20 +86,11 @@ def pause(rt: Runtime, on: On, exc: BackendError) -> list[str]:
     return others
 
 
-def fail_over(
-    conv: Conv,
-    rt: Runtime,
-    w: ConvWriter,
-    reply: LiveReply,
-    exc: BackendError,
-    *,
-    on: On,
-    others: list[str],
-    attempt: int,
-) -> Outcome:
+def fail_over(at: Attempt, exc: BackendError, *, others: list[str], attempt: int) -> Outcome:
     """Redo the turn at once on another provider of the alias: a reply cut mid-stream is
     marked INTERRUPTED (and redone whole, as after any cut); one that had not started leaves
     a NOTE saying which provider failed and why."""
+    conv, rt, w, reply, on = at.conv, at.rt, at.w, at.reply, at.on
     where = f"another provider of {on.target.alias} ({', '.join(others)})"
     if not reply.abort(MarkerKind.INTERRUPTED, f"{on.provider}: {exc}; redone on {where}"):
         w.append_marker(MarkerKind.NOTE, f"{on.provider} failed ({exc}); the turn goes to {where}")
@@ -138,11 +110,12 @@ def _seconds(delay: float) -> str:
     return f"{delay:.1f} s" if delay < 10 else f"{delay:.0f} s"
 
 
-def write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OSError) -> Wait:
+def write_failed(turn: Turn, exc: OSError) -> Wait:
     """messages.log or state.json could not be written (disk full, file too large). The next
     step recovers first, as after a restart: it finds the cut reply (by its intent, or right
     after the claimed message's block) and marks it INTERRUPTED, so the turn is redone and a
     cut reply never stands as a finished one, and the claimed message is taken once."""
+    conv, rt, seen, w = turn.conv, turn.rt, turn.seen, turn.w
     seen.recovered.discard(conv.id)
     seen.cut_by[conv.id] = f"writing messages.log failed: {exc.strerror or exc}"
     message = (
@@ -156,7 +129,8 @@ def write_failed(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, exc: OSE
     return Wait(rt.clock() + rt.settings.rescan_interval)
 
 
-def cancelled(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply) -> Outcome:
+def cancelled(at: Attempt) -> Outcome:
+    conv, rt, w, reply = at.conv, at.rt, at.w, at.reply
     clear_cancel(conv)
     if not reply.abort(MarkerKind.CANCELLED, "generation stopped by the agent"):
         w.append_marker(MarkerKind.CANCELLED, "the turn was cancelled by the agent")
@@ -172,12 +146,13 @@ _PROVIDER_TROUBLE = frozenset(
 )
 
 
-def unusable(conv: Conv, rt: Runtime, w: ConvWriter, providers: tuple[str, ...]) -> Outcome | None:
+def unusable(turn: Turn, providers: tuple[str, ...]) -> Outcome | None:
     """None when every provider can be made (each once, by the runtime). Else the
     conversation names one the settings cannot make (no such provider or kind, a table its
     kind refuses, a plugin's backend that fails to be made): an ERROR the agent reads in the
     log, not a crash retried behind its back. Its next message, once the settings are fixed
     (and reloaded), tries again."""
+    conv, rt, w = turn.conv, turn.rt, turn.w
     try:
         for name in providers:
             rt.backend(name)
@@ -192,9 +167,8 @@ def unusable(conv: Conv, rt: Runtime, w: ConvWriter, providers: tuple[str, ...])
     return Wait(None)
 
 
-def failed(
-    conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: BackendError, *, on: On
-) -> Outcome:
+def failed(at: Attempt, exc: BackendError) -> Outcome:
+    conv, rt, w, reply, on = at.conv, at.rt, at.w, at.reply, at.on
     attempt = w.state.retry_count + 1
     transient = exc.transient and attempt < rt.settings.retry.max_attempts
     guard = on.guard
@@ -205,16 +179,16 @@ def failed(
     if transient and (exc.server_down or exc.kind in _PROVIDER_TROUBLE):
         others = pause(rt, on, exc)
         if others:
-            return fail_over(conv, rt, w, reply, exc, on=on, others=others, attempt=attempt)
+            return fail_over(at, exc, others=others, attempt=attempt)
     if transient:
         delay = backoff(rt, attempt, exc.retry_after)
         resting = guard.resting()
         if resting is not None:  # the breaker just opened: that is when the retry comes
             delay = max(delay, resting - rt.clock())
         reply.abort(MarkerKind.INTERRUPTED, f"{exc}; retrying in {_seconds(delay)}")
-        at = rt.clock() + delay
+        when = rt.clock() + delay
         w.retry_at(
-            at,
+            when,
             settings=backend_fingerprint(rt.settings, w.meta.backend),
             kind=exc.kind,
             message=str(exc),
@@ -224,15 +198,14 @@ def failed(
             "turn_retry", conv=conv.id, error=str(exc), attempt=attempt, delay=round(delay, 2)
         )
         rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
-        return Wait(at)
+        return Wait(when)
     message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
-    return _give_up(conv, rt, w, reply, kind=exc.kind, message=message)
+    return _give_up(at, kind=exc.kind, message=message)
 
 
-def _give_up(
-    conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, *, kind: ErrorKind, message: str
-) -> Wait:
+def _give_up(at: Attempt, *, kind: ErrorKind, message: str) -> Wait:
     """One ERROR that ends the turn; the conversation waits for the agent."""
+    conv, rt, w, reply = at.conv, at.rt, at.w, at.reply
     if not reply.abort(MarkerKind.ERROR, message):
         w.append_marker(MarkerKind.ERROR, message)
     w.gave_up(kind, message)
@@ -241,7 +214,7 @@ def _give_up(
     return Wait(None)
 
 
-def crashed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: Exception) -> Outcome:
+def crashed(at: Attempt, exc: Exception) -> Outcome:
     """Something unexpected raised once the turn had begun (a reply no code was ready for).
     It used to escape, and the turn was redone at every rescan, its request sent again each
     time (158 model requests for one message). Now the first time the reply is marked
@@ -249,6 +222,7 @@ def crashed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: Excep
     of any kind) ends it with one ERROR that names the cause, and the conversation waits for
     the agent's next message. The count lives in state.json (:class:`Crashes`), so a restart
     does not start it over."""
+    conv, w, reply = at.conv, at.w, at.reply
     cause = one_line(f"{type(exc).__name__}: {exc}", MAX_CAUSE)
     if reply.committed:  # the reply stands; what raised came after it
         log.error("after_reply_failed", conv=conv.id, error=cause, exc_info=exc)
@@ -272,4 +246,4 @@ def crashed(conv: Conv, rt: Runtime, w: ConvWriter, reply: LiveReply, exc: Excep
         f"the turn failed {how}: {cause}; it is not redone (the agent's next message is "
         "answered again)"
     )
-    return _give_up(conv, rt, w, reply, kind=ErrorKind.INTERNAL, message=message)
+    return _give_up(at, kind=ErrorKind.INTERNAL, message=message)

@@ -1,0 +1,217 @@
+"""The turn's chain: prepare (:mod:`.prepare`), plan and fit (:mod:`.fit`), await a slot,
+stream (:mod:`.stream`) and end (:mod:`.end`, or :mod:`.retrying` when it did not end with
+a reply). Each phase takes the turn's state (:mod:`.state`), never its pieces."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import structlog
+
+from contemplation.backends.providers import Target
+from contemplation.engine.affinity import CopiesSlots, NamesSlots
+from contemplation.engine.runtime import Runtime
+from contemplation.engine.scheduler import Held, slot_any
+from contemplation.engine.steps import AGAIN, Outcome
+from contemplation.engine.turn.end import finish
+from contemplation.engine.turn.fit import fit, plan, with_images
+from contemplation.engine.turn.prepare import prepare
+from contemplation.engine.turn.retrying import (
+    cancelled,
+    crashed,
+    failed,
+    rest,
+    unusable,
+    write_failed,
+)
+from contemplation.engine.turn.state import Attempt, Cancelled, Gone, On, Prepared, Turn
+from contemplation.engine.turn.stream import refitted
+from contemplation.errors import BackendError
+from contemplation.models import (
+    BackendSession,
+    ChatRequest,
+    ConvEvent,
+    MarkerKind,
+    Metadata,
+    Status,
+)
+from contemplation.prompt import budget
+from contemplation.store import attachments
+from contemplation.writer import Streamed
+
+log = structlog.get_logger("contemplation.turn")
+
+
+async def run_turn(turn: Turn) -> Outcome:
+    """The model's turn, under the lock and writer of the step that decided it."""
+    rt, w = turn.rt, turn.w
+    meta = w.meta
+    target = _pinned(rt.target(meta), w.state.backend_session)
+    if (stop := unusable(turn, target.providers)) is not None:
+        return stop
+    guards = {p: rt.guard(p, target.model) for p in target.providers}
+    usable = [p for p in target.providers if guards[p].resting() is None]
+    if not usable:  # every provider rests: wait for the first to be tried again
+        until = min(t for g in guards.values() if (t := g.resting()) is not None)
+        return rest(rt, w, until, target)
+    for name in usable:
+        await rt.limits(name)  # its slots, asked once (again after it went away)
+    served = meta.model_copy(
+        update={"model": target.model, "options": target.options, "think": target.think}
+    )
+    prepared = await prepare(turn, served, usable)
+    if w.state.turns == 0 and prepared.context:  # the context the daemon read, once
+        w.context_read(len(prepared.context.encode()))
+    # the request is built while the slots may still be busy
+    planned = await plan(turn, prepared)
+    if planned is None:
+        return AGAIN
+    pool = [(name, rt.scheduler(name)) for name in usable]
+    asked = time.monotonic()
+    async with slot_any(pool, target.model) as (provider, held):
+        on = On(
+            provider,
+            target,
+            guards[provider],
+            (time.monotonic() - asked) * 1000,
+            slot=await _name_slot(rt, provider, turn.conv.id, served, held),
+        )
+        # checked again with the slot held: the turns queued behind a failing one must not
+        # each try the server once more; one whose alias has a provider not resting goes
+        # there at once instead of waiting out this one's rest
+        if not on.guard.allow():
+            if any(g.resting() is None for p, g in guards.items() if p != provider):
+                return AGAIN
+            until = on.guard.resting() or rt.clock() + 0.5
+        else:
+            try:
+                if _grown(turn):  # written into while the turn waited: its request again
+                    planned = await plan(turn, prepared)
+                    if planned is None:
+                        return AGAIN
+                return await _stream(turn, prepared, on, held, planned)
+            finally:
+                on.guard.release()  # a probe that ended without a verdict lets another try
+    return rest(rt, w, until, target)
+
+
+def _grown(turn: Turn) -> bool:
+    """A write landed in the claimed message's file after it was read, and the turn has not
+    begun (it waited for a slot): the block is written again, whole, as the same message.
+    True: the request must be built again. A write after this point is queued as a
+    follow-up when the file is released (see :meth:`ConvWriter.retake`)."""
+    again, w, settings = False, turn.w, turn.settings
+    for path in w.changed_held():
+        try:
+            msg = attachments.read_claimed(path, settings.max_message_bytes, settings.attachments)
+        except OSError:
+            continue
+        if msg.text is None or msg.seen is None or msg.note:
+            continue  # unreadable now: the release queues what was added
+        if w.retake(path, msg.text, msg.seen):
+            log.info("message_grown", conv=w.conv.id, file=path.name, bytes=msg.seen.size)
+            again = True
+    return again
+
+
+async def _name_slot(
+    rt: Runtime, provider: str, conv_id: str, meta: Metadata, held: Held
+) -> int | None:
+    """The server slot this turn names, where the server lets a request name one (issue 39:
+    its own cache, else its template's warm prefix, copied into an unused slot where the
+    server copies slots); given back with ``held``."""
+    backend = rt.backend(provider)
+    try:
+        ids = await backend.slot_ids() if isinstance(backend, NamesSlots) else 0
+    except BackendError:  # the turn itself reports what is wrong with the server
+        ids = 0
+    affinity = rt.affinity(provider)
+    if not ids or not affinity.named:
+        return None
+    copier = backend if isinstance(backend, CopiesSlots) else None
+    if copier is not None:
+        await affinity.asked()
+    prefix = f"{meta.model}\n{meta.template}"
+    slot = affinity.take(conv_id, prefix, slots=ids, copy=copier is not None)
+    held.then(lambda: affinity.give(slot))
+    if copier is not None:
+        await affinity.ready(slot, copier)
+    return slot
+
+
+def _pinned(target: Target, session: BackendSession | None) -> Target:
+    """A conversation whose history a server holds (an OpenCode session) stays on it."""
+    if session is not None and len(target.providers) > 1 and session.provider in target.providers:
+        return replace(target, providers=(session.provider,))
+    return target
+
+
+async def _stream(
+    turn: Turn, prepared: Prepared, on: On, held: Held, planned: budget.Plan
+) -> Outcome:
+    conv, rt, w = turn.conv, turn.rt, turn.w
+    w.generating(rt.clock())  # status shows who holds the slot, since when
+    rt.notify(conv.id, ConvEvent.GENERATING, model=on.model, provider=on.provider)
+    reply = w.live_reply(
+        rt.committer,
+        limit=rt.settings.max_reply_bytes,
+        on_event=lambda kind, text: rt.notify(conv.id, kind, text=text),
+    )
+    at = Attempt(turn, prepared, on, held, reply)
+    error = prepared.error or attachments.vision_error(planned.request, prepared.vision, on.model)
+    if error is not None:
+        return failed(at, error)
+    if prepared.note:
+        await reply.note(prepared.note)
+    return await _run_reply(at, planned)
+
+
+async def _run_reply(at: Attempt, planned: budget.Plan) -> Outcome:
+    """Fit the request (a summary call at most), stream the reply and end it one of six
+    ways: finished, cancelled, interrupted by a stop, failed (retry or error), cut by a
+    failed write (redone once the disk has room), or crashed (redone once)."""
+    conv, reply = at.conv, at.reply
+    try:
+        try:
+            request, notes = await fit(at, planned)
+            request = await with_images(at, request)  # the images' bytes, read off the loop
+            for note in notes:
+                await reply.note(note)
+            got, planned, request = await refitted(at, planned, request)
+        finally:
+            at.held.release()  # the server is done with it: the commit below needs no slot
+    except Cancelled:
+        return cancelled(at)
+    except Gone:  # the stream is closed; there is no folder left to write the outcome in
+        log.warning("conversation_removed", conv=conv.id, during="a reply")
+        return AGAIN
+    except asyncio.CancelledError:
+        if conv.id in at.turn.seen.cancelled:
+            at.turn.seen.cancelled.discard(conv.id)
+            return cancelled(at)
+        reply.abort(
+            MarkerKind.INTERRUPTED, "the daemon stopped during this reply; it will be redone"
+        )
+        at.w.show(Status.PENDING)
+        raise
+    except BackendError as exc:
+        if exc.kind == "cancelled":  # the server aborted the turn at our request
+            return cancelled(at)
+        return failed(at, exc)
+    except OSError as exc:
+        return write_failed(at.turn, exc)
+    except Exception as exc:  # unexpected: redone once, never at every rescan
+        return crashed(at, exc)
+    return await _end(at, got, request, planned)
+
+
+async def _end(at: Attempt, got: Streamed, request: ChatRequest, planned: budget.Plan) -> Outcome:
+    """:func:`~.end.finish`, and how it ends when it fails: a failed write, or a crash."""
+    try:
+        return await finish(at, got, request, planned)
+    except OSError as exc:
+        return write_failed(at.turn, exc)
+    except Exception as exc:  # unexpected (a reply no code was ready for): redone once
+        return crashed(at, exc)
