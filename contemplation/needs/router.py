@@ -240,6 +240,11 @@ class NeedRouter:
         self.tools: dict[str, Tool] = build_tools(settings, self.pool)
         self.tools.update(tools or {})
         self._templates: dict[str, needrules.RuleTable] = {}
+        # what a template's turns are offered, worked out again only when a tool's readiness
+        # changed (a plugin's tool may say it is not ready for a while); a reload, MCP servers
+        # included, makes a new router
+        self._offered: dict[str | None, tuple[tuple[bool, ...], list[needrules.Rule]]] = {}
+        self._specs: dict[str | None, tuple[tuple[bool, ...], list[dict[str, Any]]]] = {}
         self._template_permissions: dict[str, tuple[permissions.Permission, ...]] = {}
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
@@ -532,8 +537,15 @@ class NeedRouter:
 
     def offered(self, template: str | None = None) -> list[needrules.Rule]:
         """The rules a model is told about (the system prompt's NEED forms), in matching
-        order: those whose tool is set up in this configuration."""
-        return [self._told(r) for r in self.rules(template).rules if self._usable(r)]
+        order: those whose tool is set up in this configuration (worked out again only when
+        a tool's readiness changed)."""
+        rules = self.rules(template).rules
+        ready = tuple(self._usable(r) for r in rules)
+        known = self._offered.get(template or None)
+        if known is None or known[0] != ready:
+            told = [self._told(r) for r, ok in zip(rules, ready, strict=True) if ok]
+            known = self._offered[template or None] = (ready, told)
+        return list(known[1])
 
     def _told(self, rule: needrules.Rule) -> needrules.Rule:
         """A rule as the prompt describes it: the file rule names the folders it reads
@@ -554,12 +566,15 @@ class NeedRouter:
         )
 
     def tool_specs(self, *, template: str | None = None) -> list[dict[str, Any]]:
-        """The rules offered as native tools (Ollama/OpenAI ``tools`` format)."""
-        return [
-            needrules.tool_spec(rule)
-            for rule in self.rules(template).functions().values()
-            if self._usable(rule)
-        ]
+        """The rules offered as native tools (Ollama/OpenAI ``tools`` format; worked out
+        again only when a tool's readiness changed)."""
+        functions = list(self.rules(template).functions().values())
+        ready = tuple(self._usable(r) for r in functions)
+        known = self._specs.get(template or None)
+        if known is None or known[0] != ready:
+            specs = [needrules.tool_spec(r) for r, ok in zip(functions, ready, strict=True) if ok]
+            known = self._specs[template or None] = (ready, specs)
+        return list(known[1])
 
     def describe(self, *, template: str | None = None) -> list[str]:
         """One line per rule, in matching order (for ``contemplation routes``)."""

@@ -12,7 +12,7 @@ import pytest
 
 from contemplation import settings as settings_mod
 from contemplation.errors import ConfigError, ToolError
-from contemplation.needs import calls
+from contemplation.needs import calls, rules
 from contemplation.needs.router import Answer, Answered, NeedRouter, TokenBucket
 from contemplation.needs.tools.base import ToolResult
 from contemplation.protocol import logformat
@@ -35,6 +35,7 @@ class CountingTool:
     """Answers ``text for <arguments>``; records calls; optional barrier, delay or failure."""
 
     name = "fake"
+    ready = True
 
     def __init__(
         self,
@@ -335,6 +336,39 @@ def test_tool_specs_offer_only_usable_tools_and_text_calls_are_recognised(
         {"function": {"name": "read_file", "arguments": {"path": "a.md"}}}
     ]
     assert calls.calls_in_text('{"name": "format_disk", "arguments": {}}', known) == []
+
+
+def test_what_a_turn_is_offered_is_worked_out_again_only_when_readiness_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: what a turn offers (the NEED forms as the prompt tells them, the native
+    tools' specs) was built again on every turn. A router is one configuration (a reload,
+    MCP servers included, makes a new one): built once per template, and again only when a
+    tool says it is ready or not (a plugin's may change its mind)."""
+    built: list[str] = []
+    spec, told = rules.tool_spec, NeedRouter._told
+
+    def counting_spec(rule: rules.Rule) -> dict[str, Any]:
+        built.append("spec")
+        return spec(rule)
+
+    def counting_told(self: NeedRouter, rule: rules.Rule) -> rules.Rule:
+        built.append("told")
+        return told(self, rule)
+
+    monkeypatch.setattr(rules, "tool_spec", counting_spec)
+    monkeypatch.setattr(NeedRouter, "_told", counting_told)
+    tool = CountingTool()
+    router = router_with(tmp_path, tool)
+    first = (router.offered(), router.tool_specs())
+    once = len(built)
+    assert once > 0
+    for _ in range(3):  # three more turns
+        assert (router.offered(), router.tool_specs()) == first
+    assert len(built) == once
+    tool.ready = False  # its readiness changed: built again
+    assert "memory.search" not in [r.tool for r in router.offered()]
+    assert len(built) > once
 
 
 def test_token_bucket_refills_at_its_rate() -> None:
