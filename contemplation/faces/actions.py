@@ -505,14 +505,19 @@ def cancel(conv: Conv) -> Status | None:
 def turn_due(conv: Conv) -> bool:
     """A model turn is due and has not begun: a message is claimed into ``processing/``,
     or the log ends with the agent's words and no reply (the turn waits for a slot)."""
-    from contemplation.protocol.conversation import next_action
-    from contemplation.store.logview import LogView
-
     try:
         if any(not p.name.startswith(".") for p in conv.processing.iterdir()):
             return True
     except OSError:
         pass
+    return log_awaits_turn(conv)
+
+
+def log_awaits_turn(conv: Conv) -> bool:
+    """The log ends with the agent's words and no reply: its last message's turn is due."""
+    from contemplation.protocol.conversation import next_action
+    from contemplation.store.logview import LogView
+
     return next_action(LogView(conv).refresh().blocks).action == "turn"
 
 

@@ -470,7 +470,10 @@ def test_a_form_answered_after_another_face_decided_is_refused_and_the_agent_nev
     cid = TASK_ID.match(task["taskId"])["conv"]  # type: ignore[index]
     agent = wire.request(
         "tools/call",
-        {"name": "conversation_approve", "arguments": {"conversation_id": cid, "decision": "always"}},
+        {
+            "name": "conversation_approve",
+            "arguments": {"conversation_id": cid, "decision": "always"},
+        },
         tasks=False,
     )
     assert agent["result"]["isError"] and "are the person's to decide" in json.dumps(agent), agent
@@ -600,3 +603,36 @@ def test_cancel_of_a_task_whose_turn_is_over_is_an_error_that_says_so(
     again = wire.get(task["taskId"])
     assert again["status"] == "completed"
     assert text_of(again["result"])["blocks"][-1]["text"] == "Done already."
+
+
+def test_cancel_of_a_finished_task_never_cancels_the_next_message_just_claimed(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],
+) -> None:
+    """Issue 44: task A's reply is whole; B's message has just been claimed into
+    ``processing/`` (not yet in the log: the moment between the daemon's claim and its
+    append). ``tasks/cancel`` of A says A's turn is over and leaves B's turn alone: no
+    ``.cancel`` flag is written, and B is answered."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    fake_ollama.enqueue(Step(text="Answer A."), Step(text="Answer B."))
+    daemon = daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    a = wire.call("conversation_start", topic="Two", initial_prompt="Question A?")
+    wire.until(a["taskId"], completed)
+    daemon.stop()
+    cid = TASK_ID.match(a["taskId"])["conv"]  # type: ignore[index]
+    b = wire.call("conversation_respond", conversation_id=cid, response="Question B?")
+    conv = Reader(home).locate(cid)
+    [queued] = [p for p in conv.inbox.iterdir() if not p.name.startswith(".")]
+    queued.rename(conv.processing / queued.name)  # the daemon's claim, as it does it
+    refused = wire.request("tasks/cancel", {"taskId": a["taskId"]})
+    print(f"tasks/cancel of A while B is claimed: {refused}")
+    assert refused.get("error", {}).get("code") == -32602, refused
+    assert "over" in refused["error"]["message"], refused
+    assert not conv.cancel_flag.exists()
+    daemon_factory(env, home).wait_ready()
+    done = wire.until(b["taskId"], completed, seconds=30)
+    assert text_of(done["result"])["blocks"][-1]["text"] == "Answer B."
+    assert wire.get(a["taskId"])["status"] == "completed"

@@ -50,7 +50,7 @@ from contemplation.faces.actions import INITIAL_NAME
 from contemplation.faces.mcp import task_turn
 from contemplation.faces.mcp.calls import Faces
 from contemplation.faces.mcp.elicit import CAPABILITIES_KEY, approval_form, elicits
-from contemplation.models import State, Status
+from contemplation.models import CANCELLABLE, State, Status
 from contemplation.store import activity
 from contemplation.store.layout import Conv, read_state
 from contemplation.writer import daemon_alive
@@ -342,14 +342,19 @@ class Tasks:
         part = self.portion(conv, secret, record)
         if part.end is not None:
             raise _cannot(task_id, "it has completed (a later message's turn has begun)")
+        state = read_state(conv)
+        if state is not None and state.status is Status.AWAITING_APPROVAL:
+            raise _cannot(task_id, _persons(conv))
+        over = f"its turn is over (the conversation is {state.status.value if state else 'new'})"
+        idle = state is None or state.status not in CANCELLABLE
+        if part.found and idle and not actions.log_awaits_turn(conv):
+            # its message is in the log and answered, and no turn runs: a turn now due is a
+            # later message's (claimed, not yet in the log), never this task's to cancel
+            raise _cannot(task_id, over)
         with self.faces.lock:
             stopping = actions.cancel(conv)
         if stopping is None:
-            state = read_state(conv)
-            if state is not None and state.status is Status.AWAITING_APPROVAL:
-                raise _cannot(task_id, _persons(conv))
-            now = state.status.value if state else Status.PENDING.value
-            raise _cannot(task_id, f"its turn is over (the conversation is {now})")
+            raise _cannot(task_id, over)
         record["cancelled_at"] = datetime.now(UTC).timestamp()
         write_task(conv, secret, record, durable=durable)
 
