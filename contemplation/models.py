@@ -155,6 +155,15 @@ def read_approvals(raw: Any) -> list[ApprovalDecision]:
     return out
 
 
+class PanelSeat(BaseModel):
+    """One model of a panel (metadata.json ``panel``): its name as the backend knows it, the
+    label its replies' headers carry, and its backend (empty: the conversation's)."""
+
+    model: str
+    label: str
+    backend: str = ""
+
+
 class Metadata(BaseModel):
     """``metadata.json``: what the conversation is and how it talks to its model."""
 
@@ -174,9 +183,31 @@ class Metadata(BaseModel):
     labels: list[str] = Field(default_factory=list)
     context_requirements: list[dict[str, Any]] = Field(default_factory=list)
     archive_on_complete: bool = True
+    # a panel (docs/format.md, "A panel of models"): every message answered by each seat;
+    # the agent's messages go to PANEL (model_label), each reply names its seat
+    # (left out of metadata.json when unset: a conversation without a panel is unchanged)
+    panel: list[PanelSeat] = Field(default_factory=list, exclude_if=lambda v: not v)
+    debate: bool = Field(default=False, exclude_if=lambda v: not v)  # also the others' last
+    synthesize: PanelSeat | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def sender_label(self) -> str:
         return self.model_label or self.backend.upper()
+
+    def seats(self) -> list[PanelSeat]:
+        """The panel's seats, the synthesizing one last (empty: no panel)."""
+        return [*self.panel, *([self.synthesize] if self.panel and self.synthesize else [])]
+
+    def as_seat(self, label: str) -> Metadata:
+        """This conversation as one seat of its panel speaks in it: that seat's model and
+        backend, and its label on the replies' headers (and on the answers to its needs)."""
+        seat = next(s for s in self.seats() if s.label == label)
+        return self.model_copy(
+            update={
+                "model": seat.model,
+                "backend": seat.backend or self.backend,
+                "model_label": label,
+            }
+        )
 
     def approvals(self) -> list[ApprovalDecision]:
         """The agent's decisions about lookups that waited for approval (``approvals``)."""

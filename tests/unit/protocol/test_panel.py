@@ -112,3 +112,20 @@ def test_a_debate_shows_each_member_the_others_answers_of_the_round_before() -> 
     assert "[B]\nb1" in seen[-1].text and "a1" not in seen[-1].text
     assert seen[-1].offset == b[-1].offset  # the same block, so need ids do not move
     assert thread(b, "B", panel, debate=True)[-1].text.endswith("[A]\na1")
+
+
+def test_the_synthesizer_answers_last_and_sees_every_answer_of_its_round() -> None:
+    panel = ["A", "B"]
+    b = blocks(ask("Q1"), reply("A", "a1"))
+    assert due(b, panel, synthesizer="S")[0] == "B"  # not before every member answered
+    b = blocks(ask("Q1"), reply("A", "a1"), reply("B", "b1"))
+    who, nxt = due(b, panel, synthesizer="S")
+    assert (who, nxt.action) == ("S", "turn")
+    seen = thread(b, "S", panel, synthesis=True)
+    assert [x.kind.value for x in seen] == ["agent"]
+    assert "[A]\na1" in seen[0].text and "[B]\nb1" in seen[0].text and "Weigh them" in seen[0].text
+    b = blocks(ask("Q1"), reply("A", "a1"), reply("B", "b1"), reply("S", "both fine"))
+    assert due(b, panel, synthesizer="S")[1].action == "idle"
+    b = blocks(ask("Q1"), reply("A", "a1"), reply("B", "b1"), reply("S", "s"), ask("Q2"))
+    assert due(b, panel, synthesizer="S")[0] == "A"
+    assert "[A]\na1" not in thread(b, "S", panel, synthesis=True)[-1].text  # its own round's only
