@@ -26,6 +26,7 @@ from contemplation.store.layout import (
     LOG_NAME,
     PROCESSING,
     Conv,
+    ignored_name,
     read_metadata,
     refused_folders,
     valid_id,
@@ -236,16 +237,22 @@ def signs_of_work(active: str, known: Mapping[str, int], skip: Set[str]) -> list
     return [n for n in names if n not in skip and _worth_a_look(f"{active}/{n}", known.get(n))]
 
 
+def _dotted(name: str) -> bool:
+    return name.startswith(".")
+
+
 def _worth_a_look(d: str, known: int | None) -> bool:
     try:
         if known is None or os.stat(f"{d}/{LOG_NAME}").st_size != known:
             return True
     except OSError:
         return True
-    for folder in (INBOX, PROCESSING):
+    # the inbox's names by the layout's own filter (a file being written is no message); the
+    # claimed ones as processing_entries lists them
+    for folder, skip in ((INBOX, ignored_name), (PROCESSING, _dotted)):
         try:
             with os.scandir(f"{d}/{folder}") as it:
-                if any(not e.name.startswith(".") for e in it):
+                if any(not skip(e.name) for e in it):
                     return True
         except OSError:
             continue

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from contemplation.index import db as index_db
-from contemplation.index import retention
+from contemplation.index import db, retention
 
 if TYPE_CHECKING:
     from contemplation.engine.runtime import Runtime
@@ -71,7 +70,7 @@ class Keeper:
         try:
             # reading brings it up to date; one that cannot be written is a log line, not a
             # copy in memory that nobody reads
-            index_db.read(home, lambda _conn: None, fallback=False)
+            db.read(home, lambda _conn: None, fallback=False)
         except Exception as exc:
             log.warning("index_refresh_failed", error=str(exc))
             return

@@ -288,7 +288,7 @@ def _respond(
             "queued": send(settings, conv, text, files),
             "still_waiting": [],
         }
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    stamp = logformat.timestamp()
     body = f"{logformat.RESPONSE_PREFIX} {chosen.need}\n(source: agent, {stamp})\n{text}"
     name = (drop_folder_message(conv, body, files) if files else drop_message(conv, body)).name
     return {
@@ -384,7 +384,7 @@ def approve(
             rule=request.rule if request is not None else "",
             tool=chosen.tool,
             arguments=chosen.arguments,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            time=logformat.timestamp(),
             face=face,
         )
         raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in _kept([*given, made])]

@@ -15,13 +15,13 @@ answered and is not revocable.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from contemplation.base.terminal import safe
 from contemplation.errors import ContemplationError, InputRejected, NotFound
 from contemplation.models import APPROVALS_KEY, DECIDERS, ApprovalDecision, Decider, read_approvals
+from contemplation.protocol import logformat
 from contemplation.settings import Settings
 from contemplation.store import waiting
 from contemplation.store.layout import Conv, Home, list_conversations, read_json, read_metadata
@@ -166,7 +166,7 @@ def revoke(
             raise InputRejected(
                 safe(f"decision {rid} was revoked already by {by} at {target.revoked}")
             )
-        target.revoked = time.strftime("%Y-%m-%d %H:%M:%S")
+        target.revoked = logformat.timestamp()
         target.revoked_by = face
         raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in given]
         atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Literal
 
-from contemplation.index import db as index_db
+from contemplation.index import db
 from contemplation.protocol import paging
 from contemplation.protocol.ledger import FIELDS
 from contemplation.store.layout import Home
@@ -88,4 +88,4 @@ def summed(
             out["cursor"] = paging.encode_cursor(0.0, str(rows[limit - 1][0]))
         return out
 
-    return index_db.read(home, run, only=[conv] if conv is not None else None)
+    return db.read(home, run, only=[conv] if conv is not None else None)

@@ -14,7 +14,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from contemplation.index import db as index_db
+from contemplation.index import db
 from contemplation.protocol import paging
 from contemplation.store.layout import Home
 
@@ -103,7 +103,7 @@ def page(home: Home, q: Query, limit: int | None = None, cursor: str | None = No
             out.cursor = paging.encode_cursor(rows[-1]["last_activity_ts"], rows[-1]["id"])
         return out
 
-    return index_db.read(home, run)
+    return db.read(home, run)
 
 
 def summaries(home: Home, *, include_completed: bool = True) -> list[dict[str, Any]]:
@@ -118,7 +118,7 @@ def one(home: Home, conv_id: str) -> dict[str, Any] | None:
         got = conn.execute("SELECT row FROM convs WHERE id = ?", (conv_id,)).fetchone()
         return json.loads(got[0]) if got else None
 
-    return index_db.read(home, run, only=[conv_id])
+    return db.read(home, run, only=[conv_id])
 
 
 def stats(home: Home) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def stats(home: Home) -> dict[str, Any]:
         ).fetchone()[0]
         return {"by_status": by_status, "turns_total": int(turns)}
 
-    return counts(home) | index_db.read(home, run)
+    return counts(home) | db.read(home, run)
 
 
 def counts(home: Home) -> dict[str, int]:
@@ -147,4 +147,4 @@ def counts(home: Home) -> dict[str, int]:
             got[where], got[f"{where}_bytes"] = n, size
         return got
 
-    return index_db.read(home, run)
+    return db.read(home, run)

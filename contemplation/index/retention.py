@@ -19,8 +19,7 @@ from typing import Any
 import structlog
 
 from contemplation.errors import InputRejected
-from contemplation.index import db as index_db
-from contemplation.index import rows as index_rows
+from contemplation.index import db, rows
 from contemplation.store.layout import Home
 from contemplation.writer import delete_archived, finish_deletions
 
@@ -63,13 +62,13 @@ def prune(home: Home, older_than_s: float, *, dry_run: bool = False) -> Pruned:
     out = Pruned(dry_run=dry_run)
     if not dry_run:
         finish_deletions(home)
-    for conv_id, last_ts, disk in index_db.read(home, old):
-        row = {"id": conv_id, "last_activity": index_rows.clock(last_ts), "bytes": disk}
+    for conv_id, last_ts, disk in db.read(home, old):
+        row = {"id": conv_id, "last_activity": rows.clock(last_ts), "bytes": disk}
         if not dry_run and not delete_archived(home, conv_id):
             continue
         out.removed.append(row)
         out.freed += disk
     if out.removed and not dry_run:
-        index_db.forget(home, [r["id"] for r in out.removed])
+        db.forget(home, [r["id"] for r in out.removed])
         log.info("pruned", conversations=len(out.removed), freed_bytes=out.freed)
     return out

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from contemplation.protocol.logformat import TIME_FORMAT
 from contemplation.store.layout import Conv, topic_of_id
-
-HEADER_TIME = "%Y-%m-%d %H:%M:%S"  # the log's headers, local time
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +50,7 @@ def header_ts(text: str) -> float:
     """A header's time as epoch seconds (0: none or not a time)."""
     if text:
         with contextlib.suppress(ValueError, OverflowError):
-            return datetime.strptime(text, HEADER_TIME).timestamp()
+            return datetime.strptime(text, TIME_FORMAT).timestamp()
     return 0.0
 
 
@@ -71,7 +70,7 @@ def _str(value: Any, default: str = "") -> str:
 
 
 def clock(ts: float) -> str:
-    return time.strftime(HEADER_TIME, time.localtime(ts)) if ts else ""
+    return time.strftime(TIME_FORMAT, time.localtime(ts)) if ts else ""
 
 
 def summary_row(  # noqa: PLR0917 - the parts of one row

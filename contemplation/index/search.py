@@ -26,11 +26,10 @@ from datetime import datetime
 from typing import Any
 
 from contemplation.errors import InputRejected
-from contemplation.index import db as index_db
-from contemplation.index import query as search_query
-from contemplation.index import rows as index_rows
-from contemplation.index import snippets
+from contemplation.index import db, snippets
 from contemplation.index.listing import Query
+from contemplation.index.query import MIN_PREFIX, OPERATORS, Parsed, parse
+from contemplation.protocol.logformat import TIME_FORMAT
 from contemplation.store import logstream
 from contemplation.store.layout import Home
 
@@ -86,9 +85,9 @@ def since_bound(text: str) -> str:
     text = text.strip().replace("T", " ")
     if not text:
         return ""
-    for form in ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"):
+    for form in (TIME_FORMAT, "%Y-%m-%d %H:%M", "%Y-%m-%d"):
         with contextlib.suppress(ValueError):
-            return datetime.strptime(text, form).strftime(index_rows.HEADER_TIME)
+            return datetime.strptime(text, form).strftime(TIME_FORMAT)
     raise InputRejected(f"not a day or a moment: {text!r} (write YYYY-MM-DD or YYYY-MM-DD HH:MM)")
 
 
@@ -100,8 +99,8 @@ def as_typed(query: str) -> str:
     "quokkas" while it is typed), a word shorter than a prefix may be as itself; anything else
     is the search syntax (:mod:`contemplation.index.query`) and passes through."""
     q = query.strip()
-    if _PLAIN.fullmatch(q) and not (search_query.OPERATORS & set(q.split())):
-        return " ".join(w + "*" if len(w) >= search_query.MIN_PREFIX else w for w in q.split())
+    if _PLAIN.fullmatch(q) and not (OPERATORS & set(q.split())):
+        return " ".join(w + "*" if len(w) >= MIN_PREFIX else w for w in q.split())
     return q
 
 
@@ -187,7 +186,7 @@ def find(
     line that says it was cut. The query is :mod:`contemplation.index.query`'s (refused in
     one line: too long, a prefix too short); a query FTS5 rejects is searched as a phrase of
     its words. The index is brought up to date first, outside the bound."""
-    parsed = search_query.parse(query)
+    parsed = parse(query)
     f = filters or Filters()
     limit = min(max(int(limit), 1), MAX_LIMIT)
 
@@ -199,11 +198,11 @@ def find(
         finally:
             conn.set_progress_handler(None, 0)
 
-    return index_db.read(home, run)
+    return db.read(home, run)
 
 
 def _bounded(
-    conn: sqlite3.Connection, parsed: search_query.Parsed, f: Filters, limit: int, bound: Bound
+    conn: sqlite3.Connection, parsed: Parsed, f: Filters, limit: int, bound: Bound
 ) -> Found:
     """The ranked blocks (the query, interrupted past the bound), then a snippet of each
     while time is left."""
@@ -259,7 +258,7 @@ def _partial(conn: sqlite3.Connection, f: Filters) -> int:
     return int(got[0])
 
 
-def _archived_count(conn: sqlite3.Connection, parsed: search_query.Parsed, f: Filters) -> int:
+def _archived_count(conn: sqlite3.Connection, parsed: Parsed, f: Filters) -> int:
     """The blocks of archived conversations that match (at most :data:`MAX_COUNTED`)."""
     of_convs = Query(scope="archived", status=f.status, model=f.model)
     try:

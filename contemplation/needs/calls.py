@@ -10,13 +10,13 @@ from typing import Any
 
 from contemplation.models import Rule
 from contemplation.needs import rules
-from contemplation.protocol.logformat import tool_call_lines
+from contemplation.protocol.logformat import NEED_PREFIX, tool_call_lines
 
 
 def may_hold_calls(text: str) -> bool:
     """Could ``text`` hold tool calls written as JSON (a JSON name, and no NEED line)? The
     cheap test a reply passes before the offered functions are looked up."""
-    return "NEED:" not in text and '"name"' in text
+    return NEED_PREFIX not in text and '"name"' in text
 
 
 def calls_in_text(text: str, functions: Mapping[str, Rule]) -> list[dict[str, Any]]:

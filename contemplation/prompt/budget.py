@@ -20,7 +20,12 @@ from dataclasses import dataclass, field, replace
 
 from contemplation.models import Block, ChatMessage, ChatRequest, MarkerKind, Usage
 from contemplation.prompt import prompts, truncation
-from contemplation.protocol.logformat import RESPONSE_PREFIX, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
+from contemplation.protocol.logformat import (
+    NEED_PREFIX,
+    RESPONSE_PREFIX,
+    TOOL_OUTPUT_BEGIN,
+    TOOL_OUTPUT_END,
+)
 
 DEFAULT_RATIO = 0.25  # tokens per character: about 4 characters a token for English
 PER_MESSAGE = 4  # role markers and separators in chat templates
@@ -338,7 +343,7 @@ def stub_tool_output(m: ChatMessage) -> ChatMessage | None:
     chars = sum(len(ln) + 1 for ln in lines[begin + 1 : end])
     stub = (
         f"(tool output left out to fit the context window, {chars:,} characters; "
-        f"to see it again, ask again with the same line: NEED: {need})"
+        f"to see it again, ask again with the same line: {NEED_PREFIX} {need})"
     )
     return replace(m, content="\n".join([*lines[:begin], stub, *lines[end + 1 :]]))
 

@@ -20,6 +20,7 @@ from contemplation.models import (
 from contemplation.needs.tools import registry
 from contemplation.protocol.conversation import goes_on, last_marker, retracted, whole
 from contemplation.protocol.logformat import (
+    NEED_PREFIX,
     RESPONSE_PREFIX,
     TOOL_CALL_OPEN,
     TOOL_CALL_RE,
@@ -59,8 +60,8 @@ class NeedForm:
         """The form as the prompt lists it; its description, if any, on a line of its own
         (a model that copies the NEED line copies only the form)."""
         if not self.description:
-            return f"  NEED: {self.form}"
-        return f"  NEED: {self.form}\n      {_one_line(self.description, self.limit)}"
+            return f"  {NEED_PREFIX} {self.form}"
+        return f"  {NEED_PREFIX} {self.form}\n      {_one_line(self.description, self.limit)}"
 
 
 def _one_line(text: str, limit: int = MAX_DESCRIPTION) -> str:
@@ -129,14 +130,15 @@ def protocol(needs: Sequence[NeedForm]) -> str:
     if not needs:
         asking = (
             "When you need something that you do not have, write a line that starts with\n"
-            '"NEED: " followed by what you need, one per line, and stop; {agent} answers in a\n'
-            'block that starts with "RESPONSE TO NEED:".'
+            f'"{NEED_PREFIX} " followed by what you need, one per line, and stop; {{agent}} '
+            f'answers in a\nblock that starts with "{RESPONSE_PREFIX}".'
         )
         return f"{asking}\n{COMPLETE_RULE}"
     lines = [
-        'When you need context that you do not have, write a line that starts with "NEED: "',
+        "When you need context that you do not have, write a line that starts with "
+        f'"{NEED_PREFIX} "',
         "followed by what you need, one per line, and stop; the answers come back in blocks that",
-        'start with "RESPONSE TO NEED:". You can ask for:',
+        f'start with "{RESPONSE_PREFIX}". You can ask for:',
         *(n.line() for n in needs),
         "Anything else you need, ask for the same way: {agent} answers it.",
         COMPLETE_RULE,

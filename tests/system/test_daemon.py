@@ -291,7 +291,7 @@ def test_respond_from_the_cli_answers_a_waiting_need(
 def test_doctor_names_the_setting_a_template_source_lacks(home: Home, tmp_path: Path) -> None:
     """issue 38.8: the hint meant for the user ("set tools.notes_vault") is the user's, in
     doctor: the model is only told that the source is not there
-    (tests/unit/needs/test_context.py)."""
+    (tests/unit/prompt/test_context.py)."""
     env = base_env(home)
     out = cli(env, "doctor", check=False).stdout
     assert (

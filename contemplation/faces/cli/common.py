@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import click
 from click.shell_completion import CompletionItem
 
-from contemplation import settings as settings_mod
 from contemplation.base.exits import (
     EXIT_CODES,
     EXIT_CUT,
@@ -32,7 +31,7 @@ from contemplation.base.logs import configure
 from contemplation.base.terminal import safe
 from contemplation.errors import ContemplationError
 from contemplation.faces.reading import locate
-from contemplation.settings import Settings
+from contemplation.settings import Settings, load
 from contemplation.store.layout import Conv, Home, valid_id
 from contemplation.store.templates import shipped_templates
 
@@ -52,7 +51,7 @@ def ctx_settings(ctx: click.Context) -> Settings:
     are configured to go to stderr, never into a command's output."""
     obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
     if "settings" not in obj:
-        s = settings_mod.load(
+        s = load(
             config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
         )
         service = ctx.find_root().invoked_subcommand in SERVICES  # their stderr is a log
@@ -101,7 +100,7 @@ def _completion_home(ctx: click.Context) -> Home | None:
     """The home the command line names, for completion (no callback has run yet)."""
     params = ctx.find_root().params
     try:
-        s = settings_mod.load(config=params.get("config"), home=params.get("home"), overrides={})
+        s = load(config=params.get("config"), home=params.get("home"), overrides={})
     except (ContemplationError, OSError, ValueError):
         return None
     return Home(s.home)

@@ -22,7 +22,7 @@ from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
 from contemplation.faces import actions, decisions, watching
 from contemplation.faces.cli import show
-from contemplation.faces.cli import wait as cli_wait
+from contemplation.faces.cli import wait as following
 from contemplation.faces.cli.common import (
     CONVERSATION,
     EXIT_CODES,
@@ -72,10 +72,10 @@ TIMEOUT = click.option(
 
 
 def _follow(
-    reader: Reader, conv: Conv, ex: cli_wait.Exchange, timeout: float, *, as_json: bool = False
+    reader: Reader, conv: Conv, ex: following.Exchange, timeout: float, *, as_json: bool = False
 ) -> None:
-    cli_wait.note_no_daemon(reader.home)
-    sys.exit(cli_wait.follow(reader, conv, ex, timeout, as_json=as_json))
+    following.note_no_daemon(reader.home)
+    sys.exit(following.follow(reader, conv, ex, timeout, as_json=as_json))
 
 
 @click.command()
@@ -125,7 +125,7 @@ def new(  # noqa: PLR0917 - click passes every option positionally
         s, topic, model=model, backend=backend, template=template, think=think, started_by=by
     )
     reader = Reader(Home(s.home))
-    ex = cli_wait.begin(reader, conv, _block(text, files, s), wait=wait)
+    ex = following.begin(reader, conv, _block(text, files, s), wait=wait)
     queued = actions.send(s, conv, text, files) if text is not None else None
     data = {"id": conv.id, "path": str(conv.dir), "queued": queued}
     if not wait or queued is None:
@@ -196,7 +196,7 @@ def send(  # noqa: PLR0917 - click passes every option positionally
     if schema is not None:
         body = structured.with_schema(body, structured.load_schema(schema, s.max_schema_bytes))
     left = _unanswered(reader, conv, plain=plain)
-    ex = cli_wait.begin(reader, conv, _block(body, files, s), wait=wait)
+    ex = following.begin(reader, conv, _block(body, files, s), wait=wait)
     name = actions.send(s, conv, body, files)
     ex.queued = name
     if left:
@@ -244,7 +244,7 @@ def wait(ctx: click.Context, conversation: str, timeout: float, as_json: bool) -
     home = ctx_home(ctx)
     conv = lookup(ctx, conversation)
     reader = Reader(home)
-    ex = cli_wait.Exchange(reader.last_own(conv), latest=True)
+    ex = following.Exchange(reader.last_own(conv), latest=True)
     _follow(reader, conv, ex, timeout, as_json=as_json)
 
 
@@ -277,7 +277,7 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     body = text_arg(text)
-    ex = cli_wait.begin(reader, conv, body, wait=wait)
+    ex = following.begin(reader, conv, body, wait=wait)
     done = actions.respond(s, reader, conv, body, need, plain=plain)
     ex.queued = done["queued"]
     if not wait:
@@ -329,7 +329,7 @@ def approve(  # noqa: PLR0917 - click passes every option positionally
         emit(done, as_json, safe("\n".join(lines)))
         return
     click.echo(safe("\n".join(lines)), err=True)
-    _follow(reader, conv, cli_wait.Exchange(after, request=done["request"]), timeout)
+    _follow(reader, conv, following.Exchange(after, request=done["request"]), timeout)
 
 
 @click.command()
@@ -360,9 +360,9 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_jso
         text = "".join(text.splitlines(keepends=True)[-lines:])
     sys.stdout.write(safe(text))
     sys.stdout.flush()
-    follower = cli_wait.Follower(home, conv, offset=len(live))
+    follower = following.Follower(home, conv, offset=len(live))
     while follow:
-        time.sleep(cli_wait.POLL)
+        time.sleep(following.POLL)
         follower.drain()
 
 
@@ -380,8 +380,8 @@ def _tail_json(reader: Reader, conv: Conv, lines: int, follow: bool) -> None:
     _print_blocks(blocks)
     cursor = got.cursor
     while follow:
-        time.sleep(cli_wait.POLL)
-        conv = cli_wait.current(reader.home, conv)
+        time.sleep(following.POLL)
+        conv = following.current(reader.home, conv)
         got = reader.since(conv, cursor)
         _print_blocks(got.blocks)
         cursor = got.cursor
@@ -468,7 +468,7 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     if target.alias is not None:  # what the alias stands for
         where = list(target.providers)
         data["alias"] = {"name": target.alias, "model": target.model, "providers": where}
-    st = cli_wait.stat_or_none(conv.log)
+    st = following.stat_or_none(conv.log)
     human = show.conversation(data, state, st.st_mtime if st else None)
     told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]
     if state is not None and state.reply_cut is not None:  # the last reply is not whole

@@ -64,9 +64,9 @@ def run(ctx: click.Context, once: bool, dashboard_port: int | None, no_dashboard
     obj = ctx.find_root().ensure_object(dict)
 
     def loader() -> Settings:  # SIGHUP: the same sources, read anew
-        from contemplation import settings as settings_mod
+        from contemplation import settings
 
-        return settings_mod.load(
+        return settings.load(
             config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
         )
 
@@ -134,11 +134,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         results.append(row | {"warn": True} if warn else row)
 
     from contemplation.config.validate import unset_sources
-    from contemplation.faces.cli import probe as plugin_probe
+    from contemplation.faces.cli import probe
 
     # each plugin loaded in a child first: one that ends or hangs its process is named, and
     # kept out of this one (the checks below load the others)
-    probed = plugin_probe.probe()
+    probed = probe.probe()
     valid = _check_config(s, add)
     for line in unset_sources(s):  # the model is told only that the source is not there
         add("template", True, line, warn=True)
@@ -170,7 +170,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     )  # fmt: skip
     for where, why in failed:  # it starts without them
         add("plugin", False, f"{where} was not loaded: {why}")
-    for where, took in plugin_probe.slow(probed):
+    for where, took in probe.slow(probed):
         add("plugin", True, f"{where} took {took:.1f} s to load (a start waits for it)", warn=True)
     add(
         "daemon",

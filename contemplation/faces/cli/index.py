@@ -51,17 +51,17 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     """Search the text of every conversation (words, "a phrase", OR, NOT, prefix* of 3
     letters or more); best matches first, the newest conversation first on ties. A search
     runs at most search_seconds (10 s): then it says it was cut."""
-    from contemplation.index import search as search_index
+    from contemplation.index.search import Filters, find, since_bound
 
-    filters = search_index.Filters(
+    filters = Filters(
         archived=include_archived,
         thinking=thinking,
         model=model,
         status=status.strip().lower(),
-        since=search_index.since_bound(since),
+        since=since_bound(since),
     )
     s = ctx_settings(ctx)
-    found = search_index.find(Home(s.home), query, filters, limit, seconds=s.search_seconds)
+    found = find(Home(s.home), query, filters, limit, seconds=s.search_seconds)
     hits = found.hits
     if as_json:
         for h in hits:
@@ -88,11 +88,11 @@ def search(  # noqa: PLR0917 - click passes every option positionally
 @click.pass_context
 def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
     """Make the search index anew from the folders (it is derived: safe at any time)."""
-    from contemplation.index import db as index_db
+    from contemplation.index import db
 
     home = ctx_home(ctx)
     if check:
-        found = index_db.drift(home)
+        found = db.drift(home)
         human = "\n".join(
             f"{k}: {len(v)}" + (f" ({', '.join(v[:5])})" if v else "") for k, v in found.items()
         )
@@ -109,8 +109,8 @@ def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
                 bars.append(stack.enter_context(bar))
             bars[0].update(done - bars[0].pos)
 
-        count = index_db.rebuild(home, step)
-    click.echo(f"indexed {count} conversation(s) into {index_db.db_path(home)}")
+        count = db.rebuild(home, step)
+    click.echo(f"indexed {count} conversation(s) into {db.db_path(home)}")
 
 
 @click.command()

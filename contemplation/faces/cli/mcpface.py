@@ -54,14 +54,14 @@ def mcp(
 
         connect.print_headers(ctx_settings(ctx))
         return
-    from contemplation.faces.mcp import server as mcp_server
+    from contemplation.faces.mcp import server
 
     if http_port is None:
         raise click.UsageError("--print-claude-command goes with --http PORT")
     if print_claude_command:
-        mcp_server.print_claude_command(ctx_settings(ctx), http_port)
+        server.print_claude_command(ctx_settings(ctx), http_port)
         return
-    mcp_server.run_http(ctx_settings(ctx), http_port)
+    server.run_http(ctx_settings(ctx), http_port)
 
 
 def _server(ctx: click.Context) -> ContemplationServer:

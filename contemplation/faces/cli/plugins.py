@@ -39,12 +39,12 @@ def plugins(probe: bool, as_json: bool) -> None:
     that failed to load or were slow to."""
     from contemplation import backends
     from contemplation.base.plugins import BUILT_IN
-    from contemplation.faces.cli import probe as plugin_probe
+    from contemplation.faces.cli import probe as probes
     from contemplation.faces.dashboard import panels as dashboard_panels
     from contemplation.needs.tools import registry
     from contemplation.prompt import context_kinds
 
-    probed = plugin_probe.probe() if probe else None  # before anything here loads them
+    probed = probes.probe() if probe else None  # before anything here loads them
 
     families = [{"name": n, "from": d} for n, d in backends.origins().items()]
     origins = registry.origins()
@@ -94,7 +94,7 @@ def plugins(probe: bool, as_json: bool) -> None:
     slow = [
         {"plugin": where, "seconds": round(took, 2)}
         for where, took in (
-            plugin_probe.slow(probed) if probed is not None else [
+            probes.slow(probed) if probed is not None else [
                 *backends.KINDS.slow(), *registry.KINDS.slow(), *context_kinds.KINDS.slow(),
                 *dashboard_panels.KINDS.slow(),
             ]

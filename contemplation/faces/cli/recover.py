@@ -15,7 +15,7 @@ import click
 from contemplation.backends.catalog import refusal
 from contemplation.errors import InputRejected
 from contemplation.faces import actions
-from contemplation.faces.cli import wait as cli_wait
+from contemplation.faces.cli import wait as following
 from contemplation.faces.cli.common import (
     CONVERSATION,
     EXIT_CODES,
@@ -92,6 +92,6 @@ def continue_(
         emit({"conversation_id": conv.id} | done, as_json, human)
         return
     reader = Reader(Home(s.home))
-    ex = cli_wait.Exchange(reader.boundary(conv))
-    cli_wait.note_no_daemon(reader.home)
-    sys.exit(cli_wait.follow(reader, conv, ex, timeout, as_json=as_json))
+    ex = following.Exchange(reader.boundary(conv))
+    following.note_no_daemon(reader.home)
+    sys.exit(following.follow(reader, conv, ex, timeout, as_json=as_json))

@@ -41,7 +41,7 @@ from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
 from contemplation.faces.reading import Reader
 from contemplation.index import listing
-from contemplation.index import search as search_index
+from contemplation.index.search import Filters, as_typed, find
 from contemplation.models import CANCELLABLE
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
@@ -215,13 +215,13 @@ class Dashboard:
         self._searches += 1
         cancel = threading.Event()  # the browser went away, or the server stops
         try:
-            filters = search_index.Filters(archived=True)
-            typed = search_index.as_typed(query)
+            filters = Filters(archived=True)
+            typed = as_typed(query)
             seconds = self.settings.search_seconds
             watch = asyncio.ensure_future(self._cancel_when_gone(request, cancel))
             try:
                 found = await anyio.to_thread.run_sync(
-                    lambda: search_index.find(
+                    lambda: find(
                         self.home, typed, filters, SEARCH_HITS, seconds=seconds, cancel=cancel
                     )
                 )

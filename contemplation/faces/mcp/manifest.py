@@ -21,7 +21,6 @@ import anyio
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from contemplation import __version__
-from contemplation import settings as settings_mod
 from contemplation.faces.mcp.front import (
     ACKNOWLEDGED,
     LISTEN,
@@ -32,7 +31,7 @@ from contemplation.faces.mcp.front import (
     canonical,
 )
 from contemplation.faces.mcp.server import build_server, serve_stdio
-from contemplation.settings import Settings
+from contemplation.settings import Settings, load
 
 NOT_A_VERSION = "1970-01-01"  # a version no SDK knows: the answer to UNKNOWN_VERSION
 
@@ -124,7 +123,7 @@ def handshake(settings: Settings, version: str) -> tuple[Any, Any]:
 def capture() -> dict[str, Any]:
     """The manifest, from a server over an empty home of its own."""
     with tempfile.TemporaryDirectory() as home:
-        settings = settings_mod.load(home=Path(home), env={}, config=None)  # no config read
+        settings = load(home=Path(home), env={}, config=None)  # no config read
         initialize: dict[str, Any] = {}
         tools: Any = None
         for asked in (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS, NOT_A_VERSION):

@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 from contemplation.errors import ToolError
 from contemplation.needs.tools.base import ToolResult
+from contemplation.protocol.logformat import NEED_PREFIX
 
 COUNT_CAP = 64 * 1024 * 1024  # bytes of a file read at most (to count lines, to reach a line)
 CHUNK = 1 << 20  # bytes read at a time past what an answer keeps
@@ -149,7 +150,8 @@ def part_note(
     of = f"{total:,}" + ("" if exact else "+")
     want = total if last is None else min(last, total)
     if cut:
-        nxt = f"NEED: File contents of {path} lines {first + 1}-{min(want, first + NEXT_DEFAULT)}"
+        lines = f"{first + 1}-{min(want, first + NEXT_DEFAULT)}"
+        nxt = f"{NEED_PREFIX} File contents of {path} lines {lines}"
         more = f"; the next part: {nxt}" if first < want else ""
         return f"line {first:,} of {of} is longer than an answer: its first part only{more}"
     if end < want:
@@ -157,7 +159,7 @@ def part_note(
         left = f"{want - end:,}" + ("" if exact or (last is not None and last <= total) else "+")
         return (
             f"showing lines {first:,}-{end:,} of {of}; {left} more line(s) — the next part: "
-            f"NEED: File contents of {path} lines {end + 1}-{nxt_end}"
+            f"{NEED_PREFIX} File contents of {path} lines {end + 1}-{nxt_end}"
         )
     if first > 1 or end < total:
         return f"lines {first:,}-{end:,} of {of}"

@@ -133,3 +133,43 @@ def test_queued_messages_are_counted_by_one_reader(tmp_path: Path) -> None:
         <= {n.id for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Name)}
     ]
     assert both == ["store/layout.py"]
+
+
+def _spelling(fact: str) -> list[str]:
+    """Where the package's code (docstrings left out) spells ``fact`` in a string."""
+    return [
+        f"{path.relative_to(PKG)}:{line}"
+        for path in sorted(PKG.rglob("*.py"))
+        if path.name != "logformat.py"
+        for line, s in _strings(path)
+        if fact in s
+    ]
+
+
+def test_the_header_timestamp_is_spelled_by_the_log_format_alone() -> None:
+    """Issue 46: four modules spelled the headers' time format; the log format owns it."""
+    assert _spelling(logformat.TIME_FORMAT) == []
+
+
+def test_the_need_prefix_is_spelled_by_the_log_format_alone() -> None:
+    """Issue 46: ``NEED:`` was spelled at five sites beside ``logformat.NEED_PREFIX``."""
+    assert _spelling(logformat.NEED_PREFIX) == []
+
+
+def test_the_inbox_is_filtered_by_the_layout_alone(tmp_path: Path) -> None:
+    """Issue 46: the dispatcher's own filter took any name not starting with a dot for a
+    message (an editor's ``draft.txt~`` or a ``part.tmp`` being written woke a look); the
+    layout's ``ignored_name`` is the one filter of the inbox."""
+    from contemplation.daemon.dispatcher import signs_of_work
+
+    active = tmp_path / layout.ACTIVE
+    conv = active / "c1"
+    (conv / layout.INBOX).mkdir(parents=True)
+    (conv / layout.PROCESSING).mkdir()
+    (conv / layout.LOG_NAME).write_text("")
+    for name in ("draft.txt~", "part.tmp", "#note#", ".hidden"):
+        (conv / layout.INBOX / name).write_text("being written")
+        assert layout.ignored_name(name)
+    assert signs_of_work(str(active), {"c1": 0}, set()) == []
+    (conv / layout.INBOX / "message.txt").write_text("hello")
+    assert signs_of_work(str(active), {"c1": 0}, set()) == ["c1"]
