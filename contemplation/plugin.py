@@ -2,7 +2,7 @@
 is written against, and nothing else.
 
 A plugin declares entry points (``contemplation.tools``, ``contemplation.backends``,
-``contemplation.prompt.context``, ``contemplation.panels``) that name objects built from these
+``contemplation.context``, ``contemplation.panels``) that name objects built from these
 classes; docs/plugins.md walks through one of each. A backend: ``BackendKind``, what its
 ``make`` receives (``BackendInputs``), the ``Backend`` contract and its request, stream and
 usage types. A tool: ``ToolKind``, ``ToolInputs``, ``Tool``, ``ToolResult``, its ``Rule`` and
@@ -19,7 +19,7 @@ from __future__ import annotations
 from contemplation.backends import BackendInputs, BackendKind
 from contemplation.backends.base import Backend, Capabilities, Check, PhaseTimeouts
 from contemplation.errors import BackendError, ToolError
-from contemplation.faces.dashboard.panels import Panel, Row, Seen
+from contemplation.faces.panel import Panel, Row, Seen
 from contemplation.models import (
     BackendSession,
     ChatMessage,

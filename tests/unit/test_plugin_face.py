@@ -5,6 +5,11 @@ and the example plugin imports nothing else of the package."""
 from __future__ import annotations
 
 import ast
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from contemplation import plugin
@@ -44,3 +49,39 @@ def test_the_example_plugin_imports_only_the_face() -> None:
     assert files
     used = set().union(*(_package_imports(f) for f in files))
     assert used == {"contemplation.plugin"}
+
+
+def test_the_face_is_light() -> None:
+    """A plugin author pays for the contract, not for the daemon's faces (issue 46): importing
+    ``contemplation.plugin`` in a fresh interpreter loads no web framework and well under 60
+    of the package's modules (it loaded starlette and 53 with ``Panel`` in faces/dashboard;
+    20 with the contract in its leaf, faces/panel.py)."""
+    probe = (
+        "import contemplation.plugin, json, sys; print(json.dumps(["
+        "sorted(m for m in sys.modules if m.split('.')[0] == 'contemplation'),"
+        "sorted(m for m in sys.modules if m.split('.')[0] in {'starlette', 'uvicorn', 'sse_starlette'})]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)},
+    )
+    ours, web = json.loads(done.stdout)
+    assert web == []
+    assert len(ours) <= 30, ours
+
+
+def test_the_face_names_the_real_entry_point_groups() -> None:
+    """Its docstring named ``contemplation.prompt.context``, a group nothing reads."""
+    from contemplation import backends
+    from contemplation.faces.dashboard import panels
+    from contemplation.needs.tools import registry
+    from contemplation.prompt import context_kinds
+
+    real = {k.KINDS.group for k in (backends, panels, registry, context_kinds)}
+    named = set(re.findall(r"``(contemplation\.[a-z.]+)``", plugin.__doc__ or ""))
+    assert named == real

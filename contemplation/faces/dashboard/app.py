@@ -39,6 +39,7 @@ from contemplation.faces import actions, bearer, decisions
 from contemplation.faces.dashboard import export, panels
 from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
+from contemplation.faces.panel import Seen
 from contemplation.faces.reading import Reader
 from contemplation.index import listing
 from contemplation.index.search import Filters, as_typed, find
@@ -325,7 +326,7 @@ class Dashboard:
 
     async def panel_rows(self, request: Request) -> Response:
         """Every panel's title and rows (``dashboard/panels.py``), drawn by the page as text."""
-        seen = panels.Seen(self.home, self.broker.metrics.snapshot())
+        seen = Seen(self.home, self.broker.metrics.snapshot())
         # on threads of their own, bounded, outside the lock the other reads take: a panel
         # that sleeps holds nothing else
         shown = await panels.shown(seen)

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from contemplation.base import plugins
 from contemplation.base.contained import described
+from contemplation.faces.panel import Panel, Row, Seen
 from contemplation.index import ledger as ledger_sums
 from contemplation.index import listing
 from contemplation.models import LedgerSums
@@ -37,24 +36,6 @@ from contemplation.store.layout import Home
 MAX_ROWS = 50  # rows one panel shows
 MAX_TEXT = 500  # characters of one label or value
 PANEL_LIMIT = 2.0  # seconds a look at /api/panels waits for the panels' rows
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """What a panel's rows are computed from."""
-
-    home: Home
-    live: dict[str, Any]  # this run's counters (dashboard.live.Metrics.snapshot)
-
-
-Row = tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Panel:
-    name: str  # the element's id: a lower-case word
-    title: str
-    rows: Callable[[Seen], list[Row]]  # on a worker thread; bounded by the page
 
 
 def _adopt(panel: Panel, origin: str) -> Panel:
