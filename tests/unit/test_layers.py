@@ -118,3 +118,38 @@ def test_the_scan_sees_a_write(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import os\nos.rename('a', 'b')\nopen('x', 'w')\nprobe.unlink()\n")
     assert [w.split(": ")[1] for w in _writes(probe)] == ["os.rename", "open('w')", ".unlink()"]
+
+
+# The turn's room (issue 46): its phases in the order they may import each other
+TURN_CHAIN = ["state", "retrying", "prepare", "fit", "stream", "end", "run"]
+
+
+def test_the_turns_phases_are_a_chain_and_its_room_has_two_doors() -> None:
+    """Inside engine/turn/ a phase imports only the ones before it (no circle, no phase
+    calling back); outside it only the chain's start (run) and the state are imported, and
+    the sub-rooms of the engine (the turn as one) import each other in no circle."""
+    prefix = "engine.turn."
+    inside = {
+        m.removeprefix(prefix): {t.removeprefix(prefix) for t in ts if t.startswith(prefix)}
+        for m, ts in GRAPH.items()
+        if m.startswith(prefix)
+    }
+    assert set(inside) == set(TURN_CHAIN)
+    back = [
+        (m, t) for m, ts in inside.items() for t in ts if TURN_CHAIN.index(t) >= TURN_CHAIN.index(m)
+    ]
+    assert back == []
+    doors = {
+        t for m, ts in GRAPH.items() if not m.startswith(prefix) for t in ts if t.startswith(prefix)
+    }
+    assert doors <= {"engine.turn.run", "engine.turn.state"}
+    sub: dict[str, set[str]] = {}
+    for m, ts in GRAPH.items():
+        if m.startswith("engine."):
+            room = "engine.turn" if m.startswith(prefix) else m
+            sub.setdefault(room, set()).update(
+                "engine.turn" if t.startswith(prefix) else t for t in ts if t.startswith("engine.")
+            )
+    for r, ts in sub.items():
+        ts.discard(r)
+    assert arch.circles(sub) == []
