@@ -40,6 +40,7 @@ from contemplation.models import (
     Route,
     Status,
 )
+from contemplation.protocol import panel
 from contemplation.protocol.conversation import (
     DISOWNED,
     answered_by_hand,
@@ -49,7 +50,9 @@ from contemplation.protocol.conversation import (
     turn_start,
     unanswered,
 )
+from contemplation.protocol.panel import Seated, seated
 from contemplation.store.layout import Conv, inbox_entries
+from contemplation.writer import ConvWriter
 
 log = structlog.get_logger("contemplation.answering")
 
@@ -134,6 +137,13 @@ def plan(rt: Runtime, meta: Metadata, blocks: tuple[Block, ...], needs: tuple[st
     )
 
 
+async def _still_asked(conv: Conv, seen: Tracked, w: ConvWriter, found: Seated) -> tuple[str, ...]:
+    """The needs the log still shows unanswered (for the seat that asked, in a panel)."""
+    now = (await seen.view(conv, found.meta.agent_label).refreshed(fd=w.fd)).blocks
+    after = next_action(panel.view(found.meta, now, found.seat) if found.seat else now)
+    return after.needs if after.action == "needs" else ()
+
+
 async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outcome:
     meta = due.meta
     answered = await rt.need_router().answer_all(
@@ -148,10 +158,11 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
     with stack:
         parsed = await seen.view(conv, meta.agent_label).refreshed()
         held = awaiting(w.state, w.meta)
-        nxt = next_action(parsed.blocks, held)
-        if nxt.action != "needs":
-            return AGAIN
-        for rid, need in answered_by_hand(parsed.blocks, held):
+        found = seated(w.meta, parsed.blocks, held)
+        if found.nxt.action != "needs" or found.meta.sender_label() != meta.sender_label():
+            return AGAIN  # answered meanwhile (or, in a panel, another seat's are due)
+        nxt, blocks = found.nxt, found.blocks
+        for rid, need in answered_by_hand(blocks, held):
             w.append_marker(
                 MarkerKind.NOTE,
                 f"{DISOWNED} {rid}: it waits for approval, and only its tool answers it once "
@@ -159,7 +170,7 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
             )
             log.warning("hand_answer_to_a_lookup", conv=conv.id, request=rid, need=need)
         still = set(nxt.needs)
-        model_block, _ = unanswered(parsed.blocks)
+        model_block, _ = unanswered(blocks)
         # unique across rotated segments: offsets restart in each messages.log, inodes do not
         base = f"need-{w.state.log.ino}-{model_block.offset if model_block is not None else 0}"
         cap = len(due.routes)
@@ -207,9 +218,8 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
                 status=limit.status,
             )
         # a need the log still shows unanswered would be looked up again forever: stop instead
-        after = next_action((await seen.view(conv, meta.agent_label).refreshed(fd=w.fd)).blocks)
         waiting = still.difference(left).difference(asked)
-        stuck = waiting.intersection(after.needs if after.action == "needs" else ())
+        stuck = waiting.intersection(await _still_asked(conv, seen, w, found))
         if stuck:
             log.error("answer_not_matched", conv=conv.id, needs=len(stuck))
             w.record_error(

@@ -28,9 +28,10 @@ from contemplation.engine.tracking import Tracked
 from contemplation.engine.turn.run import run_turn
 from contemplation.engine.turn.state import Turn
 from contemplation.errors import ContemplationError, LockBusy, NotFound
-from contemplation.models import BackendSession, Block, ConvEvent, MarkerKind, Status
+from contemplation.models import BackendSession, ConvEvent, MarkerKind, Metadata, Status
 from contemplation.protocol import logformat, structured
-from contemplation.protocol.conversation import Next, awaiting, next_action
+from contemplation.protocol.conversation import Next, awaiting
+from contemplation.protocol.panel import Seated, seated
 from contemplation.store import attachments
 from contemplation.store.layout import (
     Conv,
@@ -75,22 +76,27 @@ def _nothing_past(path: Path, offset: int) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size <= offset
 
 
-async def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter) -> Decision:
+async def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, own: Metadata) -> Decision:
     """One decision under the lock: tidy up the folder, then decide from the log, then take
-    the next message, and make the status say why when there is nothing to do."""
+    the next message, and make the status say why when there is nothing to do. ``own``: the
+    conversation's metadata; in a panel the writer speaks as the seat that is due
+    (:func:`~contemplation.protocol.panel.seated`) until the step takes a message."""
     now = rt.clock()
+    w.meta = own
     unsettled, known = _tidy(conv, rt, seen, w, now)
     if unsettled is not None:
         return unsettled
-    parsed = await seen.view(conv, w.meta.agent_label).refreshed(known, w.folder_names, w.fd)
+    parsed = await seen.view(conv, own.agent_label).refreshed(known, w.folder_names, w.fd)
     w.record_parse_errors(list(parsed.errors))
-    nxt = next_action(parsed.blocks, awaiting(w.state, w.meta))  # a lookup held: not by hand
-    decided = _decide(conv, rt, w, parsed.blocks, nxt=nxt, now=now)
+    due = seated(own, parsed.blocks, awaiting(w.state, own))  # a lookup held: not by hand
+    w.meta = due.meta
+    decided = _decide(conv, rt, w, due, now=now)
     if decided is not None:
         return decided
+    w.meta = own  # a message taken is the whole panel's
     taken = _next_message(w, rt, seen, now)
     if isinstance(taken, Wait):
-        _say_why(w, rt, nxt, has_blocks=bool(parsed.blocks))
+        _say_why(w, rt, due.nxt, has_blocks=bool(parsed.blocks))
     return taken
 
 
@@ -129,11 +135,10 @@ def _tidy(
     return None, st
 
 
-def _decide(
-    conv: Conv, rt: Runtime, w: ConvWriter, blocks: tuple[Block, ...], *, nxt: Next, now: float
-) -> Decision | None:
+def _decide(conv: Conv, rt: Runtime, w: ConvWriter, due: Seated, *, now: float) -> Decision | None:
     """What the log says is due: a cancel, a turn, an archive, needs to look up. None: take
     the next message."""
+    nxt = due.nxt
     if nxt.action != "needs":
         w.record_asked(())  # a message or a turn since: nothing waits for approval
     if conv.cancel_flag.exists():  # honoured once, never left for a future turn
@@ -162,10 +167,10 @@ def _decide(
             log.info("archived", conv=conv.id)
             return AGAIN  # the next round sees the folder gone and lets backends forget it
     if nxt.action == "needs":  # looked up outside the lock, unless the model loops
-        due = _needs(w, rt, blocks, nxt)
-        if due is not None:
+        needs = _needs(w, rt, due)
+        if needs is not None:
             w.show(Status.ROUTING, nxt.needs)
-            return due
+            return needs
     return None
 
 
@@ -212,20 +217,20 @@ def _say_why(w: ConvWriter, rt: Runtime, nxt: Next, *, has_blocks: bool) -> None
         w.show(Status.IDLE if has_blocks else Status.PENDING)
 
 
-def _needs(w: ConvWriter, rt: Runtime, blocks: tuple[Block, ...], nxt: Next) -> NeedsDue | None:
+def _needs(w: ConvWriter, rt: Runtime, due: Seated) -> NeedsDue | None:
     """Needs to look up now; None leaves them to the agent (no rule, or too many rounds) or
     to the agent's approval (recorded in state.json for :func:`_say_why`)."""
-    limit = rt.settings.max_need_rounds
+    limit, nxt = rt.settings.max_need_rounds, due.nxt
     if nxt.rounds > limit:
         w.record_asked(())
-        if not any(t.startswith(ROUND_LIMIT_NOTE) for _, t in blocks[-1].markers):
+        if not any(t.startswith(ROUND_LIMIT_NOTE) for _, t in due.log[-1].markers):
             w.append_marker(
                 MarkerKind.NOTE,
                 f"{ROUND_LIMIT_NOTE}: {nxt.rounds} replies with NEEDs since the agent's last "
                 f"message (max_need_rounds = {limit}); the agent can answer or send a message",
             )
         return None
-    planned = answering.plan(rt, w.meta, blocks, nxt.needs)
+    planned = answering.plan(rt, w.meta, due.blocks, nxt.needs)
     w.record_asked(planned.asked)
     return planned.due
 
@@ -280,6 +285,8 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         own=msg.own,
     )
     rt.notify(w.conv.id, ConvEvent.MESSAGE, text=text)
+    if w.meta.panel:  # the next step decides which seat answers first
+        return AGAIN
     return TurnDue(w.meta)  # the agent spoke last: the model's turn, without deciding again
 
 
@@ -357,10 +364,11 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
             default_meta=lambda: rt.default_metadata(conv),
             wait=False,
         ) as w:
+            own = w.meta  # the conversation's; a panel's seat speaks through it in turn
             try:
                 for _ in range(TURNS_PER_SESSION):
                     fresh = conv.id not in seen.recovered  # this run's first look: recovery
-                    decision = await _step(conv, rt, seen, w)
+                    decision = await _step(conv, rt, seen, w, own)
                     if not isinstance(decision, TurnDue):
                         break
                     stop = await inflight.begin(conv, rt, seen, w, fresh=fresh)
@@ -370,6 +378,7 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
                         outcome = await run_turn(Turn(conv, rt, seen, w))
                     finally:
                         w.end_turn()  # however it ended, a stop too (a death leaves it)
+                        w.meta = own
                     if isinstance(outcome, Wait) or seen.stopping:
                         return outcome
                 else:

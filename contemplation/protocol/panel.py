@@ -216,3 +216,29 @@ def next_for(
         return None, next_action(blocks, held)
     labels, synth = _labels(meta)
     return due(blocks, labels, held, debate=meta.debate, synthesizer=synth)
+
+
+@dataclass(frozen=True, slots=True)
+class Seated:
+    """What is due in a conversation, and for whom: ``meta`` as the seat it concerns speaks
+    (the conversation's own metadata without a panel, or when no seat is concerned),
+    ``blocks`` what that seat sees of the log, ``log`` the whole log, ``nxt`` what is due."""
+
+    meta: Metadata
+    blocks: tuple[Block, ...]
+    log: tuple[Block, ...]
+    nxt: Next
+    seat: str | None = None
+
+    def key(self, conv_id: str) -> str:
+        """Whose caches a turn uses (a server slot, the prompt counts): the conversation's,
+        one per seat in a panel."""
+        return f"{conv_id}#{self.seat}" if self.seat else conv_id
+
+
+def seated(meta: Metadata, blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Seated:
+    """:func:`next_for`, with the seat's metadata and view of the log."""
+    seat, nxt = next_for(meta, blocks, held)
+    if seat is None:
+        return Seated(meta, blocks, blocks, nxt)
+    return Seated(meta.as_seat(seat), view(meta, blocks, seat), blocks, nxt, seat)

@@ -79,16 +79,16 @@ def _learnt(at: Attempt, usage: Usage, request: ChatRequest, planned: budget.Pla
     usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
     usage.context_window = usage.context_window or planned.window
     affinity = rt.affinity(on.provider)  # a server that keeps no named slot's history:
-    if on.slot is not None and affinity.observed(on.slot, conv.id, usage.cached_tokens):
+    if on.slot is not None and affinity.observed(on.slot, at.turn.key, usage.cached_tokens):
         log.warning("slots_not_named", provider=on.provider, why=NO_NAMED_HISTORY)  # it picks
     restored = affinity.verified(  # a slot file restored: held?
-        on.slot, conv.id, usage.cached_tokens, usage.prompt_eval_count,
+        on.slot, at.turn.key, usage.cached_tokens, usage.prompt_eval_count,
         kvfiles.digest(request.messages),
     )  # fmt: skip
-    kvfiles.said(on.provider, conv.id, restored)
-    last = rt.calibration.counts.last(conv.id)  # (before the check keeps this one's)
+    kvfiles.said(on.provider, at.turn.key, restored)
+    last = rt.calibration.counts.last(at.turn.key)  # (before the check keeps this one's)
     # the server counted clearly fewer tokens than our count of what was sent: it cut it
-    cut = truncation.check(rt.calibration.counts, conv.id, usage, request, planned.ratio)
+    cut = truncation.check(rt.calibration.counts, at.turn.key, usage, request, planned.ratio)
     usage.miss = ledger.miss(  # why it recomputed what it held, where it did
         usage, held=last.tokens if last else None,
         extends=last is not None and truncation.extends(request, last),

@@ -19,13 +19,14 @@ from contemplation.engine.runtime import Runtime
 from contemplation.engine.turn.prepare import offered
 from contemplation.engine.turn.state import Attempt, On, Prepared, Turn
 from contemplation.errors import ContextOverflow
-from contemplation.models import BackendSession, Block, ChatRequest
+from contemplation.models import BackendSession, Block, ChatRequest, Metadata
 from contemplation.prompt import budget, tokencount
 from contemplation.prompt.prompts import NeedForm, build_request
 from contemplation.prompt.reach import reach
 from contemplation.prompt.summarise import summarise
-from contemplation.protocol import structured
-from contemplation.protocol.conversation import awaiting, still_due
+from contemplation.protocol import panel, structured
+from contemplation.protocol.conversation import awaiting
+from contemplation.protocol.panel import seated
 from contemplation.store import attachments
 from contemplation.store.templates import Template
 
@@ -71,14 +72,17 @@ async def plan(turn: Turn, prepared: Prepared) -> budget.Plan | None:
     conv, rt, w, meta = turn.conv, turn.rt, turn.w, prepared.meta
     view = turn.seen.view(conv, w.meta.agent_label)
     parsed = await view.refreshed(fd=w.fd)
-    if not still_due(parsed.blocks, awaiting(w.state, w.meta)):
-        return None
+    due = seated(w.meta, parsed.blocks, awaiting(w.state, w.meta))
+    if due.nxt.action != "turn" or due.meta.sender_label() != w.meta.sender_label():
+        return None  # answered or cancelled meanwhile, or another seat of a panel is due
     ratio = rt.calibration.ratio(meta.model)
     blocks, first = parsed.blocks, 0
     kept = rt.calibration.kept.get(meta.model)
     if view.bare_count:  # a long log: the newest blocks' text read back, as far as needed
         wanted = window(meta.options, prepared.window, kept)
         blocks, first = await on_thread(lambda: reach(view, parsed.blocks, wanted, ratio))
+    if due.seat is not None:  # a panel's seat: its own thread of the log
+        blocks, first = _seat_view(w.meta, blocks, first, due.seat)
     blind = ""
     if not prepared.vision:  # older images left out, said once (its own message's: an ERROR)
         blocks, blind = attachments.blind(blocks, meta.model)
@@ -89,7 +93,7 @@ async def plan(turn: Turn, prepared: Prepared) -> budget.Plan | None:
         template=tpl,
         needs=offered(rt, meta),
         spec=structured.spec_for(blocks, tpl.schema if tpl else None),
-        session=w.state.backend_session,
+        session=None if due.seat else w.state.backend_session,  # a server session is one seat's
         kept=kept,
     )
     fit_it = functools.partial(fitted, prepared, history)
@@ -112,6 +116,18 @@ async def plan(turn: Turn, prepared: Prepared) -> budget.Plan | None:
             if not tokencount.noted(parsed.blocks, meta.model):  # said once a conversation
                 got = replace(got, notes=(note, *got.notes))
     return replace(got, notes=(blind, *got.notes)) if blind else got
+
+
+def _seat_view(
+    meta: Metadata, blocks: tuple[Block, ...], first: int, seat: str
+) -> tuple[tuple[Block, ...], int]:
+    """What a panel's seat sees of ``blocks`` (:func:`panel.view`), and where the part
+    read back (``blocks[first:]``) begins in it."""
+    since = blocks[first].offset if first < len(blocks) else None
+    seen = panel.view(meta, blocks, seat)
+    if since is None:
+        return seen, len(seen)
+    return seen, next((i for i, b in enumerate(seen) if b.offset >= since), len(seen))
 
 
 def fitted(prepared: Prepared, history: History, ratio: float) -> budget.Plan:

@@ -76,7 +76,7 @@ async def run_turn(turn: Turn) -> Outcome:
             target,
             guards[provider],
             (time.monotonic() - asked) * 1000,
-            slot=await _name_slot(rt, provider, turn.conv.id, served, held),
+            slot=await _name_slot(rt, provider, turn.key, served, held),
         )
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more; one whose alias has a provider not resting goes

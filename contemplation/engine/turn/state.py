@@ -40,6 +40,13 @@ class Turn:
     def settings(self) -> Settings:
         return self.rt.settings
 
+    @property
+    def key(self) -> str:
+        """Whose caches the turn uses (its server slot, its prompt counts): the
+        conversation's, or in a panel the seat's it speaks as."""
+        meta = self.w.meta
+        return f"{self.conv.id}#{meta.model_label}" if meta.panel else self.conv.id
+
     def check_cancel(self) -> None:
         """Raise :class:`Cancelled` when the agent asked to cancel the turn."""
         if self.conv.cancel_flag.exists():
