@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, get_args
 
 from contemplation import backends
@@ -29,7 +30,7 @@ from contemplation.models import (
     Status,
     read_approvals,
 )
-from contemplation.protocol import logformat, structured
+from contemplation.protocol import logformat, panel, structured
 from contemplation.settings import Settings
 from contemplation.store import waiting
 from contemplation.store.attachments import Attachment
@@ -39,6 +40,7 @@ from contemplation.store.layout import (
     not_a_message,
     queued_messages,
     read_json,
+    read_metadata,
     read_state,
 )
 from contemplation.store.templates import Template, load_template
@@ -130,6 +132,42 @@ def _extra(
     return extra or None
 
 
+@dataclass(frozen=True, slots=True)
+class PanelAsk:
+    """A panel asked for (``new --model a --model b``, MCP ``models``, a template's
+    ``models``): every message answered by each model; ``debate``: each also sees the others'
+    answers of the round before; ``synthesize``: one more reply that weighs them."""
+
+    models: tuple[str, ...] = ()
+    debate: bool = False
+    synthesize: str | None = None
+
+    def extra(self, agent_label: str = "CLAUDE") -> dict[str, Any]:
+        """metadata.json's fields for it (none for fewer than two models and no options).
+        Raises InputRejected for a malformed panel."""
+        if len(self.models) < 2:
+            if self.debate or self.synthesize:
+                raise InputRejected("--debate and --synthesize need a panel: two --model or more")
+            return {}
+        try:
+            seats = panel.members(self.models, agent_label)
+        except ValueError as exc:
+            raise InputRejected(str(exc)) from None
+        out: dict[str, Any] = {
+            "model": seats[0].model,
+            "model_label": panel.PANEL,
+            "panel": [{"model": m.model, "label": m.label} for m in seats],
+        }
+        if self.debate:
+            out["debate"] = True
+        if self.synthesize:
+            taken = {agent_label, *(m.label for m in seats)}
+            name = self.synthesize.strip()
+            label = panel.label_for(f"synthesis {name}", taken)
+            out["synthesize"] = {"model": name, "label": label}
+        return out
+
+
 def create(
     settings: Settings,
     topic: str,
@@ -139,22 +177,32 @@ def create(
     template: str | None = None,
     think: bool | str | None = None,
     started_by: str | None = None,
+    ask: PanelAsk = PanelAsk(),
 ) -> Conv:
-    """A new conversation with nothing queued (``contemplation new`` without a message)."""
+    """A new conversation with nothing queued (``contemplation new`` without a message);
+    ``ask``: a panel of models."""
     home = Home(settings.home)
     ensure_home(home)
     tpl, backend_name, model_name = _resolve(
         settings, home, topic, model=model, backend=backend, template=template
     )
+    seats = _panel_of(ask, tpl)
     return new_conversation(
         home,
         topic,
         template=tpl,
         model=model_name,
         backend=backend_name,
-        extra=_extra([], think, started_by),
+        extra=(_extra([], think, started_by) or {}) | seats or None,
         durable=settings.durability == "fsync",
     )
+
+
+def _panel_of(ask: PanelAsk, tpl: Template) -> dict[str, Any]:
+    """The panel's metadata fields: the caller's models, else the template's ``models``."""
+    if not ask.models and tpl.models:
+        ask = PanelAsk(tuple(tpl.models), ask.debate, ask.synthesize)
+    return ask.extra()
 
 
 def start(
@@ -170,9 +218,11 @@ def start(
     think: bool | str | None = None,
     files: Sequence[Attachment] = (),
     started_by: str | None = None,
+    ask: PanelAsk = PanelAsk(),
 ) -> tuple[Conv, bool]:
     """A new conversation with its first message queued (none when ``initial_prompt`` is None:
-    it starts empty), carrying ``files``. Returns it and whether it is new."""
+    it starts empty), carrying ``files``; ``ask``: a panel of models. Returns it and whether
+    it is new."""
     home = Home(settings.home)
     ensure_home(home)
     tpl, backend_name, model_name = _resolve(
@@ -180,11 +230,13 @@ def start(
     )
     if initial_prompt is not None:
         check_message(initial_prompt, settings, "the initial prompt")
+    seats = _panel_of(ask, tpl)  # before anything is created
     reqs = [{"type": "need", "need": r} for r in (context_requirements or []) if r.strip()]
     if idempotency_key:
         key, ttl = "key:" + idempotency_key, KEY_TTL
     else:
-        args = [topic, initial_prompt, model_name, backend_name, tpl.name, reqs, think]
+        args: list[Any] = [topic, initial_prompt, model_name, backend_name, tpl.name, reqs, think]
+        args += [seats] if seats else []
         args += [a.sha256 for a in files]
         digest = hashlib.sha256(json.dumps(args, ensure_ascii=False).encode()).hexdigest()
         key, ttl = "args:" + digest, SAME_ARGS_WINDOW
@@ -196,7 +248,7 @@ def start(
             template=tpl,
             model=model_name,
             backend=backend_name,
-            extra=_extra(reqs, think, started_by),
+            extra=(_extra(reqs, think, started_by) or {}) | seats or None,
             durable=settings.durability == "fsync",
         )
         if files:
@@ -328,7 +380,7 @@ def agent_may_approve(settings: Settings, conv: Conv, *, forms: bool) -> None:
     )
     raise InputRejected(
         f"lookups of {conv.id} waiting for approval are the person's to decide, {where}, or with "
-        f"`contemplation approve {conv.id}` or the dashboard; agent_approves = \"{how}\" in "
+        f'`contemplation approve {conv.id}` or the dashboard; agent_approves = "{how}" in '
         "the config keeps the agent from deciding"
     )
 
@@ -514,11 +566,12 @@ def turn_due(conv: Conv) -> bool:
 
 
 def log_awaits_turn(conv: Conv) -> bool:
-    """The log ends with the agent's words and no reply: its last message's turn is due."""
-    from contemplation.protocol.conversation import next_action
+    """The log ends with the agent's words and no reply (in a panel: a seat has not answered
+    yet): a turn of its last message is due."""
     from contemplation.store.logview import LogView
 
-    return next_action(LogView(conv).refresh().blocks).action == "turn"
+    blocks = LogView(conv).refresh().blocks
+    return panel.next_for(read_metadata(conv), blocks)[1].action == "turn"
 
 
 RETRACT_LOCK_TRIES = 100  # the lock is asked this many times, 20 ms apart (a daemon's step)
@@ -543,7 +596,6 @@ def retract(settings: Settings, conv: Conv) -> dict[str, Any]:
 
 
 def _withdraw(conv: Conv, w: ConvWriter) -> dict[str, Any]:
-    from contemplation.protocol.conversation import next_action
     from contemplation.store.logview import LogView
 
     if w.state.intent is not None or w.state.rotation is not None:
@@ -551,7 +603,7 @@ def _withdraw(conv: Conv, w: ConvWriter) -> dict[str, Any]:
     if w.log_size() != w.state.log.size:
         raise InputRejected(f"{conv.id} has bytes the daemon has not taken yet; try again shortly")
     blocks = LogView(conv).refresh().blocks
-    if next_action(blocks).action != "stopped":
+    if panel.next_for(w.meta, blocks)[1].action != "stopped":
         raise InputRejected(
             f"{conv.id} has no failed or cancelled turn to withdraw (status {w.state.status.value})"
         )
@@ -587,7 +639,6 @@ def go_on(settings: Settings, conv: Conv, face: Decider = "cli") -> dict[str, An
 
 
 def _go_on(conv: Conv, w: ConvWriter, face: Decider) -> dict[str, Any]:
-    from contemplation.protocol.conversation import next_action
     from contemplation.store.logview import LogView
 
     if w.state.intent is not None or w.state.rotation is not None:
@@ -595,7 +646,7 @@ def _go_on(conv: Conv, w: ConvWriter, face: Decider) -> dict[str, Any]:
     if w.log_size() != w.state.log.size:
         raise InputRejected(f"{conv.id} has bytes the daemon has not taken yet; try again shortly")
     blocks = LogView(conv).refresh().blocks
-    nxt = next_action(blocks)
+    _, nxt = panel.next_for(w.meta, blocks)
     if not blocks or blocks[-1].kind.value != "model" or nxt.action != "idle":
         raise InputRejected(
             f"{conv.id} has no reply to go on with: the last block is not a finished reply "

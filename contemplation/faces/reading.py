@@ -19,7 +19,8 @@ from typing import Any
 from contemplation.errors import InputRejected, NotFound
 from contemplation.index import listing
 from contemplation.models import BUSY, Block, BlockKind, Metadata, State, Status
-from contemplation.protocol.conversation import need_id, next_action
+from contemplation.protocol import panel
+from contemplation.protocol.conversation import need_id
 from contemplation.protocol.parser import find_responses
 from contemplation.store import activity, room
 from contemplation.store.cursors import (
@@ -160,7 +161,7 @@ def _settled(
         return True  # started empty: there is nothing to wait for
     if state is None or state.status in BUSY or deciding:
         return False
-    return next_action(blocks).action != "turn"
+    return panel.next_for(meta, blocks)[1].action != "turn"  # (every seat of a panel)
 
 
 # --------------------------------------------------------------------------- the reader
@@ -310,7 +311,7 @@ class Reader:
         )
 
     def disk_full(self, view: Standing) -> str:
-        """"the disk is full (…)" while a busy conversation's disk has no room (issue 45):
+        """ "the disk is full (…)" while a busy conversation's disk has no room (issue 45):
         its state.json cannot be written then, so its status is behind (see store/room.py)."""
         busy = view.queued or (view.state is not None and view.state.status in BUSY)
         return room.full(self.home.root) if busy else ""

@@ -137,10 +137,13 @@ def thread(
     members' answers to it."""
     rounds = _rounds(blocks) if debate or synthesis else []
     out: list[Block] = []
+    asked: set[str] = set()  # the needs of its last reply
     for i, b in enumerate(blocks):
         if b.kind is BlockKind.AGENT:
             if b.recipient not in (PANEL, me):
                 continue
+            if b.recipient == PANEL and b.response_to is not None and asked.isdisjoint(b.responds):
+                continue  # the agent's answer to another seat's needs (sent to the panel)
             k = rounds.index(i) if i in rounds else -1
             if synthesis and k >= 0:
                 stop = rounds[k + 1] if k + 1 < len(rounds) else len(blocks)
@@ -150,6 +153,7 @@ def thread(
             else:
                 out.append(b)
         elif b.sender == me:
+            asked = set(b.needs) if whole(b) else asked
             out.append(b)
     return tuple(out)
 

@@ -27,6 +27,7 @@ class Template:
     model: str | None = None
     backend: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    models: tuple[str, ...] = ()  # a panel: every message answered by each of these models
     system_prompt: str = ""  # adds to the protocol, or replaces it (prompt_mode)
     think: bool | str | None = None
     archive_on_complete: bool | None = None
@@ -63,13 +64,13 @@ def _fill_topic(value: Any, topic: str) -> Any:
 
 
 TEMPLATE_KEYS = frozenset({
-    "model", "backend", "options", "think", "archive_on_complete", "system_prompt",
+    "model", "models", "backend", "options", "think", "archive_on_complete", "system_prompt",
     "system_prompt_file", "routes", "permissions", "description", "prompt_mode",
     "context_requirements", "schema",
 })  # fmt: skip
 _TEMPLATE_FIELDS = {
-    "model", "backend", "options", "think", "archive_on_complete", "description", "prompt_mode",
-    "context_requirements",
+    "model", "models", "backend", "options", "think", "archive_on_complete", "description",
+    "prompt_mode", "context_requirements",
 }  # fmt: skip
 
 
@@ -116,6 +117,7 @@ def _read_template(name: str, d: Path, *, shipped: bool) -> Template:
     return Template(
         name=name,
         model=data.get("model"),
+        models=tuple(data.get("models", ())),
         backend=data.get("backend"),
         options=dict(data.get("options", {})),
         system_prompt=prompt,
@@ -154,6 +156,7 @@ def _template_prompt(data: dict[str, Any], d: Path, toml_path: Path) -> str:
 
 _TEMPLATE_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,),
+    "models": (list,),
     "backend": (str,),
     "description": (str,),
     "options": (dict,),
@@ -175,6 +178,11 @@ def _check_template_values(data: dict[str, Any], toml_path: Path) -> None:
                 f"invalid {key} in template {toml_path}: must be {wanted}, "
                 f"not {type(data[key]).__name__}"
             )
+    if not all(isinstance(m, str) and m.strip() for m in data.get("models", [])):
+        raise ConfigError(
+            f"invalid models in template {toml_path}: a list of model names, e.g. "
+            'models = ["qwen3:8b", "gemma3:4b"]'
+        )
     mode = data.get("prompt_mode", "add")
     if mode not in PROMPT_MODES:
         raise ConfigError(

@@ -35,7 +35,8 @@ from contemplation.models import (
     State,
     Status,
 )
-from contemplation.protocol.conversation import need_id, next_action, unanswered
+from contemplation.protocol.conversation import need_id, unanswered
+from contemplation.protocol.panel import seated
 from contemplation.store.layout import Conv
 
 Kind = Literal["need", "approval"]
@@ -69,8 +70,7 @@ def how(item: WaitItem, conv_id: str, face: Face) -> str:
     if face == "mcp":
         if item.kind == "need":
             return (
-                f'conversation_respond(conversation_id="{conv_id}", need="{item.id}", '
-                'response="…")'
+                f'conversation_respond(conversation_id="{conv_id}", need="{item.id}", response="…")'
             )
         return (
             f'conversation_approve(conversation_id="{conv_id}", need="{item.id}", '
@@ -106,11 +106,11 @@ def look(
     acted on yet (so that a second decision can name the first)."""
     if conv.is_completed or meta is None:
         return Look()
-    parsed = tuple(blocks)
-    nxt = next_action(parsed)
+    due = seated(meta, tuple(blocks))  # in a panel: the seat whose needs wait
+    nxt = due.nxt
     if nxt.action != "needs":
         return Look()
-    block, _ = unanswered(parsed)
+    block, _ = unanswered(due.blocks)
     asked = {r.id: r for r in state.pending_approvals} if state is not None else {}
     given = meta.approvals()
     handed_over = state is None or state.status not in _AT_WORK
@@ -150,9 +150,7 @@ def deciding_for(
         (
             d
             for d in given
-            if d.grants
-            and d.tool == request.tool
-            and d.arguments == request.arguments
+            if d.grants and d.tool == request.tool and d.arguments == request.arguments
         ),
         None,
     )
@@ -265,4 +263,3 @@ def lines(conv_id: str, waiting: Sequence[WaitItem], face: Face = "cli") -> list
             out.append(f"  lookup {i.id}: {i.need}  ({i.tool} {args})")
             out.append(f"    {how(i, conv_id, face)}")
     return [safe(line) for line in out]
-

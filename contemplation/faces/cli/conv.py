@@ -80,7 +80,18 @@ def _follow(
 
 @click.command()
 @click.argument("topic")
-@click.option("--model", "-m", help="Model name (default: template, then config).")
+@click.option(
+    "--model",
+    "-m",
+    "models",
+    multiple=True,
+    help="Model name (default: template, then config); repeat it for a panel of models that "
+    "each answer every message.",
+)
+@click.option(
+    "--debate", is_flag=True, help="A panel: each model also sees the others' last answers."
+)
+@click.option("--synthesize", metavar="MODEL", help="A panel: MODEL adds one reply weighing them.")
 @click.option("--backend", "-b", help="Backend: ollama, openai, opencode, local or a plugin's.")
 @click.option("--template", "-t", type=TEMPLATE, help="Template name (default: default).")
 @click.option(
@@ -97,7 +108,9 @@ def _follow(
 def new(  # noqa: PLR0917 - click passes every option positionally
     ctx: click.Context,
     topic: str,
-    model: str | None,
+    models: tuple[str, ...],
+    debate: bool,
+    synthesize: str | None,
     backend: str | None,
     template: str | None,
     think: bool | None,
@@ -108,8 +121,10 @@ def new(  # noqa: PLR0917 - click passes every option positionally
     as_json: bool,
 ) -> None:
     """Start a conversation; prints its id (with --message … --wait, on stderr, and the
-    exchange on stdout)."""
+    exchange on stdout). Several --model: a panel, each model answering every message."""
     s = ctx_settings(ctx)
+    model = models[0] if len(models) == 1 else None
+    ask = actions.PanelAsk(models if len(models) > 1 else (), debate, synthesize)
     text = None
     files = attachments.read_paths(attach, s.attachments)  # before anything is created
     if message is not None or files:
@@ -118,12 +133,14 @@ def new(  # noqa: PLR0917 - click passes every option positionally
             actions.check_message(text, s)  # before anything is created
     elif wait:
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
-    if model and (why := asyncio.run(refusal(s, backend or s.default_backend, model))):
-        raise InputRejected(why)  # an embedding or decision model (issue 39)
+    for name in (*models, *([synthesize] if synthesize else [])):
+        if why := asyncio.run(refusal(s, backend or s.default_backend, name)):
+            raise InputRejected(why)  # an embedding or decision model (issue 39)
     by = watching.started_by(os.environ)  # Claude Code's Bash tool: the agent's
     conv = actions.create(
-        s, topic, model=model, backend=backend, template=template, think=think, started_by=by
-    )
+        s, topic, model=model, backend=backend, template=template, think=think, started_by=by,
+        ask=ask,
+    )  # fmt: skip
     reader = Reader(Home(s.home))
     ex = following.begin(reader, conv, _block(text, files, s), wait=wait)
     queued = actions.send(s, conv, text, files) if text is not None else None

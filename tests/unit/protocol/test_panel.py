@@ -129,3 +129,13 @@ def test_the_synthesizer_answers_last_and_sees_every_answer_of_its_round() -> No
     b = blocks(ask("Q1"), reply("A", "a1"), reply("B", "b1"), reply("S", "s"), ask("Q2"))
     assert due(b, panel, synthesizer="S")[0] == "A"
     assert "[A]\na1" not in thread(b, "S", panel, synthesis=True)[-1].text  # its own round's only
+
+
+def test_the_agents_answer_sent_to_the_panel_reaches_only_the_seat_that_asked() -> None:
+    panel = ["A", "B"]
+    answer = ask("RESPONSE TO NEED: the budget\n12k")  # `respond` writes to the panel
+    b = blocks(ask("Q"), reply("A", "NEED: the budget"), reply("B", "b"), answer)
+    assert [x.text.splitlines()[0] for x in thread(b, "B")] == ["Q", "b"]
+    assert thread(b, "A")[-1].response_to == "the budget"
+    who, nxt = due(b, panel)
+    assert (who, nxt.action) == ("A", "turn")

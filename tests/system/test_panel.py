@@ -1,0 +1,190 @@
+"""Issue 49: a panel of models. A real daemon, the real CLI, and the scripted Ollama (strict
+per model: each step answers only the model it names, so a request to the wrong model gets
+the filler and fails the test). Each message is answered once by each model, in a block
+whose header names it; each model sees the shared question and its own line only (with
+--debate also the others' answers of the round before; --synthesize adds one reply that
+weighs the round); a need is its asker's; a daemon killed mid-round answers the missing
+models only; cancel stops the round."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from contemplation.faces.reading import Reader
+from contemplation.models import Status
+from contemplation.store.layout import Home, read_state
+from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.fakes.ollama_server import FakeOllama, Step
+
+HEADER = re.compile(r"^=== ([A-Z0-9_]+) -> ([A-Z0-9_]+) \[", re.MULTILINE)
+
+
+def heads(log: str) -> list[tuple[str, str]]:
+    return HEADER.findall(log)
+
+
+def asked(fake: FakeOllama, model: str) -> list[list[dict[str, Any]]]:
+    """The messages of each chat request to ``model``, in order."""
+    return [r["messages"] for r in fake.chat_requests() if r["model"].split(":")[0] == model]
+
+
+def said(messages: list[dict[str, Any]]) -> str:
+    return json.dumps(messages)
+
+
+def panel_new(env: dict[str, str], *args: str) -> str:
+    done = cli(env, "new", "Index", "--model", "gemma", "--model", "llama3.2", *args, "--json")
+    return str(json.loads(done.stdout)["id"])
+
+
+def test_each_model_answers_each_message_once_in_its_own_line(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    fake_ollama.enqueue(
+        Step(model="gemma", text="Gemma: an index on email."),
+        Step(model="llama3.2", text="Llama: a unique index on email."),
+        Step(model="gemma", text="Gemma: lookups by email."),
+        Step(model="llama3.2", text="Llama: it keeps emails unique."),
+    )
+    daemon_factory(env, home).wait_ready()
+    done = cli(
+        env, "new", "Index", "--model", "gemma", "--model", "llama3.2",
+        "--message", "Which index for users?", "--wait", "--timeout", "60",
+    )  # fmt: skip
+    print(done.stdout)
+    assert "Gemma: an index on email." in done.stdout
+    assert "Llama: a unique index on email." in done.stdout  # --wait waits for the whole round
+    conv = Reader(home).locate(done.stderr.strip().splitlines()[-1])
+    meta = json.loads(conv.metadata.read_text())
+    assert [s["label"] for s in meta["panel"]] == ["GEMMA", "LLAMA3_2"]
+    again = cli(env, "send", conv.id, "And why?", "--wait", "--timeout", "60")
+    assert "Gemma: lookups by email." in again.stdout
+    assert "Llama: it keeps emails unique." in again.stdout
+    log = conv.log.read_text()
+    assert heads(log) == [
+        ("CLAUDE", "PANEL"), ("GEMMA", "CLAUDE"), ("LLAMA3_2", "CLAUDE"),
+        ("CLAUDE", "PANEL"), ("GEMMA", "CLAUDE"), ("LLAMA3_2", "CLAUDE"),
+    ]  # fmt: skip
+    gemma, llama = asked(fake_ollama, "gemma"), asked(fake_ollama, "llama3.2")
+    assert len(gemma) == 2 and len(llama) == 2  # once per model per message
+    assert "Gemma: an index on email." in said(gemma[1])  # its own line
+    assert "Llama" not in said(gemma[0]) + said(gemma[1])  # never the other's
+    assert "Gemma" not in said(llama[0]) + said(llama[1])
+    assert gemma[1][-1]["content"] == "And why?" == llama[1][-1]["content"]
+    state = read_state(conv)
+    assert state is not None and state.status is Status.IDLE
+
+
+def test_a_debate_shows_the_others_last_answers_and_the_synthesis_weighs_the_round(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    fake_ollama.enqueue(
+        Step(model="gemma", text="Gemma one."),
+        Step(model="llama3.2", text="Llama one."),
+        Step(model="qwen3", text="Both say one; Llama is surer."),
+        Step(model="gemma", text="Gemma two."),
+        Step(model="llama3.2", text="Llama two."),
+        Step(model="qwen3", text="Two, agreed."),
+    )
+    daemon_factory(env, home).wait_ready()
+    cid = panel_new(env, "--debate", "--synthesize", "qwen3")
+    first = cli(env, "send", cid, "How many?", "--wait", "--timeout", "60")
+    assert "Both say one; Llama is surer." in first.stdout
+    cli(env, "send", cid, "Sure?", "--wait", "--timeout", "60")
+    log = Reader(home).locate(cid).log.read_text()
+    assert [h for h, _ in heads(log) if h != "CLAUDE"] == [
+        "GEMMA", "LLAMA3_2", "SYNTHESIS_QWEN3", "GEMMA", "LLAMA3_2", "SYNTHESIS_QWEN3",
+    ]  # fmt: skip
+    synth = asked(fake_ollama, "qwen3")
+    assert len(synth) == 2
+    assert "[GEMMA]\\nGemma one." in said(synth[0]) and "[LLAMA3_2]\\nLlama one." in said(synth[0])
+    assert "Gemma two." in said(synth[1]) and "Gemma one." not in said(synth[1][-1:])
+    gemma = asked(fake_ollama, "gemma")
+    assert "[LLAMA3_2]\\nLlama one." in said(gemma[1][-1:])  # the debate: the others' last
+    assert "Both say one" not in said(gemma[1])  # the synthesis is not a seat's answer
+
+
+def test_a_need_is_its_askers_and_answered_to_it(
+    home: Home, tmp_path: Path, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "plan.md").write_text("Ship on Friday.")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[tools]\nallowed_roots = ["{notes}"]\n')
+    env = base_env(home, fake_ollama, CONTEMPLATION_CONFIG=str(cfg))
+    fake_ollama.enqueue(
+        Step(model="gemma", text=f"NEED: File contents of {notes / 'plan.md'}"),
+        Step(model="llama3.2", text="Llama: no idea."),
+        Step(model="gemma", text="Gemma: Friday."),
+    )
+    daemon_factory(env, home).wait_ready()
+    cid = panel_new(env)
+    done = cli(env, "send", cid, "When do we ship?", "--wait", "--timeout", "60")
+    assert "Gemma: Friday." in done.stdout and "Llama: no idea." in done.stdout
+    log = Reader(home).locate(cid).log.read_text()
+    assert ("CLAUDE", "GEMMA") in heads(log)  # the answer is addressed to the seat that asked
+    gemma, llama = asked(fake_ollama, "gemma"), asked(fake_ollama, "llama3.2")
+    assert len(gemma) == 2 and len(llama) == 1
+    assert "Ship on Friday." in said(gemma[1]) and "Ship on Friday." not in said(llama)
+
+
+def test_a_daemon_killed_mid_round_answers_the_missing_models_only(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    fake_ollama.enqueue(
+        Step(model="gemma", text="Gemma answers."),
+        Step(model="llama3.2", kind="hang", after_chunks=1, text="Llama starts"),
+    )
+    daemon = daemon_factory(env, home).wait_ready()
+    cid = panel_new(env)
+    cli(env, "send", cid, "Go.")
+    conv = Reader(home).locate(cid)
+    wait_for(lambda: len(asked(fake_ollama, "llama3.2")) == 1, 30, what="llama asked")
+    daemon.stop(signal.SIGKILL)
+    fake_ollama.enqueue(Step(model="llama3.2", text="Llama answers."))
+    daemon_factory(env, home).wait_ready()
+    done = cli(env, "wait", cid, "--timeout", "60")
+    assert "Llama answers." in done.stdout, done.stdout
+    log = conv.log.read_text()
+    assert log.count("Gemma answers.") == 1 and log.count("Llama answers.") == 1
+    assert len(asked(fake_ollama, "gemma")) == 1  # the seat that had answered: not again
+    assert len(asked(fake_ollama, "llama3.2")) == 2  # the cut one: redone once
+    assert "INTERRUPTED" in log
+
+
+def test_cancel_stops_the_round(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    fake_ollama.enqueue(Step(model="gemma", kind="hang", after_chunks=1, text="Gemma starts"))
+    daemon_factory(env, home).wait_ready()
+    cid = panel_new(env)
+    cli(env, "send", cid, "Go.")
+    wait_for(lambda: len(asked(fake_ollama, "gemma")) == 1, 30, what="gemma asked")
+    cli(env, "cancel", cid)
+    conv = Reader(home).locate(cid)
+    wait_for(
+        lambda: (s := read_state(conv)) is not None and s.status is Status.CANCELLED, 30,
+        what="the round cancelled",
+    )  # fmt: skip
+    assert asked(fake_ollama, "llama3.2") == []  # the rest of the round never asked
+    assert "CANCELLED" in conv.log.read_text()
+
+
+def test_malformed_panels_are_refused_before_anything_is_made(home: Home) -> None:
+    env = base_env(home)
+    many = [a for i in range(9) for a in ("--model", f"m{i}")]
+    done = cli(env, "new", "Too many", *many, check=False)
+    assert done.returncode != 0 and "at most 8" in done.stderr, done.stderr
+    lone = cli(env, "new", "Lone", "--model", "gemma", "--debate", check=False)
+    assert lone.returncode != 0 and "need a panel" in lone.stderr, lone.stderr
+    assert not home.active.exists() or not any(home.active.iterdir())
