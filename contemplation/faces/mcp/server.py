@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -44,8 +45,8 @@ from contemplation import __version__
 from contemplation.base.secret_names import MCP_TOKEN
 from contemplation.errors import ContemplationError, InputRejected
 from contemplation.faces import actions, bearer
-from contemplation.faces.mcp import arguments as mcp_arguments
 from contemplation.faces.mcp import connect
+from contemplation.faces.mcp.arguments import checked, refused
 from contemplation.faces.mcp.calls import (
     EMPTY_HINT,
     LIST_CAP,
@@ -205,7 +206,7 @@ class ContemplationServer(MCPServer[Any]):
         if takes is None:  # not a tool: the SDK says so
             return await super().call_tool(name, arguments, context)
         try:
-            args, said = mcp_arguments.checked(arguments, takes, self.aliases.get(name, {}))
+            args, said = checked(arguments, takes, self.aliases.get(name, {}))
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc
         try:
@@ -213,7 +214,7 @@ class ContemplationServer(MCPServer[Any]):
         except ToolError as exc:  # the arguments' values, refused before the tool ran
             cause = exc.__cause__
             if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
-                raise ToolError(mcp_arguments.refused(cause, said)) from cause
+                raise ToolError(refused(cause, said)) from cause
             raise
 
     async def _handle_list_resources(
@@ -248,27 +249,34 @@ def build_server(settings: Settings, limits: Limits | None = None) -> Contemplat
     return server
 
 
-def _register_tools(  # noqa: PLR0915 - one statement per tool and its registration
-    mcp: ContemplationServer, faces: Faces, settings: Settings
-) -> None:
-    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-    paging_alias = {"since": "cursor"}  # the name these tools' cursor had before
+def _register_tools(mcp: ContemplationServer, faces: Faces, settings: Settings) -> None:
+    """Every tool of :data:`_TOOLS`, in its order (the order tools/list gives), with its
+    docstring folded to one line (descriptions stay brief) and its result as the one compact
+    text block the tool returns; ``aliases``: other names an argument is accepted under (not
+    in the schema)."""
+    for made in _TOOLS:
+        fn = made.make(faces, settings)
+        doc = " ".join((fn.__doc__ or "").split())
+        mcp.aliases[fn.__name__] = dict(made.aliases)
+        mcp.tool(description=doc, annotations=made.annotations, structured_output=False)(fn)
 
-    def tool(
-        annotations: ToolAnnotations, aliases: Mapping[str, str] | None = None
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Register with the docstring folded to one line (descriptions stay brief) and the
-        result as the one compact text block the tool returns; ``aliases``: other names an
-        argument is accepted under (not in the schema)."""
 
-        def register(fn: Callable[P, R]) -> Callable[P, R]:
-            doc = " ".join((fn.__doc__ or "").split())
-            mcp.aliases[fn.__name__] = dict(aliases or {})
-            return mcp.tool(description=doc, annotations=annotations, structured_output=False)(fn)
+@dataclass(frozen=True, slots=True)
+class _Tool:
+    """One MCP tool: what makes its function (over the server's faces and settings), its
+    annotations, and the other names an argument is accepted under."""
 
-        return register
+    make: Callable[[Faces, Settings], Callable[..., Any]]
+    annotations: ToolAnnotations
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
-    @tool(ToolAnnotations(idempotent_hint=True, open_world_hint=False))
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+_UNDOABLE = ToolAnnotations(destructive_hint=False, open_world_hint=False)  # changes, loses nothing
+_PAGING = {"since": "cursor"}  # the name these tools' cursor had before
+
+
+def _conversation_start(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_start(
         topic: Annotated[str, Field(description="short subject; names the conversation")],
@@ -325,7 +333,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             out["hint"] = faces._hint(conv, Status.PENDING.value, [], alive, empty=False)
         return _json(out)
 
-    @tool(read_only, paging_alias)
+    return conversation_start
+
+
+def _conversation_check(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_check(
         conversation_id: Id,
@@ -340,7 +351,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             faces.check(conversation_id, cursor, include_own=include_own, max_bytes=max_bytes)
         )
 
-    @tool(ToolAnnotations(open_world_hint=False), paging_alias)
+    return conversation_check
+
+
+def _conversation_respond(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_respond(
         conversation_id: Id,
@@ -393,7 +407,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             )
         return _json({"conversation_id": conv.id} | changed | done)
 
-    @tool(ToolAnnotations(open_world_hint=False))
+    return conversation_respond
+
+
+def _conversation_approve(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_approve(
         conversation_id: Id,
@@ -416,7 +433,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             done = actions.approve(settings, conv, decision, need, reader=faces.reader, face="mcp")
         return _json({"conversation_id": conv.id} | done)
 
-    @tool(read_only)
+    return conversation_approve
+
+
+def _conversation_list(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_list(
         status: Annotated[
@@ -440,7 +460,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         each waits for), the total, and a cursor while more pages exist."""
         return _json(faces.list(status, limit=limit, cursor=cursor, model=model, query=query))
 
-    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    return conversation_list
+
+
+def _conversation_cancel(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_cancel(conversation_id: Id) -> str:
         """Stop the generation in flight (or its retries); the turn is marked cancelled."""
@@ -453,7 +476,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             raise InputRejected(f"nothing to cancel: {conv.id} is {now} (no turn is running)")
         return _json({"conversation_id": conv.id, "cancelling": stopping.value})
 
-    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    return conversation_cancel
+
+
+def _conversation_continue(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_continue(conversation_id: Id) -> str:
         """Have the model go on with its last reply where it stopped (`reply_cut`: a token
@@ -465,13 +491,19 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             cursor = faces.reader.boundary(conv)
         return _json({"conversation_id": conv.id} | done | {"cursor": cursor})
 
-    @tool(read_only)
+    return conversation_continue
+
+
+def _conversation_models(faces: Faces, settings: Settings) -> Callable[..., Any]:
     async def conversation_models() -> str:
         """What conversation_start can name: each backend's models (or why it cannot be
         reached), the defaults, and the templates."""
         return _json(await faces.models())
 
-    @tool(read_only, paging_alias)
+    return conversation_models
+
+
+def _conversation_wait(faces: Faces, settings: Settings) -> Callable[..., Any]:
     async def conversation_wait(  # noqa: PLR0917 - the SDK passes a tool's arguments by name
         conversation_id: Id,
         cursor: Cursor = None,
@@ -507,7 +539,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         except ContemplationError as exc:
             raise ToolError(str(exc)) from exc
 
-    @tool(read_only)
+    return conversation_wait
+
+
+def _conversation_search(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_search(  # noqa: PLR0917 - the SDK passes the arguments by name
         query: Annotated[
@@ -530,20 +565,21 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         """Search every conversation's text; best matches first, each with its conversation,
         block and a snippet with the match marked «…». Past search_seconds, "cut" says so
         and the best hits found in time come back."""
-        from contemplation.index import search as search_index
+        from contemplation.index.search import Filters, find, since_bound
 
-        filters = search_index.Filters(
+        filters = Filters(
             archived=archived,
             model=model,
             status=status.strip().lower(),
-            since=search_index.since_bound(since),
+            since=since_bound(since),
         )
-        found = search_index.find(
-            faces.home, query, filters, limit, seconds=settings.search_seconds
-        )
+        found = find(faces.home, query, filters, limit, seconds=settings.search_seconds)
         return _json(found.as_dict())
 
-    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    return conversation_search
+
+
+def _conversation_reopen(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_reopen(conversation_id: Id) -> str:
         """Bring an archived conversation back to continue it (conversation_respond next)."""
@@ -551,7 +587,10 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
             conv = actions.reopen(faces.home, faces.reader.locate(conversation_id))
         return _json({"conversation_id": conv.id, "archived": False, "path": str(conv.dir)})
 
-    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    return conversation_reopen
+
+
+def _conversation_fork(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_fork(
         conversation_id: Id,
@@ -582,13 +621,35 @@ def _register_tools(  # noqa: PLR0915 - one statement per tool and its registrat
         out["cursor"] = sum(s.size for s in reading.segments(done.conv))  # the log's end
         return _json(out)
 
-    @tool(ToolAnnotations(destructive_hint=False, open_world_hint=False))
+    return conversation_fork
+
+
+def _conversation_archive(faces: Faces, settings: Settings) -> Callable[..., Any]:
     @_errors_as_tool_errors
     def conversation_archive(conversation_id: Id) -> str:
         """Move a finished conversation to completed/ (its files are kept)."""
         conv = faces.reader.locate(conversation_id)
         dest = actions.archive_conversation(faces.home, conv)
         return _json({"conversation_id": dest.id, "archived": True, "path": str(dest.dir)})
+
+    return conversation_archive
+
+
+_TOOLS: tuple[_Tool, ...] = (
+    _Tool(_conversation_start, ToolAnnotations(idempotent_hint=True, open_world_hint=False)),
+    _Tool(_conversation_check, _READ_ONLY, _PAGING),
+    _Tool(_conversation_respond, ToolAnnotations(open_world_hint=False), _PAGING),
+    _Tool(_conversation_approve, ToolAnnotations(open_world_hint=False)),
+    _Tool(_conversation_list, _READ_ONLY),
+    _Tool(_conversation_cancel, _UNDOABLE),
+    _Tool(_conversation_continue, _UNDOABLE),
+    _Tool(_conversation_models, _READ_ONLY),
+    _Tool(_conversation_wait, _READ_ONLY, _PAGING),
+    _Tool(_conversation_search, _READ_ONLY),
+    _Tool(_conversation_reopen, _UNDOABLE),
+    _Tool(_conversation_fork, _UNDOABLE),
+    _Tool(_conversation_archive, _UNDOABLE),
+)
 
 
 def _register_resources(mcp: MCPServer[Any], faces: Faces) -> None:
