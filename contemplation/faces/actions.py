@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -142,9 +142,12 @@ class PanelAsk:
     debate: bool = False
     synthesize: str | None = None
 
-    def extra(self, agent_label: str = "CLAUDE") -> dict[str, Any]:
-        """metadata.json's fields for it (none for fewer than two models and no options).
-        Raises InputRejected for a malformed panel."""
+    def fields(
+        self, backend_of: Callable[[str], str], agent_label: str = "CLAUDE"
+    ) -> dict[str, Any]:
+        """metadata.json's fields for it (none for fewer than two models and no options);
+        ``backend_of``: the backend a model goes to. Raises InputRejected for a malformed
+        panel."""
         if len(self.models) < 2:
             if self.debate or self.synthesize:
                 raise InputRejected("--debate and --synthesize need a panel: two --model or more")
@@ -156,7 +159,9 @@ class PanelAsk:
         out: dict[str, Any] = {
             "model": seats[0].model,
             "model_label": panel.PANEL,
-            "panel": [{"model": m.model, "label": m.label} for m in seats],
+            "panel": [
+                {"model": m.model, "label": m.label, "backend": backend_of(m.model)} for m in seats
+            ],
         }
         if self.debate:
             out["debate"] = True
@@ -164,7 +169,7 @@ class PanelAsk:
             taken = {agent_label, *(m.label for m in seats)}
             name = self.synthesize.strip()
             label = panel.label_for(f"synthesis {name}", taken)
-            out["synthesize"] = {"model": name, "label": label}
+            out["synthesize"] = {"model": name, "label": label, "backend": backend_of(name)}
         return out
 
 
@@ -186,7 +191,7 @@ def create(
     tpl, backend_name, model_name = _resolve(
         settings, home, topic, model=model, backend=backend, template=template
     )
-    seats = _panel_of(ask, tpl)
+    seats = _panel_of(ask, tpl, settings, backend)
     return new_conversation(
         home,
         topic,
@@ -198,11 +203,23 @@ def create(
     )
 
 
-def _panel_of(ask: PanelAsk, tpl: Template) -> dict[str, Any]:
-    """The panel's metadata fields: the caller's models, else the template's ``models``."""
+def _panel_of(
+    ask: PanelAsk, tpl: Template, settings: Settings, backend: str | None
+) -> dict[str, Any]:
+    """The panel's metadata fields: the caller's models, else the template's ``models``,
+    each going where a conversation of its own would (the named backend, its alias's
+    providers, the template's backend, the configured one)."""
     if not ask.models and tpl.models:
         ask = PanelAsk(tuple(tpl.models), ask.debate, ask.synthesize)
-    return ask.extra()
+
+    def backend_of(model: str) -> str:
+        alias = model if model in settings.aliases else None
+        name = backend or alias or tpl.backend or settings.default_backend
+        if not backends.named(settings, name):
+            raise InputRejected(str(backends.unknown(settings, name)))
+        return name
+
+    return ask.fields(backend_of)
 
 
 def start(
@@ -230,7 +247,7 @@ def start(
     )
     if initial_prompt is not None:
         check_message(initial_prompt, settings, "the initial prompt")
-    seats = _panel_of(ask, tpl)  # before anything is created
+    seats = _panel_of(ask, tpl, settings, backend)  # before anything is created
     reqs = [{"type": "need", "need": r} for r in (context_requirements or []) if r.strip()]
     if idempotency_key:
         key, ttl = "key:" + idempotency_key, KEY_TTL

@@ -15,9 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from contemplation.faces.reading import Reader
 from contemplation.models import Status
 from contemplation.store.layout import Home, read_state
+from tests import peers, realpeers
 from tests.conftest import DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -79,6 +82,8 @@ def test_each_model_answers_each_message_once_in_its_own_line(
     assert gemma[1][-1]["content"] == "And why?" == llama[1][-1]["content"]
     state = read_state(conv)
     assert state is not None and state.status is Status.IDLE
+    turns = json.loads(cli(env, "ledger", conv.id, "--json").stdout)["turns"]
+    assert sorted(t["model"].split(":")[0] for t in turns) == sorted(["gemma", "llama3.2"] * 2)
 
 
 def test_a_debate_shows_the_others_last_answers_and_the_synthesis_weighs_the_round(
@@ -188,3 +193,40 @@ def test_malformed_panels_are_refused_before_anything_is_made(home: Home) -> Non
     lone = cli(env, "new", "Lone", "--model", "gemma", "--debate", check=False)
     assert lone.returncode != 0 and "need a panel" in lone.stderr, lone.stderr
     assert not home.active.exists() or not any(home.active.iterdir())
+
+
+@pytest.mark.real
+def test_a_panel_of_two_aliases_on_the_real_llama_server(
+    home: Home, tmp_path: Path, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """The real llama-server (SmolLM2) behind two aliases with their own options: one
+    question, two replies, each in its own block named after its alias, each seat's request
+    its own (the ledger's rows name each alias's model and the server counted each prompt)."""
+    peers.xllamacpp_available()
+    server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=2048).start()
+    try:
+        cfg = tmp_path / "config.toml"
+        cfg.write_text(
+            f'[providers.box]\nkind = "openai"\nurl = "{server.url}/v1"\n\n'
+            f'[aliases.terse]\nmodel = "{server.alias}"\nproviders = ["box"]\n'
+            "options = { temperature = 0, num_predict = 24 }\n\n"
+            f'[aliases.wordy]\nmodel = "{server.alias}"\nproviders = ["box"]\n'
+            "options = { temperature = 0.7, seed = 7, num_predict = 48 }\n"
+        )
+        env = base_env(home, CONTEMPLATION_CONFIG=str(cfg))
+        daemon_factory(env, home).wait_ready()
+        done = cli(
+            env, "new", "Colours", "--model", "terse", "--model", "wordy",
+            "--message", "Name one primary colour.", "--wait", "--timeout", "240", timeout=300,
+        )  # fmt: skip
+        print(done.stdout)
+        assert done.returncode in (0, 5), done.stderr  # 5: a reply stopped at its token cap
+        cid = done.stderr.strip().splitlines()[-1]
+        log = Reader(home).locate(cid).log.read_text()
+        assert [h for h, _ in heads(log)] == ["CLAUDE", "TERSE", "WORDY"], log
+        blocks = [b for b in log.split("\n\n=== ")[1:] if b.strip()]
+        assert all(len(b.split("===\n", 1)[-1].strip()) > 0 for b in blocks), log
+        turns = json.loads(cli(env, "ledger", cid, "--json").stdout)["turns"]
+        assert len(turns) == 2 and all(t["sent"] > 0 for t in turns), turns
+    finally:
+        server.stop()
