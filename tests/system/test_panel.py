@@ -23,6 +23,7 @@ from contemplation.store.layout import Home, read_state
 from tests import peers, realpeers
 from tests.conftest import DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
+from tests.system.test_mcp_tasks import Wire, completed, text_of, wires  # noqa: F401 (fixture)
 
 HEADER = re.compile(r"^=== ([A-Z0-9_]+) -> ([A-Z0-9_]+) \[", re.MULTILINE)
 
@@ -230,3 +231,29 @@ def test_a_panel_of_two_aliases_on_the_real_llama_server(
         assert len(turns) == 2 and all(t["sent"] > 0 for t in turns), turns
     finally:
         server.stop()
+
+
+def test_an_agent_starts_a_panel_over_mcp_and_gets_the_round_whole(
+    home: Home,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    wires: Callable[[dict[str, str]], Wire],  # noqa: F811
+) -> None:
+    """MCP ``conversation_start`` with ``models`` (the real stdio server, as Claude Code
+    calls it, with tasks): the task completes once the whole round is in, its result holds
+    every seat's reply, each ``from`` its seat."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
+    fake_ollama.enqueue(
+        Step(model="gemma", text="Gemma: yes.", first_byte_delay=0.5),
+        Step(model="llama3.2", text="Llama: no.", first_byte_delay=0.5),
+    )
+    daemon_factory(env, home).wait_ready()
+    wire = wires(env)
+    task = wire.call(
+        "conversation_start", topic="Vote", initial_prompt="Yes or no?",
+        models=["gemma", "llama3.2"],
+    )  # fmt: skip
+    done = wire.until(task["taskId"], completed, seconds=30)
+    got = text_of(done["result"])
+    blocks = [(b["from"], b["text"]) for b in got["blocks"] if b["kind"] == "model"]
+    assert blocks == [("GEMMA", "Gemma: yes."), ("LLAMA3_2", "Llama: no.")], got

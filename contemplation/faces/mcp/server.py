@@ -303,10 +303,23 @@ def _conversation_start(faces: Faces, settings: Settings) -> Callable[..., Any]:
         ] = None,
         attachments: Attachments = None,
         schema: Schema = None,
+        models: Annotated[
+            list[str] | None,
+            Field(description="two or more models: a panel, each answering every message"),
+        ] = None,
+        debate: Annotated[
+            bool, Field(description="a panel: each also sees the others' last answers")
+        ] = False,
+        synthesize: Annotated[
+            str | None, Field(description="a panel: this model adds a reply weighing them")
+        ] = None,
     ) -> str:
         """Start a conversation with a local model and queue the first message. Returns the
         id and a cursor at once; the reply comes later (conversation_wait)."""
         prompt = initial_prompt if initial_prompt and initial_prompt.strip() else None
+        if models and len(models) == 1:  # one model: an ordinary conversation
+            model, models = model or models[0], None
+        ask = actions.PanelAsk(tuple(models or ()), debate, synthesize)
         files = faces.attached(attachments or (), template or settings.default_template)
         prompt = _with_schema(prompt, schema, settings.max_schema_bytes)
         conv, created = actions.start(
@@ -320,6 +333,7 @@ def _conversation_start(faces: Faces, settings: Settings) -> Callable[..., Any]:
             idempotency_key=idempotency_key,
             files=files,
             started_by="mcp",  # the agent's: `contemplation watch --agent` follows it
+            ask=ask,
         )
         alive = daemon_alive(faces.home)
         # a new conversation's blocks all come after 0; a repeat of an earlier start gets
