@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
+from contemplation.faces.dashboard.app import Dashboard
 from contemplation.faces.reading import Reader
 from contemplation.models import Status
+from contemplation.settings import load
 from contemplation.store.layout import Home, read_state
 from tests import peers, realpeers
 from tests.conftest import DaemonProc, base_env, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_mcp_tasks import Wire, completed, text_of, wires  # noqa: F401 (fixture)
 
+BEARER = {"Authorization": "Bearer " + "t" * 43}
 HEADER = re.compile(r"^=== ([A-Z0-9_]+) -> ([A-Z0-9_]+) \[", re.MULTILINE)
 
 
@@ -85,6 +89,13 @@ def test_each_model_answers_each_message_once_in_its_own_line(
     assert state is not None and state.status is Status.IDLE
     turns = json.loads(cli(env, "ledger", conv.id, "--json").stdout)["turns"]
     assert sorted(t["model"].split(":")[0] for t in turns) == sorted(["gemma", "llama3.2"] * 2)
+    dash = Dashboard(load(home=home.root, env={}, config=None), token="t" * 43)
+    with TestClient(dash.asgi(), base_url="http://127.0.0.1:5556", headers=BEARER) as client:
+        detail = client.get(f"/api/conversations/{conv.id}").json()
+        md = client.get(f"/api/conversations/{conv.id}/export.md").text
+    assert [s["label"] for s in detail["panel"]] == ["GEMMA", "LLAMA3_2"]
+    assert "GEMMA (ollama/gemma), LLAMA3_2 (ollama/llama3.2)" in md
+    assert "## LLAMA3_2 → CLAUDE" in md
 
 
 def test_a_debate_shows_the_others_last_answers_and_the_synthesis_weighs_the_round(

@@ -273,6 +273,7 @@ class Dashboard:
             out["activity"] = self.reader.activity(conv, view)  # the words of status and MCP
             out["actions"] = available_actions(out)
             out["agent_label"] = meta.agent_label if meta else "CLAUDE"
+            out["panel"] = [s.model_dump(mode="json") for s in meta.seats()] if meta else []
             if state is not None:
                 out["last_turn"] = state.last_turn.model_dump() if state.last_turn else None
                 out["warnings"] = state.warnings

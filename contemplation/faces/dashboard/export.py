@@ -26,6 +26,15 @@ def as_json(conv: Conv) -> str:
     return json.dumps(as_data(conv), indent=2, ensure_ascii=False) + "\n"
 
 
+def _models(meta: dict[str, Any]) -> str:
+    """``backend/model``, or each seat of a panel with its label."""
+    seats = [*meta.get("panel", []), *([meta["synthesize"]] if meta.get("synthesize") else [])]
+    if not seats:
+        return f"{meta.get('backend', '')}/{meta.get('model', '')}"
+    backend = meta.get("backend", "")
+    return ", ".join(f"{s['label']} ({s.get('backend') or backend}/{s['model']})" for s in seats)
+
+
 def as_markdown(conv: Conv) -> str:
     data = as_data(conv)
     meta = data["metadata"] or {}
@@ -33,7 +42,7 @@ def as_markdown(conv: Conv) -> str:
     lines = [f"# {meta.get('topic') or conv.id}", ""]
     for key, value in (
         ("id", conv.id),
-        ("model", f"{meta.get('backend', '')}/{meta.get('model', '')}"),
+        ("model", _models(meta)),
         ("created", meta.get("created", "")),
         ("status", state.get("status", "")),
         ("turns", state.get("turns", 0)),

@@ -329,7 +329,10 @@ function ticking(status) {
 function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
-  $("conv-meta").textContent = [c.id, c.backend + "/" + c.model, "status: " + c.status,
+  const models = (c.panel || []).length
+    ? "panel: " + c.panel.map((s) => s.label + " (" + (s.backend || c.backend) + "/" + s.model + ")").join(", ")
+    : c.backend + "/" + c.model;
+  $("conv-meta").textContent = [c.id, models, "status: " + c.status,
     "turns: " + c.turns, c.completed ? "archived" : "",
     c.forked_from ? "forked from " + c.forked_from.id + " at block " + c.forked_from.block : "",
     c.activity || ""].filter(Boolean).join(" · ");
