@@ -38,7 +38,8 @@ from typing import Any
 
 from contemplation.errors import InputRejected, NotFound
 from contemplation.models import APPROVALS_KEY, Block, MarkerKind, Metadata, Status
-from contemplation.protocol.conversation import next_action, unanswered
+from contemplation.protocol import panel
+from contemplation.protocol.conversation import unanswered
 from contemplation.protocol.logformat import marker
 from contemplation.store import logstream
 from contemplation.store.layout import (
@@ -116,24 +117,28 @@ def fork(
     topic: str | None = None,
     durable: bool = True,
     rerun: bool = False,
+    seat: str | None = None,
 ) -> Forked:
     """Make a new conversation in ``active/`` from blocks 1..``at`` of ``conv`` (see the
     module's rules). ``offset``: the block that starts at that cursor instead of ``at`` (the
     dashboard's blocks carry their cursor). ``rerun``: where a turn is due at block N, the
-    daemon runs it at once (else the fork waits for the next message)."""
+    daemon runs it at once (else the fork waits for the next message). ``seat``: in a panel,
+    the fork follows that seat's line alone (its label or model): a panel of that one seat,
+    which sees only its own thread of the blocks taken."""
     if topic is not None and not topic.strip():
         raise InputRejected("a fork's topic cannot be empty")
     snap = snapshot(conv)
     n = choose(snap, at, offset)
     log, segments = cut(snap, n)
-    fields = snap.meta.model_dump(mode="json")
+    meta = snap.meta if seat is None else following(snap.meta, seat)
+    fields = meta.model_dump(mode="json")
     fields.pop(APPROVALS_KEY, None)
     fields.update(
         topic=(topic or snap.meta.topic).strip(),
         created=now_iso(),
         **{FORKED_FROM: {"id": conv.id, "block": n}},
     )
-    status = _status(snap.blocks[:n])
+    status = _status(meta, snap.blocks[:n])
     held = status is Status.PENDING and not rerun
     hold = f"from {conv.id} at block {n}; the next message continues from here"
     made = build_fork(
@@ -289,9 +294,21 @@ def _unblank(seg: Segment, end: int) -> int:
         os.close(fd)
 
 
-def _status(blocks: tuple[Block, ...]) -> Status:
+def following(meta: Metadata, seat: str) -> Metadata:
+    """``meta`` as a fork that follows one seat of its panel (by label or model name)."""
+    seats = meta.seats()
+    if not seats:
+        raise InputRejected(f"{meta.id} has no panel: there is no seat to follow (leave out seat)")
+    found = [s for s in seats if seat.strip() in (s.label, s.model) or seat.upper() == s.label]
+    if not found:
+        named = ", ".join(f"{s.label} ({s.model})" for s in seats)
+        raise InputRejected(f"{meta.id} has no seat {seat!r}; its seats: {named}")
+    return meta.model_copy(update={"panel": found[:1], "debate": False, "synthesize": None})
+
+
+def _status(meta: Metadata, blocks: tuple[Block, ...]) -> Status:
     """What the fork's state says before the daemon's first look at it."""
-    nxt = next_action(blocks)
+    _, nxt = panel.next_for(meta, blocks)
     if nxt.action == "complete":
         return Status.COMPLETE  # as a reopened conversation: the next message goes on
     if nxt.action == "idle":

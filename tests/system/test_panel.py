@@ -268,3 +268,29 @@ def test_an_agent_starts_a_panel_over_mcp_and_gets_the_round_whole(
     got = text_of(done["result"])
     blocks = [(b["from"], b["text"]) for b in got["blocks"] if b["kind"] == "model"]
     assert blocks == [("GEMMA", "Gemma: yes."), ("LLAMA3_2", "Llama: no.")], got
+
+
+def test_a_fork_follows_one_seats_line(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """``fork --seat GEMMA``: a conversation of that seat alone, which sees its own line of
+    the blocks taken (the other seat's stay in the log for people, never in its requests)."""
+    env = base_env(home, fake_ollama)
+    fake_ollama.enqueue(
+        Step(model="gemma", text="Gemma: tabs."),
+        Step(model="llama3.2", text="Llama: spaces."),
+        Step(model="gemma", text="Gemma: still tabs."),
+    )
+    daemon_factory(env, home).wait_ready()
+    cid = panel_new(env)
+    cli(env, "send", cid, "Tabs or spaces?", "--wait", "--timeout", "60")
+    wrong = cli(env, "fork", cid, "--seat", "mistral", check=False)
+    assert wrong.returncode != 0 and "its seats: GEMMA (gemma), LLAMA3_2 (llama3.2)" in wrong.stderr
+    forked = json.loads(cli(env, "fork", cid, "--seat", "GEMMA", "--json").stdout)["id"]
+    done = cli(env, "send", forked, "Sure?", "--wait", "--timeout", "60")
+    assert "Gemma: still tabs." in done.stdout
+    gemma = asked(fake_ollama, "gemma")
+    assert len(gemma) == 2 and len(asked(fake_ollama, "llama3.2")) == 1
+    assert "Gemma: tabs." in said(gemma[1]) and "Llama" not in said(gemma[1])
+    meta = json.loads(Reader(home).locate(forked).metadata.read_text())
+    assert [s["label"] for s in meta["panel"]] == ["GEMMA"]

@@ -30,6 +30,11 @@ from contemplation.faces.cli.common import (
     help="Where block N awaits the model's answer (the agent's own block), answer it at once "
     "(default: the fork waits for your next message).",
 )
+@click.option(
+    "--seat",
+    metavar="LABEL",
+    help="A panel: follow this model's line alone (its label, as in the log, or its model).",
+)
 @json_option('Print {"id", "path", "forked_from", "blocks", "waits_for_message", ...} as JSON.')
 @click.pass_context
 def fork(  # noqa: PLR0917 - click passes one argument per option
@@ -38,6 +43,7 @@ def fork(  # noqa: PLR0917 - click passes one argument per option
     at: int | None,
     topic: str | None,
     rerun: bool,
+    seat: str | None,
     as_json: bool,
 ) -> None:
     """Start a new conversation from blocks 1..N of CONVERSATION (archived ones too);
@@ -53,6 +59,7 @@ def fork(  # noqa: PLR0917 - click passes one argument per option
         topic=topic,
         durable=settings.durability == "fsync",
         rerun=rerun,
+        seat=seat,
     )
     if not as_json:
         where = " (archived)" if done.source.is_completed else ""

@@ -617,6 +617,9 @@ def _conversation_fork(faces: Faces, settings: Settings) -> Callable[..., Any]:
             bool,
             Field(description="if block `at` is yours, the model answers it now (default: no)"),
         ] = False,
+        seat: Annotated[
+            str | None, Field(description="a panel: follow this seat's line alone (its label)")
+        ] = None,
     ) -> str:
         """A new conversation holding blocks 1..at of this one (archived ones too); your next
         message to it continues from there (no turn runs before it unless rerun)."""
@@ -630,6 +633,7 @@ def _conversation_fork(faces: Faces, settings: Settings) -> Callable[..., Any]:
             topic=topic,
             durable=settings.durability == "fsync",
             rerun=rerun,
+            seat=seat,
         )
         out = {"conversation_id": done.conv.id} | done.as_dict()
         out["cursor"] = sum(s.size for s in reading.segments(done.conv))  # the log's end
