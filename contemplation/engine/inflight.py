@@ -22,26 +22,22 @@ from __future__ import annotations
 
 import structlog
 
-from contemplation.engine.runtime import Runtime
 from contemplation.engine.steps import Wait
-from contemplation.engine.tracking import Tracked
+from contemplation.engine.turn.state import Turn
 from contemplation.errors import ErrorKind
 from contemplation.models import ConvEvent, MarkerKind
-from contemplation.store.layout import Conv
-from contemplation.writer import ConvWriter
 
 log = structlog.get_logger("contemplation.inflight")
 
 DEATHS = 2  # runs that died during the same turn before it is given up
 
 
-async def begin(
-    conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, *, fresh: bool
-) -> Wait | None:
+async def begin(turn: Turn, *, fresh: bool) -> Wait | None:
     """Before a turn's request (under the conversation's lock): record that it begins, or,
     when :data:`DEATHS` runs died during it already, end it with one ERROR (the returned
     outcome; None: go on with the turn). ``fresh``: this run's first look at the
     conversation (recovery ran in this step)."""
+    conv, rt, seen, w = turn.conv, turn.rt, turn.seen, turn.w
     before = w.state.turn_started
     died = (
         before is not None

@@ -371,11 +371,12 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
                     decision = await _step(conv, rt, seen, w, own)
                     if not isinstance(decision, TurnDue):
                         break
-                    stop = await inflight.begin(conv, rt, seen, w, fresh=fresh)
+                    turn = Turn(conv, rt, seen, w)
+                    stop = await inflight.begin(turn, fresh=fresh)
                     if stop is not None:  # a turn runs that died during it: not again
                         return stop
                     try:
-                        outcome = await run_turn(Turn(conv, rt, seen, w))
+                        outcome = await run_turn(turn)
                     finally:
                         w.end_turn()  # however it ended, a stop too (a death leaves it)
                         w.meta = own
