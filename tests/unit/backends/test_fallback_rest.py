@@ -7,8 +7,10 @@ is a log line. The clock is handed in, so the rests are exact and nothing sleeps
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from contemplation.backends import fallback
@@ -16,6 +18,17 @@ from contemplation.backends.fallback import FallbackBackend
 from contemplation.errors import BackendError
 from contemplation.models import StreamEvent
 from tests.unit.backends.test_capabilities import DOWN, REQ, _Scripted
+
+
+@pytest.fixture(autouse=True)
+def default_structlog() -> Iterator[None]:
+    """structlog as it starts: an earlier test that ran the CLI in this process configured it
+    (a level filter, loggers cached on first use), which capture_logs does not undo — this
+    file failed so after tests/system/test_cli_commands.py. Put back afterwards."""
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    structlog.configure(**saved)
 
 
 class Clock:
