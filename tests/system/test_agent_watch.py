@@ -6,7 +6,10 @@ the scripted fake Ollama, the real CLI; the watcher is a real process read line 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -123,3 +126,61 @@ def test_rewake_waits_for_the_agents_reply_and_exits_2(
         procgroups.kill(hook)
     assert hook.returncode == 2
     assert err.strip() == f"contemplation: {mine} (agent's) replied: read it: contemplation wait {mine}"
+
+
+def test_the_agents_watch_stops_when_the_session_that_started_it_is_gone(
+    home: Home, tmp_path: Path
+) -> None:
+    """A monitor outliving its session would poll the home forever. Claude Code runs its
+    monitor as ``bash -c '…; watch --agent'`` with a socket for stdout, in a session of its
+    own, so the shell outlives a SIGKILLed Claude Code and the watch's parent never changes.
+    A stand-in session does the same and is killed: the watch sees its stdout's reader gone
+    and exits within seconds; a person's ``watch`` on a terminal-less /dev/null keeps going."""
+    pids = tmp_path / "pids"
+    env = {"CONTEMPLATION_HOME": str(home.root), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    watch = f"{sys.executable} -m contemplation watch --interval 0.2"
+    spawn = (
+        "import socket, subprocess, time\n"
+        "ours, theirs = socket.socketpair()\n"
+        f"a = subprocess.Popen(['bash', '-c', 'true; {watch} --agent; true'], stdout=theirs,"
+        " start_new_session=True)\n"
+        f"p = subprocess.Popen({watch!r}.split(), stdout=subprocess.DEVNULL)\n"
+        f"open({str(pids)!r}, 'w').write(f'{{a.pid}} {{p.pid}}')\n"
+        "time.sleep(3600)\n"
+    )
+    session = procgroups.popen([sys.executable, "-c", spawn], env=env, cwd=ROOT)
+    agent = 0
+    try:
+        wait_for(lambda: pids.exists() and " " in pids.read_text(), 30, what="the watches")
+        shell, person = (int(p) for p in pids.read_text().split())
+        wait_for(lambda: _child(shell), 30, what="the shell's watch")
+        agent = _child(shell)
+        # in its loop (sleeping between looks), past the start that notes its parent
+        wchan = Path(f"/proc/{agent}/wchan")
+        wait_for(lambda: "nanosleep" in wchan.read_text(), 30, what="the agent's watch looking")
+        session.kill()  # SIGKILL: its socket's end closes, as Claude Code's would
+        session.wait(10)
+        wait_for(lambda: _gone(agent), 10, what="the agent's watch to stop")
+        assert not _gone(person)  # a person's watch is theirs to stop
+    finally:
+        procgroups.kill(session)
+        for pid in [agent, *((int(p) for p in pids.read_text().split()) if pids.exists() else ())]:
+            with contextlib.suppress(ProcessLookupError):
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _child(pid: int) -> int:
+    """A child of ``pid`` (0: none yet)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0
+    return int(kids[0]) if kids else 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True

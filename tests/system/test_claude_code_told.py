@@ -61,6 +61,19 @@ def asking(tmp_path: Path) -> tuple[Path, Path]:
 PLUGIN_START = "mcp__plugin_contemplation_contemplation__conversation_start"
 
 
+def monitors(home: Home) -> list[int]:
+    """The plugin monitors (``watch``) still running for ``home``, from /proc."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"watch" in argv and str(home.root).encode() in argv:
+            found.append(int(d.name))
+    return found
+
+
 def set_up_plugin(env: dict[str, str], home: Home, project: Path, *extra: str) -> None:
     """``contemplation install claude-code`` as a person would (the plugin: its MCP server and
     its monitor), and Claude Code's first-run questions answered in its config."""
@@ -179,6 +192,8 @@ def test_the_plugin_monitor_tells_claude_when_the_cli_decides(
         )
     assert "Monitor event" in event and "<task-notification>" in event, event[-2000:]
     assert f'conversation_check(conversation_id=\\"{conv}\\")' in event  # what to call next
+    # Claude Code killed (SIGKILL to its group): its monitor does not poll on for nobody
+    wait_for(lambda: not monitors(home), 15, what="the monitor to stop with its session")
 
 
 def test_the_rewake_hook_wakes_claude_when_a_cli_conversation_replies(

@@ -6,6 +6,8 @@ while one of the agent's conversations is at work and exits 2 with the line when
 
 from __future__ import annotations
 
+import os
+import select
 import sys
 import time
 
@@ -14,11 +16,32 @@ import click
 from contemplation.faces import watching
 from contemplation.faces.cli.common import ctx_home
 
+
+def _nobody_reads() -> bool:
+    """Whoever read our stdout is gone (a pipe's or socket's other end closed: Claude Code's
+    monitor dies with its session, and its shell may outlive it)."""
+    if not hasattr(select, "poll"):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # errors and hang-ups are always reported
+    gone = select.POLLERR | select.POLLHUP | select.POLLNVAL
+    return any(events & gone for _, events in poller.poll(0))
+
+
 REWAKE_EXIT = 2  # Claude Code's asyncRewake: exit 2 wakes the model with the output
 
 
 @click.command("watch")
-@click.option("--agent", is_flag=True, help="Only the conversations the agent started.")
+@click.option(
+    "--agent",
+    is_flag=True,
+    help="Only the conversations the agent started; stops when the process that started it "
+    "(the agent's session) is gone.",
+)
 @click.option(
     "--interval",
     type=click.FloatRange(0.1, 60),
@@ -40,6 +63,7 @@ REWAKE_EXIT = 2  # Claude Code's asyncRewake: exit 2 wakes the model with the ou
 @click.pass_context
 def watch(ctx: click.Context, agent: bool, interval: float, rewake: bool, timeout: float) -> None:
     """Print one line per finished reply or lookup waiting, as it happens."""
+    parent = os.getppid()  # the agent's session (Claude Code runs its monitors so)
     w = watching.Watch(ctx_home(ctx), agent_only=agent or rewake)
     w.poll()  # what is so already is not news
     if rewake and not w.busy():
@@ -48,6 +72,8 @@ def watch(ctx: click.Context, agent: bool, interval: float, rewake: bool, timeou
     end = time.monotonic() + limit if limit else None
     while end is None or time.monotonic() < end:
         time.sleep(interval)  # a poll of files: there is nothing to wait on but time
+        if _nobody_reads() or ((agent or rewake) and os.getppid() != parent):
+            return  # the session that started it is gone: nobody reads these lines
         lines = w.poll()
         for line in lines:
             click.echo(line)
