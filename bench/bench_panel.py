@@ -1,0 +1,93 @@
+"""What a panel of models costs (issue 49), as a user runs it.
+Run: .venv/bin/python bench/bench_panel.py [--rounds 3] [--parallel 1]
+
+A real llama-server (xllamacpp's build, SmolLM2-135M, ``--parallel`` slots) and the daemon as
+its own process, both started here; the CLI as a person types it:
+``contemplation new T --model s1 [--model s2 …] --message Q --wait``. The seats are aliases
+of the one server model with their own seeds, each reply capped at 64 tokens. Prints the
+round's wall time (median and max of ``--rounds``) for 1, 2 and 3 seats and its ratio to one
+seat: the seats of a round answer one after another, so the ratio is about the number of
+seats whatever the server's slots (``--parallel 2`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from contemplation.store.layout import Home  # noqa: E402
+from tests import peers  # noqa: E402
+from tests.conftest import DaemonProc  # noqa: E402
+from tests.realpeers import LlamaServer  # noqa: E402
+
+QUESTION = "In two sentences: why write a file to a temporary name and rename it?"
+SEATS = ("s1", "s2", "s3")
+
+
+def config(url: str, alias: str) -> str:
+    out = f'[providers.box]\nkind = "openai"\nurl = "{url}/v1"\n'
+    for i, seat in enumerate(SEATS):
+        out += (
+            f'\n[aliases.{seat}]\nmodel = "{alias}"\nproviders = ["box"]\n'
+            f"options = {{ temperature = 0.7, seed = {i + 1}, num_predict = 64 }}\n"
+        )
+    return out
+
+
+def round_time(env: dict[str, str], seats: int, n: int) -> float:
+    models = [a for s in SEATS[:seats] for a in ("--model", s)]
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "contemplation", "new", f"Bench {seats} {n}", *models,
+         "--message", QUESTION, "--wait", "--timeout", "300"],
+        env=env, capture_output=True, text=True, timeout=360, check=False,
+    )  # fmt: skip
+    took = time.perf_counter() - t0
+    if done.returncode not in (0, 5):  # 5: a reply stopped at its cap
+        raise SystemExit(f"round failed ({done.returncode}): {done.stderr}")
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parallel", type=int, default=1, help="the server's slots")
+    args = ap.parse_args()
+    peers.xllamacpp_available()
+    server = LlamaServer(peers.smollm2_gguf(), n_ctx=2048 * args.parallel,
+                         n_parallel=args.parallel).start()  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-panel-") as tmp:
+            home = Home(Path(tmp) / "home")
+            cfg = Path(tmp) / "config.toml"
+            cfg.write_text(config(server.url, server.alias))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEMPLATION_")}
+            env |= {"CONTEMPLATION_HOME": str(home.root), "CONTEMPLATION_CONFIG": str(cfg),
+                    "CONTEMPLATION_DASHBOARD_ENABLED": "false", "XDG_CONFIG_HOME": tmp}  # fmt: skip
+            daemon = DaemonProc(env, home).wait_ready(60)
+            try:
+                round_time(env, 1, -1)  # warm: the model loaded, the template's prefix cached
+                got = {s: [round_time(env, s, n) for n in range(args.rounds)] for s in (1, 2, 3)}
+            finally:
+                daemon.stop()
+    finally:
+        server.stop()
+    base = statistics.median(got[1])
+    print(f"llama-server slots: {args.parallel}; rounds: {args.rounds}; replies <= 64 tokens")
+    for seats, times in got.items():
+        med = statistics.median(times)
+        print(f"{seats} seat(s): round p50 {med:6.2f} s  max {max(times):6.2f} s  "
+              f"ratio to one seat {med / base:4.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
