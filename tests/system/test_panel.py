@@ -294,3 +294,19 @@ def test_a_fork_follows_one_seats_line(
     assert "Gemma: tabs." in said(gemma[1]) and "Llama" not in said(gemma[1])
     meta = json.loads(Reader(home).locate(forked).metadata.read_text())
     assert [s["label"] for s in meta["panel"]] == ["GEMMA"]
+
+
+def test_a_template_holds_a_panel_and_a_bad_one_says_which_key(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    env = base_env(home, fake_ollama)
+    duo = home.root / "templates" / "duo"
+    duo.mkdir(parents=True)
+    (duo / "template.toml").write_text('models = ["gemma", "llama3.2"]\n')
+    fake_ollama.enqueue(Step(model="gemma", text="G."), Step(model="llama3.2", text="L."))
+    daemon_factory(env, home).wait_ready()
+    done = cli(env, "new", "Duo", "--template", "duo", "--message", "Hi?", "--wait")
+    assert "G." in done.stdout and "L." in done.stdout
+    (duo / "template.toml").write_text('models = ["gemma", 3]\n')
+    bad = cli(env, "new", "Bad", "--template", "duo", check=False)
+    assert bad.returncode != 0 and "invalid models in template" in bad.stderr, bad.stderr
