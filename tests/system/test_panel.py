@@ -310,3 +310,29 @@ def test_a_template_holds_a_panel_and_a_bad_one_says_which_key(
     (duo / "template.toml").write_text('models = ["gemma", 3]\n')
     bad = cli(env, "new", "Bad", "--template", "duo", check=False)
     assert bad.returncode != 0 and "invalid models in template" in bad.stderr, bad.stderr
+
+
+def test_a_daemon_killed_during_the_first_seats_reply_redoes_that_seat(
+    home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
+) -> None:
+    """The first reply after a message may be written with the message's own commit (no
+    intent of its own): recovery must know the seat's header as a reply's, mark it
+    INTERRUPTED and redo that seat — not adopt the cut words as a block written by hand."""
+    env = base_env(home, fake_ollama)
+    fake_ollama.enqueue(Step(model="gemma", kind="hang", after_chunks=2, text="Gemma starts to"))
+    daemon = daemon_factory(env, home).wait_ready()
+    cid = panel_new(env)
+    cli(env, "send", cid, "Go.")
+    conv = Reader(home).locate(cid)
+    wait_for(lambda: "GEMMA -> CLAUDE" in conv.log.read_text(), 30, what="gemma streaming")
+    daemon.stop(signal.SIGKILL)
+    fake_ollama.enqueue(
+        Step(model="gemma", text="Gemma answers."), Step(model="llama3.2", text="Llama answers.")
+    )
+    daemon_factory(env, home).wait_ready()
+    done = cli(env, "wait", cid, "--timeout", "60")
+    assert "Gemma answers." in done.stdout and "Llama answers." in done.stdout, done.stdout
+    log = conv.log.read_text()
+    assert "INTERRUPTED" in log, log
+    assert [h for h, _ in heads(log)] == ["CLAUDE", "GEMMA", "GEMMA", "LLAMA3_2"], log
+    assert len(asked(fake_ollama, "gemma")) == 2 and len(asked(fake_ollama, "llama3.2")) == 1
