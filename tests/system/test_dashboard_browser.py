@@ -475,3 +475,41 @@ def test_fork_here_is_not_offered_on_a_block_still_streaming(
         "Half of a reply, and the end."
     )
     assert tab.failed == []
+
+
+def test_a_panels_round_is_side_by_side_in_chromium(home: Home, browser: Any, tab: Tab) -> None:
+    """Issue 49: the replies of a panel's seats to one message are shown side by side (one
+    row), each headed by its seat; the next message starts below them."""
+    from playwright.sync_api import expect
+
+    from contemplation.writer import write_metadata
+
+    conv = make_conv(home, "Panel", "Tabs or spaces?", "placeholder")
+    conv.log.unlink()  # the round written as the daemon writes a panel's
+    meta = read_json(conv.metadata)
+    assert isinstance(meta, dict)
+    meta |= {"model_label": "PANEL", "panel": [{"model": "gemma", "label": "GEMMA"},
+             {"model": "llama3.2", "label": "LLAMA3_2"}]}  # fmt: skip
+    from contemplation.models import Metadata
+
+    write_metadata(conv, Metadata.model_validate(meta))
+    (conv.dir / "state.json").unlink()
+    with open_writer(conv) as w:
+        w.append_block("CLAUDE", "PANEL", "Tabs or spaces?", msg_id="m1")
+        for i, (seat, text) in enumerate((("GEMMA", "Tabs."), ("LLAMA3_2", "Spaces."))):
+            r = w.reply(seat, "CLAUDE", f"r{i}")
+            r.content(text)
+            r.finish()
+        w.append_block("CLAUDE", "PANEL", "Why?", msg_id="m2")
+    page = tab.page
+    tab.goto(f"/c/{conv.id}")
+    expect(page.locator("#conv-meta")).to_contain_text("panel: GEMMA (ollama/gemma)")
+    row = page.locator("#log .round")
+    expect(row).to_have_count(1)
+    expect(row.locator("article.model header")).to_have_count(2)
+    boxes = [row.locator("article.model").nth(i).bounding_box() for i in range(2)]
+    assert boxes[0] and boxes[1]
+    assert abs(boxes[0]["y"] - boxes[1]["y"]) < 2 and boxes[1]["x"] > boxes[0]["x"] + 100
+    expect(row.locator("article.model header").nth(1)).to_contain_text("LLAMA3_2 → CLAUDE")
+    expect(page.locator("#log > article.agent")).to_have_count(2)  # the messages stay rows
+    tab.shot(browser, "panel-round")

@@ -252,6 +252,26 @@ function renderBlock(b, finished = true) {
   return box;
 }
 
+// a panel's round side by side: consecutive replies of different seats share one row
+let panelSeats = new Set();
+function place(log, box, b) {
+  box.dataset.from = b.from || "";
+  const last = log.lastElementChild;
+  if (b.kind === "model" && panelSeats.has(b.from) && last) {
+    if (last.classList.contains("round") && !last.querySelector(`[data-from="${CSS.escape(b.from)}"]`)) {
+      last.append(box);
+      return;
+    }
+    if (last.matches("article.model") && panelSeats.has(last.dataset.from) && last.dataset.from !== b.from) {
+      const round = el("div", "round");
+      log.replaceChild(round, last);
+      round.append(last, box);
+      return;
+    }
+  }
+  log.append(box);
+}
+
 async function forkAt(offset, button) {
   button.disabled = true;
   try {
@@ -268,7 +288,7 @@ const loadBlocks = oneAtATime(async () => {
   const d = await getJSON("/api/conversations/" + encodeURIComponent(convId) + "/blocks?since=" + cursor);
   const log = $("log");
   if (d.reset) log.replaceChildren();
-  for (const b of d.blocks) log.append(renderBlock(b));
+  for (const b of d.blocks) place(log, renderBlock(b), b);
   cursor = d.cursor;
   showHit();
   const live = $("live");
@@ -329,6 +349,7 @@ function ticking(status) {
 function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
+  panelSeats = new Set((c.panel || []).map((s) => s.label));
   const models = (c.panel || []).length
     ? "panel: " + c.panel.map((s) => s.label + " (" + (s.backend || c.backend) + "/" + s.model + ")").join(", ")
     : c.backend + "/" + c.model;
@@ -546,8 +567,10 @@ function convPage(id) {
     "awaiting_agent", "awaiting_approval", "need_answered", "resync", "hello"]) {
     es.addEventListener(ev, () => { loadBlocks().catch(() => {}); loadDetail().catch(() => {}); });
   }
-  loadDetail().catch((e) => flash(e.message, true));
-  loadBlocks().catch((e) => flash(e.message, true));
+  // the detail first: a panel's seats decide how the blocks are laid out
+  loadDetail().catch((e) => flash(e.message, true)).finally(() => {
+    loadBlocks().catch((e) => flash(e.message, true));
+  });
 }
 
 // -- start -------------------------------------------------------------------------------
