@@ -89,6 +89,8 @@ def test_each_model_answers_each_message_once_in_its_own_line(
     assert state is not None and state.status is Status.IDLE
     turns = json.loads(cli(env, "ledger", conv.id, "--json").stdout)["turns"]
     assert sorted(t["model"].split(":")[0] for t in turns) == sorted(["gemma", "llama3.2"] * 2)
+    shown = cli(env, "status", conv.id).stdout
+    assert "panel: GEMMA (ollama/gemma), LLAMA3_2 (ollama/llama3.2)" in shown, shown
     dash = Dashboard(load(home=home.root, env={}, config=None), token="t" * 43)
     with TestClient(dash.asgi(), base_url="http://127.0.0.1:5556", headers=BEARER) as client:
         detail = client.get(f"/api/conversations/{conv.id}").json()

@@ -485,6 +485,8 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     if target.alias is not None:  # what the alias stands for
         where = list(target.providers)
         data["alias"] = {"name": target.alias, "model": target.model, "providers": where}
+    if view.meta is not None and view.meta.panel:  # each seat: its label, backend and model
+        data["panel"] = [s.model_dump(mode="json") for s in view.meta.seats()]
     st = following.stat_or_none(conv.log)
     human = show.conversation(data, state, st.st_mtime if st else None)
     told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]

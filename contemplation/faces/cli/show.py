@@ -53,6 +53,12 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 
 def _model(summary: dict[str, Any]) -> str:
+    if summary.get("panel"):  # a panel: every seat answers each message
+        seats = [
+            f"{s['label']} ({s['backend'] or summary['backend']}/{s['model']})"
+            for s in summary["panel"]
+        ]
+        return "panel: " + ", ".join(seats)
     alias = summary.get("alias")
     if not summary["model"]:  # a folder made by hand or imported: no metadata names one
         return "unknown (imported)"
