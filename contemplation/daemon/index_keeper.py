@@ -8,6 +8,10 @@ caught too. A burst of turns is indexed once it has passed (or 5 s after it bega
 refresh does not compete with the turns. With ``[retention] archived_days`` set it prunes once
 a day. An index that cannot be written (locked, corrupt, a full disk) costs a log line, never
 the daemon.
+
+With the semantic extra installed, each refresh then embeds the conversations whose vectors
+are not current (:mod:`contemplation.index.semantic`), newest first, for at most
+``semantic.UPDATE_SECONDS`` on the model's one thread, and comes back for the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from contemplation.index import db, retention
+from contemplation.index import db, embedder, retention, semantic
 
 if TYPE_CHECKING:
     from contemplation.engine.runtime import Runtime
@@ -51,7 +55,8 @@ class Keeper:
             if stop.is_set():
                 return
             await self.quiet()
-            await asyncio.to_thread(self.refresh)
+            if await asyncio.to_thread(self.refresh):
+                self.stale.set()  # vectors left to make: again after the next pause
             await self.maybe_prune()
 
     async def quiet(self) -> None:
@@ -65,16 +70,31 @@ class Keeper:
             if not self.stale.is_set() or time.monotonic() - first >= MAX_WAIT_S:
                 return
 
-    def refresh(self) -> None:
+    def refresh(self) -> int:
+        """The index brought up to date, then vectors made for a slice; how many
+        conversations still lack current ones."""
         home = self.rt.home
         try:
             # reading brings it up to date; one that cannot be written is a log line, not a
             # copy in memory that nobody reads
-            db.read(home, lambda _conn: None, fallback=False)
+            left = db.read(home, self.embed, fallback=False)
         except Exception as exc:
             log.warning("index_refresh_failed", error=str(exc))
-            return
-        self.refreshes += 1
+            return 0
+        return left
+
+    def embed(self, conn: Any) -> int:
+        self.refreshes += 1  # the index is current: counted before its vectors are made
+        if not embedder.available():
+            return 0
+        try:
+            done = semantic.embed_pending(conn)
+        except Exception as exc:  # a model or a write that fails: words still work
+            log.warning("embedding_failed", error=str(exc))
+            return 0
+        if done.embedded:
+            log.info("embedded", texts=done.embedded, conversations_left=done.left)
+        return done.left
 
     async def maybe_prune(self) -> None:
         days = self.rt.settings.retention.archived_days

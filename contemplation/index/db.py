@@ -66,11 +66,12 @@ log = structlog.get_logger("contemplation.index")
 
 T = TypeVar("T")
 
+# 7: the vectors of meaning (issue 48: index/semantic.py; derived like the rest);
 # 5: the ledger table (each conversation's tokens and times per provider/model, issue 39);
 # 4: each block marked as the agent's own (a message or its own answer; a tool's answer is
 #    not: "messages N from the agent"); 3: one summary row per conversation (turns, messages
 #    and activity from the log's own blocks); 2: the owned table; 1: the first
-SCHEMA = 6
+SCHEMA = 7
 DB_NAME = ".index.sqlite3"
 BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
@@ -108,8 +109,13 @@ _DDL = (
     # ``kept`` bytes of ``bytes``: words past that are not found, and searches say so
     "CREATE TABLE cut (conv TEXT NOT NULL, at INTEGER, bytes INTEGER, kept INTEGER)",
     "CREATE INDEX cut_conv ON cut (conv, at)",
+    # index/semantic.py's: a vector per conversation (at -1) and per long block (its offset),
+    # with the digest of the text it was made from; vec_done: the log_key last embedded
+    "CREATE TABLE vectors (conv TEXT NOT NULL, at INTEGER NOT NULL, digest TEXT NOT NULL, "
+    "vec BLOB NOT NULL, PRIMARY KEY (conv, at))",
+    "CREATE TABLE vec_done (conv TEXT PRIMARY KEY, key TEXT NOT NULL)",
 )
-_TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger", "cut")
+_TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger", "cut", "vectors", "vec_done")
 _VIEWS = ("block_text",)
 
 

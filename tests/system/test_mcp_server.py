@@ -45,6 +45,7 @@ TOOLS = {
     "conversation_models",
     "conversation_reopen",
     "conversation_search",
+    "conversation_related",
     "conversation_fork",
 }
 

@@ -2,7 +2,8 @@
 (:mod:`contemplation.index.db`) and what it makes cheap.
 
     contemplation search QUERY [--all] [--model M] [--status S] [--since DATE] [--limit N] [--json]
-    contemplation reindex [--check]
+                         [--mode words|meaning|both] [--cursor NEXT]
+    contemplation reindex [--check] [--no-meaning]
     contemplation prune --older-than 90d [--dry-run] [--json]
 """
 
@@ -35,6 +36,13 @@ if TYPE_CHECKING:
 @click.option(
     "--limit", type=click.IntRange(min=1, max=200), default=20, show_default=True, help="Hits."
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["words", "meaning", "both"]),
+    default=None,
+    help="Rank by words, by meaning or both (default: both with the semantic extra).",
+)
+@click.option("--cursor", default=None, help="The next page: the cursor a search printed.")
 @json_option("One JSON object per hit, a line each.")
 @click.pass_context
 def search(  # noqa: PLR0917 - click passes every option positionally
@@ -46,12 +54,16 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     status: str,
     since: str,
     limit: int,
+    mode: str | None,
+    cursor: str | None,
     as_json: bool,
 ) -> None:
     """Search the text of every conversation (words, "a phrase", OR, NOT, prefix* of 3
     letters or more); best matches first, the newest conversation first on ties. A search
-    runs at most search_seconds (10 s): then it says it was cut."""
-    from contemplation.index.search import Filters, find, since_bound
+    runs at most search_seconds (10 s): then it says it was cut. With the semantic extra it
+    ranks by meaning too (fused ranks)."""
+    from contemplation.index import fusion
+    from contemplation.index.search import Filters, since_bound
 
     filters = Filters(
         archived=include_archived,
@@ -61,8 +73,16 @@ def search(  # noqa: PLR0917 - click passes every option positionally
         since=since_bound(since),
     )
     s = ctx_settings(ctx)
-    found = find(Home(s.home), query, filters, limit, seconds=s.search_seconds)
-    hits = found.hits
+    page = fusion.search(
+        Home(s.home),
+        query,
+        filters,
+        limit,
+        mode=mode or "",
+        cursor=cursor,
+        seconds=s.search_seconds,
+    )
+    found, hits = page.found, page.hits
     if as_json:
         for h in hits:
             click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
@@ -78,15 +98,25 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     for h in () if as_json else hits:
         where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
         click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))
+    if page.next:
+        click.echo(f"more: --cursor {page.next}", err=True)
+    if page.note:
+        click.echo(page.note, err=True)
     if found.cut:  # after what was found: the last line a person reads
         click.echo(found.cut, err=True)
 
 
 @click.command()
 @click.option("--check", is_flag=True, help="Say what the index lacks; write nothing.")
+@click.option(
+    "--no-meaning",
+    "no_meaning",
+    is_flag=True,
+    help="Leave the vectors of meaning to the daemon (semantic extra).",
+)
 @json_option('With --check: {"missing", "gone", "changed"} as JSON.')
 @click.pass_context
-def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
+def reindex(ctx: click.Context, check: bool, no_meaning: bool, as_json: bool) -> None:
     """Make the search index anew from the folders (it is derived: safe at any time)."""
     from contemplation.index import db
 
@@ -111,6 +141,31 @@ def reindex(ctx: click.Context, check: bool, as_json: bool) -> None:
 
         count = db.rebuild(home, step)
     click.echo(f"indexed {count} conversation(s) into {db.db_path(home)}")
+    if not no_meaning:
+        _embed_all(home)
+
+
+def _embed_all(home: Home) -> None:
+    """The vectors of meaning of every conversation (with the semantic extra), with a bar."""
+    import time
+
+    from contemplation.index import db, embedder, semantic
+
+    if not embedder.available():
+        return
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        bars: list[ProgressBar[int]] = []
+
+        def step(done: int, total: int) -> None:
+            if not bars:
+                bar = click.progressbar(length=total, label="embedding", file=sys.stderr)
+                bars.append(stack.enter_context(bar))
+            bars[0].update(done - bars[0].pos)
+
+        done = db.read(home, lambda conn: semantic.embed_pending(conn, None, step), fallback=False)
+    took = time.monotonic() - started
+    click.echo(f"embedded {done.embedded} text(s) for search by meaning in {took:.1f} s", err=True)
 
 
 @click.command()

@@ -58,6 +58,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "prune": ("index", "prune", "Delete archived conversations whose last..."),
     "reindex": ("index", "reindex", "Make the search index anew from the..."),
+    "related": ("related", "related", "The conversations nearest in meaning to..."),
     "reopen": ("conv", "reopen", "Bring an archived conversation back to..."),
     "retract": (
         "recover",

@@ -41,8 +41,8 @@ from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
 from contemplation.faces.panel import Seen
 from contemplation.faces.reading import Reader
-from contemplation.index import listing
-from contemplation.index.search import Filters, as_typed, find
+from contemplation.index import fusion, listing
+from contemplation.index.search import Filters, as_typed
 from contemplation.models import CANCELLABLE
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
@@ -221,9 +221,11 @@ class Dashboard:
             seconds = self.settings.search_seconds
             watch = asyncio.ensure_future(self._cancel_when_gone(request, cancel))
             try:
-                found = await anyio.to_thread.run_sync(
-                    lambda: find(
-                        self.home, typed, filters, SEARCH_HITS, seconds=seconds, cancel=cancel
+                mode = request.query_params.get("mode", "")  # words, meaning, both
+                page = await anyio.to_thread.run_sync(
+                    lambda: fusion.search(
+                        self.home, query, filters, SEARCH_HITS, mode=mode, words=typed,
+                        seconds=seconds, cancel=cancel,
                     )
                 )
             finally:
@@ -232,9 +234,9 @@ class Dashboard:
             return JSONResponse({"error": str(exc)}, status_code=400)
         finally:
             self._searches -= 1
-        if cancel.is_set() and found.cut:
-            log.info("search_cancelled", query=query[:80], why=found.cut)
-        return JSONResponse(found.as_dict(), headers={"cache-control": "no-store"})
+        if cancel.is_set() and page.found.cut:
+            log.info("search_cancelled", query=query[:80], why=page.found.cut)
+        return JSONResponse(page.as_dict(), headers={"cache-control": "no-store"})
 
     async def _cancel_when_gone(self, request: Request, cancel: threading.Event) -> None:
         """Set ``cancel`` once the client has gone (a newer keystroke aborted its fetch: the

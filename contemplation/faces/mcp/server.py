@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 import anyio
 from mcp.server.context import ServerRequestContext
@@ -575,11 +575,18 @@ def _conversation_search(faces: Faces, settings: Settings) -> Callable[..., Any]
             str, Field(description="only blocks from this day on: YYYY-MM-DD[ HH:MM]")
         ] = "",
         limit: Annotated[int, Field(ge=1, le=50, description="hits at most")] = 10,
+        mode: Annotated[
+            Literal["", "words", "meaning", "both"],
+            Field(description='rank by words, meaning or both ("": both when installed)'),
+        ] = "",
+        cursor: Annotated[str, Field(description="the next page: a result's 'next'")] = "",
     ) -> str:
         """Search every conversation's text; best matches first, each with its conversation,
         block and a snippet with the match marked «…». Past search_seconds, "cut" says so
-        and the best hits found in time come back."""
-        from contemplation.index.search import Filters, find, since_bound
+        and the best hits found in time come back. With the semantic extra it ranks by
+        meaning too (words that differ from the log's still find it); "next" pages on."""
+        from contemplation.index import fusion
+        from contemplation.index.search import Filters, since_bound
 
         filters = Filters(
             archived=archived,
@@ -587,10 +594,30 @@ def _conversation_search(faces: Faces, settings: Settings) -> Callable[..., Any]
             status=status.strip().lower(),
             since=since_bound(since),
         )
-        found = find(faces.home, query, filters, limit, seconds=settings.search_seconds)
-        return _json(found.as_dict())
+        page = fusion.search(
+            faces.home, query, filters, limit, mode=mode, cursor=cursor or None,
+            seconds=settings.search_seconds,
+        )
+        return _json(page.as_dict())
 
     return conversation_search
+
+
+def _conversation_related(faces: Faces, settings: Settings) -> Callable[..., Any]:
+    @_errors_as_tool_errors
+    def conversation_related(
+        conversation_id: Id,
+        limit: Annotated[int, Field(ge=1, le=50, description="conversations at most")] = 10,
+        cursor: Annotated[str, Field(description="the next page: a result's 'next'")] = "",
+    ) -> str:
+        """The conversations nearest in meaning to this one, nearest first (needs the
+        semantic extra); "next" pages on."""
+        from contemplation.index import fusion
+
+        conv = faces.reader.locate(conversation_id)
+        return _json(fusion.related(faces.home, conv.id, limit, cursor=cursor or None).as_dict())
+
+    return conversation_related
 
 
 def _conversation_reopen(faces: Faces, settings: Settings) -> Callable[..., Any]:
@@ -664,6 +691,7 @@ _TOOLS: tuple[_Tool, ...] = (
     _Tool(_conversation_models, _READ_ONLY),
     _Tool(_conversation_wait, _READ_ONLY, _PAGING),
     _Tool(_conversation_search, _READ_ONLY),
+    _Tool(_conversation_related, _READ_ONLY),
     _Tool(_conversation_reopen, _UNDOABLE),
     _Tool(_conversation_fork, _UNDOABLE),
     _Tool(_conversation_archive, _UNDOABLE),

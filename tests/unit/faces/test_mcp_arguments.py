@@ -80,20 +80,20 @@ def test_every_tool_refuses_an_unknown_argument_and_names_the_right_one(home: Ho
         named = [
             await refused(c, "conversation_list", curser="x"),
             await refused(c, "conversation_check", conversation_id=conv.id, max_byte=2000),
-            await refused(c, "conversation_search", query="plan", cursor=3),
+            await refused(c, "conversation_search", query="plan", page=3),
             await refused(c, "conversation_wait", conversation_id=conv.id, timeout=1, x=2),
         ]
         return bogus, named
 
     bogus, (curser, max_byte, search, two) = in_process(home, script)
-    assert len(bogus) == 13  # conversation_continue (issue 45) is the 13th
+    assert len(bogus) == 14  # conversation_related (issue 48) is the 14th
     for text in bogus.values():
         assert text.startswith("unknown argument 'bogus': this tool takes "), text
     assert bogus["conversation_check"].endswith("conversation_id, cursor, include_own, max_bytes")
     assert bogus["conversation_models"].endswith("this tool takes no arguments")
     assert curser == "unknown argument 'curser': this tool's is 'cursor'"
     assert max_byte == "unknown argument 'max_byte': this tool's is 'max_bytes'"
-    assert search.startswith("unknown argument 'cursor': this tool takes ")
+    assert search.startswith("unknown argument 'page': this tool takes ")
     assert "query" in search and "since" in search
     assert two.startswith("unknown arguments 'timeout' (this tool's is 'timeout_s'), 'x'")
 

@@ -1,0 +1,204 @@
+"""Search by words, by meaning or both (reciprocal rank fusion), and the conversations
+related to one: what every face calls (CLI ``search``/``related``, MCP ``conversation_search``
+/``conversation_related``, the dashboard's search).
+
+``words`` is :mod:`contemplation.index.search` (blocks ranked by bm25). ``meaning`` ranks
+conversations by their best vector (:mod:`contemplation.index.semantic`); a conversation
+below :data:`MIN_SCORE` is no hit. ``both`` fuses the two rankings by conversation
+(``1/(K + rank)`` summed), the words' hit shown where it has one. Without the semantic extra
+the default is words, and the page says in one line how to get meaning too. Every page is
+at most ``limit`` hits with an opaque cursor for the next (``next``; "" at the end) from a
+ranking :data:`~contemplation.index.semantic.MAX_CANDIDATES` deep.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from contemplation.errors import InputRejected
+from contemplation.index import db, embedder, semantic
+from contemplation.index.listing import Query
+from contemplation.index.search import MAX_LIMIT, SEARCH_SECONDS, Filters, Found, Hit, find
+from contemplation.store.layout import Home
+
+MODES = ("words", "meaning", "both")
+K = 60  # reciprocal rank fusion's constant (Cormack et al.)
+MIN_SCORE = 0.80  # e5's cosine under which a conversation is not about the query
+SNIPPET_CHARS = 200
+NO_MEANING = f"words only; to search by meaning too: {embedder.INSTALL}"
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    hits: list[Hit]
+    mode: str
+    next: str = ""  # the cursor of the next page ("": none)
+    note: str = ""  # how to get meaning too, when it is not installed
+    found: Found = field(default_factory=lambda: Found([]))  # the words' (cut, archived...)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = self.found.as_dict() | {
+            "hits": [h.as_dict() for h in self.hits],
+            "count": len(self.hits),
+            "mode": self.mode,
+        }
+        if self.next:
+            out["next"] = self.next
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def mode_of(mode: str) -> tuple[str, str]:
+    """The mode asked ("" or "auto": both when the extra is installed) and its note."""
+    m = (mode or "auto").strip().lower()
+    if m == "auto":
+        return ("both", "") if embedder.available() else ("words", NO_MEANING)
+    if m not in MODES:
+        raise InputRejected(f"unknown search mode {mode!r}: words, meaning or both")
+    if m != "words":
+        embedder.require()
+    return m, ""
+
+
+def offset_of(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    if not re.fullmatch(r"\d{1,4}", cursor.strip()) or int(cursor) >= semantic.MAX_CANDIDATES:
+        raise InputRejected(f"not a cursor of this search: {cursor!r} (pass back its 'next')")
+    return int(cursor)
+
+
+def _paged(hits: list[Hit], offset: int, limit: int, depth: int) -> tuple[list[Hit], str]:
+    page = hits[offset : offset + limit]
+    more = len(hits) > offset + limit and offset + limit < depth
+    return page, str(offset + limit) if more else ""
+
+
+def search(
+    home: Home,
+    query: str,
+    filters: Filters | None = None,
+    limit: int = 20,
+    *,
+    mode: str = "",
+    cursor: str | None = None,
+    words: str = "",
+    seconds: float = SEARCH_SECONDS,
+    cancel: threading.Event | None = None,
+) -> Page:
+    """One page of ``query``'s hits in ``mode`` (words, meaning, both; "" the best there is);
+    ``words``: the query's form for the words' search when it differs (a search box's
+    prefixes)."""
+    f = filters or Filters()
+    m, note = mode_of(mode)
+    limit = min(max(int(limit), 1), MAX_LIMIT)
+    offset = offset_of(cursor)
+    depth = min(MAX_LIMIT, offset + limit + 1)
+    found = Found([])
+    if m in ("words", "both"):
+        found = find(
+            home,
+            words or query,
+            f,
+            depth if m == "words" else MAX_LIMIT,
+            seconds=seconds,
+            cancel=cancel,
+        )
+    if m == "words":
+        hits, nxt = _paged(found.hits, offset, limit, MAX_LIMIT)
+        return Page(hits, m, nxt, note, found)
+    qvec = embedder.query(query)
+    meaning = db.read(home, lambda conn: _by_meaning(conn, qvec, f))
+    if m == "meaning":
+        hits, nxt = _paged(meaning, offset, limit, semantic.MAX_CANDIDATES)
+        return Page(hits, m, nxt, note, Found([]))
+    fused = _fuse(found.hits, meaning)
+    hits, nxt = _paged(fused, offset, limit, semantic.MAX_CANDIDATES)
+    return Page(hits, m, nxt, note, replace(found, hits=[]))
+
+
+def _fuse(words: list[Hit], meaning: list[Hit]) -> list[Hit]:
+    """Conversations ranked by the sum of ``1/(K + rank)`` over both rankings (each ranks a
+    conversation at its best hit); each shown by its blocks that match the words, in bm25
+    order, or by its hit by meaning when no word matches."""
+    score: dict[str, float] = {}
+    shown: dict[str, list[Hit]] = {}
+    for ranking in (words, meaning):
+        seen: set[str] = set()
+        for h in ranking:
+            if h.conv not in seen:
+                seen.add(h.conv)
+                score[h.conv] = score.get(h.conv, 0.0) + 1.0 / (K + len(seen))
+            if ranking is words or h.conv not in shown:
+                shown.setdefault(h.conv, []).append(h)
+    return [h for c in sorted(score, key=lambda c: -score[c]) for h in shown[c]]
+
+
+def _scope(f: Filters) -> Query:
+    archived = f.status == "archived"
+    scope = "archived" if archived else "all" if f.archived else "active"
+    return Query(scope=scope, status="" if archived else f.status, model=f.model)
+
+
+def _by_meaning(conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters) -> list[Hit]:
+    near = semantic.rank(conn, qvec, semantic.covered(conn, _scope(f)))
+    hits = [_hit(conn, n) for n in near if n.score >= MIN_SCORE]
+    return [h for h in hits if h is not None and (not f.since or h.time >= f.since)]
+
+
+def _hit(conn: sqlite3.Connection, n: semantic.Near) -> Hit | None:
+    """A conversation found by meaning as a hit: the block its best vector is of (its first
+    for the conversation's own), the block's first words for a snippet."""
+    c = conn.execute("SELECT topic, archived, status FROM convs WHERE id = ?", (n.conv,)).fetchone()
+    sql = "SELECT block, sender, time, at, unz(zbody) FROM blocks WHERE conv = ? "
+    if n.at == semantic.CONV_AT:
+        b = conn.execute(sql + "ORDER BY block LIMIT 1", (n.conv,)).fetchone()
+    else:
+        b = conn.execute(sql + "AND at = ?", (n.conv, n.at)).fetchone()
+    if c is None or b is None:
+        return None
+    text = " ".join(str(b[4] or "").split())
+    snippet = text[:SNIPPET_CHARS] + ("…" if len(text) > SNIPPET_CHARS else "")
+    return Hit(
+        n.conv,
+        str(c[0] or ""),
+        bool(c[1]),
+        str(c[2] or ""),
+        int(b[0]),
+        str(b[1]),
+        str(b[2]),
+        snippet,
+        int(b[3]),
+    )
+
+
+def related(
+    home: Home,
+    conv_id: str,
+    limit: int = 10,
+    *,
+    cursor: str | None = None,
+    archived: bool = True,
+) -> Page:
+    """The conversations nearest in meaning to ``conv_id`` (archived ones too unless told)."""
+    embedder.require()
+    limit = min(max(int(limit), 1), MAX_LIMIT)
+    offset = offset_of(cursor)
+
+    def run(conn: sqlite3.Connection) -> list[Hit]:
+        if conn.execute("SELECT 1 FROM convs WHERE id = ?", (conv_id,)).fetchone() is None:
+            raise InputRejected(f"no conversation {conv_id!r}")
+        vec = semantic.conv_vector(conn, conv_id)
+        if vec is None:
+            return []
+        scope = Query(scope="all" if archived else "active")
+        near = semantic.rank(conn, vec, semantic.covered(conn, scope), exclude=conv_id)
+        return [h for h in (_hit(conn, n) for n in near) if h is not None]
+
+    hits, nxt = _paged(db.read(home, run, only=None), offset, limit, semantic.MAX_CANDIDATES)
+    return Page(hits, "meaning", nxt)

@@ -1,0 +1,237 @@
+"""Vectors of meaning over every conversation, kept in the derived index (issue 48).
+
+Each conversation gets one vector of its topic and first messages (``at`` -1) and each long
+block one of its own (``at``: its offset), in the index's ``vectors`` table with the digest of
+the text it was made from: a conversation whose log grew keeps the vectors whose text did not
+change, and ``reindex`` (which empties the tables) makes them all again. :func:`update` embeds
+what is missing, newest conversations first, within a time slice; the daemon's index keeper
+calls it off the event loop after each refresh (:mod:`contemplation.daemon.index_keeper`).
+
+A query is compared with every vector at once (brute-force cosine over a numpy matrix, kept
+per process while the table is unchanged); a conversation scores its best vector.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from contemplation.index import db, embedder
+from contemplation.index.listing import Query
+from contemplation.store.layout import Home
+
+CONV_AT = -1  # the conversation's own vector: topic and first messages
+FIRST_BLOCKS = 3  # the first messages that make a conversation's vector
+LONG_Z = 600  # a block this long compressed (about 1,500 characters) gets a vector ...
+MAX_LONG = 8  # ... at most this many a conversation
+UPDATE_SECONDS = 5.0  # the keeper's slice: it comes back for the rest
+MAX_CANDIDATES = 200  # the deepest a ranking by meaning goes (results are paged from it)
+
+Matrix = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Near:
+    """A conversation by meaning: its best vector's score and block offset (-1: as a whole)."""
+
+    conv: str
+    score: float
+    at: int
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def texts_of(conn: sqlite3.Connection, conv_id: str, topic: str) -> dict[int, str]:
+    """What one conversation's vectors are made from, by ``at``: its topic and first blocks,
+    and its first long blocks (compressed to ``LONG_Z`` bytes or more), each cut to the
+    model's ``MAX_CHARS``; one block's text in memory at a time, whatever the log's size."""
+    cut = embedder.MAX_CHARS
+    first = [
+        str(r[0] or "").strip()
+        for r in conn.execute(
+            "SELECT substr(unz(zbody), 1, ?) FROM blocks WHERE conv = ? ORDER BY block LIMIT ?",
+            (cut, conv_id, FIRST_BLOCKS),
+        )
+    ]
+    head = "\n".join([topic.strip(), *first]).strip()[:cut]
+    out = {CONV_AT: head} if head else {}
+    long_ones = conn.execute(
+        "SELECT at, substr(unz(zbody), 1, ?) FROM blocks WHERE conv = ? AND block > ? AND "
+        "length(zbody) >= ? ORDER BY block LIMIT ?",
+        (cut, conv_id, FIRST_BLOCKS, LONG_Z, MAX_LONG),
+    )
+    for at, text in long_ones:
+        out[int(at)] = str(text or "")
+    return out
+
+
+def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    """The conversations whose vectors are not of their log as it is: (id, topic, key)."""
+    return [
+        (str(r[0]), str(r[1] or ""), str(r[2]))
+        for r in conn.execute(
+            "SELECT c.id, c.topic, coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') "
+            "FROM convs c LEFT JOIN vec_done d ON d.conv = c.id "
+            "WHERE d.key IS NOT coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') "
+            "ORDER BY c.last_ts DESC"
+        ).fetchall()
+    ]
+
+
+def _embed_one(conn: sqlite3.Connection, conv_id: str, topic: str, key: str) -> int:
+    """One conversation's vectors brought up to date (the model runs outside any
+    transaction); how many texts were embedded."""
+    wanted = texts_of(conn, conv_id, topic)
+    digests = {at: _digest(t) for at, t in wanted.items()}
+    have = dict(conn.execute("SELECT at, digest FROM vectors WHERE conv = ?", (conv_id,)))
+    todo = [at for at in wanted if have.get(at) != digests[at]]
+    vecs = embedder.passages([wanted[at] for at in todo])
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for at in set(have) - set(wanted):
+            conn.execute("DELETE FROM vectors WHERE conv = ? AND at = ?", (conv_id, at))
+        conn.executemany(
+            "INSERT OR REPLACE INTO vectors (conv, at, digest, vec) VALUES (?, ?, ?, ?)",
+            [(conv_id, at, digests[at], _blob(v)) for at, v in zip(todo, vecs, strict=True)],
+        )
+        conn.execute("INSERT OR REPLACE INTO vec_done (conv, key) VALUES (?, ?)", (conv_id, key))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return len(todo)
+
+
+def _drop_gone(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DELETE FROM vectors WHERE conv NOT IN (SELECT id FROM convs)")
+        conn.execute("DELETE FROM vec_done WHERE conv NOT IN (SELECT id FROM convs)")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    embedded: int  # texts embedded
+    left: int  # conversations still to do (0: all current)
+
+
+def embed_pending(
+    conn: sqlite3.Connection,
+    seconds: float | None = UPDATE_SECONDS,
+    progress: Callable[[int, int], None] | None = None,
+) -> Progress:
+    """On an open index: vectors for the conversations that lack current ones, newest first,
+    until ``seconds`` have passed (None: all of them)."""
+    _drop_gone(conn)
+    pending = _pending(conn)
+    until = None if seconds is None else time.monotonic() + seconds
+    done = embedded = 0
+    for conv_id, topic, key in pending:
+        if until is not None and time.monotonic() >= until:
+            break
+        embedded += _embed_one(conn, conv_id, topic, key)
+        done += 1
+        if progress is not None:
+            progress(done, len(pending))
+    return Progress(embedded, len(pending) - done)
+
+
+def update(home: Home, seconds: float | None = UPDATE_SECONDS) -> Progress:
+    """The index brought up to date, then its missing vectors made (within ``seconds``);
+    nothing when the semantic extra is not installed."""
+    if not embedder.available():
+        return Progress(0, 0)
+    return db.read(home, lambda conn: embed_pending(conn, seconds), fallback=False)
+
+
+def _blob(v: Matrix) -> bytes:
+    return np.asarray(v, dtype=np.float16).tobytes()
+
+
+# -- ranking -------------------------------------------------------------------------------
+
+_cache_lock = threading.Lock()
+_cache: dict[str, tuple[tuple[int, int], list[str], npt.NDArray[np.int64], Matrix]] = {}
+
+
+def _matrix(conn: sqlite3.Connection) -> tuple[list[str], npt.NDArray[np.int64], Matrix]:
+    """Every vector as one matrix, with each row's conversation and offset; read again only
+    when the table changed (its largest rowid and its count)."""
+    stamp_row = conn.execute("SELECT coalesce(max(rowid), 0), count(*) FROM vectors").fetchone()
+    stamp = (int(stamp_row[0]), int(stamp_row[1]))
+    path = str(conn.execute("PRAGMA database_list").fetchone()[2]) or f":memory:{id(conn)}"
+    with _cache_lock:
+        got = _cache.get(path)
+        if got is not None and got[0] == stamp:
+            return got[1], got[2], got[3]
+    rows = conn.execute("SELECT conv, at, vec FROM vectors").fetchall()
+    convs = [str(r[0]) for r in rows]
+    ats = np.array([int(r[1]) for r in rows], dtype=np.int64)
+    raw = b"".join(r[2] for r in rows)
+    mat = np.frombuffer(raw, dtype=np.float16).reshape(len(rows), embedder.DIM)
+    mat32 = mat.astype(np.float32)
+    with _cache_lock:
+        _cache.clear()  # one home a process at a time is the rule: bounded to one matrix
+        _cache[path] = (stamp, convs, ats, mat32)
+    return convs, ats, mat32
+
+
+def rank(
+    conn: sqlite3.Connection,
+    vec: Matrix,
+    allowed: set[str] | None = None,
+    exclude: str = "",
+    depth: int = MAX_CANDIDATES,
+) -> list[Near]:
+    """Conversations by their best vector's cosine with ``vec``, best first, ``depth`` at
+    most, among ``allowed`` (None: all)."""
+    convs, ats, mat = _matrix(conn)
+    if not convs:
+        return []
+    scores = mat @ vec
+    order = np.argsort(-scores, kind="stable")
+    out: list[Near] = []
+    seen: set[str] = set()
+    for i in order:
+        c = convs[i]
+        if c in seen or c == exclude or (allowed is not None and c not in allowed):
+            continue
+        seen.add(c)
+        out.append(Near(c, float(scores[i]), int(ats[i])))
+        if len(out) >= depth:
+            break
+    return out
+
+
+def covered(conn: sqlite3.Connection, q: Query) -> set[str]:
+    """The conversations a listing query covers."""
+    where, args = q.clauses("c.")
+    sql = "SELECT c.id FROM convs c WHERE " + " AND ".join(["1", *where])  # noqa: S608
+    return {str(r[0]) for r in conn.execute(sql, args)}
+
+
+def conv_vector(conn: sqlite3.Connection, conv_id: str) -> Matrix | None:
+    """A conversation's own vector, made now when it has none yet (None: no text at all)."""
+    row = conn.execute(
+        "SELECT vec FROM vectors WHERE conv = ? AND at = ?", (conv_id, CONV_AT)
+    ).fetchone()
+    if row is not None:
+        return np.frombuffer(row[0], dtype=np.float16).astype(np.float32)
+    topic = conn.execute("SELECT topic FROM convs WHERE id = ?", (conv_id,)).fetchone()
+    text = texts_of(conn, conv_id, str(topic[0] or "") if topic else "").get(CONV_AT)
+    return None if text is None else embedder.passages([text])[0]
