@@ -16,7 +16,7 @@ import importlib
 import importlib.util
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,16 @@ def passages(texts: list[str]) -> Vectors:
 
 def query(text: str) -> Vectors:
     """The unit vector of ``text`` as a search query (one row)."""
+    return query_soon(text).result()
+
+
+def query_soon(text: str) -> Future[Vectors]:
+    """:func:`query` started on the model's thread (the words' search runs meanwhile: the
+    engine lets go of the interpreter)."""
     require()
-    row: Vectors = _executor().submit(_run, [text], True).result()[0]
+    return _executor().submit(_first, text)
+
+
+def _first(text: str) -> Vectors:
+    row: Vectors = _run([text], True)[0]
     return row

@@ -99,43 +99,45 @@ def search(
     limit = min(max(int(limit), 1), MAX_LIMIT)
     offset = offset_of(cursor)
     depth = min(MAX_LIMIT, offset + limit + 1)
-    found = Found([])
-    if m in ("words", "both"):
-        found = find(
-            home,
-            words or query,
-            f,
-            depth if m == "words" else MAX_LIMIT,
-            seconds=seconds,
-            cancel=cancel,
-        )
     if m == "words":
+        found = find(home, words or query, f, depth, seconds=seconds, cancel=cancel)
         hits, nxt = _paged(found.hits, offset, limit, MAX_LIMIT)
         return Page(hits, m, nxt, note, found)
-    qvec = embedder.query(query)
-    meaning = db.read(home, lambda conn: _by_meaning(conn, qvec, f))
-    if m == "meaning":
-        hits, nxt = _paged(meaning, offset, limit, semantic.MAX_CANDIDATES)
-        return Page(hits, m, nxt, note, Found([]))
-    fused = _fuse(found.hits, meaning)
-    hits, nxt = _paged(fused, offset, limit, semantic.MAX_CANDIDATES)
+    soon = embedder.query_soon(query)  # on the model's thread while the words are searched
+    found = Found([])
+    if m == "both":
+        deep = min(MAX_LIMIT, offset + 2 * limit + 20)  # the words' ranking a little past
+        found = find(home, words or query, f, deep, seconds=seconds, cancel=cancel)
+    qvec = soon.result()
+
+    def paged(conn: sqlite3.Connection) -> tuple[list[Hit], str]:
+        near = _near(conn, qvec, f)
+        ranked: list[Hit | semantic.Near] = [*near] if m == "meaning" else _fuse(found.hits, near)
+        page = ranked[offset : offset + limit]
+        more = len(ranked) > offset + limit and offset + limit < semantic.MAX_CANDIDATES
+        hits = [h if isinstance(h, Hit) else _hit(conn, h) for h in page]
+        return [h for h in hits if h is not None], str(offset + limit) if more else ""
+
+    # the index was just brought up to date (by the words' search, or here for meaning alone)
+    hits, nxt = db.read(home, paged, only=() if m == "both" else None)
     return Page(hits, m, nxt, note, replace(found, hits=[]))
 
 
-def _fuse(words: list[Hit], meaning: list[Hit]) -> list[Hit]:
+def _fuse(words: list[Hit], meaning: list[semantic.Near]) -> list[Hit | semantic.Near]:
     """Conversations ranked by the sum of ``1/(K + rank)`` over both rankings (each ranks a
     conversation at its best hit); each shown by its blocks that match the words, in bm25
-    order, or by its hit by meaning when no word matches."""
+    order, or by its best vector's block when no word matches."""
     score: dict[str, float] = {}
-    shown: dict[str, list[Hit]] = {}
-    for ranking in (words, meaning):
-        seen: set[str] = set()
-        for h in ranking:
-            if h.conv not in seen:
-                seen.add(h.conv)
-                score[h.conv] = score.get(h.conv, 0.0) + 1.0 / (K + len(seen))
-            if ranking is words or h.conv not in shown:
-                shown.setdefault(h.conv, []).append(h)
+    shown: dict[str, list[Hit | semantic.Near]] = {}
+    seen: set[str] = set()
+    for h in words:
+        if h.conv not in seen:
+            seen.add(h.conv)
+            score[h.conv] = 1.0 / (K + len(seen))
+        shown.setdefault(h.conv, []).append(h)
+    for rank, n in enumerate(meaning, 1):
+        score[n.conv] = score.get(n.conv, 0.0) + 1.0 / (K + rank)
+        shown.setdefault(n.conv, [n])
     return [h for c in sorted(score, key=lambda c: -score[c]) for h in shown[c]]
 
 
@@ -145,10 +147,24 @@ def _scope(f: Filters) -> Query:
     return Query(scope=scope, status="" if archived else f.status, model=f.model)
 
 
-def _by_meaning(conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters) -> list[Hit]:
-    near = semantic.rank(conn, qvec, semantic.covered(conn, _scope(f)))
-    hits = [_hit(conn, n) for n in near if n.score >= MIN_SCORE]
-    return [h for h in hits if h is not None and (not f.since or h.time >= f.since)]
+def _near(conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters) -> list[semantic.Near]:
+    """The conversations by meaning: those of the filters' scope, at :data:`MIN_SCORE` or
+    more, with ``since``: their best vector's block from then on."""
+    every = f.archived and not (f.status or f.model)  # no set of ids to look up
+    covered = None if every else semantic.covered(conn, _scope(f))
+    near = [n for n in semantic.rank(conn, qvec, covered) if n.score >= MIN_SCORE]
+    if f.since:
+        near = [n for n in near if _time(conn, n) >= f.since]
+    return near
+
+
+def _time(conn: sqlite3.Connection, n: semantic.Near) -> str:
+    sql = "SELECT time FROM blocks WHERE conv = ? "
+    if n.at == semantic.CONV_AT:
+        row = conn.execute(sql + "ORDER BY block LIMIT 1", (n.conv,)).fetchone()
+    else:
+        row = conn.execute(sql + "AND at = ?", (n.conv, n.at)).fetchone()
+    return str(row[0]) if row else ""
 
 
 def _hit(conn: sqlite3.Connection, n: semantic.Near) -> Hit | None:
@@ -190,15 +206,17 @@ def related(
     limit = min(max(int(limit), 1), MAX_LIMIT)
     offset = offset_of(cursor)
 
-    def run(conn: sqlite3.Connection) -> list[Hit]:
+    def run(conn: sqlite3.Connection) -> tuple[list[Hit], str]:
         if conn.execute("SELECT 1 FROM convs WHERE id = ?", (conv_id,)).fetchone() is None:
             raise InputRejected(f"no conversation {conv_id!r}")
         vec = semantic.conv_vector(conn, conv_id)
         if vec is None:
-            return []
-        scope = Query(scope="all" if archived else "active")
-        near = semantic.rank(conn, vec, semantic.covered(conn, scope), exclude=conv_id)
-        return [h for h in (_hit(conn, n) for n in near) if h is not None]
+            return [], ""
+        covered = None if archived else semantic.covered(conn, Query(scope="active"))
+        near = semantic.rank(conn, vec, covered, exclude=conv_id)
+        more = len(near) > offset + limit and offset + limit < semantic.MAX_CANDIDATES
+        hits = [_hit(conn, n) for n in near[offset : offset + limit]]
+        return [h for h in hits if h is not None], str(offset + limit) if more else ""
 
-    hits, nxt = _paged(db.read(home, run, only=None), offset, limit, semantic.MAX_CANDIDATES)
+    hits, nxt = db.read(home, run)
     return Page(hits, "meaning", nxt)

@@ -257,3 +257,27 @@ def test_the_keeper_embeds_after_each_event_and_never_holds_the_loop(home: Home)
     assert worst < 0.25, f"the event loop was held {worst:.3f} s while embedding"
     hits = fusion.search(home, "food for an elderly feline", mode="meaning", limit=1).hits
     assert hits[0].topic == "Cat food"
+
+
+def test_dashboard_search_by_meaning(home: Home, labelled: dict[str, str]) -> None:
+    from starlette.testclient import TestClient
+
+    from contemplation import settings as settings_mod
+    from contemplation.faces.dashboard.app import Dashboard
+
+    token = "t" * 43
+    dash = Dashboard(settings_mod.load(home=home.root, env={}, config=None), token=token)
+    by_label = {v: k for k, v in labelled.items()}
+    with TestClient(
+        dash.asgi(), base_url="http://127.0.0.1:5556", headers={"Authorization": f"Bearer {token}"}
+    ) as c:
+        got = c.get("/api/search", params={"q": "plant leaves with spots", "mode": "meaning"})
+        assert got.status_code == 200, got.text
+        body = got.json()
+        assert body["mode"] == "meaning"
+        assert body["hits"][0]["conversation_id"] == by_label["garden-tomatoes"]
+        default = c.get("/api/search", params={"q": "fsync"}).json()
+        assert default["mode"] == "both"
+        assert default["hits"][0]["conversation_id"] == by_label["atomic-writes"]
+        bad = c.get("/api/search", params={"q": "fsync", "mode": "vibes"})
+        assert bad.status_code == 400 and "unknown search mode" in bad.json()["error"]

@@ -186,7 +186,9 @@ function renderHit(h) {
 
 function renderHits(data) {
   $("text-note").textContent = data.count + " block" + (data.count === 1 ? "" : "s") +
-    " · best first" + (data.count >= 50 ? " · the first 50" : "") + (data.cut ? " · " + data.cut : "");
+    " · best first" + (data.count >= 50 ? " · the first 50" : "") + (data.cut ? " · " + data.cut : "") +
+    (data.mode ? " · by " + (data.mode === "both" ? "words and meaning" : data.mode) : "") +
+    (data.note ? " · " + data.note : "");
   $("text-hits").replaceChildren(...data.hits.map(renderHit));
   $("text-results").hidden = false;
 }
@@ -197,7 +199,9 @@ async function fullText() {
   if (q.length < 2) { $("text-results").hidden = true; return; }
   searching = new AbortController();
   try {
-    renderHits(await getJSON("/api/search?q=" + encodeURIComponent(q), searching.signal));
+    const mode = $("search-mode").value;
+    const url = "/api/search?q=" + encodeURIComponent(q) + (mode ? "&mode=" + mode : "");
+    renderHits(await getJSON(url, searching.signal));
   } catch (e) {
     if (e.name !== "AbortError") flash("search: " + e.message, true);
   }
@@ -210,6 +214,7 @@ function listPage() {
     searchTimer = setTimeout(() => { rows = []; loadList().catch((e) => flash(e.message, true)); fullText(); }, 250);
   });
   $("status-filter").addEventListener("change", () => { rows = []; loadList().catch((e) => flash(e.message, true)); });
+  $("search-mode").addEventListener("change", fullText);
   $("more").addEventListener("click", () => loadMore().catch((e) => flash(e.message, true)));
   let timer = null;
   const refresh = () => {
