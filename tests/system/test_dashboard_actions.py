@@ -384,7 +384,9 @@ def test_a_running_search_blocks_neither_the_loop_nor_other_reads(
         assert release.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(app_mod.search_index, "find", held)
+    from contemplation.index import fusion  # the dashboard searches through it (issue 48)
+
+    monkeypatch.setattr(fusion, "find", held)
     results: list[httpx.Response] = []
 
     def search() -> None:

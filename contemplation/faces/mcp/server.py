@@ -581,10 +581,9 @@ def _conversation_search(faces: Faces, settings: Settings) -> Callable[..., Any]
         ] = "",
         cursor: Annotated[str, Field(description="the next page: a result's 'next'")] = "",
     ) -> str:
-        """Search every conversation's text; best matches first, each with its conversation,
-        block and a snippet with the match marked «…». Past search_seconds, "cut" says so
-        and the best hits found in time come back. With the semantic extra it ranks by
-        meaning too (words that differ from the log's still find it); "next" pages on."""
+        """Search every conversation by words and, with the semantic extra, by meaning too;
+        best first, each hit a block with a snippet («match»). "cut": stopped at
+        search_seconds; "next": the cursor of the next page."""
         from contemplation.index import fusion
         from contemplation.index.search import Filters, since_bound
 
