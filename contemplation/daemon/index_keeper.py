@@ -10,8 +10,8 @@ a day. An index that cannot be written (locked, corrupt, a full disk) costs a lo
 the daemon.
 
 With the semantic extra installed, each refresh then embeds the conversations whose vectors
-are not current (:mod:`contemplation.index.semantic`), newest first, for at most
-``semantic.UPDATE_SECONDS`` on the model's one thread, and comes back for the rest.
+are not current (:mod:`contemplation.index.semantic`), newest first, for at most its
+``UPDATE_SECONDS`` on the model's one thread, and comes back for the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from contemplation.index import db, embedder, retention, semantic
+from contemplation.index import db, embedder, retention
 
 if TYPE_CHECKING:
     from contemplation.engine.runtime import Runtime
@@ -87,6 +87,8 @@ class Keeper:
         self.refreshes += 1  # the index is current: counted before its vectors are made
         if not embedder.available():
             return 0
+        from contemplation.index import semantic  # numpy: the extra's
+
         try:
             done = semantic.embed_pending(conn)
         except Exception as exc:  # a model or a write that fails: words still work

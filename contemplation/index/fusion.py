@@ -8,7 +8,7 @@ below :data:`MIN_SCORE` is no hit. ``both`` fuses the two rankings by conversati
 (``1/(K + rank)`` summed), the words' hit shown where it has one. Without the semantic extra
 the default is words, and the page says in one line how to get meaning too. Every page is
 at most ``limit`` hits with an opaque cursor for the next (``next``; "" at the end) from a
-ranking :data:`~contemplation.index.semantic.MAX_CANDIDATES` deep.
+ranking :data:`DEPTH` deep.
 """
 
 from __future__ import annotations
@@ -17,18 +17,22 @@ import re
 import sqlite3
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
-from contemplation.index import db, embedder, semantic
+from contemplation.index import db, embedder
 from contemplation.index.listing import Query
 from contemplation.index.search import MAX_LIMIT, SEARCH_SECONDS, Filters, Found, Hit, find
 from contemplation.store.layout import Home
+
+if TYPE_CHECKING:  # numpy's, with the extra: imported where meaning is asked for
+    from contemplation.index import semantic
 
 MODES = ("words", "meaning", "both")
 K = 60  # reciprocal rank fusion's constant (Cormack et al.)
 MIN_SCORE = 0.80  # e5's cosine under which a conversation is not about the query
 SNIPPET_CHARS = 200
+DEPTH = 200  # the deepest a ranking goes: pages come from it
 NO_MEANING = f"words only; to search by meaning too: {embedder.INSTALL}"
 
 
@@ -68,7 +72,7 @@ def mode_of(mode: str) -> tuple[str, str]:
 def offset_of(cursor: str | None) -> int:
     if not cursor:
         return 0
-    if not re.fullmatch(r"\d{1,4}", cursor.strip()) or int(cursor) >= semantic.MAX_CANDIDATES:
+    if not re.fullmatch(r"\d{1,4}", cursor.strip()) or int(cursor) >= DEPTH:
         raise InputRejected(f"not a cursor of this search: {cursor!r} (pass back its 'next')")
     return int(cursor)
 
@@ -103,6 +107,7 @@ def search(
         found = find(home, words or query, f, depth, seconds=seconds, cancel=cancel)
         hits, nxt = _paged(found.hits, offset, limit, MAX_LIMIT)
         return Page(hits, m, nxt, note, found)
+
     soon = embedder.query_soon(query)  # on the model's thread while the words are searched
     found = Found([])
     if m == "both":
@@ -114,7 +119,7 @@ def search(
         near = _near(conn, qvec, f)
         ranked: list[Hit | semantic.Near] = [*near] if m == "meaning" else _fuse(found.hits, near)
         page = ranked[offset : offset + limit]
-        more = len(ranked) > offset + limit and offset + limit < semantic.MAX_CANDIDATES
+        more = len(ranked) > offset + limit and offset + limit < DEPTH
         hits = [h if isinstance(h, Hit) else _hit(conn, h) for h in page]
         return [h for h in hits if h is not None], str(offset + limit) if more else ""
 
@@ -150,15 +155,19 @@ def _scope(f: Filters) -> Query:
 def _near(conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters) -> list[semantic.Near]:
     """The conversations by meaning: those of the filters' scope, at :data:`MIN_SCORE` or
     more, with ``since``: their best vector's block from then on."""
+    from contemplation.index import semantic
+
     every = f.archived and not (f.status or f.model)  # no set of ids to look up
     covered = None if every else semantic.covered(conn, _scope(f))
-    near = [n for n in semantic.rank(conn, qvec, covered) if n.score >= MIN_SCORE]
+    near = [n for n in semantic.rank(conn, qvec, covered, depth=DEPTH) if n.score >= MIN_SCORE]
     if f.since:
         near = [n for n in near if _time(conn, n) >= f.since]
     return near
 
 
 def _time(conn: sqlite3.Connection, n: semantic.Near) -> str:
+    from contemplation.index import semantic
+
     sql = "SELECT time FROM blocks WHERE conv = ? "
     if n.at == semantic.CONV_AT:
         row = conn.execute(sql + "ORDER BY block LIMIT 1", (n.conv,)).fetchone()
@@ -170,6 +179,8 @@ def _time(conn: sqlite3.Connection, n: semantic.Near) -> str:
 def _hit(conn: sqlite3.Connection, n: semantic.Near) -> Hit | None:
     """A conversation found by meaning as a hit: the block its best vector is of (its first
     for the conversation's own), the block's first words for a snippet."""
+    from contemplation.index import semantic
+
     c = conn.execute("SELECT topic, archived, status FROM convs WHERE id = ?", (n.conv,)).fetchone()
     sql = "SELECT block, sender, time, at, unz(zbody) FROM blocks WHERE conv = ? "
     if n.at == semantic.CONV_AT:
@@ -203,6 +214,8 @@ def related(
 ) -> Page:
     """The conversations nearest in meaning to ``conv_id`` (archived ones too unless told)."""
     embedder.require()
+    from contemplation.index import semantic
+
     limit = min(max(int(limit), 1), MAX_LIMIT)
     offset = offset_of(cursor)
 
@@ -213,8 +226,8 @@ def related(
         if vec is None:
             return [], ""
         covered = None if archived else semantic.covered(conn, Query(scope="active"))
-        near = semantic.rank(conn, vec, covered, exclude=conv_id)
-        more = len(near) > offset + limit and offset + limit < semantic.MAX_CANDIDATES
+        near = semantic.rank(conn, vec, covered, exclude=conv_id, depth=DEPTH)
+        more = len(near) > offset + limit and offset + limit < DEPTH
         hits = [_hit(conn, n) for n in near[offset : offset + limit]]
         return [h for h in hits if h is not None], str(offset + limit) if more else ""
 

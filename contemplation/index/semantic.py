@@ -32,7 +32,6 @@ FIRST_BLOCKS = 3  # the first messages that make a conversation's vector
 LONG_Z = 600  # a block this long compressed (about 1,500 characters) gets a vector ...
 MAX_LONG = 8  # ... at most this many a conversation
 UPDATE_SECONDS = 5.0  # the keeper's slice: it comes back for the rest
-MAX_CANDIDATES = 200  # the deepest a ranking by meaning goes (results are paged from it)
 
 Matrix = npt.NDArray[np.float32]
 
@@ -196,7 +195,7 @@ def rank(
     vec: Matrix,
     allowed: set[str] | None = None,
     exclude: str = "",
-    depth: int = MAX_CANDIDATES,
+    depth: int = 200,
 ) -> list[Near]:
     """Conversations by their best vector's cosine with ``vec``, best first, ``depth`` at
     most, among ``allowed`` (None: all)."""

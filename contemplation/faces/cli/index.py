@@ -149,10 +149,11 @@ def _embed_all(home: Home) -> None:
     """The vectors of meaning of every conversation (with the semantic extra), with a bar."""
     import time
 
-    from contemplation.index import db, embedder, semantic
+    from contemplation.index import db, embedder
 
     if not embedder.available():
         return
+    from contemplation.index import semantic  # numpy: the extra's
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         bars: list[ProgressBar[int]] = []
