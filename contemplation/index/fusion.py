@@ -43,6 +43,7 @@ class Page:
     next: str = ""  # the cursor of the next page ("": none)
     note: str = ""  # how to get meaning too, when it is not installed
     found: Found = field(default_factory=lambda: Found([]))  # the words' (cut, archived...)
+    unembedded: int = 0  # conversations without current vectors (meaning may miss them)
 
     def as_dict(self) -> dict[str, Any]:
         out = self.found.as_dict() | {
@@ -54,7 +55,18 @@ class Page:
             out["next"] = self.next
         if self.note:
             out["note"] = self.note
+        if self.unembedded:
+            out["not_embedded"] = self.unembedded_line()
         return out
+
+    def unembedded_line(self) -> str:
+        """What a search by meaning says when some conversations have no vectors yet."""
+        if not self.unembedded:
+            return ""
+        return (
+            f"{self.unembedded} conversation(s) not embedded yet, which meaning may miss: the "
+            "daemon embeds them in the background (or: contemplation reindex)"
+        )
 
 
 def mode_of(mode: str) -> tuple[str, str]:
@@ -115,17 +127,20 @@ def search(
         found = find(home, words or query, f, deep, seconds=seconds, cancel=cancel)
     qvec = soon.result()
 
-    def paged(conn: sqlite3.Connection) -> tuple[list[Hit], str]:
+    def paged(conn: sqlite3.Connection) -> tuple[list[Hit], str, int]:
+        from contemplation.index import semantic
+
         near = _near(conn, qvec, f)
         ranked: list[Hit | semantic.Near] = [*near] if m == "meaning" else _fuse(found.hits, near)
         page = ranked[offset : offset + limit]
         more = len(ranked) > offset + limit and offset + limit < DEPTH
         hits = [h if isinstance(h, Hit) else _hit(conn, h) for h in page]
-        return [h for h in hits if h is not None], str(offset + limit) if more else ""
+        nxt = str(offset + limit) if more else ""
+        return [h for h in hits if h is not None], nxt, semantic.pending_count(conn)
 
     # the index was just brought up to date (by the words' search, or here for meaning alone)
-    hits, nxt = db.read(home, paged, only=() if m == "both" else None)
-    return Page(hits, m, nxt, note, replace(found, hits=[]))
+    hits, nxt, unembedded = db.read(home, paged, only=() if m == "both" else None)
+    return Page(hits, m, nxt, note, replace(found, hits=[]), unembedded)
 
 
 def _fuse(words: list[Hit], meaning: list[semantic.Near]) -> list[Hit | semantic.Near]:

@@ -73,15 +73,24 @@ def texts_of(conn: sqlite3.Connection, conv_id: str, topic: str) -> dict[int, st
     return out
 
 
+_STALE = (
+    "FROM convs c LEFT JOIN vec_done d ON d.conv = c.id "
+    "WHERE d.key IS NOT coalesce(c.log_key, '') || '|' || coalesce(c.topic, '')"
+)
+
+
+def pending_count(conn: sqlite3.Connection) -> int:
+    """How many conversations lack current vectors (a search by meaning may miss them)."""
+    return int(conn.execute(f"SELECT count(*) {_STALE}").fetchone()[0])
+
+
 def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     """The conversations whose vectors are not of their log as it is: (id, topic, key)."""
     return [
         (str(r[0]), str(r[1] or ""), str(r[2]))
         for r in conn.execute(
             "SELECT c.id, c.topic, coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') "
-            "FROM convs c LEFT JOIN vec_done d ON d.conv = c.id "
-            "WHERE d.key IS NOT coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') "
-            "ORDER BY c.last_ts DESC"
+            f"{_STALE} ORDER BY c.last_ts DESC"
         ).fetchall()
     ]
 

@@ -117,6 +117,13 @@ def test_cli_search_modes_cursor_and_related(home: Home, labelled: dict[str, str
     assert "more: --cursor 3" in rel.stderr
     bad = cli(env, "search", "--cursor", "x", query, check=False)
     assert bad.returncode != 0 and "not a cursor" in bad.stderr
+    later = new_conversation(
+        home, "Later", template=load_template(home, "default"), model="m", backend="ollama"
+    )
+    with open_writer(later) as w:  # made with no daemon running: not embedded yet, and said
+        w.append_block("CLAUDE", "OLLAMA", "A question nobody embedded", msg_id="q")
+    said = cli(env, "search", "--mode", "meaning", query).stderr
+    assert "1 conversation(s) not embedded yet" in said, said
 
 
 def test_mcp_search_mode_and_related(home: Home, labelled: dict[str, str]) -> None:

@@ -102,6 +102,8 @@ def search(  # noqa: PLR0917 - click passes every option positionally
         click.echo(f"more: --cursor {page.next}", err=True)
     if page.note:
         click.echo(page.note, err=True)
+    if page.unembedded:
+        click.echo(page.unembedded_line(), err=True)
     if found.cut:  # after what was found: the last line a person reads
         click.echo(found.cut, err=True)
 
@@ -154,6 +156,7 @@ def _embed_all(home: Home) -> None:
     if not embedder.available():
         return
     from contemplation.index import semantic  # numpy: the extra's
+
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         bars: list[ProgressBar[int]] = []

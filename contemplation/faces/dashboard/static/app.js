@@ -188,7 +188,7 @@ function renderHits(data) {
   $("text-note").textContent = data.count + " block" + (data.count === 1 ? "" : "s") +
     " · best first" + (data.count >= 50 ? " · the first 50" : "") + (data.cut ? " · " + data.cut : "") +
     (data.mode ? " · by " + (data.mode === "both" ? "words and meaning" : data.mode) : "") +
-    (data.note ? " · " + data.note : "");
+    (data.note ? " · " + data.note : "") + (data.not_embedded ? " · " + data.not_embedded : "");
   $("text-hits").replaceChildren(...data.hits.map(renderHit));
   $("text-results").hidden = false;
 }
