@@ -4,7 +4,7 @@ Run: .venv/bin/python bench/bench_panel.py [--rounds 3] [--parallel 1]
 A real llama-server (xllamacpp's build, SmolLM2-135M, ``--parallel`` slots) and the daemon as
 its own process, both started here; the CLI as a person types it:
 ``contemplation new T --model s1 [--model s2 …] --message Q --wait``. The seats are aliases
-of the one server model with their own seeds, each reply capped at 64 tokens. Prints the
+of the one server model with their own seeds, each reply exactly 64 tokens (ignore_eos). Prints the
 round's wall time (median and max of ``--rounds``) for 1, 2 and 3 seats and its ratio to one
 seat: the seats of a round answer one after another, so the ratio is about the number of
 seats whatever the server's slots (``--parallel 2`` shows it).
@@ -38,7 +38,7 @@ def config(url: str, alias: str) -> str:
     for i, seat in enumerate(SEATS):
         out += (
             f'\n[aliases.{seat}]\nmodel = "{alias}"\nproviders = ["box"]\n'
-            f"options = {{ temperature = 0.7, seed = {i + 1}, num_predict = 64 }}\n"
+            f"options = {{ temperature = 0.7, seed = {i + 1}, num_predict = 64, ignore_eos = true }}\n"
         )
     return out
 
