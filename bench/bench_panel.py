@@ -82,7 +82,7 @@ def main() -> None:
     finally:
         server.stop()
     base = statistics.median(got[1])
-    print(f"llama-server slots: {args.parallel}; rounds: {args.rounds}; replies <= 64 tokens")
+    print(f"llama-server slots: {args.parallel}; rounds: {args.rounds}; replies of 64 tokens")
     for seats, times in got.items():
         med = statistics.median(times)
         print(f"{seats} seat(s): round p50 {med:6.2f} s  max {max(times):6.2f} s  "
