@@ -219,8 +219,11 @@ def test_search_without_all_says_how_many_archived_blocks_match_and_how_to_see_t
     assert "no block of an active conversation matches 'wal'" in out.stderr, out.stderr
     assert "2 archived block(s) match: search --all to see them" in out.stderr, out.stderr
     assert json.loads(cli(env, "search", "wal", "--all", "--json").stdout.splitlines()[0])
-    none = cli(env, "search", "quokka").stderr
+    none = cli(env, "search", "quokka", "--mode", "words").stderr
     assert none.strip() == "no block matches 'quokka'", none
+    # by meaning too (the default with the semantic extra): it says what it could not search
+    both = cli(env, "search", "quokka").stderr
+    assert "2 conversation(s) not embedded yet" in both, both
 
 
 def test_resources_list_is_paged_with_the_mcp_cursor(home: Home) -> None:
