@@ -16,7 +16,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +49,25 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def atomic_write_steps(
-    path: Path, data: bytes, *, durable: bool = True, mode: int = FILE_MODE, dev: int | None = None
+    path: Path,
+    data: bytes,
+    *,
+    durable: bool = True,
+    mode: int = FILE_MODE,
+    dev: int | None = None,
+    written: Callable[[], None] | None = None,
 ) -> Steps[None]:
     """:func:`atomic_write_bytes` as steps (see :mod:`.durable`): the temp file is durable
     before the rename, the rename before the steps end. ``dev``: the file system of
-    ``path``'s folder, if the caller knows it."""
+    ``path``'s folder, if the caller knows it. ``written``: called once the temp file holds
+    ``data``, before it is made durable (a reply's last bytes, so that the temp file is the
+    record of their end: see :mod:`.recovery`)."""
     tmp = path.with_name(f".{path.name}.tmp.{_pid}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         write_all(fd, data)
+        if written is not None:
+            written()
         if durable:
             yield Durable(files=(fd,), dev=dev)
     except BaseException:

@@ -16,16 +16,19 @@ completes an interrupted rotation.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from contemplation.errors import InputRejected
-from contemplation.models import Intent, MarkerKind
+from contemplation.models import Intent, MarkerKind, State
 from contemplation.protocol import logformat
 from contemplation.protocol.parser import parse
 from contemplation.settings import AttachmentSettings
 from contemplation.store.attachments import read_claimed
-from contemplation.store.layout import read_regular
-from contemplation.writer.folders import remove_tmp_files
+from contemplation.store.layout import read_json, read_regular
+from contemplation.writer.folders import pid_alive, remove_tmp_files
 from contemplation.writer.session import ConvWriter, remove_claimed
 
 
@@ -40,6 +43,7 @@ def recover(
     ``limits``: those a folder message (with files) was taken under; ``cut``: what cut the
     reply when it was no restart (a failed write: "writing messages.log failed: …")."""
     done: list[str] = []
+    done.extend(adopt_finished_reply(w))
     remove_tmp_files(w.conv, w.folder_names())
     if w.state.rotation is not None:
         done.append(w.complete_rotation())
@@ -57,6 +61,55 @@ def recover(
     if done:
         w.save()
     return done
+
+
+def adopt_finished_reply(w: ConvWriter) -> list[str]:
+    """A reply whose every byte reached the log before a crash kept its commit from being
+    renamed in: its commit's temp file (``.state.json.tmp.<pid>.<rand>``, written before the
+    reply's last bytes, see ``ReplyStream.finish_steps``) is whole, names the log's inode and
+    its very size, counts one turn more, and its writer is gone. It is renamed in, so the
+    reply is adopted, not marked INTERRUPTED and asked again. Anything else is left to the
+    rest of recovery (the temp file is then removed as stale)."""
+    st = w.state
+    if st.rotation is not None or (st.intent is not None and st.intent.kind != "reply"):
+        return []
+    size = w.log_size()
+    if size <= st.log.size or (st.intent is not None and size <= st.intent.offset):
+        return []
+    ino = os.fstat(w.fd).st_ino if w.fd is not None else _ino(w.conv.log)
+    prefix = f".{w.conv.state.name}.tmp."
+    for name in w.folder_names():
+        if not name.startswith(prefix):
+            continue
+        path = w.conv.dir / name
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        data = read_json(path)
+        try:
+            found = State.model_validate(data) if data is not None else None
+        except ValidationError:
+            found = None
+        if (
+            found is None
+            or found.intent is not None
+            or found.rotation is not None
+            or found.log.ino != ino
+            or found.log.size != size
+            or found.turns <= st.turns
+        ):
+            continue
+        w.state = found
+        w.save()
+        return [f"adopted the reply whole in the log up to byte {size} (its commit was cut)"]
+    return []
+
+
+def _ino(path: Path) -> int:
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino
+    except OSError:
+        return -1
 
 
 def _recover_message(w: ConvWriter, intent: Intent) -> str:

@@ -58,7 +58,11 @@ class Session(Protocol):
     def separator(self, offset: int) -> bytes: ...
     def save(self, *, durable: bool = True) -> None: ...
     def save_steps(
-        self, *, durable: bool = True, also: tuple[int | Path, ...] = ()
+        self,
+        *,
+        durable: bool = True,
+        also: tuple[int | Path, ...] = (),
+        written: Callable[[], None] | None = None,
     ) -> Steps[None]: ...
     def append_marker(self, kind: MarkerKind, text: str = "") -> None: ...
     def count_turn(self, usage: Usage | None) -> None: ...
@@ -86,6 +90,7 @@ class ReplyStream:
         self._think_stuffer = logformat.StreamStuffer()
         self._in_thinking = False
         self._last_char = "\n"
+        self._tail: list[bytes] | None = None  # the reply's last bytes, held (see finish_steps)
         self._reserved: Intent | None = None  # the intent journaled ahead (see reserve())
         self._unjournaled = False  # begun without a durable intent (see merge_into_commit())
         self.content_parts: list[str] = []
@@ -191,7 +196,10 @@ class ReplyStream:
         if not text:
             return
         data = text.encode("utf-8")
-        write_all(self.w.append_fd(), data)
+        if self._tail is not None:
+            self._tail.append(data)
+        else:
+            write_all(self.w.append_fd(), data)
         self.bytes_written += len(data)
         self._last_char = text[-1]
 
@@ -261,21 +269,36 @@ class ReplyStream:
         session: BackendSession | None = None,
         cut: ReplyCut | None = None,
     ) -> Steps[int]:
-        """:meth:`finish` as steps (see :mod:`.durable`)."""
+        """:meth:`finish` as steps (see :mod:`.durable`).
+
+        The reply's end is recorded with its last bytes: they are held, the commit's state
+        (which counts them) is written to its temp file, and only then are they appended,
+        before that file is made durable and renamed in. A crash once they are in the log
+        leaves that temp file, whole and naming the log's very size: recovery renames it in
+        (the reply is adopted, never asked again); a crash before leaves a log shorter than
+        it says, and the reply is marked INTERRUPTED and redone."""
         if not self.started:
             yield from self.begin_steps()
-        self.end_thinking()
-        self._write(self._stuffer.flush())
-        self._ensure_newline()
-        for kind, text in markers or []:
-            self._write(logformat.marker(kind, text))
-        if self.saw_complete:
-            self._write(logformat.marker(MarkerKind.COMPLETE))
-        crashpoint("reply_done")
+        self._tail = []
+        try:
+            self.end_thinking()
+            self._write(self._stuffer.flush())
+            self._ensure_newline()
+            for kind, text in markers or []:
+                self._write(logformat.marker(kind, text))
+            if self.saw_complete:
+                self._write(logformat.marker(MarkerKind.COMPLETE))
+        finally:
+            tail, self._tail = b"".join(self._tail), None
         fd = self.w.append_fd()
+
+        def write_tail() -> None:
+            write_all(fd, tail)
+            crashpoint("reply_done")
+
         self.w.state.intent = None
         self.w.state.turn_started = None  # the turn has ended: in the commit, no write more
-        self.w.state.log.size = self.w.log_size()
+        self.w.state.log.size = self.w.log_size() + len(tail)
         self.w.state.turns += 1
         self.w.state.last_turn = usage
         self.w.state.reply_cut = cut  # this reply's (None: it ended by itself)
@@ -289,7 +312,7 @@ class ReplyStream:
         if session is not None:  # the server-side session now holding the history
             self.w.state.backend_session = session
         # the block is durable with the state's temp file, before the state is renamed in
-        yield from self.w.save_steps(also=(fd,) if self.w.durable else ())
+        yield from self.w.save_steps(also=(fd,) if self.w.durable else (), written=write_tail)
         self.committed = True
         return self.bytes_written
 

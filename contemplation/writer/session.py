@@ -153,9 +153,17 @@ class ConvWriter:
         block is written before the block is durable), and their claimed files removed after."""
         run_now(self.save_steps(durable=durable))
 
-    def save_steps(self, *, durable: bool = True, also: tuple[int | Path, ...] = ()) -> Steps[None]:
+    def save_steps(
+        self,
+        *,
+        durable: bool = True,
+        also: tuple[int | Path, ...] = (),
+        written: Callable[[], None] | None = None,
+    ) -> Steps[None]:
         """:meth:`save` as steps (see :mod:`.durable`), for a group committer to drive.
-        ``also``: files that must be durable before this state is (a reply's block)."""
+        ``also``: files that must be durable before this state is (a reply's block);
+        ``written``: called once the state's temp file is written, before any fsync (see
+        :func:`.files.atomic_write_steps`)."""
         sync_state = self.durable and durable
         log = self.fd if self.fd is not None else self.conv.log
         before = (*also, log) if self.held and self.durable else also
@@ -169,7 +177,9 @@ class ConvWriter:
             yield Durable(files=before, folders=folder, dev=dev)
             folder = ()
         self.state.updated = now_iso()
-        steps = atomic_write_steps(self.conv.state, _file(self.state), durable=sync_state, dev=dev)
+        steps = atomic_write_steps(
+            self.conv.state, _file(self.state), durable=sync_state, dev=dev, written=written
+        )
         if sync_state and before:  # those files and the temp file in one point
             first = next(steps)
             yield Durable(files=(*before, *first.files), folders=first.folders, dev=dev)

@@ -1,0 +1,72 @@
+"""Named crash points (issue 47): a reply that was whole is never asked again.
+
+A real daemon process (``run --once``) against the scripted Ollama, which counts the
+requests it is sent, is killed at a named crash point; a plain restart must leave each
+acknowledged message once in its log, followed by one whole reply, and the model must have
+been asked once per message whatever the crash point.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from contemplation.models import BlockKind
+from contemplation.protocol.conversation import whole
+from contemplation.store.layout import Home, list_conversations, read_state
+from contemplation.store.logview import LogView
+from contemplation.store.templates import load_template
+from contemplation.writer import drop_message, new_conversation
+from tests.conftest import ROOT, base_env
+from tests.fakes.ollama_server import FakeOllama, Step
+
+
+def _run(env: dict[str, str], crash: str | None = None) -> int:
+    e = dict(env)
+    if crash:
+        e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
+    return subprocess.run(
+        [sys.executable, "-m", "contemplation", "run", "--once"],
+        env=e,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    ).returncode
+
+
+@pytest.mark.parametrize("durability", ["none", "fsync"])
+@pytest.mark.parametrize("lag", ["0", "0.3"])  # journaled intent / the turn's one state write
+def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
+    home: Home, fake_ollama: FakeOllama, durability: str, lag: str
+) -> None:
+    fake_ollama.default_step = Step(chunks=4)
+    env = base_env(
+        home,
+        fake_ollama,
+        CONTEMPLATION_SETTLE_SECONDS="0",
+        CONTEMPLATION_DURABILITY=durability,
+        CONTEMPLATION_COMMIT_LAG=lag,
+    )
+    conv = new_conversation(
+        home, "whole", template=load_template(home, "default"), model="llama3.2",
+        backend="ollama",
+    )  # fmt: skip
+    drop_message(conv, "the only question", name="000.msg")
+    # the reply's last bytes are in the log, its commit (state.json) is not
+    assert _run(env, "reply_done:1") == -9
+    assert len(fake_ollama.chat_requests()) == 1
+    assert _run(env) == 0
+    log = conv.log.read_text()
+    assert "INTERRUPTED" not in log, log
+    assert len(fake_ollama.chat_requests()) == 1, "the model was asked again for a whole reply"
+    blocks = LogView(conv).refresh().blocks
+    assert [b.kind for b in blocks] == [BlockKind.AGENT, BlockKind.MODEL], log
+    assert whole(blocks[1])
+    st = read_state(conv)
+    assert st is not None and st.intent is None and st.turns == 1
+    assert st.log.size == conv.log.stat().st_size
+    assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
+    assert not list(conv.dir.glob(".*.tmp.*"))
+    assert [c.id for c in list_conversations(home)] == [conv.id]
