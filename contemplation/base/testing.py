@@ -4,6 +4,10 @@ Honoured only when ``CONTEMPLATION_TESTING=1``. ``CONTEMPLATION_CRASH_AT=<point>
 SIGKILL to this process on the n-th time ``crashpoint(<point>)`` is reached (n defaults to 1).
 The points are listed in :data:`POINTS`; the crash tests enumerate them.
 
+``CONTEMPLATION_CRASH_RECORD=<file>``: every point reached is appended to that file, one name a
+line (a fault-free run's list is what the crash sweep, ``bench/crash_sweep.py``, kills at in
+turn: ``<point>:<n>`` for the n-th line naming ``<point>``).
+
 ``CONTEMPLATION_RAISE_AT=<point>``: :class:`InjectedFault` is raised every time that point is
 reached, as an unexpected bug there would (a turn that fails the same way each time it is run).
 
@@ -33,6 +37,14 @@ POINTS = (
     "rotate_renamed",  # after messages.log became messages.1.log, before the new log exists
 )
 
+# written by the faces (CLI, MCP): a message delivered into inbox/, one taken back, and a
+# conversation's unarchive
+FACE_POINTS = (
+    "deliver",  # a message renamed into inbox/, before inbox/ was fsynced
+    "withdraw",  # a queued message renamed to its hidden name, before its removal
+    "unarchive",  # before an archived conversation is moved back into active/
+)
+
 # the derived index and retention (reached by search, list, reindex and prune, not by a turn)
 INDEX_POINTS = (
     "index_write",  # inside an index transaction: a conversation's text written, not its row
@@ -51,6 +63,7 @@ _target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1") if _enabled and _target else 0
 
 _raise_at = os.environ.get("CONTEMPLATION_RAISE_AT", "") if _enabled else ""
+_record = os.environ.get("CONTEMPLATION_CRASH_RECORD", "") if _enabled else ""
 
 
 class InjectedFault(RuntimeError):
@@ -62,6 +75,8 @@ COMMIT_LAG = float(os.environ.get("CONTEMPLATION_COMMIT_LAG", "0") or 0) if _ena
 
 def crashpoint(name: str) -> None:
     global _remaining  # noqa: PLW0603 - a process-wide countdown is the point
+    if _record:
+        _note(name)
     if _raise_at and name == _raise_at:
         raise InjectedFault(f"injected fault at {name}")
     if not _remaining or name != _target:
@@ -69,6 +84,16 @@ def crashpoint(name: str) -> None:
     _remaining -= 1
     if _remaining == 0:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _note(name: str) -> None:
+    """Append ``name`` to the record file (one write with O_APPEND: threads and processes
+    that share the file never interleave their lines)."""
+    fd = os.open(_record, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, f"{name}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def armed(name: str) -> bool:

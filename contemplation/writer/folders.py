@@ -184,8 +184,9 @@ def write_context_file(conv: Conv, name: str, data: bytes, *, durable: bool = Tr
 
 
 def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
-    """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place. A write
-    that fails (a full disk) leaves no dot-file behind."""
+    """Maildir delivery into ``inbox/``: write a dot-file, fsync, rename into place, fsync
+    ``inbox/`` (an answered send survives a power cut). A write that fails (a full disk)
+    leaves no dot-file behind."""
     conv.inbox.mkdir(DIR_MODE, parents=True, exist_ok=True)
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
@@ -202,6 +203,8 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    crashpoint("deliver")
+    fsync_dir(conv.inbox)  # the rename survives a power cut once the sender is told
     return conv.inbox / final
 
 
@@ -235,6 +238,7 @@ def withdraw(conv: Conv, name: str, *, durable: bool = True) -> bool:
         os.rename(conv.inbox / name, gone)
     except (FileNotFoundError, NotADirectoryError):
         return False
+    crashpoint("withdraw")
     if gone.is_dir() and not gone.is_symlink():
         shutil.rmtree(gone, ignore_errors=True)
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from contemplation.store.logview import LogView
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env
+from tests.crashsweep import Case, run_case
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -70,3 +72,16 @@ def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
     assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
     assert not list(conv.dir.glob(".*.tmp.*"))
     assert [c.id for c in list_conversations(home)] == [conv.id]
+
+
+def test_a_send_that_answered_survives_a_power_cut_right_after(tmp_path: Path) -> None:
+    """``contemplation send`` exits 0, then the power goes (only what was fsynced stays, see
+    tests/powercut.py): the message is still in inbox/ and is answered. It renamed its file
+    into inbox/ and never fsynced inbox/, so the rename was lost."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse("send:0:exit:1:cut"), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems

@@ -1,0 +1,400 @@
+"""The crash sweep (issue 47): every named crash point a fault-free run reaches, killed in turn
+(SIGKILL, or a power cut: :mod:`tests.powercut`), then a plain restart and an oracle.
+
+A *scenario* is a home made in-process, then steps run as real processes one after another
+(the CLI's ``send`` and ``archive``; the daemon's ``run --once``) against the
+scripted Ollama (it counts requests). The recording run (``CONTEMPLATION_CRASH_RECORD``) lists
+the points each step reaches; a *case* is (scenario, step, point, n, kill|cut), and ``exit``
+after a step is a power cut right after it answered. After the crash the rest of the steps
+run, then the daemon until it is idle, and :func:`oracle` counts:
+
+* lost: an acknowledged message (a drop into ``inbox/`` before the run, a ``send`` that exited
+  0) not in its log;
+* duplicated: a message in its log twice, a message answered by two whole replies, or a
+  reply whose every word was in the log marked INTERRUPTED and asked again;
+* diverged: anything else out of place: a reply missing or not whole, blocks out of order,
+  files left in ``inbox/``, ``processing/`` or ``failed/``, temp files, a state.json whose
+  intent, size or inode disagree with the log, an archived conversation still active (or
+  one not archived gone).
+
+``python -m tests.crashsweep --case SCENARIO:STEP:POINT:N:MODE`` replays one case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contemplation.models import Block, BlockKind
+from contemplation.protocol.conversation import whole
+from contemplation.store.layout import Conv, Home, list_conversations, read_state
+from contemplation.store.logview import LogView
+from contemplation.store.templates import load_template
+from contemplation.writer import drop_message, new_conversation
+from tests import powercut
+from tests.conftest import ROOT, base_env
+from tests.fakes.ollama_server import FakeOllama, Step
+
+MODES = ("kill", "cut")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One process of a scenario: the CLI (``args``) or the daemon (``args`` empty)."""
+
+    args: tuple[str, ...] = ()
+    sends: str = ""  # the message a ``send`` acknowledges with exit 0
+
+    @property
+    def name(self) -> str:
+        return self.args[0] if self.args else "daemon"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    setup: Callable[[Home], dict[str, list[str]]]  # conversation id -> messages dropped
+    runs: Callable[[list[str]], list[Run]]  # the steps, given the conversation ids
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _conv(home: Home, topic: str) -> Conv:
+    return new_conversation(
+        home, topic, template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
+
+
+def _dropped(n_convs: int, n_msgs: int) -> Callable[[Home], dict[str, list[str]]]:
+    def setup(home: Home) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for c in range(n_convs):
+            conv = _conv(home, f"sweep {c}")
+            texts = [f"conv {c} message {i}" for i in range(n_msgs)]
+            for i, t in enumerate(texts):
+                drop_message(conv, t, name=f"{i:03d}.msg")
+            out[conv.id] = texts
+        return out
+
+    return setup
+
+
+def _empty(home: Home) -> dict[str, list[str]]:
+    return {_conv(home, "sweep send").id: []}
+
+
+DAEMON = Run()
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        # two messages dropped into inbox/, a turn each (journaled reply intents)
+        Scenario("inbox", _dropped(1, 2), lambda ids: [DAEMON]),
+        # two conversations in a burst: each turn's one state write (the committer lags)
+        Scenario(
+            "burst", _dropped(2, 1), lambda ids: [DAEMON], {"CONTEMPLATION_COMMIT_LAG": "0.3"}
+        ),
+        # the CLI sends two messages, the daemon answers them
+        Scenario(
+            "send",
+            _empty,
+            lambda ids: [
+                Run(("send", ids[0], "sent one"), sends="sent one"),
+                Run(("send", ids[0], "sent two"), sends="sent two"),
+                DAEMON,
+            ],
+        ),
+        # a conversation answered, then archived by the CLI
+        Scenario(
+            "archive",
+            _dropped(1, 1),
+            lambda ids: [DAEMON, Run(("archive", ids[0]))],
+        ),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    lost: int = 0
+    duplicated: int = 0
+    diverged: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.diverged)
+
+
+@dataclass(frozen=True)
+class Case:
+    scenario: str
+    step: int
+    point: str  # a crash point's name, or "exit": after the step answered
+    nth: int
+    mode: str
+
+    def __str__(self) -> str:
+        return f"{self.scenario}:{self.step}:{self.point}:{self.nth}:{self.mode}"
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        s, step, point, nth, mode = text.split(":")
+        return cls(s, int(step), point, int(nth), mode)
+
+    @property
+    def replay(self) -> str:
+        return f".venv/bin/python -m tests.crashsweep --case {self}"
+
+
+def _env(home: Home, fake: FakeOllama, extra: dict[str, str]) -> dict[str, str]:
+    return base_env(
+        home,
+        fake,
+        CONTEMPLATION_SETTLE_SECONDS="0",
+        CONTEMPLATION_DURABILITY="fsync",
+        CONTEMPLATION_TESTING="1",
+        **extra,
+    )
+
+
+def _process(
+    run: Run, env: dict[str, str], journal: Path | None
+) -> subprocess.CompletedProcess[bytes]:
+    args = list(run.args) if run.args else ["run", "--once"]
+    cmd = (
+        [sys.executable, "-m", "tests.powercut", str(journal), "--", *args]
+        if journal is not None
+        else [sys.executable, "-m", "contemplation", *args]
+    )
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, timeout=120)
+
+
+def record(scenario: Scenario, work: Path, fake: FakeOllama) -> list[list[str]]:
+    """The points each step of a fault-free run reaches, in order."""
+    home = Home(work / "home")
+    ids = list(scenario.setup(home))
+    out: list[list[str]] = []
+    for i, run in enumerate(scenario.runs(ids)):
+        rec = work / f"points.{i}"
+        env = _env(home, fake, {**scenario.env, "CONTEMPLATION_CRASH_RECORD": str(rec)})
+        done = _process(run, env, None)
+        if done.returncode != 0:
+            raise RuntimeError(f"{scenario.name} step {i} failed: {done.stderr.decode()[-2000:]}")
+        out.append(rec.read_text().split() if rec.exists() else [])
+    return out
+
+
+def cases(scenario: Scenario, points: list[list[str]], modes: tuple[str, ...]) -> list[Case]:
+    """Every hit of every point (``name:n``), and ``exit`` after each step, in each mode."""
+    out: list[Case] = []
+    for step, names in enumerate(points):
+        seen: dict[str, int] = {}
+        for name in names:
+            seen[name] = seen.get(name, 0) + 1
+            out.extend(Case(scenario.name, step, name, seen[name], m) for m in modes)
+        if "cut" in modes:
+            out.append(Case(scenario.name, step, "exit", 1, "cut"))
+    return out
+
+
+def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
+    """Crash at ``case``, restart, and check the oracle."""
+    scenario = SCENARIOS[case.scenario]
+    home = Home(work / "home")
+    expected = scenario.setup(home)
+    ids = list(expected)
+    acked: dict[str, list[str]] = {k: list(v) for k, v in expected.items()}
+    sent_unacked: dict[str, list[str]] = {k: [] for k in ids}
+    archived: set[str] = set()
+    for i, run in enumerate(scenario.runs(ids)):
+        extra = dict(scenario.env)
+        journal: Path | None = None
+        baseline: powercut.Image | None = None
+        if i == case.step:
+            if case.point != "exit":
+                extra["CONTEMPLATION_CRASH_AT"] = f"{case.point}:{case.nth}"
+            if case.mode == "cut":
+                journal = work / "journal"
+                baseline = powercut.snapshot(home.root)
+        done = _process(run, _env(home, fake, extra), journal)
+        conv_id = run.args[1] if run.args else ""
+        if run.sends:
+            (acked if done.returncode == 0 else sent_unacked)[conv_id].append(run.sends)
+        if run.name == "archive" and done.returncode == 0:
+            archived.add(conv_id)
+        if journal is not None and baseline is not None:
+            powercut.cut(home.root, baseline, journal)
+    for _ in range(10):  # the daemon until it is idle
+        if _process(DAEMON, _env(home, fake, dict(scenario.env)), None).returncode == 0:
+            break
+    return oracle(home, acked, sent_unacked, archived)
+
+
+def oracle(
+    home: Home,
+    acked: dict[str, list[str]],
+    maybe: dict[str, list[str]],
+    archived: set[str],
+) -> Outcome:
+    out = Outcome()
+
+    def bad(kind: str, what: str) -> None:
+        setattr(out, kind, getattr(out, kind) + 1)
+        out.problems.append(f"{kind}: {what}")
+
+    convs = {c.id: c for c in list_conversations(home, include_completed=True)}
+    for conv_id, texts in acked.items():
+        conv = convs.get(conv_id)
+        if conv is None:
+            for t in texts:
+                bad("lost", f"{conv_id} is gone, with {t!r}")
+            continue
+        if (conv_id in archived) != (conv.dir.parent == home.completed):
+            bad("diverged", f"{conv_id} is in {conv.dir.parent.name}/")
+        blocks = LogView(conv).refresh().blocks if conv.log.exists() else []
+        agent = [b.text for b in blocks if b.kind is BlockKind.AGENT]
+        for t in texts:
+            if agent.count(t) == 0:
+                bad("lost", f"{conv_id}: {t!r} is not in the log")
+            elif agent.count(t) > 1:
+                bad("duplicated", f"{conv_id}: {t!r} is in the log {agent.count(t)} times")
+        for t in maybe[conv_id]:
+            if agent.count(t) > 1:
+                bad("duplicated", f"{conv_id}: {t!r} is in the log {agent.count(t)} times")
+        if [t for t in agent if t in texts] != texts:
+            bad("diverged", f"{conv_id}: messages out of order: {agent}")
+        _replies(conv_id, blocks, bad)
+        _files(conv, bad)
+    return out
+
+
+def _replies(conv_id: str, blocks: Sequence[Block], bad: Callable[[str, str], None]) -> None:
+    """After each agent block: interrupted replies (each cut, never whole), then one whole."""
+    i = 0
+    while i < len(blocks):
+        if blocks[i].kind is not BlockKind.AGENT:
+            bad("diverged", f"{conv_id}: block {i} ({blocks[i].kind.value}) answers nothing")
+            i += 1
+            continue
+        msg, i = blocks[i], i + 1
+        cut: list[str] = []
+        while i < len(blocks) and blocks[i].kind is BlockKind.MODEL and not whole(blocks[i]):
+            cut.append(blocks[i].text)
+            i += 1
+        if i >= len(blocks) or blocks[i].kind is not BlockKind.MODEL:
+            bad("diverged", f"{conv_id}: {msg.text!r} has no whole reply")
+            continue
+        reply = blocks[i].text
+        i += 1
+        for c in cut:
+            if c.strip() == reply.strip():
+                bad("duplicated", f"{conv_id}: a whole reply to {msg.text!r} was asked again")
+        while i < len(blocks) and blocks[i].kind is BlockKind.MODEL and whole(blocks[i]):
+            bad("duplicated", f"{conv_id}: {msg.text!r} has a second whole reply")
+            i += 1
+
+
+def _files(conv: Conv, bad: Callable[[str, str], None]) -> None:
+    for folder in (conv.inbox, conv.processing, conv.failed):
+        left = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+        if left:
+            bad("diverged", f"{conv.id}: left in {folder.name}/: {left}")
+    temps = [p.name for p in conv.dir.glob(".*.tmp.*")]
+    if temps:
+        bad("diverged", f"{conv.id}: temp files left: {temps}")
+    st = read_state(conv)
+    size = conv.log.stat().st_size if conv.log.exists() else 0
+    ino = conv.log.stat().st_ino if conv.log.exists() else 0
+    if st is None:
+        bad("diverged", f"{conv.id}: state.json unreadable")
+    elif st.intent is not None or st.log.size != size or (size and st.log.ino != ino):
+        bad("diverged", f"{conv.id}: state.json says {st.log} intent {st.intent}; log {size}")
+
+
+@dataclass
+class Sweep:
+    """What a sweep found, for the table (see scripts/crash_table.py)."""
+
+    scenarios: list[str] = field(default_factory=list)
+    points: set[str] = field(default_factory=set)
+    kills: int = 0
+    cuts: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    diverged: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, case: Case, outcome: Outcome) -> None:
+        if case.mode == "kill":
+            self.kills += 1
+        else:
+            self.cuts += 1
+        self.points.add(case.point)
+        self.lost += outcome.lost
+        self.duplicated += outcome.duplicated
+        self.diverged += outcome.diverged
+        if not outcome.ok:
+            self.failures.append(f"{case}: {'; '.join(outcome.problems)}\n  replay: {case.replay}")
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "scenarios": sorted(self.scenarios),
+            "crash_points": sorted(self.points),
+            "kills": self.kills,
+            "power_cuts": self.cuts,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "diverged": self.diverged,
+        }
+
+
+def sweep(
+    names: list[str],
+    modes: tuple[str, ...] = MODES,
+    pick: Callable[[list[Case]], list[Case]] = lambda cs: cs,
+    report: Callable[[Case, Outcome], None] | None = None,
+) -> Sweep:
+    """Record each scenario, then run the cases ``pick`` keeps (all by default)."""
+    result = Sweep(scenarios=list(names))
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        for name in names:
+            with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
+                points = record(SCENARIOS[name], Path(tmp), fake)
+            for case in pick(cases(SCENARIOS[name], points, modes)):
+                with tempfile.TemporaryDirectory(prefix="case-") as tmp:
+                    outcome = run_case(case, Path(tmp), fake)
+                result.add(case, outcome)
+                if report is not None:
+                    report(case, outcome)
+    finally:
+        fake.stop()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="replay one crash case of the sweep")
+    ap.add_argument("--case", required=True, help="SCENARIO:STEP:POINT:N:MODE")
+    case = Case.parse(ap.parse_args().case)
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        with tempfile.TemporaryDirectory(prefix="case-") as tmp:
+            outcome = run_case(case, Path(tmp), fake)
+    finally:
+        fake.stop()
+    print(json.dumps({"case": str(case), "ok": outcome.ok, "problems": outcome.problems}))
+    sys.exit(0 if outcome.ok else 1)
+
+
+if __name__ == "__main__":
+    os.environ.pop("CONTEMPLATION_CRASH_AT", None)
+    main()

@@ -1,0 +1,230 @@
+"""A simulated power cut (test-only): only what was fsynced survives, file contents and
+directory entries alike (as LazyFS does for Jepsen, plus the entries).
+
+Two halves:
+
+* in the process that writes (``python -m tests.powercut JOURNAL -- <contemplation args>``):
+  :func:`install` wraps ``os.fsync``, ``os.fdatasync`` and the writer's ``syncfs`` so that
+  each one appends what it made durable to the journal: a file's bytes (by inode), a folder's
+  entries (name -> inode), or, for ``syncfs``, everything under the home;
+* in the harness, once that process is dead (SIGKILL at a crash point) or has exited (a cut
+  right after it answered): :func:`cut` rolls the home back, in place, to ``baseline`` (what
+  was on disk before the process began, taken as durable) plus the journal. A file's inode is
+  kept wherever its name survives (state.json records the log's inode); a rename that no fsync
+  of its folder followed is undone, a file created and never fsynced is empty or gone.
+
+The search index (``.index.sqlite3*``) is left as it is: SQLite makes its own writes durable
+(and the index is derived: it must agree with the folders whatever they are).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import runpy
+import shutil
+import stat
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_KEEP = ".index.sqlite3"  # names starting so are SQLite's: never rolled back
+
+
+@dataclass
+class Image:
+    """A tree by inode: each folder's entries and each file's bytes."""
+
+    root: int
+    dirs: dict[int, dict[str, int]] = field(default_factory=dict)
+    files: dict[int, bytes] = field(default_factory=dict)
+    links: dict[int, str] = field(default_factory=dict)
+
+
+def snapshot(root: Path) -> Image:
+    """The tree under ``root`` as it is now."""
+    img = Image(root=os.stat(root).st_ino)
+    _walk(root, img)
+    return img
+
+
+def _walk(path: Path, img: Image) -> None:
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        entries: dict[str, int] = {}
+        for e in os.scandir(path):
+            if e.name.startswith(_KEEP):
+                continue
+            entries[e.name] = e.inode()
+            _walk(Path(e.path), img)
+        img.dirs[st.st_ino] = entries
+    elif stat.S_ISLNK(st.st_mode):
+        img.links[st.st_ino] = os.readlink(path)
+    elif stat.S_ISREG(st.st_mode):
+        with open(path, "rb") as f:
+            img.files[st.st_ino] = f.read()
+
+
+# --------------------------------------------------------------------------- the writer's side
+
+_lock = threading.Lock()
+
+
+def install(journal: Path, root: Path) -> None:
+    """Journal every fsync, fdatasync and syncfs of this process from now on."""
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def note(record: dict[str, Any]) -> None:
+        line = (json.dumps(record) + "\n").encode()
+        with _lock:
+            fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+    def synced(fd: int) -> None:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            entries = {
+                e.name: e.inode()
+                for e in os.scandir(f"/proc/self/fd/{fd}")
+                if not e.name.startswith(_KEEP)
+            }
+            subdirs = [
+                e.inode()
+                for e in os.scandir(f"/proc/self/fd/{fd}")
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(_KEEP)
+            ]
+            note({"dir": st.st_ino, "entries": entries, "subdirs": subdirs})
+        elif stat.S_ISREG(st.st_mode):
+            with open(f"/proc/self/fd/{fd}", "rb") as f:
+                data = f.read()
+            note({"file": st.st_ino, "data": base64.b64encode(data).decode()})
+
+    def fsync(fd: Any) -> None:
+        real_fsync(fd)
+        synced(fd if isinstance(fd, int) else fd.fileno())
+
+    def fdatasync(fd: Any) -> None:
+        real_fdatasync(fd)
+        synced(fd if isinstance(fd, int) else fd.fileno())
+
+    os.fsync = fsync
+    os.fdatasync = fdatasync
+
+    from contemplation.writer import durable
+
+    real_syncfs = durable._SYNCFS
+    if real_syncfs is not None:
+
+        def syncfs(fd: int) -> int:
+            rc = real_syncfs(fd)
+            img = snapshot(root)
+            for ino, entries in img.dirs.items():
+                note({"dir": ino, "entries": entries, "subdirs": list(img.dirs)})
+            for ino, data in img.files.items():
+                note({"file": ino, "data": base64.b64encode(data).decode()})
+            return rc
+
+        durable._SYNCFS = syncfs
+
+
+def main() -> None:
+    """``python -m tests.powercut JOURNAL -- ARGS``: the contemplation command ARGS, with its
+    durable points journaled."""
+    journal, args = Path(sys.argv[1]), sys.argv[sys.argv.index("--") + 1 :]
+    install(journal, Path(os.environ["CONTEMPLATION_HOME"]))
+    sys.argv = ["contemplation", *args]
+    runpy.run_module("contemplation", run_name="__main__", alter_sys=True)
+
+
+# --------------------------------------------------------------------------- the cut
+
+
+def durable_image(baseline: Image, journal: Path) -> Image:
+    """``baseline`` with every durable point of the journal applied, in order."""
+    img = Image(
+        root=baseline.root,
+        dirs=dict(baseline.dirs),
+        files=dict(baseline.files),
+        links=dict(baseline.links),
+    )
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line the kill cut: that point was not passed
+                continue
+            if "dir" in rec:
+                img.dirs[rec["dir"]] = rec["entries"]
+                for sub in rec.get("subdirs", ()):  # made, never fsynced itself: empty
+                    img.dirs.setdefault(sub, {})
+            else:
+                img.files[rec["file"]] = base64.b64decode(rec["data"])
+    return img
+
+
+def cut(root: Path, baseline: Image, journal: Path) -> None:
+    """Roll the tree under ``root`` back to what the power cut leaves (see the module)."""
+    img = durable_image(baseline, journal)
+    stage = root.parent / f".{root.name}.powercut"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    _stage(root, stage)
+    _build(root, img.root, img, stage, {})
+    shutil.rmtree(stage)
+
+
+def _stage(path: Path, stage: Path) -> None:
+    """Move every entry under ``path`` into ``stage``, named by its inode (one name kept per
+    inode; folders emptied first, so each is moved alone)."""
+    for e in list(os.scandir(path)):
+        if e.name.startswith(_KEEP):
+            continue
+        p = Path(e.path)
+        if e.is_dir(follow_symlinks=False):
+            _stage(p, stage)
+        dest = stage / str(e.inode())
+        if os.path.lexists(dest):
+            p.unlink()  # a second name of a file already staged
+        else:
+            os.rename(p, dest)
+
+
+def _build(path: Path, ino: int, img: Image, stage: Path, used: dict[int, Path]) -> None:
+    """Put back the entries of folder ``ino`` at ``path`` (``used``: the inodes in place).
+    An inode staged is moved back (its bytes set to the durable ones); one gone is made
+    anew."""
+    for name, child in img.dirs.get(ino, {}).items():
+        p, staged = path / name, stage / str(child)
+        if child in img.dirs:
+            if staged.exists() and child not in used:
+                os.rename(staged, p)
+            else:
+                p.mkdir()
+            used[child] = p
+            _build(p, child, img, stage, used)
+        elif child in img.links:
+            os.symlink(img.links[child], p)
+        elif child in used:  # a hard link: the file is in place under another name
+            os.link(used[child], p)
+        else:
+            data = img.files.get(child, b"")
+            if os.path.lexists(staged):
+                os.rename(staged, p)
+                with open(p, "r+b") as f:  # the same inode, its durable bytes
+                    if f.read() != data:
+                        f.seek(0)
+                        f.truncate()
+                        f.write(data)
+            else:
+                p.write_bytes(data)
+            used[child] = p
+
+
+if __name__ == "__main__":
+    main()
