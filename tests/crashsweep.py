@@ -213,6 +213,7 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     acked: dict[str, list[str]] = {k: list(v) for k, v in expected.items()}
     sent_unacked: dict[str, list[str]] = {k: [] for k in ids}
     archived: set[str] = set()
+    was_whole: dict[str, str] = {}
     for i, run in enumerate(scenario.runs(ids)):
         extra = dict(scenario.env)
         journal: Path | None = None
@@ -231,10 +232,28 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
             archived.add(conv_id)
         if journal is not None and baseline is not None:
             powercut.cut(home.root, baseline, journal)
+        if i == case.step:
+            was_whole = whole_at_crash(home)
     for _ in range(10):  # the daemon until it is idle
         if _process(DAEMON, _env(home, fake, dict(scenario.env)), None).returncode == 0:
             break
-    return oracle(home, acked, sent_unacked, archived)
+    return oracle(home, acked, sent_unacked, archived, was_whole)
+
+
+def whole_at_crash(home: Home) -> dict[str, str]:
+    """Conversations whose log ends, past what state.json has committed, with the whole reply
+    to its last message, its last byte included (the scripted server's echo): conversation
+    id -> that message."""
+    out: dict[str, str] = {}
+    for conv in list_conversations(home):
+        st = read_state(conv)
+        data = conv.log.read_bytes() if conv.log.exists() else b""
+        if st is None or st.log.size >= len(data):
+            continue
+        agent = [b.text for b in LogView(conv).refresh().blocks if b.kind is BlockKind.AGENT]
+        if agent and data.endswith(f" ===\nEcho: {agent[-1][:60]}\n".encode()):
+            out[conv.id] = agent[-1]
+    return out
 
 
 def oracle(
@@ -242,7 +261,10 @@ def oracle(
     acked: dict[str, list[str]],
     maybe: dict[str, list[str]],
     archived: set[str],
+    whole: dict[str, str],
 ) -> Outcome:
+    """Count what the crash lost, duplicated or left diverged (see the module); ``whole``:
+    the conversations whose last reply was whole when it came (:func:`whole_at_crash`)."""
     out = Outcome()
 
     def bad(kind: str, what: str) -> None:
@@ -270,13 +292,17 @@ def oracle(
                 bad("duplicated", f"{conv_id}: {t!r} is in the log {agent.count(t)} times")
         if [t for t in agent if t in texts] != texts:
             bad("diverged", f"{conv_id}: messages out of order: {agent}")
-        _replies(conv_id, blocks, bad)
+        _replies(conv_id, blocks, bad, whole.get(conv_id, ""))
         _files(conv, bad)
     return out
 
 
-def _replies(conv_id: str, blocks: Sequence[Block], bad: Callable[[str, str], None]) -> None:
-    """After each agent block: interrupted replies (each cut, never whole), then one whole."""
+def _replies(
+    conv_id: str, blocks: Sequence[Block], bad: Callable[[str, str], None], was_whole: str
+) -> None:
+    """After each agent block: interrupted replies (each cut, never whole), then one whole.
+    ``was_whole``: the message whose reply was whole in the log when the process died (see
+    :func:`whole_at_crash`): it must be adopted, never marked INTERRUPTED and asked again."""
     i = 0
     while i < len(blocks):
         if blocks[i].kind is not BlockKind.AGENT:
@@ -291,11 +317,9 @@ def _replies(conv_id: str, blocks: Sequence[Block], bad: Callable[[str, str], No
         if i >= len(blocks) or blocks[i].kind is not BlockKind.MODEL:
             bad("diverged", f"{conv_id}: {msg.text!r} has no whole reply")
             continue
-        reply = blocks[i].text
         i += 1
-        for c in cut:
-            if c.strip() == reply.strip():
-                bad("duplicated", f"{conv_id}: a whole reply to {msg.text!r} was asked again")
+        if cut and msg.text == was_whole:
+            bad("duplicated", f"{conv_id}: a whole reply to {msg.text!r} was asked again")
         while i < len(blocks) and blocks[i].kind is BlockKind.MODEL and whole(blocks[i]):
             bad("duplicated", f"{conv_id}: {msg.text!r} has a second whole reply")
             i += 1

@@ -20,11 +20,13 @@ The search index (``.index.sqlite3*``) is left as it is: SQLite makes its own wr
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import runpy
 import shutil
 import stat
+import struct
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -32,40 +34,68 @@ from pathlib import Path
 from typing import Any
 
 _KEEP = ".index.sqlite3"  # names starting so are SQLite's: never rolled back
+_GETVERSION = 0x80087601  # FS_IOC_GETVERSION: the inode's generation (ext4), told reuse apart
+
+
+def ident_fd(fd: int) -> str:
+    """An inode that is not taken for another that reused its number: ``<ino>-<generation>``
+    (the generation is 0 where the file system does not say it)."""
+    try:
+        gen = struct.unpack("q", fcntl.ioctl(fd, _GETVERSION, b"\0" * 8))[0]
+    except OSError:
+        gen = 0
+    return f"{os.fstat(fd).st_ino}-{gen}"
+
+
+def ident(path: Path | str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        return ident_fd(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass
 class Image:
     """A tree by inode: each folder's entries and each file's bytes."""
 
-    root: int
-    dirs: dict[int, dict[str, int]] = field(default_factory=dict)
-    files: dict[int, bytes] = field(default_factory=dict)
-    links: dict[int, str] = field(default_factory=dict)
+    root: str
+    dirs: dict[str, dict[str, str]] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
 
 
 def snapshot(root: Path) -> Image:
     """The tree under ``root`` as it is now."""
-    img = Image(root=os.stat(root).st_ino)
+    img = Image(root=ident(root))
     _walk(root, img)
     return img
 
 
-def _walk(path: Path, img: Image) -> None:
+def _key(path: Path | str) -> str:
+    """A symlink has no descriptor to ask: its inode number stands alone."""
     st = os.lstat(path)
+    return f"{st.st_ino}-link" if stat.S_ISLNK(st.st_mode) else ident(path)
+
+
+def _walk(path: Path, img: Image) -> str:
+    st = os.lstat(path)
+    key = _key(path)
     if stat.S_ISDIR(st.st_mode):
-        entries: dict[str, int] = {}
+        entries: dict[str, str] = {}
         for e in os.scandir(path):
-            if e.name.startswith(_KEEP):
-                continue
-            entries[e.name] = e.inode()
-            _walk(Path(e.path), img)
-        img.dirs[st.st_ino] = entries
+            if not e.name.startswith(_KEEP):
+                try:
+                    entries[e.name] = _walk(Path(e.path), img)
+                except FileNotFoundError:  # removed meanwhile (another thread's write)
+                    continue
+        img.dirs[key] = entries
     elif stat.S_ISLNK(st.st_mode):
-        img.links[st.st_ino] = os.readlink(path)
+        img.links[key] = os.readlink(path)
     elif stat.S_ISREG(st.st_mode):
         with open(path, "rb") as f:
-            img.files[st.st_ino] = f.read()
+            img.files[key] = f.read()
+    return key
 
 
 # --------------------------------------------------------------------------- the writer's side
@@ -89,21 +119,22 @@ def install(journal: Path, root: Path) -> None:
     def synced(fd: int) -> None:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            entries = {
-                e.name: e.inode()
-                for e in os.scandir(f"/proc/self/fd/{fd}")
-                if not e.name.startswith(_KEEP)
-            }
-            subdirs = [
-                e.inode()
-                for e in os.scandir(f"/proc/self/fd/{fd}")
-                if e.is_dir(follow_symlinks=False) and not e.name.startswith(_KEEP)
-            ]
-            note({"dir": st.st_ino, "entries": entries, "subdirs": subdirs})
+            entries: dict[str, str] = {}
+            subdirs: list[str] = []
+            for e in os.scandir(f"/proc/self/fd/{fd}"):
+                if e.name.startswith(_KEEP):
+                    continue
+                try:
+                    entries[e.name] = _key(e.path)
+                except OSError:  # gone meanwhile (another thread): not in this image
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append(entries[e.name])
+            note({"dir": ident_fd(fd), "entries": entries, "subdirs": subdirs})
         elif stat.S_ISREG(st.st_mode):
             with open(f"/proc/self/fd/{fd}", "rb") as f:
                 data = f.read()
-            note({"file": st.st_ino, "data": base64.b64encode(data).decode()})
+            note({"file": ident_fd(fd), "data": base64.b64encode(data).decode()})
 
     def fsync(fd: Any) -> None:
         real_fsync(fd)
@@ -188,19 +219,19 @@ def _stage(path: Path, stage: Path) -> None:
         p = Path(e.path)
         if e.is_dir(follow_symlinks=False):
             _stage(p, stage)
-        dest = stage / str(e.inode())
+        dest = stage / _key(p)
         if os.path.lexists(dest):
             p.unlink()  # a second name of a file already staged
         else:
             os.rename(p, dest)
 
 
-def _build(path: Path, ino: int, img: Image, stage: Path, used: dict[int, Path]) -> None:
+def _build(path: Path, ino: str, img: Image, stage: Path, used: dict[str, Path]) -> None:
     """Put back the entries of folder ``ino`` at ``path`` (``used``: the inodes in place).
     An inode staged is moved back (its bytes set to the durable ones); one gone is made
     anew."""
     for name, child in img.dirs.get(ino, {}).items():
-        p, staged = path / name, stage / str(child)
+        p, staged = path / name, stage / child
         if child in img.dirs:
             if staged.exists() and child not in used:
                 os.rename(staged, p)

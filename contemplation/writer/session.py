@@ -168,13 +168,16 @@ class ConvWriter:
         log = self.fd if self.fd is not None else self.conv.log
         before = (*also, log) if self.held and self.durable else also
         folder = (self.conv.dir,) if self.folder_unsynced and self.durable else ()
+        # the claims (renames out of inbox/ into processing/) are as durable as the blocks
+        # the commit counts: else a power cut brings a message answered back into inbox/
+        claims = (self.conv.inbox, self.conv.processing) if self.held and self.durable else ()
         # the log, the temp file and the folder are on the folder's file system
         dev = self.log_stat.st_dev if self.log_stat is not None else None
         if self.meta_unsaved:  # rebuilt alike from the defaults if a power loss takes it
             yield from atomic_write_steps(self.conv.metadata, _file(self.meta), durable=False)
             self.meta_unsaved = False
         if before and not sync_state:
-            yield Durable(files=before, folders=folder, dev=dev)
+            yield Durable(files=before, folders=(*folder, *claims), dev=dev)
             folder = ()
         self.state.updated = now_iso()
         steps = atomic_write_steps(
@@ -182,7 +185,11 @@ class ConvWriter:
         )
         if sync_state and before:  # those files and the temp file in one point
             first = next(steps)
-            yield Durable(files=(*before, *first.files), folders=first.folders, dev=dev)
+            # a reply's commit: the temp file, the record of its end, by name too
+            ends = (self.conv.dir,) if written is not None else ()
+            yield Durable(
+                files=(*before, *first.files), folders=(*first.folders, *claims, *ends), dev=dev
+            )
         yield from steps
         if sync_state or not folder:  # a durable state write ends with this folder's fsync
             self.folder_unsynced = False

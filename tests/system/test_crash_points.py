@@ -85,3 +85,30 @@ def test_a_send_that_answered_survives_a_power_cut_right_after(tmp_path: Path) -
     finally:
         fake.stop()
     assert outcome.ok, outcome.problems
+
+
+@pytest.mark.parametrize("case", ["inbox:0:exit:1:cut", "inbox:0:commit:2:cut"])
+def test_a_message_answered_is_not_taken_again_after_a_power_cut(tmp_path: Path, case: str) -> None:
+    """A power cut once a message's block is committed: its claim (the rename out of inbox/)
+    must be as durable as the commit, or inbox/ holds it again and it is answered twice."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse(case), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
+
+
+def test_a_reply_whole_and_fsynced_when_the_power_goes_is_adopted(tmp_path: Path) -> None:
+    """A power cut once the reply's commit (its log bytes and the state's temp file) is
+    fsynced but before its rename: the temp file's name must be durable too, or the record of
+    the reply's end is gone and the whole reply is asked again (state_tmp:2 is the first
+    reply's commit in the scenario "inbox")."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse("inbox:0:state_tmp:2:cut"), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
