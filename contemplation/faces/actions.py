@@ -542,6 +542,13 @@ def archive_conversation(home: Home, conv: Conv) -> Conv:
                 f"{conv.id} has {queued} queued message(s) that would never be answered in "
                 "completed/; wait for the reply (send --wait) and archive it then"
             )
+        st = read_state(conv)
+        if st is not None and (st.intent is not None or st.rotation is not None):
+            raise InputRejected(  # no writer holds the lock: a crash left it half done
+                f"{conv.id} has a write a crash cut, which the daemon finishes (a reply is "
+                "adopted or redone) and never would in completed/; start it, wait for the "
+                "reply (contemplation wait) and archive it then"
+            )
         return archive(home, conv)
 
 

@@ -8,6 +8,7 @@ been asked once per message whatever the crash point.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from contemplation.store.logview import LogView
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, base_env
-from tests.crashsweep import Case, run_case
+from tests.crashsweep import SCENARIOS, Case, record, run_case, sweep
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -109,6 +110,56 @@ def test_a_reply_whole_and_fsynced_when_the_power_goes_is_adopted(tmp_path: Path
     fake.default_step = Step(chunks=4)
     try:
         outcome = run_case(Case.parse("inbox:0:state_tmp:2:cut"), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
+
+
+def _sample(cases: list[Case]) -> list[Case]:
+    """A deterministic subset for CI: every 9th case of a scenario (and its last); the whole
+    sweep is bench/crash_sweep.py."""
+    return [c for i, c in enumerate(cases) if i % 9 == 0 or i == len(cases) - 1]
+
+
+def test_the_crash_sweep_sample_loses_duplicates_and_diverges_nothing() -> None:
+    """Every scenario recorded fault-free, then a sample of its crash points killed and cut
+    (see tests/crashsweep.py); a failing case names its one-line replay."""
+    result = sweep(sorted(SCENARIOS), pick=_sample)
+    print(json.dumps(result.as_json()))
+    assert not result.failures, "\n".join(result.failures)
+    assert (result.lost, result.duplicated, result.diverged) == (0, 0, 0)
+    assert result.kills >= 10 and result.cuts >= 10
+    # the points a turn passes are all reached, and the faces' delivery
+
+
+def test_a_fault_free_run_records_every_point_of_a_turn_and_of_a_send(tmp_path: Path) -> None:
+    """CONTEMPLATION_CRASH_RECORD lists the points each process reaches, in order: the
+    sweep's list of where to kill."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        points = record(SCENARIOS["send"], tmp_path, fake)
+    finally:
+        fake.stop()
+    assert points[0] == points[1] == ["deliver"]
+    turn = points[2]  # two turns: the order of the first one's points, then the second's
+    assert turn[:4] == ["claim", "intent", "appended", "commit"], turn
+    assert turn.index("reply_header") < turn.index("reply_stream") < turn.index("reply_done")
+    assert turn.count("claim") == turn.count("reply_done") == 2, turn
+
+
+@pytest.mark.parametrize("case", ["archive:0:reply_header:1:kill", "archive:0:reply_done:1:kill"])
+def test_archive_after_a_crash_cut_a_reply_leaves_it_to_be_finished(
+    tmp_path: Path, case: str
+) -> None:
+    """The daemon is killed in a reply, then ``contemplation archive`` runs before it is
+    back: the conversation went to completed/ with its write half done (the reply's intent
+    pending, a temp file left, the reply never marked nor redone, nor adopted). Archive now
+    refuses while a crash's write waits to be finished, as it does for a queued message."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse(case), tmp_path, fake)
     finally:
         fake.stop()
     assert outcome.ok, outcome.problems
