@@ -15,7 +15,7 @@ run, then the daemon until it is idle, and :func:`oracle` counts:
 * diverged: anything else out of place: a reply missing or not whole, blocks out of order,
   files left in ``inbox/``, ``processing/`` or ``failed/``, temp files, a state.json whose
   intent, size or inode disagree with the log, an archived conversation still active (or
-  one not archived gone).
+  one not archived gone), a search index that finds other than a reindex does.
 
 ``python -m tests.crashsweep --case SCENARIO:STEP:POINT:N:MODE`` replays one case.
 """
@@ -51,6 +51,7 @@ class Run:
 
     args: tuple[str, ...] = ()
     sends: str = ""  # the message a ``send`` acknowledges with exit 0
+    creates: str = ""  # the first message of the conversation a ``new`` prints the id of
 
     @property
     def name(self) -> str:
@@ -71,18 +72,23 @@ def _conv(home: Home, topic: str) -> Conv:
     )
 
 
-def _dropped(n_convs: int, n_msgs: int) -> Callable[[Home], dict[str, list[str]]]:
+def _dropped(n_convs: int, n_msgs: int, padding: int = 0) -> Callable[[Home], dict[str, list[str]]]:
     def setup(home: Home) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for c in range(n_convs):
             conv = _conv(home, f"sweep {c}")
-            texts = [f"conv {c} message {i}" for i in range(n_msgs)]
+            texts = [f"conv {c} message {i}" + " padding" * padding for i in range(n_msgs)]
             for i, t in enumerate(texts):
                 drop_message(conv, t, name=f"{i:03d}.msg")
             out[conv.id] = texts
         return out
 
     return setup
+
+
+def _none(home: Home) -> dict[str, list[str]]:
+    home.root.mkdir(parents=True, exist_ok=True)
+    return {}
 
 
 def _empty(home: Home) -> dict[str, list[str]]:
@@ -110,6 +116,27 @@ SCENARIOS: dict[str, Scenario] = {
                 DAEMON,
             ],
         ),
+        # the CLI starts a conversation with its first message, the daemon answers it
+        Scenario(
+            "new",
+            _none,
+            lambda ids: [
+                Run(
+                    ("new", "sweep new", "-m", "llama3.2", "-b", "ollama", "--message", "hi"),
+                    creates="hi",
+                ),
+                DAEMON,
+            ],
+        ),
+        # three long messages in a log that rotates (rotate_bytes 1024) on the way
+        Scenario(
+            "rotate",
+            _dropped(1, 3, padding=60),
+            lambda ids: [DAEMON],
+            {"CONTEMPLATION_ROTATE_BYTES": "1024"},
+        ),
+        # a conversation answered, then forked by the CLI (the fork waits for the agent)
+        Scenario("fork", _dropped(1, 1), lambda ids: [DAEMON, Run(("fork", ids[0]))]),
         # a conversation answered, then archived by the CLI
         Scenario(
             "archive",
@@ -228,6 +255,10 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
         conv_id = run.args[1] if run.args else ""
         if run.sends:
             (acked if done.returncode == 0 else sent_unacked)[conv_id].append(run.sends)
+        if run.creates and done.returncode == 0:
+            acked[done.stdout.decode().split()[-1]] = [run.creates]
+        elif run.creates:
+            sent_unacked.setdefault("", []).append(run.creates)
         if run.name == "archive" and done.returncode == 0:
             archived.add(conv_id)
         if journal is not None and baseline is not None:
@@ -237,7 +268,28 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     for _ in range(10):  # the daemon until it is idle
         if _process(DAEMON, _env(home, fake, dict(scenario.env)), None).returncode == 0:
             break
-    return oracle(home, acked, sent_unacked, archived, was_whole)
+    out = oracle(home, acked, sent_unacked, archived, was_whole)
+    index_agrees(home, _env(home, fake, {}), out)
+    return out
+
+
+def index_agrees(home: Home, env: dict[str, str], out: Outcome) -> None:
+    """The search index as the crash and the restarts left it (brought up to date the way a
+    search does) finds what one made anew from the folders (``reindex``) finds."""
+
+    def hits() -> list[str]:
+        args = ("search", "--all", "--mode", "words", "--limit", "200", "--json", "Echo")
+        done = _process(Run(args), env, None)
+        if done.returncode != 0:
+            return [f"search failed: {done.stderr.decode()[-300:]}"]
+        return sorted(done.stdout.decode().splitlines())
+
+    before = hits()
+    _process(Run(("reindex",)), env, None)
+    after = hits()
+    if before != after:
+        out.diverged += 1
+        out.problems.append(f"diverged: the index found {before} where a reindex finds {after}")
 
 
 def whole_at_crash(home: Home) -> dict[str, str]:
@@ -272,6 +324,14 @@ def oracle(
         out.problems.append(f"{kind}: {what}")
 
     convs = {c.id: c for c in list_conversations(home, include_completed=True)}
+    unasked = [t for texts in maybe.values() for t in texts]
+    for conv_id, conv in list(convs.items()):  # a name a killed `new` reserved: no folder
+        if conv_id not in acked and conv.dir.is_dir() and not any(conv.dir.iterdir()):
+            del convs[conv_id]  # of a conversation ("an empty folder is never adopted")
+    for conv_id in convs:  # made by a step (a fork; a `new` that never answered)
+        acked.setdefault(conv_id, [])
+        maybe.setdefault(conv_id, [])
+    everywhere: list[str] = []
     for conv_id, texts in acked.items():
         conv = convs.get(conv_id)
         if conv is None:
@@ -282,6 +342,7 @@ def oracle(
             bad("diverged", f"{conv_id} is in {conv.dir.parent.name}/")
         blocks = LogView(conv).refresh().blocks if conv.log.exists() else []
         agent = [b.text for b in blocks if b.kind is BlockKind.AGENT]
+        everywhere.extend(agent)
         for t in texts:
             if agent.count(t) == 0:
                 bad("lost", f"{conv_id}: {t!r} is not in the log")
@@ -294,6 +355,9 @@ def oracle(
             bad("diverged", f"{conv_id}: messages out of order: {agent}")
         _replies(conv_id, blocks, bad, whole.get(conv_id, ""))
         _files(conv, bad)
+    for t in unasked:  # a message no one was told was taken: once at most, anywhere
+        if everywhere.count(t) > 1:
+            bad("duplicated", f"{t!r} is in the logs {everywhere.count(t)} times")
     return out
 
 

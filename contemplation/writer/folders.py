@@ -55,9 +55,12 @@ def ensure_home(home: Home) -> None:
     """The home's folders. A templates/ folder made here gets the shipped templates (to
     read and edit); one that exists is never touched. Each is the owner's alone (see
     :mod:`contemplation.base.privacy`); an existing folder's mode is left as it is."""
+    made = [d for d in (home.root, home.active, home.completed) if not d.is_dir()]
     home.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
     for d in (home.active, home.completed):
         d.mkdir(DIR_MODE, exist_ok=True)
+    for d in {p.parent for p in made}:  # made here: durable before anything is put in them
+        fsync_dir(d)  # (the first conversation of a home answered, then a power cut: gone)
     try:
         home.templates.mkdir(DIR_MODE)
     except FileExistsError:

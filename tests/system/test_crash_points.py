@@ -163,3 +163,16 @@ def test_archive_after_a_crash_cut_a_reply_leaves_it_to_be_finished(
     finally:
         fake.stop()
     assert outcome.ok, outcome.problems
+
+
+def test_the_first_new_conversation_of_a_home_survives_a_power_cut(tmp_path: Path) -> None:
+    """``contemplation new --message`` on a home that did not exist yet answers with the id,
+    then the power goes: the conversation and its message are there (the home's folders,
+    made by that command, were never made durable: active/ itself was lost)."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse("new:0:exit:1:cut"), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
