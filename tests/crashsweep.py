@@ -325,8 +325,8 @@ def oracle(
 
     convs = {c.id: c for c in list_conversations(home, include_completed=True)}
     unasked = [t for texts in maybe.values() for t in texts]
-    for conv_id, conv in list(convs.items()):  # a name a killed `new` reserved: no folder
-        if conv_id not in acked and conv.dir.is_dir() and not any(conv.dir.iterdir()):
+    for conv_id, found in list(convs.items()):  # a name a killed `new` reserved: no folder
+        if conv_id not in acked and found.dir.is_dir() and not any(found.dir.iterdir()):
             del convs[conv_id]  # of a conversation ("an empty folder is never adopted")
     for conv_id in convs:  # made by a step (a fork; a `new` that never answered)
         acked.setdefault(conv_id, [])
@@ -353,7 +353,9 @@ def oracle(
                 bad("duplicated", f"{conv_id}: {t!r} is in the log {agent.count(t)} times")
         if [t for t in agent if t in texts] != texts:
             bad("diverged", f"{conv_id}: messages out of order: {agent}")
-        _replies(conv_id, blocks, bad, whole.get(conv_id, ""))
+        tail = conv.log.read_bytes()[-400:] if conv.log.exists() else b""
+        forked = b"\n=== FORKED: " in tail and tail.rstrip().endswith(b"===")
+        _replies(conv_id, blocks, bad, whole.get(conv_id, ""), forked=forked)
         _files(conv, bad)
     for t in unasked:  # a message no one was told was taken: once at most, anywhere
         if everywhere.count(t) > 1:
@@ -362,7 +364,12 @@ def oracle(
 
 
 def _replies(
-    conv_id: str, blocks: Sequence[Block], bad: Callable[[str, str], None], was_whole: str
+    conv_id: str,
+    blocks: Sequence[Block],
+    bad: Callable[[str, str], None],
+    was_whole: str,
+    *,
+    forked: bool = False,
 ) -> None:
     """After each agent block: interrupted replies (each cut, never whole), then one whole.
     ``was_whole``: the message whose reply was whole in the log when the process died (see
@@ -378,6 +385,8 @@ def _replies(
         while i < len(blocks) and blocks[i].kind is BlockKind.MODEL and not whole(blocks[i]):
             cut.append(blocks[i].text)
             i += 1
+        if i >= len(blocks) and forked:  # a fork made at the agent's block waits for it
+            continue
         if i >= len(blocks) or blocks[i].kind is not BlockKind.MODEL:
             bad("diverged", f"{conv_id}: {msg.text!r} has no whole reply")
             continue
