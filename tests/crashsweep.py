@@ -34,10 +34,10 @@ from pathlib import Path
 
 from contemplation.models import Block, BlockKind
 from contemplation.protocol.conversation import whole
-from contemplation.store.layout import Conv, Home, list_conversations, read_state
+from contemplation.store.layout import Conv, Home, list_conversations, read_metadata, read_state
 from contemplation.store.logview import LogView
 from contemplation.store.templates import load_template
-from contemplation.writer import drop_message, new_conversation
+from contemplation.writer import archive, drop_message, new_conversation, open_writer
 from tests import powercut
 from tests.conftest import ROOT, base_env
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -52,6 +52,10 @@ class Run:
     args: tuple[str, ...] = ()
     sends: str = ""  # the message a ``send`` acknowledges with exit 0
     creates: str = ""  # the first message of the conversation a ``new`` prints the id of
+    decides: bool = False  # an ``approve``: its decision is recorded once, and final
+    remembers: str = ""  # a ``memory add``'s key: kept once, with its value, after exit 0
+    prunes: bool = False  # a ``prune``: the conversations it names are gone after exit 0
+    retry: bool = False  # run again once when the crash made it fail (as its user would)
 
     @property
     def name(self) -> str:
@@ -93,6 +97,33 @@ def _none(home: Home) -> dict[str, list[str]]:
 
 def _empty(home: Home) -> dict[str, list[str]]:
     return {_conv(home, "sweep send").id: []}
+
+
+ASKING = "look it up\nNEED: Brain memory about sweep"  # the echo asks for a lookup
+
+
+def _asking(home: Home) -> dict[str, list[str]]:
+    """A conversation whose first reply asks for a lookup the config marks ``ask``."""
+    config = home.root.parent / "xdg-config" / "contemplation" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[permissions]\n"memory.search" = "ask"\n')
+    conv = _conv(home, "sweep approve")
+    drop_message(conv, ASKING, name="000.msg")
+    return {conv.id: [ASKING]}
+
+
+def _archived_long_ago(home: Home) -> dict[str, list[str]]:
+    """Two archived conversations last said something in 2024 (``prune`` takes them) and an
+    active one (never pruned)."""
+    kept = _conv(home, "sweep kept")
+    for n in range(2):
+        conv = _conv(home, f"sweep old {n}")
+        conv.log.write_text("=== CLAUDE -> LLAMA3_2 [2024-01-01 10:00:00] ===\nold words\n")
+        with open_writer(conv) as w:
+            w.check_identity()
+            w.adopt_foreign()
+        archive(home, conv)
+    return {kept.id: []}
 
 
 DAEMON = Run()
@@ -142,6 +173,32 @@ SCENARIOS: dict[str, Scenario] = {
             "archive",
             _dropped(1, 1),
             lambda ids: [DAEMON, Run(("archive", ids[0]))],
+        ),
+        # a reply asks for a lookup marked ask; the CLI approves it; the daemon answers it
+        Scenario(
+            "approve",
+            _asking,
+            lambda ids: [
+                DAEMON,
+                Run(("approve", ids[0], "--once"), decides=True, retry=True),
+                DAEMON,
+            ],
+        ),
+        # the CLI remembers a fact, then sends a message whose reply looks it up
+        Scenario(
+            "memory",
+            _empty,
+            lambda ids: [
+                Run(("memory", "add", "sweep", "the sweep value is 42"), remembers="sweep"),
+                Run(("send", ids[0], ASKING), sends=ASKING),
+                DAEMON,
+            ],
+        ),
+        # prune deletes the archived conversations of long ago, never an active one
+        Scenario(
+            "prune",
+            _archived_long_ago,
+            lambda ids: [Run(("prune", "--older-than", "7d"), prunes=True, retry=True)],
         ),
     )
 }
@@ -241,6 +298,7 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     sent_unacked: dict[str, list[str]] = {k: [] for k in ids}
     archived: set[str] = set()
     was_whole: dict[str, str] = {}
+    acts = Acts(prunable=_prunable(home))
     for i, run in enumerate(scenario.runs(ids)):
         extra = dict(scenario.env)
         journal: Path | None = None
@@ -265,12 +323,79 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
             powercut.cut(home.root, baseline, journal)
         if i == case.step:
             was_whole = whole_at_crash(home)
+        if run.retry and done.returncode != 0:  # the user runs it again
+            done = _process(run, _env(home, fake, dict(scenario.env)), None)
+        acts.told(run, conv_id, done.returncode == 0)
     for _ in range(10):  # the daemon until it is idle
         if _process(DAEMON, _env(home, fake, dict(scenario.env)), None).returncode == 0:
             break
+    archived |= acts.prunable - {c for c in acts.prunable if acts.pruned}
     out = oracle(home, acked, sent_unacked, archived, was_whole)
+    acts.check(home, _env(home, fake, {}), out)
     index_agrees(home, _env(home, fake, {}), out)
     return out
+
+
+def _prunable(home: Home) -> set[str]:
+    return {
+        c.id
+        for c in list_conversations(home, include_completed=True)
+        if c.dir.parent == home.completed
+    }
+
+
+@dataclass
+class Acts:
+    """What the commands other than ``send`` were told was done (exit 0), and the oracle
+    of each: a decision recorded once and final, a memory kept once, a prune whole."""
+
+    prunable: set[str]
+    decided: dict[str, bool] = field(default_factory=dict)  # conversation -> acknowledged
+    remembered: set[str] = field(default_factory=set)
+    pruned: bool = False
+
+    def told(self, run: Run, conv_id: str, ok: bool) -> None:
+        if run.decides:
+            self.decided[conv_id] = self.decided.get(conv_id, False) or ok
+        if run.remembers and ok:
+            self.remembered.add(run.remembers)
+        self.pruned = self.pruned or (run.prunes and ok)
+
+    def check(self, home: Home, env: dict[str, str], out: Outcome) -> None:
+        def bad(kind: str, what: str) -> None:
+            setattr(out, kind, getattr(out, kind) + 1)
+            out.problems.append(f"{kind}: {what}")
+
+        for conv_id, acked in self.decided.items():
+            meta = read_metadata(home.conv(conv_id))
+            made = meta.approvals() if meta is not None else []
+            if acked and not made:
+                bad("lost", f"{conv_id}: the decision approve was told is recorded is not")
+            if len({d.request for d in made}) != len(made):
+                bad("duplicated", f"{conv_id}: a lookup decided twice: {made}")
+            st = read_state(home.conv(conv_id))
+            if acked and st is not None and st.pending_approvals:
+                bad("diverged", f"{conv_id}: still waits for approval: {st.pending_approvals}")
+        if self.remembered:
+            done = _process(Run(("memory", "list", "--json")), env, None)
+            listed = done.stdout.decode()
+            for key in self.remembered:
+                n = listed.count(f'"{key}"')
+                if n != 1 or "the sweep value is 42" not in listed:
+                    bad(
+                        "lost" if n == 0 else "duplicated",
+                        f"memory {key!r} listed {n} times: {listed[-300:]}",
+                    )
+        left = self.prunable & {c.id for c in list_conversations(home, include_completed=True)}
+        if self.pruned and left:
+            bad("diverged", f"prune answered, and {sorted(left)} are still archived")
+        half = (
+            [p.name for p in home.completed.iterdir() if p.name.startswith(".")]
+            if home.completed.is_dir()
+            else []
+        )
+        if half:
+            bad("diverged", f"left in completed/: {half}")
 
 
 def index_agrees(home: Home, env: dict[str, str], out: Outcome) -> None:

@@ -48,7 +48,8 @@ FACE_POINTS = (
 # the derived index and retention (reached by search, list, reindex and prune, not by a turn)
 INDEX_POINTS = (
     "index_write",  # inside an index transaction: a conversation's text written, not its row
-    "prune",  # after an archived conversation was renamed out of sight, before its deletion
+    "prune",  # after the archived conversations were renamed out of sight, before an fsync
+    "pruned",  # after one of them was removed, before the next
 )
 
 # a fork (reached by `contemplation fork`, MCP conversation_fork, the dashboard's "fork here")

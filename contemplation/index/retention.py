@@ -62,11 +62,12 @@ def prune(home: Home, older_than_s: float, *, dry_run: bool = False) -> Pruned:
     out = Pruned(dry_run=dry_run)
     if not dry_run:
         finish_deletions(home)
-    for conv_id, last_ts, disk in db.read(home, old):
-        row = {"id": conv_id, "last_activity": rows.clock(last_ts), "bytes": disk}
-        if not dry_run and not delete_archived(home, conv_id):
-            continue
-        out.removed.append(row)
+    found = db.read(home, old)
+    deleted = set(delete_archived(home, [r[0] for r in found])) if not dry_run else set()
+    for conv_id, last_ts, disk in found:
+        if not dry_run and conv_id not in deleted:
+            continue  # reopened or removed meanwhile
+        out.removed.append({"id": conv_id, "last_activity": rows.clock(last_ts), "bytes": disk})
         out.freed += disk
     if out.removed and not dry_run:
         db.forget(home, [r["id"] for r in out.removed])

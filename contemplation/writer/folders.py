@@ -514,18 +514,29 @@ def idempotent_create(
 TRASH = ".pruning-"  # an archived conversation on its way out: no face lists a dot-name
 
 
-def delete_archived(home: Home, conv_id: str) -> bool:
-    """Delete an archived conversation (``prune``): out of sight at once (a dot-name within
-    ``completed/``), then removed; False when it was reopened or removed meanwhile."""
-    src = home.completed / conv_id
-    gone = home.completed / f"{TRASH}{conv_id}.{os.getpid()}"
-    try:
-        os.rename(src, gone)  # out of sight at once: reopen or a reader never sees it half gone
-    except FileNotFoundError:
-        return False  # reopened or removed meanwhile
+def delete_archived(home: Home, conv_ids: list[str]) -> list[str]:
+    """Delete archived conversations (``prune``): each out of sight at once (a dot-name
+    within ``completed/``), those renames made durable by one fsync of ``completed/``, then
+    each removed and the removals made durable. Returns the ids deleted (one reopened or
+    removed meanwhile is not). A power cut never brings back a conversation ``prune`` said it
+    deleted, nor half of one (its files removed, its rename undone)."""
+    gone: list[tuple[str, Path]] = []
+    for conv_id in conv_ids:
+        trash = home.completed / f"{TRASH}{conv_id}.{os.getpid()}"
+        try:
+            os.rename(home.completed / conv_id, trash)  # out of sight: never seen half gone
+        except FileNotFoundError:
+            continue  # reopened or removed meanwhile
+        gone.append((conv_id, trash))
+    if not gone:
+        return []
     crashpoint("prune")
-    shutil.rmtree(gone, ignore_errors=True)
-    return True
+    fsync_dir(home.completed)  # the renames before any file goes (a cut: whole, or gone)
+    for _, trash in gone:
+        shutil.rmtree(trash, ignore_errors=True)
+        crashpoint("pruned")
+    fsync_dir(home.completed)  # (a cut after prune answered: the trash is not back either)
+    return [conv_id for conv_id, _ in gone]
 
 
 def finish_deletions(home: Home) -> None:

@@ -115,6 +115,20 @@ def test_a_reply_whole_and_fsynced_when_the_power_goes_is_adopted(tmp_path: Path
     assert outcome.ok, outcome.problems
 
 
+@pytest.mark.parametrize("case", ["prune:0:exit:1:cut", "prune:0:pruned:1:cut"])
+def test_a_prune_that_answered_stays_done_after_a_power_cut(tmp_path: Path, case: str) -> None:
+    """prune renamed the conversations out of sight and removed them, and never fsynced
+    completed/: a power cut after it answered brought them back (the removal undone), and
+    one mid-way half a conversation (its files gone, its rename undone)."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse(case), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
+
+
 def _sample(cases: list[Case]) -> list[Case]:
     """A deterministic subset for CI: every 9th case of a scenario (and its last); the whole
     sweep is bench/crash_sweep.py."""
