@@ -56,6 +56,11 @@ class Run:
     remembers: str = ""  # a ``memory add``'s key: kept once, with its value, after exit 0
     prunes: bool = False  # a ``prune``: the conversations it names are gone after exit 0
     retry: bool = False  # run again once when the crash made it fail (as its user would)
+    call: tuple[str, str] = ("", "")  # ``mcp``: a tool and its arguments (JSON), as a task
+
+    @property
+    def tool(self) -> str:
+        return self.call[0]
 
     @property
     def name(self) -> str:
@@ -126,6 +131,14 @@ def _archived_long_ago(home: Home) -> dict[str, list[str]]:
     return {kept.id: []}
 
 
+MCP_START = {
+    "topic": "sweep mcp",
+    "initial_prompt": "hi from mcp",
+    "backend": "ollama",
+    "model": "llama3.2",
+    "idempotency_key": "sweep-start-1",
+}
+
 DAEMON = Run()
 
 SCENARIOS: dict[str, Scenario] = {
@@ -194,6 +207,29 @@ SCENARIOS: dict[str, Scenario] = {
                 DAEMON,
             ],
         ),
+        # through the MCP server, as tasks: a message to a conversation, then a new one
+        # (a start a crash failed is asked again with its idempotency key, as a client would)
+        Scenario(
+            "mcp",
+            _empty,
+            lambda ids: [
+                Run(
+                    ("mcp",),
+                    sends="sent by mcp",
+                    call=(
+                        "conversation_respond",
+                        json.dumps({"conversation_id": ids[0], "response": "sent by mcp"}),
+                    ),
+                ),
+                Run(
+                    ("mcp",),
+                    creates="hi from mcp",
+                    retry=True,
+                    call=("conversation_start", json.dumps(MCP_START)),
+                ),
+                DAEMON,
+            ],
+        ),
         # prune deletes the archived conversations of long ago, never an active one
         Scenario(
             "prune",
@@ -257,7 +293,60 @@ def _process(
         if journal is not None
         else [sys.executable, "-m", "contemplation", *args]
     )
+    if run.tool:
+        return mcp_call(cmd, env, run.tool, json.loads(run.call[1]))
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, timeout=120)
+
+
+TASKS = "io.modelcontextprotocol/tasks"
+META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "crashsweep", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}},
+}
+
+
+def mcp_call(
+    cmd: list[str], env: dict[str, str], method: str, params: dict[str, object]
+) -> subprocess.CompletedProcess[bytes]:
+    """One request to an MCP server process (JSON-RPC lines on its stdin/stdout, the tasks
+    extension on): ``method`` is a tool's name (a ``tools/call``) or a method (``tasks/get``).
+    Exit 0 and the result's JSON on stdout when it answered, else 1 (the process died
+    first: nothing was acknowledged)."""
+    if "/" not in method:
+        params, method = {"name": method, "arguments": params}, "tools/call"
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": META}},
+        {"jsonrpc": "2.0", "id": 2, "method": method, "params": {**params, "_meta": META}},
+    ]
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            for x in lines:
+                proc.stdin.write((json.dumps(x) + "\n").encode())
+            proc.stdin.flush()
+            answer: dict[str, object] | None = None
+            for line in proc.stdout:  # ends when the process dies (a crash point)
+                got = json.loads(line)
+                if got.get("id") == 2:
+                    answer = got
+                    break
+            proc.stdin.close()
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+        err = proc.stderr.read() if proc.stderr is not None else b""
+    result = answer.get("result") if answer is not None else None
+    if isinstance(result, dict) and not result.get("isError"):
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(result).encode(), err)
+    return subprocess.CompletedProcess(cmd, 1, json.dumps(answer).encode(), err)
 
 
 def record(scenario: Scenario, work: Path, fake: FakeOllama) -> list[list[str]]:
@@ -310,22 +399,27 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
                 journal = work / "journal"
                 baseline = powercut.snapshot(home.root)
         done = _process(run, _env(home, fake, extra), journal)
-        conv_id = run.args[1] if run.args else ""
-        if run.sends:
-            (acked if done.returncode == 0 else sent_unacked)[conv_id].append(run.sends)
-        if run.creates and done.returncode == 0:
-            acked[done.stdout.decode().split()[-1]] = [run.creates]
-        elif run.creates:
-            sent_unacked.setdefault("", []).append(run.creates)
-        if run.name == "archive" and done.returncode == 0:
-            archived.add(conv_id)
         if journal is not None and baseline is not None:
             powercut.cut(home.root, baseline, journal)
         if i == case.step:
             was_whole = whole_at_crash(home)
         if run.retry and done.returncode != 0:  # the user runs it again
+            if run.creates:  # (what the first try made, if anything, is not to be repeated)
+                sent_unacked.setdefault("", []).append(run.creates)
             done = _process(run, _env(home, fake, dict(scenario.env)), None)
+        conv_id = _target(run)
+        if run.sends:
+            (acked if done.returncode == 0 else sent_unacked)[conv_id].append(run.sends)
+        if run.creates and done.returncode == 0:
+            made = _made(run, done.stdout.decode())
+            acked[made] = [run.creates]
+            sent_unacked.setdefault("", []).append(run.creates)  # in one conversation only
+        elif run.creates:
+            sent_unacked.setdefault("", []).append(run.creates)
+        if run.name == "archive" and done.returncode == 0:
+            archived.add(conv_id)
         acts.told(run, conv_id, done.returncode == 0)
+        acts.task(run, done)
     for _ in range(10):  # the daemon until it is idle
         if _process(DAEMON, _env(home, fake, dict(scenario.env)), None).returncode == 0:
             break
@@ -334,6 +428,21 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     acts.check(home, _env(home, fake, {}), out)
     index_agrees(home, _env(home, fake, {}), out)
     return out
+
+
+def _target(run: Run) -> str:
+    """The conversation a step names (``send ID``, an MCP call's ``conversation_id``)."""
+    if run.tool:
+        return str(json.loads(run.call[1]).get("conversation_id", ""))
+    return run.args[1] if len(run.args) > 1 else ""
+
+
+def _made(run: Run, stdout: str) -> str:
+    """The conversation a ``new`` (its id, printed last) or a ``conversation_start`` (its
+    task's id, ``<conversation>.<secret>``) made."""
+    if run.tool:
+        return str(json.loads(stdout)["taskId"]).rsplit(".", 1)[0]
+    return stdout.rsplit(maxsplit=1)[-1]
 
 
 def _prunable(home: Home) -> set[str]:
@@ -353,6 +462,7 @@ class Acts:
     decided: dict[str, bool] = field(default_factory=dict)  # conversation -> acknowledged
     remembered: set[str] = field(default_factory=set)
     pruned: bool = False
+    tasks: list[str] = field(default_factory=list)  # the MCP tasks answered
 
     def told(self, run: Run, conv_id: str, ok: bool) -> None:
         if run.decides:
@@ -360,6 +470,10 @@ class Acts:
         if run.remembers and ok:
             self.remembered.add(run.remembers)
         self.pruned = self.pruned or (run.prunes and ok)
+
+    def task(self, run: Run, done: subprocess.CompletedProcess[bytes]) -> None:
+        if run.tool and done.returncode == 0:
+            self.tasks.append(str(json.loads(done.stdout)["taskId"]))
 
     def check(self, home: Home, env: dict[str, str], out: Outcome) -> None:
         def bad(kind: str, what: str) -> None:
@@ -386,6 +500,12 @@ class Acts:
                         "lost" if n == 0 else "duplicated",
                         f"memory {key!r} listed {n} times: {listed[-300:]}",
                     )
+        mcp = [sys.executable, "-m", "contemplation", "mcp"]
+        for task in self.tasks:  # each task answered completes, asked from any MCP process
+            got = mcp_call(mcp, env, "tasks/get", {"taskId": task})
+            status = json.loads(got.stdout).get("status") if got.returncode == 0 else None
+            if status != "completed":
+                bad("diverged", f"task {task} is {status}: {got.stdout.decode()[-300:]}")
         left = self.prunable & {c.id for c in list_conversations(home, include_completed=True)}
         if self.pruned and left:
             bad("diverged", f"prune answered, and {sorted(left)} are still archived")

@@ -31,7 +31,7 @@ POINTS = (
     "reply_header",  # after a reply's header was written
     "reply_stream",  # after some reply tokens were written
     "reply_done",  # after the reply was fully written, before its commit
-    "state_tmp",  # inside an atomic state write, after the temp file was written
+    "state_tmp",  # inside an atomic write of state.json, after the temp file was written
     "archive",  # before the conversation folder is moved to completed/
     "rotate",  # after a rotation was journaled in state.json, before any rename
     "rotate_renamed",  # after messages.log became messages.1.log, before the new log exists
@@ -43,6 +43,14 @@ FACE_POINTS = (
     "deliver",  # a message renamed into inbox/, before inbox/ was fsynced
     "withdraw",  # a queued message renamed to its hidden name, before its removal
     "unarchive",  # before an archived conversation is moved back into active/
+)
+
+# the other files written whole (temp file, fsync, rename): after the temp file was written
+RECORD_POINTS = (
+    "metadata_tmp",  # metadata.json: the decisions (approve), a model set, the daemon's own
+    "task_tmp",  # an MCP task's record (tasks/<secret>.json)
+    "memory_tmp",  # the memory store (<home>/memory.json)
+    "file_tmp",  # any other (current-state.json, .idempotency.json, the daemon's info, …)
 )
 
 # the derived index and retention (reached by search, list, reindex and prune, not by a turn)

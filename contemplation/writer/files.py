@@ -76,7 +76,7 @@ def atomic_write_steps(
             os.unlink(tmp)
         raise
     os.close(fd)
-    crashpoint("state_tmp")
+    crashpoint(_point(path))
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -85,6 +85,17 @@ def atomic_write_steps(
         raise
     if durable:
         yield Durable(folders=(path.parent,), dev=dev)
+
+
+def _point(path: Path) -> str:
+    """The crash point of an atomic write of ``path`` (see :mod:`contemplation.base.testing`):
+    named by what the file records."""
+    if path.parent.name == "tasks":
+        return "task_tmp"
+    return _POINTS.get(path.name, "file_tmp")
+
+
+_POINTS = {"state.json": "state_tmp", "metadata.json": "metadata_tmp", "memory.json": "memory_tmp"}
 
 
 def atomic_write_bytes(
