@@ -6,8 +6,9 @@ its own process, both started here; the CLI as a person types it:
 ``contemplation new T --model s1 [--model s2 …] --message Q --wait``. The seats are aliases
 of the one server model with their own seeds, each reply exactly 64 tokens (ignore_eos). Prints the
 round's wall time (median and max of ``--rounds``) for 1, 2 and 3 seats and its ratio to one
-seat: the seats of a round answer one after another, so the ratio is about the number of
-seats whatever the server's slots (``--parallel 2`` shows it).
+seat. With one slot the seats answer one after another (the ratio is about the number of
+seats); with ``--parallel N`` the later seats are asked at once while the first streams
+(their replies held in memory, written in turn), as far as the N slots allow.
 """
 
 from __future__ import annotations

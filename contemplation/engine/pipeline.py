@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 
 from contemplation.engine import answering, inflight
+from contemplation.engine.prefetch import Ahead
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
 from contemplation.engine.tracking import Tracked
@@ -193,7 +194,7 @@ def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> Turn
                 at = now + max(settle, WRITER_RECHECK)
             else:
                 seen.writing.pop(entry.path, None)
-                claimed_path = claim(conv, entry.path)
+                claimed_path = claim(conv, entry.path, durable=w.durable)
                 if claimed_path is None:
                     continue
                 return _take(w, rt, claimed_path)
@@ -365,13 +366,14 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
             wait=False,
         ) as w:
             own = w.meta  # the conversation's; a panel's seat speaks through it in turn
+            held_ahead = Ahead()  # a panel's seats asked ahead: closed with the session
             try:
                 for _ in range(TURNS_PER_SESSION):
                     fresh = conv.id not in seen.recovered  # this run's first look: recovery
                     decision = await _step(conv, rt, seen, w, own)
                     if not isinstance(decision, TurnDue):
                         break
-                    turn = Turn(conv, rt, seen, w)
+                    turn = Turn(conv, rt, seen, w, held_ahead)
                     stop = await inflight.begin(turn, fresh=fresh)
                     if stop is not None:  # a turn runs that died during it: not again
                         return stop
@@ -385,6 +387,7 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
                 else:
                     return AGAIN
             finally:
+                await held_ahead.close()  # what was asked ahead and not taken: nothing kept
                 w.flush()  # what the step or the turn committed in memory, before the lock goes
                 seen.remember_size(conv)
                 rt.retries.note(conv.id, w.state.next_retry_at)  # a retry set: how far off

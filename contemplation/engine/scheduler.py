@@ -130,6 +130,15 @@ class ModelScheduler:
                 del self.granted[:-GRANTS_KEPT]
             waiter.future.set_result(self)
 
+    def try_slot(self) -> Held | None:
+        """A slot now, without waiting: only when one is free and no turn waits here (a
+        panel's seat asked ahead never takes a slot a turn is queued for). Held until
+        released."""
+        if self._free <= 0 or self.waiting:
+            return None
+        self._free -= 1
+        return Held(self)
+
     @contextlib.asynccontextmanager
     async def slot(self, model: str) -> AsyncIterator[Held]:
         fut: asyncio.Future[ModelScheduler] = asyncio.get_running_loop().create_future()

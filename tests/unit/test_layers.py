@@ -121,7 +121,7 @@ def test_the_scan_sees_a_write(tmp_path: Path) -> None:
 
 
 # The turn's room (issue 46): its phases in the order they may import each other
-TURN_CHAIN = ["state", "retrying", "prepare", "fit", "stream", "end", "run"]
+TURN_CHAIN = ["state", "retrying", "prepare", "fit", "ahead", "stream", "end", "run"]
 
 
 def test_the_turns_phases_are_a_chain_and_its_room_has_two_doors() -> None:

@@ -25,7 +25,7 @@ from contemplation.prompt.prompts import NeedForm, build_request
 from contemplation.prompt.reach import reach
 from contemplation.prompt.summarise import summarise
 from contemplation.protocol import panel, structured
-from contemplation.protocol.conversation import awaiting
+from contemplation.protocol.conversation import awaiting, next_action
 from contemplation.protocol.panel import seated
 from contemplation.store import attachments
 from contemplation.store.templates import Template
@@ -65,24 +65,36 @@ def window(options: Mapping[str, Any], known: int | None, kept: int | None) -> i
     return min(got, kept) if kept else got
 
 
-async def plan(turn: Turn, prepared: Prepared) -> budget.Plan | None:
+async def plan(
+    turn: Turn, prepared: Prepared, *, seat: Metadata | None = None
+) -> budget.Plan | None:
     """The turn's request, built from the log before the slot is granted (the lock is held
     since the step decided the turn, so the log cannot change meanwhile but for bytes
-    appended by hand, which wait for the next step). None: no turn is due after all."""
+    appended by hand, which wait for the next step). None: no turn is due after all.
+    ``seat``: another seat of the panel, asked ahead (:mod:`.ahead`): the request its own
+    turn will build, when its thread wants a turn."""
     conv, rt, w, meta = turn.conv, turn.rt, turn.w, prepared.meta
     view = turn.seen.view(conv, w.meta.agent_label)
     parsed = await view.refreshed(fd=w.fd)
-    due = seated(w.meta, parsed.blocks, awaiting(w.state, w.meta))
-    if due.nxt.action != "turn" or due.meta.sender_label() != w.meta.sender_label():
-        return None  # answered or cancelled meanwhile, or another seat of a panel is due
+    label: str | None = None
+    if seat is None:
+        due = seated(w.meta, parsed.blocks, awaiting(w.state, w.meta))
+        if due.nxt.action != "turn" or due.meta.sender_label() != w.meta.sender_label():
+            return None  # answered or cancelled meanwhile, or another seat of a panel is due
+        label = due.seat
+    else:
+        label = seat.model_label
+        seen = panel.view(seat, parsed.blocks, label)
+        if next_action(seen, awaiting(w.state, seat)).action != "turn":
+            return None
     ratio = rt.calibration.ratio(meta.model)
     blocks, first = parsed.blocks, 0
     kept = rt.calibration.kept.get(meta.model)
     if view.bare_count:  # a long log: the newest blocks' text read back, as far as needed
         wanted = window(meta.options, prepared.window, kept)
         blocks, first = await on_thread(lambda: reach(view, parsed.blocks, wanted, ratio))
-    if due.seat is not None:  # a panel's seat: its own thread of the log
-        blocks, first = _seat_view(w.meta, blocks, first, due.seat)
+    if label is not None:  # a panel's seat: its own thread of the log
+        blocks, first = _seat_view(seat or w.meta, blocks, first, label)
     blind = ""
     if not prepared.vision:  # older images left out, said once (its own message's: an ERROR)
         blocks, blind = attachments.blind(blocks, meta.model)
@@ -93,7 +105,7 @@ async def plan(turn: Turn, prepared: Prepared) -> budget.Plan | None:
         template=tpl,
         needs=offered(rt, meta),
         spec=structured.spec_for(blocks, tpl.schema if tpl else None),
-        session=None if due.seat else w.state.backend_session,  # a server session is one seat's
+        session=None if label else w.state.backend_session,  # a server session is one seat's
         kept=kept,
     )
     fit_it = functools.partial(fitted, prepared, history)

@@ -13,8 +13,9 @@ import structlog
 from contemplation.backends.providers import Target
 from contemplation.engine.affinity import CopiesSlots, NamesSlots
 from contemplation.engine.runtime import Runtime
-from contemplation.engine.scheduler import Held, slot_any
+from contemplation.engine.scheduler import Held
 from contemplation.engine.steps import AGAIN, Outcome
+from contemplation.engine.turn import ahead
 from contemplation.engine.turn.end import finish
 from contemplation.engine.turn.fit import fit, plan, with_images
 from contemplation.engine.turn.prepare import prepare
@@ -68,16 +69,11 @@ async def run_turn(turn: Turn) -> Outcome:
     planned = await plan(turn, prepared)
     if planned is None:
         return AGAIN
+    later = await ahead.plan_round(turn)  # a panel's other seats due: asked at once
     pool = [(name, rt.scheduler(name)) for name in usable]
     asked = time.monotonic()
-    async with slot_any(pool, target.model) as (provider, held):
-        on = On(
-            provider,
-            target,
-            guards[provider],
-            (time.monotonic() - asked) * 1000,
-            slot=await _name_slot(rt, provider, turn.key, served, held),
-        )
+    async with ahead.slot(turn, pool, target.model, served, _name_slot) as (provider, held, n):
+        on = On(provider, target, guards[provider], (time.monotonic() - asked) * 1000, slot=n)
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more; one whose alias has a provider not resting goes
         # there at once instead of waiting out this one's rest
@@ -91,6 +87,8 @@ async def run_turn(turn: Turn) -> Outcome:
                     planned = await plan(turn, prepared)
                     if planned is None:
                         return AGAIN
+                else:
+                    ahead.start(turn, later, _name_slot)  # with this turn's slot held
                 return await _stream(turn, prepared, on, held, planned)
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try

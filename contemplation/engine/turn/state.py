@@ -9,6 +9,7 @@ from typing import Any
 
 from contemplation.backends.providers import Target
 from contemplation.engine.breaker import Guard
+from contemplation.engine.prefetch import Ahead
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.scheduler import Held
 from contemplation.engine.tracking import Tracked
@@ -35,6 +36,7 @@ class Turn:
     rt: Runtime
     seen: Tracked
     w: ConvWriter
+    ahead: Ahead | None = None  # a panel's seats asked ahead in this session (prefetch.py)
 
     @property
     def settings(self) -> Settings:

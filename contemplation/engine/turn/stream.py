@@ -13,6 +13,7 @@ from dataclasses import replace
 import structlog
 
 from contemplation.backends.base import Backend
+from contemplation.engine.turn.ahead import opened
 from contemplation.engine.turn.fit import backend, capped, refused
 from contemplation.engine.turn.state import Attempt, Gone
 from contemplation.errors import ContextOverflow
@@ -90,7 +91,7 @@ async def pump(
     sees stuck in a loop is stopped there: the stream is closed (the server stops generating)
     and what was said is kept (``Streamed.repeating`` says what repeated)."""
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
-    stream = made.stream(request)
+    stream = await opened(at, made, request)  # a panel's seat asked ahead: its held one
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
     async with at.reply.attempt() as feed:  # ...while the write that journals the reply is made
 

@@ -1,0 +1,167 @@
+"""A panel's round in parallel: the turn's side of :mod:`contemplation.engine.prefetch`.
+
+When a seat's turn begins and other seats of the panel want a turn too (a round's first
+seat, or a later one after a restart), their requests are built from the same log
+(:func:`plan_round`: a seat's thread holds none of the other seats' blocks of the round, so
+its request now is the one its own turn will build; the synthesizing seat, which weighs the
+others' answers, never) and, once this turn holds its own slot, sent at once where a slot is
+free with no turn waiting for it (:func:`start`; never on a one-slot server, never a slot
+another conversation waits for). A seat's turn takes its prefetch's slot (:func:`slot`) and
+its held stream when it sends exactly the request that was sent ahead (:func:`opened`); any
+difference and it is sent anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from contemplation.backends.base import Backend
+from contemplation.engine.affinity import Pinned
+from contemplation.engine.prefetch import Prefetched
+from contemplation.engine.runtime import Runtime
+from contemplation.engine.scheduler import Held, ModelScheduler, slot_any
+from contemplation.engine.turn.fit import capped, plan
+from contemplation.engine.turn.prepare import prepare
+from contemplation.engine.turn.state import Attempt, Turn
+from contemplation.models import ChatRequest, Metadata, StreamEvent
+from contemplation.store import attachments
+
+log = structlog.get_logger("contemplation.turn")
+
+NameSlot = Callable[[Runtime, str, str, Metadata, Held], Awaitable[int | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A later seat's request, built ahead: its turn key, its metadata as served, the
+    providers it may run on and the exact request its turn will send."""
+
+    key: str
+    served: Metadata
+    providers: tuple[str, ...]
+    request: ChatRequest
+
+
+async def plan_round(turn: Turn) -> list[Later]:
+    """The requests of the panel's other seats that want a turn now (not the synthesizing
+    seat; none asked ahead already), built from the log as it is in this step."""
+    ahead, w = turn.ahead, turn.w
+    meta = w.meta
+    if ahead is None or not meta.panel or len(meta.panel) < 2:
+        return []
+    if meta.synthesize is not None and meta.model_label == meta.synthesize.label:
+        return []
+    out: list[Later] = []
+    for seat in meta.panel:
+        key = f"{turn.conv.id}#{seat.label}"
+        if seat.label == meta.model_label or ahead.has(key):
+            continue
+        got = await _later(turn, meta.as_seat(seat.label), key)
+        if got is not None:
+            out.append(got)
+    return out
+
+
+async def _later(turn: Turn, seat: Metadata, key: str) -> Later | None:
+    rt = turn.rt
+    target = rt.target(seat)
+    usable = [p for p in target.providers if rt.guard(p, target.model).resting() is None]
+    if not usable:
+        return None
+    for name in usable:
+        await rt.limits(name)
+    served = seat.model_copy(
+        update={"model": target.model, "options": target.options, "think": target.think}
+    )
+    prepared = await prepare(turn, served, usable)
+    if prepared.error is not None:
+        return None
+    planned = await plan(turn, prepared, seat=seat)
+    if planned is None or planned.summarise:  # a summary call first: its own turn makes it
+        return None
+    request = planned.request
+    if attachments.carries_images(request):  # images' bytes are read by its own turn
+        return None
+    request = capped(request, planned.window, rt.settings.reply_cap)
+    return Later(key, served, tuple(usable), request)
+
+
+def start(turn: Turn, later: Sequence[Later], name_slot: NameSlot) -> None:
+    """Send the ``later`` seats' requests now, each where a slot is free and no turn waits
+    for one (this turn holds its own already); a seat with none waits for its turn."""
+    ahead, rt = turn.ahead, turn.rt
+    if ahead is None:
+        return
+    for seat in later:
+        if ahead.has(seat.key):
+            continue
+        for provider in seat.providers:
+            held = rt.scheduler(provider).try_slot()
+            if held is not None:
+                break
+        else:
+            log.info("prefetch_no_slot", key=seat.key)
+            continue
+        opener = _opener(rt, provider, seat, held, name_slot)
+        ahead.put(
+            Prefetched(
+                seat.key, provider, seat.request, held, opener, limit=rt.settings.max_reply_bytes
+            )
+        )
+
+
+def _opener(
+    rt: Runtime, provider: str, seat: Later, held: Held, name_slot: NameSlot
+) -> Callable[[], Awaitable[tuple[int | None, AsyncGenerator[StreamEvent, None]]]]:
+    async def send() -> tuple[int | None, AsyncGenerator[StreamEvent, None]]:
+        slot = await name_slot(rt, provider, seat.key, seat.served, held)
+        made: Backend = rt.backend(provider)
+        made = made if slot is None else Pinned(made, slot)
+        stream = made.stream(seat.request)
+        return slot, stream
+
+    return send
+
+
+@contextlib.asynccontextmanager
+async def slot(
+    turn: Turn,
+    pool: Sequence[tuple[str, ModelScheduler]],
+    model: str,
+    served: Metadata,
+    name_slot: NameSlot,
+) -> AsyncIterator[tuple[str, Held, int | None]]:
+    """The turn's provider, scheduler slot and server slot: its seat's prefetch's when it
+    has one on a provider of ``pool``, else the first free one (:func:`slot_any`). Its
+    prefetch, if it did not take it, is closed however the turn ends."""
+    ahead = turn.ahead
+    got = await ahead.claim(turn.key, [n for n, _ in pool]) if ahead is not None else None
+    try:
+        if got is not None:
+            try:
+                yield got.provider, got.held, got.slot
+            finally:
+                got.held.release()
+            return
+        async with slot_any(pool, model) as (provider, held):
+            yield provider, held, await name_slot(turn.rt, provider, turn.key, served, held)
+    finally:
+        if ahead is not None:
+            await ahead.drop(turn.key)
+
+
+async def opened(
+    at: Attempt, made: Backend, request: ChatRequest
+) -> AsyncGenerator[StreamEvent, None]:
+    """The turn's stream: its seat's held one when that was sent as exactly ``request`` on
+    this provider, else ``request`` sent now."""
+    ahead = at.turn.ahead
+    if ahead is not None:
+        held = await ahead.take(at.turn.key, at.on.provider, request)
+        if held is not None:
+            return held
+    return made.stream(request)
