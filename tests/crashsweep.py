@@ -57,6 +57,7 @@ class Run:
     prunes: bool = False  # a ``prune``: the conversations it names are gone after exit 0
     retry: bool = False  # run again once when the crash made it fail (as its user would)
     call: tuple[str, str] = ("", "")  # ``mcp``: a tool and its arguments (JSON), as a task
+    alongside: tuple[Run, ...] = ()  # ``send``s run while this one runs (never crashed)
 
     @property
     def tool(self) -> str:
@@ -187,6 +188,12 @@ SCENARIOS: dict[str, Scenario] = {
             _dropped(1, 1),
             lambda ids: [DAEMON, Run(("archive", ids[0]))],
         ),
+        # archived by the CLI, then brought back by it
+        Scenario(
+            "reopen",
+            _dropped(1, 1),
+            lambda ids: [DAEMON, Run(("archive", ids[0])), Run(("reopen", ids[0]))],
+        ),
         # a reply asks for a lookup marked ask; the CLI approves it; the daemon answers it
         Scenario(
             "approve",
@@ -206,6 +213,21 @@ SCENARIOS: dict[str, Scenario] = {
                 Run(("send", ids[0], ASKING), sends=ASKING),
                 DAEMON,
             ],
+        ),
+        # the CLI sends two messages while the daemon answers the first (and is crashed)
+        Scenario(
+            "during",
+            _dropped(1, 1),
+            lambda ids: [
+                Run(
+                    alongside=(
+                        Run(("send", ids[0], "sent during one"), sends="sent during one"),
+                        Run(("send", ids[0], "sent during two"), sends="sent during two"),
+                    )
+                ),
+                DAEMON,
+            ],
+            {"CONTEMPLATION_COMMIT_LAG": "0.3"},
         ),
         # through the MCP server, as tasks: a message to a conversation, then a new one
         # (a start a crash failed is asked again with its idempotency key, as a client would)
@@ -295,7 +317,25 @@ def _process(
     )
     if run.tool:
         return mcp_call(cmd, env, run.tool, json.loads(run.call[1]))
+    if run.alongside:
+        return _together(cmd, run, env, journal)
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, timeout=120)
+
+
+def _together(
+    cmd: list[str], run: Run, env: dict[str, str], journal: Path | None
+) -> subprocess.CompletedProcess[bytes]:
+    """``cmd`` while each of ``run.alongside`` runs, one after another, as its own process
+    (journaled with it in a power cut; never crashed: the crash point names ``cmd``'s).
+    Their exit codes, in order, are the returned stdout's lines."""
+    quiet = {k: v for k, v in env.items() if not k.startswith("CONTEMPLATION_CRASH_")}
+    with subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as main:
+        codes = [_process(other, quiet, journal).returncode for other in run.alongside]
+        out, err = main.communicate(timeout=120)
+    told = "".join(f"{c}\n" for c in codes).encode()
+    return subprocess.CompletedProcess(cmd, main.returncode, told + out, err)
 
 
 TASKS = "io.modelcontextprotocol/tasks"
@@ -388,6 +428,7 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     archived: set[str] = set()
     was_whole: dict[str, str] = {}
     acts = Acts(prunable=_prunable(home))
+    either: set[str] = set()  # a reopen that failed: active or archived, whole in one place
     for i, run in enumerate(scenario.runs(ids)):
         extra = dict(scenario.env)
         journal: Path | None = None
@@ -410,6 +451,9 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
         conv_id = _target(run)
         if run.sends:
             (acked if done.returncode == 0 else sent_unacked)[conv_id].append(run.sends)
+        codes = done.stdout.decode().splitlines()[: len(run.alongside)]
+        for other, code in zip(run.alongside, codes, strict=True):
+            (acked if code == "0" else sent_unacked)[_target(other)].append(other.sends)
         if run.creates and done.returncode == 0:
             made = _made(run, done.stdout.decode())
             acked[made] = [run.creates]
@@ -418,13 +462,17 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
             sent_unacked.setdefault("", []).append(run.creates)
         if run.name == "archive" and done.returncode == 0:
             archived.add(conv_id)
+        if run.name == "reopen":
+            archived.discard(conv_id)
+            if done.returncode != 0:
+                either.add(conv_id)
         acts.told(run, conv_id, done.returncode == 0)
         acts.task(run, done)
     for _ in range(10):  # the daemon until it is idle
         if _process(DAEMON, _env(home, fake, dict(scenario.env)), None).returncode == 0:
             break
     archived |= acts.prunable - {c for c in acts.prunable if acts.pruned}
-    out = oracle(home, acked, sent_unacked, archived, was_whole)
+    out = oracle(home, acked, sent_unacked, archived, was_whole, frozenset(either))
     acts.check(home, _env(home, fake, {}), out)
     index_agrees(home, _env(home, fake, {}), out)
     return out
@@ -559,6 +607,7 @@ def oracle(
     maybe: dict[str, list[str]],
     archived: set[str],
     whole: dict[str, str],
+    either: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Count what the crash lost, duplicated or left diverged (see the module); ``whole``:
     the conversations whose last reply was whole when it came (:func:`whole_at_crash`)."""
@@ -583,7 +632,11 @@ def oracle(
             for t in texts:
                 bad("lost", f"{conv_id} is gone, with {t!r}")
             continue
-        if (conv_id in archived) != (conv.dir.parent == home.completed):
+        if (home.active / conv_id).exists() and (home.completed / conv_id).exists():
+            bad("diverged", f"{conv_id} is both in active/ and in completed/")
+        elif conv_id in either:
+            pass  # moved or not: a reopen no one was told was done
+        elif (conv_id in archived) != (conv.dir.parent == home.completed):
             bad("diverged", f"{conv_id} is in {conv.dir.parent.name}/")
         blocks = LogView(conv).refresh().blocks if conv.log.exists() else []
         agent = [b.text for b in blocks if b.kind is BlockKind.AGENT]

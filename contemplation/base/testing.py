@@ -22,7 +22,8 @@ import os
 import signal
 
 POINTS = (
-    "claim",  # after an inbox file was renamed into processing/
+    "claim_linked",  # an inbox file linked into processing/ (fsynced), not yet unlinked
+    "claim",  # after an inbox file was claimed into processing/
     "attachment_copy",  # half of a message's attached file copied into attachments/
     "intent",  # before a block is written (its intent journaled, or its file in processing/)
     "append",  # in the middle of appending a message block (half of it written)

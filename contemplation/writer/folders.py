@@ -211,22 +211,89 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
     return conv.inbox / final
 
 
-def claim(conv: Conv, inbox_file: Path) -> Path | None:
-    """Take an inbox file by renaming it into ``processing/``; None if someone else won."""
-    # a name that is not UTF-8 (bytes as surrogates) could not be written into state.json:
-    # its claim is named with those bytes escaped (\xff), so any name is claimed once
-    name = os.fsencode(inbox_file.name).decode("utf-8", "backslashreplace")[:80]
+def claim(conv: Conv, inbox_file: Path, *, durable: bool = True) -> Path | None:
+    """Take an inbox file into ``processing/``; None if someone else won (a withdraw).
+
+    A file is linked into ``processing/``, that folder fsynced, and only then unlinked from
+    ``inbox/``: at every moment it has a durable name, whatever another process makes durable
+    meanwhile (a ``send``'s fsync of ``inbox/`` while a rename into ``processing/`` was not
+    yet durable lost the message at a power cut: a file system need not keep a rename's two
+    folders together). A crash between leaves both names, one file: recovery removes the
+    inbox name (:func:`drop_claimed_twins`). A folder message cannot be linked: it is renamed,
+    then ``processing/`` fsynced."""
+    name = _claim_name(inbox_file.name)
     claimed = conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{name}"
     try:
-        os.rename(inbox_file, claimed)
+        linked = _link_or_rename(inbox_file, claimed)
     except FileNotFoundError:
         if conv.processing.is_dir() or not os.path.lexists(inbox_file):
             return None  # someone else took it
         # a folder from before processing/ came with it
         conv.processing.mkdir(DIR_MODE, exist_ok=True)
-        return claim(conv, inbox_file)
+        return claim(conv, inbox_file, durable=durable)
+    if durable:
+        fsync_dir(conv.processing)
+    if linked:
+        crashpoint("claim_linked")
+        try:
+            os.unlink(inbox_file)
+        except FileNotFoundError:  # withdrawn between the link and now: the withdraw wins
+            os.unlink(claimed)
+            return None
     crashpoint("claim")
     return claimed
+
+
+def _link_or_rename(src: Path, dst: Path) -> bool:
+    """A second name ``dst`` for ``src`` (True), or ``src`` moved there when it cannot have
+    one (a folder; a file system without hard links: False)."""
+    if not os.path.isdir(src) or os.path.islink(src):
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP}:
+                raise  # FileNotFoundError among them: someone else took it
+        else:
+            return True
+    os.rename(src, dst)
+    return False
+
+
+def drop_claimed_twins(conv: Conv) -> list[str]:
+    """The inbox names of files that are also in ``processing/`` (a claim a crash cut between
+    its link and its unlink): removed, so the message is taken once. Returns their names."""
+    claimed: dict[tuple[int, int], list[str]] = {}
+    for e in _entries(conv.processing):
+        with contextlib.suppress(FileNotFoundError):
+            st = e.stat(follow_symlinks=False)
+            if st.st_nlink > 1:
+                claimed.setdefault((st.st_dev, st.st_ino), []).append(e.name)
+    if not claimed:
+        return []
+    out: list[str] = []
+    for e in _entries(conv.inbox):
+        with contextlib.suppress(FileNotFoundError):
+            st = e.stat(follow_symlinks=False)
+            names = claimed.get((st.st_dev, st.st_ino), [])
+            if any(n.endswith("-" + _claim_name(e.name)) for n in names):  # that very claim
+                os.unlink(e.path)
+                out.append(e.name)
+    return out
+
+
+def _claim_name(name: str) -> str:
+    """The end of the name a claim gives to inbox file ``name`` in ``processing/``."""
+    # a name that is not UTF-8 (bytes as surrogates) could not be written into state.json:
+    # its claim is named with those bytes escaped (\xff), so any name is claimed once
+    return os.fsencode(name).decode("utf-8", "backslashreplace")[:80]
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def withdraw(conv: Conv, name: str, *, durable: bool = True) -> bool:

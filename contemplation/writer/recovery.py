@@ -28,7 +28,7 @@ from contemplation.protocol.parser import parse
 from contemplation.settings import AttachmentSettings
 from contemplation.store.attachments import read_claimed
 from contemplation.store.layout import read_json, read_regular
-from contemplation.writer.folders import pid_alive, remove_tmp_files
+from contemplation.writer.folders import drop_claimed_twins, pid_alive, remove_tmp_files
 from contemplation.writer.session import ConvWriter, remove_claimed
 
 
@@ -44,6 +44,9 @@ def recover(
     reply when it was no restart (a failed write: "writing messages.log failed: …")."""
     done: list[str] = []
     done.extend(adopt_finished_reply(w))
+    done.extend(
+        f"removed {n!r} from inbox/: it was claimed already" for n in drop_claimed_twins(w.conv)
+    )
     remove_tmp_files(w.conv, w.folder_names())
     if w.state.rotation is not None:
         done.append(w.complete_rotation())

@@ -168,9 +168,10 @@ class ConvWriter:
         log = self.fd if self.fd is not None else self.conv.log
         before = (*also, log) if self.held and self.durable else also
         folder = (self.conv.dir,) if self.folder_unsynced and self.durable else ()
-        # the claims (renames out of inbox/ into processing/) are as durable as the blocks
-        # the commit counts: else a power cut brings a message answered back into inbox/
-        claims = (self.conv.inbox, self.conv.processing) if self.held and self.durable else ()
+        # a claim's unlink from inbox/ is as durable as the block the commit counts, before
+        # its processing/ name goes: else a power cut brings a message answered back into
+        # inbox/ (its processing/ name was made durable by the claim: see folders.claim)
+        claims = (self.conv.inbox,) if self.held and self.durable else ()
         # the log, the temp file and the folder are on the folder's file system
         dev = self.log_stat.st_dev if self.log_stat is not None else None
         if self.meta_unsaved:  # rebuilt alike from the defaults if a power loss takes it

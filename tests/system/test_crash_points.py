@@ -21,6 +21,7 @@ from contemplation.store.layout import Home, list_conversations, read_state
 from contemplation.store.logview import LogView
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
+from tests import powercut
 from tests.conftest import ROOT, base_env
 from tests.crashsweep import SCENARIOS, Case, record, run_case, sweep
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -113,6 +114,45 @@ def test_a_reply_whole_and_fsynced_when_the_power_goes_is_adopted(tmp_path: Path
     finally:
         fake.stop()
     assert outcome.ok, outcome.problems
+
+
+@pytest.mark.parametrize("point", ["claim", "claim_linked"])
+def test_a_message_being_claimed_survives_another_process_fsyncing_inbox(
+    tmp_path: Path, point: str
+) -> None:
+    """The daemon dies (and then the power) while it claims a message; in between, a ``send``
+    makes inbox/ durable. The claim was a rename into processing/ never yet fsynced: inbox/'s
+    fsync made the message's absence there durable, not its presence in processing/, and it
+    was lost (the crash sweep's scenario "during"). Now it is linked into processing/ and
+    that folder fsynced before its inbox/ name goes; a crash between leaves both names, and
+    it is taken once."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    home = Home(tmp_path / "home")
+    conv = new_conversation(
+        home, "claims", template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
+    drop_message(conv, "the first", name="000.msg")
+    journal = tmp_path / "journal"
+    env = base_env(home, fake, CONTEMPLATION_SETTLE_SECONDS="0", CONTEMPLATION_DURABILITY="fsync")
+    crash = {**env, "CONTEMPLATION_TESTING": "1", "CONTEMPLATION_CRASH_AT": point}
+
+    def journaled(e: dict[str, str], *args: str) -> int:
+        cmd = [sys.executable, "-m", "tests.powercut", str(journal), "--", *args]
+        return subprocess.run(cmd, env=e, cwd=ROOT, capture_output=True, timeout=120).returncode
+
+    try:
+        baseline = powercut.snapshot(home.root)
+        assert journaled(crash, "run", "--once") == -9
+        assert journaled(env, "send", conv.id, "the second") == 0
+        powercut.cut(home.root, baseline, journal)
+        assert _run(env) == 0
+        agent = [b.text for b in LogView(conv).refresh().blocks if b.kind is BlockKind.AGENT]
+        assert agent == ["the first", "the second"]
+        assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
+        assert len(fake.chat_requests()) == 2
+    finally:
+        fake.stop()
 
 
 @pytest.mark.parametrize("case", ["prune:0:exit:1:cut", "prune:0:pruned:1:cut"])
