@@ -258,8 +258,14 @@ def start(
         digest = hashlib.sha256(json.dumps(args, ensure_ascii=False).encode()).hexdigest()
         key, ttl = "args:" + digest, SAME_ARGS_WINDOW
 
-    def make() -> Conv:
-        conv = new_conversation(
+    def first(conv: Conv) -> None:  # in the conversation before it appears
+        if files:
+            drop_folder_message(conv, initial_prompt or "", files, name=INITIAL_NAME)
+        elif initial_prompt is not None:
+            drop_message(conv, initial_prompt, name=INITIAL_NAME)
+
+    def make(name: str) -> Conv:
+        return new_conversation(
             home,
             topic,
             template=tpl,
@@ -267,14 +273,11 @@ def start(
             backend=backend_name,
             extra=(_extra(reqs, think, started_by) or {}) | seats or None,
             durable=settings.durability == "fsync",
+            name=name,
+            first=first,
         )
-        if files:
-            drop_folder_message(conv, initial_prompt or "", files, name=INITIAL_NAME)
-        elif initial_prompt is not None:
-            drop_message(conv, initial_prompt, name=INITIAL_NAME)
-        return conv
 
-    return idempotent_create(home, key, ttl, make)
+    return idempotent_create(home, key, ttl, make, topic)
 
 
 def send(settings: Settings, conv: Conv, text: str, files: Sequence[Attachment] = ()) -> str:

@@ -77,55 +77,66 @@ def new_conversation(
     backend: str,
     extra: dict[str, Any] | None = None,
     durable: bool = True,
+    name: str | None = None,
+    first: Callable[[Conv], object] | None = None,
 ) -> Conv:
-    ensure_home(home)
+    """A new conversation. ``name``: the empty folder :func:`reserve_conversation` made for
+    it (else one is reserved here); ``first``: puts its first message into its ``inbox/``
+    before it appears, so it appears with that message or not at all."""
     if not topic.strip():
         raise InputRejected("a conversation needs a topic")
+    name = name or reserve_conversation(home, topic)
+    target = home.active / name
+    fields: dict[str, Any] = {
+        "id": name,
+        "topic": topic.strip(),
+        "created": now_iso(),
+        "template": template.name,
+        "backend": backend,
+        "model": model,
+        "options": dict(template.options),
+        "think": template.think,
+        "archive_on_complete": (
+            True if template.archive_on_complete is None else template.archive_on_complete
+        ),
+    }
+    fields.update(extra or {})  # caller's values (e.g. think, labels) win
+    own = template.requirements_for(topic.strip())
+    if own:  # the template's context requirements first, then the caller's
+        fields["context_requirements"] = [*own, *fields.get("context_requirements", [])]
+    fields["id"] = name
+    # the files are built under a dot-name (never listed, never watched), then renamed over
+    # the empty reservation: the daemon never sees a half-made conversation
+    staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        staging.mkdir(DIR_MODE)
+        ensure_conversation_files(Conv(staging), Metadata.model_validate(fields), durable=durable)
+        if first is not None:
+            first(Conv(staging))
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            target.rmdir()
+        raise
+    if durable:
+        fsync_dir(home.active)
+    return Conv(target)
+
+
+def reserve_conversation(home: Home, topic: str) -> str:
+    """A free conversation name for ``topic``, reserved by an empty folder (mkdir is atomic;
+    an empty folder is never adopted as a conversation)."""
+    ensure_home(home)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = f"conv_{stamp}_{slugify(topic)}"
-    # The name is reserved with mkdir (atomic; an empty folder is never adopted as a
-    # conversation), the files are built under a dot-name (never listed, never watched), then
-    # renamed over the empty reservation: the daemon never sees a half-made conversation.
     for n in range(1000):
         name = base if n == 0 else f"{base}-{n + 1}"
-        target = home.active / name
         try:
-            target.mkdir(DIR_MODE)
+            (home.active / name).mkdir(DIR_MODE)
         except FileExistsError:
             continue
-        fields: dict[str, Any] = {
-            "id": name,
-            "topic": topic.strip(),
-            "created": now_iso(),
-            "template": template.name,
-            "backend": backend,
-            "model": model,
-            "options": dict(template.options),
-            "think": template.think,
-            "archive_on_complete": (
-                True if template.archive_on_complete is None else template.archive_on_complete
-            ),
-        }
-        fields.update(extra or {})  # caller's values (e.g. think, labels) win
-        own = template.requirements_for(topic.strip())
-        if own:  # the template's context requirements first, then the caller's
-            fields["context_requirements"] = [*own, *fields.get("context_requirements", [])]
-        fields["id"] = name
-        staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            staging.mkdir(DIR_MODE)
-            ensure_conversation_files(
-                Conv(staging), Metadata.model_validate(fields), durable=durable
-            )
-            os.rename(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                target.rmdir()
-            raise
-        if durable:
-            fsync_dir(home.active)
-        return Conv(target)
+        return name
     raise InputRejected(f"too many conversations named {base}")
 
 
@@ -542,13 +553,17 @@ def clear_cancel(conv: Conv) -> None:
 
 
 def idempotent_create(
-    home: Home, key: str, ttl: float, create: Callable[[], Conv]
+    home: Home, key: str, ttl: float, create: Callable[[str], Conv], topic: str
 ) -> tuple[Conv, bool]:
-    """``create()`` once per ``key`` within ``ttl`` seconds; a repeat gets the same conversation.
+    """``create(name)`` once per ``key`` within ``ttl`` seconds; a repeat gets the same
+    conversation.
 
     The key → id map is ``<home>/.idempotency.json`` (atomic writes, under an flock, so two
-    MCP servers on one home agree). Returns the conversation and whether it is new.
-    """
+    MCP servers on one home agree). The name is reserved and the key written (durably)
+    before the conversation is made, and the conversation appears whole with its first
+    message (see :func:`new_conversation`): a repeat after a crash anywhere gets the one
+    conversation, made then if the crash came before it was. Returns it and whether it is
+    new."""
     ensure_home(home)
     path = home.root / ".idempotency.json"
     fd = os.open(home.root / ".idempotency.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -566,12 +581,20 @@ def idempotent_create(
             for completed in (False, True):
                 with contextlib.suppress(NotFound):
                     conv = home.conv(hit["id"], completed=completed)
-                    if conv.dir.is_dir():
+                    if conv.metadata.exists():
                         return conv, False
-        conv = create()
-        keys[key] = {"id": conv.id, "expires": now + ttl}
-        atomic_write_json(path, {"keys": keys})
-        return conv, True
+            reserved = home.active / hit["id"]
+            if reserved.is_dir() and not any(reserved.iterdir()):  # a crash came between
+                return create(hit["id"]), True
+        name = reserve_conversation(home, topic)
+        keys[key] = {"id": name, "expires": now + ttl}
+        try:
+            atomic_write_json(path, {"keys": keys})
+            return create(name), True
+        except BaseException:
+            with contextlib.suppress(OSError):
+                (home.active / name).rmdir()
+            raise
     finally:
         os.close(fd)
 

@@ -155,6 +155,25 @@ def test_a_message_being_claimed_survives_another_process_fsyncing_inbox(
         fake.stop()
 
 
+@pytest.mark.parametrize(
+    "case", ["mcp:1:deliver:1:kill", "mcp:1:file_tmp:1:kill", "mcp:1:file_tmp:1:cut"]
+)
+def test_a_start_asked_again_with_its_idempotency_key_after_a_crash_makes_one(
+    tmp_path: Path, case: str
+) -> None:
+    """conversation_start died after the conversation and its first message were made but
+    before its idempotency key was written: the client's retry with the same key made a
+    second conversation, the message twice. The key is now written (durably) with the name
+    reserved before anything is made, and the conversation appears whole with its message."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse(case), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
+
+
 @pytest.mark.parametrize("case", ["prune:0:exit:1:cut", "prune:0:pruned:1:cut"])
 def test_a_prune_that_answered_stays_done_after_a_power_cut(tmp_path: Path, case: str) -> None:
     """prune renamed the conversations out of sight and removed them, and never fsynced
