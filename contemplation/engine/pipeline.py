@@ -95,7 +95,7 @@ async def _step(conv: Conv, rt: Runtime, seen: Tracked, w: ConvWriter, own: Meta
     if decided is not None:
         return decided
     w.meta = own  # a message taken is the whole panel's
-    taken = _next_message(w, rt, seen, now)
+    taken = await _next_message(w, rt, seen, now)
     if isinstance(taken, Wait):
         _say_why(w, rt, due.nxt, has_blocks=bool(parsed.blocks))
     return taken
@@ -175,7 +175,9 @@ def _decide(conv: Conv, rt: Runtime, w: ConvWriter, due: Seated, *, now: float) 
     return None
 
 
-def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> TurnDue | Again | Wait:
+async def _next_message(
+    w: ConvWriter, rt: Runtime, seen: Tracked, now: float
+) -> TurnDue | Again | Wait:
     """Claimed messages first (recovery), then the inbox in arrival order; a file written in
     place is taken once it has settled and no process holds it open for writing (Wait until
     then: its writer's close pokes the conversation on Linux, else the next look does)."""
@@ -194,7 +196,7 @@ def _next_message(w: ConvWriter, rt: Runtime, seen: Tracked, now: float) -> Turn
                 at = now + max(settle, WRITER_RECHECK)
             else:
                 seen.writing.pop(entry.path, None)
-                claimed_path = claim(conv, entry.path, durable=w.durable)
+                claimed_path = await _claim(w, entry.path)
                 if claimed_path is None:
                     continue
                 return _take(w, rt, claimed_path)
@@ -234,6 +236,14 @@ def _needs(w: ConvWriter, rt: Runtime, due: Seated) -> NeedsDue | None:
     planned = answering.plan(rt, w.meta, due.blocks, nxt.needs)
     w.record_asked(planned.asked)
     return planned.due
+
+
+async def _claim(w: ConvWriter, path: Path) -> Path | None:
+    """:func:`~contemplation.writer.claim`; with durability on, off the loop (it fsyncs
+    ``processing/``: milliseconds on a busy disk, more on a slow one)."""
+    if not w.durable:
+        return claim(w.conv, path, durable=False)
+    return await asyncio.to_thread(claim, w.conv, path, durable=True)
 
 
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:

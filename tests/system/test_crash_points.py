@@ -216,7 +216,7 @@ def test_a_fault_free_run_records_every_point_of_a_turn_and_of_a_send(tmp_path: 
         fake.stop()
     assert points[0] == points[1] == ["deliver"]
     turn = points[2]  # two turns: the order of the first one's points, then the second's
-    assert turn[:4] == ["claim", "intent", "appended", "commit"], turn
+    assert turn[:5] == ["claim_linked", "claim", "intent", "appended", "commit"], turn
     assert turn.index("reply_header") < turn.index("reply_stream") < turn.index("reply_done")
     assert turn.count("claim") == turn.count("reply_done") == 2, turn
 
