@@ -28,6 +28,8 @@ from contemplation.engine.turn.fit import capped, plan
 from contemplation.engine.turn.prepare import prepare
 from contemplation.engine.turn.state import Attempt, Turn
 from contemplation.models import ChatRequest, Metadata, StreamEvent
+from contemplation.protocol import panel
+from contemplation.protocol.conversation import awaiting, next_action
 from contemplation.store import attachments
 
 log = structlog.get_logger("contemplation.turn")
@@ -55,12 +57,18 @@ async def plan_round(turn: Turn) -> list[Later]:
         return []
     if meta.synthesize is not None and meta.model_label == meta.synthesize.label:
         return []
+    others = [s.label for s in meta.panel if s.label != meta.model_label]
+    others = [o for o in others if not ahead.has(f"{turn.conv.id}#{o}")]
+    if not others:
+        return []
+    parsed = await turn.seen.view(turn.conv, meta.agent_label).refreshed(fd=w.fd)
     out: list[Later] = []
-    for seat in meta.panel:
-        key = f"{turn.conv.id}#{seat.label}"
-        if seat.label == meta.model_label or ahead.has(key):
+    for label in others:  # a seat that answered already is left at once (nothing prepared)
+        seat = meta.as_seat(label)
+        seen = panel.view(seat, parsed.blocks, label)
+        if next_action(seen, awaiting(w.state, seat)).action != "turn":
             continue
-        got = await _later(turn, meta.as_seat(seat.label), key)
+        got = await _later(turn, seat, f"{turn.conv.id}#{label}")
         if got is not None:
             out.append(got)
     return out
