@@ -483,7 +483,8 @@ def archive(home: Home, conv: Conv) -> Conv:
         dest = home.completed / f"{conv.id}-{secrets.token_hex(3)}"
     crashpoint("archive")
     os.rename(conv.dir, dest)
-    fsync_dir(home.completed)
+    fsync_dir(home.completed)  # the new name first: a cut between leaves two, never none
+    fsync_dir(home.active)  # (without it, a cut after archive answered: in both folders)
     return Conv(dest)
 
 

@@ -221,6 +221,18 @@ def test_a_fault_free_run_records_every_point_of_a_turn_and_of_a_send(tmp_path: 
     assert turn.count("claim") == turn.count("reply_done") == 2, turn
 
 
+def test_an_archive_that_answered_is_in_completed_only_after_a_power_cut(tmp_path: Path) -> None:
+    """archive renamed the folder into completed/ and fsynced completed/ only: a power cut
+    after it answered left the conversation in active/ and in completed/ both."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse("archive:1:exit:1:cut"), tmp_path, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
+
+
 @pytest.mark.parametrize("case", ["archive:0:reply_header:1:kill", "archive:0:reply_done:1:kill"])
 def test_archive_after_a_crash_cut_a_reply_leaves_it_to_be_finished(
     tmp_path: Path, case: str
