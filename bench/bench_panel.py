@@ -14,6 +14,7 @@ seats); with ``--parallel N`` the later seats are asked at once while the first 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -77,17 +78,28 @@ def main() -> None:
             daemon = DaemonProc(env, home).wait_ready(60)
             try:
                 round_time(env, 1, -1)  # warm: the model loaded, the template's prefix cached
-                got = {s: [round_time(env, s, n) for n in range(args.rounds)] for s in (1, 2, 3)}
+                got: dict[int, list[float]] = {1: [], 2: [], 3: []}
+                for n in range(args.rounds):  # interleaved: the machine's load drifts
+                    for seats, times in got.items():
+                        times.append(round_time(env, seats, n))
             finally:
                 daemon.stop()
+            said = daemon.stderr()
     finally:
         server.stop()
+    ahead = {w: said.count(f'"prefetch_{w}"') for w in ("used", "not_used", "dropped", "no_slot")}
+    used = [json.loads(line) for line in said.splitlines() if '"prefetch_used"' in line]
     base = statistics.median(got[1])
     print(f"llama-server slots: {args.parallel}; rounds: {args.rounds}; replies of 64 tokens")
     for seats, times in got.items():
         med = statistics.median(times)
         print(f"{seats} seat(s): round p50 {med:6.2f} s  max {max(times):6.2f} s  "
               f"ratio to one seat {med / base:4.2f}x")  # fmt: skip
+    print("seats asked ahead: " + ", ".join(f"{k} {v}" for k, v in ahead.items()))
+    if used:  # how much of a later seat's reply was in memory when its turn took it
+        held = sorted(u["held"] for u in used)
+        print(f"events held when taken: p50 {statistics.median(held)} min {held[0]} "
+              f"max {held[-1]}; whole replies held {sum(u['ended'] for u in used)}/{len(used)}")  # fmt: skip
 
 
 if __name__ == "__main__":
