@@ -189,20 +189,23 @@ def test_a_prune_that_answered_stays_done_after_a_power_cut(tmp_path: Path, case
 
 
 def _sample(cases: list[Case]) -> list[Case]:
-    """A deterministic subset for CI: every 9th case of a scenario (and its last); the whole
-    sweep is bench/crash_sweep.py."""
-    return [c for i, c in enumerate(cases) if i % 9 == 0 or i == len(cases) - 1]
+    """A deterministic subset for CI: every 9th case of a scenario, its last, and every cut
+    right after a step answered (``exit``: where the sweep found most); the whole sweep is
+    bench/crash_sweep.py."""
+    return [
+        c for i, c in enumerate(cases) if i % 9 == 0 or i == len(cases) - 1 or c.point == "exit"
+    ]
 
 
-def test_the_crash_sweep_sample_loses_duplicates_and_diverges_nothing() -> None:
-    """Every scenario recorded fault-free, then a sample of its crash points killed and cut
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_crash_sweep_sample_loses_duplicates_and_diverges_nothing(scenario: str) -> None:
+    """The scenario recorded fault-free, then a sample of its crash points killed and cut
     (see tests/crashsweep.py); a failing case names its one-line replay."""
-    result = sweep(sorted(SCENARIOS), pick=_sample)
+    result = sweep([scenario], pick=_sample)
     print(json.dumps(result.as_json()))
     assert not result.failures, "\n".join(result.failures)
     assert (result.lost, result.duplicated, result.diverged) == (0, 0, 0)
-    assert result.kills >= 10 and result.cuts >= 10
-    # the points a turn passes are all reached, and the faces' delivery
+    assert result.kills >= 1 and result.cuts >= 1
 
 
 def test_a_fault_free_run_records_every_point_of_a_turn_and_of_a_send(tmp_path: Path) -> None:
