@@ -291,28 +291,38 @@ class ReplyStream:
         finally:
             tail, self._tail = b"".join(self._tail), None
         fd = self.w.append_fd()
+        tail_written = False
 
         def write_tail() -> None:
+            nonlocal tail_written
             write_all(fd, tail)
-            crashpoint("reply_done")
+            tail_written = True
+            crashpoint("reply_tail")  # whole in the log, its commit not yet durable
 
-        self.w.state.intent = None
-        self.w.state.turn_started = None  # the turn has ended: in the commit, no write more
-        self.w.state.log.size = self.w.log_size() + len(tail)
-        self.w.state.turns += 1
-        self.w.state.last_turn = usage
-        self.w.state.reply_cut = cut  # this reply's (None: it ended by itself)
-        self.w.count_turn(usage)
-        self.w.state.retry_count = 0
-        self.w.state.next_retry_at = None
-        if status is not None:
-            self.w.state.status = status
-        if error is not None:
-            self.w.state.last_error = error
-        if session is not None:  # the server-side session now holding the history
-            self.w.state.backend_session = session
-        # the block is durable with the state's temp file, before the state is renamed in
-        yield from self.w.save_steps(also=(fd,) if self.w.durable else (), written=write_tail)
+        try:
+            crashpoint("reply_done")  # the reply over, its last bytes held, nothing committed
+            self.w.state.intent = None
+            self.w.state.turn_started = None  # the turn has ended: in the commit, no write more
+            self.w.state.log.size = self.w.log_size() + len(tail)
+            self.w.state.turns += 1
+            self.w.state.last_turn = usage
+            self.w.state.reply_cut = cut  # this reply's (None: it ended by itself)
+            self.w.count_turn(usage)
+            self.w.state.retry_count = 0
+            self.w.state.next_retry_at = None
+            if status is not None:
+                self.w.state.status = status
+            if error is not None:
+                self.w.state.last_error = error
+            if session is not None:  # the server-side session now holding the history
+                self.w.state.backend_session = session
+            # the block is durable with the state's temp file, before the state is renamed in
+            yield from self.w.save_steps(also=(fd,) if self.w.durable else (), written=write_tail)
+        except BaseException:
+            if not tail_written and tail:  # what was said stays: a marker after it must not
+                with contextlib.suppress(OSError):  # glue onto its last line
+                    write_all(fd, tail)
+            raise
         self.committed = True
         return self.bytes_written
 

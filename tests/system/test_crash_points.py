@@ -59,7 +59,7 @@ def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
     )  # fmt: skip
     drop_message(conv, "the only question", name="000.msg")
     # the reply's last bytes are in the log, its commit (state.json) is not
-    assert _run(env, "reply_done:1") == -9
+    assert _run(env, "reply_tail:1") == -9
     assert len(fake_ollama.chat_requests()) == 1
     assert _run(env) == 0
     log = conv.log.read_text()
