@@ -197,7 +197,19 @@ def _sample(cases: list[Case]) -> list[Case]:
     ]
 
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+# the open finding of issue 47 (BENCHMARKS.md, "Crash sweep"): two conversations committing
+# at once, a power cut can leave one's whole reply without the durable record of its end, and
+# it is asked again; which cases show it varies between runs, so the scenario may fail here
+OPEN = pytest.mark.xfail(
+    reason="issue 47's open finding: a whole reply asked again after a power cut while "
+    "another conversation commits (not every run)",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "scenario", [pytest.param(s, marks=OPEN) if s == "mcp" else s for s in sorted(SCENARIOS)]
+)
 def test_the_crash_sweep_sample_loses_duplicates_and_diverges_nothing(scenario: str) -> None:
     """The scenario recorded fault-free, then a sample of its crash points killed and cut
     (see tests/crashsweep.py); a failing case names its one-line replay."""
