@@ -27,6 +27,18 @@ from tests.crashsweep import SCENARIOS, Case, record, run_case, sweep
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
+def _case_ok(case: str, work: Path) -> None:
+    """One case of the sweep (``SCENARIO:STEP:POINT:N:MODE``) against a scripted Ollama of its
+    own: nothing lost, duplicated or diverged."""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        outcome = run_case(Case.parse(case), work, fake)
+    finally:
+        fake.stop()
+    assert outcome.ok, outcome.problems
+
+
 def _run(env: dict[str, str], crash: str | None = None) -> int:
     e = dict(env)
     if crash:
@@ -80,26 +92,14 @@ def test_a_send_that_answered_survives_a_power_cut_right_after(tmp_path: Path) -
     """``contemplation send`` exits 0, then the power goes (only what was fsynced stays, see
     tests/powercut.py): the message is still in inbox/ and is answered. It renamed its file
     into inbox/ and never fsynced inbox/, so the rename was lost."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse("send:0:exit:1:cut"), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok("send:0:exit:1:cut", tmp_path)
 
 
 @pytest.mark.parametrize("case", ["inbox:0:exit:1:cut", "inbox:0:commit:2:cut"])
 def test_a_message_answered_is_not_taken_again_after_a_power_cut(tmp_path: Path, case: str) -> None:
     """A power cut once a message's block is committed: its claim (the rename out of inbox/)
     must be as durable as the commit, or inbox/ holds it again and it is answered twice."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse(case), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok(case, tmp_path)
 
 
 def test_a_reply_whole_and_fsynced_when_the_power_goes_is_adopted(tmp_path: Path) -> None:
@@ -107,13 +107,7 @@ def test_a_reply_whole_and_fsynced_when_the_power_goes_is_adopted(tmp_path: Path
     fsynced but before its rename: the temp file's name must be durable too, or the record of
     the reply's end is gone and the whole reply is asked again (state_tmp:2 is the first
     reply's commit in the scenario "inbox")."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse("inbox:0:state_tmp:2:cut"), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok("inbox:0:state_tmp:2:cut", tmp_path)
 
 
 @pytest.mark.parametrize("point", ["claim", "claim_linked"])
@@ -165,13 +159,7 @@ def test_a_start_asked_again_with_its_idempotency_key_after_a_crash_makes_one(
     before its idempotency key was written: the client's retry with the same key made a
     second conversation, the message twice. The key is now written (durably) with the name
     reserved before anything is made, and the conversation appears whole with its message."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse(case), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok(case, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["prune:0:exit:1:cut", "prune:0:pruned:1:cut"])
@@ -179,13 +167,7 @@ def test_a_prune_that_answered_stays_done_after_a_power_cut(tmp_path: Path, case
     """prune renamed the conversations out of sight and removed them, and never fsynced
     completed/: a power cut after it answered brought them back (the removal undone), and
     one mid-way half a conversation (its files gone, its rename undone)."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse(case), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok(case, tmp_path)
 
 
 def _sample(cases: list[Case]) -> list[Case]:
@@ -239,13 +221,7 @@ def test_a_fault_free_run_records_every_point_of_a_turn_and_of_a_send(tmp_path: 
 def test_an_archive_that_answered_is_in_completed_only_after_a_power_cut(tmp_path: Path) -> None:
     """archive renamed the folder into completed/ and fsynced completed/ only: a power cut
     after it answered left the conversation in active/ and in completed/ both."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse("archive:1:exit:1:cut"), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok("archive:1:exit:1:cut", tmp_path)
 
 
 @pytest.mark.parametrize("case", ["archive:0:reply_header:1:kill", "archive:0:reply_done:1:kill"])
@@ -256,23 +232,11 @@ def test_archive_after_a_crash_cut_a_reply_leaves_it_to_be_finished(
     back: the conversation went to completed/ with its write half done (the reply's intent
     pending, a temp file left, the reply never marked nor redone, nor adopted). Archive now
     refuses while a crash's write waits to be finished, as it does for a queued message."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse(case), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok(case, tmp_path)
 
 
 def test_the_first_new_conversation_of_a_home_survives_a_power_cut(tmp_path: Path) -> None:
     """``contemplation new --message`` on a home that did not exist yet answers with the id,
     then the power goes: the conversation and its message are there (the home's folders,
     made by that command, were never made durable: active/ itself was lost)."""
-    fake = FakeOllama().start()
-    fake.default_step = Step(chunks=4)
-    try:
-        outcome = run_case(Case.parse("new:0:exit:1:cut"), tmp_path, fake)
-    finally:
-        fake.stop()
-    assert outcome.ok, outcome.problems
+    _case_ok("new:0:exit:1:cut", tmp_path)
