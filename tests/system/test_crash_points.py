@@ -25,6 +25,7 @@ from tests import powercut
 from tests.conftest import ROOT, base_env
 from tests.crashsweep import SCENARIOS, Case, record, run_case, sweep
 from tests.fakes.ollama_server import FakeOllama, Step
+from tests.system.test_crash import run_once
 
 
 def _case_ok(case: str, work: Path) -> None:
@@ -40,16 +41,7 @@ def _case_ok(case: str, work: Path) -> None:
 
 
 def _run(env: dict[str, str], crash: str | None = None) -> int:
-    e = dict(env)
-    if crash:
-        e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
-    return subprocess.run(
-        [sys.executable, "-m", "contemplation", "run", "--once"],
-        env=e,
-        cwd=ROOT,
-        capture_output=True,
-        timeout=120,
-    ).returncode
+    return run_once(env, crash, timeout=120)
 
 
 @pytest.mark.parametrize("durability", ["none", "fsync"])
