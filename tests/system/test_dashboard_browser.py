@@ -477,9 +477,14 @@ def test_fork_here_is_not_offered_on_a_block_still_streaming(
     assert tab.failed == []
 
 
-def test_a_panels_round_is_side_by_side_in_chromium(home: Home, browser: Any, tab: Tab) -> None:
+@pytest.mark.parametrize("first", ["detail", "blocks"])
+def test_a_panels_round_is_side_by_side_in_chromium(
+    home: Home, browser: Any, tab: Tab, first: str
+) -> None:
     """Issue 49: the replies of a panel's seats to one message are shown side by side (one
-    row), each headed by its seat; the next message starts below them."""
+    row), each headed by its seat; the next message starts below them. The same when the
+    blocks are placed before the detail (which names the seats) answers: an event can load
+    them first (CI found that order: one reply per row)."""
     from playwright.sync_api import expect
 
     from contemplation.writer import write_metadata
@@ -502,7 +507,22 @@ def test_a_panels_round_is_side_by_side_in_chromium(home: Home, browser: Any, ta
             r.finish()
         w.append_block("CLAUDE", "PANEL", "Why?", msg_id="m2")
     page = tab.page
+    held: list[Any] = []
+    release = False
+
+    def hold(route: Any) -> None:
+        _ = route.continue_() if release else held.append(route)
+
+    if first == "blocks":  # the detail held until every block is placed
+        detail = f"/api/conversations/{conv.id}"
+        page.route(lambda url: url.split("?")[0].endswith(detail), hold)
     tab.goto(f"/c/{conv.id}")
+    if first == "blocks":
+        expect(page.locator("#log article")).to_have_count(4)
+        assert held and page.locator("#log .round").count() == 0
+        release = True
+        for r in held:
+            r.continue_()
     expect(page.locator("#conv-meta")).to_contain_text("panel: GEMMA (ollama/gemma)")
     row = page.locator("#log .round")
     expect(row).to_have_count(1)

@@ -257,8 +257,20 @@ function renderBlock(b, finished = true) {
   return box;
 }
 
-// a panel's round side by side: consecutive replies of different seats share one row
+// a panel's round side by side: consecutive replies of different seats share one row. The
+// seats come with the detail, which may answer after the first blocks were placed (an event
+// can load them first): when the seats change, the blocks are laid out again from the start
 let panelSeats = new Set();
+let seatKey = "";
+let relayout = false;
+function learnSeats(panel) {
+  const labels = (panel || []).map((s) => s.label);
+  if (labels.join("\n") === seatKey) return;
+  seatKey = labels.join("\n");
+  panelSeats = new Set(labels);
+  relayout = true;
+  loadBlocks().catch(() => {});
+}
 function place(log, box, b) {
   box.dataset.from = b.from || "";
   const last = log.lastElementChild;
@@ -290,9 +302,11 @@ async function forkAt(offset, button) {
 }
 
 const loadBlocks = oneAtATime(async () => {
-  const d = await getJSON("/api/conversations/" + encodeURIComponent(convId) + "/blocks?since=" + cursor);
+  const since = relayout ? 0 : cursor;
+  relayout = false;
+  const d = await getJSON("/api/conversations/" + encodeURIComponent(convId) + "/blocks?since=" + since);
   const log = $("log");
-  if (d.reset) log.replaceChildren();
+  if (d.reset || since === 0) log.replaceChildren();
   for (const b of d.blocks) place(log, renderBlock(b), b);
   cursor = d.cursor;
   showHit();
@@ -354,7 +368,7 @@ function ticking(status) {
 function showDetail(c) {
   $("conv-title").textContent = c.topic || c.id;
   document.title = (c.topic || c.id) + " · contemplation";
-  panelSeats = new Set((c.panel || []).map((s) => s.label));
+  learnSeats(c.panel);
   const models = (c.panel || []).length
     ? "panel: " + c.panel.map((s) => s.label + " (" + (s.backend || c.backend) + "/" + s.model + ")").join(", ")
     : c.backend + "/" + c.model;
