@@ -31,7 +31,9 @@ def table(results: dict[str, Any]) -> str:
         ("crash points reached", f"{len(results['crash_points'])}: "
          + ", ".join(results["crash_points"])),
         ("kills (SIGKILL at a point)", str(results["kills"])),
-        ("power cuts (only what was fsynced survives)", str(results["power_cuts"])),
+        ("power cuts at a point (only what was fsynced survives)", str(results["power_cuts"])),
+        ("power cuts between two fsyncs (after each durable call of a step)",
+         str(results.get("power_cuts_between_fsyncs", 0))),
         ("acknowledged messages lost", str(results["lost"])),
         ("duplicated (a message twice, two whole replies, a whole reply asked again)",
          str(results["duplicated"])),

@@ -42,7 +42,12 @@ from tests import powercut
 from tests.conftest import ROOT, base_env
 from tests.fakes.ollama_server import FakeOllama, Step
 
-MODES = ("kill", "cut")
+# kill: SIGKILL at a crash point; cut: a power cut there (only what was fsynced survives);
+# sync: a power cut between two durable calls (fsync, syncfs) of a step that ran to its end,
+# after every one of them in turn: where two threads interleave their fsyncs, a crash point
+# of one cannot name the moment
+MODES = ("kill", "cut", "sync")
+FSYNC = "fsync"  # the point of a sync case: its n is how many of the step's calls were made
 
 
 @dataclass(frozen=True)
@@ -390,28 +395,39 @@ def mcp_call(
 
 
 def record(scenario: Scenario, work: Path, fake: FakeOllama) -> list[list[str]]:
-    """The points each step of a fault-free run reaches, in order."""
+    """The points each step of a fault-free run reaches, in order, then one ``fsync`` for
+    each durable call it made."""
     home = Home(work / "home")
     ids = list(scenario.setup(home))
     out: list[list[str]] = []
     for i, run in enumerate(scenario.runs(ids)):
-        rec = work / f"points.{i}"
+        rec, journal = work / f"points.{i}", work / f"journal.{i}"
         env = _env(home, fake, {**scenario.env, "CONTEMPLATION_CRASH_RECORD": str(rec)})
-        done = _process(run, env, None)
+        done = _process(run, env, journal)
         if done.returncode != 0:
             raise RuntimeError(f"{scenario.name} step {i} failed: {done.stderr.decode()[-2000:]}")
-        out.append(rec.read_text().split() if rec.exists() else [])
+        points = rec.read_text().split() if rec.exists() else []
+        out.append(points + [FSYNC] * powercut.calls(journal))
     return out
 
 
 def cases(scenario: Scenario, points: list[list[str]], modes: tuple[str, ...]) -> list[Case]:
-    """Every hit of every point (``name:n``), and ``exit`` after each step, in each mode."""
+    """Every hit of every crash point (``name:n``) killed and cut, ``exit`` after each step
+    (cut), and each step cut before each of its durable calls but its first (sync: the one
+    before the first is the last step's ``exit``)."""
     out: list[Case] = []
+    crash_modes = tuple(m for m in modes if m != "sync")
     for step, names in enumerate(points):
         seen: dict[str, int] = {}
         for name in names:
+            if name == FSYNC:
+                made = seen.get(name, 0)  # calls before this one (none: the last step's exit)
+                if "sync" in modes and made:
+                    out.append(Case(scenario.name, step, name, made, "sync"))
+                seen[name] = made + 1
+                continue
             seen[name] = seen.get(name, 0) + 1
-            out.extend(Case(scenario.name, step, name, seen[name], m) for m in modes)
+            out.extend(Case(scenario.name, step, name, seen[name], m) for m in crash_modes)
         if "cut" in modes:
             out.append(Case(scenario.name, step, "exit", 1, "cut"))
     return out
@@ -434,14 +450,17 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
         journal: Path | None = None
         baseline: powercut.Image | None = None
         if i == case.step:
-            if case.point != "exit":
+            if case.point not in ("exit", FSYNC):
                 extra["CONTEMPLATION_CRASH_AT"] = f"{case.point}:{case.nth}"
-            if case.mode == "cut":
+            if case.mode in ("cut", "sync"):
                 journal = work / "journal"
                 baseline = powercut.snapshot(home.root)
         done = _process(run, _env(home, fake, extra), journal)
         if journal is not None and baseline is not None:
-            powercut.cut(home.root, baseline, journal)
+            upto = case.nth if case.mode == "sync" else None
+            if upto is not None and upto < powercut.calls(journal):  # the power went first:
+                done = _unanswered(done, run)  # what the step printed, nobody read
+            powercut.cut(home.root, baseline, journal, upto)
         if i == case.step:
             was_whole = whole_at_crash(home)
         if run.retry and done.returncode != 0:  # the user runs it again
@@ -476,6 +495,13 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     acts.check(home, _env(home, fake, {}), out)
     index_agrees(home, _env(home, fake, {}), out)
     return out
+
+
+def _unanswered(
+    done: subprocess.CompletedProcess[bytes], run: Run
+) -> subprocess.CompletedProcess[bytes]:
+    """A step the power cut before it answered: it failed, as did what ran alongside."""
+    return subprocess.CompletedProcess(done.args, -9, b"1\n" * len(run.alongside), done.stderr)
 
 
 def _target(run: Run) -> str:
@@ -721,6 +747,7 @@ class Sweep:
     points: set[str] = field(default_factory=set)
     kills: int = 0
     cuts: int = 0
+    between: int = 0  # power cuts between two durable calls
     lost: int = 0
     duplicated: int = 0
     diverged: int = 0
@@ -729,9 +756,12 @@ class Sweep:
     def add(self, case: Case, outcome: Outcome) -> None:
         if case.mode == "kill":
             self.kills += 1
+        elif case.mode == "sync":
+            self.between += 1
         else:
             self.cuts += 1
-        self.points.add(case.point)
+        if case.mode != "sync":
+            self.points.add(case.point)
         self.lost += outcome.lost
         self.duplicated += outcome.duplicated
         self.diverged += outcome.diverged
@@ -744,6 +774,7 @@ class Sweep:
             "crash_points": sorted(self.points),
             "kills": self.kills,
             "power_cuts": self.cuts,
+            "power_cuts_between_fsyncs": self.between,
             "lost": self.lost,
             "duplicated": self.duplicated,
             "diverged": self.diverged,

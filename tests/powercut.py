@@ -107,8 +107,12 @@ def install(journal: Path, root: Path) -> None:
     """Journal every fsync, fdatasync and syncfs of this process from now on."""
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
-    def note(record: dict[str, Any]) -> None:
-        line = (json.dumps(record) + "\n").encode()
+    calls = iter(range(1 << 62))
+
+    def note(*records: dict[str, Any]) -> None:
+        """One call's records, in one write: a cut falls between calls, never inside one."""
+        call = f"{os.getpid()}.{next(calls)}"
+        line = "".join(json.dumps({**r, "call": call}) + "\n" for r in records).encode()
         with _lock:
             fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -155,10 +159,12 @@ def install(journal: Path, root: Path) -> None:
         def syncfs(fd: int) -> int:
             rc = real_syncfs(fd)
             img = snapshot(root)
-            for ino, entries in img.dirs.items():
-                note({"dir": ino, "entries": entries, "subdirs": list(img.dirs)})
-            for ino, data in img.files.items():
-                note({"file": ino, "data": base64.b64encode(data).decode()})
+            note(
+                *({"dir": ino, "entries": entries, "subdirs": list(img.dirs)}
+                  for ino, entries in img.dirs.items()),
+                *({"file": ino, "data": base64.b64encode(data).decode()}
+                  for ino, data in img.files.items()),
+            )  # fmt: skip
             return rc
 
         durable._SYNCFS = syncfs
@@ -176,32 +182,50 @@ def main() -> None:
 # --------------------------------------------------------------------------- the cut
 
 
-def durable_image(baseline: Image, journal: Path) -> Image:
-    """``baseline`` with every durable point of the journal applied, in order."""
+def _records(journal: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line the kill cut: that point was not passed
+                continue
+    return out
+
+
+def calls(journal: Path) -> int:
+    """How many fsync, fdatasync and syncfs calls the journal holds."""
+    return len({r["call"] for r in _records(journal)})
+
+
+def durable_image(baseline: Image, journal: Path, upto: int | None = None) -> Image:
+    """``baseline`` with every durable point of the journal applied, in order; with
+    ``upto``, only those of its first ``upto`` calls (a power cut before the next one)."""
     img = Image(
         root=baseline.root,
         dirs=dict(baseline.dirs),
         files=dict(baseline.files),
         links=dict(baseline.links),
     )
-    if journal.exists():
-        for line in journal.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:  # a line the kill cut: that point was not passed
-                continue
-            if "dir" in rec:
-                img.dirs[rec["dir"]] = rec["entries"]
-                for sub in rec.get("subdirs", ()):  # made, never fsynced itself: empty
-                    img.dirs.setdefault(sub, {})
-            else:
-                img.files[rec["file"]] = base64.b64decode(rec["data"])
+    seen: set[str] = set()
+    for rec in _records(journal):
+        if upto is not None and rec["call"] not in seen:
+            if len(seen) == upto:
+                break
+            seen.add(rec["call"])
+        if "dir" in rec:
+            img.dirs[rec["dir"]] = rec["entries"]
+            for sub in rec.get("subdirs", ()):  # made, never fsynced itself: empty
+                img.dirs.setdefault(sub, {})
+        else:
+            img.files[rec["file"]] = base64.b64decode(rec["data"])
     return img
 
 
-def cut(root: Path, baseline: Image, journal: Path) -> None:
-    """Roll the tree under ``root`` back to what the power cut leaves (see the module)."""
-    img = durable_image(baseline, journal)
+def cut(root: Path, baseline: Image, journal: Path, upto: int | None = None) -> None:
+    """Roll the tree under ``root`` back to what the power cut leaves (see the module): after
+    the journal's first ``upto`` calls, or all of them."""
+    img = durable_image(baseline, journal, upto)
     stage = root.parent / f".{root.name}.powercut"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()

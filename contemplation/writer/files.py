@@ -60,16 +60,23 @@ def atomic_write_steps(
     """:func:`atomic_write_bytes` as steps (see :mod:`.durable`): the temp file is durable
     before the rename, the rename before the steps end. ``dev``: the file system of
     ``path``'s folder, if the caller knows it. ``written``: called once the temp file holds
-    ``data``, before it is made durable (a reply's last bytes, so that the temp file is the
-    record of their end: see :mod:`.recovery`)."""
+    ``data`` and, when durable, once it is on disk by name too: the temp file is then the
+    record of what ``written`` writes (a reply's last bytes, see :mod:`.recovery`), and the
+    next point, with no file of its own, is where the caller makes those writes durable
+    before the rename."""
     tmp = path.with_name(f".{path.name}.tmp.{_pid}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         write_all(fd, data)
-        if written is not None:
+        if written is None:
+            if durable:
+                yield Durable(files=(fd,), dev=dev)
+        else:
+            if durable:
+                yield Durable(files=(fd,), folders=(path.parent,), dev=dev)
             written()
-        if durable:
-            yield Durable(files=(fd,), dev=dev)
+            if durable:
+                yield Durable(dev=dev)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):

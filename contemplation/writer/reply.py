@@ -271,12 +271,14 @@ class ReplyStream:
     ) -> Steps[int]:
         """:meth:`finish` as steps (see :mod:`.durable`).
 
-        The reply's end is recorded with its last bytes: they are held, the commit's state
-        (which counts them) is written to its temp file, and only then are they appended,
-        before that file is made durable and renamed in. A crash once they are in the log
-        leaves that temp file, whole and naming the log's very size: recovery renames it in
-        (the reply is adopted, never asked again); a crash before leaves a log shorter than
-        it says, and the reply is marked INTERRUPTED and redone."""
+        The reply's end is recorded before its last bytes: they are held, the commit's state
+        (which counts them) is written to its temp file and made durable, by name too, and
+        only then are they appended, made durable and the temp file renamed in. A crash or a
+        power cut once they are in the log finds that temp file, whole and naming the log's
+        very size: recovery renames it in (the reply is adopted, never asked again); one
+        before leaves a log shorter than it says, and the reply is marked INTERRUPTED and
+        redone. (Made durable together, a power cut between the log's fsync and the temp
+        file's could keep the whole reply and lose its record: asked again.)"""
         if not self.started:
             yield from self.begin_steps()
         self._tail = []

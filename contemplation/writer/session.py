@@ -185,12 +185,10 @@ class ConvWriter:
             self.conv.state, _file(self.state), durable=sync_state, dev=dev, written=written
         )
         if sync_state and before:  # those files and the temp file in one point
+            if written is not None:  # a reply's commit: its temp file, the record of the
+                yield next(steps)  # reply's end, by name, before the last bytes are written
             first = next(steps)
-            # a reply's commit: the temp file, the record of its end, by name too
-            ends = (self.conv.dir,) if written is not None else ()
-            yield Durable(
-                files=(*before, *first.files), folders=(*first.folders, *claims, *ends), dev=dev
-            )
+            yield Durable(files=(*before, *first.files), folders=(*first.folders, *claims), dev=dev)
         yield from steps
         if sync_state or not folder:  # a durable state write ends with this folder's fsync
             self.folder_unsynced = False

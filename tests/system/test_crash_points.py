@@ -171,22 +171,11 @@ def _sample(cases: list[Case]) -> list[Case]:
     ]
 
 
-# the open finding of issue 47 (BENCHMARKS.md, "Crash sweep"): two conversations committing
-# at once, a power cut can leave one's whole reply without the durable record of its end, and
-# it is asked again; which cases show it varies between runs, so the scenario may fail here
-OPEN = pytest.mark.xfail(
-    reason="issue 47's open finding: a whole reply asked again after a power cut while "
-    "another conversation commits (not every run)",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "scenario", [pytest.param(s, marks=OPEN) if s == "mcp" else s for s in sorted(SCENARIOS)]
-)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_the_crash_sweep_sample_loses_duplicates_and_diverges_nothing(scenario: str) -> None:
-    """The scenario recorded fault-free, then a sample of its crash points killed and cut
-    (see tests/crashsweep.py); a failing case names its one-line replay."""
+    """The scenario recorded fault-free, then a sample of its crash points killed and cut,
+    and of its durable calls cut between (see tests/crashsweep.py); a failing case names its
+    one-line replay."""
     result = sweep([scenario], pick=_sample)
     print(json.dumps(result.as_json()))
     assert not result.failures, "\n".join(result.failures)
@@ -232,3 +221,15 @@ def test_the_first_new_conversation_of_a_home_survives_a_power_cut(tmp_path: Pat
     then the power goes: the conversation and its message are there (the home's folders,
     made by that command, were never made durable: active/ itself was lost)."""
     _case_ok("new:0:exit:1:cut", tmp_path)
+
+
+def test_a_power_cut_between_any_two_fsyncs_of_two_turns_leaves_each_reply_once() -> None:
+    """Two messages answered, the power cut after each of the daemon's durable calls in turn
+    (fsync, syncfs): the log and the temp file that records a reply's end were made durable
+    in one point, the log first, so a cut between the two kept a whole reply without its
+    record: marked INTERRUPTED and asked again (what scenario mcp showed when another
+    conversation's crash point fell there). The record is now durable, by name, before the
+    reply's last bytes are written."""
+    result = sweep(["inbox"], modes=("sync",))
+    assert not result.failures, "\n".join(result.failures)
+    assert result.between >= 10 and result.kills == result.cuts == 0
