@@ -51,11 +51,12 @@ WHAT = {
     "status; one when the whole reply is in before the committer has begun the start write "
     "(taken back: the commit does its work)",
     "fsyncs": "alone (a write that is the only one in its batch): the message block with the "
-    "start's temp file, then its folder; the reply block with the commit's temp file, then "
-    "its folder. In a burst none: the group committer makes each round of a batch durable "
-    "with one syncfs",
+    "start's temp file, then its folder; the commit's temp file and its folder, then the "
+    "reply block (its last bytes written between), then the folder. In a burst none: the "
+    "group committer makes each round of a batch durable with one syncfs",
     "syncfs": "one per round of a group commit (two rounds per batch of writes: the blocks "
-    "and temp files, then the renames), shared by every conversation in the batch",
+    "and temp files, then the renames; a reply's commit three: its temp file by name first), "
+    "shared by every conversation in the batch",
     "locks": "flock of <conv>/.lock, one per process(): the step that takes the message, its "
     "turn and the step after it that finds nothing due run under one hold",
     "log opens": "the first read of the parse at first sight, and one read-write descriptor "
