@@ -1,8 +1,9 @@
 """The whole crash sweep (issue 47): every crash point each scenario reaches, killed (SIGKILL)
-and cut (a simulated power cut: only what was fsynced survives), then a restart and the
-oracle (tests/crashsweep.py). Writes the results file the README's table is made from.
+and cut (a simulated power cut: only what was fsynced survives), and each step cut after
+each of its durable calls (sync), then a restart and the oracle (tests/crashsweep.py).
+Writes the results file the README's table is made from.
 
-    .venv/bin/python bench/crash_sweep.py [--scenario NAME ...] [--mode kill|cut ...]
+    .venv/bin/python bench/crash_sweep.py [--scenario NAME ...] [--mode kill|cut|sync ...]
         [--out bench/crash_results.json]
 
 Prints each failing case with its one-line replay, then the counts and the wall time of a
@@ -56,11 +57,12 @@ def main() -> None:
     ).stdout.strip()
     data["commit"] = commit
     args.out.write_text(json.dumps(data, indent=2) + "\n")
-    cases = result.kills + result.cuts
+    cases = result.kills + result.cuts + result.between
     q = statistics.quantiles(times, n=20) if len(times) >= 2 else [0.0] * 19
     print(
         f"scenarios {len(names)}  crash points {len(result.points)}  kills {result.kills}  "
-        f"power cuts {result.cuts}  lost {result.lost}  duplicated {result.duplicated}  "
+        f"power cuts {result.cuts}  cuts between fsyncs {result.between}  lost {result.lost}  "
+        f"duplicated {result.duplicated}  "
         f"diverged {result.diverged}  (commit {commit})"
     )
     print(

@@ -444,7 +444,7 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
     archived: set[str] = set()
     was_whole: dict[str, str] = {}
     acts = Acts(prunable=_prunable(home))
-    either: set[str] = set()  # a reopen that failed: active or archived, whole in one place
+    either: set[str] = set()  # an archive or reopen that failed: in either place, whole in one
     for i, run in enumerate(scenario.runs(ids)):
         extra = dict(scenario.env)
         journal: Path | None = None
@@ -479,8 +479,11 @@ def run_case(case: Case, work: Path, fake: FakeOllama) -> Outcome:
             sent_unacked.setdefault("", []).append(run.creates)  # in one conversation only
         elif run.creates:
             sent_unacked.setdefault("", []).append(run.creates)
-        if run.name == "archive" and done.returncode == 0:
-            archived.add(conv_id)
+        if run.name == "archive":
+            if done.returncode == 0:
+                archived.add(conv_id)
+            else:  # the move may have been made durable before the power went
+                either.add(conv_id)
         if run.name == "reopen":
             archived.discard(conv_id)
             if done.returncode != 0:

@@ -11,7 +11,9 @@ Two halves:
   right after it answered): :func:`cut` rolls the home back, in place, to ``baseline`` (what
   was on disk before the process began, taken as durable) plus the journal. A file's inode is
   kept wherever its name survives (state.json records the log's inode); a rename that no fsync
-  of its folder followed is undone, a file created and never fsynced is empty or gone.
+  of its folder followed is undone, a file created and never fsynced is empty or gone. A
+  folder keeps one name: once its new parent is durable, its old parent no longer holds it
+  (see :func:`_one_name`).
 
 The search index (``.index.sqlite3*``) is left as it is: SQLite makes its own writes durable
 (and the index is derived: it must agree with the folders whatever they are).
@@ -217,9 +219,22 @@ def durable_image(baseline: Image, journal: Path, upto: int | None = None) -> Im
             img.dirs[rec["dir"]] = rec["entries"]
             for sub in rec.get("subdirs", ()):  # made, never fsynced itself: empty
                 img.dirs.setdefault(sub, {})
+            _one_name(img, rec["dir"])
         else:
             img.files[rec["file"]] = base64.b64decode(rec["data"])
     return img
+
+
+def _one_name(img: Image, parent: str) -> None:
+    """A folder has one name: one that ``parent`` now durably holds is gone from any other
+    folder (a folder's rename is one journal transaction on ext4, XFS, btrfs and APFS, and no
+    POSIX file system gives a folder two names; a file may have two, and keeps them)."""
+    moved = {child for child in img.dirs[parent].values() if child in img.dirs}
+    if not moved:
+        return
+    for ino, entries in img.dirs.items():
+        if ino != parent and not moved.isdisjoint(entries.values()):
+            img.dirs[ino] = {k: v for k, v in entries.items() if v not in moved}
 
 
 def cut(root: Path, baseline: Image, journal: Path, upto: int | None = None) -> None:

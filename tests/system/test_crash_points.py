@@ -205,6 +205,14 @@ def test_an_archive_that_answered_is_in_completed_only_after_a_power_cut(tmp_pat
     _case_ok("archive:1:exit:1:cut", tmp_path)
 
 
+def test_a_power_cut_inside_archive_leaves_the_conversation_in_one_place(tmp_path: Path) -> None:
+    """The power cut after archive made completed/ durable, before active/: the conversation
+    is in completed/ only (a folder's rename is one journal transaction: the power-cut layer
+    once kept it in both folders, a state no POSIX file system can reach), and, the archive
+    never having answered, either place is right."""
+    _case_ok("archive:1:fsync:1:sync", tmp_path)
+
+
 @pytest.mark.parametrize("case", ["archive:0:reply_header:1:kill", "archive:0:reply_done:1:kill"])
 def test_archive_after_a_crash_cut_a_reply_leaves_it_to_be_finished(
     tmp_path: Path, case: str
