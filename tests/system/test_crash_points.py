@@ -23,7 +23,7 @@ from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests import powercut
 from tests.conftest import ROOT, base_env
-from tests.crashsweep import SCENARIOS, Case, record, run_case, sweep
+from tests.crashsweep import FSYNC, SCENARIOS, Case, record, run_case, sweep
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_crash import run_once
 
@@ -192,6 +192,9 @@ def test_a_fault_free_run_records_every_point_of_a_turn_and_of_a_send(tmp_path: 
         points = record(SCENARIOS["send"], tmp_path, fake)
     finally:
         fake.stop()
+    # each step's crash points, then an "fsync" for each durable call it made (sync cases)
+    assert all(p.count(FSYNC) >= 2 for p in points), points
+    points = [[p for p in step if p != FSYNC] for step in points]
     assert points[0] == points[1] == ["deliver"]
     turn = points[2]  # two turns: the order of the first one's points, then the second's
     assert turn[:5] == ["claim_linked", "claim", "intent", "appended", "commit"], turn
