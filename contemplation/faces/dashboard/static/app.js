@@ -261,14 +261,13 @@ function renderBlock(b, finished = true) {
 // seats come with the detail, which may answer after the first blocks were placed (an event
 // can load them first): when the seats change, the blocks are laid out again from the start
 let panelSeats = new Set();
-let seatKey = "";
-let relayout = false;
+let seatKey = "";  // the seats known now
+let placedKey = "";  // the seats the blocks on the page were laid out for
 function learnSeats(panel) {
   const labels = (panel || []).map((s) => s.label);
   if (labels.join("\n") === seatKey) return;
   seatKey = labels.join("\n");
   panelSeats = new Set(labels);
-  relayout = true;
   loadBlocks().catch(() => {});
 }
 function place(log, box, b) {
@@ -302,12 +301,17 @@ async function forkAt(offset, button) {
 }
 
 const loadBlocks = oneAtATime(async () => {
-  const since = relayout ? 0 : cursor;
-  relayout = false;
+  const key = seatKey;
+  const since = key === placedKey ? cursor : 0;  // laid out for other seats: all again
   const d = await getJSON("/api/conversations/" + encodeURIComponent(convId) + "/blocks?since=" + since);
+  if (seatKey !== key) {  // the seats came meanwhile: fetched again for them, placed once
+    loadBlocks().catch(() => {});
+    return;
+  }
   const log = $("log");
   if (d.reset || since === 0) log.replaceChildren();
   for (const b of d.blocks) place(log, renderBlock(b), b);
+  placedKey = key;
   cursor = d.cursor;
   showHit();
   const live = $("live");
