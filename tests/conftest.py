@@ -64,10 +64,51 @@ def runtime_for(settings: Settings) -> Runtime:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run the long variants")
+    parser.addoption(
+        "--budget",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="fail the run when it takes longer (the default tier's budget; not with --slow)",
+    )
 
 
 # the run's own folder (each test's private HOME is made in it) and what undoes its environment
 _RUN = pytest.StashKey[tuple[Path, pytest.MonkeyPatch]]()
+_STARTED = pytest.StashKey[float]()  # time.monotonic() when the session started
+
+
+def over_budget(seconds: float, budget: float) -> str | None:
+    """What to say when a run of ``seconds`` passed a ``budget`` of seconds (none: 0), else
+    None."""
+    if budget <= 0 or seconds <= budget:
+        return None
+    return (
+        f"the tests took {seconds / 60:.1f} min, over their budget of {budget / 60:.1f} min: "
+        "see the slowest tests above; a long variant belongs in --slow (README, Tests)"
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The default tier over its budget (``--budget``) fails the run, however it went."""
+    config = session.config
+    if config.getoption("--slow") or _STARTED not in config.stash:
+        return
+    said = over_budget(time.monotonic() - config.stash[_STARTED], config.getoption("--budget"))
+    if said is None:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "over budget", red=True)
+        reporter.write_line(said)
+    else:
+        print(said, file=sys.stderr)
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,38 @@
+"""The test suite's own tiers: the default one fails past its budget (tests/conftest.py,
+``--budget``; scripts/test.sh sets it), and the README's test command prints where the time
+went."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT, over_budget
+
+QUICK = "tests/unit/test_shape.py::test_each_room_says_what_lives_there"
+
+
+def test_a_run_past_its_budget_is_told_and_one_within_is_not() -> None:
+    assert over_budget(1499.0, 1500) is None
+    assert over_budget(10_000.0, 0) is None  # no budget given
+    said = over_budget(1501.0, 1500)
+    assert said is not None and "25.0 min" in said and "--slow" in said
+
+
+def test_a_run_past_its_budget_fails_though_every_test_passed() -> None:
+    """The exit status is what CI reads: a real pytest process, its budget a millisecond."""
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", QUICK]
+    over = subprocess.run(
+        [*args, "--budget=0.001"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert over.returncode == 1, over.stdout + over.stderr
+    assert "1 passed" in over.stdout and "over their budget" in over.stdout, over.stdout
+    slow = subprocess.run(
+        [*args, "--budget=0.001", "--slow"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert slow.returncode == 0, slow.stdout  # the long tier has no budget
+
+
+def test_the_readme_command_prints_the_slowest_tests_and_sets_the_budget() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "--durations=30" in script and "--budget=" in script
