@@ -50,7 +50,7 @@ async def guarded(at: Attempt, request: ChatRequest) -> Streamed:
     thinking off, in the same block, after a NOTE that says so."""
     reply, on = at.reply, at.on
     made = backend(at.rt, on)
-    watch = ReplyWatch() if at.rt.settings.stop_repeating else None
+    watch = watching(request) if at.rt.settings.stop_repeating else None
     got = await pump(at, made, request, on_end=at.held.release, watch=watch)
     usage = got.usage
     if (
@@ -74,6 +74,15 @@ async def guarded(at: Attempt, request: ChatRequest) -> Streamed:
         )
     again.truncated = again.truncated or got.truncated
     return again
+
+
+def watching(request: ChatRequest) -> ReplyWatch:
+    """The loop watch for ``request``'s reply: an answer held to a schema is not watched
+    (the reply cap bounds it; its thinking is), and a reply carried on (``continue``: the
+    request ends with the model's own words) goes on past the repetition they end with."""
+    last = request.messages[-1] if request.messages else None
+    carried = last.content if last is not None and last.role == "assistant" else ""
+    return ReplyWatch(schema=request.schema is not None, carried=carried)
 
 
 async def pump(
