@@ -14,8 +14,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _pytest.mark import ParameterSet
 
 from contemplation.base.testing import POINTS
 from contemplation.models import BlockKind
@@ -128,15 +130,44 @@ def crash_env(home: Home, fake_ollama: FakeOllama) -> dict[str, str]:
     )
 
 
-@pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("nth", [1, 2, 5])
-@pytest.mark.parametrize("made", ["new", "hand"])
+# Points a turn's run --once never reaches with these workloads: a kill there is no kill.
+# Where the default tier kills them instead: test_kill_during_an_attachment_copy… below, and
+# the crash sweep's scenario "archive" (tests/system/test_crash_points.py).
+NOT_IN_A_TURN = {"attachment_copy", "archive"}
+KINDS = ("new", "hand")  # a folder made by ``new_conversation``, or by hand (only inbox/)
+
+
+def _kills() -> list[ParameterSet]:
+    """(point, nth, made): the default tier kills each point a turn reaches at its first hit
+    in both kinds of folder (and asserts it was killed); its later hits, and the points no
+    turn reaches, are the long tier's (``--slow``)."""
+    out = []
+    for point in POINTS:
+        for nth in (1, 2, 5):
+            for made in KINDS:
+                slow = nth != 1 or point in NOT_IN_A_TURN
+                marks = (pytest.mark.slow,) if slow else ()
+                out.append(pytest.param(point, nth, made, marks=marks, id=f"{made}-{nth}-{point}"))
+    return out
+
+
+KILLS = _kills()
+
+
+def default_tier(params: list[ParameterSet]) -> list[tuple[Any, ...]]:
+    """The values of the parameter sets not marked slow."""
+    return [tuple(p.values) for p in params if not any(m.name == "slow" for m in p.marks)]
+
+
+@pytest.mark.parametrize("point,nth,made", KILLS)
 def test_kill_at_every_named_step(
     home: Home, crash_env: dict[str, str], point: str, nth: int, made: str
 ) -> None:
     expected = workload(home) if made == "new" else workload_by_hand(home)
     rc = run_once(crash_env, f"{point}:{nth}")
-    if point != "archive":
+    if nth == 1 and point not in NOT_IN_A_TURN:
+        assert rc == -9  # the point was reached, and killed there
+    elif point != "archive":
         assert rc in (-9, 0)
     finish(crash_env)
     check_invariants(home, expected)
@@ -144,12 +175,33 @@ def test_kill_at_every_named_step(
         assert json.loads(home.conv(conv_id).metadata.read_text())["id"] == conv_id
 
 
+def test_the_default_tier_kills_every_point_of_a_turn_in_both_kinds_of_folder() -> None:
+    """The sample that runs without --slow cannot shrink silently: every named point a turn
+    reaches is killed there at its first hit, in a folder of each kind, and every step of
+    the path with one state write in one kind or the other."""
+    killed = {(point, made) for point, nth, made in default_tier(KILLS) if nth == 1}
+    assert killed == {(p, m) for p in POINTS if p not in NOT_IN_A_TURN for m in KINDS}
+    one = default_tier(ONE_WRITE_KILLS)
+    assert sorted(point for point, _, _ in one) == sorted(ONE_WRITE_POINTS)
+    assert {made for _, _, made in one} == set(KINDS)
+
+
 ONE_WRITE_POINTS = ("appended", "commit", "reply_header", "reply_stream", "reply_done", "state_tmp")
+ONE_WRITE_KILLS = [  # the default tier: each point once, the kinds of folder in turn
+    pytest.param(
+        point,
+        nth,
+        made,
+        marks=(pytest.mark.slow,) * (nth > 1 or made != KINDS[i % 2]),
+        id=f"{made}-{nth}-{point}",
+    )
+    for i, point in enumerate(ONE_WRITE_POINTS)
+    for nth in (1, 2)
+    for made in KINDS
+]
 
 
-@pytest.mark.parametrize("point", ONE_WRITE_POINTS)
-@pytest.mark.parametrize("nth", [1, 2])
-@pytest.mark.parametrize("made", ["new", "hand"])
+@pytest.mark.parametrize("point,nth,made", ONE_WRITE_KILLS)
 def test_kill_at_every_step_of_a_turn_with_one_state_write(
     home: Home, crash_env: dict[str, str], point: str, nth: int, made: str
 ) -> None:
@@ -193,7 +245,7 @@ def workload_with_files(home: Home) -> dict[str, list[str]]:
     return expected
 
 
-@pytest.mark.parametrize("nth", [1, 2, 5])
+@pytest.mark.parametrize("nth", [1, pytest.param(2, marks=pytest.mark.slow), 5])
 def test_kill_during_an_attachment_copy_names_no_half_file_and_loses_no_message(
     home: Home, crash_env: dict[str, str], nth: int
 ) -> None:
@@ -296,9 +348,16 @@ def _cli(
 
 @pytest.mark.parametrize(
     "how,nth",
-    [  # a refresh rewrites the 100 changed conversations; a rebuild writes all 300
-        *((("search", "--all", "kiwi"), n) for n in (1, 20, 100)),
-        *((("reindex",), n) for n in (1, 40, 250)),
+    [  # a refresh rewrites the 100 changed conversations; a rebuild writes all 300 (the
+        # default tier kills each once: the refresh at its last write, the rebuild at its first)
+        *(
+            pytest.param(("search", "--all", "kiwi"), n, marks=(pytest.mark.slow,) * (n != 100))
+            for n in (1, 20, 100)
+        ),
+        *(
+            pytest.param(("reindex",), n, marks=(pytest.mark.slow,) * (n != 1))
+            for n in (1, 40, 250)
+        ),
     ],
 )
 def test_kill_during_an_index_write_leaves_folders_untouched_and_the_index_whole(
