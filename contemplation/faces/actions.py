@@ -643,7 +643,18 @@ def _withdraw(conv: Conv, w: ConvWriter) -> dict[str, Any]:
         1,
     )
     first = blocks[n - 1].text.strip().split("\n", 1)[0] if blocks else ""
-    w.append_marker(MarkerKind.RETRACTED, RETRACTED_WORDS)
+    seats = panel.stopped_seats(w.meta, blocks) if w.meta.panel else []
+    if not seats:
+        w.append_marker(MarkerKind.RETRACTED, RETRACTED_WORDS)
+    last = blocks[-1].sender if blocks else None
+    for label in seats:  # each failed seat's turn, in its own line (not another seat's reply)
+        if label == last:
+            w.append_marker(MarkerKind.RETRACTED, RETRACTED_WORDS)
+        else:
+            own = w.reply(label, w.meta.agent_label, f"retract-{w.state.log.size}")
+            own.begin()
+            own.abort(MarkerKind.RETRACTED, RETRACTED_WORDS)
+        last = label
     w.show(Status.IDLE)
     return {"retracted": True, "block": n, "message": logformat.one_line(first, 80)}
 
@@ -686,12 +697,20 @@ def _go_on(conv: Conv, w: ConvWriter, face: Decider) -> dict[str, Any]:
 
 
 def set_model(
-    settings: Settings, conv: Conv, model: str, backend: str | None = None
+    settings: Settings,
+    conv: Conv,
+    model: str,
+    backend: str | None = None,
+    *,
+    seat: str | None = None,
 ) -> dict[str, Any]:
     """Move the conversation to ``model`` (on ``backend``, or on the alias ``model`` names,
     else on its backend as it is) from its next turn on; a turn in flight ends as it began.
-    Written into metadata.json under the faces' lock. Returns ``model``, ``backend`` and
-    what they were (``was``)."""
+    In a panel ``seat`` (a seat's label, as its replies' headers say) names the seat moved:
+    it keeps its label, so its line of the log goes on with the new model; a panel's
+    conversation without ``seat`` is refused (its top-level model is no seat's). Written
+    into metadata.json under the faces' lock. Returns ``model``, ``backend``, ``seat``
+    (panels) and what they were (``was``)."""
     require_active(conv)
     if not model.strip():
         raise InputRejected("a model name cannot be empty")
@@ -699,14 +718,45 @@ def set_model(
         raw = read_json(conv.metadata)
         if raw is None:
             raise ContemplationError(f"{conv.id} has no readable metadata.json")
-        was = {"model": str(raw.get("model", "")), "backend": str(raw.get("backend", ""))}
+        entry = _seat_entry(conv, raw, seat)
+        held = entry if entry is not None else raw
+        was = {"model": str(held.get("model", "")), "backend": str(held.get("backend", ""))}
         alias = model if model in settings.aliases else None
-        name = backend or alias or was["backend"] or settings.default_backend
+        name = (
+            backend or alias or was["backend"] or str(raw.get("backend", ""))
+        ) or settings.default_backend
         if not backends.named(settings, name):
             raise InputRejected(str(backends.unknown(settings, name)))
-        raw.update(model=model.strip(), backend=name)
+        held.update(model=model.strip(), backend=name)
         atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
-    return {"model": model.strip(), "backend": name, "was": was}
+    out: dict[str, Any] = {"model": model.strip(), "backend": name, "was": was}
+    if entry is not None:
+        out["seat"] = entry.get("label")
+    return out
+
+
+def _seat_entry(conv: Conv, raw: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
+    """metadata.json's entry of the panel's ``seat`` (its label, any case); None for a
+    conversation without a panel. Raises InputRejected for a panel's conversation without a
+    seat or with one it has not, naming its seats."""
+    entries = [
+        s
+        for s in [*(raw.get("panel") or []), raw.get("synthesize")]
+        if isinstance(s, dict) and isinstance(s.get("label"), str)
+    ]
+    if not raw.get("panel"):
+        if seat is not None:
+            raise InputRejected(f"{conv.id} has no panel: leave out --seat")
+        return None
+    seats = ", ".join(f"{s['label']} ({s.get('model', '')})" for s in entries)
+    if seat is None:
+        raise InputRejected(
+            f"{conv.id} is a panel: name the seat to move with --seat LABEL (its seats: {seats})"
+        )
+    found = [s for s in entries if str(s["label"]).upper() == seat.strip().upper()]
+    if not found:
+        raise InputRejected(f"{conv.id} has no seat {seat!r} (its seats: {seats})")
+    return found[0]
 
 
 def require_active(conv: Conv) -> None:

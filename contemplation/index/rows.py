@@ -122,7 +122,27 @@ def summary_row(  # noqa: PLR0917 - the parts of one row
         else None,
         "forked_from": forked_from(meta),
         "problem": problem,
-    }
+    } | ({"panel": seats} if (seats := panel_seats(meta)) else {})
+
+
+def panel_seats(meta: dict[str, Any]) -> list[dict[str, str]]:
+    """metadata.json's panel (its seats, the synthesizing one last: label, model, backend);
+    empty without one. A panel's top-level ``model`` is its first seat's, not what answers."""
+    raw = meta.get("panel")
+    if not isinstance(raw, list) or not raw:
+        return []
+    synth = meta.get("synthesize")
+    out = []
+    for s in [*raw, *([synth] if isinstance(synth, dict) else [])]:
+        if isinstance(s, dict) and isinstance(s.get("label"), str):
+            out.append(
+                {
+                    "label": s["label"],
+                    "model": _str(s.get("model")),
+                    "backend": _str(s.get("backend")),
+                }
+            )
+    return out
 
 
 def forked_from(meta: dict[str, Any]) -> dict[str, Any] | None:

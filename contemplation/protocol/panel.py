@@ -222,6 +222,17 @@ def next_for(
     return due(blocks, labels, held, debate=meta.debate, synthesizer=synth)
 
 
+def stopped_seats(meta: Metadata, blocks: tuple[Block, ...]) -> list[str]:
+    """The seats of ``meta``'s panel whose own line ends with a failed (ERROR) or cancelled
+    turn of theirs, in panel order (none without a panel)."""
+    labels, synth = _labels(meta)
+    out = []
+    for label in [*labels, *([synth] if synth else [])]:
+        if next_action(view(meta, blocks, label)).action == "stopped":
+            out.append(label)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Seated:
     """What is due in a conversation, and for whom: ``meta`` as the seat it concerns speaks

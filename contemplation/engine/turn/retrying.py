@@ -25,7 +25,7 @@ from contemplation.engine.turn.state import Attempt, On, Turn
 from contemplation.errors import BackendError, ConfigError, ErrorKind
 from contemplation.models import ConvEvent, Crashes, MarkerKind, Status
 from contemplation.protocol.logformat import one_line
-from contemplation.writer import ConvWriter, clear_cancel
+from contemplation.writer import ConvWriter, LiveReply, clear_cancel
 
 log = structlog.get_logger("contemplation.turn")
 
@@ -160,7 +160,7 @@ def unusable(turn: Turn, providers: tuple[str, ...]) -> Outcome | None:
         message = f"cannot use backend {w.meta.backend!r}: {exc}"
     else:
         return None
-    w.append_marker(MarkerKind.ERROR, message)
+    message = given_up(w, message)
     w.gave_up(ErrorKind.CONFIG, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
@@ -206,12 +206,38 @@ def failed(at: Attempt, exc: BackendError) -> Outcome:
 def _give_up(at: Attempt, *, kind: ErrorKind, message: str) -> Wait:
     """One ERROR that ends the turn; the conversation waits for the agent."""
     conv, rt, w, reply = at.conv, at.rt, at.w, at.reply
-    if not reply.abort(MarkerKind.ERROR, message):
-        w.append_marker(MarkerKind.ERROR, message)
+    message = given_up(w, message, reply=reply)
     w.gave_up(kind, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
     return Wait(None)
+
+
+def given_up(w: ConvWriter, message: str, *, reply: LiveReply | None = None) -> str:
+    """The ERROR that ends a turn for good, written where its seat's thread ends: after the
+    reply when it began, else (nothing written) in a block of the seat's own, its header then
+    the ERROR. In a panel a marker after the log's last block would end another seat's reply
+    (or the agent's message): the failed seat's thread would still want its turn, asked again
+    at every rescan, and the other seat's answer would read as failed. A panel's seat's ERROR
+    also says how to go on. Returns the message as written (without a panel: as given)."""
+    meta = w.meta
+    if meta.panel:
+        label = meta.model_label
+        message = (
+            f"{message} [seat {label}: the other seats' answers stand; "
+            f"`contemplation set-model {w.conv.id} MODEL --seat {label}` moves this seat "
+            f"for the next message, `contemplation retract {w.conv.id}` withdraws its "
+            "failed turn]"
+        )
+    if reply is not None and reply.abort(MarkerKind.ERROR, message):
+        return message
+    if not meta.panel:
+        w.append_marker(MarkerKind.ERROR, message)
+        return message
+    own = w.reply(meta.sender_label(), meta.agent_label, f"failed-{w.state.log.size}")
+    own.begin()  # its intent journaled, then its header
+    own.abort(MarkerKind.ERROR, message)
+    return message
 
 
 def crashed(at: Attempt, exc: Exception) -> Outcome:

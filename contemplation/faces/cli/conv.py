@@ -439,7 +439,7 @@ def list_(
                     (
                         r["id"],
                         show.list_status(r["status"], r["completed"]),
-                        f"{r['backend']}/{r['model']}" if r["model"] else "-",
+                        show.list_model(r),
                         r["last_activity"],
                         *((show.fork_origin(r.get("forked_from")) or "-",) if forks else ()),
                     )

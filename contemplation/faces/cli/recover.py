@@ -49,24 +49,41 @@ def retract(ctx: click.Context, conversation: str, as_json: bool) -> None:
 @click.argument("conversation", type=CONVERSATION)
 @click.argument("model")
 @click.option("--backend", "-b", help="The backend or provider (default: the conversation's).")
-@json_option('Print {"conversation_id", "model", "backend", "was"} as JSON.')
+@click.option(
+    "--seat",
+    metavar="LABEL",
+    help="In a panel: the seat to move (its label, as its replies' headers name it).",
+)
+@json_option('Print {"conversation_id", "model", "backend", "seat", "was"} as JSON.')
 @click.pass_context
-def set_model(
-    ctx: click.Context, conversation: str, model: str, backend: str | None, as_json: bool
+def set_model(  # noqa: PLR0917 - click passes every option positionally
+    ctx: click.Context,
+    conversation: str,
+    model: str,
+    backend: str | None,
+    seat: str | None,
+    as_json: bool,
 ) -> None:
-    """Send the next turns of CONVERSATION to MODEL (a turn in flight ends as it began)."""
+    """Send the next turns of CONVERSATION to MODEL (a turn in flight ends as it began).
+    In a panel, --seat LABEL moves that seat (it keeps its label and its line of the log)."""
     conv = lookup(ctx, conversation)
     s = ctx_settings(ctx)
     meta = read_metadata(conv)
-    on = backend or (model if model in s.aliases else None) or (meta.backend if meta else "")
+    was = meta.backend if meta else ""
+    if meta is not None and seat is not None:
+        found = [x for x in meta.seats() if x.label == seat.strip().upper()]
+        was = (found[0].backend if found else "") or was
+    on = backend or (model if model in s.aliases else None) or was
     if why := asyncio.run(refusal(s, on or s.default_backend, model)):
         raise InputRejected(why)  # an embedding or decision model (issue 39)
-    done = actions.set_model(s, conv, model, backend)
-    was = done["was"]
-    human = (
-        f"{conv.id}: the next turn goes to {done['model']} on {done['backend']} "
-        f"(was {was['model']} on {was['backend']})"
-    )
+    done = actions.set_model(s, conv, model, backend, seat=seat)
+    before = f"(was {done['was']['model']} on {done['was']['backend']})"
+    human = f"{conv.id}: the next turn goes to {done['model']} on {done['backend']} {before}"
+    if done.get("seat"):
+        human = (
+            f"{conv.id}: seat {done['seat']} answers with {done['model']} on {done['backend']} "
+            f"from the next message {before}"
+        )
     emit({"conversation_id": conv.id} | done, as_json, human)
 
 

@@ -52,13 +52,27 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return safe("\n".join(lines))
 
 
+def seats(summary: dict[str, Any]) -> str:
+    """A panel's seats as ``panel: LABEL (backend/model), …`` ("" without a panel): what
+    ``list`` and ``status`` show for it (its top-level model is only its first seat's)."""
+    if not summary.get("panel"):
+        return ""
+    return "panel: " + ", ".join(
+        f"{s['label']} ({s.get('backend') or summary['backend']}/{s['model']})"
+        for s in summary["panel"]
+    )
+
+
+def list_model(row: dict[str, Any]) -> str:
+    """``list``'s MODEL cell: ``backend/model``, a panel's seats, or ``-`` (none named)."""
+    if row.get("panel"):
+        return seats(row)
+    return f"{row['backend']}/{row['model']}" if row["model"] else "-"
+
+
 def _model(summary: dict[str, Any]) -> str:
     if summary.get("panel"):  # a panel: every seat answers each message
-        seats = [
-            f"{s['label']} ({s['backend'] or summary['backend']}/{s['model']})"
-            for s in summary["panel"]
-        ]
-        return "panel: " + ", ".join(seats)
+        return seats(summary)
     alias = summary.get("alias")
     if not summary["model"]:  # a folder made by hand or imported: no metadata names one
         return "unknown (imported)"
@@ -125,6 +139,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
             lines.append(("next try", f"in {max(0.0, state.next_retry_at - time.time()):.0f} s"))
         if state.last_error is not None and state.status in (Status.ERROR, Status.RETRYING):
             advice = ADVICE.get(state.status, "").format(id=summary["id"])
+            if summary.get("panel"):  # a panel's model is its seats': one is moved at a time
+                advice = advice.replace(" MODEL`", " MODEL --seat LABEL`")
             if "contemplation retract" in state.last_error.message:
                 advice = ""  # the error says how to go on already
             lines.append(

@@ -98,7 +98,14 @@ class Faces:
     # -- helpers ------------------------------------------------------------------------
 
     def _hint(
-        self, conv: Conv, status: str, waiting: list[WaitItem], alive: bool, empty: bool
+        self,
+        conv: Conv,
+        status: str,
+        waiting: list[WaitItem],
+        alive: bool,
+        empty: bool,
+        *,
+        panel: bool = False,
     ) -> str:
         if conv.is_completed:
             return "This conversation is archived: conversation_reopen brings it back to continue."
@@ -124,6 +131,13 @@ class Faces:
             return EMPTY_HINT
         if status in {s.value for s in BUSY}:
             return "The model is working: conversation_wait returns when it replies."
+        if status == Status.ERROR.value and panel:  # a seat failed: the others' answers stand
+            return (
+                "A seat of the panel failed (its ERROR says why; the other seats' answers "
+                "stand): conversation_respond with retract=true withdraws its failed turn and "
+                f"sends your message; `contemplation set-model {conv.id} MODEL --seat LABEL` "
+                "moves that seat to another model."
+            )
         if status == Status.ERROR.value:
             return (
                 "The last turn failed (its ERROR says why): conversation_respond with "
@@ -151,6 +165,8 @@ class Faces:
             status = Status.RETRYING.value
         alive = daemon_alive(self.home)
         model = meta.model if meta else ""
+        if meta is not None and meta.panel:  # its seats answer, not its first model alone
+            model = "panel: " + ", ".join(f"{s.label} ({s.model})" for s in meta.seats())
         out: dict[str, Any] = {
             "conversation_id": conv.id,
             "topic": meta.topic if meta else "",
@@ -158,6 +174,11 @@ class Faces:
             "activity": self.reader.activity(conv, view, written=written),
             "archived": conv.is_completed,
             "model": model,
+            **(
+                {"panel": [s.model_dump(mode="json") for s in meta.seats()]}
+                if meta and meta.panel
+                else {}
+            ),
             "waiting": [i.as_dict(conv.id, "mcp") for i in items],
             "queued_messages": queued,
             "last_error": state.last_error.model_dump() if state and state.last_error else None,
@@ -168,7 +189,7 @@ class Faces:
         if state is not None and state.ledger.by:  # where its tokens and time went
             out["ledger"] = ledger.total(state.ledger).model_dump()
         empty = queued == 0 and _log_size(conv) == 0
-        hint = self._hint(conv, status, items, alive, empty)
+        hint = self._hint(conv, status, items, alive, empty, panel=bool(meta and meta.panel))
         if not hint and "reply_cut" in out and status == Status.IDLE.value:
             hint = (
                 "The last reply was stopped before its end (reply_cut says why): "
