@@ -250,6 +250,19 @@ class Crashes(BaseModel):
 class Intent(BaseModel):
     """A write that is about to happen to ``messages.log`` (journal for crash recovery)."""
 
+class ReplyEnd(BaseModel):
+    """state.json ``reply_end``: written by a reply's commit, whose state is recorded (its temp
+    file, by name) before the reply's last bytes are appended: where the reply began
+    (``offset``), the sha256 of its bytes up to its last ones, and those last bytes
+    (``tail``). A crash that kept the record and not those bytes (a kill after the server
+    said ``done``) is finished by recovery: the log checked against it, the bytes appended,
+    the commit renamed in; the model is not asked again."""
+
+    offset: int
+    sha256: str
+    tail: str
+
+
     kind: Literal["message", "reply"]
     id: str
     offset: int
@@ -403,6 +416,7 @@ class State(BaseModel):
 class Block:
     """One block of ``messages.log``."""
 
+    reply_end: ReplyEnd | None = None  # a reply's commit record: how to finish it (recovery)
     sender: str
     recipient: str
     timestamp: str

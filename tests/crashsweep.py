@@ -23,6 +23,7 @@ run, then the daemon until it is idle, and :func:`oracle` counts:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -616,8 +617,9 @@ def index_agrees(home: Home, env: dict[str, str], out: Outcome) -> None:
 
 def whole_at_crash(home: Home) -> dict[str, str]:
     """Conversations whose log ends, past what state.json has committed, with the whole reply
-    to its last message, its last byte included (the scripted server's echo): conversation
-    id -> that message."""
+    to its last message, its last byte included (the scripted server's echo), or with that
+    reply short of only the last bytes its commit's record holds (the record written, the
+    server done): conversation id -> that message."""
     out: dict[str, str] = {}
     for conv in list_conversations(home):
         st = read_state(conv)
@@ -625,9 +627,33 @@ def whole_at_crash(home: Home) -> dict[str, str]:
         if st is None or st.log.size >= len(data):
             continue
         agent = [b.text for b in LogView(conv).refresh().blocks if b.kind is BlockKind.AGENT]
-        if agent and data.endswith(f" ===\nEcho: {agent[-1][:60]}\n".encode()):
+        if not agent:
+            continue
+        echo = f" ===\nEcho: {agent[-1][:60]}\n".encode()
+        if any(data.endswith(echo[: len(echo) - n]) for n in _recorded_tails(conv, data)):
             out[conv.id] = agent[-1]
     return out
+
+
+def _recorded_tails(conv: Conv, data: bytes) -> list[int]:
+    """How many of a reply's last bytes the log lacks of what a commit record left in the
+    folder says (its ``reply_end``: the reply's start, the hash of its bytes before its last
+    ones, those last bytes): 0 for the log as it is, then one for each record the log
+    matches."""
+    found = [0]
+    for tmp in conv.dir.glob(f".{conv.state.name}.tmp.*"):
+        try:
+            rec = json.loads(tmp.read_bytes())
+            end = rec["reply_end"]
+            tail = str(end["tail"]).encode()
+            pre = int(rec["log"]["size"]) - len(tail)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not 0 <= pre <= len(data) or not tail.startswith(data[pre:]):
+            continue
+        if hashlib.sha256(data[int(end["offset"]) : pre]).hexdigest() == end["sha256"]:
+            found.append(len(tail) - (len(data) - pre))
+    return found
 
 
 def oracle(

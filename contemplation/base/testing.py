@@ -32,6 +32,7 @@ POINTS = (
     "reply_header",  # after a reply's header was written
     "reply_stream",  # after some reply tokens were written
     "reply_done",  # after the reply ended, its last bytes held, before its commit
+    "reply_record",  # its commit's record (a temp file) written, not durable, last bytes held
     "reply_tail",  # its last bytes in the log (the commit's temp file durable), not durable
     "state_tmp",  # inside an atomic write of state.json, after the temp file was written
     "archive",  # before the conversation folder is moved to completed/

@@ -72,6 +72,7 @@ def atomic_write_steps(
             if durable:
                 yield Durable(files=(fd,), dev=dev)
         else:
+            crashpoint("reply_record")  # the record of what written() writes, not durable
             if durable:
                 yield Durable(files=(fd,), folders=(path.parent,), dev=dev)
             written()

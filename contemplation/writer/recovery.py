@@ -9,8 +9,10 @@ answers to needs) first record an *intent* (offset, length, sha256) in ``state.j
 rolled forward or back the same way. A streamed reply records an intent (its offset); a
 cut-off one is marked ``=== INTERRUPTED ===`` so the turn is redone. A reply begun with no
 journaled intent (``ReplyStream.merge_into_commit``: its turn makes one state write) follows
-a claimed message's uncommitted block, and is found and marked right after it. Recovery also
-completes an interrupted rotation.
+a claimed message's uncommitted block, and is found and marked right after it. A reply
+whose commit was recorded (its state's temp file) is finished instead, when the log is
+what the record says (:func:`adopt_finished_reply`). Recovery also completes an interrupted
+rotation.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contemplation.errors import InputRejected
-from contemplation.models import Intent, MarkerKind, State
+from contemplation.models import Intent, MarkerKind, ReplyEnd, State
 from contemplation.protocol import logformat
 from contemplation.protocol.parser import parse
 from contemplation.settings import AttachmentSettings
 from contemplation.store.attachments import read_claimed
 from contemplation.store.layout import read_json, read_regular
+from contemplation.writer.files import write_all
 from contemplation.writer.folders import drop_claimed_twins, pid_alive, remove_tmp_files
 from contemplation.writer.session import ConvWriter, remove_claimed
 
@@ -67,12 +70,17 @@ def recover(
 
 
 def adopt_finished_reply(w: ConvWriter) -> list[str]:
-    """A reply whose every byte reached the log before a crash kept its commit from being
-    renamed in: its commit's temp file (``.state.json.tmp.<pid>.<rand>``, written before the
-    reply's last bytes, see ``ReplyStream.finish_steps``) is whole, names the log's inode and
-    its very size, counts one turn more, and its writer is gone. It is renamed in, so the
-    reply is adopted, not marked INTERRUPTED and asked again. Anything else is left to the
-    rest of recovery (the temp file is then removed as stale)."""
+    """A reply whose commit was recorded before a crash kept it from being renamed in: its
+    commit's temp file (``.state.json.tmp.<pid>.<rand>``, written before the reply's last
+    bytes, see ``ReplyStream.finish_steps``) is whole, names the log's inode, counts one
+    turn more, and its writer is gone. When the log is what it says (its bytes since the
+    reply began hash as recorded, followed by all, some or none of the reply's last bytes,
+    which it holds: ``reply_end``), the missing last bytes are appended and it is renamed
+    in, so the reply is adopted, never marked INTERRUPTED and asked again (a process killed
+    after the server said ``done`` keeps the record in the page cache; after a power cut it
+    is there only once it was made durable). A record without ``reply_end`` is taken only
+    when the log has its very size. Anything else is left to the rest of recovery (the temp
+    file is then removed as stale)."""
     st = w.state
     if st.rotation is not None or (st.intent is not None and st.intent.kind != "reply"):
         return []
@@ -82,30 +90,85 @@ def adopt_finished_reply(w: ConvWriter) -> list[str]:
     ino = os.fstat(w.fd).st_ino if w.fd is not None else _ino(w.conv.log)
     prefix = f".{w.conv.state.name}.tmp."
     for name in w.folder_names():
-        if not name.startswith(prefix):
+        found = _record(w, name[len(prefix) :], ino) if name.startswith(prefix) else None
+        if found is None:
             continue
-        path = w.conv.dir / name
-        pid = name[len(prefix) :].split(".", 1)[0]
-        if not pid.isdigit() or pid_alive(int(pid)):
+        end = found.reply_end
+        if end is None:  # a record that does not hold the reply's last bytes
+            missing = b"" if found.log.size == size else None
+        else:
+            missing = _missing(w, st, end, found.log.size, size)
+        if missing is None:
             continue
-        data = read_json(path)
-        try:
-            found = State.model_validate(data) if data is not None else None
-        except ValidationError:
-            found = None
-        if (
-            found is None
-            or found.intent is not None
-            or found.rotation is not None
-            or found.log.ino != ino
-            or found.log.size != size
-            or found.turns <= st.turns
-        ):
-            continue
+        if missing:
+            fd = w.append_fd()
+            write_all(fd, missing)
+            if w.durable:  # the reply whole on disk before the state that counts it
+                os.fsync(fd)
+        found.reply_end = None
         w.state = found
         w.save()
+        if missing:
+            return [
+                f"finished the reply's commit: its last {len(missing)} bytes, recorded with "
+                f"it, appended up to byte {found.log.size}"
+            ]
         return [f"adopted the reply whole in the log up to byte {size} (its commit was cut)"]
     return []
+
+
+def _record(w: ConvWriter, suffix: str, ino: int) -> State | None:
+    """The state in temp file ``.state.json.tmp.<suffix>`` if it can be a reply's commit
+    record: its writer (``<pid>.<rand>``) gone, whole, no write in progress, the log's
+    inode, one turn more than state.json counts."""
+    pid = suffix.split(".", 1)[0]
+    if not pid.isdigit() or pid_alive(int(pid)):
+        return None
+    data = read_json(w.conv.dir / f".{w.conv.state.name}.tmp.{suffix}")
+    try:
+        found = State.model_validate(data) if data is not None else None
+    except ValidationError:
+        return None
+    if (
+        found is None
+        or found.intent is not None
+        or found.rotation is not None
+        or found.log.ino != ino
+        or found.turns <= w.state.turns
+    ):
+        return None
+    return found
+
+
+_HASHED = 1 << 20  # bytes of the log read at a time to check a reply's hash
+
+
+def _missing(w: ConvWriter, st: State, end: ReplyEnd, final: int, size: int) -> bytes | None:
+    """What the log lacks of the reply a commit record describes (``end``, the record's
+    size ``final``; the log has ``size`` bytes), or None when the log is not that reply: it
+    must hold the reply from where it began (after what state.json commits, and where a
+    journaled intent says) hashing as recorded, then a prefix of its recorded last bytes."""
+    tail = end.tail.encode()
+    pre = final - len(tail)
+    if not (st.log.size <= end.offset <= pre <= size <= final):
+        return None
+    if st.intent is not None and st.intent.offset != end.offset:
+        return None
+    if w.log_bytes(pre, size - pre) != tail[: size - pre]:
+        return None
+    sha = hashlib.sha256()
+    with open(w.conv.log, "rb") as f:
+        f.seek(end.offset)
+        left = pre - end.offset
+        while left > 0:
+            chunk = f.read(min(left, _HASHED))
+            if not chunk:
+                return None
+            sha.update(chunk)
+            left -= len(chunk)
+    if sha.hexdigest() != end.sha256:
+        return None
+    return tail[size - pre :]
 
 
 def _ino(path: Path) -> int:

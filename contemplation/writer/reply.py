@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from contemplation.models import (
     MarkerKind,
     Metadata,
     ReplyCut,
+    ReplyEnd,
     State,
     Status,
     StreamEvent,
@@ -43,6 +45,11 @@ from contemplation.writer.durable import GroupCommitter, Steps, run_now
 from contemplation.writer.files import now_iso, write_all
 
 T = TypeVar("T")
+
+#: a reply's last bytes (a held line start, the closing markers) copied into its commit's
+#: record, so that recovery can finish a commit a kill cut before they were written; held
+#: bytes are at most a line start being decided (4 KiB) and the markers, so this is room
+TAIL_RECORDED = 64 * 1024
 
 
 class Session(Protocol):
@@ -92,6 +99,8 @@ class ReplyStream:
         self._last_char = "\n"
         self._tail: list[bytes] | None = None  # the reply's last bytes, held (see finish_steps)
         self._reserved: Intent | None = None  # the intent journaled ahead (see reserve())
+        self._offset = 0  # where the reply begins in the log (its separator, then its header)
+        self._sha = hashlib.sha256()  # of its bytes in the log (those held excepted)
         self._unjournaled = False  # begun without a durable intent (see merge_into_commit())
         self.content_parts: list[str] = []
 
@@ -187,6 +196,7 @@ class ReplyStream:
 
     def _start(self, offset: int) -> None:
         prefix = self.w.separator(offset).decode()
+        self._offset = offset
         self._reserved = None
         self.started = True
         self._write(prefix + logformat.header(self.sender, self.recipient))
@@ -200,6 +210,7 @@ class ReplyStream:
             self._tail.append(data)
         else:
             write_all(self.w.append_fd(), data)
+            self._sha.update(data)
         self.bytes_written += len(data)
         self._last_char = text[-1]
 
@@ -275,10 +286,14 @@ class ReplyStream:
         (which counts them) is written to its temp file and made durable, by name too, and
         only then are they appended, made durable and the temp file renamed in. A crash or a
         power cut once they are in the log finds that temp file, whole and naming the log's
-        very size: recovery renames it in (the reply is adopted, never asked again); one
-        before leaves a log shorter than it says, and the reply is marked INTERRUPTED and
-        redone. (Made durable together, a power cut between the log's fsync and the temp
-        file's could keep the whole reply and lose its record: asked again.)"""
+        very size: recovery renames it in (the reply is adopted, never asked again). The
+        record also holds those last bytes and a hash of the reply's bytes before them
+        (``reply_end``): a crash before they are in the log (a kill at the record's fsync)
+        leaves the log short of the record by exactly them, and recovery appends them and
+        renames the record in (:func:`.recovery.adopt_finished_reply`); a log that does not
+        match means the reply was cut, and it is marked INTERRUPTED and redone. (Made
+        durable together, a power cut between the log's fsync and the temp file's could
+        keep the whole reply and lose its record: asked again.)"""
         if not self.started:
             yield from self.begin_steps()
         self._tail = []
@@ -303,9 +318,11 @@ class ReplyStream:
 
         try:
             crashpoint("reply_done")  # the reply over, its last bytes held, nothing committed
+            pre = self.w.log_size()
+            self.w.state.reply_end = self._end(pre, tail)
             self.w.state.intent = None
             self.w.state.turn_started = None  # the turn has ended: in the commit, no write more
-            self.w.state.log.size = self.w.log_size() + len(tail)
+            self.w.state.log.size = pre + len(tail)
             self.w.state.turns += 1
             self.w.state.last_turn = usage
             self.w.state.reply_cut = cut  # this reply's (None: it ended by itself)
@@ -325,8 +342,19 @@ class ReplyStream:
                 with contextlib.suppress(OSError):  # glue onto its last line
                     write_all(fd, tail)
             raise
+        finally:
+            self.w.state.reply_end = None  # this commit's: no later state write carries it
         self.committed = True
         return self.bytes_written
+
+    def _end(self, pre: int, tail: bytes) -> ReplyEnd | None:
+        """The record of how to finish this reply's commit (see :meth:`finish_steps`), or
+        None where the log holds other bytes than the reply's since it began (nothing else
+        may be appended mid-reply, but then recovery has nothing to go by) or the held
+        bytes are too many to copy."""
+        if pre - self._offset != self.bytes_written - len(tail) or len(tail) > TAIL_RECORDED:
+            return None
+        return ReplyEnd(offset=self._offset, sha256=self._sha.hexdigest(), tail=tail.decode())
 
     def abort(self, kind: MarkerKind, reason: str) -> None:
         """End a reply that did not finish: mark it so it is never taken for a whole answer."""

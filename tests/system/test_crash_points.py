@@ -46,8 +46,12 @@ def _run(env: dict[str, str], crash: str | None = None) -> int:
 
 @pytest.mark.parametrize("durability", ["none", "fsync"])
 @pytest.mark.parametrize("lag", ["0", "0.3"])  # journaled intent / the turn's one state write
+# reply_tail: its last bytes in the log, its commit not renamed in; reply_record: the
+# commit's record (its temp file) written, the reply's last bytes not yet (a kill at that
+# record's fsync, after the server said done, was marked INTERRUPTED and asked again)
+@pytest.mark.parametrize("point", ["reply_tail", "reply_record"])
 def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
-    home: Home, fake_ollama: FakeOllama, durability: str, lag: str
+    home: Home, fake_ollama: FakeOllama, durability: str, lag: str, point: str
 ) -> None:
     fake_ollama.default_step = Step(chunks=4)
     env = base_env(
@@ -62,8 +66,7 @@ def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
         backend="ollama",
     )  # fmt: skip
     drop_message(conv, "the only question", name="000.msg")
-    # the reply's last bytes are in the log, its commit (state.json) is not
-    assert _run(env, "reply_tail:1") == -9
+    assert _run(env, f"{point}:1") == -9
     assert len(fake_ollama.chat_requests()) == 1
     assert _run(env) == 0
     log = conv.log.read_text()
@@ -244,3 +247,53 @@ def test_a_power_cut_between_any_two_fsyncs_of_two_turns_leaves_each_reply_once(
     result = sweep(["inbox"], modes=("sync",))
     assert not result.failures, "\n".join(result.failures)
     assert result.between >= 10 and result.kills == result.cuts == 0
+
+
+AFTER_DONE = ("reply_record", "reply_tail", "state_tmp")  # a reply's commit, in its order
+
+
+def after_done(points: list[str]) -> list[str]:
+    """``point:n`` for each crash point of a step that comes after a reply ended (its
+    ``reply_done``) and before its commit is renamed in (a ``state_tmp`` after it)."""
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    ended = 0  # replies ended and not yet committed (a burst's turns interleave)
+    for name in points:
+        seen[name] = seen.get(name, 0) + 1
+        if name == "reply_done":
+            ended += 1
+        elif ended and name in AFTER_DONE:
+            out.append(f"{name}:{seen[name]}")
+            ended -= name == "state_tmp"
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["inbox", "burst"])
+def test_a_kill_anywhere_after_the_server_said_done_never_asks_the_model_again(
+    tmp_path: Path, scenario: str
+) -> None:
+    """SIGKILL at each crash point between a reply's end and its commit's rename (journaled
+    intents, and each turn's one state write in a burst): the model is asked once per
+    message. At the record's fsync (``reply_record``) the reply's last bytes were still held:
+    the restart marked the whole reply INTERRUPTED and asked again; recovery now finishes
+    the commit its record describes. (At ``reply_done`` itself nothing is on disk yet: those
+    bytes are in memory only, and the turn is redone, as after a power cut.)"""
+    fake = FakeOllama().start()
+    fake.default_step = Step(chunks=4)
+    try:
+        points = record(SCENARIOS[scenario], tmp_path / "record", fake)
+        messages = len(fake.chat_requests())
+        kills = after_done(points[0])
+        assert len(kills) >= 3 * messages, points[0]
+        for kill in kills:
+            name, n = kill.split(":")
+            before = len(fake.chat_requests())
+            outcome = run_case(Case(scenario, 0, name, int(n), "kill"), tmp_path / kill, fake)
+            # the oracle: a reply whole, or short only of the last bytes its commit's record
+            # holds, when the process died is never marked INTERRUPTED and asked again
+            assert outcome.ok, (kill, outcome.problems)
+            asked = len(fake.chat_requests()) - before
+            if scenario == "inbox":  # one turn at a time: no other reply was cut meanwhile
+                assert asked == messages, f"killed at {kill}: the model was asked {asked} times"
+    finally:
+        fake.stop()
