@@ -15,7 +15,9 @@ run, found when the same turn is due again, is a run that died during it: begun 
 count, and the conversation waits for the agent (its next message is a new turn). A turn
 begun again after one death, or the first one due when a run starts, has its record written
 before the request goes out, so a run that dies at once is counted; any other turn's record
-rides on the turn's first state write (no write more).
+rides on the turn's first state write (no write more), and a run that dies before that write
+is counted by the restart's recovery, which finds the message it took uncommitted in the log
+(``recovery._count_the_death``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contemplation.errors import InputRejected
-from contemplation.models import Intent, MarkerKind, ReplyEnd, State
+from contemplation.models import Intent, MarkerKind, ReplyEnd, State, TurnStarted
 from contemplation.protocol import logformat
 from contemplation.protocol.parser import parse
 from contemplation.settings import AttachmentSettings
@@ -62,7 +62,10 @@ def recover(
         )
         done.extend([what] if what else [])
     claimed = w.claimed_files()
+    counted = w.state.messages_processed
     done.extend(_recover_claimed(w, claimed, max_message_bytes, limits or AttachmentSettings()))
+    if w.state.messages_processed > counted and cut is None:  # a restart, not a failed write
+        _count_the_death(w)
     done.extend(_clean_processing(w, claimed))
     if done:
         w.save()
@@ -199,6 +202,20 @@ def _recover_message(w: ConvWriter, intent: Intent) -> str:
     w.state.intent = None
     w.save()
     return what
+
+
+def _count_the_death(w: ConvWriter) -> None:
+    """A message found whole in the log, uncommitted, was taken by a run that died before its
+    turn's first state write, which carries the record that the turn began (see
+    :mod:`contemplation.engine.inflight`): its request may have gone out with that write, and
+    what ended the run (a plugin's ``os._exit`` on its first piece) may end the next. That
+    run is counted as one that began the turn, so the turn is given up after as many deaths
+    as its ERROR says (three runs died under a marker that said two)."""
+    st = w.state
+    if st.turn_started is None:
+        st.turn_started = TurnStarted(
+            turns=st.turns, messages=st.messages_processed, run="recovered", starts=1
+        )
 
 
 def _recover_claimed(
