@@ -80,6 +80,9 @@ class Slots:
 
     count: int
     source: str  # "config", "server /props", "server /slots", "n_parallel", "default ..."
+    # the server also runs different models side by side by itself (Ollama): a panel's
+    # seats on different models go out together (engine/scheduler.py's side slots)
+    models_at_once: bool = False
 
 
 @runtime_checkable

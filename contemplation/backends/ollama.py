@@ -257,9 +257,17 @@ class OllamaBackend:
 
     async def slots(self) -> Slots:
         """Ollama queues and runs requests itself (``OLLAMA_NUM_PARALLEL`` on the server), and
-        does not say how many at once: auto is 1, a number in the config wins."""
+        does not say how many at once: auto is 1, a number in the config wins. Different
+        models it runs side by side by itself (``OLLAMA_MAX_LOADED_MODELS``; its scheduler
+        queues or evicts when memory is short): with auto, a panel's seats on different
+        models go out together."""
         if self.auto:
-            return Slots(1, "auto: 1 (Ollama's own OLLAMA_NUM_PARALLEL is not visible)")
+            return Slots(
+                1,
+                "auto: 1 a model, different models at once (Ollama's own OLLAMA_NUM_PARALLEL "
+                "is not visible)",
+                models_at_once=True,
+            )
         return Slots(self.concurrency, "config")
 
     def stale(self) -> None:
@@ -425,7 +433,8 @@ class OllamaSettings(Section):
     keep_alive: str | int = "10m"
     concurrency: Concurrency = Field(
         "auto",
-        description="turns at once; auto: 1 (Ollama's parallelism is its own OLLAMA_NUM_PARALLEL)",
+        description="turns at once; auto: 1 a model, and a panel's seats on different models "
+        "together (Ollama's parallelism is its own OLLAMA_NUM_PARALLEL)",
     )
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
 

@@ -118,7 +118,7 @@ class Runtime:
             log.info("slots_unknown", provider=name, error=str(exc))
             return
         self.slots_seen[name] = found
-        self.scheduler(name).resize(found.count)
+        self.scheduler(name).resize(found.count, models_at_once=found.models_at_once)
         log.info("slots", provider=name, slots=found.count, source=found.source)
 
     def stale(self, name: str) -> None:

@@ -8,6 +8,13 @@ goes to the model that ran last while it still has turns waiting, so two convers
 different models do not make the server swap models in and out on every turn. After
 ``switch_after`` turns in a row on one model while another model waits, the longest-waiting
 other model gets the slot (no starvation).
+
+A server that runs different models at once by itself (``models_at_once``: Ollama, whose own
+scheduler loads them side by side, up to ``OLLAMA_MAX_LOADED_MODELS``, and queues or evicts
+when memory is short) also lends a *side slot* to a panel's seat asked ahead
+(:meth:`ModelScheduler.try_slot`) whose model is not running there yet, beyond ``slots``: a
+round's seats on different models go out together. Side slots never count against the
+turns queued here, and none is lent while a turn waits.
 """
 
 from __future__ import annotations
@@ -21,15 +28,18 @@ from dataclasses import dataclass, field
 
 GRANTS_KEPT = 256
 SWEEP_AT = 256  # a queue this long is swept of waiters another provider took
+MAX_SIDE = 8  # side slots lent at once (a panel's seats: protocol.panel.MAX_MEMBERS)
 
 
 class Held:
     """A granted slot; :meth:`release` gives it back early (once the server is done with the
     turn, before the reply is committed), and leaving the ``slot()`` block releases it."""
 
-    def __init__(self, scheduler: ModelScheduler) -> None:
+    def __init__(self, scheduler: ModelScheduler, model: str = "", *, side: bool = False) -> None:
         self._scheduler: ModelScheduler | None = scheduler
         self._then: Callable[[], None] | None = None
+        self.model, self.side = model, side
+        scheduler._on(model, +1)
 
     def then(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once, when the slot is given back (the server slot the turn named)."""
@@ -41,6 +51,10 @@ class Held:
             then, self._then = self._then, None
             if then is not None:
                 then()
+            scheduler._on(self.model, -1)
+            if self.side:  # lent beyond the slots: nothing queued was counting on it
+                scheduler._side -= 1
+                return
             scheduler._free += 1
             scheduler._dispatch()
 
@@ -55,7 +69,10 @@ class _Waiter:
 class ModelScheduler:
     slots: int = 1
     switch_after: int = 4
+    models_at_once: bool = False  # the server runs different models side by side itself
     _free: int = field(init=False)
+    _side: int = field(default=0, init=False)  # side slots lent (see the module's text)
+    _models: dict[str, int] = field(default_factory=dict, init=False)  # running, by model
     _queues: dict[str, deque[_Waiter]] = field(default_factory=dict, init=False)
     _current: str | None = field(default=None, init=False)
     _streak: int = field(default=0, init=False)
@@ -79,9 +96,19 @@ class ModelScheduler:
         """How busy: turns running per slot (least busy first when an alias picks)."""
         return self.running / self.slots
 
-    def resize(self, slots: int) -> None:
+    def _on(self, model: str, n: int) -> None:
+        left = self._models.get(model, 0) + n
+        if left > 0:
+            self._models[model] = left
+        else:
+            self._models.pop(model, None)
+
+    def resize(self, slots: int, *, models_at_once: bool | None = None) -> None:
         """The server said how many slots it has (at start, after it restarted): turns
-        running now keep theirs; a smaller figure holds new turns back until enough end."""
+        running now keep theirs; a smaller figure holds new turns back until enough end.
+        ``models_at_once``: whether it runs different models side by side (None: as was)."""
+        if models_at_once is not None:
+            self.models_at_once = models_at_once
         slots = max(1, slots)
         self._free += slots - self.slots
         self.slots = slots
@@ -130,14 +157,20 @@ class ModelScheduler:
                 del self.granted[:-GRANTS_KEPT]
             waiter.future.set_result(self)
 
-    def try_slot(self) -> Held | None:
-        """A slot now, without waiting: only when one is free and no turn waits here (a
-        panel's seat asked ahead never takes a slot a turn is queued for). Held until
-        released."""
-        if self._free <= 0 or self.waiting:
+    def try_slot(self, model: str = "") -> Held | None:
+        """A slot now, without waiting, for a turn of ``model``: only when no turn waits here
+        (a panel's seat asked ahead never takes a slot a turn is queued for), and one is free
+        or, on a server that runs different models at once, ``model`` is not running here
+        yet (a side slot, lent beyond ``slots``). Held until released."""
+        if self.waiting:
             return None
-        self._free -= 1
-        return Held(self)
+        if self._free > 0:
+            self._free -= 1
+            return Held(self, model)
+        if self.models_at_once and model and model not in self._models and self._side < MAX_SIDE:
+            self._side += 1
+            return Held(self, model, side=True)
+        return None
 
     @contextlib.asynccontextmanager
     async def slot(self, model: str) -> AsyncIterator[Held]:
@@ -155,7 +188,7 @@ class ModelScheduler:
             elif waiter in queue:  # cancelled while queued: not waiting any more
                 queue.remove(waiter)
             raise
-        held = Held(self)
+        held = Held(self, model)
         try:
             yield held
         finally:
@@ -190,7 +223,7 @@ async def slot_any(
         if fut.done() and not fut.cancelled():
             fut.result()._give_back()
         raise
-    held = Held(granted)
+    held = Held(granted, model)
     try:
         yield next(name for name, sched in pool if sched is granted), held
     finally:

@@ -5,8 +5,10 @@ seat, or a later one after a restart), their requests are built from the same lo
 (:func:`plan_round`: a seat's thread holds none of the other seats' blocks of the round, so
 its request now is the one its own turn will build; the synthesizing seat, which weighs the
 others' answers, never) and, once this turn holds its own slot, sent at once where a slot is
-free with no turn waiting for it (:func:`start`; never on a one-slot server, never a slot
-another conversation waits for). A seat's turn takes its prefetch's slot (:func:`slot`) and
+free with no turn waiting for it, or where the server runs different models at once and the
+seat's model is not running there yet (Ollama: a side slot, see
+:mod:`contemplation.engine.scheduler`) (:func:`start`; never on a one-slot server, never a
+slot another conversation waits for). A seat's turn takes its prefetch's slot (:func:`slot`) and
 its held stream when it sends exactly the request that was sent ahead (:func:`opened`); any
 difference and it is sent anew.
 """
@@ -108,7 +110,7 @@ def start(turn: Turn, later: Sequence[Later], name_slot: NameSlot) -> None:
         if ahead.has(seat.key):
             continue
         for provider in seat.providers:
-            held = rt.scheduler(provider).try_slot()
+            held = rt.scheduler(provider).try_slot(seat.served.model)
             if held is not None:
                 break
         else:

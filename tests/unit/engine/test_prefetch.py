@@ -146,3 +146,33 @@ def test_closing_a_session_leaves_no_task_no_stream_no_slot() -> None:
         assert left == []
 
     asyncio.run(main())
+
+
+def test_a_server_that_runs_models_side_by_side_lends_a_seat_of_another_model_a_side_slot() -> None:
+    """Ollama (``models_at_once``): with its one slot held by model ``a``, a seat of ``b``
+    asked ahead gets a side slot at once, another of ``b`` (running already) or of ``a`` does
+    not, nor does any while a turn waits; giving a side slot back frees none of the slots
+    the queued turns count on. A one-slot server without it lends none."""
+
+    async def main() -> None:
+        plain = ModelScheduler(slots=1)
+        async with plain.slot("a"):
+            assert plain.try_slot("b") is None  # llama-server with one slot: one at a time
+        ollama = ModelScheduler(slots=1, models_at_once=True)
+        async with ollama.slot("a"):
+            b = ollama.try_slot("b")
+            c = ollama.try_slot("c")
+            assert b is not None and c is not None and b.side and c.side
+            assert ollama.try_slot("b") is None and ollama.try_slot("a") is None
+            assert ollama.running == 1  # side slots are not the server's slots
+            waiter = asyncio.create_task(_take(ollama))
+            await asyncio.sleep(0)
+            assert ollama.waiting == 1 and ollama.try_slot("d") is None  # a turn waits
+            b.release()
+            await asyncio.sleep(0)
+            assert ollama.waiting == 1 and ollama.running == 1  # still waits for the slot
+            c.release()
+        await waiter
+        assert ollama.running == 0 and ollama.try_slot("b") is not None
+
+    asyncio.run(main())
