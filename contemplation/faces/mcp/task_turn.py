@@ -127,3 +127,21 @@ def trimmed(out: dict[str, Any], end: int) -> dict[str, Any]:
     out["waiting"] = []
     out.pop("hint", None)
     return out
+
+
+def without_redone(out: dict[str, Any]) -> dict[str, Any]:
+    """A task's result without the drafts that were redone: a model block marked INTERRUPTED
+    (a crash, a lost connection cut it) followed in the result by another reply from the same
+    model is not the answer, and carried beside it it says the same words twice. A draft
+    nothing redid yet stays: it is all there is."""
+    later: set[str] = set()
+    kept: list[dict[str, Any]] = []
+    for b in reversed(out.get("blocks", [])):
+        if b.get("kind") == "model":
+            sender = str(b.get("from", ""))
+            if b.get("interrupted") and sender in later:
+                continue
+            later.add(sender)
+        kept.append(b)
+    out["blocks"] = kept[::-1]
+    return out

@@ -15,7 +15,8 @@ server process on the same home answers for it, after a crash or a restart of ei
 ``tasks/get`` reads the conversation every time (nothing is kept in memory): the task is
 ``working`` while the turn runs, with the activity line every face shows as its
 ``statusMessage``; ``completed`` once the conversation is settled, with what
-``conversation_wait`` returns then (the model's blocks since the message, cut to the page
+``conversation_wait`` returns then (the model's blocks since the message, a draft a crash
+cut and the model redid left out (:func:`.task_turn.without_redone`), cut to the page
 budget with a cursor, ``parsed`` for a structured reply, ``waiting`` with the call that
 settles each need or lookup); a failed turn completes with ``isError``; ``cancelled`` after
 ``tasks/cancel`` once the turn has stopped (waiting for its slot, loading or streaming), or at
@@ -291,6 +292,7 @@ class Tasks:
         if elicit and asks:
             return {
                 "status": "input_required",
+        out = task_turn.without_redone(out)
                 "statusMessage": str(out.get("activity") or ""),
                 "pollIntervalMs": POLL_QUEUED,
                 "inputRequests": {
