@@ -234,6 +234,19 @@ class ReplyCut(BaseModel):
     tokens: int | None = None  # the reply's tokens, where the server said
 
 
+class ReplyEnd(BaseModel):
+    """state.json ``reply_end``: written by a reply's commit, whose state is recorded (its temp
+    file, by name) before the reply's last bytes are appended: where the reply began
+    (``offset``), the sha256 of its bytes up to its last ones, and those last bytes
+    (``tail``). A crash that kept the record and not those bytes (a kill after the server
+    said ``done``) is finished by recovery: the log checked against it, the bytes appended,
+    the commit renamed in; the model is not asked again."""
+
+    offset: int
+    sha256: str
+    tail: str
+
+
 class Crashes(BaseModel):
     """Turns of the same message that raised something unexpected once they had begun (a
     reply no code was ready for): redone once, then given up (see ``retrying.crashed``).
@@ -249,19 +262,6 @@ class Crashes(BaseModel):
 
 class Intent(BaseModel):
     """A write that is about to happen to ``messages.log`` (journal for crash recovery)."""
-
-class ReplyEnd(BaseModel):
-    """state.json ``reply_end``: written by a reply's commit, whose state is recorded (its temp
-    file, by name) before the reply's last bytes are appended: where the reply began
-    (``offset``), the sha256 of its bytes up to its last ones, and those last bytes
-    (``tail``). A crash that kept the record and not those bytes (a kill after the server
-    said ``done``) is finished by recovery: the log checked against it, the bytes appended,
-    the commit renamed in; the model is not asked again."""
-
-    offset: int
-    sha256: str
-    tail: str
-
 
     kind: Literal["message", "reply"]
     id: str
@@ -400,6 +400,7 @@ class State(BaseModel):
     crashes: Crashes | None = None  # the current turn's unexpected failures (retrying.crashed)
     last_turn: Usage | None = None
     reply_cut: ReplyCut | None = None  # the last reply stopped before its end (issue 45)
+    reply_end: ReplyEnd | None = None  # a reply's commit record: how to finish it (recovery)
     ledger: Ledger = Field(default_factory=Ledger)
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     turn_started: TurnStarted | None = None  # the turn in flight (contemplation.engine.inflight)
@@ -416,7 +417,6 @@ class State(BaseModel):
 class Block:
     """One block of ``messages.log``."""
 
-    reply_end: ReplyEnd | None = None  # a reply's commit record: how to finish it (recovery)
     sender: str
     recipient: str
     timestamp: str

@@ -288,11 +288,11 @@ class Tasks:
         out = self.faces.check(conv.id, since)
         if part.end is not None:
             out = task_turn.trimmed(out, part.end)
+        out = task_turn.without_redone(out)
         asks = [i for i in out.get("waiting", []) if i.get("kind") == "approval"]
         if elicit and asks:
             return {
                 "status": "input_required",
-        out = task_turn.without_redone(out)
                 "statusMessage": str(out.get("activity") or ""),
                 "pollIntervalMs": POLL_QUEUED,
                 "inputRequests": {
