@@ -104,14 +104,23 @@ class ApprovalRequest(BaseModel):
 
 Decision = Literal["once", "always", "reject"]
 # The face a decision came through: "mcp" is the agent's conversation_approve, "form" the
-# person's answer to the form their MCP client showed them, "cli" and "dashboard" the person's
-Decider = Literal["cli", "mcp", "dashboard", "form"]
+# person's answer to the form their MCP client showed them, "cli" and "dashboard" the person's;
+# "agent-cli" the CLI run by an agent from its shell tool (contemplation.base.acting)
+Decider = Literal["cli", "mcp", "dashboard", "form", "agent-cli"]
 DECIDERS: dict[str, str] = {
     "mcp": "the agent (conversation_approve)",
     "form": "the person (their MCP client's form)",
     "cli": "the person (the CLI)",
     "dashboard": "the person (the dashboard)",
+    "agent-cli": "the agent (the CLI)",
 }
+
+
+def decider(face: str, agent: str = "") -> str:
+    """Who took a decision through ``face``, in words (``agent``: which agent ran the CLI)."""
+    if face == "agent-cli" and agent:
+        return f"the agent (the CLI under {agent})"
+    return DECIDERS.get(face, face or "unknown")
 
 
 class ApprovalDecision(BaseModel):
@@ -129,10 +138,17 @@ class ApprovalDecision(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     time: str = ""
     face: str = ""  # a Decider; empty in a record written before faces were named
+    agent: str = ""  # with face "agent-cli": the agent that ran the CLI ("Claude Code")
     # an ``always`` revoked (``contemplation approvals revoke``): it lets nothing through
     # from then on, and the next such lookup is asked again; when and by which face
     revoked: str = ""
     revoked_by: str = ""  # a Decider
+    revoked_agent: str = ""  # with revoked_by "agent-cli": which agent
+
+    @property
+    def by(self) -> str:
+        """Who decided, in words."""
+        return decider(self.face, self.agent)
 
     @property
     def grants(self) -> bool:

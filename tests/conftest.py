@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 
 from contemplation import settings as settings_mod
+from contemplation.base import acting
 from contemplation.engine.pipeline import Runtime, process_pending
 from contemplation.models import BlockKind
 from contemplation.protocol.parser import parse
@@ -136,6 +137,9 @@ def _hermetic(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     person's settings, and so does every process it starts (they inherit ``os.environ``)."""
     base, _ = request.config.stash[_RUN]
     hermetic.isolate(monkeypatch, Path(tempfile.mkdtemp(prefix="test-", dir=base)))
+    # who runs the CLI in-process is read from this process's environment alone, never from
+    # the machine's own process tree above pytest (contemplation.base.acting)
+    monkeypatch.setattr(acting, "parents", lambda pid=None: iter(()))
     procgroups.stop_on_sigterm()
     yield
     procgroups.stop_on_sigterm()  # the daemon run in-process left SIGTERM at its default

@@ -29,6 +29,10 @@ HIDDEN_PREFIXES = (
 HIDDEN_NAMES = frozenset(
     {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "NOTIFY_SOCKET", "WATCHDOG_USEC",
      "WATCHDOG_PID"}
+    # the marks an agent's shell tool sets (contemplation.base.acting): a test run from an
+    # agent's shell is not the agent
+    | {"CLAUDECODE", "CLAUDE_PID", "CLAUDE_CODE_SESSION_ID", "CLAUDE_CODE_CHILD_SESSION",
+       "GEMINI_CLI", "CODEX_SANDBOX", "CODEX_THREAD_ID", "OPENCODE", "AI_AGENT"}
 )  # fmt: skip
 
 

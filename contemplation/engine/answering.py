@@ -166,7 +166,8 @@ async def answer(conv: Conv, rt: Runtime, seen: Tracked, due: NeedsDue) -> Outco
             w.append_marker(
                 MarkerKind.NOTE,
                 f"{DISOWNED} {rid}: it waits for approval, and only its tool answers it once "
-                f"decided (contemplation approve {conv.id} --need {rid} --once|--always|--reject)",
+                "the person decided (in the form their MCP client shows, on the dashboard, or "
+                "in their own terminal)",
             )
             log.warning("hand_answer_to_a_lookup", conv=conv.id, request=rid, need=need)
         still = set(nxt.needs)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from contemplation import backends
+from contemplation.base import acting
 from contemplation.base.terminal import safe
 from contemplation.errors import AlreadyDecided, ContemplationError, InputRejected, LockBusy
 from contemplation.faces.reading import Answered, Reader, Standing
@@ -125,6 +126,8 @@ def _extra(
     extra: dict[str, Any] = {}
     if started_by:
         extra["started_by"] = started_by  # the agent's face: `watch --agent` follows it
+        if (agent := acting.session()) is not None:
+            extra["started_in"] = agent  # that agent's process: its own watch tells it
     if reqs:
         extra["context_requirements"] = reqs
     if think is not None:
@@ -304,7 +307,9 @@ def respond(
     since: int | None = None,
     files: Sequence[Attachment] = (),
 ) -> dict[str, Any]:
-    """Answer a need the model waits for (a RESPONSE TO NEED block), else send a plain message.
+    """Answer a need the model waits for (a RESPONSE TO NEED block); ``plain``: send a message.
+    One answer is one turn: with no need waiting, nothing is sent (the refusal names the last
+    answer given, by whom and when), under the faces' lock, across processes.
 
     ``need`` names the need: its id (or a unique prefix), or its text; it may be left out when
     exactly one need waits; ``plain`` sends ``text`` as a message whatever waits. A lookup
@@ -347,19 +352,15 @@ def _respond(
             left = f"; waiting: {waiting.listed(items)}" if items else ""
             raise InputRejected(f"{conv.id}: {hit.said()}; nothing was sent{left}") from None
         raise
-    if chosen is None:
-        if given := reader.answered(conv):  # the loser of a race: a message starts a turn
-            plain = "plain=true" if face == "mcp" else f"`contemplation send {conv.id} …`"
-            raise InputRejected(
-                f"{conv.id} waits for no answer: {given[-1].said()}; nothing was sent. To "
-                f"send a new message, use {plain}"
-            )
-        return {
-            "answered": None,
-            "need_id": None,
-            "queued": send(settings, conv, text, files),
-            "still_waiting": [],
-        }
+    if chosen is None:  # nothing waits: one answer is one turn, so nothing is sent
+        plain = "plain=true" if face == "mcp" else f"`contemplation send {conv.id} …`"
+        given = reader.answered(conv)
+        last = given[-1] if given else reader.last_answer(conv)
+        said = f": {last.said()}" if last is not None else ""
+        raise InputRejected(
+            f"{conv.id} waits for no answer{said}; nothing was sent. To send a new message, "
+            f"use {plain}"
+        )
     stamp = logformat.timestamp()
     body = f"{logformat.RESPONSE_PREFIX} {chosen.need}\n(source: agent, {stamp})\n{text}"
     name = (drop_folder_message(conv, body, files) if files else drop_message(conv, body)).name
@@ -377,7 +378,7 @@ def _answered_already(reader: Reader, conv: Conv, ref: str) -> Answered | None:
     for a in reversed(reader.answered(conv)):
         if ref in {a.id, a.need} or (len(ref) >= waiting.MIN_PREFIX and a.id.startswith(ref)):
             return a
-    return None
+    return reader.last_answer(conv, ref)  # answered, and the model has gone on since
 
 
 KEPT_GRANTS = 256  # "always" decisions a conversation keeps (the oldest go first)
@@ -386,22 +387,23 @@ DECISIONS: tuple[str, ...] = get_args(Decision)
 
 
 def agent_may_approve(settings: Settings, conv: Conv, *, forms: bool) -> None:
-    """Approvals are the person's (issue 44 finding 1): the agent's ``conversation_approve`` is
-    refused, in one line that says where the person decides, unless ``agent_approves`` lets
-    it decide: ``always``, or ``without_forms`` (the default) when its client shows the person
-    no forms (then the agent is the only one asked, as before)."""
+    """Approvals are the person's: the agent's decision (``conversation_approve``, or the CLI
+    run from the agent's shell) is refused, in one line that says where the person decides,
+    unless ``agent_approves`` lets it decide: ``always``, or ``without_forms`` (the default)
+    when its client shows the person no forms (then the agent is the only one asked, as
+    before). The line names no command to run: it is read by the agent."""
     how = settings.agent_approves
     if how == "always" or (how == "without_forms" and not forms):
         return
     where = (
-        "in the form their MCP client shows (conversation_wait puts it to them)"
+        "in the form their MCP client shows them (conversation_wait puts it to them)"
         if forms
         else "outside this chat"
     )
     raise InputRejected(
-        f"lookups of {conv.id} waiting for approval are the person's to decide, {where}, or with "
-        f'`contemplation approve {conv.id}` or the dashboard; agent_approves = "{how}" in '
-        "the config keeps the agent from deciding"
+        f"lookups of {conv.id} waiting for approval are the person's to decide, {where}, on "
+        "the dashboard, or in their own terminal; you cannot decide them "
+        f'(agent_approves = "{how}" in their config)'
     )
 
 
@@ -413,13 +415,15 @@ def approve(
     *,
     reader: Reader | None = None,
     face: Decider = "cli",
+    agent: str = "",
 ) -> dict[str, Any]:
     """The agent's decision about a lookup that waits for approval (``awaiting_approval``):
     ``once`` lets it through this time, ``always`` also lets the same tool with the same
     arguments through in this conversation from now on, ``reject`` refuses it (the model is
     told and carries on). ``need`` names the lookup (its id, a unique prefix, or its need);
     it may be left out when only one waits. A need to answer is refused with the
-    ``respond`` command that fits; ``face`` is the face deciding (and whose words).
+    ``respond`` command that fits; ``face`` is the face deciding (and whose words; ``agent``:
+    which agent ran the CLI, with face ``agent-cli``).
 
     A decision is final: the first about a lookup wins, and a later one, through any face,
     is refused with one line naming it (what, through which face, when). The decision is
@@ -433,6 +437,8 @@ def approve(
     if decision not in DECISIONS:
         raise InputRejected(f"unknown decision {decision!r}; say once, always or reject")
     words: Face = "mcp" if face == "mcp" else "cli"  # the dashboard shows the CLI's commands
+    if face == "agent-cli":
+        words = "agent"  # no command to paste: the agent is told where the person decides
     reader = reader or Reader(Home(settings.home))
     with faces_lock(conv):  # one decider at a time reads the decisions and adds its own
         cursor = reader.boundary(conv)
@@ -458,6 +464,7 @@ def approve(
             arguments=chosen.arguments,
             time=logformat.timestamp(),
             face=face,
+            agent=agent,
         )
         raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in _kept([*given, made])]
         atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
@@ -500,7 +507,7 @@ def _chosen(
             line += (
                 f"; the last decision: lookup {last.request} ({last.need}) "
                 f"{waiting.VERBS[last.decision]}"
-                f"{f' by {DECIDERS.get(last.face, last.face)}' if last.face else ''}"
+                f"{f' by {last.by}' if last.face else ''}"
                 f"{f' at {last.time}' if last.time else ''}"
             )
         raise InputRejected(safe(line))

@@ -20,7 +20,7 @@ from typing import Any
 
 from contemplation.base.terminal import safe
 from contemplation.errors import ContemplationError, InputRejected, NotFound
-from contemplation.models import APPROVALS_KEY, DECIDERS, ApprovalDecision, Decider, read_approvals
+from contemplation.models import APPROVALS_KEY, ApprovalDecision, Decider, decider, read_approvals
 from contemplation.protocol import logformat
 from contemplation.settings import Settings
 from contemplation.store import waiting
@@ -54,12 +54,12 @@ class Listed:
             "arguments": d.arguments,
             "rule": d.rule,
             "need": d.need,
-            "by": DECIDERS.get(d.face, d.face or "unknown"),
+            "by": d.by,
             "face": d.face,
             "time": d.time,
         }
         if d.revoked:
-            out |= {"revoked": d.revoked, "revoked_by": DECIDERS.get(d.revoked_by, d.revoked_by)}
+            out |= {"revoked": d.revoked, "revoked_by": decider(d.revoked_by, d.revoked_agent)}
         elif d.grants:
             out["revoke"] = f"contemplation approvals revoke {d.request[:SHOWN_ID]}"
         return out
@@ -144,10 +144,16 @@ def _named(found: list[Listed], ref: str) -> Listed:
 
 
 def revoke(
-    settings: Settings, ref: str, *, only: Conv | None = None, face: Decider = "cli"
+    settings: Settings,
+    ref: str,
+    *,
+    only: Conv | None = None,
+    face: Decider = "cli",
+    agent: str = "",
 ) -> dict[str, Any]:
     """Take back the ``always`` ``ref`` names (its lookup id or a unique prefix, over every
-    active conversation or ``only``): recorded as revoked by ``face`` now. Revoking one
+    active conversation or ``only``): recorded as revoked by ``face`` now (``agent``: which
+    agent ran the CLI). Revoking one
     already revoked is refused naming who did it and when. Returns the decision as listed."""
     home = Home(settings.home)
     chosen = _named(every(home, only), ref)
@@ -162,12 +168,13 @@ def revoke(
         if target is None:
             raise NotFound(f"decision {rid} is no longer kept in {conv.id}")
         if target.revoked:
-            by = DECIDERS.get(target.revoked_by, target.revoked_by)
+            by = decider(target.revoked_by, target.revoked_agent)
             raise InputRejected(
                 safe(f"decision {rid} was revoked already by {by} at {target.revoked}")
             )
         target.revoked = logformat.timestamp()
         target.revoked_by = face
+        target.revoked_agent = agent
         raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in given]
         atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
     return Listed(conv.id, target).as_dict()

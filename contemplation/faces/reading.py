@@ -47,7 +47,7 @@ from contemplation.store.layout import (
     valid_id,
 )
 from contemplation.store.logview import LogView
-from contemplation.store.waiting import WaitItem, look
+from contemplation.store.waiting import MIN_PREFIX, WaitItem, look
 from contemplation.writer import daemon_alive
 
 __all__ = [  # the cursor space's names, which the faces read here
@@ -108,6 +108,7 @@ class Answered:
         return f"{self.need!r} was {how} by {self.by} at {self.at}"
 
 
+LOOK_BACK = 256  # blocks looked back through for an answer given earlier
 _SOURCE = re.compile(r"^\(source: ([^,()\n]+), ([^()\n]+)\)$", re.MULTILINE)
 
 
@@ -235,6 +236,35 @@ class Reader:
             for need in b.responds:
                 given.append(Answered(need, *_source(b.text, b.timestamp)))
         return []
+
+    def last_answer(self, conv: Conv, ref: str | None = None) -> Answered | None:
+        """The latest answer given to a need (``ref``: to the need it names, by its id, a
+        unique prefix of it, or its text), on its way or in the log's last ``LOOK_BACK``
+        blocks, in play or not: what a responder that came second, after the model has
+        already gone on, is told."""
+        if ref is None:
+            for head in reversed(list(_heads(queued_messages(conv)))):
+                if found := find_responses(head):
+                    return Answered(found[-1], *_source(head), queued=True)
+        meta = read_metadata(conv)
+        if meta is None:
+            return None
+        ref = ref.strip() if ref else None
+        given: list[Answered] = []  # answers after the block looked at, nearest first
+        for b in reversed(self.view(conv, meta.agent_label).refresh().blocks[-LOOK_BACK:]):
+            if b.kind is BlockKind.MODEL and ref is not None:
+                for need in b.needs:
+                    nid = need_id(b, need)
+                    named = ref in {nid, need} or (len(ref) >= MIN_PREFIX and nid.startswith(ref))
+                    hit = next((a for a in given if a.need == need), None)
+                    if named and hit is not None:
+                        return replace(hit, id=nid)
+                given = []  # the answers before this reply answered an earlier one
+            for need in b.responds if b.response_to is not None else ():
+                if ref is None:
+                    return Answered(need, *_source(b.text, b.timestamp))
+                given.insert(0, Answered(need, *_source(b.text, b.timestamp)))
+        return None
 
     def standing(self, conv: Conv, *, decided: bool = False) -> Standing:
         """Where ``conv`` stands, as one moment shows it: what waits for the agent and whether

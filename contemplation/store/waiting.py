@@ -28,7 +28,6 @@ from typing import Any, Literal
 from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
 from contemplation.models import (
-    DECIDERS,
     ApprovalDecision,
     ApprovalRequest,
     Metadata,
@@ -40,7 +39,12 @@ from contemplation.protocol.panel import seated
 from contemplation.store.layout import Conv
 
 Kind = Literal["need", "approval"]
-Face = Literal["cli", "mcp"]
+Face = Literal["cli", "mcp", "agent"]  # "agent": the CLI run from an agent's shell
+#: where a lookup waiting for approval is decided, as an agent is told it (never a command)
+PERSON_DECIDES = (
+    "the person decides it: in the form their MCP client shows, on the dashboard, or in their "
+    "own terminal"
+)
 
 #: statuses in which the daemon is at work on the needs (looking them up with their rules):
 #: answering one by hand then would race the rule, so no need is listed
@@ -66,7 +70,8 @@ class WaitItem:
 
 
 def how(item: WaitItem, conv_id: str, face: Face) -> str:
-    """The exact command (CLI) or tool call (MCP) that settles ``item``."""
+    """The exact command (CLI) or tool call (MCP) that settles ``item``; to an agent running
+    the CLI, a lookup's approval is named as the person's, with no command to paste."""
     if face == "mcp":
         if item.kind == "need":
             return (
@@ -78,6 +83,8 @@ def how(item: WaitItem, conv_id: str, face: Face) -> str:
         )
     if item.kind == "need":
         return f'contemplation respond {conv_id} "…" --need {item.id}'
+    if face == "agent":
+        return PERSON_DECIDES
     return f"contemplation approve {conv_id} --need {item.id} --once|--always|--reject"
 
 
@@ -162,7 +169,7 @@ VERBS = {"once": "approved once", "always": "approved always", "reject": "reject
 def decided_line(rid: str, need: str, d: ApprovalDecision) -> str:
     """The one line that refuses a second decision: what the first one was, by which face and
     when."""
-    by = f" by {DECIDERS.get(d.face, d.face)}" if d.face else ""
+    by = f" by {d.by}" if d.face else ""
     at = f" at {d.time}" if d.time else ""
     via = "" if d.request == rid else f" (the decision about lookup {d.request})"
     return safe(
@@ -214,8 +221,8 @@ def choose(
         send = "plain=true" if face == "mcp" else f"`contemplation send {conv_id} … --plain`"
         raise InputRejected(
             f"{conv_id} waits for the approval of {len(waiting)} lookup(s), not for an answer "
-            f"(the tool answers a lookup, never the agent's text). Decide with "
-            f"{how(other, conv_id, face)}; to send a message anyway, use {send}"
+            f"(the tool answers a lookup, never the agent's text). {_decide(other, conv_id, face)}"
+            f"; to send a message anyway, use {send}"
         )
     raise InputRejected(
         f"{conv_id} waits for no approval: the model waits for an answer to "
@@ -223,12 +230,16 @@ def choose(
     )
 
 
+def _decide(item: WaitItem, conv_id: str, face: Face) -> str:
+    said = how(item, conv_id, face)
+    return said[0].upper() + said[1:] if face == "agent" else f"Decide with {said}"
+
+
 def wrong_kind(conv_id: str, item: WaitItem, face: Face) -> str:
     if item.kind == "approval":
         return (
             f"{item.id} is a lookup waiting for approval ({item.tool} for {item.need!r}), not "
-            "a need to answer: its answer comes from the tool. Decide with "
-            + how(item, conv_id, face)
+            "a need to answer: its answer comes from the tool. " + _decide(item, conv_id, face)
         )
     return (
         f"{item.id} is a need to answer ({item.need!r}), not a lookup to approve. "

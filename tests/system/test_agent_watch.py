@@ -7,6 +7,7 @@ the scripted fake Ollama, the real CLI; the watcher is a real process read line 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -18,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from contemplation.faces import watching
 from contemplation.models import Status
-from contemplation.store.layout import Home, read_metadata
+from contemplation.store.layout import Conv, Home, read_metadata
+from contemplation.store.templates import load_template
+from contemplation.writer import new_conversation, open_writer
 from tests import procgroups
 from tests.conftest import ROOT, DaemonProc, cli, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
@@ -99,8 +103,11 @@ def test_watch_agent_says_each_reply_and_approval_of_the_agents_conversations(
     daemon_factory(env, home).wait_ready()
     wait_for(state_is(home.conv(mine), Status.AWAITING_APPROVAL), 30, what="awaiting approval")
     asked = watcher.next()
-    assert asked.startswith(f"contemplation: {mine} (agent's) waits for an approval: lookup ")
-    assert f"the person decides: contemplation approve {mine} --need " in asked
+    assert asked.startswith(f"contemplation: {mine} (agent's) waits for the person's approval: ")
+    # the agent reads it: where the person decides, never a command it could run itself
+    assert asked.endswith("the person decides it: in the form their MCP client shows, on the "
+                          "dashboard, or in their own terminal"), asked  # fmt: skip
+    assert "contemplation approve" not in asked
     assert watcher.proc.poll() is None
     watcher.nothing_more()  # the person's conversation never said a word
 
@@ -184,3 +191,103 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except FileNotFoundError:
         return True
+
+
+# --------------------------------------------------------------------------- one wake a reply
+
+
+def _started(home: Home, topic: str, by: str | None, session: str | None) -> Conv:
+    extra = {k: v for k, v in (("started_by", by), ("started_in", session)) if v}
+    return new_conversation(
+        home, topic, template=load_template(home, "default"), model="m", backend="ollama",
+        extra=extra or None, durable=False,
+    )  # fmt: skip
+
+
+def _now(conv: Conv, status: Status, grow: str = "") -> None:
+    with open_writer(conv, durable=False) as w:
+        if grow:
+            with conv.log.open("a", encoding="utf-8") as f:
+                f.write(grow)
+            w.state.log.size = conv.log.stat().st_size
+        w.state.status = status
+        w.save()
+
+
+def test_the_agents_watch_tells_its_own_session_once_per_reply(home: Home) -> None:
+    """One wake per reply. The watch of the agent process S1 says nothing of S2's
+    conversations nor of a person's; of a conversation an MCP task follows it says nothing
+    the task's notification carries (the reply), only a decision the person took on another
+    face while the task's form was out (the task says nothing until its form is answered)."""
+    cli_mine = _started(home, "mine", "claude-code", "S1")
+    cli_theirs = _started(home, "another session's", "claude-code", "S2")
+    person = _started(home, "the person's", None, None)
+    tasked = _started(home, "tasked", "mcp", "S1")
+    (tasked.dir / "tasks").mkdir()
+    (tasked.dir / "tasks" / ("0" * 32 + ".json")).write_text("{}")
+    untasked = _started(home, "untasked", "mcp", "S1")
+    every = (cli_mine, cli_theirs, person, tasked, untasked)
+    for conv in every:
+        _now(conv, Status.GENERATING)
+    watch = watching.Watch(home, session="S1")
+    assert watch.poll() == []  # what is so already is not news
+    for conv in every:
+        _now(conv, Status.IDLE, "reply\n")
+    said = watch.poll()
+    assert sorted(said) == sorted(
+        [
+            f"contemplation: {cli_mine.id} (mine) replied: read it: contemplation wait "
+            f"{cli_mine.id}",
+            f"contemplation: {untasked.id} (untasked) replied: read it: "
+            f'conversation_check(conversation_id="{untasked.id}")',
+        ]
+    )
+    assert watch.poll() == []
+    raw = json.loads(tasked.metadata.read_text())  # the person approves on the dashboard
+    raw["approvals"] = [
+        {"request": "abc123", "decision": "once", "need": "the plan", "tool": "files.read",
+         "time": "2026-11-29 02:00:00", "face": "dashboard"}
+    ]  # fmt: skip
+    tasked.metadata.write_text(json.dumps(raw))
+    (line,) = watch.poll()
+    assert line == (
+        f"contemplation: {tasked.id} (tasked): the person approved once lookup files.read (the "
+        "plan) on the dashboard; its form is answered: read the reply: "
+        f'conversation_wait(conversation_id="{tasked.id}")'
+    )
+    assert watch.poll() == []
+    assert len(watching.Watch(home).poll()) == 0  # a watch of no session primes quietly
+
+
+def test_the_agents_conversation_is_seen_behind_many_newer_ones(home: Home) -> None:
+    """The watch looked at the newest 1,000 conversations only: with 1,500 newer ones the
+    agent's reply was never announced."""
+    mine = _started(home, "mine", "claude-code", None)
+    _now(mine, Status.GENERATING)
+    for i in range(1_500):
+        _started(home, f"newer {i}", None, None)
+    watch = watching.Watch(home)
+    assert watch.poll() == []
+    _now(mine, Status.IDLE, "reply\n")
+    assert watch.poll() == [
+        f"contemplation: {mine.id} (mine) replied: read it: contemplation wait {mine.id}"
+    ]
+
+
+def test_a_reply_whose_tasks_server_died_is_said_by_the_watch(home: Home) -> None:
+    """A task outlives its server: killed mid-task, the MCP server tells its client nothing
+    more, so the agent's watch says the reply as it does where no task follows."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = f"{gone.stdout.strip()}:1"
+    conv = _started(home, "orphaned", "mcp", None)
+    (conv.dir / "tasks").mkdir()
+    (conv.dir / "tasks" / ("1" * 32 + ".json")).write_text(json.dumps({"server": dead}))
+    _now(conv, Status.GENERATING)
+    watch = watching.Watch(home)
+    assert watch.poll() == []
+    _now(conv, Status.IDLE, "reply\n")
+    assert watch.poll() == [
+        f"contemplation: {conv.id} (orphaned) replied: read it: "
+        f'conversation_check(conversation_id="{conv.id}")'
+    ]

@@ -139,7 +139,8 @@ def decided_from_the_cli_while_the_form_is_open(
         found = TASK_ID.search(started)
         assert found, started[-2000:]
         conv = found.group(1)
-        news = (REPLY, f"{conv} (Notes) replied")  # the task's result; the monitor's line
+        # the task's result; the monitor's line (the person decided in their terminal)
+        news = (REPLY, f"{conv} (Notes): the person approved once")
 
         def told() -> bool:
             screen()
@@ -189,10 +190,13 @@ def test_the_plugin_monitor_tells_claude_when_the_cli_decides(
     assert took <= TOLD_WITHIN, f"no request to Claude held the monitor's line in {TOLD_WITHIN} s"
     with fake.lock:
         event = next(
-            json.dumps(r) for r in fake.requests if f"{conv} (Notes) replied" in json.dumps(r)
+            json.dumps(r)
+            for r in fake.requests
+            if f"{conv} (Notes): the person approved once" in json.dumps(r)
         )
     assert "Monitor event" in event and "<task-notification>" in event, event[-2000:]
-    assert f'conversation_check(conversation_id=\\"{conv}\\")' in event  # what to call next
+    assert "in their terminal; its form is answered" in event
+    assert f'conversation_wait(conversation_id=\\"{conv}\\")' in event  # what to call next
     # Claude Code killed (SIGKILL to its group): its monitor does not poll on for nobody
     wait_for(lambda: not monitors(home), 15, what="the monitor to stop with its session")
 
@@ -241,5 +245,47 @@ def test_the_rewake_hook_wakes_claude_when_a_cli_conversation_replies(
             with fake.lock:
                 said = [json.dumps(r["messages"][-1])[-800:] for r in fake.requests]
             raise AssertionError(f"{exc}; requests: {said}; screen: {term.tail()!r}") from None
+    finally:
+        term.stop()
+
+
+def test_a_reply_a_task_carries_wakes_claude_once(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    anthropic: Callable[..., FakeAnthropic],  # noqa: F811
+) -> None:
+    """One wake per reply, with the plugin installed as the README says: the task's
+    notification carries the reply, and the monitor does not announce it too (it used to,
+    a second request to Claude for the same reply). Counted over the requests to the
+    scripted Messages API: those whose newest message holds the reply's news."""
+    fake = anthropic(
+        Turn(tool=PLUGIN_START, input={"topic": "Indexes", "initial_prompt": "Which index?"})
+    )
+    env = claude_env(home, tmp_path, fake, fake_ollama)
+    set_up_plugin(env, home, tmp_path / "project")
+    fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=3.0))
+    daemon_factory(env, home).wait_ready()
+    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--allowedTools", PLUGIN_START]
+    term = Terminal(argv, env, tmp_path / "project")
+
+    def wakes() -> list[str]:
+        if term.proc.poll() is not None:
+            raise AssertionError(f"claude exited: {term.tail()}")
+        with fake.lock:
+            newest = [json.dumps(r["messages"][-1]) for r in fake.requests]
+        return [m for m in newest if REPLY in m or "(Indexes) replied" in m]
+
+    try:
+        wait_for(lambda: wakes(), 120, what=f"the reply handed to Claude; {term.tail()[-1500:]}")
+        wait_for(lambda: monitors(home), 30, what="the plugin's monitor")
+        # a monitor line would follow within its interval (1 s): watch well past it
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and len(wakes()) == 1:
+            time.sleep(0.2)
+        told = wakes()
+        assert len(told) == 1, told
+        assert "<status>completed</status>" in told[0]  # the task's notification
     finally:
         term.stop()

@@ -139,14 +139,46 @@ def test_new_refuses_an_unknown_backend_and_template(home: Home) -> None:
 # --------------------------------------------------------------------------- respond
 
 
-def test_respond_without_a_pending_need_queues_a_message(home: Home) -> None:
+def test_respond_with_no_need_waiting_sends_nothing(home: Home) -> None:
+    """One answer is one turn: ``respond`` with nothing to answer is refused, not queued as
+    a message (``send`` or ``--plain`` is how a message is sent)."""
     conv = make(home)
     r = invoke(home, "respond", conv.id, "just so you know")
-    assert r.exit_code == 0
-    assert r.stdout.startswith("queued as a message (") and "None" not in r.stdout
-    assert len(list(conv.inbox.iterdir())) == 1
+    assert r.exit_code == 1 and "waits for no answer; nothing was sent" in r.stderr, r.stderr
+    assert f"contemplation send {conv.id}" in r.stderr
+    assert list(conv.inbox.iterdir()) == []
     nope = invoke(home, "respond", conv.id, "x", "--need", "1")
     assert nope.exit_code == 1 and "waits for nothing from the agent" in nope.stderr
+    plain = invoke(home, "respond", conv.id, "just so you know", "--plain")
+    assert plain.exit_code == 0 and plain.stdout.startswith("queued as a message (")
+    assert len(list(conv.inbox.iterdir())) == 1
+
+
+def test_an_answer_that_came_second_after_the_reply_costs_no_turn(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """Two agents answer one need; the second is slower: by the time it runs, the first
+    answer was taken and the model has replied. Its ``respond`` (no --need) used to be
+    queued as a new message and cost a third model turn; now it exits 1 naming who answered
+    and when, and sends nothing. The loser of --need is told the need was answered, not
+    that nothing is its id."""
+    conv = waiting_for(home, fake_ollama, make_settings, "The release manager")
+    (item,) = Reader(home).waiting(conv)
+    assert invoke(home, "respond", conv.id, "Ada").exit_code == 0
+    fake_ollama.enqueue(Step(text="Ada signs off, then."))
+    s = make_settings(fake_ollama)
+    run_burst(Runtime(settings=s, home=Home(s.home)))
+    assert "Ada signs off" in conv.log.read_text()
+    late = invoke(home, "respond", conv.id, "Bob")
+    assert late.exit_code == 1, late.output
+    assert "'The release manager' was answered by agent at 2" in late.stderr, late.stderr
+    assert "nothing was sent" in late.stderr
+    named = invoke(home, "respond", conv.id, "Bob", "--need", item.id)
+    assert named.exit_code == 1
+    assert "'The release manager' was answered by agent at 2" in named.stderr, named.stderr
+    assert list(conv.inbox.iterdir()) == []
+    run_burst(Runtime(settings=s, home=Home(s.home)))
+    assert len(fake_ollama.chat_requests()) == 2  # the question and the answer: no third
 
 
 def test_two_agents_answering_one_need_cost_one_answer_and_the_loser_is_told(

@@ -162,7 +162,8 @@ def test_the_agent_cannot_take_the_persons_decision_when_its_client_shows_forms(
     daemon_factory(env, home).wait_ready()
     cid, said = asyncio.run(agent_approves(env, secret, forms=True))
     assert said.startswith("ERROR ") and "are the person's to decide" in said, said
-    assert "contemplation approve" in said and "agent_approves" in said
+    assert "in their own terminal" in said and "agent_approves" in said
+    assert "contemplation approve" not in said  # the agent reads it: no command to paste
     conv = Reader(home).locate(cid)
     assert (read_json(conv.metadata) or {}).get("approvals", []) == []
     assert "the launch code" not in conv.log.read_text()
@@ -241,7 +242,8 @@ def test_a_form_nobody_answers_never_holds_the_wait_past_its_bound(
     [pending] = out["forms_pending"]
     [item] = out["waiting"]
     assert pending == item["id"] and item["kind"] == "approval"
-    assert "conversation_wait" in out["hint"] and "contemplation approve" in out["hint"], out
+    assert "conversation_wait" in out["hint"] and "in their own terminal" in out["hint"], out
+    assert "contemplation approve" not in out["hint"]
     conv = Reader(home).locate(out["conversation_id"])
     assert (read_json(conv.metadata) or {}).get("approvals", []) == []
     assert "the launch code" not in conv.log.read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from contemplation.base import acting
 from contemplation.base.terminal import safe
 from contemplation.faces import decisions
 from contemplation.faces.cli.common import CONVERSATION, ctx_home, ctx_settings, emit, json_option
@@ -58,5 +59,12 @@ def approvals(  # noqa: PLR0917 - click passes every option positionally
 def revoke(ctx: click.Context, decision_id: str, conversation: str | None, as_json: bool) -> None:
     """Revoke an 'always' (its id, or a unique prefix): the next such lookup is asked again."""
     only = find_conv(ctx, conversation) if conversation else None
-    done = decisions.revoke(ctx_settings(ctx), decision_id, only=only, face="cli")
+    who = acting.here()
+    done = decisions.revoke(
+        ctx_settings(ctx),
+        decision_id,
+        only=only,
+        face="agent-cli" if who.is_agent else "cli",
+        agent=who.agent,
+    )
     emit(done, as_json, "revoked: " + decisions.line(done))

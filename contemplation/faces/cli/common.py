@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 from click.shell_completion import CompletionItem
 
+from contemplation.base import acting
 from contemplation.base.exits import (
     EXIT_CODES,
     EXIT_CUT,
@@ -34,6 +35,7 @@ from contemplation.faces.reading import locate
 from contemplation.settings import Settings, load
 from contemplation.store.layout import Conv, Home, valid_id
 from contemplation.store.templates import shipped_templates
+from contemplation.store.waiting import Face
 
 __all__ = [
     "EXIT_CODES", "EXIT_CUT", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NEEDS_AGENT", "EXIT_OK",
@@ -44,6 +46,12 @@ SERVICES = frozenset({"run", "mcp"})  # commands whose stderr is a log (log_form
 COMPLETIONS_MAX = 500  # candidates offered to the shell at most
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def face() -> Face:
+    """Whose words this CLI process speaks: the agent's when an agent's shell runs it (no
+    decision of the person's is handed to it as a command), else the person's."""
+    return "agent" if acting.here().is_agent else "cli"
 
 
 def ctx_settings(ctx: click.Context) -> Settings:

@@ -18,6 +18,7 @@ import click
 
 from contemplation.backends import providers
 from contemplation.backends.catalog import refusal
+from contemplation.base import acting
 from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
 from contemplation.faces import actions, decisions, watching
@@ -31,6 +32,7 @@ from contemplation.faces.cli.common import (
     ctx_home,
     ctx_settings,
     emit,
+    face,
     fail,
     json_option,
     lookup,
@@ -246,7 +248,7 @@ def _unanswered(reader: Reader, conv: Conv, *, plain: bool) -> list[Any]:
         ),
         err=True,
     )
-    click.echo("\n".join(waiting.lines(conv.id, items)), err=True)
+    click.echo("\n".join(waiting.lines(conv.id, items, face())), err=True)
     sys.exit(EXIT_ERROR)
 
 
@@ -286,16 +288,16 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
 ) -> None:
     """Answer a need the model is waiting for (TEXT, or - for stdin).
 
-    --need may be left out when one need waits; when the model waits for none, TEXT is
-    queued as a plain message, unless the need was answered already (another agent came
-    first): then nothing is sent, the exit status is 1 and the line says who answered it and
-    when (a new message is `send`, or --plain). A lookup waiting for approval takes `approve`."""
+    --need may be left out when one need waits. One answer is one turn: when the model waits
+    for none (another agent answered first, or it never asked), nothing is sent, the exit
+    status is 1 and the line says who answered last and when (a new message is `send`, or
+    --plain). A lookup waiting for approval is the person's (`approve` in their terminal)."""
     s = ctx_settings(ctx)
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     body = text_arg(text)
     ex = following.begin(reader, conv, body, wait=wait)
-    done = actions.respond(s, reader, conv, body, need, plain=plain)
+    done = actions.respond(s, reader, conv, body, need, plain=plain, face=face())
     ex.queued = done["queued"]
     if not wait:
         emit(done, as_json, show.responded(done))
@@ -337,7 +339,14 @@ def approve(  # noqa: PLR0917 - click passes every option positionally
     conv = lookup(ctx, conversation)
     reader = Reader(Home(s.home))
     after = reader.boundary(conv)
-    done = actions.approve(s, conv, decision, need, reader=reader)
+    who = acting.here()
+    if who.is_agent:  # the agent's shell: the agent's decision, under agent_approves
+        actions.agent_may_approve(s, conv, forms=who.forms)
+        done = actions.approve(
+            s, conv, decision, need, reader=reader, face="agent-cli", agent=who.agent
+        )
+    else:
+        done = actions.approve(s, conv, decision, need, reader=reader)
     verb = {"once": "approved once", "always": "approved always", "reject": "rejected"}[decision]
     args = json.dumps(done["arguments"], ensure_ascii=False)
     lines = [f"{verb}: {done['tool']} {args} (for: {done['need']})"]
@@ -478,7 +487,8 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         data.update(_state_details(state))
     view = reader.standing(conv)
     items = view.items
-    data["waiting"] = [i.as_dict(conv.id, "cli") for i in items]
+    words = face()
+    data["waiting"] = [i.as_dict(conv.id, words) for i in items]
     data["activity"] = reader.activity(conv, view)  # the words of MCP and the dashboard
     data["daemon_running"] = daemon_alive(home)
     target = providers.target(ctx_settings(ctx), data["backend"], data["model"])
@@ -489,7 +499,7 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
         data["panel"] = [s.model_dump(mode="json") for s in view.meta.seats()]
     st = following.stat_or_none(conv.log)
     human = show.conversation(data, state, st.st_mtime if st else None)
-    told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items)]
+    told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items, words)]
     if state is not None and state.reply_cut is not None:  # the last reply is not whole
         told.append(f"cut:          {state.reply_cut.message}")
     data["being_written"] = [] if conv.is_completed else openfiles.being_written_in(conv)

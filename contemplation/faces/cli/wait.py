@@ -29,6 +29,7 @@ from contemplation.faces.cli.common import (
     EXIT_NEEDS_AGENT,
     EXIT_OK,
     EXIT_TIMEOUT,
+    face,
 )
 from contemplation.faces.reading import Reader, Standing, own, segments
 from contemplation.models import MarkerKind, Status
@@ -333,10 +334,10 @@ def report(conv: Conv, code: int, view: Standing, *, refused: str | None = None)
     if refused is not None:
         click.echo(safe(f"error: {refused}"), err=True)
         if view.items:  # still there, and the refused message answered none of them
-            click.echo("\n".join(waiting.lines(conv.id, view.items)), err=True)
+            click.echo("\n".join(waiting.lines(conv.id, view.items, face())), err=True)
     elif code == EXIT_NEEDS_AGENT:
         items = view.items
-        told = waiting.lines(conv.id, items) or [
+        told = waiting.lines(conv.id, items, face()) or [
             f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
         ]
         click.echo("\n".join(told), err=True)

@@ -13,6 +13,7 @@ import time
 
 import click
 
+from contemplation.base import acting
 from contemplation.faces import watching
 from contemplation.faces.cli.common import ctx_home
 
@@ -64,7 +65,10 @@ REWAKE_EXIT = 2  # Claude Code's asyncRewake: exit 2 wakes the model with the ou
 def watch(ctx: click.Context, agent: bool, interval: float, rewake: bool, timeout: float) -> None:
     """Print one line per finished reply or lookup waiting, as it happens."""
     parent = os.getppid()  # the agent's session (Claude Code runs its monitors so)
-    w = watching.Watch(ctx_home(ctx), agent_only=agent or rewake)
+    mine = agent or rewake
+    # run by the agent (its monitor, its hook): only the conversations its session started
+    session = acting.session() if mine and acting.here().is_agent else None
+    w = watching.Watch(ctx_home(ctx), agent_only=mine, session=session)
     w.poll()  # what is so already is not news
     if rewake and not w.busy():
         return  # nothing the agent awaits: nothing to wake it for

@@ -179,7 +179,7 @@ def _still_pending(out: dict[str, Any], pending: list[str]) -> dict[str, Any]:
     out["hint"] = (
         f"The person has not answered the form about {len(pending)} lookup(s) yet; it is left "
         "open and nothing is decided. Call conversation_wait again with the returned cursor "
-        "(the form is put to the person again), or the person decides with "
-        f"`contemplation approve {cid}`."
+        "(the form is put to the person again); the person may also decide on the dashboard "
+        f"or in their own terminal ({cid})."
     )
     return out

@@ -45,6 +45,7 @@ from mcp_types import CallToolRequestParams, CallToolResult, RequestParams
 from mcp_types.jsonrpc import INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import Field
 
+from contemplation.base import acting
 from contemplation.errors import AlreadyDecided, ContemplationError
 from contemplation.faces import actions
 from contemplation.faces.actions import INITIAL_NAME
@@ -142,6 +143,9 @@ class Tasks:
             "tool": tool,
             "created": now,
             "said": said,  # what this answer says: a tasks/get that says otherwise is an update
+            # the MCP server that answers it: once it is gone, nothing may tell the client
+            # (the agent's watch then says the reply itself)
+            "server": acting.this_process(),
         }
         if queued:
             record["queued"] = queued
@@ -403,8 +407,8 @@ def _persons(conv: Conv) -> str:
     where they take it (a reject ends the wait; the model then goes on without the lookup)."""
     return (
         "its turn waits for the person's decision on a lookup (awaiting_approval), which the "
-        "agent does not take: the person rejects it in the form, with `contemplation approve "
-        f"{conv.id} --reject`, or on the dashboard"
+        "agent does not take: the person rejects it in the form, on the dashboard, or in their "
+        f"own terminal ({conv.id})"
     )
 
 
