@@ -180,15 +180,23 @@ async def _next_message(
 ) -> TurnDue | Again | Wait:
     """Claimed messages first (recovery), then the inbox in arrival order; a file written in
     place is taken once it has settled and no process holds it open for writing (Wait until
-    then: its writer's close pokes the conversation on Linux, else the next look does)."""
+    then: its writer's close pokes the conversation on Linux, else the next look does).
+    Settled: its mtime that long ago by the wall clock, or seen unchanged that long by the
+    monotonic one (a wall clock stepped back since it was written puts its mtime ahead)."""
     conv = w.conv
     for claimed in w.claimed_files():
         return _take(w, rt, claimed)
     wake: float | None = None
     settle = rt.settings.settle_seconds
+    steady = rt.steady()
     for entry in inbox_entries(conv):
-        at = entry.mtime_ns / 1e9 + settle
-        if entry.path in seen.fast_ready or _settled(entry.mtime_ns, now, settle):
+        quiet = seen.quiet_for(entry, steady)
+        at = min(entry.mtime_ns / 1e9 + settle, now + settle - quiet)
+        if (
+            entry.path in seen.fast_ready
+            or _settled(entry.mtime_ns, now, settle)
+            or quiet >= settle
+        ):
             seen.fast_ready.discard(entry.path)
             if being_written(entry.path):
                 if seen.still_written(entry):
@@ -196,6 +204,7 @@ async def _next_message(
                 at = now + max(settle, WRITER_RECHECK)
             else:
                 seen.writing.pop(entry.path, None)
+                seen.quiet.pop(entry.path, None)
                 claimed_path = await _claim(w, entry.path)
                 if claimed_path is None:
                     continue

@@ -17,6 +17,7 @@ from contemplation.store.layout import Conv, InboxEntry
 from contemplation.store.logview import LogView
 
 WRITING_KEPT = 10_000  # inbox files still being written that the log has named
+QUIET_KEPT = 10_000  # inbox files settling, as last seen
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Tracked:
     log_sizes: dict[str, int] = field(default_factory=dict)  # what the daemon last left
     # inbox files found settled but still open for writing: (size, mtime) last logged
     writing: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    # inbox files settling: (size, mtime) as last seen, and since when (the monotonic clock)
+    quiet: dict[Path, tuple[int, int, float]] = field(default_factory=dict)
     # conversations whose steps failed (a full disk): failures in a row, and the error said
     failing: dict[str, tuple[int, str]] = field(default_factory=dict)
     # conversations whose reply a failed write cut: what failed (said by its INTERRUPTED line)
@@ -53,6 +56,20 @@ class Tracked:
             self.writing.clear()
         self.writing[entry.path] = now
         return True
+
+    def quiet_for(self, entry: InboxEntry, steady: float) -> float:
+        """How long an inbox file has been seen unchanged (size and mtime), measured on the
+        monotonic clock ``steady``: 0 at first sight and after each change. A file's age read
+        from the wall clock and its mtime is wrong by as much as the clock was stepped since
+        it was written; this is not."""
+        now = (entry.size, entry.mtime_ns)
+        was = self.quiet.get(entry.path)
+        if was is not None and was[:2] == now:
+            return max(0.0, steady - was[2])
+        if len(self.quiet) >= QUIET_KEPT:
+            self.quiet.clear()
+        self.quiet[entry.path] = (*now, steady)
+        return 0.0
 
     def failed(self, conv_id: str, what: str) -> tuple[int, bool]:
         """One more failure in a row: how many now, and whether ``what`` differs from the

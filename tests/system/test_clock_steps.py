@@ -152,3 +152,44 @@ def test_a_breaker_rests_on_the_monotonic_clock() -> None:
     assert b.resting() == clocks.wall + 30.0
     clocks.pass_(30.0)
     assert b.allow()
+
+
+SETTLE = 1.0
+
+
+def test_a_file_written_in_place_before_the_clock_steps_back_is_taken_once_it_settled(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """A message written in place into inbox/ (no rename: it waits to settle), then the wall
+    clock steps back 40 s: the file's mtime lies 40 s ahead of the clock, and its age was
+    read from the two ("queued" for 40 s and more). It is taken once it has been seen
+    unchanged for settle_seconds on the monotonic clock."""
+    clocks = Clocks()
+    clocks.wall = time.time()  # the file's mtime is now
+    rt = runtime(make_settings(fake_ollama, settle_seconds=SETTLE), home, clocks)
+    conv = new_conversation(
+        home, "steps", template=load_template(home, "default"), model="llama3.2", backend="ollama"
+    )
+    fake_ollama.enqueue(Step(text="pong"))
+    (conv.inbox / "note.txt").write_text("ping")
+    clocks.step_wall(-40)
+    seen = Tracked()
+    wake = look(rt, conv, seen)
+    assert wake is not None and wake - clocks.wall <= SETTLE + 0.01, wake - clocks.wall
+    assert fake_ollama.chat_requests() == []  # not settled yet: seen once, just now
+    clocks.pass_(SETTLE)
+    look(rt, conv, seen)
+    assert replies(conv) == ["pong"]
+    assert len(fake_ollama.chat_requests()) == 1
+
+
+def look(rt: Runtime, conv: Conv, seen: Tracked) -> float | None:
+    """One look at the conversation by a daemon that keeps what it saw between looks."""
+
+    async def once() -> float | None:
+        try:
+            return await process(conv, rt, seen)
+        finally:
+            await rt.aclose()
+
+    return asyncio.run(once())
