@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from contemplation import settings as settings_mod
@@ -25,7 +26,9 @@ from contemplation.faces.mcp.calls import Faces
 from contemplation.index.db import DB_NAME
 from contemplation.store.layout import Conv, Home
 from tests.conftest import ROOT, base_env, cli, model_replies, wait_for
+from tests.dashboard_served import serve
 from tests.fakes.ollama_server import FakeOllama, Step
+from tests.system.test_dashboard_actions import asking
 
 DISK = "1m"
 CHUNKS = (1 << 16, 1 << 12, 1)  # the filler is written in smaller and smaller pieces
@@ -284,3 +287,37 @@ def test_a_reply_cut_by_a_full_disk_is_said_as_such_on_every_face(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_dashboards_approve_on_a_full_disk_says_so_and_loses_nothing(disk: Path) -> None:
+    """The person approves a lookup from the dashboard while the disk is full: the answer is
+    a 507 that says the disk is full and where (as the CLI's one line does), not a bare 500;
+    nothing is recorded, the lookup still waits, no temp file is left, and the same approve
+    once there is room is taken."""
+    home = Home(disk / "home")
+    conv = asking(home, "full", other=None)
+    settings = settings_mod.load(home=home.root, env={}, config=None)
+    with serve(settings) as served:
+        headers = {"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=served.base, timeout=10, headers=headers) as web:
+            (item,) = web.get(f"/api/conversations/{conv.id}").json()["waiting"]
+            url = f"/api/conversations/{conv.id}/approve"
+            body = json.dumps({"need": item["id"], "decision": "once"})
+            filler = fill(disk)
+            try:
+                r = web.post(url, content=body)
+                assert r.status_code == 507, (r.status_code, r.text)
+                said = r.json()["error"]
+                assert said.startswith("the disk is full: "), said
+                assert str(home.root) in said, said
+                assert r.headers.get("retry-after"), r.headers
+                meta = json.loads(conv.metadata.read_text())
+                assert not meta.get("approvals"), meta
+                assert [p["id"] for p in json.loads(conv.state.read_text())["pending_approvals"]]
+                no_temp_files(home)
+            finally:
+                filler.unlink()
+            r = web.post(url, content=body)
+            assert r.status_code == 200, r.text
+    meta = json.loads(conv.metadata.read_text())
+    assert [(a["request"], a["decision"]) for a in meta["approvals"]] == [(item["id"], "once")]

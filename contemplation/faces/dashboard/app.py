@@ -27,6 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
+from contemplation.base.exits import disk_full
 from contemplation.errors import (
     AlreadyDecided,
     Ambiguous,
@@ -58,6 +59,7 @@ MAX_QUERY_CHARS = 200
 PAGE_ROWS = 100  # the list's page when the browser does not say
 MAX_PAGE_ROWS = 500
 BODY_SLACK = 64 * 1024  # a JSON body may exceed max_message_bytes by its escaping and fields
+FULL_RETRY_AFTER = 30  # s: a 507 (the disk is full) asks to be tried again after that
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -110,13 +112,32 @@ class Dashboard:
     async def _call(self, fn: Callable[[], Any]) -> Response:
         try:
             data = await self._run(fn)
-        except ContemplationError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=_status_of(exc))
-        except OSError as exc:
-            return JSONResponse({"error": f"{exc.strerror or exc}"}, status_code=500)
+        except Exception as exc:
+            failed = self._failed(exc)
+            if failed is None:
+                raise
+            return failed
         if isinstance(data, Response):
             return data
         return JSONResponse(data, headers={"cache-control": "no-store"})
+
+    def _failed(self, exc: Exception) -> Response | None:
+        """The answer to an action or read that raised ``exc`` (None: a bug, a 500). A full
+        disk, however the error came up, is a 507 that says so and where, as the CLI's one
+        line does: every write is whole or not made, so nothing was recorded."""
+        full = disk_full(exc)
+        if full is not None:
+            where = full.filename if isinstance(full, OSError) and full.filename else None
+            return JSONResponse(
+                {"error": f"the disk is full: {where or self.home.root}"},
+                status_code=507,
+                headers={"retry-after": str(FULL_RETRY_AFTER), "cache-control": "no-store"},
+            )
+        if isinstance(exc, ContemplationError):
+            return JSONResponse({"error": str(exc)}, status_code=_status_of(exc))
+        if isinstance(exc, OSError):
+            return JSONResponse({"error": f"{exc.strerror or exc}"}, status_code=500)
+        return None
 
     def _conv(self, request: Request) -> Conv:
         return self.reader.locate(str(request.path_params["conv_id"]))
