@@ -31,7 +31,15 @@ AGENTS: tuple[tuple[str, str, bool], ...] = (
     ("CODEX_SANDBOX", "Codex", False),
     ("CODEX_THREAD_ID", "Codex", False),
     ("OPENCODE", "OpenCode", False),
-    ("AI_AGENT", "an agent", False),  # the shared mark (Claude Code sets it too, after its own)
+)
+#: the mark several agents share, ``AI_AGENT=<agent>_<version>_<how>``: read after the
+#: agents' own marks (Claude Code sets both), its value's start names the agent
+SHARED_MARK = "AI_AGENT"
+SHARED_NAMES: tuple[tuple[str, str, bool], ...] = (
+    ("claude-code", "Claude Code", True),
+    ("gemini", "Gemini CLI", False),
+    ("codex", "Codex", False),
+    ("opencode", "OpenCode", False),
 )
 PROGRAM = "\0program"  # in an ancestor's mapping: its program (no variable has this name)
 SESSION_ENV = "CLAUDE_PID"  # Claude Code's own process id, in its children's environment
@@ -87,10 +95,16 @@ def _marked(env: Mapping[str, str]) -> Actor | None:
 def acting(env: Mapping[str, str], parents: Iterable[Mapping[str, str]] = ()) -> Actor:
     """Who runs this process: an agent when ``env`` or any of ``parents`` (their starting
     environments, nearest first, each with ``PROGRAM``: its program, see :func:`parents`)
-    carries an agent's mark or is the agent's own program; else the person."""
-    for one in (env, *parents):
+    carries an agent's own mark or is the agent's own program, or else carries the mark
+    agents share; otherwise the person."""
+    chain = [env, *parents]
+    for one in chain:
         if (found := _marked(one) or _program(one.get(PROGRAM, ""))) is not None:
             return found
+    for one in chain:
+        if shared := one.get(SHARED_MARK, ""):
+            name = next((n for n in SHARED_NAMES if shared.lower().startswith(n[0])), None)
+            return Actor(name[1], name[2]) if name else Actor("an agent")
     return PERSON
 
 

@@ -54,6 +54,10 @@ def test_claude_codes_shell_cannot_approve_and_is_told_where_the_person_decides(
         assert "are the person's to decide" in r.stderr, r.stderr
         assert "in their own terminal" in r.stderr
         assert "contemplation approve" not in r.stderr
+    # what Claude Code's Bash tool leaves after `unset CLAUDECODE`: the mark agents share,
+    # which names Claude Code (its forms), not "an agent" that shows none
+    shared = invoke(home, "approve", conv.id, "--always", AI_AGENT="claude-code_2-1-328_agent")
+    assert shared.exit_code == 1 and "are the person's to decide" in shared.stderr
     assert decided(conv) == []
     assert Reader(home).waiting(conv)  # still waits for the person
 

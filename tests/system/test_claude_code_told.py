@@ -16,13 +16,16 @@ for a task's status."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -289,3 +292,115 @@ def test_a_reply_a_task_carries_wakes_claude_once(
         assert "<status>completed</status>" in told[0]  # the task's notification
     finally:
         term.stop()
+
+
+def _mcp_servers(home: Home) -> list[int]:
+    """The plugin's MCP servers (``contemplation … mcp``) running for ``home``, from /proc."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        mcp = b"mcp" in argv and b"watch" not in argv and b"contemplation" in b" ".join(argv)
+        if mcp and str(home.root).encode() in argv:
+            found.append(int(d.name))
+    return found
+
+
+def test_a_task_whose_server_died_still_reaches_claude(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    anthropic: Callable[..., FakeAnthropic],  # noqa: F811
+) -> None:
+    """The plugin's MCP server is killed (SIGKILL) while its task's reply is still being
+    written. Claude Code 2.1.328 does not ask the task again (it is shown running), so the
+    monitor says the reply: the task's record names its server, which is gone. Claude is
+    told once."""
+    fake = anthropic(
+        Turn(tool=PLUGIN_START, input={"topic": "Indexes", "initial_prompt": "Which index?"})
+    )
+    env = claude_env(home, tmp_path, fake, fake_ollama)
+    set_up_plugin(env, home, tmp_path / "project")
+    fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=6.0))
+    daemon_factory(env, home).wait_ready()
+    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--allowedTools", PLUGIN_START]
+    term = Terminal(argv, env, tmp_path / "project")
+
+    def wakes() -> list[str]:
+        if term.proc.poll() is not None:
+            raise AssertionError(f"claude exited: {term.tail()}")
+        with fake.lock:
+            newest = [json.dumps(r["messages"][-1]) for r in fake.requests]
+        return [m for m in newest if REPLY in m or "(Indexes) replied" in m]
+
+    try:
+        wait_for(lambda: fake.tool_results(), 120, what=f"the task started; {term.tail()[-800:]}")
+        servers = _mcp_servers(home)
+        assert servers, "the plugin's MCP server"
+        for pid in servers:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: wakes(), 90, what=f"the reply handed to Claude; {term.tail()[-1500:]}")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(wakes()) == 1:
+            time.sleep(0.2)
+        told = wakes()
+        print(f"after the server's death Claude was told by: {told}")
+        assert len(told) == 1, told
+        assert "Monitor event" in told[0] and "(Indexes) replied" in told[0], told[0][-1500:]
+    finally:
+        term.stop()
+
+
+def test_claude_running_approve_in_its_bash_tool_is_refused(
+    home: Home,
+    tmp_path: Path,
+    fake_ollama: FakeOllama,
+    daemon_factory: Callable[..., DaemonProc],
+    anthropic: Callable[..., FakeAnthropic],  # noqa: F811
+) -> None:
+    """The finding's route, with the real Claude Code: Claude starts a conversation with the
+    CLI from its Bash tool, its lookup waits for approval, and Claude runs `contemplation
+    approve … --always` in the same tool, its mark unset first. Refused: the approval is the
+    person's (Claude Code shows forms), Claude is told where the person decides, and nothing
+    is decided."""
+    secret, cfg = asking(tmp_path)
+    cli_cmd = [sys.executable, "-m", "contemplation", "--home", str(home.root)]
+    new = shlex.join([*cli_cmd, "new", "Notes", "--message", f"Read {secret}", "--wait"])
+
+    def approve(said: str) -> dict[str, Any]:
+        found = re.search(r"conv_[A-Za-z0-9_-]+", said)
+        assert found, said
+        cmd = f"unset CLAUDECODE; {shlex.join([*cli_cmd, 'approve', found[0], '--always'])}"
+        return {"command": cmd, "description": "approve"}
+
+    fake = anthropic(
+        Turn(tool="Bash", input={"command": new, "description": "ask"}),
+        Turn(tool="Bash", then=approve),
+        Turn(text="Done."),
+    )
+    env = claude_env(home, tmp_path, fake, fake_ollama) | {"CONTEMPLATION_CONFIG": str(cfg)}
+    set_up_claude(env, tmp_path / "project")
+    fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text=REPLY))
+    daemon_factory(env, home).wait_ready()
+    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--permission-mode", "default"]
+    argv += ["--allowedTools", "Bash"]
+    term = Terminal(argv, env, tmp_path / "project")
+    try:
+
+        def answered() -> bool:
+            if term.proc.poll() is not None:
+                raise AssertionError(f"claude exited: {term.tail()}")
+            return len(fake.tool_results()) >= 2
+
+        wait_for(answered, 180, what=f"both commands run; {term.tail()[-1500:]}")
+    finally:
+        term.stop()
+    said = json.dumps(fake.tool_results()[1])
+    assert "are the person's to decide" in said, said[-2000:]
+    [conv] = [c for c in home.active.iterdir() if c.name.startswith("conv_")]
+    meta = json.loads((conv / "metadata.json").read_text())
+    assert meta.get("approvals", []) == [], meta["approvals"]
+    assert REPLY not in (conv / "messages.log").read_text()
