@@ -11,9 +11,11 @@ the server once it is loaded.
 from __future__ import annotations
 
 import json
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,14 @@ class Server:
             env=base_env(home, None, **env),
             cwd="/",
         )
+        self.out: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, b""):
+            self.out.put(line)
+        self.out.put(b"")
 
     def send(self, *messages: dict[str, Any] | str) -> None:
         assert self.proc.stdin is not None
@@ -55,9 +65,11 @@ class Server:
             self.proc.stdin.write((m if isinstance(m, str) else json.dumps(m)).encode() + b"\n")
         self.proc.stdin.flush()
 
-    def answer(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+    def answer(self, timeout: float = 60) -> dict[str, Any]:
+        try:
+            line = self.out.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no answer in {timeout} s: {self.stderr()}") from None
         assert line, f"the server closed its stdout: {self.stderr()}"
         got: dict[str, Any] = json.loads(line)
         return got
@@ -253,3 +265,95 @@ def test_the_stateless_protocol_is_answered_at_once_and_the_conversations_follow
     assert changed["method"] == "notifications/resources/list_changed"
     assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen:0"
     assert later["id"] == 9 and conv.dir.name in json.dumps(later["result"])
+
+
+NOTIFICATIONS = {
+    "toolsListChanged": True,
+    "promptsListChanged": True,
+    "resourcesListChanged": True,
+}
+
+
+def test_a_listen_whose_id_is_a_list_or_an_object_wedges_nothing(home: Home) -> None:
+    """A listen whose id is a list or an object, sent before the SDK is loaded: the SDK reads
+    it as a notification (its envelope ignores the id it cannot take), so it is not answered,
+    and the requests after it are. Before: the front's reader thread died on the unhashable
+    id and the process never answered again."""
+    for bad in ([1], {"a": 1}):
+        server = Server(home)
+        try:
+            server.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": bad,
+                    "method": "subscriptions/listen",
+                    "params": {**META, "notifications": NOTIFICATIONS},
+                },
+                {"jsonrpc": "2.0", "id": "after", "method": "server/discover", "params": META},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": META},
+            )
+            answers = [server.answer(), server.answer()]
+        finally:
+            assert server.close() == 0, server.stderr()
+        assert sorted(json.dumps(a["id"]) for a in answers) == ['"after"', "2"], answers
+        assert all("result" in a for a in answers), answers
+
+
+def _peak_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_line_too_long_is_refused_unread_and_serving_goes_on(home: Home) -> None:
+    """A line longer than LINE_BYTES is answered -32600 (with its id, read from its start)
+    and read past in pieces: the process's peak memory grows by a fraction of the line.
+    Before: the line was read whole, then decoded, then parsed (one 300 MB line: 934 MB
+    RSS), and held lines were bounded by count, not bytes."""
+    server = Server(home)
+    try:
+        server.send(HELLO, INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"})
+        assert [server.answer()["id"], server.answer()["id"]] == [1, 2]  # the SDK is loaded
+        before = _peak_mib(server.proc.pid)
+        size = 4 * front.LINE_BYTES
+        head = b'{"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"x": "'
+        assert server.proc.stdin is not None
+        server.proc.stdin.write(head + b"a" * size + b'"}}\n')
+        server.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        refused, after = server.answer(), server.answer()
+        grew = _peak_mib(server.proc.pid) - before
+    finally:
+        assert server.close() == 0, server.stderr()
+    assert refused["id"] == 3 and refused["error"]["code"] == -32600, refused
+    assert str(front.LINE_BYTES) in refused["error"]["message"]
+    assert after == {"jsonrpc": "2.0", "id": 4, "result": {}}
+    assert grew < 2 * front.LINE_BYTES // 2**20, f"peak RSS grew by {grew} MiB"
+
+
+def test_a_client_id_like_the_replays_is_answered(home: Home) -> None:
+    """The handshake answered early is given to the SDK server again under a private id,
+    its answer kept off the wire. That id was a fixed string: a client request under it was
+    never answered. Now it is random, never on the wire, and only the replay's one answer is
+    kept off."""
+    server = Server(home)
+    try:
+        server.send(
+            HELLO,
+            INITIALIZED,
+            {"jsonrpc": "2.0", "id": "contemplation-front-replayed", "method": "resources/list"},
+            {"jsonrpc": "2.0", "id": 5, "method": "resources/list"},
+        )
+        answers = [server.answer() for _ in range(3)]
+    finally:
+        assert server.close() == 0, server.stderr()
+    assert sorted(json.dumps(a["id"]) for a in answers) == sorted(
+        ["1", '"contemplation-front-replayed"', "5"]
+    )
+    assert all("result" in a for a in answers), answers
+
+
+def test_the_listens_acknowledged_early_are_fewer_than_the_server_takes() -> None:
+    from contemplation.faces.mcp.calls import Limits
+
+    assert Limits().max_listen_streams >= front.EARLY_LISTENS

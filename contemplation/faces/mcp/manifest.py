@@ -27,10 +27,10 @@ from contemplation.faces.mcp.front import (
     LISTENED,
     SUBSCRIPTION_KEY,
     UNKNOWN_VERSION,
-    VERSION_KEY,
     canonical,
 )
 from contemplation.faces.mcp.server import build_server, serve_stdio
+from contemplation.faces.mcp.surely import VERSION_KEY
 from contemplation.settings import Settings, load
 
 NOT_A_VERSION = "1970-01-01"  # a version no SDK knows: the answer to UNKNOWN_VERSION
