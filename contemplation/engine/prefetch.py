@@ -4,13 +4,16 @@ When a round begins, the seats that are not first have their requests sent while
 seat streams into the log (:mod:`contemplation.engine.turn.ahead` decides which, and when).
 Each such request is a :class:`Prefetched`: a task that reads the backend's stream into
 memory, bounded (``limit`` bytes of text, :data:`MAX_EVENTS` events: past either it stops
-holding, closes the stream and the seat is asked afresh). The log has one writer: a held
-stream writes nothing; the seat's own turn later takes it (:meth:`Ahead.take`: only for the
-exact request it would send) and drains the held events, then the rest live, through the
-turn's ordinary path. :class:`Ahead` holds one session's prefetches (one hold of a
-conversation's lock); what is left when the session ends (a cancel, a stop, the folder gone,
-an error) is closed: tasks cancelled and awaited, streams closed, slots given back. A crash
-loses only held events: nothing of them was written, so the seat is asked again.
+holding, closes the stream and the seat is asked afresh). A request the server refused
+before any event (a model it does not have) is not sent again: the seat's turn takes that
+failure as its own (:meth:`Ahead.take`), so a seat is asked once per turn either way.
+The log has one writer: a held stream writes nothing; the seat's own turn later takes it
+(:meth:`Ahead.take`: only for the exact request it would send) and drains the held events,
+then the rest live, through the turn's ordinary path. :class:`Ahead` holds one session's
+prefetches (one hold of a conversation's lock); what is left when the session ends (a
+cancel, a stop, the folder gone, an error) is closed: tasks cancelled and awaited, streams
+closed, slots given back. A crash loses only held events: nothing of them was written, so
+the seat is asked again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from contemplation.engine.scheduler import Held
-from contemplation.errors import ContemplationError
+from contemplation.errors import BackendError, ContemplationError
 from contemplation.models import ChatRequest, StreamEvent
 
 log = structlog.get_logger("contemplation.prefetch")
@@ -53,6 +56,7 @@ class Prefetched:
     size: int = 0
     ended: bool = False  # the stream ended by itself: every event is held
     dropped: str = ""  # why it cannot be used (over its bound, a backend error)
+    error: BackendError | None = None  # the server refused it before any event: the turn's
     claimed: bool = False  # its seat's turn holds its slot
     taken: bool = False  # its seat's turn took its stream (or found it unfit)
     _adopted: bool = False
@@ -83,6 +87,8 @@ class Prefetched:
                     await self.stream.aclose()  # the server stops generating
                     return
         except (ContemplationError, OSError) as exc:  # its own turn asks afresh
+            if isinstance(exc, BackendError) and not self.events:
+                self.error = exc  # ... unless it was refused outright: its turn fails so
             self._drop(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # unexpected: never left to the loop's handler
             log.exception("prefetch_failed", key=self.key)
@@ -124,6 +130,13 @@ class Prefetched:
         self.events = []
 
 
+async def _refused(exc: BackendError) -> AsyncGenerator[StreamEvent, None]:
+    """The stream of a request the server refused when it was sent ahead: it fails so."""
+    if exc is not None:
+        raise exc
+    yield StreamEvent(kind="done")  # (never: a generator, as a stream is)
+
+
 @dataclass
 class Ahead:
     """The prefetches of one session (one hold of a conversation's lock), by seat key."""
@@ -145,7 +158,7 @@ class Ahead:
         if entry is None or entry.claimed or entry.provider not in providers:
             return None
         await entry.ready()
-        if entry.dropped or entry.stream is None:
+        if entry.error is None and (entry.dropped or entry.stream is None):
             await self.drop(key)
             return None
         entry.claimed = True
@@ -161,6 +174,10 @@ class Ahead:
         if entry is None or entry.taken:
             return None
         entry.taken = True
+        if entry.error is not None and entry.provider == provider and entry.request == request:
+            log.info("prefetch_refused", key=key, error=str(entry.error))
+            await entry.close()
+            return _refused(entry.error)  # the same request: not sent a second time
         why = entry.dropped
         if not why and entry.provider != provider:
             why = "another provider"

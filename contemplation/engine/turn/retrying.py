@@ -164,7 +164,7 @@ def unusable(turn: Turn, providers: tuple[str, ...]) -> Outcome | None:
     w.gave_up(ErrorKind.CONFIG, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
-    return Wait(None)
+    return AGAIN if w.meta.panel else Wait(None)  # a panel's other seats go on
 
 
 def failed(at: Attempt, exc: BackendError) -> Outcome:
@@ -203,14 +203,16 @@ def failed(at: Attempt, exc: BackendError) -> Outcome:
     return _give_up(at, kind=exc.kind, message=message)
 
 
-def _give_up(at: Attempt, *, kind: ErrorKind, message: str) -> Wait:
-    """One ERROR that ends the turn; the conversation waits for the agent."""
+def _give_up(at: Attempt, *, kind: ErrorKind, message: str) -> Outcome:
+    """One ERROR that ends the turn; the conversation waits for the agent. In a panel the
+    round goes on at once, in the same session: the other seats still due answer (a seat
+    asked ahead on its held stream, not asked again)."""
     conv, rt, w, reply = at.conv, at.rt, at.w, at.reply
     message = given_up(w, message, reply=reply)
     w.gave_up(kind, message)
     log.error("turn_failed", conv=conv.id, error=message)
     rt.notify(conv.id, ConvEvent.ERROR, error=message)
-    return Wait(None)
+    return AGAIN if w.meta.panel else Wait(None)
 
 
 def given_up(w: ConvWriter, message: str, *, reply: LiveReply | None = None) -> str:

@@ -9,8 +9,11 @@ import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+import pytest
+
 from contemplation.engine.prefetch import Ahead, Prefetched
 from contemplation.engine.scheduler import ModelScheduler
+from contemplation.errors import BackendError
 from contemplation.models import ChatMessage, ChatRequest, StreamEvent
 
 ASKED = ChatRequest(model="m", messages=(ChatMessage(role="user", content="Q?"),))
@@ -174,5 +177,43 @@ def test_a_server_that_runs_models_side_by_side_lends_a_seat_of_another_model_a_
             c.release()
         await waiter
         assert ollama.running == 0 and ollama.try_slot("b") is not None
+
+    asyncio.run(main())
+
+
+def test_a_request_refused_ahead_is_its_turns_failure_not_sent_again() -> None:
+    """The server refused the seat's request sent ahead before any event (its model is
+    missing: 404): the seat's turn takes that refusal as its stream's failure, on the slot
+    the prefetch held, and the request is not sent a second time."""
+
+    async def main() -> None:
+        sched = ModelScheduler(slots=2)
+        missing = BackendError("model 'x' not found", transient=False, status_code=404)
+        sent: list[str] = []
+
+        async def refused() -> AsyncGenerator[StreamEvent, None]:
+            sent.append("asked")
+            raise missing
+            yield StreamEvent(kind="done")  # (never: a generator, as a stream is)
+
+        held = sched.try_slot("x")
+        assert held is not None
+
+        async def opener() -> tuple[int | None, AsyncGenerator[StreamEvent, None]]:
+            return None, refused()
+
+        ahead = Ahead()
+        entry = Prefetched("c#TWO", "box", ASKED, held, opener, limit=1000)
+        ahead.put(entry)
+        got = await ahead.claim("c#TWO", ["box"])
+        assert got is entry and entry.error is missing  # the turn takes its slot
+        stream = await ahead.take("c#TWO", "box", ASKED)
+        assert stream is not None
+        with pytest.raises(BackendError) as raised:
+            await anext(stream)
+        assert raised.value is missing and sent == ["asked"]  # asked once
+        await ahead.drop("c#TWO")
+        entry.held.release()
+        assert sched.running == 0
 
     asyncio.run(main())
