@@ -10,10 +10,15 @@ encoders (json, csv, base64, textwrap) the way a model's answer would print, and
 answer a person asks for (the issue's case: 60 identical records held to a schema).
 
 ``loops()``: degenerate loops, each with the text before it (its ``start``): the scripted ones
-of tests/unit/protocol/test_repetition.py, those SmolLM2 falls into on the embedded llama.cpp
-backend at temperature 0 (tests/system/test_reply_cut.py's ask and the README's), and loops of
-data (a model that prints the same record until its window ends), which the watch must still
-stop, later (see its module)."""
+of tests/unit/protocol/test_repetition.py, those SmolLM2 falls into on llama.cpp at
+temperature 0 (tests/system/test_reply_cut.py's ask and the README's, its runs of emoji and
+of fullwidth ``U+FF01``), and loops of data (a model that prints the same record until its window
+ends), which the watch must still stop, later (see its module).
+
+``smollm2()``: SmolLM2-135M's own replies, recorded (tests/repetition_smollm2.json, which says
+how): ``loops`` that fell into an exact loop, ``honest`` ones that did not (also in
+``honest()``), and ``runs`` of one emoji or ``U+FF01`` that ended before the watch's 600
+characters."""
 
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ import string
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+RECORDED = Path(__file__).with_name("repetition_smollm2.json")
 
 
 @dataclass(frozen=True)
@@ -185,9 +193,18 @@ def _http_table() -> str:
     return "\n".join(rows + [f"| {s.value} | {s.phrase} |" for s in http.HTTPStatus])
 
 
+def smollm2() -> dict[str, dict[str, str]]:
+    """``loops``, ``honest`` and ``runs``: name -> SmolLM2's reply (see the module)."""
+    data: dict[str, Any] = json.loads(RECORDED.read_text(encoding="utf-8"))
+    return {
+        kind: {n: r["text"] for n, r in data[kind].items()} for kind in ("loops", "honest", "runs")
+    }
+
+
 def honest() -> dict[str, str]:
     """Name: an honest answer that the watch must never stop."""
-    return {
+    said = {f"smollm2: {n}": t for n, t in smollm2()["honest"].items()}
+    return said | {
         "json array of 60 identical records": _json_records(),
         "json array of 100 identical records, one a line": _json_compact(),
         "json array of 150 identical strings": _json_strings(),
@@ -241,6 +258,9 @@ def loops() -> list[Looping]:
         Looping("a short line", "Sure.\n", "Yes!\n", 2000),
         Looping("abc", "xxxxx", "abc ", 2000),
         Looping("sorry", "", "I'm sorry, I can't help with that. ", 300),
+        Looping("smollm2: pineapples", "Here are some fruits:\n\n", "🍍", 2000),
+        Looping("smollm2: fullwidth shouts", "🍍" * 100, "\uff01", 2000),
+        Looping("cjk", "数据仓库是", "一个数据仓库和", 300),
         Looping("blank lines", "Done.", "\n", 20_000),
         Looping("data: zeros", "[", "0, ", 20_000),
         Looping("data: a json record", "[\n", '  {"id": 0, "name": "item"},\n', 2000),

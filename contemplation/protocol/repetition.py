@@ -1,5 +1,5 @@
-"""Pure: a reply stuck in a loop, seen as it streams, and an honest
-answer that repeats never taken for one.
+"""Pure: a reply stuck in a loop, seen as it streams, and an honest answer that repeats
+never taken for one.
 
 A small model at temperature 0 can fall into a loop ("a data warehouse and a data warehouse
 and …") and run to the end of its window. :class:`Watch` is fed the reply's text as it
@@ -9,13 +9,13 @@ back, with a period of at most ``max_period`` characters, for long enough:
 - a span of words (:func:`shape` ``prose``): a tail of ``min_chars`` (600) characters and
   ``min_repeats`` (3) periods. Honest prose repeats its shape (numbered lists, a refrain
   between its verses), not a long run of words character for character; a loop does.
-- a span of data (``data``: digits, markup, rules, base64, one character that is not ``!``
-  or ``?``): a tail of ``data_chars`` (8,192) characters and ``data_repeats`` (64) periods
-  (at most :data:`DATA_SPAN`). An honest answer does repeat such a span exactly and correctly:
-  a JSON array of identical records, a table of identical rows, CSV of zeros, a zero matrix,
-  base64 of zero bytes, a separator line, repeated ``assert`` lines. Short periods need many
-  repeats (8,192 characters: 2,730 of ``0, ``) and long ones 64. A model stuck printing the
-  same record is still stopped, later; the reply cap bounds it before that in small windows.
+- a span of data (``data``: digits, markup, rules, base64, whitespace): a tail of
+  ``data_chars`` (8,192) characters and ``data_repeats`` (64) periods (at most
+  :data:`DATA_SPAN`). An honest answer does repeat such a span exactly and correctly: a JSON
+  array of identical records, a table of identical rows, CSV of zeros, a zero matrix, base64
+  of zero bytes, a separator line, repeated ``assert`` lines. Short periods need many repeats
+  (8,192 characters: 2,730 of ``0, ``) and long ones 64. A model stuck printing the same
+  record is still stopped, later; the reply cap bounds it before that in small windows.
 
 tests/repetition_corpus.py holds honest answers of every such shape (none is stopped) and the
 loops (all are, prose ones as early as before). The turn (:mod:`contemplation.engine.turn.
@@ -53,7 +53,8 @@ SLACK = 4096  # characters kept past the window before it is trimmed
 LONG_WORD = 30  # a run of letters at least this long is no word (base64, a sequence)
 #: characters of data and markup, rare in prose: a span with one is data
 MARKS = frozenset('{}[]()<>|="`:;_#/\\~^@\t')
-SHOUTS = frozenset("!?")  # a span of these alone is a model shouting, not data
+#: a span of these (or emoji) alone is a model shouting, not data (SmolLM2 ends in U+FF01s)
+SHOUTS = frozenset("!?\u00a1\u00bf\uff01\uff1f")
 
 
 class Rules(TypedDict):
@@ -84,14 +85,15 @@ class Loop:
 
 
 def shape(span: str) -> Shape:
-    """``prose`` for a span of words (or of ``!`` and ``?``), ``data`` for anything an honest
-    structured answer repeats: digits or markup in it, box drawing, no letters at all
-    (whitespace, rules, dots), or letters in a run no word is as long as (base64's ``AAAA``,
-    a DNA sequence). Rotations of a span have the same shape."""
+    """``prose`` for a span of words (or of ``!``, ``?`` and emoji: SmolLM2 loops on 🍍),
+    ``data`` for anything an honest structured answer repeats: digits or markup in it, box
+    drawing, no letters at all (whitespace, rules, dots), or letters in a run no word is as
+    long as (base64's ``AAAA``, a DNA sequence). Rotations of a span have the same shape."""
     if any(c in MARKS or c.isdigit() or "\u2500" <= c <= "\u259f" for c in span):
         return "data"
-    if not any(c.isalpha() for c in span):
-        return "prose" if any(c in SHOUTS for c in span) else "data"
+    if not any(c.isalpha() for c in span):  # a model shouting, or whitespace, rules, dots
+        shouts = any(c in SHOUTS or unicodedata.category(c) == "So" for c in span)
+        return "prose" if shouts else "data"
     run = longest = 0
     for c in span + span:  # cyclic: the run that wraps around the period counts whole
         if c.isspace() or unicodedata.east_asian_width(c) in "WF":  # a CJK character: a word

@@ -59,6 +59,56 @@ def test_every_loop_of_the_corpus_is_stopped(loop: corpus.Looping) -> None:
         assert into <= repetition.DATA_CHARS + 2 * len(loop.span) + repetition.EVERY + 12
 
 
+SMOLLM2 = corpus.smollm2()
+
+
+@pytest.mark.parametrize("name", sorted(SMOLLM2["loops"]))
+def test_smollm2s_recorded_loops_are_stopped_where_they_were(name: str) -> None:
+    """SmolLM2-135M's own loops at temperature 0 (recorded from llama.cpp): stopped at the
+    same character as by the rules before."""
+    text = SMOLLM2["loops"][name]
+    at = cut_at(text)
+    assert at is not None and at == cut_at(text, Watch(**repetition.BEFORE)), name
+    assert at < len(text) // 2  # long before its reply's end
+
+
+@pytest.mark.parametrize("name", sorted(SMOLLM2["runs"]))
+def test_smollm2s_runs_of_one_emoji_or_shout_are_prose(name: str) -> None:
+    """Its runs of 🍍, 🐦 and fullwidth exclamation marks, too short to stop in the recording,
+    are stopped after 600 characters as any loop of words, not after 8,192 as data."""
+    text = SMOLLM2["runs"][name]
+    last = text.rstrip()[-1]
+    assert text.rstrip().endswith(last * 40)
+    assert repetition.shape(last) == "prose"
+    assert cut_at(text + last * 700) is not None
+
+
+@pytest.mark.parametrize(
+    ("span", "kind"),
+    [
+        (" and a data warehouse", "prose"),
+        ("Yes!\n", "prose"),
+        ("!", "prose"),
+        ("\U0001f34d", "prose"),
+        ("一个数据仓库和", "prose"),
+        ("I'm sorry, I can't help with that. ", "prose"),
+        ("0, ", "data"),
+        ("A", "data"),
+        ("A" * 76 + "\n", "data"),
+        ("-", "data"),
+        ("\u2500", "data"),
+        ("\n", "data"),
+        (". ", "data"),
+        ("| x | y |\n", "data"),
+        ('  {"id": 0},\n', "data"),
+        ("    assert not flags.pop()\n", "data"),
+    ],
+)
+def test_the_shape_of_a_span(span: str, kind: str) -> None:
+    assert repetition.shape(span) == kind
+    assert all(repetition.shape(span[i:] + span[:i]) == kind for i in range(len(span)))
+
+
 def test_a_reply_held_to_a_schema_is_not_watched_its_thinking_is() -> None:
     """A structured answer is bounded by the reply cap, not by repetition."""
     watch = ReplyWatch(schema=True)
