@@ -87,6 +87,10 @@ def corpus(token: int) -> None:
             into.append("never" if at is None else f"{at - len(loop.start):,}")
         kind = shape(loop.span)
         print(f"  {loop.name:40} {kind:5} period {len(loop.span):3}: {into[0]:>6} -> {into[1]:>6}")
+    print("SmolLM2-135M's recorded loops (tests/repetition_smollm2.json): character of the reply")
+    for name, text in repetition_corpus.smollm2()["loops"].items():
+        at = [cut_at(text, Watch(**rules), token) for rules in (BEFORE, {})]
+        print(f"  {name:40} of {len(text):5,}: {at[0]!s:>6} -> {at[1]!s:>6}")
 
 
 def main() -> None:
