@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests.unit import sources
+
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "contemplation"
 
@@ -86,7 +88,7 @@ _METHODS = {"unlink", "rmdir", "write_text", "write_bytes", "touch", "rename"}
 
 def _writes(path: Path) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in sources.nodes(path):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
@@ -105,7 +107,7 @@ def _writes(path: Path) -> list[str]:
 def test_only_the_writer_changes_files() -> None:
     writes = {
         str(p.relative_to(PKG)): w
-        for p in sorted(PKG.rglob("*.py"))
+        for p in sources.modules()
         if p.relative_to(PKG).parts[0] != "writer"
         and str(p.relative_to(PKG)) not in WRITES_ELSEWHERE
         and (w := _writes(p))

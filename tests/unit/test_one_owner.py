@@ -5,10 +5,12 @@ These tests read the source (AST), so a copy that creeps back fails here, not in
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 from contemplation.protocol import logformat
 from contemplation.store import layout
+from tests.unit import sources
 
 PKG = Path(layout.__file__).parents[1]  # the package: layout sits in store/
 
@@ -21,12 +23,12 @@ LAYOUT_NAMES = {
 }  # fmt: skip
 
 
+@cache  # several tests read every module's strings: found once per run, never changed
 def _strings(path: Path, *, skip_targets: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     """The string constants of a module (with their lines), f-strings' literal parts too,
     but for the values assigned to the names in ``skip_targets``."""
-    tree = ast.parse(path.read_text())
     skipped: set[int] = set()
-    for node in ast.walk(tree):
+    for node in sources.nodes(path):
         if isinstance(node, ast.Assign):
             names = {
                 n.id
@@ -42,7 +44,7 @@ def _strings(path: Path, *, skip_targets: frozenset[str] = frozenset()) -> list[
                 skipped.add(id(body[0].value))
     return [
         (node.lineno, node.value)
-        for node in ast.walk(tree)
+        for node in sources.nodes(path)
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
         and id(node) not in skipped
     ]  # fmt: skip
@@ -130,7 +132,7 @@ def test_queued_messages_are_counted_by_one_reader(tmp_path: Path) -> None:
         str(p.relative_to(PKG))
         for p in sorted(PKG.rglob("*.py"))
         if {"inbox_entries", "processing_entries"}
-        <= {n.id for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Name)}
+        <= {n.id for n in sources.nodes(p) if isinstance(n, ast.Name)}
     ]
     assert both == ["store/layout.py"]
 

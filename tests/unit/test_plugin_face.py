@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from contemplation import plugin
+from tests.unit import sources
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "contemplation-echo" / "contemplation_echo"
@@ -36,7 +37,7 @@ def test_each_name_is_one_thing() -> None:
 
 def _package_imports(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in sources.nodes(path):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("contemplation"):
             found.add(node.module or "")
         elif isinstance(node, ast.Import):

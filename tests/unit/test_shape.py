@@ -10,6 +10,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.unit import sources
+
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "contemplation"
 UNIT = ROOT / "tests" / "unit"
@@ -38,7 +40,7 @@ PRE_MOVE = {
 
 def _functions(root: Path) -> Iterator[tuple[Path, ast.FunctionDef | ast.AsyncFunctionDef]]:
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in sources.nodes(path):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 yield path, node
 
@@ -70,8 +72,8 @@ def test_no_function_runs_over_120_lines() -> None:
 def test_no_import_brings_back_a_pre_move_name() -> None:
     aliased = [
         f"{p.relative_to(ROOT)}:{node.lineno} {a.name} as {a.asname}"
-        for p in sorted(PKG.rglob("*.py"))
-        for node in ast.walk(ast.parse(p.read_text()))
+        for p in sources.modules()
+        for node in sources.nodes(p)
         if isinstance(node, ast.ImportFrom | ast.Import)
         for a in node.names
         if a.asname in PRE_MOVE
@@ -82,7 +84,7 @@ def test_no_import_brings_back_a_pre_move_name() -> None:
 def test_each_room_says_what_lives_there() -> None:
     silent = []
     for init in sorted(PKG.rglob("__init__.py")):
-        doc = ast.get_docstring(ast.parse(init.read_text()))
+        doc = ast.get_docstring(sources.tree(init))
         if not doc or not doc.splitlines()[0].strip():
             silent.append(str(init.relative_to(ROOT)))
     assert silent == []
