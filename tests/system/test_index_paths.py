@@ -24,7 +24,7 @@ from contemplation.index.db import DB_NAME
 from contemplation.store.layout import Conv, Home, read_json
 from contemplation.writer import open_writer
 from tests import procgroups
-from tests.conftest import ROOT, base_env, cli, wait_for
+from tests.conftest import ROOT, base_env, cli, cli_here, wait_for
 
 DEEP = 100_000
 
@@ -34,7 +34,7 @@ def made(env: dict[str, str], home: Home, *topics: str) -> dict[str, Conv]:
     search has words to find: the topic's first word, in the question)."""
     out: dict[str, Conv] = {}
     for topic in topics:
-        conv = home.conv(cli(env, "new", topic).stdout.strip())
+        conv = home.conv(cli_here(env, "new", topic).stdout.strip())
         with open_writer(conv) as w:
             w.append_block("CLAUDE", "OLLAMA", f"tell me about {topic.split()[0]}", msg_id="m1")
             r = w.reply("OLLAMA", "CLAUDE", "r1")
@@ -54,7 +54,8 @@ def no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
 
 def lists_and_finds(env: dict[str, str], convs: dict[str, Conv]) -> str:
     """list, status (of the daemon and of one conversation) and search still answer, every
-    conversation in them, from the folders; their stderr joined."""
+    conversation in them, from the folders; their stderr joined (processes of their own:
+    what each says of the index it says once in a process)."""
     listed = cli(env, "list")
     assert f"active: {len(convs)}" in cli(env, "status").stdout
     one = cli(env, "status", next(iter(convs.values())).id)
@@ -82,7 +83,7 @@ def test_an_index_that_is_a_folder_is_refused_and_lists_read_the_folders(
     index.mkdir()
     said = lists_and_finds(env, convs)
     assert f"{index} is a folder, not a regular file" in said, said
-    refused = cli(env, "reindex", check=False)
+    refused = cli_here(env, "reindex", check=False)
     assert refused.returncode == 1
     assert refused.stderr.startswith(f"error: the index {index} is a folder"), refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
@@ -137,7 +138,7 @@ def test_a_symlink_at_the_index_path_is_never_followed(
     for p in home.root.glob(DB_NAME + "*"):
         p.unlink()
     if which:  # a real index, its -wal a link
-        cli(env, "reindex")
+        cli_here(env, "reindex")
         Path(f"{index}-wal").unlink(missing_ok=True)
     link = Path(f"{index}{which}")
     link.symlink_to(outside)
@@ -146,7 +147,7 @@ def test_a_symlink_at_the_index_path_is_never_followed(
 
     said = lists_and_finds(env, convs)
     assert f"{link} is a symbolic link" in said, said
-    refused = cli(env, "reindex", check=False)
+    refused = cli_here(env, "reindex", check=False)
     assert refused.returncode == 1 and "is a symbolic link" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     logs = tmp_path / "daemon.log"
@@ -187,7 +188,7 @@ def test_an_immutable_or_foreign_index_is_left_alone_and_lists_read_the_folders(
     home: Home, env: dict[str, str]
 ) -> None:
     convs = made(env, home, "alpha one", "beta two")
-    cli(env, "reindex")
+    cli_here(env, "reindex")
     index = home.root / DB_NAME
     late = made(env, home, "gamma three")  # after the index was last written
     with unwritable(index) as kind:
@@ -222,19 +223,19 @@ def test_one_deeply_nested_state_costs_only_its_own_row(home: Home, env: dict[st
     assert read_json(convs["alpha"].state) is None  # not a RecursionError
 
     lists_and_finds(env, convs)
-    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--json").stdout)["conversations"]}
+    rows = {r["id"]: r for r in json.loads(cli_here(env, "list", "--json").stdout)["conversations"]}
     assert rows[convs["delta"].id]["status"] == "pending" and not rows[convs["delta"].id]["problem"]
     for word, file in (("alpha", "state.json"), ("beta", "metadata.json"), ("gamma", "")):
         row = rows[convs[word].id]
         assert row["status"] == "unreadable", row
         assert file in row["problem"], row
     assert "nested too deeply" in rows[convs["alpha"].id]["problem"]
-    table = cli(env, "list").stdout
+    table = cli_here(env, "list").stdout
     assert any(convs["alpha"].id in ln and "unreadable" in ln for ln in table.splitlines())
-    shown = cli(env, "status", convs["alpha"].id).stdout
+    shown = cli_here(env, "status", convs["alpha"].id).stdout
     assert "problem:" in shown and "state.json" in shown, shown
 
     cli(env, "run", "--once")  # rebuilds the state it cannot read (it crashed the turn before)
     assert read_json(convs["alpha"].state) is not None
-    rows = {r["id"]: r for r in json.loads(cli(env, "list", "--json").stdout)["conversations"]}
+    rows = {r["id"]: r for r in json.loads(cli_here(env, "list", "--json").stdout)["conversations"]}
     assert rows[convs["alpha"].id]["status"] != "unreadable", rows[convs["alpha"].id]
