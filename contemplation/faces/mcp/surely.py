@@ -31,6 +31,7 @@ Kind = Literal["request", "notification", "other"]
 READ_BYTES: Final = 64 * 1024  # longer lines are never read here: the server reads them
 _ENVELOPE: Final = frozenset({"jsonrpc", "id", "method", "params"})
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # an escaped surrogate: the parsers may differ
+_LONE = re.compile("[\ud800-\udfff]")  # a surrogate in a str: it cannot be encoded
 _ID_LIMIT: Final = 2**53  # an integer id past it is left to the SDK (parsers differ on big ones)
 
 
@@ -81,10 +82,10 @@ def parse(line: str) -> object:
 
 def request_id(value: object) -> bool:
     """An id the SDK takes (a string or an integer; never a boolean, a float, a list, an
-    object or null)."""
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, str) or (isinstance(value, int) and abs(value) < _ID_LIMIT)
+    object or null), and that can be written back (no lone surrogate)."""
+    if isinstance(value, str):
+        return value.isascii() or not _LONE.search(value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < _ID_LIMIT
 
 
 def kind(msg: object) -> Kind:

@@ -29,6 +29,7 @@ from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 from pydantic import ValidationError
 
 from contemplation.faces.mcp.jsonline import NESTED, members
+from contemplation.faces.mcp.surely import request_id
 
 __all__ = ["NESTED", "Answering", "members", "refusal"]
 
@@ -36,10 +37,10 @@ log = structlog.get_logger("contemplation.mcp")
 
 
 def _request_id(top: dict[str, object]) -> str | int | None:
+    """The id to answer under: a string or an integer, and one that can be written back
+    (an escaped lone surrogate cannot: writing it killed the server's writer)."""
     rid = top.get("id")
-    if isinstance(rid, bool) or not isinstance(rid, str | int):
-        return None
-    return rid
+    return rid if request_id(rid) and isinstance(rid, str | int) else None
 
 
 def _unanswerable(top: dict[str, object], whole: bool) -> bool:

@@ -41,6 +41,9 @@ def _error(line: str) -> ValidationError:
         ("5", (None, -32600)),
         ('{"jsonrpc":"2.0","method":"n","params":' + "[" * 300 + "]" * 300 + "}", None),
         ('{"jsonrpc":"2.0","id":3,"result":' + "[" * 300 + "]" * 300 + "}", None),
+        # a lone surrogate cannot be written back: the answer's id is null (it killed the
+        # server's writer, and the process with it)
+        ('{"jsonrpc": "2.0", "id": "\\ud800", "method": "ping"}', (None, -32700)),
     ],
 )
 def test_refusal_answers_requests_never_notifications_or_responses(
@@ -48,3 +51,5 @@ def test_refusal_answers_requests_never_notifications_or_responses(
 ) -> None:
     got = refusal(_error(line))
     assert (None if got is None else (got.id, got.error.code)) == answer
+    if got is not None:
+        got.model_dump_json(by_alias=True, exclude_unset=True)  # it can be written
