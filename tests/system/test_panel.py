@@ -161,13 +161,15 @@ def test_a_daemon_killed_mid_round_answers_the_missing_models_only(
     env = base_env(home, fake_ollama)
     fake_ollama.enqueue(
         Step(model="gemma", text="Gemma answers."),
-        Step(model="llama3.2", kind="hang", after_chunks=1, text="Llama starts"),
+        Step(model="llama3.2", text="Llama starts\n" + "and goes on " * 40, chunk_delay=0.25),
     )
     daemon = daemon_factory(env, home).wait_ready()
     cid = panel_new(env)
     cli(env, "send", cid, "Go.")
     conv = Reader(home).locate(cid)
-    wait_for(lambda: len(asked(fake_ollama, "llama3.2")) == 1, 30, what="llama asked")
+    # llama is asked while gemma streams (Ollama runs both models at once); killed once its
+    # own turn writes the line it held into the log, after gemma's reply
+    wait_for(lambda: "Llama starts" in conv.log.read_text(), 30, what="llama writing")
     daemon.stop(signal.SIGKILL)
     fake_ollama.enqueue(Step(model="llama3.2", text="Llama answers."))
     daemon_factory(env, home).wait_ready()
@@ -195,8 +197,11 @@ def test_cancel_stops_the_round(
         lambda: (s := read_state(conv)) is not None and s.status is Status.CANCELLED, 30,
         what="the round cancelled",
     )  # fmt: skip
-    assert asked(fake_ollama, "llama3.2") == []  # the rest of the round never asked
-    assert "CANCELLED" in conv.log.read_text()
+    # llama may have been asked ahead (Ollama runs both models at once): what it held is
+    # discarded, never written, and it is not asked again for this round
+    assert len(asked(fake_ollama, "llama3.2")) <= 1
+    log = conv.log.read_text()
+    assert "CANCELLED" in log and "LLAMA3_2" not in [h for h, _ in heads(log)], log
 
 
 def test_malformed_panels_are_refused_before_anything_is_made(home: Home) -> None:
@@ -337,4 +342,7 @@ def test_a_daemon_killed_during_the_first_seats_reply_redoes_that_seat(
     log = conv.log.read_text()
     assert "INTERRUPTED" in log, log
     assert [h for h, _ in heads(log)] == ["CLAUDE", "GEMMA", "GEMMA", "LLAMA3_2"], log
-    assert len(asked(fake_ollama, "gemma")) == 2 and len(asked(fake_ollama, "llama3.2")) == 1
+    assert log.count("Llama answers.") == 1 and len(asked(fake_ollama, "gemma")) == 2
+    # llama, asked ahead while gemma streamed, held its reply in memory only: the kill lost
+    # it, and it was asked again (at most once more)
+    assert 1 <= len(asked(fake_ollama, "llama3.2")) <= 2
