@@ -270,16 +270,19 @@ class LiteLLMProxy(_Proc):
         return self
 
 
-_shared: dict[str, LlamaServer] = {}
+_shared: dict[tuple[tuple[str, Any], ...], LlamaServer] = {}
 
 
-def shared_llama_server() -> LlamaServer:
-    """One SmolLM2 server (n_ctx 8192, alias ``smollm2``) per process; skipped or failed
-    (under CI) through :mod:`tests.peers` when xllamacpp or the model is missing."""
+def shared_llama_server(**config: Any) -> LlamaServer:
+    """One SmolLM2 server per configuration (``LlamaServer``'s keywords: n_ctx 8192, alias
+    ``smollm2`` by default) per process, for the tests that neither stop it nor depend on
+    what it served before (they read its counters as differences); skipped or failed (under
+    CI) through :mod:`tests.peers` when xllamacpp or the model is missing."""
     peers.xllamacpp_available()
     gguf = peers.smollm2_gguf()
-    if "llama" not in _shared:
-        server = LlamaServer(gguf).start()
+    key = tuple(sorted(config.items()))
+    if key not in _shared:
+        server = LlamaServer(gguf, **config).start()
         atexit.register(server.stop)
-        _shared["llama"] = server
-    return _shared["llama"]
+        _shared[key] = server
+    return _shared[key]

@@ -24,7 +24,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import archive, drop_message, new_conversation
-from tests import peers, realpeers
+from tests import realpeers
 from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
@@ -152,29 +152,25 @@ def _metric(url: str, name: str) -> float:
 def test_a_real_llama_server_counts_what_the_ledger_says_within_one_percent(
     home: Home, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
-    peers.xllamacpp_available()
-    server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=4096).start()
-    try:
-        env = base_env(home, OPENAI_BASE_URL=server.url + "/v1")
-        daemon_factory(env, home).wait_ready()
-        conv_id = cli(env, "new", "ledger", "--backend", "openai", "--model", "smollm2")
-        conv = Conv(home.active / conv_id.stdout.strip())
-        meta = json.loads(conv.metadata.read_text())
-        meta["options"] = {"temperature": 0, "num_predict": 24}
-        conv.metadata.write_text(json.dumps(meta))
-        before = (_metric(server.url, "prompt_tokens_total"),
-                  _metric(server.url, "tokens_predicted_total"))  # fmt: skip
-        for k, text in enumerate(("Name one colour.", "And another?", "Which is warmer?"), 1):
-            cli(env, "send", conv.id, text)
-            wait_for(
-                lambda k=k: (st := read_state(conv)) is not None and st.turns == k,
-                timeout=180,
-                what=f"real reply {k}",
-            )
-        prefilled = _metric(server.url, "prompt_tokens_total") - before[0]
-        predicted = _metric(server.url, "tokens_predicted_total") - before[1]
-    finally:
-        server.stop()
+    server = realpeers.shared_llama_server(n_ctx=4096)  # its counters read as differences
+    env = base_env(home, OPENAI_BASE_URL=server.url + "/v1")
+    daemon_factory(env, home).wait_ready()
+    conv_id = cli(env, "new", "ledger", "--backend", "openai", "--model", "smollm2")
+    conv = Conv(home.active / conv_id.stdout.strip())
+    meta = json.loads(conv.metadata.read_text())
+    meta["options"] = {"temperature": 0, "num_predict": 24}
+    conv.metadata.write_text(json.dumps(meta))
+    before = (_metric(server.url, "prompt_tokens_total"),
+              _metric(server.url, "tokens_predicted_total"))  # fmt: skip
+    for k, text in enumerate(("Name one colour.", "And another?", "Which is warmer?"), 1):
+        cli(env, "send", conv.id, text)
+        wait_for(
+            lambda k=k: (st := read_state(conv)) is not None and st.turns == k,
+            timeout=180,
+            what=f"real reply {k}",
+        )
+    prefilled = _metric(server.url, "prompt_tokens_total") - before[0]
+    predicted = _metric(server.url, "tokens_predicted_total") - before[1]
     st = read_state(conv)
     assert st is not None
     total = ledger.total(st.ledger)
@@ -183,7 +179,9 @@ def test_a_real_llama_server_counts_what_the_ledger_says_within_one_percent(
     assert total.recomputed == pytest.approx(prefilled, rel=0.01)
     assert total.output == pytest.approx(predicted, rel=0.01)
     assert total.prefill_ms and total.generate_ms and total.queued_ms is not None
-    off = [abs(a - b) / b * 100 for a, b in ((total.recomputed, prefilled), (total.output, predicted))]
+    off = [
+        abs(a - b) / b * 100 for a, b in ((total.recomputed, prefilled), (total.output, predicted))
+    ]
     print(
         f"\nledger recomputed {total.recomputed} vs server prompt_tokens_total {prefilled:.0f} "
         f"({off[0]:.2f} % off); ledger output {total.output} vs tokens_predicted_total "

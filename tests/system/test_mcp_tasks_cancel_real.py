@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import pytest
 from contemplation.faces.reading import Reader
 from contemplation.models import Status
 from contemplation.store.layout import Conv, Home, read_state
-from tests import peers, realpeers
+from tests import realpeers
 from tests.conftest import DaemonProc, base_env, cli, wait_for
 from tests.system.test_mcp_tasks import TASK_ID, Wire, wires  # noqa: F401  (fixture)
 
@@ -32,11 +32,8 @@ RUNS = 5  # cancels in a row, one conversation: the report's median is over thes
 
 
 @pytest.fixture
-def llama() -> Iterator[realpeers.LlamaServer]:
-    peers.xllamacpp_available()
-    server = realpeers.LlamaServer(peers.smollm2_gguf(), n_ctx=4096).start()
-    yield server
-    server.stop()
+def llama() -> realpeers.LlamaServer:
+    return realpeers.shared_llama_server(n_ctx=4096)  # the session's, with the ledger test's
 
 
 def slots(server: realpeers.LlamaServer) -> list[dict[str, Any]]:
