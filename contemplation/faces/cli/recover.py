@@ -35,7 +35,9 @@ from contemplation.store.layout import Home, read_metadata
 @click.pass_context
 def retract(ctx: click.Context, conversation: str, as_json: bool) -> None:
     """Withdraw the last turn of CONVERSATION when it failed or was cancelled: the log keeps
-    it, the model never sees it again, and nothing runs until your next message."""
+    it, the model never sees it again, and nothing runs until your next message. In a panel,
+    each seat whose turn failed has it withdrawn from its own line; the other seats' answers
+    stand."""
     conv = lookup(ctx, conversation)
     done = actions.retract(ctx_settings(ctx), conv)
     human = (
