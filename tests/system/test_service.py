@@ -25,7 +25,7 @@ from contemplation.models import BlockKind, MarkerKind
 from contemplation.protocol.parser import parse
 from contemplation.store.layout import Conv, Home
 from tests import peers
-from tests.conftest import DaemonProc, base_env, cli, only_conv, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, only_conv, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 # --------------------------------------------------------------------------- the files
@@ -153,13 +153,13 @@ def test_systemd_install_is_idempotent_and_uninstall_keeps_conversations(
     home: Home, fake_managers: tuple[dict[str, str], Path]
 ) -> None:
     env, log = fake_managers
-    conv_id = cli(env, "new", "keep me", "--message", "hello").stdout.strip()
+    conv_id = cli_here(env, "new", "keep me", "--message", "hello").stdout.strip()
     before = sorted(p.name for p in (home.active / conv_id).rglob("*"))
     unit = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user" / "contemplation.service"
-    dry = cli(env, "service", "install", "--manager", "systemd", "--print").stdout
+    dry = cli_here(env, "service", "install", "--manager", "systemd", "--print").stdout
     assert "ExecStart=" in dry and "systemctl --user enable --now contemplation.service" in dry
     assert not unit.exists() and calls(log) == []  # --print changes nothing
-    out = cli(env, "service", "install", "--manager", "systemd").stdout
+    out = cli_here(env, "service", "install", "--manager", "systemd").stdout
     assert unit.is_file() and f"--home {home.root}" in unit.read_text()
     assert calls(log) == [
         ["--user", "show-environment"],  # first: is there a user manager to install into?
@@ -167,26 +167,26 @@ def test_systemd_install_is_idempotent_and_uninstall_keeps_conversations(
         ["--user", "enable", "--now", "contemplation.service"],
     ]
     assert "enable-linger" in out or "linger" not in out
-    cli(env, "service", "install", "--manager", "systemd")  # again: same file, same calls
+    cli_here(env, "service", "install", "--manager", "systemd")  # again: same file, same calls
     assert calls(log) == [
         ["--user", "show-environment"],
         ["--user", "daemon-reload"],
         ["--user", "enable", "--now", "contemplation.service"],
     ]
     env2 = dict(env, OLLAMA_HOST="http://10.0.0.5:11434")  # the unit changes: restart it
-    cli(env2, "service", "install", "--manager", "systemd")
+    cli_here(env2, "service", "install", "--manager", "systemd")
     assert ["--user", "try-restart", "contemplation.service"] in calls(log)
     assert "OLLAMA_HOST=http://10.0.0.5:11434" in unit.read_text()
-    cli(env, "service", "logs", "--manager", "systemd", "-n", "5")
+    cli_here(env, "service", "logs", "--manager", "systemd", "-n", "5")
     assert calls(log) == [["--user", "-u", "contemplation.service", "--no-pager", "-n", "5"]]
-    cli(env, "service", "uninstall", "--manager", "systemd")
+    cli_here(env, "service", "uninstall", "--manager", "systemd")
     assert not unit.exists()
     assert calls(log) == [
         ["--user", "disable", "--now", "contemplation.service"],
         ["--user", "daemon-reload"],
     ]
     assert sorted(p.name for p in (home.active / conv_id).rglob("*")) == before
-    again = cli(env, "service", "uninstall", "--manager", "systemd").stdout
+    again = cli_here(env, "service", "uninstall", "--manager", "systemd").stdout
     assert "not installed" in again and calls(log) == []
 
 
@@ -197,10 +197,10 @@ def test_launchd_install_bootstraps_once_and_bootout_on_uninstall(
     uid = str(os.getuid())
     plist = Path(env["HOME"]) / "Library" / "LaunchAgents" / "com.contemplation.daemon.plist"
     target = f"gui/{uid}/com.contemplation.daemon"
-    dry = cli(env, "service", "install", "--manager", "launchd", "--print").stdout
+    dry = cli_here(env, "service", "install", "--manager", "launchd", "--print").stdout
     assert "<key>KeepAlive</key>" in dry and f"launchctl bootstrap gui/{uid}" in dry
     assert not plist.exists() and calls(log) == []
-    cli(env, "service", "install", "--manager", "launchd")
+    cli_here(env, "service", "install", "--manager", "launchd")
     assert plistlib.loads(plist.read_bytes())["Label"] == "com.contemplation.daemon"
     assert (Path(env["HOME"]) / "Library" / "Logs" / "contemplation").is_dir()
     assert calls(log) == [
@@ -208,14 +208,14 @@ def test_launchd_install_bootstraps_once_and_bootout_on_uninstall(
         ["bootstrap", f"gui/{uid}", str(plist)],
         ["enable", target],
     ]
-    cli(env, "service", "install", "--manager", "launchd")  # loaded, unchanged: no reload
+    cli_here(env, "service", "install", "--manager", "launchd")  # loaded, unchanged: no reload
     assert calls(log) == [["print", target], ["enable", target]]
     env2 = dict(env, OLLAMA_HOST="http://10.0.0.5:11434")
-    cli(env2, "service", "install", "--manager", "launchd")  # changed: bootout, then bootstrap
+    cli_here(env2, "service", "install", "--manager", "launchd")  # changed: bootout, then bootstrap
     seen = calls(log)
     assert seen[:2] == [["print", target], ["bootout", target]]
     assert ["bootstrap", f"gui/{uid}", str(plist)] in seen
-    cli(env, "service", "uninstall", "--manager", "launchd")
+    cli_here(env, "service", "uninstall", "--manager", "launchd")
     assert calls(log) == [["print", target], ["bootout", target]]
     assert not plist.exists()
 
@@ -238,11 +238,11 @@ def test_service_status_json_says_what_the_manager_says(
     systemctl = tmp_path / "fakebin" / "systemctl"
     systemctl.write_text(SHOW)
     unit = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user" / "contemplation.service"
-    before = json.loads(cli(env, "service", "status", "--manager", "systemd", "--json").stdout)
+    before = json.loads(cli_here(env, "service", "status", "--manager", "systemd", "--json").stdout)
     assert before["installed"] is False and before["unit_file"] == str(unit)
-    cli(env, "service", "install", "--manager", "systemd")
+    cli_here(env, "service", "install", "--manager", "systemd")
     calls(log)
-    got = json.loads(cli(env, "service", "status", "--manager", "systemd", "--json").stdout)
+    got = json.loads(cli_here(env, "service", "status", "--manager", "systemd", "--json").stdout)
     assert got == {
         "manager": "systemd",
         "unit_file": str(unit),
@@ -256,7 +256,9 @@ def test_service_status_json_says_what_the_manager_says(
     [argv] = calls(log)
     assert argv[:3] == ["--user", "show", "contemplation.service"]
     uid = str(os.getuid())
-    launchd = json.loads(cli(env, "service", "status", "--manager", "launchd", "--json").stdout)
+    launchd = json.loads(
+        cli_here(env, "service", "status", "--manager", "launchd", "--json").stdout
+    )
     assert launchd["manager"] == "launchd" and not launchd["installed"] and not launchd["loaded"]
     assert calls(log) == [["print", f"gui/{uid}/com.contemplation.daemon"]]
 
@@ -299,7 +301,7 @@ def test_install_with_no_systemd_user_session_says_why_in_one_line_and_writes_no
     env.update(SECRET_ENV)
     (tmp_path / "fakebin" / "systemctl").write_text(NO_BUS)
     unit, secrets = _unit_and_secrets(env)
-    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    got = cli_here(env, "service", "install", "--manager", "systemd", check=False)
     assert got.returncode == 1, got
     [line] = got.stderr.splitlines()
     assert line.startswith("error: cannot install the service: there is no systemd user session")
@@ -313,7 +315,9 @@ def test_install_with_no_systemd_user_session_says_why_in_one_line_and_writes_no
     # installed before, from a session; now from one without: left exactly as it was
     unit.parent.mkdir(parents=True)
     unit.write_text("# installed before\n")
-    got = cli(dict(env, OLLAMA_HOST="http://10.0.0.5:11434"), "service", "install", check=False)
+    got = cli_here(
+        dict(env, OLLAMA_HOST="http://10.0.0.5:11434"), "service", "install", check=False
+    )
     assert got.returncode == 1 and unit.read_text() == "# installed before\n"
     assert not secrets.exists()
 
@@ -332,7 +336,7 @@ def test_install_with_the_real_systemctl_and_no_user_session_writes_nothing(
     for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):
         env.pop(name, None)
     unit, secrets = _unit_and_secrets(env)
-    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    got = cli_here(env, "service", "install", "--manager", "systemd", check=False)
     assert got.returncode == 1, got
     [line] = got.stderr.splitlines()
     assert "there is no systemd user session" in line and "enable-linger" in line, line
@@ -349,7 +353,7 @@ def test_an_install_that_fails_after_writing_puts_the_files_back(
     env.update(SECRET_ENV)
     (tmp_path / "fakebin" / "systemctl").write_text(ENABLE_FAILS)
     unit, secrets = _unit_and_secrets(env)
-    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    got = cli_here(env, "service", "install", "--manager", "systemd", check=False)
     assert got.returncode == 1, got
     assert "masked" in got.stderr and "the files it wrote were removed" in got.stderr
     assert not unit.exists() and not secrets.exists()
@@ -361,7 +365,7 @@ def test_an_install_that_fails_after_writing_puts_the_files_back(
     ]
     unit.parent.mkdir(parents=True, exist_ok=True)  # (the empty folder may stay)
     unit.write_text("# installed before\n")
-    got = cli(env, "service", "install", "--manager", "systemd", check=False)
+    got = cli_here(env, "service", "install", "--manager", "systemd", check=False)
     assert got.returncode == 1 and "put back as they were" in got.stderr
     assert unit.read_text() == "# installed before\n" and not secrets.exists()
 
@@ -376,7 +380,7 @@ def test_a_launchd_install_that_fails_to_load_removes_the_plist(
         FAKE.replace("bootstrap) touch", "bootstrap) echo refused >&2; exit 5; touch")
     )
     plist = Path(env["HOME"]) / "Library" / "LaunchAgents" / "com.contemplation.daemon.plist"
-    got = cli(env, "service", "install", "--manager", "launchd", check=False)
+    got = cli_here(env, "service", "install", "--manager", "launchd", check=False)
     assert got.returncode == 1 and "refused" in got.stderr, got
     assert not plist.exists()
 
@@ -471,7 +475,7 @@ def test_sigterm_lets_an_in_flight_reply_finish(
     d = daemon_factory(env, home).wait_ready()
     words = " ".join(f"w{i}" for i in range(10))
     fake_ollama.enqueue(Step(text=words, chunk_delay=0.2))
-    cli(env, "new", "graceful", "--message", "take your time")
+    cli_here(env, "new", "graceful", "--message", "take your time")
     conv = only_conv(home)
     wait_for(lambda: b"w1" in conv.log.read_bytes(), what="the reply to start streaming")
     t0 = time.monotonic()
@@ -491,7 +495,7 @@ def test_sigterm_past_the_grace_marks_the_turn_interrupted_and_a_restart_redoes_
     )
     d = daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(kind="hang", text="never ending story", after_chunks=1))
-    cli(env, "new", "stuck", "--message", "hang please")
+    cli_here(env, "new", "stuck", "--message", "hang please")
     conv = only_conv(home)
     wait_for(lambda: b"never" in conv.log.read_bytes(), what="the reply to start")
     t0 = time.monotonic()
@@ -517,7 +521,7 @@ def test_a_second_signal_stops_at_once(
     )
     d = daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(kind="hang", text="still going", after_chunks=1))
-    cli(env, "new", "forced", "--message", "hang")
+    cli_here(env, "new", "forced", "--message", "hang")
     conv = only_conv(home)
     wait_for(lambda: b"still" in conv.log.read_bytes(), what="the reply to start")
     t0 = time.monotonic()
