@@ -16,7 +16,16 @@ import pytest
 from contemplation.models import MarkerKind, Status
 from contemplation.protocol.parser import parse
 from contemplation.store.layout import Conv, Home, read_state
-from tests.conftest import ROOT, DaemonProc, base_env, cli, model_replies, only_conv, wait_for
+from tests.conftest import (
+    ROOT,
+    DaemonProc,
+    base_env,
+    cli,
+    cli_here,
+    model_replies,
+    only_conv,
+    wait_for,
+)
 from tests.fakes.ollama_server import FakeOllama, Step
 
 replies = model_replies
@@ -27,7 +36,7 @@ def test_drop_daemon_backend_log_state_archive(
 ) -> None:
     env = base_env(home, fake_ollama)
     d = daemon_factory(env, home).wait_ready()
-    conv_id = cli(
+    conv_id = cli_here(
         env, "new", "Memory persistence", "--message", "How should we persist memory?"
     ).stdout.strip()
     conv = Conv(home.active / conv_id)
@@ -42,14 +51,14 @@ def test_drop_daemon_backend_log_state_archive(
     assert replies(conv)[1] == "Echo: part one, part two"
     # the reply is in the log as it streams; its commit (turns, status) is the state write after
     wait_for(lambda: (st := read_state(conv)) is not None and st.turns == 2, what="the commit")
-    listed = json.loads(cli(env, "list", "--json").stdout)["conversations"]
+    listed = json.loads(cli_here(env, "list", "--json").stdout)["conversations"]
     assert [r["id"] for r in listed] == [conv_id] and listed[0]["status"] == "idle"
-    status = json.loads(cli(env, "status", conv_id[:20], "--json").stdout)
+    status = json.loads(cli_here(env, "status", conv_id[:20], "--json").stdout)
     assert status["turns"] == 2 and status["messages"] == 2
     fake_ollama.enqueue(Step(text="We are done.\n=== COMPLETE ==="))
-    cli(env, "send", "Memory", "Wrap up please")
+    cli_here(env, "send", "Memory", "Wrap up please")
     wait_for(lambda: (home.completed / conv_id).is_dir(), what="archive on COMPLETE")
-    assert cli(env, "tail", conv_id).stdout.rstrip().endswith("=== COMPLETE ===")
+    assert cli_here(env, "tail", conv_id).stdout.rstrip().endswith("=== COMPLETE ===")
     assert d.stop() == 0
 
 
@@ -58,9 +67,11 @@ def test_send_wait_streams_the_reply_to_stdout(
 ) -> None:
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "streaming").stdout.strip()
+    conv_id = cli_here(env, "new", "streaming").stdout.strip()
     fake_ollama.enqueue(Step(text="one two three four five", chunk_delay=0.02))
-    out = cli(env, "send", conv_id, "-", "--wait", "--timeout", "20", input="count for me\n").stdout
+    out = cli_here(
+        env, "send", conv_id, "-", "--wait", "--timeout", "20", input="count for me\n"
+    ).stdout
     assert "=== CLAUDE -> OLLAMA" in out and "count for me" in out
     assert "one two three four five" in out
 
@@ -83,7 +94,7 @@ def test_sigterm_mid_stream_marks_the_reply_and_a_restart_redoes_it_once(
     env = base_env(home, fake_ollama, CONTEMPLATION_STOP_GRACE="0.3")
     d = daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(text=" ".join(f"w{i}" for i in range(300)), chunk_delay=0.05))
-    conv_id = cli(env, "new", "long", "--message", "write a lot").stdout.strip()
+    conv_id = cli_here(env, "new", "long", "--message", "write a lot").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(lambda: b"w5 " in conv.log.read_bytes(), what="streaming started")
     t0 = time.monotonic()
@@ -106,10 +117,10 @@ def test_cancel_from_the_cli_stops_the_generation(
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(text=" ".join(["tok"] * 1000), chunk_delay=0.02))
-    conv_id = cli(env, "new", "cancel me", "--message", "go").stdout.strip()
+    conv_id = cli_here(env, "new", "cancel me", "--message", "go").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(lambda: b"tok tok" in conv.log.read_bytes(), what="streaming")
-    cli(env, "cancel", conv_id)
+    cli_here(env, "cancel", conv_id)
     wait_for(
         lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED,
         what="cancelled",
@@ -132,7 +143,7 @@ def test_cancel_stops_a_turn_whose_server_went_silent(
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(kind="hang", after_chunks=after_chunks, hang_seconds=120))
-    conv_id = cli(env, "new", "silent", "--message", "go").stdout.strip()
+    conv_id = cli_here(env, "new", "silent", "--message", "go").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(lambda: fake_ollama.chat_arrived.is_set(), what="the request")
     wait_for(
@@ -140,7 +151,7 @@ def test_cancel_stops_a_turn_whose_server_went_silent(
         what="generating",
     )
     t0 = time.monotonic()
-    cli(env, "cancel", conv_id)
+    cli_here(env, "cancel", conv_id)
     wait_for(
         lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED,
         what="cancelled",
@@ -167,17 +178,17 @@ def test_after_a_cancel_the_model_is_told_its_reply_was_cancelled(
         Step(kind="hang", text="Once upon a time", after_chunks=after_chunks, hang_seconds=120),
         Step(text="One line it is."),
     )
-    conv_id = cli(env, "new", "essay", "--message", "Write a long essay.").stdout.strip()
+    conv_id = cli_here(env, "new", "essay", "--message", "Write a long essay.").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(lambda: fake_ollama.chat_arrived.is_set(), what="the request")
     if after_chunks:
         wait_for(lambda: b"upon" in conv.log.read_bytes(), what="the partial reply")
-    cli(env, "cancel", conv_id)
+    cli_here(env, "cancel", conv_id)
     wait_for(
         lambda: (read_state(conv) or object()).__dict__.get("status") == Status.CANCELLED,
         what="cancelled",
     )
-    done = cli(env, "send", conv_id, "Just one line then.", "--wait", "--timeout", "30")
+    done = cli_here(env, "send", conv_id, "Just one line then.", "--wait", "--timeout", "30")
     assert done.stdout.rstrip().endswith("One line it is.")
     messages = fake_ollama.chat_requests()[-1]["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
@@ -199,25 +210,25 @@ def test_cli_errors_are_one_line(home: Home) -> None:
         proc = cli(env, *args, check=False)
         assert proc.returncode != 0, args
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    cli(env, "new", "alpha one")
-    cli(env, "new", "alpha two")
-    amb = cli(env, "status", "conv_", check=False)
+    cli_here(env, "new", "alpha one")
+    cli_here(env, "new", "alpha two")
+    amb = cli_here(env, "status", "conv_", check=False)
     assert amb.returncode == 1 and "matches 2 conversations" in amb.stderr
 
 
 def test_doctor_reports_ollama_and_the_model(home: Home, fake_ollama: FakeOllama) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_DEFAULT_MODEL="qwen3")
-    ok = cli(env, "doctor", "--json")
+    ok = cli_here(env, "doctor", "--json")
     data = json.loads(ok.stdout)
     assert data["ok"] is True
     assert {c["check"] for c in data["checks"]} >= {"home", "ollama", "model"}
-    bad = cli({**env, "CONTEMPLATION_DEFAULT_MODEL": "missing-model"}, "doctor", check=False)
+    bad = cli_here({**env, "CONTEMPLATION_DEFAULT_MODEL": "missing-model"}, "doctor", check=False)
     assert bad.returncode == 1 and "FAIL model" in bad.stdout
 
 
 def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllama) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cli(env, "new", "batch", "--message", "hello")
+    cli_here(env, "new", "batch", "--message", "hello")
     proc = subprocess.run(
         [sys.executable, "-m", "contemplation", "run", "--once"],
         env=env,
@@ -234,7 +245,7 @@ def test_an_inbox_name_that_is_not_utf8_is_answered_once(
     home: Home, fake_ollama: FakeOllama
 ) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cli(env, "new", "bytes")
+    cli_here(env, "new", "bytes")
     conv = only_conv(home)
     with open(os.path.join(os.fsencode(conv.inbox), b"q\xff.txt"), "wb") as f:
         f.write(b"hello")
@@ -270,13 +281,13 @@ def test_respond_from_the_cli_answers_a_waiting_need(
     fake_ollama.enqueue(
         Step(text="NEED: The name of the release manager"), Step(text="Thanks, Ada it is.")
     )
-    conv_id = cli(env, "new", "release", "--message", "Who signs off?").stdout.strip()
+    conv_id = cli_here(env, "new", "release", "--message", "Who signs off?").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(
         lambda: (st := read_state(conv)) is not None and st.status is Status.AWAITING_AGENT,
         what="awaiting agent",
     )
-    out = cli(env, "respond", conv_id, "Ada Lovelace").stdout
+    out = cli_here(env, "respond", conv_id, "Ada Lovelace").stdout
     assert "answered need " in out and ": The name of the release manager" in out
     wait_for(lambda: replies(conv)[-1:] == ["Thanks, Ada it is."], what="the model carries on")
     response = parse(conv.log.read_bytes()).blocks[2]
@@ -284,7 +295,7 @@ def test_respond_from_the_cli_answers_a_waiting_need(
         response.response_to == "The name of the release manager"
         and "Ada Lovelace" in response.text
     )
-    nothing = cli(env, "respond", conv_id, "again", "--need", "1", check=False)
+    nothing = cli_here(env, "respond", conv_id, "again", "--need", "1", check=False)
     assert nothing.returncode == 1 and "waits for nothing from the agent" in nothing.stderr
 
 
@@ -293,12 +304,12 @@ def test_doctor_names_the_setting_a_template_source_lacks(home: Home, tmp_path: 
     doctor: the model is only told that the source is not there
     (tests/unit/prompt/test_context.py)."""
     env = base_env(home)
-    out = cli(env, "doctor", check=False).stdout
+    out = cli_here(env, "doctor", check=False).stdout
     assert (
         "warn template research gathers notes, but no notes vault is set: "
         "set tools.notes_vault in the config"
     ) in out, out
     vault = tmp_path / "vault"
     vault.mkdir()
-    out = cli({**env, "CONTEMPLATION_TOOLS__NOTES_VAULT": str(vault)}, "doctor", check=False)
+    out = cli_here({**env, "CONTEMPLATION_TOOLS__NOTES_VAULT": str(vault)}, "doctor", check=False)
     assert "notes_vault" not in out.stdout, out.stdout
