@@ -43,7 +43,7 @@ from contemplation.writer import (
     open_writer,
     request_cancel,
 )
-from tests.conftest import ROOT, base_env, cli
+from tests.conftest import ROOT, base_env, cli, cli_here
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama
 
@@ -108,11 +108,13 @@ def staging(home: Home) -> list[str]:
     return sorted(n for n in os.listdir(home.active) if n.startswith("."))
 
 
-def fork_cli(env: dict[str, str], *args: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-    e = dict(env)
-    if crash:
-        e.update(CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
-    return cli(e, "fork", *args, check=False)
+def fork_cli(
+    env: dict[str, str], *args: str, crash: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    if crash is None:
+        return cli_here(env, "fork", *args, check=False)
+    e = dict(env, CONTEMPLATION_TESTING="1", CONTEMPLATION_CRASH_AT=crash)
+    return cli(e, "fork", *args, check=False)  # a process of its own: it is killed
 
 
 @pytest.fixture
@@ -144,7 +146,7 @@ def test_fork_takes_every_finished_block_and_rebuilds_its_state(
     assert st.log.ino == new.log.stat().st_ino and st.log.size == new.log.stat().st_size
     assert tree(src.dir) == before  # the source is only read
     # the human form: the id on stdout, where it came from on stderr
-    again = cli(env, "fork", src.id, "--at", "1", "--topic", "Release plan B")
+    again = cli_here(env, "fork", src.id, "--at", "1", "--topic", "Release plan B")
     assert again.stdout.strip().endswith("_release-plan-b")
     assert again.stderr.strip() == (
         f"forked {src.id} at block 1 of 6; it waits for your next message "
@@ -156,20 +158,20 @@ def test_fork_at_n_keeps_blocks_1_to_n_and_list_and_status_say_where_it_came_fro
     home: Home, env: dict[str, str]
 ) -> None:
     src = exchange_with_need(home)
-    assert "FORKED FROM" not in cli(env, "list").stdout  # a column only when a fork is listed
-    new_id = cli(env, "fork", src.id, "--at", "4", "--topic", "who signs").stdout.strip()
+    assert "FORKED FROM" not in cli_here(env, "list").stdout  # a column only when a fork is listed
+    new_id = cli_here(env, "fork", src.id, "--at", "4", "--topic", "who signs").stdout.strip()
     new = home.conv(new_id)
     assert shape(blocks(new)) == shape(blocks(src)[:4])
     assert new.log.read_bytes().endswith(b"Dana signs off.\n")  # no trailing blank line
-    listed = cli(env, "list").stdout.splitlines()
+    listed = cli_here(env, "list").stdout.splitlines()
     assert listed[0].split()[-2:] == ["FORKED", "FROM"]
     assert any(line.startswith(new_id) and line.endswith(f"{src.id}#4") for line in listed)
-    listed = json.loads(cli(env, "list", "--json").stdout)["conversations"]
+    listed = json.loads(cli_here(env, "list", "--json").stdout)["conversations"]
     row = next(r for r in listed if r["id"] == new_id)
     assert row["forked_from"] == {"id": src.id, "block": 4} and row["topic"] == "who signs"
-    status = cli(env, "status", new_id).stdout
+    status = cli_here(env, "status", new_id).stdout
     assert f"forked from:  {src.id} at block 4" in status
-    assert json.loads(cli(env, "status", new_id, "--json").stdout)["forked_from"]["block"] == 4
+    assert json.loads(cli_here(env, "status", new_id, "--json").stdout)["forked_from"]["block"] == 4
 
 
 @pytest.mark.parametrize(
@@ -287,15 +289,18 @@ def test_a_fork_takes_segments_attachments_and_nothing_in_flight(
         w.save()
     # block 8 is the second block of messages.1.log (blocks 1-4, 5-6, 7-8, then 9-10)
     # the claimed file in processing/ may be a block half written: the default leaves out 10
-    assert json.loads(cli(env, "fork", src.id, "--json").stdout)["blocks"] == 9
-    out = json.loads(cli(env, "fork", src.id, "--at", "8", "--json").stdout)
+    assert json.loads(cli_here(env, "fork", src.id, "--json").stdout)["blocks"] == 9
+    out = json.loads(cli_here(env, "fork", src.id, "--at", "8", "--json").stdout)
     assert out["blocks"] == 8
     new = home.conv(out["id"])
     assert shape(blocks(new)) == shape(blocks(src)[:8])
     assert sorted(p.name for p in log_segments(new)) == [
         "messages.1.log", "messages.2.log", "messages.log",
     ]  # fmt: skip
-    for mine, theirs in (("messages.2.log", "messages.3.log"), ("messages.1.log", "messages.2.log")):
+    for mine, theirs in (
+        ("messages.2.log", "messages.3.log"),
+        ("messages.1.log", "messages.2.log"),
+    ):
         assert (new.dir / mine).stat().st_ino == (src.dir / theirs).stat().st_ino
     assert new.log.read_bytes() == (src.dir / "messages.1.log").read_bytes()  # cut at its end
     assert new.log.read_bytes().startswith(f"=== {MarkerKind.CONTINUED.value}".encode())
@@ -366,11 +371,11 @@ def test_kill_during_a_fork_leaves_no_half_made_folder_and_loses_nothing(
         assert staging(home) == []
     else:  # before it: nothing any face lists, and the next fork clears the leftover
         assert made == set()
-        listed = json.loads(cli(env, "list", "--all", "--json").stdout)["conversations"]
+        listed = json.loads(cli_here(env, "list", "--all", "--json").stdout)["conversations"]
         assert [r["id"] for r in listed] == [src.id]
         [left] = staging(home)
         assert left.startswith(".fork-")
-        again = cli(env, "fork", src.id, "--at", "4").stdout.strip()
+        again = cli_here(env, "fork", src.id, "--at", "4").stdout.strip()
         assert shape(blocks(home.conv(again))) == shape(blocks(src)[:4])
         assert staging(home) == []
 
@@ -570,9 +575,9 @@ def test_a_fork_continued_by_the_daemon_sends_blocks_1_to_n_only(
     say(src, "First question?", "First answer.", n=1)
     say(src, "Second question?", "Second answer.", n=2)
     before = src.log.read_bytes()
-    new = home.conv(cli(env, "fork", src.id, "--at", "2").stdout.strip())
+    new = home.conv(cli_here(env, "fork", src.id, "--at", "2").stdout.strip())
     asked = home.conv(
-        cli(env, "fork", src.id, "--at", "3", "--topic", "asked", "--rerun").stdout.strip()
+        cli_here(env, "fork", src.id, "--at", "3", "--topic", "asked", "--rerun").stdout.strip()
     )
     st = read_state(asked)
     assert st is not None and st.status is Status.PENDING  # asked to answer again: a turn is due
@@ -629,7 +634,7 @@ def test_a_fork_at_the_agents_own_block_waits_for_the_next_message(
     there; ``--rerun`` asks the model to answer the question again at once."""
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     src = runaway(home)
-    made = cli(env, "fork", src.id, "--at", "3", "--topic", "held")
+    made = cli_here(env, "fork", src.id, "--at", "3", "--topic", "held")
     held = home.conv(made.stdout.strip())
     assert made.stderr.strip() == (
         f"forked {src.id} at block 3 of 4; it waits for your next message "
@@ -645,7 +650,7 @@ def test_a_fork_at_the_agents_own_block_waits_for_the_next_message(
     assert fake_ollama.chat_requests() == []  # no turn: the runaway is not run again
     st = read_state(held)
     assert st is not None and st.status is Status.IDLE
-    assert "idle: waiting for your next message" in cli(env, "status", held.id).stdout
+    assert "idle: waiting for your next message" in cli_here(env, "status", held.id).stdout
     drop_message(held, "Count to three instead.")
     cli(env, "run", "--once")
     assert sent_history(fake_ollama) == [
@@ -656,7 +661,7 @@ def test_a_fork_at_the_agents_own_block_waits_for_the_next_message(
             ("user", "Count to three instead."),
         ]
     ]
-    again = cli(env, "fork", src.id, "--at", "3", "--rerun", "--json")
+    again = cli_here(env, "fork", src.id, "--at", "3", "--rerun", "--json")
     out = json.loads(again.stdout)
     assert out["waits_for_message"] is False
     rerun = home.conv(out["id"])
@@ -672,7 +677,7 @@ def test_a_fork_at_the_agents_own_block_waits_for_the_next_message(
     assert blocks(rerun)[-1].sender == "OLLAMA"
     # a fork that ends on a reply, or on the cancelled reply itself, has nothing to hold
     for at in ("2", "4"):
-        plain = json.loads(cli(env, "fork", src.id, "--at", at, "--json").stdout)
+        plain = json.loads(cli_here(env, "fork", src.id, "--at", at, "--json").stdout)
         assert plain["waits_for_message"] is False
         assert MarkerKind.FORKED not in {
             k for b in blocks(home.conv(plain["id"])) for k, _ in b.markers
