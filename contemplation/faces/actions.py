@@ -307,9 +307,11 @@ def respond(
     since: int | None = None,
     files: Sequence[Attachment] = (),
 ) -> dict[str, Any]:
-    """Answer a need the model waits for (a RESPONSE TO NEED block); ``plain``: send a message.
-    One answer is one turn: with no need waiting, nothing is sent (the refusal names the last
-    answer given, by whom and when), under the faces' lock, across processes.
+    """Answer a need the model waits for (a RESPONSE TO NEED block), else send a plain message.
+    One answer is one turn: with no need waiting but one answered since the agent's last
+    message (another responder came first, and the model may have replied already), nothing
+    is sent and the refusal names that answer, by whom and when; under the faces' lock,
+    across processes.
 
     ``need`` names the need: its id (or a unique prefix), or its text; it may be left out when
     exactly one need waits; ``plain`` sends ``text`` as a message whatever waits. A lookup
@@ -352,15 +354,22 @@ def _respond(
             left = f"; waiting: {waiting.listed(items)}" if items else ""
             raise InputRejected(f"{conv.id}: {hit.said()}; nothing was sent{left}") from None
         raise
-    if chosen is None:  # nothing waits: one answer is one turn, so nothing is sent
-        plain = "plain=true" if face == "mcp" else f"`contemplation send {conv.id} …`"
+    if chosen is None:
         given = reader.answered(conv)
-        last = given[-1] if given else reader.last_answer(conv)
-        said = f": {last.said()}" if last is not None else ""
-        raise InputRejected(
-            f"{conv.id} waits for no answer{said}; nothing was sent. To send a new message, "
-            f"use {plain}"
-        )
+        # one answer is one turn: the need this answer was for was answered since the agent's
+        # last message (another agent came first), and the model may have gone on already
+        if last := given[-1] if given else reader.last_answer(conv):
+            plain = "plain=true" if face == "mcp" else f"`contemplation send {conv.id} …`"
+            raise InputRejected(
+                f"{conv.id} waits for no answer: {last.said()}; nothing was sent. To send a new "
+                f"message, use {plain}"
+            )
+        return {  # nothing was asked since the last message: a follow-up
+            "answered": None,
+            "need_id": None,
+            "queued": send(settings, conv, text, files),
+            "still_waiting": [],
+        }
     stamp = logformat.timestamp()
     body = f"{logformat.RESPONSE_PREFIX} {chosen.need}\n(source: agent, {stamp})\n{text}"
     name = (drop_folder_message(conv, body, files) if files else drop_message(conv, body)).name

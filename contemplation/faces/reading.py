@@ -239,9 +239,9 @@ class Reader:
 
     def last_answer(self, conv: Conv, ref: str | None = None) -> Answered | None:
         """The latest answer given to a need (``ref``: to the need it names, by its id, a
-        unique prefix of it, or its text), on its way or in the log's last ``LOOK_BACK``
-        blocks, in play or not: what a responder that came second, after the model has
-        already gone on, is told."""
+        unique prefix of it, or its text; else one given since the agent's last message), on
+        its way or in the log's last ``LOOK_BACK`` blocks, in play or not: what a responder
+        that came second, after the model has already gone on, is told."""
         if ref is None:
             for head in reversed(list(_heads(queued_messages(conv)))):
                 if found := find_responses(head):
@@ -252,6 +252,8 @@ class Reader:
         ref = ref.strip() if ref else None
         given: list[Answered] = []  # answers after the block looked at, nearest first
         for b in reversed(self.view(conv, meta.agent_label).refresh().blocks[-LOOK_BACK:]):
+            if ref is None and b.kind is BlockKind.AGENT and b.response_to is None:
+                return None  # a message came since: what follows it is a new exchange
             if b.kind is BlockKind.MODEL and ref is not None:
                 for need in b.needs:
                     nid = need_id(b, need)

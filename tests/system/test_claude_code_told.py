@@ -252,6 +252,44 @@ def test_the_rewake_hook_wakes_claude_when_a_cli_conversation_replies(
         term.stop()
 
 
+class AskedByTask:
+    """Claude Code with the plugin, asking the local model with the plugin's
+    ``conversation_start`` (an MCP task); the reply comes ``delay`` seconds after the
+    request reaches the scripted Ollama. :meth:`wakes` is each request to the scripted
+    Messages API whose newest message holds the reply's news (its text, or a monitor line)."""
+
+    def __init__(self, made: tuple[Any, ...], delay: float) -> None:
+        home, tmp_path, fake_ollama, daemon_factory, scripted = made
+        self.fake: FakeAnthropic = scripted(
+            Turn(tool=PLUGIN_START, input={"topic": "Indexes", "initial_prompt": "Which index?"})
+        )
+        env = claude_env(home, tmp_path, self.fake, fake_ollama)
+        set_up_plugin(env, home, tmp_path / "project")
+        fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=delay))
+        daemon_factory(env, home).wait_ready()
+        argv = [str(peers.node_bin("claude")), "Ask the local model."]
+        self.term = Terminal([*argv, "--allowedTools", PLUGIN_START], env, tmp_path / "project")
+
+    def wakes(self) -> list[str]:
+        if self.term.proc.poll() is not None:
+            raise AssertionError(f"claude exited: {self.term.tail()}")
+        with self.fake.lock:
+            newest = [json.dumps(r["messages"][-1]) for r in self.fake.requests]
+        return [m for m in newest if REPLY in m or "(Indexes) replied" in m]
+
+    def told_once(self, within: float = 8.0) -> str:
+        """Claude's one wake for the reply; another within ``within`` s (a monitor's line
+        follows within its 1 s interval) fails."""
+        what = f"the reply handed to Claude; {self.term.tail()[-1500:]}"
+        wait_for(lambda: self.wakes(), 120, what=what)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and len(self.wakes()) == 1:
+            time.sleep(0.2)
+        told = self.wakes()
+        assert len(told) == 1, told
+        return told[0]
+
+
 def test_a_reply_a_task_carries_wakes_claude_once(
     home: Home,
     tmp_path: Path,
@@ -261,37 +299,13 @@ def test_a_reply_a_task_carries_wakes_claude_once(
 ) -> None:
     """One wake per reply, with the plugin installed as the README says: the task's
     notification carries the reply, and the monitor does not announce it too (it used to,
-    a second request to Claude for the same reply). Counted over the requests to the
-    scripted Messages API: those whose newest message holds the reply's news."""
-    fake = anthropic(
-        Turn(tool=PLUGIN_START, input={"topic": "Indexes", "initial_prompt": "Which index?"})
-    )
-    env = claude_env(home, tmp_path, fake, fake_ollama)
-    set_up_plugin(env, home, tmp_path / "project")
-    fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=3.0))
-    daemon_factory(env, home).wait_ready()
-    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--allowedTools", PLUGIN_START]
-    term = Terminal(argv, env, tmp_path / "project")
-
-    def wakes() -> list[str]:
-        if term.proc.poll() is not None:
-            raise AssertionError(f"claude exited: {term.tail()}")
-        with fake.lock:
-            newest = [json.dumps(r["messages"][-1]) for r in fake.requests]
-        return [m for m in newest if REPLY in m or "(Indexes) replied" in m]
-
+    a second request to Claude for the same reply)."""
+    asked = AskedByTask((home, tmp_path, fake_ollama, daemon_factory, anthropic), 3.0)
     try:
-        wait_for(lambda: wakes(), 120, what=f"the reply handed to Claude; {term.tail()[-1500:]}")
-        wait_for(lambda: monitors(home), 30, what="the plugin's monitor")
-        # a monitor line would follow within its interval (1 s): watch well past it
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and len(wakes()) == 1:
-            time.sleep(0.2)
-        told = wakes()
-        assert len(told) == 1, told
-        assert "<status>completed</status>" in told[0]  # the task's notification
+        wait_for(lambda: monitors(home), 60, what="the plugin's monitor")
+        assert "<status>completed</status>" in asked.told_once()  # the task's notification
     finally:
-        term.stop()
+        asked.term.stop()
 
 
 def _mcp_servers(home: Home) -> list[int]:
@@ -319,39 +333,18 @@ def test_a_task_whose_server_died_still_reaches_claude(
     written. Claude Code 2.1.328 does not ask the task again (it is shown running), so the
     monitor says the reply: the task's record names its server, which is gone. Claude is
     told once."""
-    fake = anthropic(
-        Turn(tool=PLUGIN_START, input={"topic": "Indexes", "initial_prompt": "Which index?"})
-    )
-    env = claude_env(home, tmp_path, fake, fake_ollama)
-    set_up_plugin(env, home, tmp_path / "project")
-    fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=6.0))
-    daemon_factory(env, home).wait_ready()
-    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--allowedTools", PLUGIN_START]
-    term = Terminal(argv, env, tmp_path / "project")
-
-    def wakes() -> list[str]:
-        if term.proc.poll() is not None:
-            raise AssertionError(f"claude exited: {term.tail()}")
-        with fake.lock:
-            newest = [json.dumps(r["messages"][-1]) for r in fake.requests]
-        return [m for m in newest if REPLY in m or "(Indexes) replied" in m]
-
+    asked = AskedByTask((home, tmp_path, fake_ollama, daemon_factory, anthropic), 6.0)
     try:
-        wait_for(lambda: fake.tool_results(), 120, what=f"the task started; {term.tail()[-800:]}")
+        what = f"the task started; {asked.term.tail()[-800:]}"
+        wait_for(lambda: asked.fake.tool_results(), 120, what=what)
         servers = _mcp_servers(home)
         assert servers, "the plugin's MCP server"
         for pid in servers:
             os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: wakes(), 90, what=f"the reply handed to Claude; {term.tail()[-1500:]}")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(wakes()) == 1:
-            time.sleep(0.2)
-        told = wakes()
-        print(f"after the server's death Claude was told by: {told}")
-        assert len(told) == 1, told
-        assert "Monitor event" in told[0] and "(Indexes) replied" in told[0], told[0][-1500:]
+        told = asked.told_once(5.0)
+        assert "Monitor event" in told and "(Indexes) replied" in told, told[-1500:]
     finally:
-        term.stop()
+        asked.term.stop()
 
 
 def test_claude_running_approve_in_its_bash_tool_is_refused(

@@ -248,17 +248,11 @@ def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -
             await tool_error(
                 c, "conversation_respond", conversation_id=conv.id, response="x", need="nope"
             ),
-            await tool_error(  # nothing waits: one answer is one turn, so nothing is sent
-                c, "conversation_respond", conversation_id=plain.id, response="just a note"
-            ),
-            await tool(
-                c, "conversation_respond", conversation_id=plain.id, response="just a note",
-                plain=True,
-            ),
+            await tool(c, "conversation_respond", conversation_id=plain.id, response="just a note"),
             await tool_error(c, "conversation_respond", conversation_id=plain.id, response="  "),
         ]
 
-    answered, check, wrong, refused, note, empty = run_calls(settings_for(home), script)
+    answered, check, wrong, note, empty = run_calls(settings_for(home), script)
     assert answered["answered"] == "the row counts"
     assert [w["need"] for w in answered["still_waiting"]] == ["the schema"]
     body = (conv.inbox / answered["queued"]).read_text()
@@ -268,7 +262,6 @@ def test_respond_answers_the_pending_need_or_sends_a_plain_message(home: Home) -
     # the queued answer is not asked again
     assert [w["need"] for w in check["waiting"]] == ["the schema"]
     assert "nothing waiting in" in wrong and "is 'nope'" in wrong
-    assert "waits for no answer; nothing was sent" in refused and "plain=true" in refused
     assert note["answered"] is None
     assert (plain.inbox / note["queued"]).read_text() == "just a note"
     assert "empty" in empty
@@ -410,8 +403,7 @@ def test_a_conversation_can_start_empty(home: Home) -> None:
         finally:
             lock.release()
         first = await tool(
-            c, "conversation_respond", conversation_id=bare["conversation_id"], response="Now.",
-            plain=True,
+            c, "conversation_respond", conversation_id=bare["conversation_id"], response="Now."
         )
         return [bare, blank, checked, waited, took, first]
 

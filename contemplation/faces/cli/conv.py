@@ -288,9 +288,10 @@ def respond(  # noqa: PLR0917 - click passes every option positionally
 ) -> None:
     """Answer a need the model is waiting for (TEXT, or - for stdin).
 
-    --need may be left out when one need waits. One answer is one turn: when the model waits
-    for none (another agent answered first, or it never asked), nothing is sent, the exit
-    status is 1 and the line says who answered last and when (a new message is `send`, or
+    --need may be left out when one need waits; when the model waits for none, TEXT is
+    queued as a plain message, unless a need was answered since the agent's last message
+    (another agent came first, even if the model replied since): then nothing is sent, the
+    exit status is 1 and the line says who answered it and when (a new message is `send`, or
     --plain). A lookup waiting for approval is the person's (`approve` in their terminal)."""
     s = ctx_settings(ctx)
     conv = lookup(ctx, conversation)

@@ -394,8 +394,8 @@ def _conversation_respond(faces: Faces, settings: Settings) -> Callable[..., Any
             str | None, Field(description="from this message on, this model (conversation_models)")
         ] = None,
     ) -> str:
-        """Answer a need (kind "need" in `waiting`); with none waiting nothing is sent (the
-        error says who answered). plain=true sends a message. Approvals are the person's."""
+        """Answer a need (kind "need" in `waiting`), or send a message when nothing waits;
+        a need answered by another first: nothing is sent. Approvals are the person's."""
         if schema is not None and need:
             raise InputRejected("a schema goes with a message, not with a need's answer")
         text = _with_schema(response, schema, settings.max_schema_bytes) or response
