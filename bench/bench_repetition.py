@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contemplation.protocol.repetition import BEFORE, Watch, shape  # noqa: E402
+from contemplation.protocol.repetition import BEFORE, Rules, Watch, shape  # noqa: E402
 from tests import repetition_corpus  # noqa: E402
 
 
@@ -61,6 +61,13 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+NOW: Rules | None = None  # the rules as they are now (Watch's defaults)
+
+
+def watcher(rules: Rules | None) -> Watch:
+    return Watch() if rules is None else Watch(**rules)
+
+
 def cut_at(text: str, watch: Watch, token: int) -> int | None:
     """Where ``text``, fed in pieces of ``token`` characters, is stopped (None: never)."""
     for i in range(0, len(text), token):
@@ -72,8 +79,8 @@ def cut_at(text: str, watch: Watch, token: int) -> int | None:
 def corpus(token: int) -> None:
     honest = repetition_corpus.honest()
     print(f"\nfalse positives over {len(honest)} honest answers (tests/repetition_corpus.py):")
-    for label, rules in (("before", BEFORE), ("now", {})):
-        stopped = {n: at for n, t in honest.items() if (at := cut_at(t, Watch(**rules), token))}
+    for label, rules in (("before", BEFORE), ("now", NOW)):
+        stopped = {n: at for n, t in honest.items() if (at := cut_at(t, watcher(rules), token))}
         print(
             f"  {label:6} {len(stopped)}/{len(honest)} stopped ({len(stopped) / len(honest):.0%})"
         )
@@ -82,15 +89,15 @@ def corpus(token: int) -> None:
     print("\ndetection delay: characters of the loop before it is stopped (before -> now)")
     for loop in repetition_corpus.loops():
         into = []
-        for rules in (BEFORE, {}):
-            at = cut_at(loop.text, Watch(**rules), token)
+        for rules in (BEFORE, NOW):
+            at = cut_at(loop.text, watcher(rules), token)
             into.append("never" if at is None else f"{at - len(loop.start):,}")
         kind = shape(loop.span)
         print(f"  {loop.name:40} {kind:5} period {len(loop.span):3}: {into[0]:>6} -> {into[1]:>6}")
     print("SmolLM2-135M's recorded loops (tests/repetition_smollm2.json): character of the reply")
     for name, text in repetition_corpus.smollm2()["loops"].items():
-        at = [cut_at(text, Watch(**rules), token) for rules in (BEFORE, {})]
-        print(f"  {name:40} of {len(text):5,}: {at[0]!s:>6} -> {at[1]!s:>6}")
+        cut = [cut_at(text, watcher(rules), token) for rules in (BEFORE, NOW)]
+        print(f"  {name:40} of {len(text):5,}: {cut[0]!s:>6} -> {cut[1]!s:>6}")
 
 
 def main() -> None:
