@@ -100,6 +100,13 @@ def set_up_plugin(env: dict[str, str], home: Home, project: Path, *extra: str) -
     config_path.write_text(json.dumps(config))
 
 
+def with_bash(env: dict[str, str], project: Path) -> Terminal:
+    """Claude Code asked to ask the local model, allowed its Bash tool (auto mode refuses
+    Bash offline, so the default permission mode)."""
+    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--permission-mode", "default"]
+    return Terminal([*argv, "--allowedTools", "Bash"], env, project)
+
+
 def decided_from_the_cli_while_the_form_is_open(
     home: Home,
     tmp_path: Path,
@@ -227,9 +234,7 @@ def test_the_rewake_hook_wakes_claude_when_a_cli_conversation_replies(
     set_up_plugin(env, home, tmp_path / "project", "--with-rewake")
     fake_ollama.enqueue(Step(text=REPLY, first_byte_delay=8.0))
     daemon_factory(env, home).wait_ready()
-    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--permission-mode", "default"]
-    argv += ["--allowedTools", "Bash"]
-    term = Terminal(argv, env, tmp_path / "project")
+    term = with_bash(env, tmp_path / "project")
     try:
 
         def woken() -> bool:
@@ -378,9 +383,7 @@ def test_claude_running_approve_in_its_bash_tool_is_refused(
     set_up_claude(env, tmp_path / "project")
     fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"), Step(text=REPLY))
     daemon_factory(env, home).wait_ready()
-    argv = [str(peers.node_bin("claude")), "Ask the local model.", "--permission-mode", "default"]
-    argv += ["--allowedTools", "Bash"]
-    term = Terminal(argv, env, tmp_path / "project")
+    term = with_bash(env, tmp_path / "project")
     try:
 
         def answered() -> bool:
