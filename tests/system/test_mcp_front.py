@@ -127,6 +127,53 @@ def test_the_tools_are_listed_before_the_sdk_could_be_imported(home: Home) -> No
     assert statistics.median(ratios) < 0.5, ratios
 
 
+#: the first line the real Claude Code (2.1.328) sends an MCP server, captured with a server
+#: that only logs its stdin: its client info and elicitation modes are what the SDK takes
+CLAUDE_CODE_PROBE = {
+    "jsonrpc": "2.0",
+    "id": "server-discover-probe-1",
+    "method": "server/discover",
+    "params": {
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {
+                "name": "claude-code",
+                "title": "Claude Code",
+                "version": "2.1.328",
+                "description": "Anthropic's agentic coding tool",
+                "websiteUrl": "https://claude.com/claude-code",
+            },
+            "io.modelcontextprotocol/clientCapabilities": {
+                "roots": {"listChanged": True},
+                "elicitation": {"form": {}, "url": {}},
+            },
+        }
+    },
+}
+
+
+def test_claude_codes_probe_is_answered_before_the_sdk_could_be_imported(home: Home) -> None:
+    """``claude -p`` waits about 2 s for its servers: the front answers its probe itself. A
+    stricter reading of client info (no description or website) and elicitation (``{}``
+    only) left the real probe to the SDK, and ``claude -p``'s first request went out
+    without the tools (test_claude_code_first_request)."""
+
+    def seconds() -> float:
+        started = time.perf_counter()
+        server = Server(home)
+        try:
+            server.send(CLAUDE_CODE_PROBE)
+            got = server.answer()
+            took = time.perf_counter() - started
+            assert got["id"] == CLAUDE_CODE_PROBE["id"] and "result" in got, got
+        finally:
+            server.close()
+        return took
+
+    ratios = [seconds() / _seconds_to_import_the_sdk() for _ in range(3)]
+    assert statistics.median(ratios) < 0.5, ratios
+
+
 def test_the_session_goes_on_with_the_sdk_server_after_the_hand_over(home: Home) -> None:
     """Requests sent at once, before the server is loaded, are held and answered in order;
     the server's own answer to the client's initialize never reaches the wire."""

@@ -38,6 +38,7 @@ from mcp_types import jsonrpc_message_adapter
 from contemplation.faces.mcp.wire import refusal
 from contemplation.store.layout import Home
 from tests.conftest import base_env
+from tests.system.test_mcp_front import CLAUDE_CODE_PROBE
 
 BARE = Path(__file__).with_name("mcp_bare_server.py")
 VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -390,6 +391,9 @@ def _side_by_side(home: Home, lines: list[bytes]) -> None:
         _stateless(2, "server/discover"),
         _stateless(3, "tools/list"),
     ]
+)
+@example(  # the real Claude Code's first line (2.1.328): answered early, as the SDK answers it
+    lines=[json.dumps(CLAUDE_CODE_PROBE).encode(), _stateless(2, "tools/list")]
 )
 @example(  # the old private id of the replayed handshake, used by the client
     lines=[

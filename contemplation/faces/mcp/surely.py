@@ -118,8 +118,11 @@ def _strings(value: object, required: set[str], allowed: set[str]) -> bool:
 
 
 def client_info(value: object) -> bool:
-    """An ``Implementation`` the SDK takes: a name, a version, a title, nothing else."""
-    return _strings(value, {"name", "version"}, {"name", "version", "title"})
+    """An ``Implementation`` the SDK takes: a name and a version, and maybe a title, a
+    description and a website (strings; Claude Code 2.1.328 sends all five), nothing else."""
+    return _strings(
+        value, {"name", "version"}, {"name", "version", "title", "description", "websiteUrl"}
+    )
 
 
 def _objects(value: object) -> bool:
@@ -139,7 +142,10 @@ def capabilities(value: object) -> bool:
                 and set(got) == {"listChanged"}
                 and isinstance(got["listChanged"], bool)
             )
-        elif key in ("elicitation", "sampling"):
+        elif key == "elicitation":  # {} or the modes, each {} (Claude Code: form and url)
+            ok = isinstance(got, dict) and set(got) <= {"form", "url"}
+            ok = ok and all(v == {} for v in got.values())
+        elif key == "sampling":
             ok = got == {}
         else:
             ok = False
