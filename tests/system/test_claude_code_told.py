@@ -170,6 +170,7 @@ def decided_from_the_cli_while_the_form_is_open(
         term.stop()
 
 
+@pytest.mark.slow  # it waits out TOLD_WITHIN for what never comes: 122 s, in --slow
 @pytest.mark.xfail(
     strict=True,
     reason="without the plugin's monitor nothing reaches Claude: Claude Code 2.1.328 awaits the "

@@ -52,6 +52,7 @@ def message(kind: str, i: int) -> str:
     return f"Table {i}, read it back: " + digits(300 + 40 * i, i)
 
 
+@pytest.mark.slow  # 141 s in the default tier's clean-clone run: a long dialogue, in --slow
 @pytest.mark.timeout(600)  # 21 turns and their compactions on one shared CPU thread
 def test_no_turn_of_a_real_llama_server_dialogue_is_called_cut(
     home: Home,

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from contemplation import settings as settings_mod
 from contemplation.errors import InputRejected
 from contemplation.faces import actions
@@ -246,6 +248,7 @@ def play(r: int, plan: Round, s: Settings, notes: Path, fake: FakeOllama, watch:
     )
 
 
+@pytest.mark.slow  # 136 s in the default tier's clean-clone run: a soak of every face, in --slow
 def test_no_face_ever_shows_a_decided_lookup_or_settles_before_the_daemon_acts(
     tmp_path: Path, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
