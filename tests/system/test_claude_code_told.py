@@ -64,17 +64,23 @@ def asking(tmp_path: Path) -> tuple[Path, Path]:
 PLUGIN_START = "mcp__plugin_contemplation_contemplation__conversation_start"
 
 
-def monitors(home: Home) -> list[int]:
-    """The plugin monitors (``watch``) still running for ``home``, from /proc."""
+def running(home: Home, command: bytes) -> list[int]:
+    """The processes of ``contemplation … COMMAND`` (``watch``: the plugin's monitors,
+    ``mcp``: its MCP servers) still running for ``home``, from /proc."""
     found = []
     for d in Path("/proc").iterdir():
         try:
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"watch" in argv and str(home.root).encode() in argv:
+        ours = b"contemplation" in b" ".join(argv) and str(home.root).encode() in argv
+        if ours and command in argv and (command == b"watch" or b"watch" not in argv):
             found.append(int(d.name))
     return found
+
+
+def monitors(home: Home) -> list[int]:
+    return running(home, b"watch")
 
 
 def set_up_plugin(env: dict[str, str], home: Home, project: Path, *extra: str) -> None:
@@ -314,20 +320,6 @@ def test_a_reply_a_task_carries_wakes_claude_once(
         asked.term.stop()
 
 
-def _mcp_servers(home: Home) -> list[int]:
-    """The plugin's MCP servers (``contemplation … mcp``) running for ``home``, from /proc."""
-    found = []
-    for d in Path("/proc").iterdir():
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        mcp = b"mcp" in argv and b"watch" not in argv and b"contemplation" in b" ".join(argv)
-        if mcp and str(home.root).encode() in argv:
-            found.append(int(d.name))
-    return found
-
-
 def test_a_task_whose_server_died_still_reaches_claude(
     home: Home,
     tmp_path: Path,
@@ -343,7 +335,7 @@ def test_a_task_whose_server_died_still_reaches_claude(
     try:
         what = f"the task started; {asked.term.tail()[-800:]}"
         wait_for(lambda: asked.fake.tool_results(), 120, what=what)
-        servers = _mcp_servers(home)
+        servers = running(home, b"mcp")
         assert servers, "the plugin's MCP server"
         for pid in servers:
             os.kill(pid, signal.SIGKILL)
