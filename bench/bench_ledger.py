@@ -8,7 +8,7 @@ Run: .venv/bin/python bench/bench_ledger.py [--archived 10000] [--runs 5]
 Prints per command: cold (the first, which builds the index from every folder) and the warm
 median, min–max (ms), and checks the sums: every conversation counted once, each figure the
 sum of what the folders say. The ledger's figures against a real server's own counters are
-the test ``tests/system/test_ledger.py -k real`` (see BENCHMARKS.md).
+the test ``tests/system/test_ledger.py -k real`` (see docs/internals/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Run every benchmark and write BENCHMARKS.md.  Usage: .venv/bin/python bench/run_all.py [--quick]
+"""Run every benchmark and write docs/internals/benchmarks.md.
+
+Usage: .venv/bin/python bench/run_all.py [--quick]
 
 Each benchmark is its own script (it can be run alone); this one runs them one after another
 on an otherwise idle machine and records the machine, the exact commands and their output,
@@ -110,7 +112,7 @@ def main() -> int:
     ap.add_argument(
         "--quick", action="store_true", help="pass --quick to the benchmarks that have it"
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs/internals/benchmarks.md")
     args = ap.parse_args()
     parts = [
         "# Benchmarks",

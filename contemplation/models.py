@@ -33,7 +33,7 @@ class Status(enum.StrEnum):
     IDLE = "idle"  # the model has answered and nothing is queued
 
 
-# Statuses the faces group by (the daemon sets them; see docs/format.md):
+# Statuses the faces group by (the daemon sets them; see docs/reference/format.md):
 #: the daemon is done for now; the next move is the agent's (``send --wait`` returns here)
 SETTLED = frozenset({
     Status.IDLE, Status.AWAITING_AGENT, Status.AWAITING_APPROVAL, Status.COMPLETE, Status.ERROR,
@@ -199,7 +199,7 @@ class Metadata(BaseModel):
     labels: list[str] = Field(default_factory=list)
     context_requirements: list[dict[str, Any]] = Field(default_factory=list)
     archive_on_complete: bool = True
-    # a panel (docs/format.md, "A panel of models"): every message answered by each seat;
+    # a panel (docs/reference/format.md, "A panel of models"): every message answered by each seat;
     # the agent's messages go to PANEL (model_label), each reply names its seat
     # (left out of metadata.json when unset: a conversation without a panel is unchanged)
     panel: list[PanelSeat] = Field(default_factory=list, exclude_if=lambda v: not v)

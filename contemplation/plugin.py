@@ -3,7 +3,7 @@ is written against, and nothing else.
 
 A plugin declares entry points (``contemplation.tools``, ``contemplation.backends``,
 ``contemplation.context``, ``contemplation.panels``) that name objects built from these
-classes; docs/plugins.md walks through one of each. A backend: ``BackendKind``, what its
+classes; docs/guides/plugins.md walks through one of each. A backend: ``BackendKind``, what its
 ``make`` receives (``BackendInputs``), the ``Backend`` contract and its request, stream and
 usage types. A tool: ``ToolKind``, ``ToolInputs``, ``Tool``, ``ToolResult``, its ``Rule`` and
 its refusals (``ToolError``, ``Refused``, ``Unconfigured``). A context kind: ``ContextKind``,

@@ -59,7 +59,7 @@ for pkg in mcp-server-time==2026.10.19 mcp-server-git==2026.10.19; do
   fi
 done
 
-# LiteLLM's proxy: the router in front of several servers (docs/scale-out.md). 1.100.5 is the
+# LiteLLM's proxy: the router in front of several servers (docs/guides/servers.md). 1.100.5 is the
 # newest whose [proxy] extra installs from PyPI alone (later ones need litellm-proxy, not on PyPI).
 if [ ! -x .peers/litellm/bin/litellm ]; then
   log "LiteLLM proxy (.peers/litellm)"

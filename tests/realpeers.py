@@ -225,7 +225,7 @@ class OpenCodeServer(_Proc):
 class LiteLLMProxy(_Proc):
     """LiteLLM's proxy (``.peers/litellm``) over ``servers``: one ``model_list`` entry per
     server under the one name ``model`` (its router balances them), its own retries off so
-    that contemplation's decide (docs/scale-out.md has the same config)."""
+    that contemplation's decide (docs/guides/servers.md has the same config)."""
 
     def __init__(self, servers: list[str], *, model: str = "smollm2") -> None:
         self.binary = peers.python_peer("litellm")

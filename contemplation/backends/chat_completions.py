@@ -1,7 +1,7 @@
 """The OpenAI chat-completions wire format, shared by the ``openai`` backend (over HTTP) and
 the ``local`` one (llama.cpp in process, which speaks it too): the request body, server-sent
 events decoded, a streamed reply's chunks gathered, and errors classified. No I/O here.
-Wire facts this relies on (docs/backends.md has sources):
+Wire facts this relies on (docs/guides/backends.md has sources):
 
 * SSE: ``data: <json>`` events separated by blank lines, ``: ping`` comments (llama-cpp-python
   sends them while busy), and a final ``data: [DONE]``;

@@ -12,7 +12,7 @@ turn naming the plugin, and its other calls (``capabilities``, ``check``, ``mode
 bounds are the provider table's ``timeouts`` (``[plugins.<name>.timeouts]`` or
 ``[providers.<name>.timeouts]``), else the defaults every kind has. So a plugin that raises or
 hangs in an ``await`` costs that turn, never the daemon; one that blocks the event loop or
-ends the process cannot be contained here (docs/plugins.md says how that is noticed).
+ends the process cannot be contained here (docs/guides/plugins.md says how that is noticed).
 """
 
 from __future__ import annotations

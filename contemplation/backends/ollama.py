@@ -1,6 +1,6 @@
 """Ollama's native API: ``POST /api/chat`` streaming NDJSON, ``/api/show`` for capabilities.
 
-Wire facts this relies on (see docs/backends.md for sources):
+Wire facts this relies on (see docs/guides/backends.md for sources):
 * one JSON object per line; any line may be ``{"error": "..."}`` even at HTTP 200;
 * a whole reply ends with a ``"done": true`` line carrying the metrics (durations in ns);
   EOF without it is a failure, never a reply;

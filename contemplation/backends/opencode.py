@@ -1,6 +1,6 @@
 """``opencode serve`` through its v1 HTTP API: one OpenCode session per conversation.
 
-Wire facts this relies on (verified against OpenCode 1.18.33; docs/backends.md has sources):
+Wire facts this relies on (verified against OpenCode 1.18.33; docs/guides/backends.md has sources):
 
 * ``GET /global/health`` → ``{"healthy": true, "version": "…"}``;
 * ``POST /session`` → a session ``{"id": "ses_…"}``; ``DELETE /session/{id}`` → ``true``

@@ -11,7 +11,7 @@ CLAUDECODE; contemplation …'`` is a child of Claude Code itself): ``unset CLAU
 decides, with or without a terminal on stdin: an agent can open a pseudo-terminal
 (``script -qc …``), so a terminal proves nothing.
 
-Limits (said in docs/permissions.md): a process that leaves its parents (a double fork,
+Limits (said in docs/concepts/who-decides.md): a process that leaves its parents (a double fork,
 ``setsid``) and clears its environment is not seen; an agent's shell can write any file the
 person can (the config included). Those are closed by the agent's own permission rules
 (Claude Code: deny ``Bash(contemplation approve:*)`` and edits of the config), not here.

@@ -11,7 +11,7 @@ raises on its own does not. A real Ctrl-C never arrives as a ``KeyboardInterrupt
 daemon (it handles SIGINT and SIGTERM itself), so one there is the plugin's.
 
 What no guard in the process can contain (a call that blocks the event loop, ``os._exit``
-while serving, a crash of the interpreter) is said in docs/plugins.md, with how the daemon
+while serving, a crash of the interpreter) is said in docs/guides/plugins.md, with how the daemon
 notices it; :mod:`contemplation.base.ending` makes such an ``os._exit`` a failure's exit
 code, and bounds the exit that a plugin's threads would hold.
 """

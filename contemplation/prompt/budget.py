@@ -253,7 +253,7 @@ def cut_to_fit(
 # --------------------------------------------------------------------------- history that fits
 #
 # When the history is larger than the window, three steps, each only if the one before was not
-# enough (see docs/format.md, "When the history outgrows the window"):
+# enough (see docs/reference/format.md, "When the history outgrows the window"):
 #
 # 1. old tool outputs (RESPONSE TO NEED blocks the model has already answered) become a
 #    one-line stub that says how to get them back: the same NEED line;

@@ -1,8 +1,8 @@
 """Is a file still open for writing? The kernel's own answer, where there is one.
 
-The inbox rule (docs/format.md, "Sending a message") takes a file written in place once it has
-been quiet for ``settle_seconds`` *and* no process holds it open for writing. This module
-answers the second half, read-only:
+The inbox rule (docs/reference/format.md, "Sending a message") takes a file written in place
+once it has been quiet for ``settle_seconds`` *and* no process holds it open for writing.
+This module answers the second half, read-only:
 
 * Linux: a read lease, ``fcntl(F_SETLEASE, F_RDLCK)``, is granted only while no process has
   the file open for writing (EAGAIN otherwise), and let go at once. The lease's break signal

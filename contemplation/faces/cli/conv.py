@@ -504,7 +504,8 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     if state is not None and state.reply_cut is not None:  # the last reply is not whole
         told.append(f"cut:          {state.reply_cut.message}")
     data["being_written"] = [] if conv.is_completed else openfiles.being_written_in(conv)
-    told += [  # left in the inbox until its writer closes it (docs/format.md, the inbox rule)
+    # left in the inbox until its writer closes it (docs/reference/format.md, the inbox rule)
+    told += [
         f"writing:      inbox/{name} is still being written (open for writing); taken once closed"
         for name in data["being_written"]
     ]

@@ -5,8 +5,9 @@
     contemplation state set THING TEXT|-               state show [THING] | rm THING
     contemplation templates                            templates show NAME [--topic T]
 
-Every command takes ``--json``. A store file that is not in the format docs/format.md gives
-is one line on stderr naming the file and the problem (exit 1); nothing is written over it.
+Every command takes ``--json``. A store file that is not in the format
+docs/reference/format.md gives is one line on stderr naming the file and the problem
+(exit 1); nothing is written over it.
 Added to the main group with ``main.add_command(memory)`` & co.
 """
 

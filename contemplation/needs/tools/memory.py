@@ -1,7 +1,7 @@
 """``Brain memory about <topic>``: a small durable key/value store with search.
 
 The store is one JSON file under the home (``memory.json``; ``current-state.json`` for the
-state tool), in the format docs/format.md describes::
+state tool), in the format docs/reference/format.md describes::
 
     {"version": 1, "entries": {"query patterns": {"value": "…", "updated": "…", "tags": []}}}
 
