@@ -1,12 +1,13 @@
-"""The crash-safety table (issue 47), made from the results file that the crash sweep
-(``bench/crash_sweep.py``) writes, and kept in the README between its markers.
+"""The crash-safety table, made from the results file that the crash sweep
+(``bench/crash_sweep.py``) writes, and kept between its markers in the README and in
+docs/concepts/crash-safety.md (a table typed by hand once showed figures no sweep had made).
 
     .venv/bin/python scripts/crash_table.py            print the table
-    .venv/bin/python scripts/crash_table.py --write    put it into README.md
-    .venv/bin/python scripts/crash_table.py --check    exit 1 when README.md disagrees
+    .venv/bin/python scripts/crash_table.py --write    put it into both pages
+    .venv/bin/python scripts/crash_table.py --check    exit 1 when a page disagrees
 
-tests/unit/test_crash_table.py runs ``--check``'s comparison: the README never shows a number
-the committed results file does not hold.
+tests/unit/test_crash_table.py runs ``--check``'s comparison: no page shows a number the
+committed results file does not hold.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "crash_results.json"
 README = ROOT / "README.md"
+PAGES = (README, ROOT / "docs" / "concepts" / "crash-safety.md")
 START = "<!-- crash-table:start (scripts/crash_table.py --write) -->"
 END = "<!-- crash-table:end -->"
 
@@ -58,21 +60,21 @@ def shown(readme: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="put the table into README.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 when README.md disagrees")
+    ap.add_argument("--write", action="store_true", help="put the table into both pages")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a page disagrees")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
     want = block(json.loads(args.results.read_text()))
-    readme = README.read_text()
-    if args.write:
-        old = shown(readme)
-        if not old:
-            sys.exit(f"{README} has no {START} … {END} markers")
-        README.write_text(readme.replace(old, want))
-        return
-    if args.check:
-        if shown(readme) != want:
-            sys.exit("README.md's crash table disagrees with the results: run --write")
+    for page in PAGES:
+        text = page.read_text()
+        if args.write:
+            old = shown(text)
+            if not old:
+                sys.exit(f"{page} has no {START} … {END} markers")
+            page.write_text(text.replace(old, want))
+        elif args.check and shown(text) != want:
+            sys.exit(f"{page.name}'s crash table disagrees with the results: run --write")
+    if args.write or args.check:
         return
     print(table(json.loads(args.results.read_text())))
 
