@@ -85,6 +85,7 @@ class MarkerKind(enum.StrEnum):
     FORKED = "FORKED"  # a fork ends here and waits for the agent's next message
     RETRACTED = "RETRACTED"  # the agent withdrew the turn that ends here
     GO_ON = "GO ON"  # the agent asked the model to go on with the reply that ends here
+    ESCALATED = "ESCALATED"  # the reply failed for a named cause: the ladder's next rung is due
 
 
 # --------------------------------------------------------------------------- on disk

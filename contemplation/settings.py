@@ -52,6 +52,7 @@ from pydantic_settings import (
 from contemplation.base.backend_kinds import SERVER_ENV_BY_KIND
 from contemplation.base.redact import redacted
 from contemplation.errors import ConfigError
+from contemplation.protocol import escalation
 
 if TYPE_CHECKING:
     from pydantic_settings.sources.types import Traversable
@@ -154,6 +155,40 @@ class AliasSettings(Section):
     providers: list[str] = Field(min_length=1, max_length=64)
     options: dict[str, Any] = Field(default_factory=dict)
     think: bool | str | None = None
+    escalate: list[str] = Field(
+        default_factory=list,
+        description="the escalation ladder: the rungs after this model (a model, an alias, "
+        "panel:A,B, agent last), tried in turn when a reply fails for a cause of [escalation]",
+    )
+    sticky: bool = Field(
+        True, description="the rung that answers stays the conversation's (false: that turn only)"
+    )
+
+
+class EscalationSettings(Section):
+    """``[escalation]``: the named causes that send a turn up its ladder (an alias's or a
+    template's ``escalate``); each can be turned off. Without a ladder nothing changes."""
+
+    loop: bool = Field(True, description="the loop watch stopped the reply")
+    length: bool = Field(True, description="cut at the token limit after one continue")
+    schema_: bool = Field(
+        True, alias="schema", description="the reply did not match its schema after its retry"
+    )
+    needs: bool = Field(True, description="the need-round limit was hit")
+    error: bool = Field(True, description="a backend error after its retries and fail-over")
+    seat: bool = Field(True, description="a seat of a panel failed")
+    disagree: bool = Field(False, description="the seats of a panel disagree (a simple vote)")
+    time: bool = Field(True, description="a reply went over time_budget")
+    time_budget: float = Field(
+        0.0, ge=0, description="seconds a reply may take before it is stopped (0: no budget)"
+    )
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def rules(self) -> dict[str, bool]:
+        on = self.model_dump(by_alias=True, exclude={"time_budget"})
+        on["time"] = bool(on["time"] and self.time_budget > 0)
+        return {k: bool(v) for k, v in on.items()}
 
 
 class CapabilityOverride(Section):
@@ -324,6 +359,7 @@ class Settings(BaseSettings):
     )
     notifications: list[NotificationRule] = Field(default_factory=list)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    escalation: EscalationSettings = Field(default_factory=EscalationSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     ollama: dict[str, Any] = Field(
         default_factory=dict, description="[ollama]: the provider named ollama (kind ollama)"
@@ -660,6 +696,11 @@ def check_names(settings: Settings) -> None:
     for name in settings.aliases:
         if name in settings.providers:
             raise bad(f"aliases.{name}", f"{name!r} is a provider's name too")
+    for name, alias in settings.aliases.items():
+        try:
+            escalation.parse(alias.escalate, aliases=settings.aliases, own=name)
+        except escalation.LadderError as exc:
+            raise bad(f"aliases.{name}.escalate", str(exc)) from None
 
 
 def check_kinds(settings: Settings, known: Callable[[str], bool], kinds: list[str]) -> None:

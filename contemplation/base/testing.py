@@ -56,6 +56,11 @@ RECORD_POINTS = (
     "file_tmp",  # any other (current-state.json, .idempotency.json, the daemon's info, …)
 )
 
+# the escalation ladder (reached only by a conversation with a ladder whose reply failed)
+LADDER_POINTS = (
+    "escalated",  # a failed reply's ESCALATED marker committed, the next rung not asked yet
+)
+
 # the derived index and retention (reached by search, list, reindex and prune, not by a turn)
 INDEX_POINTS = (
     "index_write",  # inside an index transaction: a conversation's text written, not its row

@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 
 from contemplation.engine import answering, inflight
+from contemplation.engine.escalation import escalate_rounds
 from contemplation.engine.prefetch import Ahead
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.steps import AGAIN, Again, Decision, NeedsDue, Outcome, TurnDue, Wait
@@ -168,6 +169,8 @@ def _decide(conv: Conv, rt: Runtime, w: ConvWriter, due: Seated, *, now: float) 
             log.info("archived", conv=conv.id)
             return AGAIN  # the next round sees the folder gone and lets backends forget it
     if nxt.action == "needs":  # looked up outside the lock, unless the model loops
+        if nxt.rounds > rt.settings.max_need_rounds and escalate_rounds(rt, w, due):
+            return AGAIN  # a ladder: the next rung takes the turn
         needs = _needs(w, rt, due)
         if needs is not None:
             w.show(Status.ROUTING, nxt.needs)

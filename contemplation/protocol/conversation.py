@@ -24,9 +24,15 @@ from typing import Literal
 from contemplation.models import Block, BlockKind, MarkerKind, Metadata, State
 
 _STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
-_UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED}
+_UNFINISHED = {
+    MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED, MarkerKind.ESCALATED
+}
 # the agent's own word on the turn that ends here: no turn is due until it writes again
 _HOLDS = {MarkerKind.FORKED, MarkerKind.RETRACTED}
+_HELD = {
+    MarkerKind.FORKED: "a fork waits for the next message",
+    MarkerKind.RETRACTED: "the agent withdrew the last turn",
+}
 #: the NOTE after a RESPONSE TO NEED block written for a lookup that waits for approval: the
 #: blocks before it do not answer that lookup (its id follows)
 DISOWNED = "the RESPONSE TO NEED above does not answer lookup"
@@ -68,6 +74,12 @@ def retracted(blocks: tuple[Block, ...]) -> set[int]:
             start = i
         if any(k is MarkerKind.RETRACTED for k, _ in b.markers):
             out.update(range(start, i + 1))
+        elif any(k is MarkerKind.ESCALATED for k, _ in b.markers):
+            # the failed reply and the replies it went on with: the next rung answers afresh
+            j = i - 1
+            while j > start and blocks[j].kind is BlockKind.MODEL and goes_on(blocks[j]):
+                out.add(j)
+                j -= 1
     return out
 
 
@@ -175,6 +187,8 @@ def need_rounds(blocks: tuple[Block, ...]) -> int:
     for b in reversed(blocks):
         if b.kind is BlockKind.AGENT and b.response_to is None:
             break
+        if any(k is MarkerKind.ESCALATED for k, _ in b.markers):
+            break  # the next rung counts its own rounds
         if b.kind is BlockKind.MODEL and whole(b) and b.needs:
             rounds += 1
     return rounds
@@ -187,12 +201,12 @@ def next_action(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Next
         return Next("idle", reason="empty log")
     last = blocks[-1]
     mark = last_marker(last)
+    if mark is MarkerKind.ESCALATED:  # the ladder's next rung, or the agent at its top
+        return _escalated(blocks, last)
     if mark in _STOPPERS:
         return Next("stopped", reason=mark.value.lower() if mark else "")
-    if mark is MarkerKind.FORKED:
-        return Next("idle", reason="a fork waits for the next message")
-    if mark is MarkerKind.RETRACTED:
-        return Next("idle", reason="the agent withdrew the last turn")
+    if mark in _HOLDS:
+        return Next("idle", reason=_HELD[mark])
     if last.kind is BlockKind.MODEL:
         if mark is MarkerKind.INTERRUPTED:
             return Next("turn", reason="the last reply was cut off", rounds=need_rounds(blocks))
@@ -211,6 +225,15 @@ def next_action(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Next
         if model_block is not None and missing:
             return Next("needs", needs=missing, rounds=need_rounds(blocks))
     return Next("turn", rounds=need_rounds(blocks))
+
+
+def _escalated(blocks: tuple[Block, ...], last: Block) -> Next:
+    """A turn the ladder sent up (its last marker ``ESCALATED``): the next rung's turn is due,
+    or, when it names the agent (the ladder's top), nothing until the agent writes."""
+    for kind, text in reversed(last.markers):
+        if kind is MarkerKind.ESCALATED and text.rstrip().endswith("→ agent"):
+            return Next("stopped", reason="escalated to the agent")
+    return Next("turn", reason="escalated to the next rung", rounds=need_rounds(blocks))
 
 
 def still_due(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> bool:

@@ -172,6 +172,8 @@ def spec_for(
         for kind, detail in b.markers:
             if kind is MarkerKind.INTERRUPTED and detail.startswith(RETRY_PREFIX):
                 missed = (b.text, detail.partition(": ")[2])
+            elif kind is MarkerKind.ESCALATED:  # the next rung gets its own retry
+                missed = None
     return Spec(schema, missed)
 
 

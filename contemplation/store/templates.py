@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contemplation.errors import ConfigError, InputRejected, NotFound
-from contemplation.protocol import structured
+from contemplation.protocol import escalation, structured
 from contemplation.store.layout import Home, valid_id
 
 PromptMode = Literal["add", "replace"]
@@ -166,6 +166,8 @@ _TEMPLATE_TYPES: dict[str, tuple[type, ...]] = {
     "permissions": (dict,),
     "context_requirements": (list,),
     "schema": (dict, str),  # a JSON Schema every reply must match (structured.py)
+    "escalate": (list,),  # the escalation ladder (protocol/escalation.py)
+    "sticky": (bool,),
 }
 
 
@@ -189,6 +191,10 @@ def _check_template_values(data: dict[str, Any], toml_path: Path) -> None:
             f'invalid prompt_mode in template {toml_path}: {mode!r}; use "add" (the '
             'template\'s prompt is added to the protocol instructions) or "replace"'
         )
+    try:
+        escalation.parse(data.get("escalate", []), aliases=None, own=str(data.get("model", "")))
+    except escalation.LadderError as exc:
+        raise ConfigError(f"invalid escalate in template {toml_path}: {exc}") from None
     try:
         structured.template_schema(data.get("schema"))
     except InputRejected as exc:

@@ -8,7 +8,8 @@ from typing import Any
 
 import structlog
 
-from contemplation.engine import kvfiles
+from contemplation.base.testing import crashpoint
+from contemplation.engine import escalation, kvfiles
 from contemplation.engine.steps import AGAIN, Outcome
 from contemplation.engine.turn.state import Attempt
 from contemplation.errors import ContemplationError, ErrorKind
@@ -53,6 +54,14 @@ async def finish(at: Attempt, got: Streamed, request: ChatRequest, planned: budg
         error = (ErrorKind.PROTOCOL, "the model returned an empty reply (no text and no tool call)")
         markers.append((MarkerKind.ERROR, error[1]))
         status = Status.ERROR
+    up = escalation.after_reply(  # a ladder: the failure goes up a rung, said in one marker
+        rt.settings, on.rung, ended, verdict is not None and verdict.error is not None
+    )
+    if up is not None:
+        markers = [m for m in markers if m[0] is not MarkerKind.ERROR] + [up.marker]
+        status, error = up.status, up.error
+    if (answered := escalation.answered(on.rung)) is not None:
+        markers.insert(0, answered)
     # the fsyncs of the commit run off the loop: the next conversation's request goes out;
     # the backend session is committed with the reply: the next start goes on in it
     try:
@@ -68,6 +77,8 @@ async def finish(at: Attempt, got: Streamed, request: ChatRequest, planned: budg
         if reply.committed:  # a cancel that came meanwhile finds the reply committed
             on.guard.success()
             rt.notify(conv.id, ConvEvent.REPLY, usage=usage.model_dump() if usage else None)
+    if up is not None and up.to:
+        crashpoint("escalated")  # the marker durable, the next rung not asked yet
     return AGAIN
 
 

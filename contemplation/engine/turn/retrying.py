@@ -18,7 +18,9 @@ import time
 import structlog
 
 from contemplation.backends.providers import Target
+from contemplation.base.testing import crashpoint
 from contemplation.config.reload import backend_fingerprint
+from contemplation.engine import escalation
 from contemplation.engine.runtime import Runtime, backoff
 from contemplation.engine.steps import AGAIN, Outcome, Wait
 from contemplation.engine.turn.state import Attempt, On, Turn
@@ -200,7 +202,31 @@ def failed(at: Attempt, exc: BackendError) -> Outcome:
         rt.notify(conv.id, ConvEvent.RETRYING, error=str(exc), attempt=attempt, delay=delay)
         return Wait(when)
     message = str(exc) if exc.transient is False else f"{exc} (gave up after {attempt} attempts)"
+    up = escalation.escalate(rt.settings, on.rung, "error", one_line(message, MAX_CAUSE))
+    if up is not None:  # a ladder: the next rung takes the turn
+        return _escalated(at, up, exc.kind, message)
     return _give_up(at, kind=exc.kind, message=message)
+
+
+def _escalated(at: Attempt, up: escalation.Escalation, kind: ErrorKind, message: str) -> Outcome:
+    """The turn's failure sends it up its ladder: one ESCALATED marker after the reply (or
+    after the agent's message, when no reply began), then the next rung's turn is due (the
+    agent's: the conversation waits for it, the error said)."""
+    conv, rt, w, reply = at.conv, at.rt, at.w, at.reply
+    st = w.state
+    st.retry_count, st.next_retry_at = 0, None
+    if up.error is not None:
+        st.last_error = None
+        w.gave_up(*up.error)
+    else:
+        st.status = Status.PENDING
+    mark, text = up.marker
+    if not reply.abort(mark, text):
+        w.append_marker(mark, text)
+    log.warning("turn_escalated", conv=conv.id, cause=up.cause, to=up.to, error=message)
+    rt.notify(conv.id, ConvEvent.ERROR if up.error else ConvEvent.RETRYING, error=message)
+    crashpoint("escalated")  # the marker durable, the next rung not asked yet
+    return AGAIN
 
 
 def _give_up(at: Attempt, *, kind: ErrorKind, message: str) -> Outcome:

@@ -11,6 +11,7 @@ from dataclasses import replace
 import structlog
 
 from contemplation.backends.providers import Target
+from contemplation.engine import escalation
 from contemplation.engine.affinity import CopiesSlots, NamesSlots
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.scheduler import Held
@@ -29,7 +30,7 @@ from contemplation.engine.turn.retrying import (
 )
 from contemplation.engine.turn.state import Attempt, Cancelled, Gone, On, Prepared, Turn
 from contemplation.engine.turn.stream import refitted
-from contemplation.errors import BackendError
+from contemplation.errors import BackendError, ContemplationError
 from contemplation.models import (
     BackendSession,
     ChatRequest,
@@ -49,7 +50,10 @@ async def run_turn(turn: Turn) -> Outcome:
     """The model's turn, under the lock and writer of the step that decided it."""
     rt, w = turn.rt, turn.w
     meta = w.meta
-    target = _pinned(rt.target(meta), w.state.backend_session)
+    rung = await _rung(turn)
+    target = _pinned(
+        escalation.target(rt.settings, meta, rt.target(meta), rung), w.state.backend_session
+    )
     if (stop := unusable(turn, target.providers)) is not None:
         return stop
     guards = {p: rt.guard(p, target.model) for p in target.providers}
@@ -73,7 +77,10 @@ async def run_turn(turn: Turn) -> Outcome:
     pool = [(name, rt.scheduler(name)) for name in usable]
     asked = time.monotonic()
     async with ahead.slot(turn, pool, target.model, served, _name_slot) as (provider, held, n):
-        on = On(provider, target, guards[provider], (time.monotonic() - asked) * 1000, slot=n)
+        on = On(
+            provider, target, guards[provider], (time.monotonic() - asked) * 1000, slot=n,
+            rung=rung,
+        )  # fmt: skip
         # checked again with the slot held: the turns queued behind a failing one must not
         # each try the server once more; one whose alias has a provider not resting goes
         # there at once instead of waiting out this one's rest
@@ -93,6 +100,20 @@ async def run_turn(turn: Turn) -> Outcome:
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try
     return rest(rt, w, until, target)
+
+
+async def _rung(turn: Turn) -> escalation.At | None:
+    """Where the turn stands on its conversation's escalation ladder (None: it has none)."""
+    rt, w = turn.rt, turn.w
+    try:
+        tpl = rt.template(w.meta.template) if w.meta.template else None
+    except ContemplationError:
+        tpl = None
+    lad = escalation.ladder(rt.settings, w.meta, tpl)
+    if lad is None:
+        return None
+    parsed = await turn.seen.view(turn.conv, w.meta.agent_label).refreshed(fd=w.fd)
+    return escalation.where(lad, parsed.blocks)
 
 
 def _grown(turn: Turn) -> bool:

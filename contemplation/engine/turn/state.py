@@ -9,6 +9,7 @@ from typing import Any
 
 from contemplation.backends.providers import Target
 from contemplation.engine.breaker import Guard
+from contemplation.engine.escalation import At
 from contemplation.engine.prefetch import Ahead
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.scheduler import Held
@@ -82,6 +83,7 @@ class On:
     guard: Guard
     queued_ms: float | None = None  # waited for the provider's slot (the ledger's)
     slot: int | None = None  # the server slot the turn names (llama-server id_slot)
+    rung: At | None = None  # where the turn stands on its conversation's escalation ladder
 
     @property
     def model(self) -> str:

@@ -1,0 +1,194 @@
+"""The escalation ladder in the daemon: which rung a turn runs on, and where a failed reply
+sends the turn next (the pure half, the ladder's config and its record in the log, is
+:mod:`contemplation.protocol.escalation`).
+
+A turn asks :func:`rung` once, before its slot: the conversation's ladder (its alias's, else
+its template's) and the rung the log's last ``ESCALATED`` marker names. When the reply fails
+for a named cause, :func:`escalate` gives the marker that sends the turn to the next rung (the
+agent's, at the top), or None where there is no ladder, the cause's rule is off, or no rung is
+left: then the failure ends the turn as it always did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import structlog
+
+from contemplation.backends import providers
+from contemplation.backends.providers import Target
+from contemplation.base.testing import crashpoint
+from contemplation.engine.runtime import Runtime
+from contemplation.errors import ContemplationError, ErrorKind
+from contemplation.models import Block, BlockKind, MarkerKind, Metadata, ReplyCut, Status
+from contemplation.protocol import escalation
+from contemplation.protocol.conversation import goes_on
+from contemplation.protocol.escalation import AGENT, Ladder, Rung
+from contemplation.protocol.panel import Seated
+from contemplation.settings import Settings
+from contemplation.store.templates import Template
+from contemplation.writer import ConvWriter
+
+log = structlog.get_logger("contemplation.escalation")
+
+#: the GO ON the ladder writes itself after a first cut at the token limit
+GO_ON_ONCE = "asked by the escalation ladder once (the reply was cut at the token limit)"
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """Where a turn stands on its conversation's ladder: the ladder, the rung it runs on (None:
+    the conversation's own model), the cause that brought it there, and whether this rung
+    already went on once after a cut at the token limit."""
+
+    ladder: Ladder
+    name: str | None = None
+    cause: str = ""
+    continued: bool = False
+
+    def next(self) -> Rung | None:
+        return self.ladder.after(self.name)
+
+
+def ladder(settings: Settings, meta: Metadata, tpl: Template | None) -> Ladder | None:
+    """The conversation's ladder: its alias's ``escalate``, else its template's (None: none, or
+    a panel, whose seats fail on their own)."""
+    if meta.panel:
+        return None
+    base = providers.target(settings, meta.backend, meta.model)
+    entries: list[str] = []
+    sticky, own = True, ""
+    if base.alias is not None:
+        alias = settings.aliases[base.alias]
+        entries, sticky, own = list(alias.escalate), alias.sticky, base.alias
+    if not entries and tpl is not None:
+        raw = tpl.extra.get("escalate")
+        entries = [str(e) for e in raw] if isinstance(raw, list) else []
+        sticky = tpl.extra.get("sticky", True) is not False
+        own = own or tpl.name
+    if not entries:
+        return None
+    try:
+        return escalation.parse(entries, aliases=settings.aliases, own=own, sticky=sticky)
+    except escalation.LadderError as exc:  # a template's, checked against the aliases here
+        log.warning("ladder_unusable", owner=own, why=str(exc))
+        return None
+
+
+def where(lad: Ladder | None, blocks: tuple[Block, ...]) -> At | None:
+    """Where the turn due stands on ``lad``, from the log."""
+    if lad is None:
+        return None
+    name = escalation.current(blocks, sticky=lad.sticky)
+    if name is not None and (name == AGENT or lad.index(name) is None):
+        name = None  # the agent's answer, or a rung no longer in the ladder: from the start
+    start = escalation.turn_start(blocks)
+    steps = escalation.steps(blocks, start)
+    cause = steps[-1].cause if steps else ""
+    since = steps[-1].block + 1 if steps else start
+    continued = any(
+        b.kind is BlockKind.MODEL and goes_on(b) for b in blocks[since:]
+    )  # a GO ON on this rung: its next cut goes up
+    return At(lad, name, cause, continued)
+
+
+def target(settings: Settings, meta: Metadata, base: Target, at: At | None) -> Target:
+    """The turn's target on its rung: an alias rung brings its providers, model and options;
+    a model rung keeps the conversation's providers with its own options only (the alias's
+    are the small model's)."""
+    if at is None or at.name is None:
+        return base
+    i = at.ladder.index(at.name)
+    rung = at.ladder.rungs[i] if i is not None else None
+    if rung is None:
+        return base
+    if rung.kind == "alias":
+        return providers.target(
+            settings, rung.model, rung.model, options=meta.options, think=meta.think
+        )
+    return replace(base, model=rung.model, options=dict(meta.options))
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """How a failed reply ends: its marker, the status it leaves and (to the agent) the error
+    it records. ``to`` is empty for the one GO ON after a first cut at the token limit."""
+
+    marker: tuple[MarkerKind, str]
+    to: str
+    cause: str
+    error: tuple[ErrorKind, str] | None = None
+
+    @property
+    def status(self) -> Status:
+        return Status.ERROR if self.error is not None else Status.PENDING
+
+
+def after_reply(
+    settings: Settings, at: At | None, cut: ReplyCut | None, schema_missed: bool
+) -> Escalation | None:
+    """How a streamed reply that failed goes on: a loop stopped, a second cut at the token
+    limit (the first goes on once, by a GO ON of the ladder's own), a schema missed after its
+    retry. None: it ends as it always did."""
+    if at is None:
+        return None
+    if cut is not None and cut.reason == "repeating":
+        return escalate(settings, at, "loop")
+    if cut is not None and cut.reason == "length" and settings.escalation.length:
+        if not at.continued and escalate(settings, at, "length") is not None:
+            return Escalation((MarkerKind.GO_ON, GO_ON_ONCE), "", "length")
+        return escalate(settings, at, "length")
+    if schema_missed:
+        return escalate(settings, at, "schema")
+    return None
+
+
+def escalate(settings: Settings, at: At | None, cause: str, detail: str = "") -> Escalation | None:
+    """The ``ESCALATED`` marker for a reply that failed for ``cause`` (None: no ladder, the
+    rule is off, or no rung is left). Panel rungs are passed over for now."""
+    if at is None or not settings.escalation.rules().get(cause, False):
+        return None
+    nxt = at.next()
+    while nxt is not None and nxt.kind == "panel":
+        nxt = at.ladder.after(nxt.name)
+    if nxt is None:
+        return None
+    text = escalation.marker_text(cause, nxt.name, detail)
+    error = None
+    if nxt.kind == "agent":
+        on = at.name or "the conversation's own model"
+        error = (ErrorKind.PROTOCOL, f"escalated to the agent: {escalation.CAUSES[cause]} on {on}")
+    log.info("escalated", cause=cause, rung=at.name, to=nxt.name)
+    return Escalation((MarkerKind.ESCALATED, text), nxt.name, cause, error)
+
+
+def answered(at: At | None) -> tuple[MarkerKind, str] | None:
+    """The NOTE on a reply a rung above the conversation's own model wrote."""
+    if at is None or at.name is None:
+        return None
+    return MarkerKind.NOTE, escalation.answered_note(at.name, at.cause, at.ladder.owner)
+
+
+def escalate_rounds(rt: Runtime, w: ConvWriter, due: Seated) -> bool:
+    """A reply past the need-round limit: on a ladder whose ``needs`` rule is on, its NEEDs
+    are left and the next rung takes the turn (one ESCALATED marker after it). False: the
+    limit's NOTE and the agent, as always."""
+    if w.meta.panel or not due.log or due.log[-1].kind is not BlockKind.MODEL:
+        return False
+    try:
+        tpl = rt.template(w.meta.template) if w.meta.template else None
+    except ContemplationError:
+        tpl = None
+    at = where(ladder(rt.settings, w.meta, tpl), due.log)
+    detail = f"{due.nxt.rounds} rounds, max_need_rounds = {rt.settings.max_need_rounds}"
+    up = escalate(rt.settings, at, "needs", detail)
+    if up is None:
+        return False
+    w.record_asked(())
+    if up.error is not None:
+        w.gave_up(*up.error)
+    else:
+        w.state.status = Status.PENDING
+    w.append_marker(*up.marker)
+    crashpoint("escalated")  # the marker durable, the next rung not asked yet
+    return True

@@ -1,0 +1,227 @@
+"""Pure: the escalation ladder, as configured and as the log records it.
+
+An alias (``[aliases.small] escalate = [...]``) or a template (``escalate = [...]`` in its
+template.toml) names the rungs after its own model: each a model on the same providers, an
+alias (its providers and options come with it), a panel (``panel:qwen3:8b,gemma3``) or
+``agent`` (last: the turn waits for the agent). When a reply fails for a named cause whose rule
+is on, the reply stays in the log and one marker after it says why and where the turn goes::
+
+    === ESCALATED: stopped repeating itself → qwen3:8b ===
+
+The log is the ladder's only record: the rung a turn runs on is the one the last ``ESCALATED``
+marker names (of this turn; with ``sticky``, of the whole log), so a daemon killed after the
+marker redoes that rung, never the one before it nor the one after it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from contemplation.models import Block, BlockKind, MarkerKind
+
+AGENT = "agent"
+PANEL = "panel:"
+ALIAS = "alias:"  # an explicit alias rung: an unknown name is a configuration error
+ARROW = " → "
+MAX_RUNGS = 8  # rungs after the alias's own model
+MAX_RUNG_CHARS = 200
+MAX_SEATS = 8
+
+Kind = Literal["model", "alias", "panel", "agent"]
+
+#: the named causes, each a rule (``[escalation]``) and the words of its marker
+CAUSES: dict[str, str] = {
+    "loop": "stopped repeating itself",
+    "length": "cut at the token limit after one continue",
+    "schema": "did not match its schema after one retry",
+    "needs": "hit the need-round limit",
+    "error": "the backend failed after its retries",
+    "seat": "a seat of the panel failed",
+    "disagree": "the seats of the panel disagreed",
+    "time": "went over its time budget",
+}
+_WORDS = {words: cause for cause, words in CAUSES.items()}
+_MARK_RE = re.compile(
+    r"^(?P<why>.*?)(?: \((?P<detail>.*)\))?" + re.escape(ARROW) + r"(?P<to>\S.*)$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """One rung: its name as written (and in the marker), what it is, the models it asks."""
+
+    name: str
+    kind: Kind
+    models: tuple[str, ...] = ()
+
+    @property
+    def model(self) -> str:
+        return self.models[0] if self.models else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """The rungs after the conversation's own model, and whether the rung that answers stays."""
+
+    rungs: tuple[Rung, ...]
+    sticky: bool = True
+    owner: str = ""  # the alias or template it belongs to (for the words)
+
+    def index(self, name: str) -> int | None:
+        for i, r in enumerate(self.rungs):
+            if r.name == name:
+                return i
+        return None
+
+    def after(self, name: str | None) -> Rung | None:
+        """The rung after ``name`` (None: the conversation's own model): None at the top."""
+        if name is None:
+            return self.rungs[0] if self.rungs else None
+        i = self.index(name)
+        if i is None or i + 1 >= len(self.rungs):
+            return None
+        return self.rungs[i + 1]
+
+
+class LadderError(ValueError):
+    """A ladder that cannot be used: the one line says which rung and why."""
+
+
+def parse(
+    entries: Sequence[object],
+    *,
+    aliases: Collection[str] | None = (),
+    own: str = "",
+    sticky: bool = True,
+) -> Ladder:
+    """The ladder ``entries`` spell (``own``: the alias or template they belong to, which no
+    rung may name again). Raises :class:`LadderError` with one line."""
+    if len(entries) > MAX_RUNGS:
+        raise LadderError(f"{len(entries)} rungs; at most {MAX_RUNGS}")
+    rungs: list[Rung] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(entries, 1):
+        if not isinstance(raw, str) or not raw.strip():
+            raise LadderError(
+                f"rung {n} is empty: each rung is a model, an alias, panel:A,B or agent"
+            )
+        name = raw.strip()
+        if len(name) > MAX_RUNG_CHARS or any(c in name for c in "\n\r=") or ARROW.strip() in name:
+            raise LadderError(f"rung {n} ({name[:40]!r}) is not a model name")
+        rung = _rung(n, name, aliases)
+        if rung.kind == "agent" and n != len(entries):
+            raise LadderError(f"rung {n} is agent: the agent can only be the last rung")
+        if name == own or (rung.kind == "alias" and rung.model == own):
+            raise LadderError(f"rung {n} ({name!r}) is the ladder's own {own!r}: a cycle")
+        if name in seen:
+            raise LadderError(f"rung {n} ({name!r}) is named twice: a cycle")
+        seen.add(name)
+        rungs.append(rung)
+    return Ladder(tuple(rungs), sticky=sticky, owner=own)
+
+
+def _rung(n: int, name: str, aliases: Collection[str] | None) -> Rung:
+    if name == AGENT:
+        return Rung(name, "agent")
+    if name.startswith(PANEL):
+        seats = [s.strip() for s in name[len(PANEL) :].split(",")]
+        if len(seats) < 2 or not all(seats):
+            raise LadderError(f"rung {n} ({name!r}): a panel is panel:MODEL,MODEL (two at least)")
+        if len(seats) > MAX_SEATS:
+            raise LadderError(f"rung {n} ({name!r}): at most {MAX_SEATS} seats")
+        return Rung(name, "panel", tuple(seats))
+    if name.startswith(ALIAS):
+        alias = name[len(ALIAS) :].strip()
+        if aliases is not None and alias not in aliases:
+            raise LadderError(f"rung {n} ({name!r}): no alias named {alias!r}")
+        return Rung(name, "alias", (alias,))
+    if aliases is not None and name in aliases:
+        return Rung(name, "alias", (name,))
+    return Rung(name, "model", (name,))
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def marker_text(cause: str, to: str, detail: str = "") -> str:
+    """``stopped repeating itself → qwen3:8b`` (a detail in parentheses before the arrow)."""
+    words = CAUSES.get(cause, cause)
+    return f"{words} ({detail}){ARROW}{to}" if detail else f"{words}{ARROW}{to}"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One ``ESCALATED`` marker read back: its cause (a key of :data:`CAUSES`, else the
+    words), the rung it names and the index of its block."""
+
+    cause: str
+    to: str
+    block: int
+
+
+def read(text: str, block: int = -1) -> Step | None:
+    m = _MARK_RE.match(text)
+    if m is None:
+        return None
+    why = m.group("why").strip()
+    return Step(_WORDS.get(why, why), m.group("to").strip(), block)
+
+
+def steps(blocks: Sequence[Block], start: int = 0) -> list[Step]:
+    """Every ``ESCALATED`` marker from block ``start`` on, oldest first."""
+    out: list[Step] = []
+    for i in range(start, len(blocks)):
+        for kind, text in blocks[i].markers:
+            if kind is MarkerKind.ESCALATED and (s := read(text, i)) is not None:
+                out.append(s)
+    return out
+
+
+def turn_start(blocks: Sequence[Block]) -> int:
+    """The index of the agent's own message that began the current turn (0: none)."""
+    for i in range(len(blocks) - 1, -1, -1):
+        b = blocks[i]
+        if b.kind is BlockKind.AGENT and b.response_to is None:
+            return i
+    return 0
+
+
+def current(blocks: Sequence[Block], *, sticky: bool) -> str | None:
+    """The rung the turn due runs on (None: the conversation's own model): the one the last
+    ``ESCALATED`` marker of this turn names; with ``sticky``, of the whole log (the agent's
+    rung does not stay: the next message goes back to the rung before it)."""
+    start = turn_start(blocks)
+    this_turn = steps(blocks, start)
+    if this_turn:
+        return this_turn[-1].to
+    if not sticky:
+        return None
+    for s in reversed(steps(blocks, 0)):
+        if s.to != AGENT:
+            return s.to
+    return None
+
+
+def rung_of(block: Block) -> str | None:
+    """The rung a model block's reply was asked on, from the NOTE the ladder writes on it."""
+    for kind, text in block.markers:
+        if kind is MarkerKind.NOTE and text.startswith(ANSWERED_BY):
+            return text[len(ANSWERED_BY) :].split(" ", 1)[0]
+    return None
+
+
+ANSWERED_BY = "answered on the escalation ladder's rung "
+
+
+def answered_note(rung: str, cause: str, ladder_owner: str) -> str:
+    """The NOTE on a reply a rung above the conversation's own model wrote."""
+    of = f" of {ladder_owner}" if ladder_owner else ""
+    why = f"escalated: {CAUSES.get(cause, cause)}" if cause else "kept from an earlier turn"
+    return f"{ANSWERED_BY}{rung}{of} ({why})"
+
+
+def causes_on(rules: Mapping[str, bool]) -> frozenset[str]:
+    return frozenset(c for c in CAUSES if rules.get(c, False))
