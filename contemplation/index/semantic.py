@@ -1,4 +1,4 @@
-"""Vectors of meaning over every conversation, kept in the derived index (issue 48).
+"""Vectors of meaning over every conversation, kept in the derived index.
 
 Each conversation gets one vector of its topic and first messages (``at`` -1) and each long
 block one of its own (``at``: its offset), in the index's ``vectors`` table with the digest of
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from contemplation.index import db, embedder
+from contemplation.index import db, embedder, relevance
 from contemplation.index.listing import Query
 from contemplation.store.layout import Home
 
@@ -173,30 +173,53 @@ def _blob(v: Matrix) -> bytes:
 
 # -- ranking -------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """Every vector as one matrix: each row's conversation (an index into ``names``) and
+    block offset."""
+
+    stamp: tuple[int, int]
+    names: list[str]
+    codes: npt.NDArray[np.int64]
+    ats: npt.NDArray[np.int64]
+    mat: Matrix
+
+
 _cache_lock = threading.Lock()
-_cache: dict[str, tuple[tuple[int, int], list[str], npt.NDArray[np.int64], Matrix]] = {}
+_cache: dict[str, _Table] = {}
 
 
-def _matrix(conn: sqlite3.Connection) -> tuple[list[str], npt.NDArray[np.int64], Matrix]:
-    """Every vector as one matrix, with each row's conversation and offset; read again only
-    when the table changed (its largest rowid and its count)."""
+def _matrix(conn: sqlite3.Connection) -> _Table:
+    """Every vector as one matrix, read again only when the table changed (its largest
+    rowid and its count)."""
     stamp_row = conn.execute("SELECT coalesce(max(rowid), 0), count(*) FROM vectors").fetchone()
     stamp = (int(stamp_row[0]), int(stamp_row[1]))
     path = str(conn.execute("PRAGMA database_list").fetchone()[2]) or f":memory:{id(conn)}"
     with _cache_lock:
         got = _cache.get(path)
-        if got is not None and got[0] == stamp:
-            return got[1], got[2], got[3]
+        if got is not None and got.stamp == stamp:
+            return got
     rows = conn.execute("SELECT conv, at, vec FROM vectors").fetchall()
-    convs = [str(r[0]) for r in rows]
+    index: dict[str, int] = {}
+    codes = np.array([index.setdefault(str(r[0]), len(index)) for r in rows], dtype=np.int64)
     ats = np.array([int(r[1]) for r in rows], dtype=np.int64)
     raw = b"".join(r[2] for r in rows)
     mat = np.frombuffer(raw, dtype=np.float16).reshape(len(rows), embedder.DIM)
-    mat32 = mat.astype(np.float32)
+    table = _Table(stamp, list(index), codes, ats, mat.astype(np.float32))
     with _cache_lock:
         _cache.clear()  # one home a process at a time is the rule: bounded to one matrix
-        _cache[path] = (stamp, convs, ats, mat32)
-    return convs, ats, mat32
+        _cache[path] = table
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Conversations by meaning, best first, and the query's scores over all of those
+    searched (what :mod:`contemplation.index.relevance` reads a score against)."""
+
+    near: list[Near]
+    calibration: relevance.Calibration
 
 
 def rank(
@@ -205,25 +228,38 @@ def rank(
     allowed: set[str] | None = None,
     exclude: str = "",
     depth: int = 200,
-) -> list[Near]:
+) -> Ranking:
     """Conversations by their best vector's cosine with ``vec``, best first, ``depth`` at
-    most, among ``allowed`` (None: all)."""
-    convs, ats, mat = _matrix(conn)
-    if not convs:
-        return []
-    scores = mat @ vec
+    most, among ``allowed`` (None: all); calibrated on every allowed conversation's best."""
+    t = _matrix(conn)
+    if not t.names:
+        return Ranking([], relevance.Calibration(0.0, 0.0, 0))
+    scores = t.mat @ vec
+    best = np.full(len(t.names), -np.inf, dtype=np.float32)
+    np.maximum.at(best, t.codes, scores)
+    keep = np.ones(len(t.names), dtype=bool)
+    if allowed is not None:
+        keep = np.fromiter((n in allowed for n in t.names), dtype=bool, count=len(t.names))
+    if exclude:
+        keep &= np.array([n != exclude for n in t.names], dtype=bool)
+    mine = best[keep]
+    cal = relevance.Calibration(
+        float(np.median(mine)) if mine.size else 0.0,
+        float(mine.std()) if mine.size else 0.0,
+        int(mine.size),
+    )
     order = np.argsort(-scores, kind="stable")
     out: list[Near] = []
-    seen: set[str] = set()
+    seen = np.zeros(len(t.names), dtype=bool)
     for i in order:
-        c = convs[i]
-        if c in seen or c == exclude or (allowed is not None and c not in allowed):
+        c = int(t.codes[i])
+        if seen[c] or not keep[c]:
             continue
-        seen.add(c)
-        out.append(Near(c, float(scores[i]), int(ats[i])))
+        seen[c] = True
+        out.append(Near(t.names[c], float(scores[i]), int(t.ats[i])))
         if len(out) >= depth:
             break
-    return out
+    return Ranking(out, cal)
 
 
 def covered(conn: sqlite3.Connection, q: Query) -> set[str]:

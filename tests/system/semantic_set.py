@@ -1,4 +1,4 @@
-"""A small labelled set for search by meaning (issue 48): realistic conversations (topic, the
+"""A small labelled set for search by meaning: realistic conversations (topic, the
 agent's question, the model's answer) and queries that say what one was about in other words
 than its log's, each with the conversation it should find."""
 
@@ -251,3 +251,87 @@ QUERIES: list[tuple[str, str]] = [
     ("photovoltaic roof that does not face south", "solar-panels"),
     ("where does all our money go each month", "budget-app"),
 ]
+
+# More queries as a person would type them: some of the log's words, mostly others.
+MORE: list[tuple[str, str]] = [
+    ("half written reply file after a crash", "atomic-writes"),
+    ("daemon does not come back after a reboot", "boot-service"),
+    ("first token takes ages with a long context", "slow-long-prompts"),
+    ("squash fixup commits before merging", "git-rebase"),
+    ("flat dense loaf", "sourdough"),
+    ("when is the income declaration due", "tax-deadline"),
+    ("full table scan on orders", "sql-index"),
+    ("resident memory climbs every hour", "memory-leak"),
+    ("certificate expired on staging", "tls-cert"),
+    ("tests folder installed as a package", "python-packaging"),
+    ("puppy pulls on the leash", "dog-training"),
+    ("long run plan before race day", "marathon-plan"),
+    ("cannot borrow as mutable", "rust-borrow"),
+    ("docker image too big to push", "docker-size"),
+    ("report an hour off", "timezone-bug"),
+    ("pod in CrashLoopBackOff", "k8s-crashloop"),
+    ("regex to check email addresses", "regex-email"),
+    ("yellow spots on tomato leaves", "garden-tomatoes"),
+    ("center a div on the page", "css-center"),
+    ("restic backups of the laptop", "backup-strategy"),
+    ("system design interview practice", "interview-prep"),
+    ("espresso shot runs too fast", "coffee-grind"),
+    ("GitHub API returns 429", "rate-limit"),
+    ("José shows up garbled", "unicode-csv"),
+    ("test passes locally, fails on the build server", "flaky-test"),
+    ("is sha256 fine for passwords", "password-hash"),
+    ("where the salary goes each month", "budget-app"),
+    ("chain skips under load", "bike-repair"),
+    ("six month old wakes every two hours", "sleep-baby"),
+    ("live connection lost after 60 seconds idle", "websocket-drop"),
+    ("CUDA out of memory", "gpu-oom"),
+    ("polite note to my landlord in French", "translation-french"),
+    ("changed the A record, old server still reached", "dns-propagation"),
+    ("same edit on 200 lines in vim", "vim-macros"),
+    ("solar on a north-east roof", "solar-panels"),
+    ("what to play against 1.e4", "chess-opening"),
+]
+
+# Hard paraphrases: not one word of three letters or more in common with their conversation
+# (topic, question, answer; a plural's s aside, small words like "the" aside): only meaning
+# can find them.
+HARD: list[tuple[str, str]] = [
+    ("guarantee that a sudden power loss cannot produce a torn record", "atomic-writes"),
+    ("have the program relaunch by itself once the computer powers up", "boot-service"),
+    ("huge inputs make the language model crawl", "slow-long-prompts"),
+    ("merge several tiny changes into a single one in version control", "git-rebase"),
+    ("homemade baking stays low and heavy", "sourdough"),
+    ("cutoff for submitting yearly earnings forms to the state", "tax-deadline"),
+    ("lookups crawl because nothing speeds up finding records", "sql-index"),
+    ("process eats more RAM over time till it gets killed", "memory-leak"),
+    ("secure site warning: outdated credentials for encryption", "tls-cert"),
+    ("unwanted directory ends up inside my distributable", "python-packaging"),
+    ("young hound drags me along outdoors", "dog-training"),
+    ("how far to jog on Sundays while preparing for 42 kilometres", "marathon-plan"),
+    ("ownership checker complains about aliasing", "rust-borrow"),
+    ("make the shipped bundle much lighter", "docker-size"),
+    ("clocks moved forward and logs now list shifted entries", "timezone-bug"),
+    ("freshly released app restarts forever in the cluster", "k8s-crashloop"),
+    ("validating what people enter as their inbox", "regex-email"),
+    ("mould disease on my garden produce", "garden-tomatoes"),
+    ("align a box right at the midpoint of the screen", "css-center"),
+    ("copies of my files elsewhere in case a drive fails", "backup-strategy"),
+    ("getting ready for an architecture hiring conversation", "interview-prep"),
+    ("acidic coffee pulled too quickly", "coffee-grind"),
+    ("external service throttles us", "rate-limit"),
+    ("accented characters turn into gibberish", "unicode-csv"),
+    ("suite intermittently broken on continuous integration", "flaky-test"),
+    ("safe storage of account secrets", "password-hash"),
+    ("spending tracking for our family", "budget-app"),
+    ("drivetrain slips on small sprockets", "bike-repair"),
+    ("infant is waking overnight", "sleep-baby"),
+    ("streaming socket disconnects when quiet for a minute", "websocket-drop"),
+    ("graphics adapter RAM exhausted during model fitting", "gpu-oom"),
+    ("courteous message for whoever owns my flat", "translation-french"),
+    ("moved hosting yet visitors land on former machine", "dns-propagation"),
+    ("repeat keystrokes automatically across many rows of a file", "vim-macros"),
+    ("sun power on a house top pointing away from noon", "solar-panels"),
+    ("good reply for a novice facing king pawn", "chess-opening"),
+]
+
+ALL: list[tuple[str, str]] = QUERIES + MORE + HARD

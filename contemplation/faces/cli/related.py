@@ -1,5 +1,6 @@
-"""``contemplation related CONV``: the conversations nearest in meaning to one (issue 48; the
-semantic extra, :mod:`contemplation.index.fusion`).
+"""``contemplation related CONV``: the conversations nearest in meaning to one (the semantic
+extra, :mod:`contemplation.index.fusion`); CONV as every command takes it: an id, a unique id
+prefix or a topic.
 
     contemplation related CONV [--active] [--limit N] [--cursor NEXT] [--json]
 """
@@ -11,7 +12,7 @@ import json
 import click
 
 from contemplation.base.terminal import safe
-from contemplation.faces.cli.common import ctx_home, json_option
+from contemplation.faces.cli.common import ctx_home, json_option, lookup
 
 
 @click.command()
@@ -31,17 +32,18 @@ def related(  # noqa: PLR0917 - click passes every option positionally
     cursor: str | None,
     as_json: bool,
 ) -> None:
-    """The conversations nearest in meaning to CONVERSATION, nearest first."""
+    """The conversations nearest in meaning to CONVERSATION (an id, a unique id prefix or a
+    topic), nearest first."""
     from contemplation.index import fusion
 
-    page = fusion.related(
-        ctx_home(ctx), conversation, limit, cursor=cursor, archived=not active_only
-    )
+    conv = lookup(ctx, conversation)
+    page = fusion.related(ctx_home(ctx), conv.id, limit, cursor=cursor, archived=not active_only)
     for h in page.hits:
         if as_json:
             click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
         else:
             where = f"{h.conv}  #{h.block} {h.sender} {h.time}"
+            where += f"  ({h.relevance})" if h.relevance else ""
             click.echo(safe(where + ("  (archived)" if h.archived else "") + f"\n  {h.topic}"))
     if not page.hits:
         click.echo(f"nothing related to {conversation} yet", err=True)
