@@ -86,6 +86,8 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     if as_json:
         for h in hits:
             click.echo(json.dumps(h.as_dict(), ensure_ascii=False))
+    if page.weak and hits:  # by meaning nothing is close: said before the nearest
+        click.echo(f"nothing close to {query!r}; nearest:", err=True)
     if not hits and not found.cut:
         more = found.archived_line()
         click.echo(
@@ -97,6 +99,7 @@ def search(  # noqa: PLR0917 - click passes every option positionally
         )
     for h in () if as_json else hits:
         where = f"{h.conv}  #{h.block} {h.sender} {h.time}" + ("  (archived)" if h.archived else "")
+        where += f"  ({h.relevance})" if h.relevance else ""
         click.echo(safe(f"{where}\n  {h.topic}\n  {h.snippet}"))
     if page.next:
         click.echo(f"more: --cursor {page.next}", err=True)
