@@ -1,4 +1,4 @@
-"""Commands that start at once (issue 24), as a user runs them: each command is its own
+"""Commands that start at once, as a user runs them: each command is its own
 process (``.venv/bin/contemplation``), cold (the first run after the home is built) and warm
 (the median of the next runs), against a home of ``--active`` conversations and
 ``--archived`` ones in completed/, folders copied by hand (a short two-block log each, no

@@ -1,4 +1,4 @@
-"""Compaction at the floor of the server's cache (issue 45, finding 3).
+"""Compaction at the floor of the server's cache.
 Run: .venv/bin/python bench/bench_compaction_floor.py [--turns 18] [--slots 1024,4096]
 
 A real llama-server (xllamacpp's build, SmolLM2-135M, started here), one slot of each size in

@@ -1,4 +1,4 @@
-"""Faces benchmarks (issue 5). Run: .venv/bin/python bench/bench_faces.py [--quick]
+"""Faces benchmarks. Run: .venv/bin/python bench/bench_faces.py [--quick]
 
 Prints, with the target next to each figure:
   conversation_check  p50/p99 of the MCP tool over stdio (real `contemplation mcp` process)

@@ -1,5 +1,5 @@
-"""How often the real Claude Code's first model request lists contemplation's tools
-(issue 44 finding 3): 10 fresh Claude Codes with ``claude -p`` and 10 interactive ones given
+"""How often the real Claude Code's first model request lists contemplation's tools:
+10 fresh Claude Codes with ``claude -p`` and 10 interactive ones given
 their prompt at start, each spawning a fresh ``contemplation mcp``; "Claude" is the scripted
 Messages API (tests/fakes/anthropic_server.py), the daemon need not run.
 

@@ -1,4 +1,4 @@
-"""The floor under a turn (issue 11). Run: .venv/bin/python bench/bench_floor.py [--convs N]
+"""The floor under a turn. Run: .venv/bin/python bench/bench_floor.py [--convs N]
 
 Only the file operations the on-disk contract makes one turn do, in plain Python on one
 thread, with none of contemplation's code: no parse, no prompt, no event loop, no lock, no

@@ -1,4 +1,4 @@
-"""Foundation benchmarks (issue 2). Run: .venv/bin/python bench/bench_foundation.py [--quick]
+"""Foundation benchmarks. Run: .venv/bin/python bench/bench_foundation.py [--quick]
 
 Prints, with the target next to each figure:
   pickup latency   drop (rename into inbox/) → the request reaching the backend, real daemon process

@@ -1,4 +1,4 @@
-"""Restart-proof KV (issue 45): three long conversations taking turns on one slot.
+"""Restart-proof KV: three long conversations taking turns on one slot.
 Run: .venv/bin/python bench/bench_kv_restore.py [--rounds 10] [--words 12]
 
 Against a real llama-server (xllamacpp's build, SmolLM2-135M, started here: one slot of

@@ -1,4 +1,4 @@
-"""The ledger summed over a home of many archived conversations (issue 39), as a user runs it:
+"""The ledger summed over a home of many archived conversations, as a user runs it:
 ``contemplation ledger`` (and ``--by model``, ``--by provider``, ``status``) each its own
 process, against ``--archived`` conversations in completed/, folders made by hand (a two-block
 log and a state.json whose ledger holds 3 turns on one of 4 models), as a restore leaves them.

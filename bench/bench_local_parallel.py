@@ -1,4 +1,4 @@
-"""Parallel slots of the embedded model (issue 10): N conversations at once, n_parallel = 1, 2, 4.
+"""Parallel slots of the embedded model: N conversations at once, n_parallel = 1, 2, 4.
 
 Run: .venv/bin/python bench/bench_local_parallel.py [--conversations 4] [--rounds 5]
      [--max-tokens 64] [--slots 1,2,4] [--quick]

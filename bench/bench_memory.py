@@ -1,5 +1,5 @@
-"""Peak memory of the commands that read a whole conversation, against its size (issue 35
-finding 11): each runs as a process of its own on a home holding one conversation of
+"""Peak memory of the commands that read a whole conversation, against its size:
+each runs as a process of its own on a home holding one conversation of
 ``--sizes`` GB, and its peak RSS is what the kernel counted for it (``ru_maxrss`` from
 ``wait4``).
 
@@ -21,7 +21,7 @@ in a ``git worktree add /tmp/base <commit>``.
 
 Run: .venv/bin/python bench/bench_memory.py [--sizes 1,2] [--tree before=/tmp/base]
      [--tree after=.] [--active] [--state-mb 1024] [--shape segments|single]
-Target (issue 35 finding 11): search, reindex, daemon and fork each <= ~300 MB whatever the
+Target: search, reindex, daemon and fork each <= ~300 MB whatever the
 conversation's size; nothing skipped for its size (the blocks column).
 """
 

@@ -1,4 +1,4 @@
-"""Backend overhead (issue 4): one turn through contemplation vs the same request sent directly.
+"""Backend overhead: one turn through contemplation vs the same request sent directly.
 
 Run: .venv/bin/python bench/bench_overhead.py [--reps 20] [--max-tokens 32] [--url URL]
      [--direct-client aiohttp|httpx]

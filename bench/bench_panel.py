@@ -1,4 +1,4 @@
-"""What a panel of models costs (issue 49), as a user runs it.
+"""What a panel of models costs, as a user runs it.
 Run: .venv/bin/python bench/bench_panel.py [--rounds 3] [--parallel 1]
      .venv/bin/python bench/bench_panel.py --server ollama [--seat-seconds 3] [--rounds 3]
 

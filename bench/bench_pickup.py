@@ -1,4 +1,4 @@
-"""Pickup as a user runs it (issue 11): the daemon as its own process with default settings,
+"""Pickup as a user runs it: the daemon as its own process with default settings,
 the scripted Ollama-wire server in another process on loopback (TCP_NODELAY, like Go's
 net/http), durability = fsync. Pickup = a message renamed into ``inbox/`` → its request
 reaching the server (the server stamps it when the request's body has been read).

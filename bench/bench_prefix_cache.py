@@ -1,4 +1,4 @@
-"""How much of each prompt the server reuses from its cache (issue 39).
+"""How much of each prompt the server reuses from its cache.
 Run: .venv/bin/python bench/bench_prefix_cache.py [--burst 8] [--turns 30] [--old] [--no-copy] [--cold]
 
 Against a real llama-server (xllamacpp's build, SmolLM2-135M, started here), through the
@@ -19,7 +19,7 @@ what was sent from the reply's ``usage.prompt_tokens`` (the whole prompt).
             48 tokens): prompt tokens recomputed a turn (the summary calls included) against
             the new tokens a turn (the agent's message and the reply before it)
 
-``--old`` runs the same with the order and compaction before issue 39 (the topic first in the
+``--old`` runs the same with the order and compaction before the reorder (the topic first in the
 system prompt; the summary call a transcript in a prompt of its own; the history kept after
 a summary filled to the brim), for the before/after figures.
 """
@@ -67,7 +67,7 @@ def tokens(url: str, text: str) -> int:
 
 
 def use_old_order() -> None:
-    """The system prompt, the summary call and the compaction as they were before issue 39."""
+    """The system prompt, the summary call and the compaction as they were before the reorder."""
     old_intro = (
         "You are in an asynchronous conversation with {agent} (an AI agent or a person), "
         "about: {topic}."
@@ -151,7 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--burst", type=int, default=8)
     ap.add_argument("--turns", type=int, default=30)
-    ap.add_argument("--old", action="store_true", help="the order before issue 39")
+    ap.add_argument("--old", action="store_true", help="the order before the reorder")
     ap.add_argument("--no-copy", action="store_true", help="a server without --slot-save-path")
     ap.add_argument("--cold", action="store_true", help="the whole burst at once, no slot warm")
     args = ap.parse_args()

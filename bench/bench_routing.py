@@ -1,4 +1,4 @@
-"""NEED routing benchmarks (issue 3). Run: .venv/bin/python bench/bench_routing.py [--quick]
+"""NEED routing benchmarks. Run: .venv/bin/python bench/bench_routing.py [--quick]
 
 Prints, with the target next to each figure:
   route lookup      the pure rule table (5 defaults + 20 config rules, prefix and regex)

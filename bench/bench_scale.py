@@ -1,4 +1,4 @@
-"""Scale as a user runs it (issue 9): N conversations × 1 message, the daemon as its own process
+"""Scale as a user runs it: N conversations × 1 message, the daemon as its own process
 with default settings, a scripted Ollama-wire server in another process on loopback.
 
 Run: .venv/bin/python bench/bench_scale.py [--convs 2000] [--hand]

@@ -1,12 +1,12 @@
 """How long a hostile ``pattern`` takes to check: Python's jsonschema (``re``, what
-structured.py used before issue 35) against the reply check of now (jsonschema-rs with the
+structured.py used before the fix) against the reply check of now (jsonschema-rs with the
 ``regex`` crate, contemplation/protocol/replycheck.py), in this process and through the child
 process
 the daemon uses (its start-up included).
 
     .venv/bin/python bench/bench_schema_redos.py [--cap SECONDS]
 
-The old engine runs in a child killed at ``--cap`` (default 30 s): the inputs of issue 35
+The old engine runs in a child killed at ``--cap`` (default 30 s): the inputs that froze it
 backtrack for minutes to hours, so shorter inputs show how the time doubles per character.
 """
 

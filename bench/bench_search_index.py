@@ -1,4 +1,4 @@
-"""Full-text search over a home of many conversations made by hand (issue 24): ``reindex`` of
+"""Full-text search over a home of many conversations made by hand: ``reindex`` of
 the whole home, then searches p50 / p99 as the CLI runs them (each first brings the index up
 to date: one scandir and two stats a folder), a planted word in every conversation found, the
 index's size against the text it indexes, and ``list --all`` from the index.
@@ -7,7 +7,7 @@ The logs are dated exchanges of prose drawn from a 20,000-word vocabulary (so th
 as many distinct terms as real notes would), each conversation with one word of its own.
 
 Run: .venv/bin/python bench/bench_search_index.py [--active 500] [--archived 9500] [--mb 1000]
-Targets (issue 24): search p50 <= 50 ms, p99 <= 200 ms; every planted word found; reindex of
+Targets: search p50 <= 50 ms, p99 <= 200 ms; every planted word found; reindex of
 1 GB <= 60 s; index <= 60 % of the text.
 """
 

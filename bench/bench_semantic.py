@@ -1,4 +1,4 @@
-"""Search by meaning at 10,000 conversations (issue 48): query p50 / p99 as the faces run
+"""Search by meaning at 10,000 conversations: query p50 / p99 as the faces run
 them (``fusion.search`` in meaning and both modes: the index brought up to date, the query
 embedded on the model's one thread, brute-force cosine over every vector, the hits read), the
 first query of a process (the matrix read from the index), ``reindex`` time (the words'
@@ -11,7 +11,7 @@ between runs) and each conversation's vector is a mix of two of them plus noise,
 straight into the index's vectors table: the ranking work is the same as for real vectors.
 
 Run: .venv/bin/python bench/bench_semantic.py [--convs 10000] [--queries 100] [--sample 300]
-Targets (issue 48): query p50 <= 100 ms, p99 <= 300 ms at 10,000 conversations.
+Targets: query p50 <= 100 ms, p99 <= 300 ms at 10,000 conversations.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tasks through kill -9 (issue 37). Run: .venv/bin/python bench/bench_task_kills.py [--kills N]
+"""Tasks through kill -9. Run: .venv/bin/python bench/bench_task_kills.py [--kills N]
 
 Each round: a real daemon and a real ``contemplation mcp`` process, a task started on a new
 conversation whose scripted model streams its reply slowly, then kill -9 of the MCP process

@@ -1,4 +1,4 @@
-"""What "each task is its own question" costs a ``tasks/get`` (issue 44 finding 5).
+"""What "each task is its own question" costs a ``tasks/get``.
 
 Run: .venv/bin/python bench/bench_task_turn.py [--exchanges 400] [--tasks 64] [--runs 50]
 

@@ -1,4 +1,4 @@
-"""MCP tasks benchmark (issue 37). Run: .venv/bin/python bench/bench_tasks.py [--quick]
+"""MCP tasks benchmark. Run: .venv/bin/python bench/bench_tasks.py [--quick]
 
 With N conversations in the home (default 500), over stdio to a real ``contemplation mcp``
 process, spoken as Claude Code speaks it (the 2026-07-28 ``_meta`` envelope):

@@ -1,4 +1,4 @@
-"""What one turn costs in file-system operations (issue 11). Run: .venv/bin/python bench/bench_turn_counts.py
+"""What one turn costs in file-system operations. Run: .venv/bin/python bench/bench_turn_counts.py
 
 N conversations x 1 message through process_pending with an instant in-process backend,
 durability = fsync. Every os.replace of state.json, fsync, flock, open of messages.log and

@@ -1,4 +1,4 @@
-"""The whole crash sweep (issue 47): every crash point each scenario reaches, killed (SIGKILL)
+"""The whole crash sweep: every crash point each scenario reaches, killed (SIGKILL)
 and cut (a simulated power cut: only what was fsynced survives), and each step cut after
 each of its durable calls (sync), then a restart and the oracle (tests/crashsweep.py).
 Writes the results file the README's table is made from.

@@ -20,47 +20,47 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 BENCHES = [
-    ("Foundation: pickup, turns/s, parse, daemon RSS (issue 2)", "bench/bench_foundation.py", []),
-    ("Routing: per-need overhead, context assembly (issue 3)", "bench/bench_routing.py", []),
+    ("Foundation: pickup, turns/s, parse, daemon RSS", "bench/bench_foundation.py", []),
+    ("Routing: per-need overhead, context assembly", "bench/bench_routing.py", []),
     (
-        "Overhead vs a direct call to the real llama.cpp server (issue 4)",
+        "Overhead vs a direct call to the real llama.cpp server",
         "bench/bench_overhead.py",
         [],
     ),
     (
-        "Faces: conversation_check, /api/conversations, MCP start (issue 5)",
+        "Faces: conversation_check, /api/conversations, MCP start",
         "bench/bench_faces.py",
         [],
     ),
     (
-        "Embedded model: parallel slots, N conversations at once (issue 10)",
+        "Embedded model: parallel slots, N conversations at once",
         "bench/bench_local_parallel.py",
         [],
     ),
     (
-        "Scale: 2,000 conversations made with `new`, daemon and server as processes (issue 9)",
+        "Scale: 2,000 conversations made with `new`, daemon and server as processes",
         "bench/bench_scale.py",
         ["--convs", "2000"],
     ),
     (
-        "Scale: 2,000 conversation folders made by hand (issue 9)",
+        "Scale: 2,000 conversation folders made by hand",
         "bench/bench_scale.py",
         ["--convs", "2000", "--hand"],
     ),
-    ("File-system operations per turn (issue 11)", "bench/bench_turn_counts.py", []),
-    ("What one streamed reply costs the HTTP client (issue 11)", "bench/bench_http_client.py", []),
+    ("File-system operations per turn", "bench/bench_turn_counts.py", []),
+    ("What one streamed reply costs the HTTP client", "bench/bench_http_client.py", []),
     (
-        "Pickup as a user runs it: daemon and server as processes, default settings (issue 11)",
+        "Pickup as a user runs it: daemon and server as processes, default settings",
         "bench/bench_pickup.py",
         [],
     ),
     (
-        "Scale: 1,000 folders made by hand, `run --once` (issue 11)",
+        "Scale: 1,000 folders made by hand, `run --once`",
         "bench/bench_scale.py",
         ["--convs", "1000", "--hand", "--once"],
     ),
     (
-        "Scale: 1,000 folders made with `new`, `run --once` (issue 11)",
+        "Scale: 1,000 folders made with `new`, `run --once`",
         "bench/bench_scale.py",
         ["--convs", "1000", "--once"],
     ),

@@ -416,7 +416,7 @@ class State(BaseModel):
     retry_settings: str = ""  # fingerprint of the backend's settings when the backoff was set
     crashes: Crashes | None = None  # the current turn's unexpected failures (retrying.crashed)
     last_turn: Usage | None = None
-    reply_cut: ReplyCut | None = None  # the last reply stopped before its end (issue 45)
+    reply_cut: ReplyCut | None = None  # the last reply stopped before its end
     reply_end: ReplyEnd | None = None  # a reply's commit record: how to finish it (recovery)
     ledger: Ledger = Field(default_factory=Ledger)
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot

@@ -10,7 +10,7 @@ its refusals (``ToolError``, ``Refused``, ``Unconfigured``). A context kind: ``C
 ``Job``, ``text``. A dashboard panel: ``Panel``, ``Row``, ``Seen``.
 
 The promise: a name in ``__all__`` keeps its meaning and its import path for the whole of a
-major version; the package's other modules are its own to move (issue 36 moved all of them
+major version; the package's other modules are its own to move (one move took all of them
 at once, and no plugin noticed).
 """
 

@@ -1,4 +1,4 @@
-"""The move into rooms by layer (issue 36), as one scripted, reviewable step: ``git mv`` of every
+"""The move into rooms by layer, as one scripted, reviewable step: ``git mv`` of every
 module into the folder of its layer, then every import, module string and path in the code,
 the tests, the benchmarks, the scripts and the docs rewritten to match.
 

@@ -1,4 +1,4 @@
-"""The crash sweep (issue 47): every named crash point a fault-free run reaches, killed in turn
+"""The crash sweep: every named crash point a fault-free run reaches, killed in turn
 (SIGKILL, or a power cut: :mod:`tests.powercut`), then a plain restart and an oracle.
 
 A *scenario* is a home made in-process, then steps run as real processes one after another

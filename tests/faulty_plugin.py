@@ -1,4 +1,4 @@
-"""A plugin whose code fails in every way plugin code can (issue 35 finding 4), installed by
+"""A plugin whose code fails in every way plugin code can, installed by
 tests/system/test_plugin_faults.py as the distribution ``contemplation-faulty`` (a dist-info folder
 naming these kinds, as pip writes one), so that a real daemon finds it by its entry points.
 

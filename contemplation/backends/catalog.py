@@ -113,7 +113,7 @@ async def _slots(backend: Backend) -> dict[str, Any]:
 
 async def refusal(settings: Settings, backend: str, model: str) -> str | None:
     """Why a conversation with ``model`` on ``backend`` (a provider or an alias) is refused:
-    its server says it cannot chat (issue 39). None when it chats, or when no server can say
+    its server says it cannot chat. None when it chats, or when no server can say
     within LOOKUP_S (the daemon asks again at its turn and writes the same ERROR)."""
     target = providers.target(settings, backend, model)
     for name in target.providers:

@@ -282,7 +282,7 @@ class OpenAIBackend:
         return await self._slot_action(idle, "save", idle)
 
     async def copy_slot(self, source: int, target: int) -> bool:
-        """Slot ``source``'s cache into slot ``target`` (issue 39): llama-server's ``POST
+        """Slot ``source``'s cache into slot ``target``: llama-server's ``POST
         /slots/{id}?action=save`` to a file in its ``--slot-save-path`` (one a slot, written
         again each time), then ``restore`` from it, milliseconds; False where the server
         did not. A slot busy on the server queues it."""
@@ -292,7 +292,7 @@ class OpenAIBackend:
 
     async def keep_slot(self, slot: int, action: str, filename: str) -> tuple[int, int] | None:
         """llama-server's ``POST /slots/{slot}?action=save|restore`` with a file of its
-        ``--slot-save-path`` (issue 45): the tokens and bytes saved or restored (``n_saved``
+        ``--slot-save-path``: the tokens and bytes saved or restored (``n_saved``
         and ``n_written``, ``n_restored`` and ``n_read``), None where the server did not."""
         resp = await self._http.request(
             "POST", self.root(f"slots/{slot}"), params={"action": action},

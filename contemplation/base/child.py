@@ -4,7 +4,7 @@ dependencies and the standard library, never a module lying in a working folder.
 ``python -m mod`` puts the working folder first on ``sys.path`` and ``python script.py`` the
 script's folder, so a ``json.py`` that another user wrote into a shared folder (mode 1777) the
 daemon was started from, or a project's ``mcp/`` package where Claude Code starts the MCP
-server, would be imported in place of ours (issue 43 finding 1). Every child of ours is
+server, would be imported in place of ours. Every child of ours is
 therefore started with:
 
 * :data:`SAFE_PATH` (``-P``, Python 3.11+): nothing unsafe is put first on ``sys.path``;

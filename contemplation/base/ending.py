@@ -1,5 +1,5 @@
 """How the process ends: within a bound whatever a plugin's threads do, and never with a
-success code when a plugin's ``os._exit`` ended it (issue 43 findings 6 and 7).
+success code when a plugin's ``os._exit`` ended it.
 
 Python's exit joins every thread that is not a daemon thread (and every thread pool's
 workers) before the process ends: one that a plugin started and that never ends kept the

@@ -1,6 +1,6 @@
 """structlog set-up: readable lines on a terminal, JSON lines otherwise (always on stderr);
 a command that is not a service (``human``) says its warnings in a plain line instead, with
-no log record's shape (issue 45: ``status`` printed ``{"why": "disk I/O error", …}``)."""
+no log record's shape (``status`` printed ``{"why": "disk I/O error", …}``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The secrets, in one list each: the files never read for the model.
 
-Two kinds (issue 35 finding 6, issue 43 finding 3):
+Two kinds:
 
 * :data:`OWN_SECRETS`: the files this tool, or Claude's clients on its behalf, write a
   credential into: the dashboard's and the MCP face's tokens, the service's ``service.env``

@@ -3,7 +3,7 @@
 llama-server keeps each slot's last prompt and reuses the longest common prefix with the next
 request in that slot; a request may name its slot (``id_slot``; a busy one queues it). A
 conversation keeps the slot that holds its history unless that slot is busy and another is
-free (issue 39). A new conversation takes an unused slot, else the free slot that holds its
+free. A new conversation takes an unused slot, else the free slot that holds its
 template's prefix (the protocol and the template's text come first in every prompt). No turn
 waits behind a busy slot while another is free: on a 16-slot GPU server, a burst that joined
 the slot prefilling its prefix kept 10 slots busy and ran at 0.77x a direct client (the
@@ -14,7 +14,7 @@ conversation takes an unused slot with a copy of an idle slot that holds its pre
 slot busy at once and the prefix never prefilled twice. Only this daemon's turns are
 counted: a slot another client keeps busy makes the server queue ours.
 
-Restart-proof KV (issue 45): on such a server a free slot that another conversation takes is
+Restart-proof KV: on such a server a free slot that another conversation takes is
 first saved to a file of the conversation whose history it holds (:mod:`kvfiles`: a bounded
 pool of names), and a conversation that comes back finds its file restored into its slot
 before its turn. Every restore is checked by the next turn's reuse (the server's cache

@@ -1,4 +1,4 @@
-"""Which conversations have their slot's cache kept in a file of the server (issue 45).
+"""Which conversations have their slot's cache kept in a file of the server.
 
 llama-server started with ``--slot-save-path`` writes a slot's KV cache to a file named by the
 request (``POST /slots/{id}?action=save``) and reads it back into any slot (``restore``). It

@@ -1,4 +1,4 @@
-"""The decisions made about lookups at run time, listed and revocable (issue 44).
+"""The decisions made about lookups at run time, listed and revocable.
 
 Each conversation keeps its decisions in metadata.json ``approvals``
 (:class:`~contemplation.models.ApprovalDecision`): what was decided (``once``, ``always``,

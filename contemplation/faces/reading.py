@@ -343,7 +343,7 @@ class Reader:
         )
 
     def disk_full(self, view: Standing) -> str:
-        """ "the disk is full (…)" while a busy conversation's disk has no room (issue 45):
+        """ "the disk is full (…)" while a busy conversation's disk has no room:
         its state.json cannot be written then, so its status is behind (see store/room.py)."""
         busy = view.queued or (view.state is not None and view.state.status in BUSY)
         return room.full(self.home.root) if busy else ""

@@ -66,8 +66,8 @@ log = structlog.get_logger("contemplation.index")
 
 T = TypeVar("T")
 
-# 7: the vectors of meaning (issue 48: index/semantic.py; derived like the rest);
-# 5: the ledger table (each conversation's tokens and times per provider/model, issue 39);
+# 7: the vectors of meaning (index/semantic.py; derived like the rest);
+# 5: the ledger table (each conversation's tokens and times per provider/model);
 # 4: each block marked as the agent's own (a message or its own answer; a tool's answer is
 #    not: "messages N from the agent"); 3: one summary row per conversation (turns, messages
 #    and activity from the log's own blocks); 2: the owned table; 1: the first

@@ -1,4 +1,4 @@
-"""The ledger summed over conversations, from the index (issue 39).
+"""The ledger summed over conversations, from the index.
 
 Each conversation's state.json ledger is in the index's ``ledger`` table (a row per
 provider/model), so a sum over 10,000 archived conversations is one SQL query over those

@@ -270,7 +270,7 @@ LOW_WATER = 0.5  # a compaction keeps the history under this share of the window
 SUMMARY_MAX_WORDS = 150  # asked of the model
 SUMMARY_MAX_TOKENS = 400  # num_predict of the summary call
 SUMMARY_MAX_CHARS = 1200  # what is kept of its answer (written to the log, sent every turn)
-SUMMARY_SHARE = 10  # a summary gets at most a tenth of the window (issue 45, finding 3)
+SUMMARY_SHARE = 10  # a summary gets at most a tenth of the window
 SUMMARY_MIN_TOKENS = 48
 ASK_TOKENS = 48  # the summary call's instruction, a bound of its tokens (summarise.SUMMARY_ASK)
 MIN_ENTRY_CHARS = 300  # a message cut shorter than this says too little to summarise
@@ -311,7 +311,7 @@ def compact_at(window: int, reserve: int, tools_cost: int = 0) -> int:
     prompt (the last request and its reply, the instruction appended, the bounded summary).
     Compaction that waits for the window's edge finds no room for that call, and a summary
     sent as a transcript in a prompt of its own replaces the slot's cache, system prompt
-    included (issue 45, finding 3)."""
+    included."""
     edge = window - reserve - tools_cost
     floor = window - tools_cost - summary_tokens(window) - ASK_TOKENS - reserve
     return max(0, min(edge, floor))
@@ -646,7 +646,7 @@ def summary_request_for(
 ) -> ChatRequest:
     """The summary call as a transcript in a prompt of its own, made to fit the same window
     (:func:`transcript`). Not what a turn sends: a prompt of its own replaces the server's
-    cache of the conversation (issue 45, finding 3); :mod:`contemplation.prompt.summarise`
+    cache of the conversation; :mod:`contemplation.prompt.summarise`
     sends the conversation's own prompt with the instruction appended."""
     ask = _SUMMARY_ASK.format(words=max_words)
     bound = summary_tokens(plan_.window)

@@ -29,7 +29,7 @@ from contemplation.protocol.logformat import (
 from contemplation.protocol.structured import body as without_schema
 from contemplation.store.templates import PromptMode
 
-# The system prompt in canonical order (issue 39): what every conversation shares first (this
+# The system prompt in canonical order: what every conversation shares first (this
 # line and the protocol), then the template's words, then the conversation's own (its topic,
 # then its context): a server that reuses a byte-identical prefix reuses all of it.
 INTRO = "You are in an asynchronous conversation with {agent} (an AI agent or a person)."

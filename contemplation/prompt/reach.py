@@ -1,4 +1,4 @@
-"""How far back a turn reads a long conversation's history (issue 35 finding 11).
+"""How far back a turn reads a long conversation's history.
 
 The daemon holds the rotated segments of a log as bare blocks (no text: see
 :class:`~contemplation.store.logview.LogView`), so a conversation of any size costs a few hundred

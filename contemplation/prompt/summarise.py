@@ -32,14 +32,14 @@ def cached_request(fitted: budget.Plan, *, think: bool | None) -> ChatRequest | 
     """The summary call as the conversation's own prompt plus one final instruction: the
     system prompt (with the summary it extends, as the turns before sent it) and the
     messages to summarise, as the server holds them from the turns before, so that it reuses
-    its cache and prefills only the instruction (issue 39). The summary is bounded to a share
+    its cache and prefills only the instruction. The summary is bounded to a share
     of the window (:func:`budget.summary_tokens`, sent as ``num_predict``).
 
     A turn compacts while this fits (:func:`budget.compact_at`). Where it still does not (a
     turn longer than the room left), the prompt is the longest run of those messages that
     fits, and the instruction carries the rest as a transcript cut to the room left: still
-    the slot's own prefix, never a prompt of its own that replaces the conversation's cache
-    (issue 45, finding 3). None only without a window or anything to summarise."""
+    the slot's own prefix, never a prompt of its own that replaces the conversation's cache.
+    None only without a window or anything to summarise."""
     if not fitted.summarise or not fitted.window:
         return None
     system = list(fitted.system)

@@ -1,4 +1,4 @@
-"""Pure: the tool definitions a request offers, in one canonical form (issue 39).
+"""Pure: the tool definitions a request offers, in one canonical form.
 
 A server reuses its cache for a byte-identical prefix of the prompt, and the tool definitions
 are part of that prefix (a chat template renders them into the system turn). Whatever order

@@ -1,4 +1,4 @@
-"""Pure: was the reply built on a prompt the server cut? (issue 39, servers that still truncate)
+"""Pure: was the reply built on a prompt the server cut? (servers that still truncate)
 
 An older Ollama ignores ``"truncate": false`` and cuts a prompt over ``num_ctx`` without a word,
 and some OpenAI-compatible servers cut too (llama-server's context shift, vLLM's

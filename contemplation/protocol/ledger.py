@@ -1,4 +1,4 @@
-"""The ledger (issue 39): where a conversation's tokens and time went, turn by turn.
+"""The ledger: where a conversation's tokens and time went, turn by turn.
 
 A turn's entry is made from the backend's :class:`Usage` alone: a figure the server did not
 report stays None (never guessed); "sent" is the server's prompt count, or its cached and

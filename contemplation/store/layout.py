@@ -408,7 +408,7 @@ class Rest:
     the daemon writes, written atomically before the file is put back. The follow-up's name
     (``<first>.rest@<offset>``, see :func:`rest_name`) only tells a person what it is: a
     file of any name without a record that proves it is a whole, ordinary message, never cut
-    and never deleted on the strength of a name (issue 43). See :func:`rest_of` for the
+    and never deleted on the strength of a name. See :func:`rest_of` for the
     proof, and ``release_claimed`` for its crash safety."""
 
     first: str  # the name of the message it is the rest of (the NOTE says it)

@@ -1,4 +1,4 @@
-"""Whether the disk a home is on has room left (issue 45): a full disk said as such.
+"""Whether the disk a home is on has room left: a full disk said as such.
 
 While the disk is full the daemon cannot write state.json either, so the state a face reads
 still says what the turn was doing when its write failed ("generating"); the faces ask the

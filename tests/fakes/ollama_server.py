@@ -69,7 +69,7 @@ def _now() -> str:
 
 
 # models that cannot chat, as /api/show lists them: no "completion" (an embedding model;
-# "decision" as issue 39 reports Ollama 0.35 lists it)
+# "decision", as Ollama 0.35 lists such models)
 NOT_CHAT: dict[str, dict[str, Any]] = {
     "nomic-embed-text": {"capabilities": ["embedding"], "arch": "nomic-bert", "ctx": 2048},
     "judge": {"capabilities": ["decision"], "arch": "qwen3", "ctx": 8192},

@@ -1,4 +1,4 @@
-"""One description of what a conversation is doing, on every face (issue 38, item 1): while a
+"""One description of what a conversation is doing, on every face: while a
 reply streams, ``status``, MCP and the dashboard all say how many tokens so far, at what rate,
 for how long -- never "waiting for the first token" while ``messages.log`` grows -- and the
 dashboard's header ticks by itself. A real daemon streaming slowly from the scripted fake

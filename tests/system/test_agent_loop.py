@@ -1,4 +1,4 @@
-"""The agent's loop is exact (issue 23): what waits for the agent is one list of needs to
+"""The agent's loop is exact: what waits for the agent is one list of needs to
 answer and lookups to approve, with ids that never shift; neither command takes the other's
 item; every face lists each item with the command that settles it; cursors miss nothing.
 

@@ -1,4 +1,4 @@
-"""Wake the agent where tasks do not reach (issue 44): ``contemplation watch --agent`` prints
+"""Wake the agent where tasks do not reach: ``contemplation watch --agent`` prints
 one line per finished reply or lookup waiting, for the conversations the agent started (MCP's
 conversation_start, or the CLI in Claude Code's Bash tool, which sets ``CLAUDECODE=1``), says
 what to call next, and keeps watching while no daemon runs. A real daemon process against

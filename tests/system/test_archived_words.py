@@ -1,4 +1,4 @@
-"""Issue 38, "imported archives read `pending (archived)`": `status` and `list` of an archived
+"""Imported archives read `pending (archived)`: `status` and `list` of an archived
 folder say what is true. A folder made by hand (a messages.log, no metadata) has no model to
 name and its activity is its log's last dated header, not the time it was copied; and in
 completed/ no daemon answers, so a last message of the agent's is unanswered, not pending."""

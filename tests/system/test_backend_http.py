@@ -325,7 +325,7 @@ def test_a_stream_right_after_a_reply_whose_connection_was_closed_goes_out_again
 
 
 def test_a_cut_is_said_in_words_and_its_exception_only_logged(server: str) -> None:
-    """issue 38.8: the INTERRUPTED line carried aiohttp's own words ("TransferEncodingError:
+    """The INTERRUPTED line carried aiohttp's own words ("TransferEncodingError:
     400, message='Not enough data…'", where 400 is no HTTP status). The reason says what
     happened; the exception stays in the daemon's structured log."""
     from structlog.testing import capture_logs

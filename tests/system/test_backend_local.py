@@ -271,7 +271,7 @@ def _rss_mb() -> float:
 def test_an_idle_model_is_unloaded_after_keep_alive_and_the_next_turn_reloads_it(
     gguf: Path,
 ) -> None:
-    """issue 38.8: the embedded model stayed loaded for the daemon's lifetime. As Ollama's
+    """The embedded model stayed loaded for the daemon's lifetime. As Ollama's
     keep_alive: unloaded once idle that long (the memory goes back), loaded again on use."""
     import gc
 

@@ -1,4 +1,4 @@
-"""Issue 39: models that cannot chat stay out. Ollama's /api/show lists a model's
+"""Models that cannot chat stay out. Ollama's /api/show lists a model's
 capabilities; one without "completion" (an embedding model, a ``decision`` model) is listed
 as such by ``contemplation models`` and a conversation with it ends in one ERROR naming the
 capability, with no chat request sent (the scripted Ollama answers as Ollama does)."""

@@ -1,5 +1,5 @@
 """The real Claude Code (2.1.328, from npm) lists contemplation's tools in its first model
-request (issue 44 finding 3).
+request.
 
 Claude Code spawns its stdio MCP servers at start and sends the first request with the tools
 listed by then: ``claude -p`` waits about 1.6 to 2 s for the servers, an interactive session

@@ -1,4 +1,4 @@
-"""Issue 44, finding 2: "Claude is told whichever face decides". The real Claude Code
+"""Claude is told whichever face decides. The real Claude Code
 (2.1.328) hands a dialogue to a local model whose lookup a ``[permissions]`` rule marks
 ``ask``; Claude Code shows the approval form (its task is ``input_required``), nobody
 answers it, and the person decides from the CLI (``contemplation approve``) instead. The
@@ -225,7 +225,7 @@ def test_the_rewake_hook_wakes_claude_when_a_cli_conversation_replies(
     daemon_factory: Callable[..., DaemonProc],
     anthropic: Callable[..., FakeAnthropic],  # noqa: F811
 ) -> None:
-    """Issue 44, "wake the agent where tasks do not reach": Claude starts a conversation
+    """Wake the agent where tasks do not reach: Claude starts a conversation
     with the CLI from its Bash tool (no MCP task to bring the reply back) and ends its turn
     while the model still works; the opt-in Stop hook (``asyncRewake``: ``watch --rewake``)
     waits for the reply and wakes the idle session with the line (Claude Code hands it over

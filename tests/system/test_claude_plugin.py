@@ -117,7 +117,7 @@ def test_the_skill_names_only_tools_the_server_has() -> None:
 
 
 def test_the_monitor_and_the_opt_in_rewake_hook_pass_the_real_validate(tmp_path: Path) -> None:
-    """Issue 44: the plugin ships a monitor (``monitors/monitors.json``: ``watch --agent``,
+    """The plugin ships a monitor (``monitors/monitors.json``: ``watch --agent``,
     each line of which reaches Claude) and, with ``--with-rewake``, a Stop hook with
     ``asyncRewake`` (``watch --rewake``), both run with this installation's Python."""
     shipped = _claude(tmp_path, "plugin", "validate", str(PLUGIN))

@@ -134,7 +134,7 @@ def test_send_wait_timeout_says_the_turn_is_generating(
     )
     r = cli(env, "send", conv_id, "go", "--wait", "--timeout", "5", check=False)
     assert r.returncode == 4, r.stderr
-    # the words of status, MCP and the dashboard (issue 38 item 1): the first chunk came
+    # the words of status, MCP and the dashboard: the first chunk came
     assert re.search(rf"{conv_id} is generating: generating for \d+ s: ~\d+ tokens so far", r.stderr)
     assert "contemplation tail -f" in r.stderr
     cli(env, "cancel", conv_id)

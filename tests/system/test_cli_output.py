@@ -1,4 +1,4 @@
-"""Human CLI output (issue 12): labelled lines, aligned tables, no Python reprs."""
+"""Human CLI output: labelled lines, aligned tables, no Python reprs."""
 
 from __future__ import annotations
 

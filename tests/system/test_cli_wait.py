@@ -1,4 +1,4 @@
-"""Waiting from a shell (issue 23): ``respond --wait``, ``approve --wait``, ``new --message
+"""Waiting from a shell: ``respond --wait``, ``approve --wait``, ``new --message
 --wait`` and ``contemplation wait`` print the exchange and end with ``send --wait``'s exit
 codes; ``--wait`` prints only the exchange its own message started. A real daemon process
 against the scripted fake Ollama, driven by the real CLI."""
@@ -137,7 +137,7 @@ def test_doctor_and_models_only_fail_for_an_unreachable_backend_in_use(home: Hom
 def test_send_refuses_what_the_daemon_would_refuse_and_queues_nothing(
     home: Home, text: str, why: str
 ) -> None:
-    """Issue 34 finding 4: the daemon's own rules, before anything is queued: one line, exit 1."""
+    """The daemon's own rules, before anything is queued: one line, exit 1."""
     env = base_env(home)
     conv_id = cli(env, "new", "refuse").stdout.strip()
     for args in (["send", conv_id, "-", "--wait", "--timeout", "30"], ["send", conv_id, "-"]):
@@ -196,7 +196,7 @@ def test_wait_ends_at_once_when_a_message_dropped_by_hand_is_refused(
 def test_send_while_the_model_waits_needs_plain_and_says_what_stays_unanswered(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
-    """Issue 34 finding 10: as MCP asks for plain=true, `send` while needs or lookups wait is
+    """As MCP asks for plain=true, `send` while needs or lookups wait is
     refused (exit 1, nothing queued) with each item's command; --plain sends it and says
     what is left unanswered."""
     env = base_env(home, fake_ollama)

@@ -1,5 +1,5 @@
 """A wall clock stepped backwards (NTP after a bad RTC, a person fixing the date) never makes a
-retrying conversation wait for the step (issue 35 finding 12: it waited a day). Backoffs and
+retrying conversation wait for the step (it waited a day). Backoffs and
 breaker rests are measured on the monotonic clock; state.json keeps wall times, and one read
 back after a restart that lies further off than any backoff the daemon sets is clamped.
 

@@ -1,4 +1,4 @@
-"""Issue 39: compaction that reuses the server's cache. The summary call is the conversation's
+"""Compaction that reuses the server's cache. The summary call is the conversation's
 own prompt (what the server holds from the turn before) plus one final instruction, so that
 only the instruction is prefilled; a transcript in a new prompt recomputed the whole history."""
 
@@ -64,7 +64,7 @@ def test_a_summary_that_extends_one_starts_with_the_prompt_that_carried_it(
 def test_compaction_fits_to_a_low_water_mark_so_the_turns_after_it_need_none(
     home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:
-    """Issue 39: a compaction that keeps the history filled to the brim makes the next turn
+    """A compaction that keeps the history filled to the brim makes the next turn
     compact again, one message at a time (each a new prompt for the server). Fitted to a
     low-water mark, the turns after it grow into the room left before the next one."""
     rt = Runtime(settings=make_settings(fake_ollama), home=home)

@@ -1,4 +1,4 @@
-"""Issue 45, finding 3: compaction at the floor of the server's cache. A real llama-server, one
+"""Compaction at the floor of the server's cache. A real llama-server, one
 slot of 1,024 tokens, a dialogue of 18 turns of about 50 new tokens each: every summary call
 extends the prompt the slot holds (the conversation's last request, the instruction appended),
 so it reuses most of its prompt; the turn after it reuses at least the system prompt; and the
@@ -96,7 +96,7 @@ def test_compaction_in_a_small_slot_extends_the_cache_instead_of_replacing_it(
         system = str(after["messages"][0]["content"]).split(budget.SUMMARY_PREFIX)[0]
         assert after_t["cache_n"] >= 0.9 * _tokens(small_slot.url, system), (j, seen)
     assert recomputed <= 1.6 * new, (recomputed, new, seen)
-    # the ledger names each miss: the first turn's, and each compaction's turn (issue 45, 5)
+    # the ledger names each miss: the first turn's, and each compaction's turn
     st = read_state(conv)
     assert st is not None
     misses = [t.miss for t in st.ledger.turns]

@@ -1,4 +1,4 @@
-"""Named crash points (issue 47): a reply that was whole is never asked again.
+"""Named crash points: a reply that was whole is never asked again.
 
 A real daemon process (``run --once``) against the scripted Ollama, which counts the
 requests it is sent, is killed at a named crash point; a plain restart must leave each

@@ -1,4 +1,4 @@
-"""Issue 39, measured: the check that calls a reply built on a cut prompt (its server counted
+"""Measured: the check that calls a reply built on a cut prompt (its server counted
 clearly fewer tokens than we sent) never fires on a real server that did not cut. A real
 llama-server (xllamacpp's build, SmolLM2, 2,048-token slot, prompt cache on) holds three
 dialogues on one model: prose, tables of digits (a token a digit), and one that goes from

@@ -168,7 +168,7 @@ def test_after_a_cancel_the_model_is_told_its_reply_was_cancelled(
     daemon_factory: Callable[..., DaemonProc],
     after_chunks: int,
 ) -> None:
-    """Issue 34 finding 10: the next request (as the server receives it) holds the cancelled
+    """The next request (as the server receives it) holds the cancelled
     turn as an assistant turn marked cancelled, with its partial words when there were any,
     so the model is never asked the cancelled question again in silence and no two user
     turns follow each other."""
@@ -300,7 +300,7 @@ def test_respond_from_the_cli_answers_a_waiting_need(
 
 
 def test_doctor_names_the_setting_a_template_source_lacks(home: Home, tmp_path: Path) -> None:
-    """issue 38.8: the hint meant for the user ("set tools.notes_vault") is the user's, in
+    """The hint meant for the user ("set tools.notes_vault") is the user's, in
     doctor: the model is only told that the source is not there
     (tests/unit/prompt/test_context.py)."""
     env = base_env(home)

@@ -127,7 +127,7 @@ def test_pages_and_api_carry_a_strict_csp(client: TestClient) -> None:
 def test_health_without_the_token_says_only_that_it_is_alive(
     home: Home, client: TestClient
 ) -> None:
-    """Issue 43: /health answers anyone who reaches the port (a probe, a load balancer), so
+    """/health answers anyone who reaches the port (a probe, a load balancer), so
     without the token it says it is alive and nothing else: no pid, no path of the home."""
     bare = client.get("/health", headers={"Authorization": ""})
     assert bare.status_code == 200 and bare.json() == {"ok": True}

@@ -384,7 +384,7 @@ def test_a_running_search_blocks_neither_the_loop_nor_other_reads(
         assert release.wait(30)
         return real(*args, **kwargs)
 
-    from contemplation.index import fusion  # the dashboard searches through it (issue 48)
+    from contemplation.index import fusion  # the dashboard searches through it
 
     monkeypatch.setattr(fusion, "find", held)
     results: list[httpx.Response] = []

@@ -450,7 +450,7 @@ def test_fork_here_in_chromium(home: Home, browser: Any, tab: Tab) -> None:
 def test_fork_here_is_not_offered_on_a_block_still_streaming(
     home: Home, browser: Any, tab: Tab
 ) -> None:
-    """issue 38.8: the reply being written had a "fork here" button (a fork of half a reply).
+    """The reply being written had a "fork here" button (a fork of half a reply).
     It is offered once the block is finished."""
     from playwright.sync_api import expect
 
@@ -481,7 +481,7 @@ def test_fork_here_is_not_offered_on_a_block_still_streaming(
 def test_a_panels_round_is_side_by_side_in_chromium(
     home: Home, browser: Any, tab: Tab, first: str
 ) -> None:
-    """Issue 49: the replies of a panel's seats to one message are shown side by side (one
+    """The replies of a panel's seats to one message are shown side by side (one
     row), each headed by its seat; the next message starts below them. The same when the
     blocks are placed before the detail (which names the seats) answers: an event can load
     them first (CI found that order: one reply per row)."""

@@ -1,4 +1,4 @@
-"""Decisions about lookups are final (issue 34, finding 5): the first decision about a lookup
+"""Decisions about lookups are final: the first decision about a lookup
 wins; a later one, through any face (CLI, MCP, dashboard), is refused with one line naming
 what was decided, through which face and when. Of N deciders racing, exactly one is told
 "done": the decision is read and written under the conversation's faces lock, so it is

@@ -1,5 +1,5 @@
-"""scripts/demo.sh: a new user can look at what the demo did after it ends (issue 44), and it
-leaves nothing else behind (issue 38.8).
+"""scripts/demo.sh: a new user can look at what the demo did after it ends, and it
+leaves nothing else behind.
 
 It printed `CONTEMPLATION_HOME=… contemplation tail -f <id>` for a temporary home its EXIT trap
 then removed, so the command it had just given failed. The demo's home is now a named place

@@ -133,7 +133,7 @@ def test_a_full_disk_is_one_line_and_reads_come_from_the_folders(
     assert "Traceback" not in listed.stderr
     st = cli(env, "status")
     assert "active: 2" in st.stdout, st.stdout
-    assert "disk_full: the disk is full" in st.stdout, st.stdout  # issue 45
+    assert "disk_full: the disk is full" in st.stdout, st.stdout
     one = cli(env, "status", "beta")
     assert "beta" in one.stdout
     found = cli(env, "search", "zebra")
@@ -230,7 +230,7 @@ def _failures(said: str) -> int:
 def test_a_reply_cut_by_a_full_disk_is_said_as_such_on_every_face(
     disk: Path, fake_ollama: FakeOllama, tmp_path: Path
 ) -> None:
-    """Issue 45, finding 6: while the disk is full, status, status --json and wait said
+    """While the disk is full, status, status --json and wait said
     "generating … tokens so far" (state.json cannot be written, so it still says
     generating), and the redone turn's INTERRUPTED line blamed "a restart"."""
     home = Home(disk / "home")

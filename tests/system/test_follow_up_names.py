@@ -1,4 +1,4 @@
-"""A person's file is a whole message whatever its name (issue 43, finding 5).
+"""A person's file is a whole message whatever its name.
 
 A follow-up (what was written into a message's file after the daemon took it, see
 ``release_claimed``) used to carry its bookkeeping in its name, ``<name>.rest@<N>``, and

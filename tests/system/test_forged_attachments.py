@@ -1,4 +1,4 @@
-"""An ``[attachment: …]`` line is trusted only where the writer wrote it (issue 35 finding 7).
+"""An ``[attachment: …]`` line is trusted only where the writer wrote it.
 
 A line copied into a plain message, into an attached text file or into a file a NEED reads
 named an image that conversation never stored: every later turn ended in an ERROR (no

@@ -406,7 +406,7 @@ def test_forks_made_at_the_same_moment_each_get_every_block(home: Home) -> None:
     (its own descriptor on the lock, as a process has): a fork only reads, so another fork
     reading at the same moment is no writer, and each fork holds every block of the source
     and is idle: none ends on the agent's question, which the daemon would ask the model
-    again (issue 35 finding 8: 31 of 200 dropped the last block)."""
+    again (31 of 200 dropped the last block)."""
     from contemplation.faces.fork import fork
     from contemplation.protocol.conversation import next_action
 

@@ -162,13 +162,13 @@ def test_the_oldest_turns_are_summarised_once_written_to_the_log_and_reused(
     turn_with(rt, conv, fake_ollama, q(2), Step(text=summary), Step(text="Reply three."))
     summary_call, third = fake_ollama.chat_requests()[2:]
     # the summary call: the conversation's own prompt up to the oldest turn (what the server
-    # holds in its cache, issue 39), one instruction, no thinking, a bounded reply
+    # holds in its cache), one instruction, no thinking, a bounded reply
     roles = [m["role"] for m in summary_call["messages"]]
     assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
-    # fitted at once to the low-water mark (issue 39): both older turns go into the summary
+    # fitted at once to the low-water mark: both older turns go into the summary
     assert [m["content"] for m in summary_call["messages"][1:5]] == [q(0), a(0), q(1), a(1)]
     ask = summary_call["messages"][-1]["content"]
-    words = budget.summary_words(WINDOW)  # a summary gets a tenth of the window (issue 45)
+    words = budget.summary_words(WINDOW)  # a summary gets a tenth of the window
     assert ask.startswith(f"Summarise the conversation above in at most {words} words")
     bound = budget.summary_tokens(WINDOW)
     assert summary_call["options"] == {"num_ctx": WINDOW, "num_predict": bound}
@@ -356,7 +356,7 @@ def test_the_guard_leaves_alone_a_cut_answer_and_a_reply_already_without_thinkin
     fake_ollama.enqueue(Step(no_content=True, done_reason="length"))
     run_burst(rt)
     assert len(fake_ollama.chat_requests()) == 2  # no continuation for either
-    # no note of the guard's: only the length stop's own (issue 45: a cut reply is said)
+    # no note of the guard's: only the length stop's own (a cut reply is said)
     for conv in (thinking, plain):
         [note] = notes_of(conv)
         assert note.startswith("stopped at the token limit"), note
@@ -394,7 +394,7 @@ def test_real_llama_cpp_summarises_a_history_too_big_for_a_small_window_and_reus
     run_burst(rt)
     after = notes_of(conv)
     assert [n for n in after if n.startswith("summary of the log before the last")] == summaries
-    # num_predict 16 cuts each reply: its length stop's NOTE follows the summary's (issue 45)
+    # num_predict 16 cuts each reply: its length stop's NOTE follows the summary's
     fits = [n for n in after if not n.startswith("stopped at the token limit")]
     assert fits[-1].endswith("the summary above stands in for them")
     st = read_state(conv)

@@ -1,4 +1,4 @@
-"""Say what is happening (issue 23): an empty reply is a marked failure, not a success, and no
+"""Say what is happening: an empty reply is a marked failure, not a success, and no
 rate is made up from a zero duration; a message that is not UTF-8 is kept with a NOTE saying
 so; a folder deleted while its reply streams stops the stream. A real daemon process or the
 real pipeline, against the scripted fake Ollama; real folders."""
@@ -133,7 +133,7 @@ def test_status_after_the_daemon_died_says_the_generation_is_stale(home: Home) -
 
 
 def test_status_with_no_daemon_says_so_and_counts_only_the_agents_messages(home: Home) -> None:
-    """issue 38.8: an approval decided while no daemon runs left ``now: awaiting_approval`` (a
+    """An approval decided while no daemon runs left ``now: awaiting_approval`` (a
     raw status); the permissions' automatic refusal was counted as a message of the agent."""
     from contemplation.writer import open_writer
 

@@ -1,4 +1,4 @@
-"""The derived index of every conversation (issue 24): lists read from it (activity and turns
+"""The derived index of every conversation: lists read from it (activity and turns
 from the log's own dated blocks, pages with a keyset cursor), prune and retention, the daemon
 keeping it current off the event loop, migrations, a locked or shared database, and two
 processes refreshing it at once. Real folders, real SQLite, the real CLI."""

@@ -1,5 +1,5 @@
-"""The index's file is never followed, and one bad folder never breaks every list (issue 35
-finding 9). ``<home>/.index.sqlite3`` that is a folder, a symbolic link to a database outside
+"""The index's file is never followed, and one bad folder never breaks every list.
+``<home>/.index.sqlite3`` that is a folder, a symbolic link to a database outside
 the home (or whose -wal is one), an immutable file or a file another user owns: it is refused
 in one line (never opened, never written through) and list, status and search read the
 folders instead; a conversation whose state.json or metadata.json cannot be read (nested

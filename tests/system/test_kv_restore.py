@@ -1,4 +1,4 @@
-"""Issue 45, finding 4: a conversation that comes back after another took its slot finds its
+"""A conversation that comes back after another took its slot finds its
 history again. On a server that keeps slot files (``--slot-save-path``) the daemon saves the
 idle conversation's slot to a file of its own before another conversation takes the slot,
 and restores it when the conversation returns; the next turn's ``cache_n`` says whether the

@@ -1,4 +1,4 @@
-"""The ledger (issue 39): per turn in state.json, summed per conversation, model and provider,
+"""The ledger: per turn in state.json, summed per conversation, model and provider,
 and shown by ``status``, ``contemplation ledger``, MCP and the dashboard; its totals are the
 server's own counters."""
 

@@ -1,4 +1,4 @@
-"""Issue 45, finding 5: the ledger knows every server's cache figure and names why it missed.
+"""The ledger knows every server's cache figure and names why it missed.
 Ollama reports what it read from its cache since #17943 (2026-08-22: ``prompt_eval_cached_count``
 beside ``prompt_eval_count``, which counts every prompt token, those cached included; left out
 by an older server). Ollama is not installed here (see real-peers.md), so the scripted Ollama

@@ -1,6 +1,6 @@
 """Liveness: no model reply, client or workload can wedge, spin or kill the daemon.
 
-Each test here reproduces one way the daemon was stopped from serving anyone (issue 9) and
+Each test here reproduces one way the daemon was stopped from serving anyone and
 checks the behaviour that must hold instead.
 """
 

@@ -189,8 +189,8 @@ def test_http_face_demands_the_token_and_says_how_to_give_it(home: Home) -> None
 def test_print_claude_command_prints_a_line_without_the_token_and_the_helper_gives_it(
     home: Home,
 ) -> None:
-    """The line names the helper (``mcp --print-headers``), never the token (issue 43 finding
-    4); the helper, run as Claude Code runs it (a shell, from any folder), prints the header."""
+    """The line names the helper (``mcp --print-headers``), never the token;
+    the helper, run as Claude Code runs it (a shell, from any folder), prints the header."""
     env = base_env(home)
     first = cli(env, "mcp", "--http", "8765", "--print-claude-command").stdout
     again = cli(env, "mcp", "--http", "8765", "--print-claude-command").stdout

@@ -154,7 +154,7 @@ def test_the_agent_cannot_take_the_persons_decision_when_its_client_shows_forms(
     fake_ollama: FakeOllama,
     daemon_factory: Callable[..., DaemonProc],
 ) -> None:
-    """Issue 44 finding 1: with a client that shows forms, the agent's conversation_approve is
+    """With a client that shows forms, the agent's conversation_approve is
     refused in one line that says where the person decides, and nothing is decided; the
     person's decision at the CLI then goes through, recorded as the person's."""
     env, secret = asking_setup(tmp_path, home, fake_ollama)
@@ -228,7 +228,7 @@ def test_a_form_nobody_answers_never_holds_the_wait_past_its_bound(
     fake_ollama: FakeOllama,
     daemon_factory: Callable[..., DaemonProc],
 ) -> None:
-    """Issue 44 finding 5: conversation_wait returns within its timeout (at most 50 s, as the
+    """conversation_wait returns within its timeout (at most 50 s, as the
     README promises) although the form it put to the person is left unanswered; the result
     says the form is still pending and what to call next, and nothing is decided."""
     env, secret = asking_setup(tmp_path, home, fake_ollama)

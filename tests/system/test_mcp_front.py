@@ -1,4 +1,4 @@
-"""The stdio MCP server lists its tools at once (issue 44 finding 3).
+"""The stdio MCP server lists its tools at once.
 
 Claude Code sends its first model request 1.6 to 2 s after it spawns its MCP servers, with
 the tools listed by then; ``contemplation mcp`` answered ``initialize`` only once the MCP SDK

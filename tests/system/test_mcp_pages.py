@@ -1,4 +1,4 @@
-"""Agent results that stay small (issue 24, part 3): check/wait cut a long reply or many blocks
+"""Agent results that stay small: check/wait cut a long reply or many blocks
 at a budget and hand back a cursor that continues exactly at the cut; conversation_list pages
 with an opaque cursor over data that changes between calls; an agent can list the models and
 cancel a generation. Real folders written by the real writer; the real SDK client in process.
@@ -190,7 +190,7 @@ def test_list_json_pages_with_limit_and_cursor(home: Home) -> None:
 
 
 def test_list_json_is_the_shape_of_mcp_conversation_list(home: Home) -> None:
-    """issue 38.8: ``list --json`` was an array (an object only with --limit) while MCP's
+    """``list --json`` was an array (an object only with --limit) while MCP's
     conversation_list is an object: one shape, the items, the counts and a cursor."""
     from tests.conftest import base_env, cli
 

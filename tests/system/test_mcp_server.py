@@ -536,7 +536,7 @@ def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Hom
             msg = json.loads(raw)  # every stdout line is a JSON-RPC message
             assert msg["jsonrpc"] == "2.0"
         assert json.loads(line)["result"]["serverInfo"]["name"] == "contemplation"
-        said = json.loads(line)["result"]["instructions"]  # both contracts, briefly (issue 37)
+        said = json.loads(line)["result"]["instructions"]  # both contracts, briefly
         assert "conversation_wait" in said and "io.modelcontextprotocol/tasks" in said
         assert len(said) < 1000
         assert len(json.loads(second)["result"]["tools"]) == len(TOOLS)
@@ -757,7 +757,7 @@ def nested(depth: int, rid: object = 7, *, id_last: bool = False) -> str:
 
 
 def test_a_line_the_stdio_face_cannot_read_is_answered_and_serving_goes_on(home: Home) -> None:
-    """Issue 43: a request nested ~200 levels deep got no answer at all (the SDK drops a line
+    """A request nested ~200 levels deep got no answer at all (the SDK drops a line
     it cannot parse); now each such line is a JSON-RPC error, with its id where one can be
     read, and the next request is served."""
     proc = subprocess.Popen(
@@ -798,7 +798,7 @@ def test_a_line_the_stdio_face_cannot_read_is_answered_and_serving_goes_on(home:
 
 
 def test_a_deeply_nested_request_over_http_is_answered_and_serving_goes_on(home: Home) -> None:
-    """Issue 43 over the HTTP face: the SDK's transport answers the body itself (400, -32700)."""
+    """The same over the HTTP face: the SDK's transport answers the body itself (400, -32700)."""
     import httpx
 
     face = mcp_http.serve(home)

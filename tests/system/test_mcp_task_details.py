@@ -1,4 +1,4 @@
-"""Issue 44's smaller MCP findings. (a) A long result cut to the page budget said "more
+"""The smaller MCP findings. (a) A long result cut to the page budget said "more
 follows: call again with the returned cursor"; in a task started by conversation_start that
 call starts a new conversation. Every such ``next`` names the tool that pages it
 (conversation_check), the conversation and the cursor. (b) ``tasks/get``'s ``lastUpdatedAt``

@@ -461,7 +461,7 @@ def test_a_form_answered_after_another_face_decided_is_refused_and_the_agent_nev
     daemon_factory: Callable[..., DaemonProc],
     wires: Callable[[dict[str, str]], Wire],
 ) -> None:
-    """Issue 44 finding 1: while the person's form is out, the agent's conversation_approve is
+    """While the person's form is out, the agent's conversation_approve is
     refused (nothing decided); the person decides at the CLI; their later answer in the stale
     form is a JSON-RPC error naming that decision, never a silent success."""
     env, secret = asking_setup(tmp_path, home, fake_ollama)
@@ -502,7 +502,7 @@ def test_cancel_of_a_task_whose_lookup_waits_for_the_person_says_so_and_decides_
     daemon_factory: Callable[..., DaemonProc],
     wires: Callable[[dict[str, str]], Wire],
 ) -> None:
-    """Issue 44: tasks/cancel of a task whose turn waits for the person's approval is not a
+    """tasks/cancel of a task whose turn waits for the person's approval is not a
     way for the agent to take that decision: a JSON-RPC error says the turn waits for the
     person and where they decide (never "its turn is over"); the form stays out, and the
     person's answer still goes on."""
@@ -553,7 +553,7 @@ def test_each_task_is_its_own_question_with_parallel_calls_on_one_conversation(
     daemon_factory: Callable[..., DaemonProc],
     wires: Callable[[dict[str, str]], Wire],
 ) -> None:
-    """Issue 44 finding 5: Claude Code makes parallel calls. A conversation is started and two
+    """Claude Code makes parallel calls. A conversation is started and two
     more questions are sent on it at once (both requests written before either answer is
     read), all before the model answered anything: each task completes with the reply to its
     own message, never a later message's."""
@@ -591,7 +591,7 @@ def test_cancel_of_a_task_whose_turn_is_over_is_an_error_that_says_so(
     daemon_factory: Callable[..., DaemonProc],
     wires: Callable[[dict[str, str]], Wire],
 ) -> None:
-    """Issue 44 finding 5: tasks/cancel never answers success for nothing done. A task the
+    """tasks/cancel never answers success for nothing done. A task the
     model has answered is not cancelled: a JSON-RPC error (-32602) says its turn is over,
     and the task stays completed with its reply."""
     env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
@@ -616,7 +616,7 @@ def test_cancel_of_a_finished_task_never_cancels_the_next_message_just_claimed(
     daemon_factory: Callable[..., DaemonProc],
     wires: Callable[[dict[str, str]], Wire],
 ) -> None:
-    """Issue 44: task A's reply is whole; B's message has just been claimed into
+    """Task A's reply is whole; B's message has just been claimed into
     ``processing/`` (not yet in the log: the moment between the daemon's claim and its
     append). ``tasks/cancel`` of A says A's turn is over and leaves B's turn alone: no
     ``.cancel`` flag is written, and B is answered."""

@@ -1,4 +1,4 @@
-"""Issue 37, done means: ``tasks/cancel`` stops generation within 2 s on the real server.
+"""MCP tasks, done means: ``tasks/cancel`` stops generation within 2 s on the real server.
 
 The real ``contemplation mcp`` over raw JSON-RPC stdio, a real daemon, and the real
 llama-server (xllamacpp's build) as an OpenAI-compatible provider: while the model streams a
@@ -127,7 +127,7 @@ def test_tasks_cancel_closes_the_stream_at_once_and_the_real_llama_server_frees_
     # The server frees the slot once it sees the connection gone, between two decodes; on the
     # loaded 2-core test machine a token can take ~1 s and /slots waits in the same queue, so
     # single runs took 0.2-11 s there (median ~0.5-1.5 s). The bound here: generation stopped,
-    # never ran on for its 3,000 tokens (minutes); the 2 s of issue 37 is the printed median.
+    # never ran on for its 3,000 tokens (minutes); the 2 s once measured is the printed median.
     assert max(took) < 20.0, took
 
 
@@ -137,7 +137,7 @@ def test_a_turn_waiting_for_the_slot_is_cancelled_by_its_task_and_by_the_cli(
     wires: Callable[[dict[str, str]], Wire],  # noqa: F811
     llama: realpeers.LlamaServer,
 ) -> None:
-    """Issue 44 finding 5: the real llama-server's one slot streams a long reply; two more
+    """The real llama-server's one slot streams a long reply; two more
     conversations' messages are claimed and wait for the slot. ``tasks/cancel`` of the first
     one's task and the CLI's ``cancel`` of the other both withdraw the waiting turn: once the
     slot is free, neither gets a reply, both end cancelled (never "nothing to cancel")."""

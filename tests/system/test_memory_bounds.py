@@ -1,4 +1,4 @@
-"""Memory does not grow with one conversation's size (issue 35 finding 11). A log is indexed
+"""Memory does not grow with one conversation's size. A log is indexed
 a stretch of blocks at a time, never read whole and never skipped for its size (a block past
 the bound is indexed by its first bytes, with a log line); a state.json or metadata.json past
 its bound is refused before it is read, in one line naming that conversation, and every other

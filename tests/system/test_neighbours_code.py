@@ -1,4 +1,4 @@
-"""No neighbour's code runs (issue 43 finding 1 and 2): every Python process of ours imports the
+"""No neighbour's code runs: every Python process of ours imports the
 package, its dependencies and the standard library, never a module lying in the folder it was
 started from.
 

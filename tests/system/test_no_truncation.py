@@ -1,4 +1,4 @@
-"""Issue 39: no silent truncation. Ollama cuts a prompt over ``num_ctx`` without a word unless
+"""No silent truncation. Ollama cuts a prompt over ``num_ctx`` without a word unless
 the request says ``"truncate": false``; then it refuses with HTTP 400
 ``exceed_context_size_error`` (ollama #16712, #16800), and the turn compacts once, visibly,
 and asks again, calibrated by the server's own count. The scripted Ollama speaks both modes."""

@@ -1,4 +1,4 @@
-"""Issue 38: ``max_bytes`` up to 64,000 could exceed Claude Code's 25,000-token cut of a tool
+"""``max_bytes`` up to 64,000 could exceed Claude Code's 25,000-token cut of a tool
 result for CJK or emoji text (a CJK character is three bytes and one to two tokens, an emoji
 four bytes and two). A page is budgeted in estimated tokens as well as bytes, with the
 same cursor: a cut page says so and the next call continues exactly at the cut."""

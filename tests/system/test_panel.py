@@ -1,4 +1,4 @@
-"""Issue 49: a panel of models. A real daemon, the real CLI, and the scripted Ollama (strict
+"""A panel of models. A real daemon, the real CLI, and the scripted Ollama (strict
 per model: each step answers only the model it names, so a request to the wrong model gets
 the filler and fails the test). Each message is answered once by each model, in a block
 whose header names it; each model sees the shared question and its own line only (with

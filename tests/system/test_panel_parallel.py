@@ -1,4 +1,4 @@
-"""Issue 49: a panel's seats answer in parallel where the server has slots for them.
+"""A panel's seats answer in parallel where the server has slots for them.
 
 The real llama-server (xllamacpp's build, SmolLM2) behind two aliases, a real daemon, the
 real CLI. While the round runs, the server's own ``GET /slots`` is polled: with two slots

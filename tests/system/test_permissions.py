@@ -1,4 +1,4 @@
-"""Permissions per route (issue 12): allow / ask / deny with argument patterns, the last match
+"""Permissions per route: allow / ask / deny with argument patterns, the last match
 winning, ``.env`` denied by default; ``ask`` waits in ``awaiting_approval`` until the agent
 approves once / always or rejects, through the CLI, the MCP tool and the dashboard.
 
@@ -106,8 +106,8 @@ def test_the_last_matching_pattern_wins() -> None:
     # the same rules in the other order: the catch-all written last decides everything
     backwards = {"read_file": {"~/notes/private/*": "deny", "~/notes/**": "allow", "*": "ask"}}
     assert verdict(backwards, "/home/u/notes/private/b.md") == "ask"
-    # a rule of yours that names .env files lifts the default; a broad one does not (issue 35:
-    # the built-in secrets are lifted only by naming them, see tests/system/test_secrets.py)
+    # a rule of yours that names .env files lifts the default; a broad one does not (the
+    # built-in secrets are lifted only by naming them, see tests/system/test_secrets.py)
     assert verdict({"read_file": {"**/.env": "allow"}}, "/srv/.env") == "allow"
     assert verdict({"read_file": "allow"}, "/srv/.env") == "deny"  # "allow" is {"*" = "allow"}
 
@@ -314,7 +314,7 @@ def test_approve_picks_one_request_and_says_what_waits(
         (ids[needs[0]], "approval", needs[0])
     ]
     # no change of mind, even before the daemon looked (here by a unique prefix of the id):
-    # the first decision is final (issue 34)
+    # the first decision is final
     with pytest.raises(
         InputRejected, match=r"was decided already: rejected by the person \(the CLI\) at "
     ):
@@ -342,7 +342,7 @@ def test_a_hand_written_answer_is_not_the_answer_to_a_lookup_that_waits(
     tmp_path: Path,
     how: str,
 ) -> None:
-    """Issue 43: a lookup marked ``ask`` is answered by its tool once the person decides, never
+    """A lookup marked ``ask`` is answered by its tool once the person decides, never
     by text: a RESPONSE TO NEED block written by hand (in the log, or as an inbox message)
     leaves it waiting for approval, and the model is not asked again until the decision."""
     notes = tmp_path / "notes"
@@ -719,7 +719,7 @@ def test_approve_and_reject_buttons_in_chromium(
 
 
 def test_always_is_remembered_per_file_not_per_spelling(tmp_path: Path) -> None:
-    """issue 38.8: ``./a/../a/x.md``, ``a/x.md`` and the absolute path are one approval; a
+    """``./a/../a/x.md``, ``a/x.md`` and the absolute path are one approval; a
     spelling that leads outside the allowed folders is granted by none."""
     root = tmp_path / "root"
     (root / "a").mkdir(parents=True)

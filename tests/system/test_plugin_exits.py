@@ -1,5 +1,4 @@
-"""A plugin cannot hold the process's exit, nor make its death look like a clean stop (issue 43
-findings 6 and 7).
+"""A plugin cannot hold the process's exit, nor make its death look like a clean stop.
 
 Python's exit joins every thread that is not a daemon thread: a plugin's thread that never
 ends kept ``run`` alive after SIGTERM (40 s, then a SIGKILL) and ``plugins``, ``doctor`` and

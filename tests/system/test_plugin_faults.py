@@ -1,4 +1,4 @@
-"""A plugin takes down its own work, never the daemon (issue 35 finding 4).
+"""A plugin takes down its own work, never the daemon.
 
 The faulty plugin (tests/faulty_plugin.py) is installed as a distribution (a dist-info folder
 with its entry points, as pip writes one) and found by real processes through

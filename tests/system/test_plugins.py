@@ -1,4 +1,4 @@
-"""Plugins by entry point (issue 25): the example in examples/contemplation-echo installed by
+"""Plugins by entry point: the example in examples/contemplation-echo installed by
 real pip, found by importlib.metadata in fresh CLI processes, listed by ``plugins``, its
 ``upper`` tool routed by ``routes test`` and answering a model's NEED in a real ``run --once``
 (against the fake Ollama, and with its own ``echo`` backend: a conversation through both),

@@ -1,4 +1,4 @@
-"""Private by default (issue 34, finding 6): whatever umask a command or the daemon was
+"""Private by default: whatever umask a command or the daemon was
 started with, every folder under the home is the owner's alone (0700) and every file too
 (0600). A secret read through an approved lookup lands in ``messages.log``: that log must be
 no more readable than the secret was. A home made open by an older version is closed at the

@@ -1,4 +1,4 @@
-"""Issue 39: the prompt in canonical order, so that a server's prefix cache is reused.
+"""The prompt in canonical order, so that a server's prefix cache is reused.
 
 What every conversation shares comes first and never varies (the protocol, the NEED forms),
 then the template's words, then the conversation's own (its topic, its context), then the

@@ -54,7 +54,7 @@ def offered(text: str) -> list[str]:
 
 
 def test_the_default_prompt_is_intro_protocol_style_then_topic_placeholders_filled() -> None:
-    """Canonical order (issue 39): what every conversation shares first, the topic last."""
+    """Canonical order: what every conversation shares first, the topic last."""
     text = system_prompt(meta())
     assert text.startswith(
         "You are in an asynchronous conversation with Claude (an AI agent or a person).\n\n"
@@ -129,7 +129,7 @@ def test_build_request_puts_the_context_after_the_prompt() -> None:
 
 
 def test_a_cancelled_turn_stays_in_the_history_marked_and_roles_alternate() -> None:
-    """Issue 34 finding 10: cancelled with words (after a cut-off too) or before any word, the
+    """Cancelled with words (after a cut-off too) or before any word, the
     turn is an assistant turn that says so; a failed or cut-off reply is still left out."""
     log = (
         "=== CLAUDE -> OLLAMA [2026-01-01 10:00:00] ===\nWrite an essay.\n\n"

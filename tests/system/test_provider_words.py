@@ -1,4 +1,4 @@
-"""Issue 38, "doctor hints name OPENAI_BASE_URL for a named provider": a named provider's hints
+"""Doctor hints named OPENAI_BASE_URL for a named provider: a named provider's hints
 and turn errors name the key its URL came from (``providers.<name>.url``), not the environment
 variable that only reaches the old ``[ollama]`` / ``[openai]`` sections."""
 

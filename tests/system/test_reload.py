@@ -1,4 +1,4 @@
-"""Configuration changes without a restart (issue 23): SIGHUP (``contemplation service
+"""Configuration changes without a restart: SIGHUP (``contemplation service
 reload``) re-reads the config; the next turn uses it, a bad file is refused and the old
 settings kept, a conversation waiting out a backoff for the changed backend retries at once,
 and ``doctor`` says when the running daemon's settings differ from the file. A real daemon

@@ -1,4 +1,4 @@
-"""Continuing a finished conversation (issue 23): ``reopen`` (and MCP ``conversation_reopen``)
+"""Continuing a finished conversation: ``reopen`` (and MCP ``conversation_reopen``)
 brings an archived conversation back; archive-on-COMPLETE happens once, when the marker is
 first seen, so a folder reopened or moved back by hand stays in active/ and its next message
 is a turn as any other. A real daemon against the scripted fake Ollama, the real CLI."""

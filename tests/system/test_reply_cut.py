@@ -1,4 +1,4 @@
-"""Replies that end honestly (issue 45, findings 1 and 2), with real models.
+"""Replies that end honestly, with real models.
 
 1. The README's first-hour command, as a user runs it (the real daemon, the CLI, the
    embedded SmolLM2 at temperature 0), makes the model loop ("… and a data warehouse and a

@@ -1,4 +1,4 @@
-"""Structured answers (issue 27): a message's JSON Schema goes to the server in its own wire
+"""Structured answers: a message's JSON Schema goes to the server in its own wire
 shape (Ollama ``format``, OpenAI ``response_format``; an instruction for OpenCode), the reply
 is validated (one retry with the validator's message, then an ERROR marker), and the faces
 return the parsed object. The fake servers record the exact request bodies; the last test

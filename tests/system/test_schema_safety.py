@@ -1,4 +1,4 @@
-"""Schemas that cannot hurt the daemon (issue 35, findings 1 and 5).
+"""Schemas that cannot hurt the daemon.
 
 A reply is checked against its schema in a child process with a hard time limit and a regex
 engine that cannot backtrack (jsonschema-rs with the ``regex`` crate), so a hostile
@@ -47,7 +47,7 @@ LOOP = {  # two $refs that reach each other without going into the value: endles
     "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
     "$ref": "#/$defs/a",
 }
-# recursion through the value (issue 43): legitimate, bounded by the reply's depth
+# recursion through the value: legitimate, bounded by the reply's depth
 MUTUAL = {
     "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}},
     "$ref": "#/$defs/a",
@@ -153,7 +153,7 @@ def _tree(depth: int) -> dict[str, Any]:
 def test_a_schema_recursive_through_the_value_is_accepted_and_checks_replies(
     schema: dict[str, Any],
 ) -> None:
-    """Issue 43: a tree's ``$ref`` recursion goes one level into the reply each round, so it
+    """A tree's ``$ref`` recursion goes one level into the reply each round, so it
     ends with the reply (at most replycheck.MAX_DEPTH levels, checked in a child process with
     a time limit): accepted, where a ``$ref`` loop that stays on one value is refused above."""
     assert structured.load_schema(json.dumps(schema), LIMIT) == schema

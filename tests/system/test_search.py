@@ -1,4 +1,4 @@
-"""Full-text search over every conversation (issue 24, part 2, with its derived index): ranked
+"""Full-text search over every conversation (with its derived index): ranked
 hits with the block and a marked snippet, on the CLI and over MCP; hand-made and hand-edited
 folders found without a restart; a corrupt, truncated or other-version index made anew; FTS5
 syntax passed through, a query it rejects tried as a phrase. Real folders, real SQLite."""
@@ -154,7 +154,7 @@ def test_reindex_and_check_say_and_mend_what_the_index_lacks(home: Home) -> None
 def test_words_past_the_bound_of_a_block_are_not_found_and_a_search_says_so(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 43: a block longer than the reader's bound (logstream.MAX_BLOCK_BYTES, 16 MiB;
+    """A block longer than the reader's bound (logstream.MAX_BLOCK_BYTES, 16 MiB;
     64 KiB here) is indexed by its first bytes. The index records which blocks were cut, a hit
     in one says how much of it was indexed, and every search over them says that words past
     the bound are not found (the honest, bounded choice: nothing reads a block whole)."""

@@ -1,4 +1,4 @@
-"""Every search is bounded (issue 35 finding 10): ``a*`` with a hit in a 200 MB block ran
+"""Every search is bounded: ``a*`` with a hit in a 200 MB block ran
 10.7 min, a 100 KB query 30 s, the dashboard's searches could not be stopped, and
 ``x) OR thinking : (word`` searched the thinking without --thinking.
 

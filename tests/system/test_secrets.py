@@ -1,4 +1,4 @@
-"""Secrets are never shown and never read (issue 35, findings 3 and 6).
+"""Secrets are never shown and never read.
 
 * A password in a provider's URL is masked (``user:***@``) on every face — the log and its
   markers, ``state.json``, the daemon's log, ``doctor``, ``status``, ``list``, ``models``,
@@ -473,7 +473,7 @@ def test_a_daemon_turn_never_sends_a_secret_to_the_model(
     assert [c.id for c in list_conversations(home)] == [cid]
 
 
-# --------------------------------------------------------------------------- issue 43 finding 3
+# ------------------------------------------------- a secret the service's unit must not show
 
 OWN = [
     "~/.config/contemplation/service.env",

@@ -233,7 +233,7 @@ exit 0
 def test_service_status_json_says_what_the_manager_says(
     home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
 ) -> None:
-    """issue 38.8: the README says every read command takes --json; service status did not."""
+    """The README says every read command takes --json; service status did not."""
     env, log = fake_managers
     systemctl = tmp_path / "fakebin" / "systemctl"
     systemctl.write_text(SHOW)
@@ -293,7 +293,7 @@ def _unit_and_secrets(env: dict[str, str]) -> tuple[Path, Path]:
 def test_install_with_no_systemd_user_session_says_why_in_one_line_and_writes_nothing(
     home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
 ) -> None:
-    """issue 44: with no user bus (an ssh or su shell, a container) install ended with
+    """With no user bus (an ssh or su shell, a container) install ended with
     systemctl's raw "Failed to connect to bus" and left the unit and service.env behind. The
     user manager is asked first; without one: exit 1, one line saying why and what to do,
     and nothing written (a unit installed before stays as it was)."""

@@ -1,4 +1,4 @@
-"""The installed service runs with the settings the user tested with (issue 38, items 5 and 6):
+"""The installed service runs with the settings the user tested with:
 ``service install`` carries the shell's OPENAI_*, OLLAMA_HOST and CONTEMPLATION_* into the
 unit or the plist, secrets only into a 0600 file beside it (never into the unit), says what
 it carried with secrets masked, writes no OLLAMA_HOST that was not set, and ``doctor`` says

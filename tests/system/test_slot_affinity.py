@@ -1,4 +1,4 @@
-"""Issue 39, affinity: a conversation's turns name the llama-server slot that holds its
+"""Slot affinity: a conversation's turns name the llama-server slot that holds its
 history (``id_slot``), so that two conversations taking turns on a 4-slot server each find
 their whole previous prompt in the cache (the server's ``timings.cache_n``), never the
 other's; on a server that copies slots (``--slot-save-path``), a burst of new conversations

@@ -1,4 +1,4 @@
-"""Issue 38 item 8, "small words that mislead": each surface says only what is true for the
+"""Small words that mislead: each surface says only what is true for the
 command that was run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every decision listed, an ``always`` revocable (issue 44): ``contemplation approvals``,
+"""Every decision listed, an ``always`` revocable: ``contemplation approvals``,
 ``status CONV`` and the dashboard's conversation view list the decisions made about lookups
 (what, for which tool and arguments, by whom on which face, when); ``approvals revoke ID`` (and
 the dashboard's token-protected POST) takes an ``always`` back, recorded with who and when, and

@@ -1,4 +1,4 @@
-"""Commands that start at once (issue 24): the CLI's entry point loads no module a command
+"""Commands that start at once: the CLI's entry point loads no module a command
 does not need. A heavy module named here and found loaded after importing the entry point (in
 a fresh interpreter) fails the test, so a top-level import that drags one in is caught."""
 

@@ -1,4 +1,4 @@
-"""The token estimate calibrated by the server's own tokenizer (issue 38 item 8, issue 39).
+"""The token estimate calibrated by the server's own tokenizer.
 
 A real llama-server (xllamacpp's build) counts digits at about one token a character, four
 times the default estimate. A daemon that has not yet heard the server count this model's

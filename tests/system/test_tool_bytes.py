@@ -1,4 +1,4 @@
-"""Issue 39: the tools a turn offers go out in one canonical form. Two configurations that
+"""The tools a turn offers go out in one canonical form. Two configurations that
 list the same routes in another order (and so the tools in another order) send the same
 ``tools`` bytes, so the server's cached prefix stays usable across daemons and turns."""
 

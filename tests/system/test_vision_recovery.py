@@ -1,5 +1,5 @@
-"""An image sent to a model that cannot see never breaks a conversation for good (issue 38
-item 2): the ERROR says how to go on, the failed turn can be withdrawn (``retract``, MCP
+"""An image sent to a model that cannot see never breaks a conversation for good:
+the ERROR says how to go on, the failed turn can be withdrawn (``retract``, MCP
 ``retract``), the model can be changed (``set-model``, MCP ``model``), and a history that
 holds an older image goes to a model without vision without it, a NOTE saying so once. Run
 with the real CLI and daemon (``run --once``) against the scripted fake Ollama."""

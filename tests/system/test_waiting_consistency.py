@@ -1,4 +1,4 @@
-"""What waits is one consistent view on every face (issue 34, finding 3).
+"""What waits is one consistent view on every face.
 
 ``approve --once --wait`` once told the agent to ``respond`` to the lookup it had just
 approved: the follower read the decision, the state and the log at different moments, and

@@ -1,4 +1,4 @@
-"""The package's layering, as a test (issue 36): rooms import only downward and in no circle,
+"""The package's layering, as a test: rooms import only downward and in no circle,
 the faces reach neither the engine nor the daemon (but the ``run`` command, which starts one),
 and only the writer renames, unlinks, removes or writes files under the home.
 
@@ -122,7 +122,7 @@ def test_the_scan_sees_a_write(tmp_path: Path) -> None:
     assert [w.split(": ")[1] for w in _writes(probe)] == ["os.rename", "open('w')", ".unlink()"]
 
 
-# The turn's room (issue 46): its phases in the order they may import each other
+# The turn's room: its phases in the order they may import each other
 TURN_CHAIN = ["state", "retrying", "prepare", "fit", "ahead", "stream", "end", "run"]
 
 

@@ -1,4 +1,4 @@
-"""One owner per fact (issue 36): a name of the folder contract, a line of the log format, a
+"""One owner per fact: a name of the folder contract, a line of the log format, a
 backend kind and its servers' variables are each spelled in one module; the others import it.
 These tests read the source (AST), so a copy that creeps back fails here, not in a rename."""
 
@@ -81,7 +81,7 @@ def test_the_attachments_folder_is_named_by_the_layout_alone() -> None:
 
 
 def test_the_tool_call_line_is_built_and_read_by_the_log_format_alone() -> None:
-    """The recorded tool-call line (issue 36): spelled once, in
+    """The recorded tool-call line: spelled once, in
     :mod:`contemplation.protocol.logformat`,
     and what it builds it reads back."""
     owners = [
@@ -149,17 +149,17 @@ def _spelling(fact: str) -> list[str]:
 
 
 def test_the_header_timestamp_is_spelled_by_the_log_format_alone() -> None:
-    """Issue 46: four modules spelled the headers' time format; the log format owns it."""
+    """Four modules spelled the headers' time format; the log format owns it."""
     assert _spelling(logformat.TIME_FORMAT) == []
 
 
 def test_the_need_prefix_is_spelled_by_the_log_format_alone() -> None:
-    """Issue 46: ``NEED:`` was spelled at five sites beside ``logformat.NEED_PREFIX``."""
+    """``NEED:`` was spelled at five sites beside ``logformat.NEED_PREFIX``."""
     assert _spelling(logformat.NEED_PREFIX) == []
 
 
 def test_the_inbox_is_filtered_by_the_layout_alone(tmp_path: Path) -> None:
-    """Issue 46: the dispatcher's own filter took any name not starting with a dot for a
+    """The dispatcher's own filter took any name not starting with a dot for a
     message (an editor's ``draft.txt~`` or a ``part.tmp`` being written woke a look); the
     layout's ``ignored_name`` is the one filter of the inbox."""
     from contemplation.daemon.dispatcher import signs_of_work

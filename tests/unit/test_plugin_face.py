@@ -1,4 +1,4 @@
-"""The plugins' one public face (issue 36): what ``contemplation.plugin`` offers is exactly its
+"""The plugins' one public face: what ``contemplation.plugin`` offers is exactly its
 ``__all__`` (as httpx's test_exported_members keeps its own honest), each name is one thing,
 and the example plugin imports nothing else of the package."""
 
@@ -53,7 +53,7 @@ def test_the_example_plugin_imports_only_the_face() -> None:
 
 
 def test_the_face_is_light() -> None:
-    """A plugin author pays for the contract, not for the daemon's faces (issue 46): importing
+    """A plugin author pays for the contract, not for the daemon's faces: importing
     ``contemplation.plugin`` in a fresh interpreter loads no web framework and well under 60
     of the package's modules (it loaded starlette and 53 with ``Panel`` in faces/dashboard;
     20 with the contract in its leaf, faces/panel.py)."""

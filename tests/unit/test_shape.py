@@ -1,4 +1,4 @@
-"""The code's shape (issue 46), read from the source: no engine function takes 7 or more
+"""The code's shape, read from the source: no engine function takes 7 or more
 parameters (the turn travels as one object), no function in the package runs over 120 lines,
 no import brings back a module name from before the rooms move, each room says in its first
 line what lives there, and each unit-test file that names a module sits in that module's

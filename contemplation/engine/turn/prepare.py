@@ -28,7 +28,7 @@ async def prepare(turn: Turn, meta: Metadata, usable: list[str]) -> Prepared:
     found = [await rt.capabilities(name, meta.model) for name in usable]
     known = [c for c in found if c is not None]
     caps = known[0] if known else None  # None: the turn reports the error
-    for c in known:  # an embedding or decision model: one ERROR, no request (issue 39)
+    for c in known:  # an embedding or decision model: one ERROR, no request
         if (refused := cannot_chat(meta.model, c)) is not None:
             return Prepared(meta, context=context, error=refused)
     windows = [w for c in known if (w := c.request_window or c.context_length)]

@@ -138,7 +138,7 @@ def _grown(turn: Turn) -> bool:
 async def _name_slot(
     rt: Runtime, provider: str, conv_id: str, meta: Metadata, held: Held
 ) -> int | None:
-    """The server slot this turn names, where the server lets a request name one (issue 39:
+    """The server slot this turn names, where the server lets a request name one (
     its own cache, else its template's warm prefix, copied into an unused slot where the
     server copies slots); given back with ``held``."""
     backend = rt.backend(provider)

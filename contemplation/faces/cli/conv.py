@@ -137,7 +137,7 @@ def new(  # noqa: PLR0917 - click passes every option positionally
         raise click.UsageError("--wait needs --message: there is nothing to wait for")
     for name in (*models, *([synthesize] if synthesize else [])):
         if why := asyncio.run(refusal(s, backend or s.default_backend, name)):
-            raise InputRejected(why)  # an embedding or decision model (issue 39)
+            raise InputRejected(why)  # an embedding or decision model
     by = watching.started_by(os.environ)  # Claude Code's Bash tool: the agent's
     conv = actions.create(
         s, topic, model=model, backend=backend, template=template, think=think, started_by=by,
@@ -483,7 +483,7 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     full = room.full(home.root) if state is not None and state.status in BUSY else ""
     if state is not None and full:  # state.json cannot be written now: the turn is not
         state = state.model_copy(update={"status": Status.RETRYING, "generating_since": None})
-        data.update(status=Status.RETRYING.value, disk_full=full)  # generating (issue 45)
+        data.update(status=Status.RETRYING.value, disk_full=full)  # generating
     if state:
         data.update(_state_details(state))
     view = reader.standing(conv)
@@ -566,7 +566,7 @@ def _daemon_status(home: Home) -> dict[str, Any]:
     ]
     if generating:
         data["generating"] = generating  # the conversations holding backend slots
-    if full := room.full(home.root):  # their turns are retried, not generating (issue 45)
+    if full := room.full(home.root):  # their turns are retried, not generating
         data["disk_full"] = f"{full}: turns are retried once there is room"
     from contemplation.faces.dashboard import dashboard_link, token_path
 

@@ -1,4 +1,4 @@
-"""``contemplation ledger``: where the tokens and the time went (issue 39).
+"""``contemplation ledger``: where the tokens and the time went.
 
 With a conversation: its turns (the last ones state.json lists, a page at a time) and its
 sums per provider/model. Without: the sums over every conversation, archived included, read

@@ -77,7 +77,7 @@ def set_model(  # noqa: PLR0917 - click passes every option positionally
         was = (found[0].backend if found else "") or was
     on = backend or (model if model in s.aliases else None) or was
     if why := asyncio.run(refusal(s, on or s.default_backend, model)):
-        raise InputRejected(why)  # an embedding or decision model (issue 39)
+        raise InputRejected(why)  # an embedding or decision model
     done = actions.set_model(s, conv, model, backend, seat=seat)
     before = f"(was {done['was']['model']} on {done['was']['backend']})"
     human = f"{conv.id}: the next turn goes to {done['model']} on {done['backend']} {before}"

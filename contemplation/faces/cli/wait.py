@@ -273,7 +273,7 @@ def _code(view: Standing, ex: Exchange) -> int | None:
         return EXIT_NEEDS_AGENT
     if state.status in (Status.CANCELLED, Status.ERROR):
         return EXIT_ERROR
-    if state.reply_cut is not None:  # the last reply is not whole (issue 45)
+    if state.reply_cut is not None:  # the last reply is not whole
         return EXIT_CUT
     return EXIT_OK
 

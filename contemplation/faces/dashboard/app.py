@@ -165,7 +165,7 @@ class Dashboard:
 
     async def health(self, request: Request) -> Response:
         """Alive, to anyone who reaches the port (``{"ok": true}``); the pid, the uptime,
-        whether the daemon runs and the home's path only with the token (issue 43)."""
+        whether the daemon runs and the home's path only with the token."""
         said: dict[str, Any] = {"ok": True}
         if bearer.matches(bearer.given(request.headers), self.token):
             said |= {

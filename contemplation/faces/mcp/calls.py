@@ -161,7 +161,7 @@ class Faces:
         view = self.reader.standing(conv)
         meta, state, items, queued = view.meta, view.state, view.items, view.queued
         status = state.status.value if state else Status.PENDING.value
-        if self.reader.disk_full(view):  # its state.json cannot say so (issue 45)
+        if self.reader.disk_full(view):  # its state.json cannot say so
             status = Status.RETRYING.value
         alive = daemon_alive(self.home)
         model = meta.model if meta else ""

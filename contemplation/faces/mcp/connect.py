@@ -2,7 +2,7 @@
 
 ``claude mcp add --header "Authorization: Bearer <token>"`` puts the token in the argv of the
 shell, of ``claude`` and of whatever runs it, where any local user reads it from
-``/proc/*/cmdline`` (issue 43 finding 4), and leaves it in ``~/.claude.json``. Claude Code's
+``/proc/*/cmdline``, and leaves it in ``~/.claude.json``. Claude Code's
 ``headersHelper`` instead runs a command of ours at each connection and reads the headers
 from its standard output: ``contemplation mcp --print-headers`` (this installation's Python
 in safe-path mode, the home and config it was set up with), which reads the token file

@@ -1,4 +1,4 @@
-"""The answer to a stdio line the SDK cannot read (issue 43).
+"""The answer to a stdio line the SDK cannot read.
 
 The SDK's stdio transport hands the server an ``Exception`` for a line that is not a JSON-RPC
 message, and the server drops it: the client's request waited for an answer that never came.

@@ -1,4 +1,4 @@
-"""Which server slot a turn names (llama-server ``id_slot``, issue 39): a conversation keeps
+"""Which server slot a turn names (llama-server ``id_slot``): a conversation keeps
 the slot that holds its history unless it is busy and another is free; a burst of new
 conversations of one template prefills its prefix in one slot at a time and the others
 join the slots that hold it; no unused slot left, the free one holding the prefix, else the

@@ -1,4 +1,4 @@
-"""Restart-proof KV (issue 45): the slot files a server keeps for idle conversations are a
+"""Restart-proof KV: the slot files a server keeps for idle conversations are a
 bounded pool (10,000 conversations: at most ``FILES`` names, no new one past ``BYTES``), and a
 restore that the next turn finds did not hold is counted; two in a row stop restores on
 that server. The keeper stands for llama-server's ``/slots`` save and restore, answering as

@@ -86,7 +86,7 @@ def test_every_tool_refuses_an_unknown_argument_and_names_the_right_one(home: Ho
         return bogus, named
 
     bogus, (curser, max_byte, search, two) = in_process(home, script)
-    assert len(bogus) == 14  # conversation_related (issue 48) is the 14th
+    assert len(bogus) == 14  # conversation_related is the 14th
     for text in bogus.values():
         assert text.startswith("unknown argument 'bogus': this tool takes "), text
     assert bogus["conversation_check"].endswith("conversation_id, cursor, include_own, max_bytes")

@@ -1,4 +1,4 @@
-"""The shallow read of a line the MCP stdio face cannot parse (issue 43)."""
+"""The shallow read of a line the MCP stdio face cannot parse."""
 
 from __future__ import annotations
 

@@ -341,7 +341,7 @@ def test_tool_specs_offer_only_usable_tools_and_text_calls_are_recognised(
 def test_what_a_turn_is_offered_is_worked_out_again_only_when_readiness_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 46: what a turn offers (the NEED forms as the prompt tells them, the native
+    """What a turn offers (the NEED forms as the prompt tells them, the native
     tools' specs) was built again on every turn. A router is one configuration (a reload,
     MCP servers included, makes a new one): built once per template, and again only when a
     tool says it is ready or not (a plugin's may change its mind)."""

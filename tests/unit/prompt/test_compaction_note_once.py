@@ -1,4 +1,4 @@
-"""A compaction's NOTE is written once, not at every turn after it (issue 38 item 8): the
+"""A compaction's NOTE is written once, not at every turn after it: the
 turn that first reuses a summary in the log says that the summary stands in for the older
 messages; the turns after it, reusing the same summary, say nothing more. A new summary is
 said again, once."""

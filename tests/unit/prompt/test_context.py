@@ -190,7 +190,7 @@ def test_assembly_with_a_running_mcp_server_is_fast(world: dict[str, Any], tmp_p
 
 
 def test_the_model_is_never_shown_a_hint_meant_for_the_user(tmp_path: Path) -> None:
-    """issue 38.8: the research template gathered "unavailable: no notes vault is configured:
+    """The research template gathered "unavailable: no notes vault is configured:
     set tools.notes_vault in the config" into the model's prompt. The model hears that the
     source is not there; the setting to change is the person's (doctor names it)."""
     home = Home(tmp_path / "home")

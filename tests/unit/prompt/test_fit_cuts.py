@@ -1,5 +1,5 @@
-"""What no summary can make fit is cut where the model is told so, never by the server
-(issue 39): a message larger than the window is cut in the middle with a line saying how
+"""What no summary can make fit is cut where the model is told so, never by the server:
+a message larger than the window is cut in the middle with a line saying how
 much was left out; the needs a limit block answers together are listed first and last."""
 
 from __future__ import annotations

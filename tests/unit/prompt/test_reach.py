@@ -1,5 +1,5 @@
 """A turn reads a long log's history back only as far as the window and the summary call can
-reach (issue 35 finding 11): what it plans from the blocks read is what it would plan from
+reach: what it plans from the blocks read is what it would plan from
 the whole log, held in memory. Real files: rotated segments and a live log."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 45, finding 3: the summary call is always the conversation's own prompt. Where the
+"""The summary call is always the conversation's own prompt. Where the
 messages to summarise are too long for the window (one turn larger than the room left), the
 call is their longest run that fits, the rest carried inside the instruction as a transcript:
 never a prompt of its own, which would replace the server's cache of the conversation."""

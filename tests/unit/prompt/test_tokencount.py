@@ -1,5 +1,5 @@
 """When the server's tokenizer is asked, what it is given, and the NOTE written once per
-conversation and model (issue 38 item 8, issue 39)."""
+conversation and model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 39: tool definitions serialised deterministically. Whatever order the tools, or the
+"""Tool definitions serialised deterministically. Whatever order the tools, or the
 keys of their schemas, come in, the request carries the same bytes (a server reuses its cache
 only for a byte-identical prefix, and the tools are part of it)."""
 

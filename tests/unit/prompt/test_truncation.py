@@ -1,4 +1,4 @@
-"""Issue 39: a prompt the server cut is told by its count against ours, not by the window."""
+"""A prompt the server cut is told by its count against ours, not by the window."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def test_a_need_id_is_stable_per_reply_and_new_when_asked_again() -> None:
 
 
 def test_a_lookup_held_for_approval_is_answered_by_no_agent_block() -> None:
-    """Issue 43: a RESPONSE TO NEED block for a lookup waiting for approval (``held``) is no
+    """A RESPONSE TO NEED block for a lookup waiting for approval (``held``) is no
     answer; the NOTE the daemon writes after it keeps it so once the lookup is decided, and
     the tool's answer after the NOTE counts."""
     asked = (agent("plan?"), model("NEED: File contents of s.md\nNEED: The time"))

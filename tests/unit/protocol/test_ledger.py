@@ -1,4 +1,4 @@
-"""The ledger (issue 39): a turn's line from the backend's usage alone, sums that keep an
+"""The ledger: a turn's line from the backend's usage alone, sums that keep an
 unknown figure unknown, and a bounded state.json record."""
 
 from __future__ import annotations

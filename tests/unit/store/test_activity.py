@@ -23,7 +23,7 @@ def test_an_active_one_without_a_daemon_is_still_stalled() -> None:
 
 @pytest.mark.parametrize("status", [Status.GENERATING, Status.ROUTING, Status.RETRYING])
 def test_a_full_disk_is_said_as_such_whatever_the_unwritable_state_says(status: Status) -> None:
-    """Issue 45: state.json cannot be written on a full disk, so it still says "generating"
+    """state.json cannot be written on a full disk, so it still says "generating"
     (status printed "~240,612 tokens so far" for the whole outage)."""
     full = "the disk is full (0 KiB free where /h is)"
     state = State(status=status, generating_since=1.0)

@@ -1,4 +1,4 @@
-"""Cursors that miss nothing (issue 23): for any interleaving of the agent's messages, the
+"""Cursors that miss nothing: for any interleaving of the agent's messages, the
 rules' answers, replies streamed in pieces and the agent's calls, an agent that follows the
 cursors it is handed sees every block it did not write exactly once, in log order.
 

@@ -1,4 +1,4 @@
-"""A log read block by block (issue 35 finding 11): what :func:`logstream.stream` gives for a
+"""A log read block by block: what :func:`logstream.stream` gives for a
 real file, read a chunk at a time, is what one parse of the whole file gives, whatever the
 chunk's size; a block longer than the bound is parsed from its first bytes, with its true end,
 and the blocks after it are whole."""

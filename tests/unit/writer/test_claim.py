@@ -1,4 +1,4 @@
-"""The daemon's claim of an inbox file (issue 47): the file is linked into ``processing/``,
+"""The daemon's claim of an inbox file: the file is linked into ``processing/``,
 that folder made durable, and only then unlinked from ``inbox/``, so it always has a durable
 name; a claim cut between the two leaves two names for one file, and recovery keeps the
 claimed one only."""
