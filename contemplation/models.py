@@ -395,6 +395,34 @@ class BackendSession(BaseModel):
     last_message: str = ""  # the server's id of its last message ("msg_…"; "": unknown)
 
 
+LADDER_STEPS_KEPT = 100  # a ladder's steps listed one by one in state.json (all are counted)
+
+
+class LadderStep(BaseModel):
+    """One reply on a conversation's escalation ladder: the rung it ran on ("": the
+    conversation's own model), the server's model, and, when it failed, the cause and the rung
+    the turn went to (None: it answered)."""
+
+    turn: int = 0
+    rung: str = ""
+    model: str = ""
+    cause: str | None = None
+    to: str | None = None
+
+
+class LadderBook(BaseModel):
+    """What a conversation's ladder did and saved: turns answered at each rung ("": its own
+    model), turns that reached the agent, and the frontier tokens those answered locally did
+    not spend (an estimate: each answered turn's prompt, as the server counted it or as
+    estimated, and its reply)."""
+
+    answered: dict[str, int] = Field(default_factory=dict)
+    escalated: int = 0
+    to_agent: int = 0
+    saved_tokens_estimate: int = 0
+    steps: list[LadderStep] = Field(default_factory=list)
+
+
 class State(BaseModel):
     """``state.json``: the machine state. The log is the truth; this is journal + cache."""
 
@@ -419,6 +447,8 @@ class State(BaseModel):
     reply_cut: ReplyCut | None = None  # the last reply stopped before its end
     reply_end: ReplyEnd | None = None  # a reply's commit record: how to finish it (recovery)
     ledger: Ledger = Field(default_factory=Ledger)
+    # the escalation ladder's own book (absent for a conversation without a ladder)
+    ladder: LadderBook | None = Field(None, exclude_if=lambda v: v is None)
     generating_since: float | None = None  # epoch seconds the last turn took its backend slot
     turn_started: TurnStarted | None = None  # the turn in flight (contemplation.engine.inflight)
     backend_session: BackendSession | None = None  # the server-side session of the history

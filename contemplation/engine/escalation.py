@@ -20,7 +20,16 @@ from contemplation.backends.providers import Target
 from contemplation.base.testing import crashpoint
 from contemplation.engine.runtime import Runtime
 from contemplation.errors import ContemplationError, ErrorKind
-from contemplation.models import Block, BlockKind, MarkerKind, Metadata, ReplyCut, Status
+from contemplation.models import (
+    Block,
+    BlockKind,
+    LadderStep,
+    MarkerKind,
+    Metadata,
+    ReplyCut,
+    State,
+    Status,
+)
 from contemplation.protocol import escalation
 from contemplation.protocol.conversation import goes_on
 from contemplation.protocol.escalation import AGENT, Ladder, Rung
@@ -162,6 +171,24 @@ def escalate(settings: Settings, at: At | None, cause: str, detail: str = "") ->
     return Escalation((MarkerKind.ESCALATED, text), nxt.name, cause, error)
 
 
+def record(
+    state: State, at: At | None, model: str, up: Escalation | None, *, saved: int = 0
+) -> None:
+    """One reply on the ladder in the conversation's book (state.json ``ladder``, written with
+    the reply's commit or its marker): answered where it ran, with the frontier tokens it did
+    not spend (``saved``, an estimate), or sent up. The ladder's own GO ON is no step."""
+    if at is None or (up is not None and not up.to):
+        return
+    step = LadderStep(
+        turn=state.turns + 1,
+        rung=at.name or "",
+        model=model,
+        cause=up.cause if up is not None else None,
+        to=up.to if up is not None else None,
+    )
+    state.ladder = escalation.book(state.ladder, step, saved_tokens=0 if up else saved)
+
+
 def answered(at: At | None) -> tuple[MarkerKind, str] | None:
     """The NOTE on a reply a rung above the conversation's own model wrote."""
     if at is None or at.name is None:
@@ -189,6 +216,7 @@ def escalate_rounds(rt: Runtime, w: ConvWriter, due: Seated) -> bool:
         w.gave_up(*up.error)
     else:
         w.state.status = Status.PENDING
+    record(w.state, at, w.meta.model, up)
     w.append_marker(*up.marker)
     crashpoint("escalated")  # the marker durable, the next rung not asked yet
     return True

@@ -20,7 +20,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from contemplation.models import Block, BlockKind, MarkerKind
+from contemplation.models import (
+    LADDER_STEPS_KEPT,
+    Block,
+    BlockKind,
+    LadderBook,
+    LadderStep,
+    MarkerKind,
+)
 
 AGENT = "agent"
 PANEL = "panel:"
@@ -225,3 +232,49 @@ def answered_note(rung: str, cause: str, ladder_owner: str) -> str:
 
 def causes_on(rules: Mapping[str, bool]) -> frozenset[str]:
     return frozenset(c for c in CAUSES if rules.get(c, False))
+
+
+# --------------------------------------------------------------------------- the book
+
+
+def book(kept: LadderBook | None, step: LadderStep, *, saved_tokens: int = 0) -> LadderBook:
+    """``kept`` with one more reply on the ladder: answered where it ran (and the frontier
+    tokens it saved, an estimate), or sent up for ``step.cause``."""
+    out = kept.model_copy(deep=True) if kept is not None else LadderBook()
+    if step.to is None:
+        key = step.rung or step.model
+        out.answered[key] = out.answered.get(key, 0) + 1
+        out.saved_tokens_estimate += max(0, saved_tokens)
+    else:
+        out.escalated += 1
+        out.to_agent += step.to == AGENT
+    out.steps = [*out.steps, step][-LADDER_STEPS_KEPT:]
+    return out
+
+
+def book_lines(kept: LadderBook) -> list[str]:
+    """The book as a person reads it (``ledger CONV``, ``status``)."""
+    at = ", ".join(f"{k} {n}" for k, n in kept.answered.items()) or "none yet"
+    lines = [
+        f"ladder: answered locally: {at}; escalated {kept.escalated}, to the agent "
+        f"{kept.to_agent}; ~{kept.saved_tokens_estimate:,} frontier tokens not spent "
+        "(an estimate from the prompts' size)"
+    ]
+    for s in kept.steps:
+        on = s.rung or s.model
+        if s.to is None:
+            lines.append(f"  turn {s.turn}  {on}: answered")
+        else:
+            lines.append(f"  turn {s.turn}  {on} → {s.to}: {CAUSES.get(s.cause or '', s.cause)}")
+    return lines
+
+
+def last_rung(kept: LadderBook | None) -> str | None:
+    """The words of the rung that last answered or where the turn went: for a status line."""
+    if kept is None or not kept.steps:
+        return None
+    s = kept.steps[-1]
+    on = s.rung or s.model
+    if s.to is None:
+        return f"answered on {on}" + (" (a rung of the escalation ladder)" if s.rung else "")
+    return f"escalated from {on} to {s.to}: {CAUSES.get(s.cause or '', s.cause)}"

@@ -17,7 +17,7 @@ from typing import Any
 
 from contemplation.errors import InputRejected
 from contemplation.models import Block, MarkerKind
-from contemplation.protocol import structured
+from contemplation.protocol import escalation, structured
 from contemplation.protocol.logformat import MARKER_RE
 from contemplation.protocol.parser import parse
 from contemplation.store import logstream
@@ -119,6 +119,11 @@ def block_dict(b: Block, offset: int, *, thinking: bool = False) -> dict[str, An
     matched, value = structured.parsed(b)
     if matched:
         d["parsed"] = value  # the reply matched the schema its message asked for
+    if (rung := escalation.rung_of(b)) is not None:
+        d["rung"] = rung  # a rung of the escalation ladder wrote it
+    ups = [s for k, t in b.markers if k is MarkerKind.ESCALATED and (s := escalation.read(t))]
+    if ups:  # the reply failed and the turn went up the ladder
+        d["escalated"] = {"cause": ups[-1].cause, "to": ups[-1].to}
     marks = [[k.value, t] for k, t in b.markers if k not in _HIDDEN_MARKERS]
     if marks:
         d["markers"] = marks

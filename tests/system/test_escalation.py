@@ -7,12 +7,15 @@ or a small model asked again after its failure, fails the test."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from contemplation.errors import ConfigError
+from contemplation.faces.mcp.calls import Faces
+from contemplation.faces.reading import Reader
 from contemplation.models import Block, BlockKind, MarkerKind, Status
 from contemplation.protocol import escalation, structured
 from contemplation.protocol.parser import parse
@@ -20,7 +23,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, ensure_home, new_conversation
-from tests.conftest import base_env, run_burst, runtime_for
+from tests.conftest import base_env, cli_here, run_burst, runtime_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_crash import run_once
 
@@ -308,3 +311,59 @@ def test_a_kill_after_the_marker_redoes_only_the_next_rung(
     assert status(conv) is Status.IDLE
     assert run_once(env) == 0  # nothing more is due
     assert models_asked(fake_ollama) == [SMALL, BIG]
+
+
+# --------------------------------------------------------------------------- every face
+
+
+def write_config(home: Home) -> None:
+    config = home.root.parent / "xdg-config" / "contemplation" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        f'[aliases.small]\nmodel = "{SMALL}"\nproviders = ["ollama"]\n'
+        f'escalate = ["{BIG}", "agent"]\n'
+    )
+
+
+def test_every_face_says_which_rung_answered_and_the_ledger_counts_what_it_saved(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    write_config(home)
+    env = base_env(home, fake_ollama)
+    conv = small_conv(home)
+    drop_message(conv, "Why is a folder a good queue?")
+    fake_ollama.enqueue(
+        Step(text=LOOP, model=SMALL),
+        Step(text="Atomic renames.", model=BIG, prompt_eval_count=400, eval_count=5),
+    )
+    settings = ladder_settings(make_settings, fake_ollama)
+    run_burst(runtime_for(settings))
+    # the blocks every face reads (MCP, wait --json, the dashboard, tail --json)
+    failed, answer = (b for b in Reader(home).since(conv, 0).blocks if b["kind"] == "model")
+    assert failed["escalated"] == {"cause": "loop", "to": BIG}
+    assert answer["rung"] == BIG and "rung" not in failed
+    # wait (send --wait's ending): which rung answered, and each step up
+    human = cli_here(env, "wait", conv.id)
+    assert human.returncode == 0, human.stderr
+    assert f"=== ESCALATED: stopped repeating itself{escalation.ARROW}{BIG} ===" in human.stdout
+    assert f"rung: answered on {BIG} (a rung of the escalation ladder)" in human.stderr
+    out = json.loads(cli_here(env, "wait", conv.id, "--json").stdout)
+    assert out["rung"] == BIG and out["escalated"] == [{"cause": "loop", "to": BIG}]
+    # MCP
+    checked = Faces(settings).check(conv.id)
+    assert checked["rung"] == f"answered on {BIG} (a rung of the escalation ladder)"
+    # the ledger: one row per rung with its cause, what was answered locally, what it saved
+    data = json.loads(cli_here(env, "ledger", conv.id, "--json").stdout)
+    book = data["ladder"]
+    assert book["answered"] == {BIG: 1} and book["escalated"] == 1 and book["to_agent"] == 0
+    assert book["saved_tokens_estimate"] == 405  # the server's prompt count and the reply's
+    assert [(s["rung"], s["model"], s["cause"], s["to"]) for s in book["steps"]] == [
+        ("", SMALL, "loop", BIG),
+        (BIG, BIG, None, None),
+    ]
+    said = cli_here(env, "ledger", conv.id).stdout
+    assert (
+        f"ladder: answered locally: {BIG} 1; escalated 1, to the agent 0; ~405 frontier tokens "
+        "not spent (an estimate from the prompts' size)"
+    ) in said
+    assert f"{SMALL} → {BIG}: stopped repeating itself" in said

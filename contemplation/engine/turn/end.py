@@ -28,6 +28,7 @@ NO_NAMED_HISTORY = (
     "picks each turn's slot from here on"
 )
 Markers = list[tuple[MarkerKind, str]]
+_NOT_WHOLE = frozenset({MarkerKind.INTERRUPTED, MarkerKind.ERROR})
 
 
 async def finish(at: Attempt, got: Streamed, request: ChatRequest, planned: budget.Plan) -> Outcome:
@@ -62,6 +63,12 @@ async def finish(at: Attempt, got: Streamed, request: ChatRequest, planned: budg
         status, error = up.status, up.error
     if (answered := escalation.answered(on.rung)) is not None:
         markers.insert(0, answered)
+    if up is not None or not any(m[0] in _NOT_WHOLE for m in markers):  # the ladder's book
+        prompt = (usage.prompt_eval_count if usage else None) or budget.estimate_request(
+            request, planned.ratio
+        )
+        spent = prompt + ((usage.eval_count or 0) if usage else 0)
+        escalation.record(at.w.state, on.rung, on.model, up, saved=spent)
     # the fsyncs of the commit run off the loop: the next conversation's request goes out;
     # the backend session is committed with the reply: the next start goes on in it
     try:

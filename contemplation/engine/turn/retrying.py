@@ -220,6 +220,7 @@ def _escalated(at: Attempt, up: escalation.Escalation, kind: ErrorKind, message:
         w.gave_up(*up.error)
     else:
         st.status = Status.PENDING
+    escalation.record(st, at.on.rung, at.on.model, up)
     mark, text = up.marker
     if not reply.abort(mark, text):
         w.append_marker(mark, text)

@@ -14,8 +14,8 @@ import click
 
 from contemplation.faces.cli.common import CONVERSATION, ctx_home, emit, json_option, lookup
 from contemplation.models import LedgerSums
+from contemplation.protocol import escalation, paging
 from contemplation.protocol import ledger as book
-from contemplation.protocol import paging
 from contemplation.store.layout import read_state
 
 TURNS_SHOWN = 20  # turns a page, unless --limit says
@@ -50,6 +50,9 @@ def _one(
     lines = [f"{conv.id}  {book.line(total)}"]
     lines += [f"  {k}  {book.line(v)}" for k, v in (kept.by if kept else {}).items()]
     lines += [f"  turn {t.turn}  {book.line(t)}" for t in page]
+    if state is not None and state.ladder is not None:  # each rung's replies, and the causes
+        data["ladder"] = state.ladder.model_dump()
+        lines += [f"  {line}" for line in escalation.book_lines(state.ladder)]
     if earlier:
         lines.append(f"more: contemplation ledger {conv.id} --cursor {data['cursor']}")
     emit(data, as_json=as_json, human="\n".join(lines))

@@ -33,7 +33,7 @@ from contemplation.faces.cli.common import (
 )
 from contemplation.faces.reading import Reader, Standing, own, segments
 from contemplation.models import MarkerKind, Status
-from contemplation.protocol import logformat
+from contemplation.protocol import escalation, logformat
 from contemplation.store import waiting
 from contemplation.store.layout import (
     Conv,
@@ -241,6 +241,11 @@ def result(reader: Reader, conv: Conv, ex: Exchange, code: int) -> dict[str, Any
         "blocks": blocks,
     }
     replies = [b for b in blocks if b.get("kind") == "model"]
+    ups = [b["escalated"] for b in replies if "escalated" in b]
+    if ups:  # the escalation ladder: each rung the exchange went up, and why
+        out["escalated"] = ups
+    if replies and "rung" in replies[-1]:
+        out["rung"] = replies[-1]["rung"]
     if replies:
         out["text"] = replies[-1]["text"]
         if "parsed" in replies[-1]:
@@ -341,6 +346,8 @@ def report(conv: Conv, code: int, view: Standing, *, refused: str | None = None)
             f"{conv.id} waits for the agent: see `contemplation status {conv.id}`"
         ]
         click.echo("\n".join(told), err=True)
+    elif code == EXIT_OK and state is not None and (rung := escalation.last_rung(state.ladder)):
+        click.echo(safe(f"rung: {rung}"), err=True)  # which rung of the ladder answered
     elif code == EXIT_CUT and state is not None and state.reply_cut is not None:
         click.echo(safe(f"cut: {state.reply_cut.message}"), err=True)
     elif code == EXIT_ERROR and state is not None:

@@ -20,7 +20,7 @@ from contemplation.errors import ContemplationError, InputRejected
 from contemplation.faces.reading import Reader, Since, block_dict, own, segments
 from contemplation.index import listing
 from contemplation.models import BUSY, Status
-from contemplation.protocol import ledger, paging
+from contemplation.protocol import escalation, ledger, paging
 from contemplation.settings import Settings
 from contemplation.store import attachments
 from contemplation.store.attachments import Attachment
@@ -188,6 +188,9 @@ class Faces:
             out["reply_cut"] = state.reply_cut.model_dump()
         if state is not None and state.ledger.by:  # where its tokens and time went
             out["ledger"] = ledger.total(state.ledger).model_dump()
+        if state is not None and (rung := escalation.last_rung(state.ladder)):
+            out["rung"] = rung  # the escalation ladder: which rung answered, or where it went
+            out["ladder"] = state.ladder.model_dump() if state.ladder else None
         empty = queued == 0 and _log_size(conv) == 0
         hint = self._hint(conv, status, items, alive, empty, panel=bool(meta and meta.panel))
         if not hint and "reply_cut" in out and status == Status.IDLE.value:
