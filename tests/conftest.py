@@ -267,7 +267,20 @@ def cli_here(
     assert "CONTEMPLATION_TESTING" not in env, "crash points are read at start: use cli"
     whole: dict[str, str | None] = {k: None for k in os.environ if k not in env}
     whole.update(env)
-    got = CliRunner().invoke(main, list(args), input=input, env=whole, prog_name="contemplation")
+    # what every command sets for its process (the umask, the log's stream) is put back: the
+    # test process is not the command's, and the tests after this one run in it
+    import structlog
+
+    log = structlog.get_config()
+    umask = os.umask(0o077)
+    os.umask(umask)
+    try:
+        got = CliRunner().invoke(
+            main, list(args), input=input, env=whole, prog_name="contemplation"
+        )
+    finally:
+        os.umask(umask)
+        structlog.configure(**log)
     err = got.stderr
     if got.exception is not None and not isinstance(got.exception, SystemExit):
         import traceback

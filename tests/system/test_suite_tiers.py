@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.conftest import ROOT, over_budget
+from contemplation.store.layout import Home
+from tests.conftest import ROOT, base_env, cli_here, over_budget
 
 QUICK = "tests/unit/test_shape.py::test_each_room_says_what_lives_there"
 
@@ -68,3 +70,21 @@ def test_collection_needs_no_optional_extra() -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "error" not in done.stdout.splitlines()[-1], done.stdout[-3000:]
+
+
+def test_the_cli_run_in_process_leaves_the_test_process_as_it_found_it(tmp_path: Path) -> None:
+    """Every command sets the umask to 077 (contemplation.base.privacy) and points the log at
+    its own stderr: run in the test process (cli_here), it left the umask at 077 for every
+    test after it (a test that files are private under umask 022 then passed vacuously),
+    and the log pointed at a captured stream that was gone."""
+    import structlog
+
+    before_log = structlog.get_config()
+    before = os.umask(0o022)
+    try:
+        done = cli_here(base_env(Home(tmp_path / "home")), "status")
+        assert done.returncode == 0, done.stderr
+        assert os.umask(0o022) == 0o022  # what the test process had, not the command's 077
+        assert structlog.get_config() == before_log
+    finally:
+        os.umask(before)
