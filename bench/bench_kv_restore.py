@@ -74,7 +74,7 @@ async def alternate(url: str, rounds: int, words: int) -> Result:
                 if turn:  # its history was in the slot before another conversation's turn
                     shares.append(cached / prompt if prompt else 0.0)
                     sent, reused = sent + prompt, reused + cached
-        affinity = th.rt.affinity("openai")
+        affinity = th.rt.provider("openai").affinity
         return Result(
             shares, sent, reused, prefilled(url) - before, time.monotonic() - t0,
             affinity.restores_failed, len(affinity.files),

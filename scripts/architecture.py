@@ -157,7 +157,10 @@ tmp = Path(tempfile.mkdtemp())
 home = Home(tmp / "home")
 s = load(overrides={"home": str(home.root), "settle_seconds": 0, "durability": "none"})
 rt = Runtime(settings=s, home=home)
-rt.backends["ollama"] = InstantBackend()
+if hasattr(rt, "provider"):  # a provider as one object
+    rt.provider("ollama").use(InstantBackend())
+else:  # (a tree from before: the runtime's tables)
+    rt.backends["ollama"] = InstantBackend()
 tpl = load_template(home, "default")
 conv = new_conversation(home, "trace", template=tpl, model="m", backend="ollama")
 asyncio.run(process_pending(rt))  # warm: imports, first sight

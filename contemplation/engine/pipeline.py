@@ -360,7 +360,7 @@ async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
     seen.forget(conv.id)
     rt.retries.forget(conv.id)
     sessions = _archived_sessions(rt, conv)
-    for name in sorted(set(rt.backends) | {s.provider or s.backend for s in sessions}):
+    for name in sorted(set(rt.made()) | {s.provider or s.backend for s in sessions}):
         try:
             backend = rt.backend(name)
             named = [s for s in sessions if (s.provider or s.backend) == name]

@@ -50,5 +50,5 @@ def test_a_conversation_back_after_another_took_its_slot_reuses_its_whole_histor
         before, now = sent[j - 3][1], sent[j][1]
         whole = before["cache_n"] + before["prompt_n"]
         assert now["cache_n"] >= whole - 2, (j, seen)
-    failed = rt.affinity("openai").restores_failed
+    failed = rt.provider("openai").affinity.restores_failed
     assert failed == 0, failed

@@ -139,7 +139,7 @@ def test_a_provider_watched_when_the_daemon_stops_rests_as_any_other_after(
     run_burst(rt)
     assert model_replies(conv) == ["Echo: hello"]
     dead = rt.breaker("dead")
-    assert not dead.watched and rt.prober.tasks == {}
+    assert not dead.watched and rt.provider("dead").health.probe.task is None
     resting = dead.resting()
     assert resting is not None and resting <= rt.clock() + COOLDOWN
 

@@ -247,7 +247,7 @@ def test_a_burst_over_an_alias_fills_both_providers_slots(
     assert all(model_replies(c) == [f"Echo: hello {c.id[-2:]}"] for c in convs)
     assert one.max_active == two.max_active == 2  # the slots /props gave, and no more
     assert len(one.chat_requests()) + len(two.chat_requests()) == 8  # each turn once
-    assert rt.slots_seen["box1"] == Slots(2, "server /props")
+    assert rt.provider("box1").slots == Slots(2, "server /props")
     header = parse(convs[0].log.read_bytes()).blocks[-1]
     assert header.sender == "CODER"  # the alias names the model's side of the log
 
@@ -340,7 +340,7 @@ def test_the_window_and_slots_come_from_the_server(
 
 def test_a_conversation_whose_session_a_provider_holds_stays_on_it(tmp_path: Path) -> None:
     """OpenCode keeps the history in its session: the turns go where the session is."""
-    from contemplation.engine.turn.run import _pinned
+    from contemplation.engine.runtime import pinned as _pinned
     from contemplation.models import BackendSession
 
     s = _load(tmp_path, CONFIG)

@@ -155,3 +155,26 @@ def test_the_turns_phases_are_a_chain_and_its_room_has_two_doors() -> None:
     for r, ts in sub.items():
         ts.discard(r)
     assert arch.circles(sub) == []
+
+
+def test_the_providers_room_has_one_door_and_sits_below_the_turn() -> None:
+    """A provider is one object (engine/provider/): outside its room only the room itself
+    (``Provider``, ``Health``) is imported, and the room imports neither the runtime nor the
+    turn (they ask it; it never asks them)."""
+    prefix = "engine.provider"
+    doors = {
+        t
+        for m, ts in GRAPH.items()
+        if not m.startswith(prefix)
+        for t in ts
+        if t.startswith(prefix + ".")
+    }
+    assert doors == set()
+    up = {
+        (m, t)
+        for m, ts in GRAPH.items()
+        if m.startswith(prefix)
+        for t in ts
+        if t == "engine.runtime" or t.startswith(("engine.turn", "engine.pipeline"))
+    }
+    assert up == set()

@@ -105,3 +105,93 @@ def test_each_unit_test_sits_in_its_modules_room() -> None:
         if len(rooms) == 1 and (len(where) == 1 or where[0] not in rooms):
             misplaced.append(f"{test.relative_to(ROOT)} (its module is in {rooms.pop()}/)")
     assert misplaced == []
+
+
+# What a provider is made of (engine/provider/): a mapping from anything to one of these is a
+# per-provider table, kept in step with the others by hand, and belongs in the provider.
+PROVIDER_PARTS = {
+    "Backend",
+    "ModelScheduler",
+    "Breaker",
+    "Guard",
+    "SlotAffinity",
+    "KvFiles",
+    "Slots",
+    "Capabilities",
+    "Probe",
+    "Health",
+}
+MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping", "OrderedDict", "defaultdict"}
+PROVIDER_ROOM = PKG / "engine" / "provider"
+CLIENTS = PKG / "backends"  # a client is one provider's already (its caches are per model)
+
+
+def _per_provider_tables(tree: ast.AST) -> list[str]:
+    """The annotated names in ``tree`` that map anything to a part of a provider (or to a
+    pair of a loop and a lock: a lookup's lock per provider and model)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.AnnAssign):
+            continue
+        ann = node.annotation
+        if not (isinstance(ann, ast.Subscript) and _name(ann.value) in MAPPINGS):
+            continue
+        value = ann.slice.elts[-1] if isinstance(ann.slice, ast.Tuple) else ann.slice
+        names = {_name(n) for n in ast.walk(value)}
+        if names & PROVIDER_PARTS or {"AbstractEventLoop", "Lock"} <= names:
+            found.append(f"{node.lineno}: {ast.unparse(node.target)}: {ast.unparse(ann)}")
+    return found
+
+
+def _name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def test_no_per_provider_table_outside_the_providers_room() -> None:
+    """A provider is one object (engine/provider/): its client, slots, breakers, affinity,
+    KV files, limits and capabilities live there, and nothing else in the package (but a
+    client itself, per model) keeps a mapping to one of them that a reload or a provider gone
+    away must empty in step."""
+    tables = {
+        str(path.relative_to(ROOT)): found
+        for path in sources.modules()
+        if PROVIDER_ROOM not in path.parents
+        and CLIENTS not in path.parents
+        and (found := _per_provider_tables(sources.tree(path)))
+    }
+    assert tables == {}
+
+
+def test_the_runtime_holds_one_mapping_of_providers() -> None:
+    """The runtime's mappings: its providers, and the templates it has read. (Before, seven
+    dictionaries keyed by provider that ``stale`` and ``apply`` emptied in step.)"""
+    tree = sources.tree(PKG / "engine" / "runtime.py")
+    [runtime] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Runtime"]
+    mappings = {
+        ast.unparse(n.target)
+        for n in runtime.body
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.annotation, ast.Subscript)
+        and _name(n.annotation.value) in MAPPINGS
+    }
+    assert mappings == {"providers", "templates"}
+
+
+def test_the_table_scan_sees_a_per_provider_table() -> None:
+    """The scan above can fail: the runtime's tables from before are seen."""
+    before = ast.parse(
+        "class Runtime:\n"
+        "    backends: dict[str, Backend] = field(default_factory=dict)\n"
+        "    breakers: dict[str, Breaker] = field(default_factory=dict)\n"
+        "    slots_seen: dict[str, Slots] = field(default_factory=dict)\n"
+        "    _cap_locks: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, asyncio.Lock]]\n"
+        "    templates: dict[str, Template] = field(default_factory=dict)\n"
+    )
+    assert [f.split(":")[1].strip() for f in _per_provider_tables(before)] == [
+        "backends",
+        "breakers",
+        "slots_seen",
+        "_cap_locks",
+    ]

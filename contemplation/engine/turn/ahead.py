@@ -22,10 +22,9 @@ from dataclasses import dataclass
 import structlog
 
 from contemplation.backends.base import Backend
-from contemplation.engine.affinity import Pinned
 from contemplation.engine.prefetch import Prefetched
-from contemplation.engine.runtime import Runtime
-from contemplation.engine.scheduler import Held, ModelScheduler, slot_any
+from contemplation.engine.provider import Provider
+from contemplation.engine.scheduler import Held, slot_any
 from contemplation.engine.turn.fit import capped, plan
 from contemplation.engine.turn.prepare import prepare
 from contemplation.engine.turn.state import Attempt, Turn
@@ -36,8 +35,6 @@ from contemplation.store import attachments
 
 log = structlog.get_logger("contemplation.turn")
 
-NameSlot = Callable[[Runtime, str, str, Metadata, Held], Awaitable[int | None]]
-
 
 @dataclass(frozen=True, slots=True)
 class Later:
@@ -46,7 +43,7 @@ class Later:
 
     key: str
     served: Metadata
-    providers: tuple[str, ...]
+    providers: tuple[Provider, ...]
     request: ChatRequest
 
 
@@ -78,12 +75,12 @@ async def plan_round(turn: Turn) -> list[Later]:
 
 async def _later(turn: Turn, seat: Metadata, key: str) -> Later | None:
     rt = turn.rt
-    target = rt.target(seat)
-    usable = [p for p in target.providers if rt.guard(p, target.model).resting() is None]
+    target, lineup = rt.route(seat)
+    usable = [p for p in lineup.values() if p.guard(target.model).resting() is None]
     if not usable:
         return None
-    for name in usable:
-        await rt.limits(name)
+    for provider in usable:
+        await provider.limits()
     served = seat.model_copy(
         update={"model": target.model, "options": target.options, "think": target.think}
     )
@@ -100,7 +97,7 @@ async def _later(turn: Turn, seat: Metadata, key: str) -> Later | None:
     return Later(key, served, tuple(usable), request)
 
 
-def start(turn: Turn, later: Sequence[Later], name_slot: NameSlot) -> None:
+def start(turn: Turn, later: Sequence[Later]) -> None:
     """Send the ``later`` seats' requests now, each where a slot is free and no turn waits
     for one (this turn holds its own already); a seat with none waits for its turn."""
     ahead, rt = turn.ahead, turn.rt
@@ -110,28 +107,31 @@ def start(turn: Turn, later: Sequence[Later], name_slot: NameSlot) -> None:
         if ahead.has(seat.key):
             continue
         for provider in seat.providers:
-            held = rt.scheduler(provider).try_slot(seat.served.model)
+            held = provider.scheduler.try_slot(seat.served.model)
             if held is not None:
                 break
         else:
             log.info("prefetch_no_slot", key=seat.key)
             continue
-        opener = _opener(rt, provider, seat, held, name_slot)
+        opener = _opener(provider, seat, held)
         ahead.put(
             Prefetched(
-                seat.key, provider, seat.request, held, opener, limit=rt.settings.max_reply_bytes
+                seat.key,
+                provider.name,
+                seat.request,
+                held,
+                opener,
+                limit=rt.settings.max_reply_bytes,
             )
         )
 
 
 def _opener(
-    rt: Runtime, provider: str, seat: Later, held: Held, name_slot: NameSlot
+    provider: Provider, seat: Later, held: Held
 ) -> Callable[[], Awaitable[tuple[int | None, AsyncGenerator[StreamEvent, None]]]]:
     async def send() -> tuple[int | None, AsyncGenerator[StreamEvent, None]]:
-        slot = await name_slot(rt, provider, seat.key, seat.served, held)
-        made: Backend = rt.backend(provider)
-        made = made if slot is None else Pinned(made, slot)
-        stream = made.stream(seat.request)
+        slot = await provider.name_slot(seat.key, seat.served, held)
+        stream = provider.pinned(slot).stream(seat.request)
         return slot, stream
 
     return send
@@ -140,25 +140,26 @@ def _opener(
 @contextlib.asynccontextmanager
 async def slot(
     turn: Turn,
-    pool: Sequence[tuple[str, ModelScheduler]],
+    pool: Sequence[Provider],
     model: str,
     served: Metadata,
-    name_slot: NameSlot,
-) -> AsyncIterator[tuple[str, Held, int | None]]:
+) -> AsyncIterator[tuple[Provider, Held, int | None]]:
     """The turn's provider, scheduler slot and server slot: its seat's prefetch's when it
     has one on a provider of ``pool``, else the first free one (:func:`slot_any`). Its
     prefetch, if it did not take it, is closed however the turn ends."""
     ahead = turn.ahead
-    got = await ahead.claim(turn.key, [n for n, _ in pool]) if ahead is not None else None
+    hosts = {p.name: p for p in pool}
+    got = await ahead.claim(turn.key, list(hosts)) if ahead is not None else None
     try:
         if got is not None:
             try:
-                yield got.provider, got.held, got.slot
+                yield hosts[got.provider], got.held, got.slot
             finally:
                 got.held.release()
             return
-        async with slot_any(pool, model) as (provider, held):
-            yield provider, held, await name_slot(turn.rt, provider, turn.key, served, held)
+        async with slot_any([(p.name, p.scheduler) for p in pool], model) as (name, held):
+            host = hosts[name]
+            yield host, held, await host.name_slot(turn.key, served, held)
     finally:
         if ahead is not None:
             await ahead.drop(turn.key)

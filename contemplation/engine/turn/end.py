@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from contemplation.base.testing import crashpoint
-from contemplation.engine import escalation, kvfiles
+from contemplation.engine import escalation
 from contemplation.engine.steps import AGAIN, Outcome
 from contemplation.engine.turn.state import Attempt
 from contemplation.errors import ContemplationError, ErrorKind
@@ -22,11 +22,6 @@ from contemplation.writer import Streamed
 
 log = structlog.get_logger("contemplation.turn")
 
-NO_NAMED_HISTORY = (
-    "its turns found nothing of their history in their own slot (llama-server with -np left "
-    "to its default moves idle slots out of the KV cache; give -np to keep them): the server "
-    "picks each turn's slot from here on"
-)
 Markers = list[tuple[MarkerKind, str]]
 _NOT_WHOLE = frozenset({MarkerKind.INTERRUPTED, MarkerKind.ERROR})
 
@@ -96,14 +91,8 @@ def _learnt(at: Attempt, usage: Usage, request: ChatRequest, planned: budget.Pla
     conv, rt, on = at.conv, at.rt, at.on
     usage.queued_ms, usage.provider, usage.model = on.queued_ms, on.provider, on.model
     usage.context_window = usage.context_window or planned.window
-    affinity = rt.affinity(on.provider)  # a server that keeps no named slot's history:
-    if on.slot is not None and affinity.observed(on.slot, at.turn.key, usage.cached_tokens):
-        log.warning("slots_not_named", provider=on.provider, why=NO_NAMED_HISTORY)  # it picks
-    restored = affinity.verified(  # a slot file restored: held?
-        on.slot, at.turn.key, usage.cached_tokens, usage.prompt_eval_count,
-        kvfiles.digest(request.messages),
-    )  # fmt: skip
-    kvfiles.said(on.provider, at.turn.key, restored)
+    # a server that keeps no named slot's history; a slot file restored: held?
+    restored = on.host.heard(on.slot, at.turn.key, usage, request.messages)
     last = rt.calibration.counts.last(at.turn.key)  # (before the check keeps this one's)
     # the server counted clearly fewer tokens than our count of what was sent: it cut it
     cut = truncation.check(rt.calibration.counts, at.turn.key, usage, request, planned.ratio)

@@ -9,6 +9,7 @@ import structlog
 
 from contemplation.backends.capabilities import cannot_chat, resolve_think
 from contemplation.engine import tokenized
+from contemplation.engine.provider import Provider
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.turn.state import Prepared, Turn
 from contemplation.errors import BackendError, ContemplationError
@@ -20,12 +21,12 @@ from contemplation.prompt.toolspecs import canonical_tools
 log = structlog.get_logger("contemplation.turn")
 
 
-async def prepare(turn: Turn, meta: Metadata, usable: list[str]) -> Prepared:
+async def prepare(turn: Turn, meta: Metadata, usable: list[Provider]) -> Prepared:
     """``meta`` as served (the alias's model, options and think); ``usable``: the providers
     the turn may land on. The request must fit the smallest window among them."""
     rt = turn.rt
     context = await _context(turn, meta)
-    found = [await rt.capabilities(name, meta.model) for name in usable]
+    found = [await p.capabilities(meta.model) for p in usable]
     known = [c for c in found if c is not None]
     caps = known[0] if known else None  # None: the turn reports the error
     for c in known:  # an embedding or decision model: one ERROR, no request
@@ -55,8 +56,8 @@ async def prepare(turn: Turn, meta: Metadata, usable: list[str]) -> Prepared:
         note=note,
         window=min(windows) if windows else None,
         vision=all(c.vision for c in known),  # (unknown: let the server say)
-        constrains=all(getattr(rt.backend(p), "structured_output", False) for p in usable),
-        tokenizer=next((p for p in usable if tokenized.counter([rt.backend(p)])), None),
+        constrains=all(getattr(p.backend, "structured_output", False) for p in usable),
+        tokenizer=next((p for p in usable if tokenized.counter([p.backend])), None),
     )
 
 

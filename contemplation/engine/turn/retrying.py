@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 
 import structlog
 
@@ -21,6 +22,7 @@ from contemplation.backends.providers import Target
 from contemplation.base.testing import crashpoint
 from contemplation.config.reload import backend_fingerprint
 from contemplation.engine import escalation
+from contemplation.engine.provider import Provider
 from contemplation.engine.runtime import Runtime, backoff
 from contemplation.engine.steps import AGAIN, Outcome, Wait
 from contemplation.engine.turn.state import Attempt, On, Turn
@@ -73,7 +75,7 @@ def pause(rt: Runtime, on: On, exc: BackendError) -> list[str]:
     away is asked its limits again when it is back. Returns the alias's other providers that
     may take the turn now."""
     if exc.server_down or exc.kind is ErrorKind.CUT:
-        rt.stale(on.provider)
+        on.host.stale()
     several = len(on.target.providers) > 1
     others = [
         p
@@ -148,16 +150,16 @@ _PROVIDER_TROUBLE = frozenset(
 )
 
 
-def unusable(turn: Turn, providers: tuple[str, ...]) -> Outcome | None:
-    """None when every provider can be made (each once, by the runtime). Else the
+def unusable(turn: Turn, lineup: Mapping[str, Provider]) -> Outcome | None:
+    """None when every provider's client can be made (each once, by its provider). Else the
     conversation names one the settings cannot make (no such provider or kind, a table its
     kind refuses, a plugin's backend that fails to be made): an ERROR the agent reads in the
     log, not a crash retried behind its back. Its next message, once the settings are fixed
     (and reloaded), tries again."""
     conv, rt, w = turn.conv, turn.rt, turn.w
     try:
-        for name in providers:
-            rt.backend(name)
+        for provider in lineup.values():
+            provider.backend  # noqa: B018 (made here: a provider the settings cannot make raises)
     except ConfigError as exc:
         message = f"cannot use backend {w.meta.backend!r}: {exc}"
     else:

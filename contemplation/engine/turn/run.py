@@ -5,15 +5,12 @@ a reply). Each phase takes the turn's state (:mod:`.state`), never its pieces.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from dataclasses import replace
 
 import structlog
 
-from contemplation.backends.providers import Target
 from contemplation.engine import escalation
-from contemplation.engine.affinity import CopiesSlots, NamesSlots
-from contemplation.engine.runtime import Runtime
 from contemplation.engine.scheduler import Held
 from contemplation.engine.steps import AGAIN, Outcome
 from contemplation.engine.turn import ahead
@@ -32,11 +29,9 @@ from contemplation.engine.turn.state import Attempt, Cancelled, Gone, On, Prepar
 from contemplation.engine.turn.stream import refitted
 from contemplation.errors import BackendError, ContemplationError
 from contemplation.models import (
-    BackendSession,
     ChatRequest,
     ConvEvent,
     MarkerKind,
-    Metadata,
     Status,
 )
 from contemplation.prompt import budget
@@ -51,22 +46,24 @@ async def run_turn(turn: Turn) -> Outcome:
     rt, w = turn.rt, turn.w
     meta = w.meta
     rung = await _rung(turn)
-    target = _pinned(
-        escalation.target(rt.settings, meta, rt.target(meta), rung), w.state.backend_session
+    target, lineup = rt.route(  # its providers, each asked by the turn from here on
+        meta,
+        w.state.backend_session,
+        steer=lambda base: escalation.target(rt.settings, meta, base, rung),
     )
-    if (stop := unusable(turn, target.providers)) is not None:
+    if (stop := unusable(turn, lineup)) is not None:
         return stop
-    guards = {p: rt.guard(p, target.model) for p in target.providers}
+    guards = {p: lineup[p].guard(target.model) for p in target.providers}
     usable = [p for p in target.providers if guards[p].resting() is None]
     if not usable:  # every provider rests: wait for the first to be tried again
         until = min(t for g in guards.values() if (t := g.resting()) is not None)
         return rest(rt, w, until, target)
     for name in usable:
-        await rt.limits(name)  # its slots, asked once (again after it went away)
+        await lineup[name].limits()  # its slots, asked once (again after it went away)
     served = meta.model_copy(
         update={"model": target.model, "options": target.options, "think": target.think}
     )
-    prepared = await prepare(turn, served, usable)
+    prepared = await prepare(turn, served, [lineup[p] for p in usable])
     if w.state.turns == 0 and prepared.context:  # the context the daemon read, once
         w.context_read(len(prepared.context.encode()))
     # the request is built while the slots may still be busy
@@ -74,11 +71,12 @@ async def run_turn(turn: Turn) -> Outcome:
     if planned is None:
         return AGAIN
     later = await ahead.plan_round(turn)  # a panel's other seats due: asked at once
-    pool = [(name, rt.scheduler(name)) for name in usable]
+    pool = [lineup[p] for p in usable]
     asked = time.monotonic()
-    async with ahead.slot(turn, pool, target.model, served, _name_slot) as (provider, held, n):
+    async with ahead.slot(turn, pool, target.model, served) as (host, held, n):
+        provider = host.name
         on = On(
-            provider, target, guards[provider], (time.monotonic() - asked) * 1000, slot=n,
+            provider, target, guards[provider], host, (time.monotonic() - asked) * 1000, slot=n,
             rung=rung,
         )  # fmt: skip
         # checked again with the slot held: the turns queued behind a failing one must not
@@ -95,7 +93,7 @@ async def run_turn(turn: Turn) -> Outcome:
                     if planned is None:
                         return AGAIN
                 else:
-                    ahead.start(turn, later, _name_slot)  # with this turn's slot held
+                    ahead.start(turn, later)  # with this turn's slot held
                 return await _stream(turn, prepared, on, held, planned)
             finally:
                 on.guard.release()  # a probe that ended without a verdict lets another try
@@ -135,38 +133,6 @@ def _grown(turn: Turn) -> bool:
     return again
 
 
-async def _name_slot(
-    rt: Runtime, provider: str, conv_id: str, meta: Metadata, held: Held
-) -> int | None:
-    """The server slot this turn names, where the server lets a request name one (
-    its own cache, else its template's warm prefix, copied into an unused slot where the
-    server copies slots); given back with ``held``."""
-    backend = rt.backend(provider)
-    try:
-        ids = await backend.slot_ids() if isinstance(backend, NamesSlots) else 0
-    except BackendError:  # the turn itself reports what is wrong with the server
-        ids = 0
-    affinity = rt.affinity(provider)
-    if not ids or not affinity.named:
-        return None
-    copier = backend if isinstance(backend, CopiesSlots) else None
-    if copier is not None:
-        await affinity.asked()
-    prefix = f"{meta.model}\n{meta.template}"
-    slot = affinity.take(conv_id, prefix, slots=ids, copy=copier is not None)
-    held.then(lambda: affinity.give(slot))
-    if copier is not None:
-        await affinity.ready(slot, copier)
-    return slot
-
-
-def _pinned(target: Target, session: BackendSession | None) -> Target:
-    """A conversation whose history a server holds (an OpenCode session) stays on it."""
-    if session is not None and len(target.providers) > 1 and session.provider in target.providers:
-        return replace(target, providers=(session.provider,))
-    return target
-
-
 async def _stream(
     turn: Turn, prepared: Prepared, on: On, held: Held, planned: budget.Plan
 ) -> Outcome:
@@ -176,7 +142,7 @@ async def _stream(
     reply = w.live_reply(
         rt.committer,
         limit=rt.settings.max_reply_bytes,
-        on_event=lambda kind, text: rt.notify(conv.id, kind, text=text),
+        on_event=functools.partial(rt.told, conv.id),
     )
     at = Attempt(turn, prepared, on, held, reply)
     error = prepared.error or attachments.vision_error(planned.request, prepared.vision, on.model)

@@ -11,6 +11,7 @@ from contemplation.backends.providers import Target
 from contemplation.engine.breaker import Guard
 from contemplation.engine.escalation import At
 from contemplation.engine.prefetch import Ahead
+from contemplation.engine.provider import Provider
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.scheduler import Held
 from contemplation.engine.tracking import Tracked
@@ -70,17 +71,19 @@ class Prepared:
     window: int | None = None  # the tokens a request gets, when the backend knows
     vision: bool = True  # the model can see images (unknown: let the server say)
     constrains: bool = False  # every provider can hold a reply to a JSON Schema
-    tokenizer: str | None = None  # a provider whose server counts tokens (llama-server)
+    tokenizer: Provider | None = None  # a provider whose server counts tokens (llama-server)
 
 
 @dataclass(frozen=True, slots=True)
 class On:
     """Where this turn runs: the provider whose slot it holds, the server's model name, the
-    conversation's target (all the providers it may use) and the provider's breakers."""
+    conversation's target (all the providers it may use), the provider's breakers and the
+    provider itself (``host``), which the turn asks for its client, slots and caches."""
 
     provider: str
     target: Target
     guard: Guard
+    host: Provider
     queued_ms: float | None = None  # waited for the provider's slot (the ledger's)
     slot: int | None = None  # the server slot the turn names (llama-server id_slot)
     rung: At | None = None  # where the turn stands on its conversation's escalation ladder

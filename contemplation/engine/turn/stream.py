@@ -49,7 +49,7 @@ async def guarded(at: Attempt, request: ChatRequest) -> Streamed:
     (num_predict / max_tokens) thinking and wrote no answer gets one continuation with
     thinking off, in the same block, after a NOTE that says so."""
     reply, on = at.reply, at.on
-    made = backend(at.rt, on)
+    made = backend(on)
     watch = watching(request) if at.rt.settings.stop_repeating else None
     got = await pump(at, made, request, on_end=at.held.release, watch=watch)
     usage = got.usage
@@ -68,7 +68,7 @@ async def guarded(at: Attempt, request: ChatRequest) -> Streamed:
         "asked once more with thinking off"
     )
     log.info("thinking_budget_spent", conv=at.conv.id, tokens=usage.eval_count)
-    async with at.rt.scheduler(on.provider).slot(on.model) as again_held:  # let go at the end
+    async with on.host.scheduler.slot(on.model) as again_held:  # let go at the end
         again = await pump(
             at, made, replace(request, think=False), on_end=again_held.release, watch=watch
         )

@@ -511,7 +511,7 @@ def test_cancel_of_a_turn_queued_for_a_slot_writes_the_cancelled_marker_next_ste
         d.poke(holder.id)
         await fake.wait_for_requests(1)
         d.poke(queued.id)
-        sched = rt.scheduler("fake")
+        sched = rt.provider("fake").scheduler
         await poll(lambda: sched.waiting == 1, "the second turn to queue for the slot")
         request_cancel(queued)
         d.poke(queued.id)

@@ -30,10 +30,10 @@ def test_capabilities_asked_at_once_from_a_second_event_loop(
 ) -> None:
     rt = Runtime(settings=make_settings(), home=home)
     backend = SlowCaps()
-    rt.backends["box"] = cast(Backend, backend)
+    rt.provider("box").use(cast(Backend, backend))
 
     async def burst() -> list[Any]:
-        return list(await asyncio.gather(*(rt.capabilities("box", "m") for _ in range(3))))
+        return list(await asyncio.gather(*(rt.provider("box").capabilities("m") for _ in range(3))))
 
     assert asyncio.run(burst()) == ["m"] * 3  # the lock waited on in this loop...
     assert asyncio.run(burst()) == ["m"] * 3  # ...and in the next (before: RuntimeError,
