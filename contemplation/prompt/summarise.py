@@ -14,7 +14,7 @@ import structlog
 from contemplation.backends.base import Backend
 from contemplation.base.aio import on_thread
 from contemplation.errors import BackendError
-from contemplation.models import ChatMessage, ChatRequest
+from contemplation.models import ChatMessage, ChatRequest, Usage
 from contemplation.prompt import budget
 
 log = structlog.get_logger("contemplation.summarise")
@@ -93,10 +93,12 @@ async def summarise(
     think: bool | None,
     check: Callable[[], None],
     conv_id: str = "",
+    counted: Callable[[Usage], None] | None = None,
 ) -> tuple[str, str]:
     """The model's summary of what ``fitted`` leaves out, or "" and why there is none. One
     call, at most SUMMARY_TIMEOUT seconds and budget.summary_tokens(window) tokens; ``check``
-    is called every CHECK_INTERVAL seconds while it streams (it raises to stop: a cancel)."""
+    is called every CHECK_INTERVAL seconds while it streams (it raises to stop: a cancel).
+    ``counted`` is given the call's usage, where the server said it (the ledger's row)."""
     # what is left out is the long part of a long history: made on a thread
     request = await on_thread(functools.partial(cached_request, fitted, think=think))
     if request is None:
@@ -110,6 +112,8 @@ async def summarise(
                 async for ev in stream:
                     if ev.kind == "content":
                         parts.append(ev.text)
+                    elif ev.kind == "done" and ev.usage is not None and counted is not None:
+                        counted(ev.usage)
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + CHECK_INTERVAL
                         check()

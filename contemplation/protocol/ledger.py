@@ -37,12 +37,20 @@ def _sent(u: Usage) -> int | None:
 
 
 def entry(
-    usage: Usage | None, *, turn: int, provider: str, model: str, context_bytes: int = 0
+    usage: Usage | None,
+    *,
+    turn: int,
+    provider: str,
+    model: str,
+    context_bytes: int = 0,
+    turns: int = 1,
+    miss: MissCause | None = None,
 ) -> LedgerTurn:
-    """One turn's line of the ledger."""
+    """One turn's line of the ledger; or (``turns`` 0) a request the turn made besides its
+    reply, a compaction's summary call (``miss`` "compaction"): a row of its own, no turn."""
     u = usage or Usage()
     return LedgerTurn(
-        turns=1,
+        turns=turns,
         turn=turn,
         provider=u.provider or provider,
         model=u.model or model,
@@ -55,7 +63,7 @@ def entry(
         prefill_ms=u.prompt_eval_duration_ms,
         generate_ms=u.eval_duration_ms,
         context_bytes=context_bytes,
-        miss=u.miss,
+        miss=miss or u.miss,
     )
 
 

@@ -299,6 +299,15 @@ class ConvWriter:
         ledger.record(book, line)
         book.unturned_bytes = 0
 
+    def count_summary(self, usage: Usage, *, provider: str, model: str) -> None:
+        """A compaction's summary call, a row of its own in the ledger (cause "compaction",
+        no turn): counted with the turn it was made for, saved with the next state write."""
+        line = ledger.entry(
+            usage, turn=self.state.turns + 1, provider=provider, model=model, turns=0,
+            miss="compaction",
+        )  # fmt: skip
+        ledger.record(self.state.ledger, line)
+
     def generating(self, since: float) -> None:
         """A turn holds a slot since ``since`` (a monotonic time): written by the reply's
         first state write (see :meth:`LiveReply.attempt`)."""

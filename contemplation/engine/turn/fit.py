@@ -14,6 +14,8 @@ import structlog
 from contemplation.backends.base import Backend
 from contemplation.base.aio import on_thread
 from contemplation.engine import tokenized
+from contemplation.engine.affinity import Pinned
+from contemplation.engine.runtime import Runtime
 from contemplation.engine.turn.prepare import offered
 from contemplation.engine.turn.state import Attempt, On, Prepared, Turn
 from contemplation.errors import ContextOverflow
@@ -49,10 +51,10 @@ class History:
     kept: int | None = None
 
 
-def backend(on: On) -> Backend:
-    """The turn's provider's client; every request of the turn names its slot when it has
-    one."""
-    return on.host.pinned(on.slot)
+def backend(rt: Runtime, on: On) -> Backend:
+    """The turn's provider; every request of the turn names its slot when it has one."""
+    made = rt.backend(on.provider)
+    return made if on.slot is None else Pinned(made, on.slot)
 
 
 def window(options: Mapping[str, Any], known: int | None, kept: int | None) -> int:
@@ -114,7 +116,7 @@ async def plan(
     if prepared.tokenizer is not None:  # the estimate checked against the server's count
         note = await tokenized.calibrate(
             rt.calibration,
-            prepared.tokenizer.backend,
+            rt.backend(prepared.tokenizer),
             meta.model,
             got.request,
             got.window,
@@ -176,13 +178,14 @@ async def fit(at: Attempt, fitted_plan: budget.Plan) -> tuple[ChatRequest, list[
         return fitted_plan.request, list(fitted_plan.notes)
     blind = [n for n in fitted_plan.notes if attachments.is_blind_note(n)]  # the summary's own
     await at.reply.save()  # says generating while it is made
-    caps = await at.on.host.capabilities(at.on.model)
+    caps = await at.rt.capabilities(at.on.provider, at.on.model)
     text, why = await summarise(
-        backend(at.on),
+        backend(at.rt, at.on),
         fitted_plan,
         think=False if caps is not None and caps.thinking else None,
         check=at.turn.check_cancel,
         conv_id=at.conv.id,
+        counted=functools.partial(at.w.count_summary, provider=at.on.provider, model=at.on.model),
     )
     request, notes = fitted_plan.with_summary(text) if text else fitted_plan.without_summary(why)
     return request, [*blind, *notes]
