@@ -14,8 +14,6 @@ import structlog
 from contemplation.backends.base import Backend
 from contemplation.base.aio import on_thread
 from contemplation.engine import tokenized
-from contemplation.engine.affinity import Pinned
-from contemplation.engine.runtime import Runtime
 from contemplation.engine.turn.prepare import offered
 from contemplation.engine.turn.state import Attempt, On, Prepared, Turn
 from contemplation.errors import ContextOverflow
@@ -51,10 +49,10 @@ class History:
     kept: int | None = None
 
 
-def backend(rt: Runtime, on: On) -> Backend:
-    """The turn's provider; every request of the turn names its slot when it has one."""
-    made = rt.backend(on.provider)
-    return made if on.slot is None else Pinned(made, on.slot)
+def backend(on: On) -> Backend:
+    """The turn's provider's client; every request of the turn names its slot when it has
+    one."""
+    return on.host.pinned(on.slot)
 
 
 def window(options: Mapping[str, Any], known: int | None, kept: int | None) -> int:
@@ -116,7 +114,7 @@ async def plan(
     if prepared.tokenizer is not None:  # the estimate checked against the server's count
         note = await tokenized.calibrate(
             rt.calibration,
-            rt.backend(prepared.tokenizer),
+            prepared.tokenizer.backend,
             meta.model,
             got.request,
             got.window,
@@ -178,9 +176,9 @@ async def fit(at: Attempt, fitted_plan: budget.Plan) -> tuple[ChatRequest, list[
         return fitted_plan.request, list(fitted_plan.notes)
     blind = [n for n in fitted_plan.notes if attachments.is_blind_note(n)]  # the summary's own
     await at.reply.save()  # says generating while it is made
-    caps = await at.rt.capabilities(at.on.provider, at.on.model)
+    caps = await at.on.host.capabilities(at.on.model)
     text, why = await summarise(
-        backend(at.rt, at.on),
+        backend(at.on),
         fitted_plan,
         think=False if caps is not None and caps.thinking else None,
         check=at.turn.check_cancel,
