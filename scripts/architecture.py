@@ -4,9 +4,10 @@ the largest modules, and the module boundaries one message crosses on its way.
     .venv/bin/python scripts/architecture.py [--tree DIR]   (DIR: a checkout; default: here)
 
 Layers, lowest first: the package's folders (rooms) and its few top-level modules, in the
-order of the README's code map. A module may import its own room and those below; an import
-of a higher room is an arrow up. ``plugin`` (the plugins' public face) sits above all and
-nothing inside imports it. tests/unit/test_layers.py holds these rules as tests.
+order of the code map (docs/internals/architecture.md). A module may import its own room
+and those below; an import of a higher room is an arrow up. ``plugin`` (the plugins' public
+face) sits above all and nothing inside imports it. tests/unit/test_layers.py holds these
+rules as tests.
 
     0 errors models   1 base   2 protocol   3 settings   4 store   5 writer   6 backends
     7 index   8 needs (with tools/)   9 prompt   10 config   11 engine   12 daemon   13 faces

@@ -3,8 +3,8 @@
 # lint, then run pytest against the real peers. Extra arguments go to pytest (e.g. --slow: the long
 # variants too, with no budget).
 set -euo pipefail
-# the whole command's, set-up included (README): a guard against a test that makes it slow.
-# The target is 25; a clean clone takes longer still (README), so the guard sits above that.
+# the whole command's, set-up included (docs/internals/testing.md): a guard against a test that makes it slow.
+# The target is 25; a clean clone takes longer still (docs/internals/testing.md), so the guard sits above that.
 BUDGET_MINUTES=60
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -86,7 +86,7 @@ def over_budget(seconds: float, budget: float) -> str | None:
         return None
     return (
         f"the tests took {seconds / 60:.1f} min, over their budget of {budget / 60:.1f} min: "
-        "see the slowest tests above; a long variant belongs in --slow (README, Tests)"
+        "see the slowest tests above; a long variant belongs in --slow (docs/internals/testing.md)"
     )
 
 

@@ -229,7 +229,7 @@ def test_a_form_nobody_answers_never_holds_the_wait_past_its_bound(
     daemon_factory: Callable[..., DaemonProc],
 ) -> None:
     """conversation_wait returns within its timeout (at most 50 s, as the
-    README promises) although the form it put to the person is left unanswered; the result
+    Claude guide promises) although the form it put to the person is left unanswered; the result
     says the form is still pending and what to call next, and nothing is decided."""
     env, secret = asking_setup(tmp_path, home, fake_ollama)
     fake_ollama.enqueue(Step(text=f"NEED: File contents of {secret}"))

@@ -233,7 +233,7 @@ exit 0
 def test_service_status_json_says_what_the_manager_says(
     home: Home, fake_managers: tuple[dict[str, str], Path], tmp_path: Path
 ) -> None:
-    """The README says every read command takes --json; service status did not."""
+    """The shell guide says every read command takes --json; service status did not."""
     env, log = fake_managers
     systemctl = tmp_path / "fakebin" / "systemctl"
     systemctl.write_text(SHOW)

@@ -65,7 +65,7 @@ def test_tail_f_and_a_real_tail_F_keep_up_across_archive_and_reopen(home: Home) 
     """`contemplation tail -f` went silent once a conversation it followed was archived and
     reopened (it looked for the folder in completed/ only, where it was no more). The log
     keeps its identity across both moves (one rename of the folder), so the real `tail -F`
-    on the active path the README names keeps up as well."""
+    on the active path the docs name keeps up as well."""
     if shutil.which("tail") is None:
         pytest.skip("no tail")
     conv = make_conv(home)

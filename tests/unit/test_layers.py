@@ -2,7 +2,7 @@
 the faces reach neither the engine nor the daemon (but the ``run`` command, which starts one),
 and only the writer renames, unlinks, removes or writes files under the home.
 
-The measure is scripts/architecture.py's, the one the README and the closing notes quote."""
+The measure is scripts/architecture.py's, the one docs/internals/architecture.md and the closing notes quote."""
 
 from __future__ import annotations
 
