@@ -46,12 +46,20 @@ def _run(env: dict[str, str], crash: str | None = None) -> int:
     return run_once(env, crash, timeout=120)
 
 
-@pytest.mark.parametrize("durability", ["none", "fsync"])
-@pytest.mark.parametrize("lag", ["0", "0.3"])  # journaled intent / the turn's one state write
-# reply_tail: its last bytes in the log, its commit not renamed in; reply_record: the
-# commit's record (its temp file) written, the reply's last bytes not yet (a kill at that
-# record's fsync, after the server said done, was marked INTERRUPTED and asked again)
-@pytest.mark.parametrize("point", ["reply_tail", "reply_record"])
+# point -- reply_tail: its last bytes in the log, its commit not renamed in; reply_record:
+# the commit's record (its temp file) written, the reply's last bytes not yet (a kill at that
+# record's fsync, after the server said done, was marked INTERRUPTED and asked again).
+# lag -- "0": a journaled intent; "0.3": the turn's one state write. The default tier runs
+# the four of the eight that pair each value of each with each value of the others.
+WHOLE_REPLY_KILLS = [
+    pytest.param(point, lag, durability, marks=(pytest.mark.slow,) * ((i + j + k) % 2 == 1))
+    for i, point in enumerate(("reply_tail", "reply_record"))
+    for j, lag in enumerate(("0", "0.3"))
+    for k, durability in enumerate(("none", "fsync"))
+]
+
+
+@pytest.mark.parametrize("point,lag,durability", WHOLE_REPLY_KILLS)
 def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
     home: Home, fake_ollama: FakeOllama, durability: str, lag: str, point: str
 ) -> None:
@@ -83,6 +91,18 @@ def test_a_reply_whole_in_the_log_when_killed_is_adopted_not_asked_again(
     assert list(conv.inbox.iterdir()) == [] and list(conv.processing.iterdir()) == []
     assert not list(conv.dir.glob(".*.tmp.*"))
     assert [c.id for c in list_conversations(home)] == [conv.id]
+
+
+def test_the_default_tier_kills_a_whole_reply_with_every_pair_of_its_settings() -> None:
+    """The four whole-reply kills without --slow pair each point with each lag and each
+    durability, and each lag with each durability (the eight are the long tier's)."""
+    from itertools import combinations
+
+    chosen = default_tier(WHOLE_REPLY_KILLS)
+    assert len(chosen) == 4
+    every = [tuple(p.values) for p in WHOLE_REPLY_KILLS]
+    for a, b in combinations(range(3), 2):
+        assert {(c[a], c[b]) for c in chosen} == {(c[a], c[b]) for c in every}
 
 
 def test_a_send_that_answered_survives_a_power_cut_right_after(tmp_path: Path) -> None:
@@ -177,7 +197,8 @@ def _sample(cases: list[Case]) -> list[Case]:
 
 
 # The default tier's sweep: the first hit of each point only a command reaches (no turn:
-# tests/system/test_crash.py kills those), killed and cut, in the scenario that owns it ...
+# tests/system/test_crash.py kills those), killed in the scenario that owns it (its power
+# cut there is the long tier's, as in the old sample) ...
 OWNED = {
     "send": ("deliver",),
     "memory": ("memory_tmp",),
@@ -210,9 +231,9 @@ def _default_sample(scenario: str) -> Callable[[list[Case]], list[Case]]:
     def pick(cases: list[Case]) -> list[Case]:
         out: list[Case] = []
         for point in OWNED.get(scenario, ()):
-            hits = [c for c in cases if c.point == point and c.nth == 1 and c.mode != "sync"]
-            assert {c.mode for c in hits} == {"kill", "cut"}, f"{scenario} reaches no {point}"
-            out.extend(hits[:2])
+            hits = [c for c in cases if c.point == point and c.nth == 1 and c.mode == "kill"]
+            assert hits, f"{scenario} reaches no {point}"
+            out.append(hits[0])
         pool = [
             c
             for c in cases
@@ -242,7 +263,7 @@ def test_the_crash_sweep_sample_loses_duplicates_and_diverges_nothing(
         assert result.kills >= 1 and result.cuts >= 1
     else:
         assert result.kills == len(OWNED.get(scenario, ()))
-        assert result.kills + result.cuts + result.between == 1 + 2 * result.kills
+        assert result.kills + result.cuts + result.between == 1 + result.kills
 
 
 def test_the_default_tier_kills_every_named_point() -> None:
