@@ -317,7 +317,7 @@ class TurnStarted(BaseModel):
 # cut (by the server or to fit), or its history changed otherwise (a retraction, an edit)
 MissCause = Literal[
     "new conversation", "compaction", "slot taken", "restore failed", "tools changed", "cut",
-    "history changed",
+    "history changed", "model changed", "file evicted",
 ]  # fmt: skip
 
 

@@ -290,6 +290,12 @@ class OpenAIBackend:
             target, "restore", source
         )
 
+    async def served_model(self) -> str:
+        """The model file llama-server serves (``/props`` ``model_path``; "": not said):
+        slot files are restored only into the model that made them."""
+        path = (await self.props() or {}).get("model_path")
+        return path if isinstance(path, str) else ""
+
     async def keep_slot(self, slot: int, action: str, filename: str) -> tuple[int, int] | None:
         """llama-server's ``POST /slots/{slot}?action=save|restore`` with a file of its
         ``--slot-save-path``: the tokens and bytes saved or restored (``n_saved``
@@ -363,6 +369,8 @@ class OpenAIBackend:
             ]
         ids = [str(e.get("id")) for e in entries]
         checks = [Check(self.name, True, f"{self.base_url} serves {', '.join(ids) or 'no models'}")]
+        if (kept := await self._slot_files_check()) is not None:
+            checks.append(kept)
         if model:
             if model in ids:
                 checks.append(Check("model", True, f"{model} is served"))
@@ -375,6 +383,34 @@ class OpenAIBackend:
                     Check("model", False, f"{model} is not among the server's models", tuple(ids))
                 )
         return checks
+
+    async def _slot_files_check(self) -> Check | None:
+        """llama-server: whether it keeps slot files (``--slot-save-path``), which keep a
+        conversation's prompt cached across a daemon or server restart; asked by saving an
+        idle slot (as the daemon does before its first slot copy). None: not llama-server,
+        or no slot idle to ask with."""
+        try:
+            if not isinstance((await self.props() or {}).get("total_slots"), int):
+                return None
+            listed = await self._server_json("slots")
+            idle: list[int] = [
+                s["id"] for s in listed or []
+                if isinstance(s, dict) and s.get("is_processing") is False
+                and isinstance(s.get("id"), int)
+            ]  # fmt: skip
+            if not idle:
+                return None
+            if await self.copies_slots(idle[0]):
+                return Check("slot files", True, "kept (--slot-save-path): conversations stay "
+                             "warm across restarts")  # fmt: skip
+        except BackendError:
+            return None
+        return Check(
+            "slot files", True, "off: a conversation resumed after a restart prefills its "
+            "whole prompt again",
+            ("start llama-server with --slot-save-path DIR (a folder only you can read) to "
+             "keep conversations warm across restarts; kv_files_bytes caps what is kept",),
+        )  # fmt: skip
 
     def _url_key(self) -> str:
         """The key a wrong URL is fixed in: the environment's only for the ``[openai]`` section."""

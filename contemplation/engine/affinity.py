@@ -20,6 +20,13 @@ pool of names), and a conversation that comes back finds its file restored into 
 before its turn. Every restore is checked by the next turn's reuse (the server's cache
 figure): llama.cpp can report a restore that did not take (llama.cpp #26676). After
 ``RESTORE_FAILS`` such turns in a row no more restores are made on that server.
+
+Warm across restarts: a turn's slot is also saved once the turn is over and no turn of this
+daemon is on the server (in the background: the reply is committed, nothing waits on it),
+and the pool of files is durable in the home (:mod:`kvmap`), so the first turn of a
+conversation after a daemon or a server restart finds its file restored into a slot. A
+restore the server refused, or files of another model, are said by the turn's verdict
+("failed", "model changed"; "evicted" where its file was given up): the ledger's miss cause.
 """
 
 from __future__ import annotations
@@ -27,19 +34,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
 
 from contemplation.backends.base import Backend, Capabilities, Check
 from contemplation.engine.kvfiles import Kept, KvFiles
 from contemplation.errors import BackendError
 from contemplation.models import BackendSession, ChatRequest, StreamEvent
 
+log = structlog.get_logger("contemplation.kv")
+
 KEPT = 4096  # conversations remembered per provider (the oldest forgotten)
 MISSES = 2  # turns in a row that found nothing of their history in their own named slot
 RESTORE_FAILS = 2  # restores in a row that a turn found not to hold: no more restores
 SHORT = 4  # tokens a restored history may come up short by (the last one is computed again)
+SETTLE = 30.0  # seconds a closing provider waits for the slot saves in flight
 
 
 @dataclass
@@ -75,6 +87,11 @@ class SlotAffinity:
     _save: dict[int, str] = field(default_factory=dict)  # slot -> whose cache to save first
     _restore: dict[int, tuple[str, Kept]] = field(default_factory=dict)  # slot -> to restore
     _verify: dict[int, tuple[str, Kept]] = field(default_factory=dict)  # slot -> restored
+    # slot -> a restore's verdict known before the turn ("failed", "model changed", "evicted")
+    _verdict: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _copier: CopiesSlots | None = None  # the server, as the last turn's ready() was given it
+    _saving: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # idle saves
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # map writes in flight
 
     def take(self, conv_id: str, prefix: str, *, slots: int, copy: bool = False) -> int:
         """The slot for a turn of ``conv_id`` whose prompt starts with ``prefix``'s shared
@@ -123,6 +140,8 @@ class SlotAffinity:
             slot = min(warm or range(slots), key=lambda i: (self._load.get(i, 0), self._used[i]))
         if slot in free:
             self._keep(slot, conv_id, copy=copy, back=back)
+            if copy and self.restores and not back and self.files.was_evicted(conv_id):
+                self._verdict[slot] = (conv_id, "evicted")
         return self._mark(slot, conv_id, prefix)
 
     def _keep(self, slot: int, conv_id: str, *, copy: bool, back: bool) -> None:
@@ -148,8 +167,7 @@ class SlotAffinity:
         it made, once its source's first prefill has ended (the server first asked whether
         it copies slots; a refusal: this slot prefills the prefix and no copy is planned
         again), and the copies planned out of this slot made (it must stay idle until then)."""
-        if (owner := self._save.pop(slot, None)) is not None:
-            await self._saved(slot, owner, copier)
+        await self._before(slot, copier)
         source = self._copy.get(slot)
         if source is not None:
             done = False
@@ -175,9 +193,24 @@ class SlotAffinity:
         if (back := self._restore.pop(slot, None)) is not None:
             await self._restored(slot, *back, copier)
 
+    async def _before(self, slot: int, copier: CopiesSlots) -> None:
+        """An idle save of ``slot`` in flight ended, then the history it holds saved to its
+        owner's file where :meth:`take` planned it (the map written in the background)."""
+        self._copier = copier
+        if (saving := self._saving.get(slot)) is not None:
+            await asyncio.wait({saving})
+        if (owner := self._save.pop(slot, None)) is not None and slot in self._dirty:
+            await self._saved(slot, owner, copier)
+            self._later(self.files.flush())
+
     async def _saved(self, slot: int, owner: str, copier: CopiesSlots) -> None:
         if not isinstance(copier, KeepsSlots):
             return
+        if isinstance(copier, SaysModel):  # files of another model are given up
+            try:
+                self.files.made_by(await copier.served_model())
+            except BackendError:
+                return
         name = self.files.name_for(owner)
         try:
             done = await copier.keep_slot(slot, "save", name)
@@ -197,6 +230,15 @@ class SlotAffinity:
     async def _restored(self, slot: int, conv_id: str, kept: Kept, copier: CopiesSlots) -> None:
         if not isinstance(copier, KeepsSlots) or self.files.kept(conv_id) != kept:
             return  # its file was given to another conversation meanwhile
+        if isinstance(copier, SaysModel):
+            try:
+                same = self.files.made_by(await copier.served_model())
+            except BackendError:
+                same = True  # not known: the restore's check tells
+            if not same:
+                self._verdict[slot] = (conv_id, "model changed")
+                self._later(self.files.flush())
+                return
         try:
             done = await copier.keep_slot(slot, "restore", kept.name)
         except BackendError:
@@ -205,6 +247,52 @@ class SlotAffinity:
             self._verify[slot] = (conv_id, replace(kept, history=min(done[0], kept.history)))
             self._dirty.discard(slot)  # what it holds is that file's
             self._expect[slot] = conv_id
+        else:  # the server kept no such file (removed, or of another build): cold, counted
+            self.restores_failed += 1
+            self.files.drop(conv_id)
+            self._verdict[slot] = (conv_id, "failed")
+            self._later(self.files.flush())
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """``work`` in the background, kept until it ends (awaited by :meth:`settled`)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _save_when_idle(self, slot: int) -> None:
+        """After a turn on ``slot``, with no turn of this daemon on the server: the slot
+        saved to its conversation's file in the background (the reply is committed and
+        nothing waits on it), and the durable map written after it."""
+        copier, owner = self._copier, self._owner.get(slot)
+        if copier is None or owner is None or not self.restores or self.copies is False:
+            return
+        if not isinstance(copier, KeepsSlots) or slot in self._saving:
+            return
+        if any(self._load.values()):
+            return  # the server is busy: saved before another conversation takes it
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no running loop (a test's synchronous use)
+            return
+
+        async def save() -> None:
+            try:
+                if slot in self._dirty and self._owner.get(slot) == owner:
+                    await self._saved(slot, owner, copier)
+                await self.files.flush()
+            except Exception as exc:  # a background save never fails a turn
+                log.warning("kv_save_failed", conv=owner, error=str(exc))
+            finally:
+                self._saving.pop(slot, None)
+
+        self._saving[slot] = self._later(save())
+
+    async def settled(self) -> None:
+        """The slot saves and map writes in flight ended (a closing provider), at most
+        ``SETTLE`` seconds."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=SETTLE)
 
     def _answered(self) -> None:
         if (asking := self._asking) is not None:
@@ -239,6 +327,8 @@ class SlotAffinity:
         # to end is the one that prefilled the prefix; those queued behind it reuse it
         if (warmed := self._warmed.pop(slot, None)) is not None:
             warmed.set()  # the copies waiting for that prefill are made now
+        if not self._load.get(slot):
+            self._save_when_idle(slot)
 
     def observed(self, slot: int, conv_id: str, reused: int | None) -> bool:
         """What the server reused of a turn's prompt (its cache figure). A turn on its own
@@ -268,6 +358,9 @@ class SlotAffinity:
             return ""
         if sent is not None:
             self._sent[slot] = (sent, said)
+        known = self._verdict.pop(slot, None)
+        if known is not None and known[0] == conv_id:
+            return known[1]
         check = self._verify.pop(slot, None)
         if check is None or check[0] != conv_id or reused is None:
             return ""
@@ -318,6 +411,16 @@ class CopiesSlots(Protocol):
     async def copy_slot(self, source: int, target: int) -> bool:
         """``source``'s cache into ``target``; False: the server did not copy it.
         Raises BackendError."""
+        ...
+
+
+@runtime_checkable
+class SaysModel(Protocol):
+    """A server that says which model file it serves (llama-server ``/props``
+    ``model_path``): slot files are restored only into the model that made them."""
+
+    async def served_model(self) -> str:
+        """The model the server serves ("": it does not say). Raises BackendError."""
         ...
 
 

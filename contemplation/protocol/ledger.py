@@ -86,14 +86,17 @@ def miss(
     cache figure is unknown: a miss is never guessed). ``held``: the server's count of the
     conversation's previous request (None: none known); ``extends``: this request begins with
     that one (its messages and tools); ``restore``: what :meth:`Affinity.verified` said of a
-    slot file restored for the turn ("failed" or "off": it did not hold); ``first``: the
+    slot file restored for the turn ("failed" or "off": it did not hold; "model changed":
+    the server serves another model now; "evicted": the file was given up); ``first``: the
     conversation's first turn."""
     if usage is None or usage.cached_tokens is None:
         return None
     if held is not None and extends:
         if usage.cached_tokens + max(SHORT, int(held * SHORT_SHARE)) >= held:
             return None
-        return "restore failed" if restore in {"failed", "off"} else "slot taken"
+        return _RESTORE_MISS.get(restore, "slot taken")
+    if held is None and restore in _RESTORE_MISS:  # after a restart: its file did not serve
+        return _RESTORE_MISS[restore]
     if held is None:
         return "new conversation" if first else None
     if cut:
@@ -101,6 +104,13 @@ def miss(
     if not same_tools:
         return "tools changed"
     return "compaction" if compacted else "history changed"
+
+
+# what the slot file restored (or meant to be) for a turn said (SlotAffinity.verified)
+_RESTORE_MISS: dict[str, MissCause] = {
+    "failed": "restore failed", "off": "restore failed", "model changed": "model changed",
+    "evicted": "file evicted",
+}  # fmt: skip
 
 
 def _plus(a: Any, b: Any) -> Any:

@@ -56,6 +56,9 @@ class Provider:
     )
     _cap_failed: dict[str, float] = field(default_factory=dict)  # model -> when it failed
 
+    def __post_init__(self) -> None:
+        self._kv_files()
+
     @classmethod
     def make(
         cls,
@@ -134,6 +137,7 @@ class Provider:
         self._asked = None
         self.slots = None
         self.affinity = SlotAffinity()
+        self._kv_files()
         if isinstance(self._client, KnowsLimits):
             self._client.stale()
 
@@ -203,9 +207,16 @@ class Provider:
         kvfiles.said(self.name, key, restored)
         return restored
 
+    def _kv_files(self) -> None:
+        """The affinity's slot files kept in the home's durable map (warm across restarts)."""
+        self.affinity.files = kvfiles.KvFiles.durable(
+            self.settings.home, self.name, budget=self.settings.kv_files_bytes
+        )
+
     async def aclose(self) -> None:
         """Close the client (it belongs to the running event loop); the next use makes a
-        new one. What is known of the server is kept."""
+        new one. What is known of the server is kept; slot saves in flight end first."""
+        await self.affinity.settled()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
