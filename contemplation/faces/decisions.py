@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.base.terminal import safe
 from contemplation.errors import ContemplationError, InputRejected, NotFound
 from contemplation.models import APPROVALS_KEY, ApprovalDecision, Decider, decider, read_approvals
 from contemplation.protocol import logformat
-from contemplation.settings import Settings
 from contemplation.store import waiting
 from contemplation.store.layout import Conv, Home, list_conversations, read_json, read_metadata
 from contemplation.writer.files import atomic_write_json, faces_lock
+
+if TYPE_CHECKING:  # the settings model is built only by the commands that change
+    from contemplation.settings import Settings
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500

@@ -39,20 +39,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
-
-import structlog
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from contemplation.base.privacy import DIR_MODE, FILE_MODE
 from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected
 from contemplation.index.rows import Facts, as_int, disk_use, header_ts, summary_row
-from contemplation.models import Block, LedgerSums
-from contemplation.protocol.ledger import FIELDS as LEDGER_COLUMNS
-from contemplation.protocol.logformat import FRAME_OPEN, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
-from contemplation.store import logstream, room
-from contemplation.store.cursors import own_block
+from contemplation.store import room
 from contemplation.store.layout import (
     Conv,
     Home,
@@ -60,9 +53,26 @@ from contemplation.store.layout import (
     read_json_why,
     valid_id,
 )
-from contemplation.store.logview import log_segments
 
-log = structlog.get_logger("contemplation.index")
+if TYPE_CHECKING:
+    from contemplation.models import Block
+
+# What reading the log into the index needs (the models, the log's parser) is imported where a
+# conversation is indexed: a read of an index that is up to date (``list``, ``search``) loads
+# none of it (tests/system/test_read_commands_light.py).
+
+
+class _Log:
+    """The index's log: structlog is loaded with its first line (a read of an index that is
+    up to date says nothing, and loads no logging)."""
+
+    def __getattr__(self, level: str) -> Any:
+        import structlog
+
+        return getattr(structlog.get_logger("contemplation.index"), level)
+
+
+log = _Log()
 
 T = TypeVar("T")
 
@@ -86,35 +96,44 @@ _COLUMNS = (
     "bytes INTEGER, disk INTEGER, log_ts REAL, hay TEXT, topic_key TEXT, row TEXT, key TEXT, "
     "log_key TEXT"
 )
-_DDL = (
-    f"CREATE TABLE convs ({_COLUMNS})",
-    "CREATE INDEX convs_recent ON convs (archived, last_ts DESC, id DESC)",
-    # each block, its text kept compressed (zlib: about half the bytes; the FTS5 table reads
-    # it through the view, for snippets and to delete a block's terms)
-    "CREATE TABLE blocks (id INTEGER PRIMARY KEY, conv TEXT NOT NULL, block INTEGER, "
-    "sender TEXT, time TEXT, at INTEGER, own INTEGER, zbody BLOB, zthinking BLOB)",
-    "CREATE INDEX blocks_conv ON blocks (conv)",
-    "CREATE VIEW block_text AS SELECT id, unz(zbody) AS body, unz(zthinking) AS thinking "
-    "FROM blocks",
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",  # the last full sweep's mark
-    # state.json's ledger summed per provider/model (NULL: no turn said); summed over every
-    # conversation in SQL, never by reading folders
-    f"CREATE TABLE ledger (conv TEXT NOT NULL, archived INTEGER NOT NULL, provider TEXT, "
-    f"model TEXT, turns INTEGER, {', '.join(f'{c} REAL' for c in LEDGER_COLUMNS)}, "
-    "context_bytes INTEGER)",
-    "CREATE INDEX ledger_conv ON ledger (conv)",
-    "CREATE VIRTUAL TABLE text USING fts5(body, thinking, content = 'block_text', "
-    "content_rowid = 'id', tokenize = 'unicode61')",
-    # the blocks past the reader's bound (logstream.MAX_BLOCK_BYTES), indexed by their first
-    # ``kept`` bytes of ``bytes``: words past that are not found, and searches say so
-    "CREATE TABLE cut (conv TEXT NOT NULL, at INTEGER, bytes INTEGER, kept INTEGER)",
-    "CREATE INDEX cut_conv ON cut (conv, at)",
-    # index/semantic.py's: a vector per conversation (at -1) and per long block (its offset),
-    # with the digest of the text it was made from; vec_done: the log_key last embedded
-    "CREATE TABLE vectors (conv TEXT NOT NULL, at INTEGER NOT NULL, digest TEXT NOT NULL, "
-    "vec BLOB NOT NULL, PRIMARY KEY (conv, at))",
-    "CREATE TABLE vec_done (conv TEXT PRIMARY KEY, key TEXT NOT NULL)",
-)
+
+
+def _ddl() -> tuple[str, ...]:
+    """Every table and index (the ledger's columns are the protocol's figures)."""
+    from contemplation.protocol.ledger import FIELDS
+
+    figures = ", ".join(f"{c} REAL" for c in FIELDS)
+    return (
+        f"CREATE TABLE convs ({_COLUMNS})",
+        "CREATE INDEX convs_recent ON convs (archived, last_ts DESC, id DESC)",
+        # each block, its text kept compressed (zlib: about half the bytes; the FTS5 table reads
+        # it through the view, for snippets and to delete a block's terms)
+        "CREATE TABLE blocks (id INTEGER PRIMARY KEY, conv TEXT NOT NULL, block INTEGER, "
+        "sender TEXT, time TEXT, at INTEGER, own INTEGER, zbody BLOB, zthinking BLOB)",
+        "CREATE INDEX blocks_conv ON blocks (conv)",
+        "CREATE VIEW block_text AS SELECT id, unz(zbody) AS body, unz(zthinking) AS thinking "
+        "FROM blocks",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",  # the last full sweep's mark
+        # state.json's ledger summed per provider/model (NULL: no turn said); summed over every
+        # conversation in SQL, never by reading folders
+        f"CREATE TABLE ledger (conv TEXT NOT NULL, archived INTEGER NOT NULL, provider TEXT, "
+        f"model TEXT, turns INTEGER, {figures}, "
+        "context_bytes INTEGER)",
+        "CREATE INDEX ledger_conv ON ledger (conv)",
+        "CREATE VIRTUAL TABLE text USING fts5(body, thinking, content = 'block_text', "
+        "content_rowid = 'id', tokenize = 'unicode61')",
+        # the blocks past the reader's bound (logstream.MAX_BLOCK_BYTES), indexed by their first
+        # ``kept`` bytes of ``bytes``: words past that are not found, and searches say so
+        "CREATE TABLE cut (conv TEXT NOT NULL, at INTEGER, bytes INTEGER, kept INTEGER)",
+        "CREATE INDEX cut_conv ON cut (conv, at)",
+        # index/semantic.py's: a vector per conversation (at -1) and per long block (its offset),
+        # with the digest of the text it was made from; vec_done: the log_key last embedded
+        "CREATE TABLE vectors (conv TEXT NOT NULL, at INTEGER NOT NULL, digest TEXT NOT NULL, "
+        "vec BLOB NOT NULL, PRIMARY KEY (conv, at))",
+        "CREATE TABLE vec_done (conv TEXT PRIMARY KEY, key TEXT NOT NULL)",
+    )
+
+
 _TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger", "cut", "vectors", "vec_done")
 _VIEWS = ("block_text",)
 
@@ -206,7 +225,7 @@ def _make_tables(conn: sqlite3.Connection) -> None:
         conn.execute(f"DROP VIEW IF EXISTS {view}")
     for table in _TABLES:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
-    for ddl in _DDL:
+    for ddl in _ddl():
         conn.execute(ddl)
     conn.execute(f"PRAGMA user_version={SCHEMA}")
 
@@ -629,6 +648,8 @@ def _folder_meta(conv: Conv) -> tuple[dict[str, Any], str]:
 def _rows(conv_id: str, blocks: Iterable[Block], n: int, base: int) -> list[_Block]:
     """Blocks as rows: numbered on from ``n``, ``base`` added to their file's offsets (the
     cursor of the file's first byte)."""
+    from contemplation.store.cursors import own_block
+
     out: list[_Block] = []
     for b in blocks:
         body = _said(b.text)
@@ -657,6 +678,8 @@ def _indexed(
     amount of memory; a block past its bound is indexed by its first bytes, said in a log
     line); its blocks numbered on from ``n`` at cursor ``base``. The number of the last
     block, and the bytes read."""
+    from contemplation.store import logstream
+
     size = 0
     for part in logstream.stream(fd, agent_label=label, start=start):
         rows = _rows(conv.id, part.blocks, n, base)
@@ -676,6 +699,8 @@ def _indexed(
 def _index(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[str, str]) -> None:
     """A conversation's text and row, read from its folder file by file, a stretch of blocks
     at a time: however long its log, nothing of it is skipped and little is held."""
+    from contemplation.store.logview import log_segments
+
     meta, problem = _folder_meta(conv)
     label = str(meta.get("agent_label") or "CLAUDE")
     _forget(conn, conv.id)
@@ -743,6 +768,9 @@ def _append(conn: sqlite3.Connection, conv: Conv, archived: bool, keys: tuple[st
     """Index only what was appended to the live log: its last indexed block (a reply may have
     been growing) and the blocks after it. False when that cannot be done (the bytes where the
     last block was are not a header any more: the log was rewritten), for a full index."""
+    from contemplation.protocol.logformat import FRAME_OPEN
+    from contemplation.store.logview import log_segments
+
     segs = log_segments(conv)
     if not segs or segs[-1] != conv.log:
         return False
@@ -854,6 +882,11 @@ def _put_row(
 def _put_ledger(conn: sqlite3.Connection, conv_id: str, archived: bool, raw: Any) -> None:
     """The conversation's ledger rows (one per provider/model) from state.json's ``ledger``;
     a value that is none is left out (a hand edit cannot stop the index)."""
+    from pydantic import ValidationError
+
+    from contemplation.models import LedgerSums
+    from contemplation.protocol.ledger import FIELDS as LEDGER_COLUMNS
+
     conn.execute("DELETE FROM ledger WHERE conv = ?", (conv_id,))
     by = raw.get("by") if isinstance(raw, dict) else None
     rows = []
@@ -881,6 +914,8 @@ def _unz(data: bytes | None) -> str:
 
 def _said(text: str) -> str:
     """A block's text without the tool output's framing lines (what was said, not how)."""
+    from contemplation.protocol.logformat import TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END
+
     if TOOL_OUTPUT_BEGIN not in text:
         return text
     return "\n".join(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from contemplation.protocol.logformat import TIME_FORMAT
 from contemplation.store.layout import Conv, topic_of_id
 
 
@@ -50,7 +49,7 @@ def header_ts(text: str) -> float:
     """A header's time as epoch seconds (0: none or not a time)."""
     if text:
         with contextlib.suppress(ValueError, OverflowError):
-            return datetime.strptime(text, TIME_FORMAT).timestamp()
+            return datetime.strptime(text, _time_format()).timestamp()
     return 0.0
 
 
@@ -70,7 +69,14 @@ def _str(value: Any, default: str = "") -> str:
 
 
 def clock(ts: float) -> str:
-    return time.strftime(TIME_FORMAT, time.localtime(ts)) if ts else ""
+    return time.strftime(_time_format(), time.localtime(ts)) if ts else ""
+
+
+def _time_format() -> str:
+    """The log's header time (its module loads the models: imported when a row is made)."""
+    from contemplation.protocol.logformat import TIME_FORMAT
+
+    return TIME_FORMAT
 
 
 def summary_row(  # noqa: PLR0917 - the parts of one row

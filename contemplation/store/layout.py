@@ -12,12 +12,12 @@ import stat
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import Ambiguous, InputRejected, NotFound
-from contemplation.models import Metadata, State
+
+if TYPE_CHECKING:  # the models (pydantic) load when a folder's JSON is read, not with a path
+    from contemplation.models import Metadata, State
 
 CONV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IGNORED_SUFFIXES = (".tmp", ".part", "~", ".swp")
@@ -356,6 +356,10 @@ def read_json_why(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 
 def read_metadata(conv: Conv) -> Metadata | None:
+    from pydantic import ValidationError
+
+    from contemplation.models import Metadata
+
     data = read_json(conv.metadata)
     if data is None:
         return None
@@ -366,6 +370,10 @@ def read_metadata(conv: Conv) -> Metadata | None:
 
 
 def read_state(conv: Conv) -> State | None:
+    from pydantic import ValidationError
+
+    from contemplation.models import State
+
     data = read_json(conv.state)
     if data is None:
         return None

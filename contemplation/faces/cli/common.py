@@ -12,10 +12,9 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from click.shell_completion import CompletionItem
 
 from contemplation.base import acting
 from contemplation.base.exits import (
@@ -28,14 +27,16 @@ from contemplation.base.exits import (
     EXIT_TIMEOUT,
     fail,
 )
-from contemplation.base.logs import configure
 from contemplation.base.terminal import safe
 from contemplation.errors import ContemplationError
-from contemplation.faces.reading import locate
-from contemplation.settings import Settings, load
+from contemplation.faces.cli import light
 from contemplation.store.layout import Conv, Home, valid_id
-from contemplation.store.templates import shipped_templates
-from contemplation.store.waiting import Face
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+    from contemplation.settings import Settings
+    from contemplation.store.waiting import Face
 
 __all__ = [
     "EXIT_CODES", "EXIT_CUT", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NEEDS_AGENT", "EXIT_OK",
@@ -56,17 +57,103 @@ def face() -> Face:
 
 def ctx_settings(ctx: click.Context) -> Settings:
     """The settings (file < environment < flags), loaded once per invocation; diagnostics
-    are configured to go to stderr, never into a command's output."""
+    are configured to go to stderr, never into a command's output. The model's verdict is
+    remembered for the read commands (:mod:`contemplation.faces.cli.light`)."""
+    from contemplation.settings import load
+
     obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
     if "settings" not in obj:
-        s = load(
-            config=obj.get("config"), home=obj.get("home"), overrides=obj.get("overrides") or {}
-        )
-        service = ctx.find_root().invoked_subcommand in SERVICES  # their stderr is a log
-        configure(s.log_format, s.log_level, human_lines=not service)
+        given = _given(obj)
+        s = load(**given)
+        light.remember(s, **given)
+        obj["light"] = light.of(s)
+        _configure(ctx, obj["light"])
         obj["settings"] = s
     settings: Settings = obj["settings"]
     return settings
+
+
+def ctx_light(ctx: click.Context) -> light.Light:
+    """What a read command uses of the settings (the home, the log, the search's time, the
+    alias names), without the settings model where its verdict on these inputs is known
+    (:mod:`contemplation.faces.cli.light`); else the model is loaded (and says what is bad)."""
+    obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
+    if "light" not in obj:
+        found = light.load(**_given(obj))
+        if found is None:
+            ctx_settings(ctx)
+        else:
+            _configure(ctx, found)
+            obj["light"] = found
+    got: light.Light = obj["light"]
+    return got
+
+
+def _given(obj: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "config": obj.get("config"),
+        "home": obj.get("home"),
+        "overrides": obj.get("overrides") or {},
+    }
+
+
+def _configure(ctx: click.Context, values: light.Light) -> None:
+    """Diagnostics set up (:func:`contemplation.base.logs.configure`) before the first line
+    can be said: now when structlog is loaded, else the moment it is (a read command that
+    says nothing never loads it)."""
+    service = ctx.find_root().invoked_subcommand in SERVICES  # their stderr is a log
+
+    def configure() -> None:
+        from contemplation.base.logs import configure
+
+        configure(values.log_format, values.log_level, human_lines=not service)
+
+    if "structlog" in sys.modules or not logs_later(configure):
+        configure()
+
+
+def logs_later(configure: Callable[[], None]) -> bool:
+    """Run ``configure`` as soon as :mod:`contemplation.base.logs` has been imported (which
+    imports structlog); whoever imports structlog first imports that module right after it.
+    False when the import system cannot be watched (then configure now)."""
+    import importlib
+    from importlib.abc import Loader, MetaPathFinder
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+    watched = {"structlog", "contemplation.base.logs"}
+
+    class Then(Loader):
+        def __init__(self, inner: Loader, name: str) -> None:
+            self.inner, self.name = inner, name
+
+        def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+            return self.inner.create_module(spec)
+
+        def exec_module(self, module: ModuleType) -> None:
+            self.inner.exec_module(module)
+            if self.name != "structlog":
+                sys.meta_path.remove(finder)
+                configure()
+            elif "contemplation.base.logs" not in sys.modules:  # not already on its way
+                importlib.import_module("contemplation.base.logs")
+
+    class Finder(MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> ModuleSpec | None:
+            if name not in watched:
+                return None
+            for other in sys.meta_path:
+                if other is self or not hasattr(other, "find_spec"):
+                    continue
+                spec: ModuleSpec | None = other.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = Then(spec.loader, name)
+                    return spec
+            return None
+
+    finder = Finder()
+    sys.meta_path.insert(0, finder)
+    return True
 
 
 def quiet_logs_unless_verbose(ctx: click.Context) -> None:
@@ -76,12 +163,14 @@ def quiet_logs_unless_verbose(ctx: click.Context) -> None:
 
 
 def ctx_home(ctx: click.Context) -> Home:
-    return Home(ctx_settings(ctx).home)
+    return Home(ctx_light(ctx).home)
 
 
 def lookup(ctx: click.Context, name: str) -> Conv:
     """The conversation every command means by ``name`` (see :func:`reading.locate`): an
     archived one is found too; the actions that would change it say it is archived."""
+    from contemplation.faces.reading import locate
+
     return locate(ctx_home(ctx), name)
 
 
@@ -107,8 +196,14 @@ def json_option(help: str = "Print the data as JSON instead of text.") -> Callab
 def _completion_home(ctx: click.Context) -> Home | None:
     """The home the command line names, for completion (no callback has run yet)."""
     params = ctx.find_root().params
+    given: dict[str, Any] = {"config": params.get("config"), "home": params.get("home")}
+    found = light.load(**given)
+    if found is not None:
+        return Home(found.home)
+    from contemplation.settings import load
+
     try:
-        s = load(config=params.get("config"), home=params.get("home"), overrides={})
+        s = load(**given, overrides={})
     except (ContemplationError, OSError, ValueError):
         return None
     return Home(s.home)
@@ -133,6 +228,8 @@ def conversation_ids(home: Home) -> list[str]:
 
 def template_names(home: Home) -> list[str]:
     """The home's templates and the shipped ones (``default``)."""
+    from contemplation.store.templates import shipped_templates
+
     shipped = shipped_templates()
     found = [
         name
@@ -152,6 +249,8 @@ class _Completed(click.types.StringParamType):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
         home = _completion_home(ctx)
         if home is None:
             return []

@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fork": ("fork", "fork", "Start a new conversation from blocks 1..N..."),
     "install": ("install", "install", "Install contemplation into Claude Code (a..."),
     "ledger": ("ledger", "ledger", "Tokens sent, reused, recomputed and..."),
-    "list": ("conv", "list_", "List conversations, the latest activity..."),
+    "list": ("reads", "list_", "List conversations, the latest activity..."),
     "mcp": ("mcpface", "mcp", "MCP server for agents (stdio by default)."),
     "memory": (
         "store",
@@ -54,7 +54,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plugins": (
         "plugins",
         "plugins",
-        "The backends, NEED tools and context...",
+        "The backends, NEED tools, context kinds...",
     ),
     "prune": ("index", "prune", "Delete archived conversations whose last..."),
     "reindex": ("index", "reindex", "Make the search index anew from the..."),
@@ -85,8 +85,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Send the next turns of CONVERSATION to...",
     ),
     "state": ("store", "state", "The current-state store..."),
-    "status": ("conv", "status", "A conversation's status; without one, the..."),
-    "tail": ("conv", "tail", "Print a conversation's messages.log."),
+    "status": ("reads", "status", "A conversation's status; without one, the..."),
+    "tail": ("reads", "tail", "Print a conversation's messages.log."),
     "templates": (
         "store",
         "templates",
@@ -170,7 +170,7 @@ def _where(ctx: click.Context, exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename:
         return str(exc.filename)
     obj = ctx.obj if isinstance(ctx.obj, dict) else {}
-    home = getattr(obj.get("settings"), "home", None) or obj.get("home")
+    home = getattr(obj.get("light"), "home", None) or obj.get("home")  # see common.ctx_light
     return str(home) if home else "the conversation home"
 
 

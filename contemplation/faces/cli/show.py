@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.base.terminal import safe
-from contemplation.models import State, Status
-from contemplation.protocol import ledger
-from contemplation.store import waiting
 
-ADVICE = {
-    Status.ERROR: "withdraw the failed turn with `contemplation retract {id}` and send again "
+if TYPE_CHECKING:  # the models load with the status of one conversation, not with list
+    from contemplation.models import State
+
+ADVICE = {  # by Status value (a StrEnum member finds its entry)
+    "error": "withdraw the failed turn with `contemplation retract {id}` and send again "
     "(`contemplation set-model {id} MODEL` for another model), or `contemplation doctor` to "
     "check the backend",
-    Status.RETRYING: "it retries by itself; `contemplation cancel {id}` stops it",
+    "retrying": "it retries by itself; `contemplation cancel {id}` stops it",
 }
 
 
@@ -98,6 +98,9 @@ def fork_origin(forked_from: Any) -> str:
 
 def conversation(summary: dict[str, Any], state: State | None, log_mtime: float | None) -> str:
     """``contemplation status CONV``: one labelled line per fact, the error as a sentence."""
+    from contemplation.models import Status
+    from contemplation.protocol import ledger
+
     lines = [
         (
             "conversation",
@@ -152,6 +155,8 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
 
 def responded(done: dict[str, Any]) -> str:
     """``contemplation respond``: what was answered or queued, and what still waits."""
+    from contemplation.store import waiting
+
     if done.get("answered") is None:
         return f"queued as a message ({done['queued']}): the model was not waiting for a need"
     lines = [f"answered need {done['need_id']}: {done['answered']}"]
@@ -162,6 +167,8 @@ def responded(done: dict[str, Any]) -> str:
 def still_running(conv_id: str, state: State | None, *, waited: float, now: str) -> str:
     """``send --wait --timeout``: the real status when time ran out (the reply is not lost),
     with ``now``, what it is doing (``Reader.activity``: the words of every face)."""
+    from contemplation.models import Status
+
     status = state.status if state is not None else Status.PENDING
     what = f"{status.value}: {now}"
     if now.startswith(f"{Status.RETRYING.value}: "):  # a full disk: state.json is behind

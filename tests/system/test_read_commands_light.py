@@ -1,0 +1,91 @@
+"""Commands a person types often start like native tools: the read commands (list, status,
+tail, search by words, approvals) load only what they use. Each runs in a fresh interpreter
+(what a process loads is the thing under test) and the modules it loaded are named: none of
+the settings model (its verdict on these inputs is known: contemplation.faces.cli.light), the
+actions, the backends or an HTTP client; ``list`` loads neither pydantic nor the models, nor
+structlog and asyncio, while the index is up to date (a folder that changed since is read again
+with the log's parser and the models). A deterministic check, not a timed one: bench/bench_read_commands.py
+measures the time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from contemplation.store.layout import Home
+from tests.conftest import ROOT, base_env, cli_here
+
+PROBE = (
+    "import sys, json, runpy\n"
+    "sys.argv = ['contemplation', *json.loads(sys.argv[1])]\n"
+    "try:\n    runpy.run_module('contemplation', run_name='__main__')\n"
+    "except SystemExit as exc:\n    code = exc.code\n"
+    "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
+)
+NEVER = (
+    "pydantic_settings", "contemplation.settings", "contemplation.faces.actions",
+    "contemplation.backends", "httpx", "aiohttp", "mcp", "starlette",
+)  # fmt: skip
+NOT_FOR_LIST = ("pydantic", "contemplation.models", "structlog", "asyncio")
+
+
+def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(args)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return proc.stdout, json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+def _heavy(modules: list[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+@pytest.fixture
+def conv_env(home: Home) -> tuple[dict[str, str], str]:
+    env = base_env(home)
+    conv = cli_here(env, "new", "light reads").stdout.strip()  # loads the model: its verdict
+    cli_here(env, "list")  # the index brought up to date (a changed folder is read again)
+    return env, conv
+
+
+def test_list_loads_no_settings_model_no_pydantic_no_logging(
+    conv_env: tuple[dict[str, str], str],
+) -> None:
+    env, conv = conv_env
+    out, modules = _loaded(env, "list")
+    assert conv in out
+    assert _heavy(modules, NEVER + NOT_FOR_LIST) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("status",), ("status", "{conv}"), ("tail", "{conv}"), ("search", "light", "--mode", "words"),
+     ("approvals",)],
+    ids=["status", "status CONV", "tail", "search words", "approvals"],
+)  # fmt: skip
+def test_the_read_commands_load_no_settings_model_nor_actions(
+    conv_env: tuple[dict[str, str], str], args: tuple[str, ...]
+) -> None:
+    env, conv = conv_env
+    _, modules = _loaded(env, *(a.format(conv=conv) for a in args))  # exit 0 (check=True)
+    assert _heavy(modules, NEVER) == []
+
+
+def test_without_a_verdict_the_model_is_loaded_and_then_not(home: Home) -> None:
+    """A new set of inputs (here a variable never seen) loads the model once, which records
+    its verdict; the next run reads it."""
+    env = {**base_env(home), "CONTEMPLATION_REPLY_CAP": "0.4"}
+    cli_here(base_env(home), "list")  # the index made
+    _, first = _loaded(env, "list")
+    _, second = _loaded(env, "list")
+    assert "contemplation.settings" in first
+    assert _heavy(second, NEVER + NOT_FOR_LIST) == []
