@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -259,7 +260,7 @@ def cli_here(
     test of a command's words and files (~7 ms, where a new interpreter costs ~0.65 s of
     CPU). Not for what the process itself shows (signals, a crash point's kill, exit codes
     of a dying process, ``-P``, stdout purity, the daemon, the MCP server): :func:`cli`."""
-    from click.testing import CliRunner
+    from click.testing import CliRunner, Result
 
     from contemplation.faces.cli.root import main
 
@@ -274,10 +275,21 @@ def cli_here(
     log = structlog.get_config()
     umask = os.umask(0o077)
     os.umask(umask)
-    try:
-        got = CliRunner().invoke(
+
+    def invoke() -> Result:
+        return CliRunner().invoke(
             main, list(args), input=input, env=whole, prog_name="contemplation"
         )
+
+    try:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # none: the usual case
+            got = invoke()
+        else:  # a test with a loop running in its thread (Playwright's sync API): a command
+            # that runs its own (asyncio.run) would fail here, and a process would not
+            with ThreadPoolExecutor(1) as pool:
+                got = pool.submit(invoke).result()
     finally:
         os.umask(umask)
         structlog.configure(**log)

@@ -4,6 +4,7 @@ went."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from contemplation.store.layout import Home
 from tests.conftest import ROOT, base_env, cli_here, over_budget
+from tests.fakes.ollama_server import FakeOllama
 
 QUICK = "tests/unit/test_shape.py::test_each_room_says_what_lives_there"
 
@@ -88,3 +90,19 @@ def test_the_cli_run_in_process_leaves_the_test_process_as_it_found_it(tmp_path:
         assert structlog.get_config() == before_log
     finally:
         os.umask(before)
+
+
+def test_the_cli_in_process_runs_inside_a_test_with_an_event_loop_running(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    """A test driving a browser (Playwright's sync API) runs an event loop in its thread: a
+    command that runs its own (``new --model`` asks the backend first) failed there with
+    'asyncio.run() cannot be called from a running event loop', in-process only."""
+
+    async def inside() -> subprocess.CompletedProcess[str]:
+        env = base_env(Home(tmp_path / "home"), fake_ollama)
+        return cli_here(env, "new", "in a loop", "--model", "llama3.2", check=False)
+
+    done = asyncio.run(inside())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("conv_"), done.stdout
