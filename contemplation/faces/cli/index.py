@@ -19,7 +19,7 @@ import click
 from contemplation.base.exits import EXIT_ERROR
 from contemplation.base.terminal import safe
 from contemplation.faces.cli import show
-from contemplation.faces.cli.common import ctx_home, ctx_settings, emit, json_option
+from contemplation.faces.cli.common import ctx_home, ctx_light, emit, json_option
 from contemplation.store.layout import Home
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def search(  # noqa: PLR0917 - click passes every option positionally
         status=status.strip().lower(),
         since=since_bound(since),
     )
-    s = ctx_settings(ctx)
+    s = ctx_light(ctx)  # the home and search_seconds: no settings model (a read command)
     page = fusion.search(
         Home(s.home),
         query,
