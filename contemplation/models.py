@@ -237,13 +237,14 @@ class ErrorInfo(BaseModel):
     time: str
 
 
-CutReason = Literal["repeating", "length", "bytes"]
+CutReason = Literal["repeating", "length", "bytes", "time"]
 
 
 class ReplyCut(BaseModel):
     """state.json ``reply_cut``: the last reply was stopped before its end, and why
     (``repeating``: the daemon stopped a model stuck in a loop; ``length``: the server stopped
-    at its token limit; ``bytes``: max_reply_bytes). Set with the reply's commit, cleared by
+    at its token limit; ``bytes``: max_reply_bytes; ``time``: the escalation ladder's
+    time_budget). Set with the reply's commit, cleared by
     the next reply's."""
 
     reason: CutReason
@@ -317,7 +318,7 @@ class TurnStarted(BaseModel):
 # cut (by the server or to fit), or its history changed otherwise (a retraction, an edit)
 MissCause = Literal[
     "new conversation", "compaction", "slot taken", "restore failed", "tools changed", "cut",
-    "history changed", "model changed", "file evicted",
+    "history changed",
 ]  # fmt: skip
 
 

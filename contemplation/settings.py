@@ -176,11 +176,11 @@ class EscalationSettings(Section):
     )
     needs: bool = Field(True, description="the need-round limit was hit")
     error: bool = Field(True, description="a backend error after its retries and fail-over")
-    seat: bool = Field(True, description="a seat of a panel failed")
-    disagree: bool = Field(False, description="the seats of a panel disagree (a simple vote)")
     time: bool = Field(True, description="a reply went over time_budget")
     time_budget: float = Field(
-        0.0, ge=0, description="seconds a reply may take before it is stopped (0: no budget)"
+        0.0,
+        ge=0,
+        description="seconds a reply on a ladder may stream before it is stopped (0: no budget)",
     )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -344,12 +344,6 @@ class Settings(BaseSettings):
     )
     rotate_bytes: int = Field(
         10 * 1024 * 1024, ge=1024, description="rotate messages.log once it passes this size"
-    )
-    kv_files_bytes: int = Field(
-        8 << 30,
-        ge=0,
-        description="slot files (llama-server --slot-save-path) kept for conversations, in "
-        "bytes: no new file past it, the least recently used written over",
     )
     dashboard_enabled: bool = True
     dashboard_port: int = Field(5556, ge=0, le=65535, description="0: any free port")

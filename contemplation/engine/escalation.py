@@ -143,6 +143,8 @@ def after_reply(
         return None
     if cut is not None and cut.reason == "repeating":
         return escalate(settings, at, "loop")
+    if cut is not None and cut.reason == "time":
+        return escalate(settings, at, "time", f"{settings.escalation.time_budget:g} s")
     if cut is not None and cut.reason == "length" and settings.escalation.length:
         if not at.continued and escalate(settings, at, "length") is not None:
             return Escalation((MarkerKind.GO_ON, GO_ON_ONCE), "", "length")

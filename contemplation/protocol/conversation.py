@@ -24,9 +24,7 @@ from typing import Literal
 from contemplation.models import Block, BlockKind, MarkerKind, Metadata, State
 
 _STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
-_UNFINISHED = {
-    MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED, MarkerKind.ESCALATED
-}
+_UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED, MarkerKind.ESCALATED}
 # the agent's own word on the turn that ends here: no turn is due until it writes again
 _HOLDS = {MarkerKind.FORKED, MarkerKind.RETRACTED}
 _HELD = {

@@ -46,8 +46,6 @@ CAUSES: dict[str, str] = {
     "schema": "did not match its schema after one retry",
     "needs": "hit the need-round limit",
     "error": "the backend failed after its retries",
-    "seat": "a seat of the panel failed",
-    "disagree": "the seats of the panel disagreed",
     "time": "went over its time budget",
 }
 _WORDS = {words: cause for cause, words in CAUSES.items()}

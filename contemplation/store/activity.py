@@ -45,6 +45,7 @@ CUT_WORDS = {
     "repeating": "for repeating itself (a loop): `continue` or a message goes on",
     "length": "at the token limit: `continue` has the model go on",
     "bytes": "at max_reply_bytes",
+    "time": "at its time budget (escalation.time_budget)",
 }
 
 

@@ -382,6 +382,7 @@ class Streamed:
     calls: list[dict[str, Any]] = field(default_factory=list)
     truncated: bool = False  # cut at the reply's byte limit
     repeating: str = ""  # stopped: stuck in a loop (what repeated, for a person)
+    over_time: float = 0.0  # stopped: past its time budget (the budget's seconds)
     session: BackendSession | None = None  # the server-side session now holding the history
 
 

@@ -367,3 +367,23 @@ def test_every_face_says_which_rung_answered_and_the_ledger_counts_what_it_saved
         "not spent (an estimate from the prompts' size)"
     ) in said
     assert f"{SMALL} → {BIG}: stopped repeating itself" in said
+
+
+def test_a_reply_over_its_time_budget_is_stopped_and_goes_up(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    conv = small_conv(home)
+    drop_message(conv, "Take your time.")
+    slow = " ".join(f"word{i}" for i in range(200))
+    fake_ollama.enqueue(
+        Step(text=slow, chunks=200, chunk_delay=0.05, model=SMALL),
+        Step(text="Quickly: done.", model=BIG),
+    )
+    settings = ladder_settings(make_settings, fake_ollama, escalation={"time_budget": 0.5})
+    run_burst(runtime_for(settings))
+    assert models_asked(fake_ollama) == [SMALL, BIG]
+    failed, answer = model_blocks(conv)
+    assert "word0" in failed.text and "word199" not in failed.text  # stopped, what it said kept
+    assert escalated(failed) == [f"went over its time budget (0.5 s){escalation.ARROW}{BIG}"]
+    assert answer.text.strip() == "Quickly: done." and answered_by(answer) == BIG
+    assert status(conv) is Status.IDLE

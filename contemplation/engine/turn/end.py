@@ -165,6 +165,13 @@ def stopped(conv_id: str, got: Streamed, request: ChatRequest, limit: int) -> Re
             "is kept. To go on: send a message that steers it (or set a repeat_penalty or a "
             f"higher temperature in the options), or {go_on} has it go on from here",
         )
+    if got.over_time:
+        return ReplyCut(
+            reason="time",
+            tokens=tokens,
+            message=f"stopped: the reply took longer than its time budget ({got.over_time:g} s, "
+            f"escalation.time_budget); what it said is kept; {go_on} has it go on from here",
+        )
     if got.usage is not None and got.usage.done_reason == "length":
         cap = request.options.get("num_predict") or request.options.get("max_tokens")
         said = f"{tokens} tokens" if tokens else "its token limit"

@@ -100,6 +100,8 @@ async def pump(
     sees stuck in a loop is stopped there: the stream is closed (the server stops generating)
     and what was said is kept (``Streamed.repeating`` says what repeated)."""
     next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
+    budget = at.rt.settings.escalation.time_budget if at.on.rung is not None else 0.0
+    deadline = time.monotonic() + budget if budget else None  # a ladder's time budget
     stream = await opened(at, made, request)  # a panel's seat asked ahead: its held one
     first = asyncio.ensure_future(anext(stream, None))  # the request goes out now...
     async with at.reply.attempt() as feed:  # ...while the write that journals the reply is made
@@ -108,6 +110,9 @@ async def pump(
             nonlocal next_check
             if watch is not None and (loop := watch.feed(ev.kind, ev.text)) is not None:
                 feed.got.repeating = loop.describe()
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                feed.got.over_time = budget
                 return True
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CANCEL_CHECK_INTERVAL
