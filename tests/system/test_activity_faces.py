@@ -18,7 +18,7 @@ from contemplation import settings as settings_mod
 from contemplation.faces.dashboard import read_token
 from contemplation.faces.mcp.calls import Faces
 from contemplation.store.layout import Conv, Home
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_dashboard import dashboard_port
 from tests.system.test_dashboard_browser import Tab, browser  # noqa: F401 (a fixture)
@@ -34,7 +34,7 @@ def _streaming(
     env = base_env(home, fake)
     d = daemon_factory(env, home, *args).wait_ready()
     fake.enqueue(Step(text=" ".join(["Thinking"] * 400), chunk_delay=0.05))
-    conv = home.conv(cli(env, "new", "Slow", "--message", "Take your time").stdout.strip())
+    conv = home.conv(cli_here(env, "new", "Slow", "--message", "Take your time").stdout.strip())
     wait_for(lambda: "Thinking Thinking" in conv.log.read_text(), 15, what="the reply to stream")
     return env, d, conv
 
@@ -43,15 +43,15 @@ def test_status_and_mcp_say_tokens_so_far_while_the_reply_streams(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
     env, d, conv = _streaming(home, fake_ollama, daemon_factory)
-    now = json.loads(cli(env, "status", conv.id, "--json").stdout)["activity"]
+    now = json.loads(cli_here(env, "status", conv.id, "--json").stdout)["activity"]
     assert SO_FAR.fullmatch(now), now
-    human = cli(env, "status", conv.id).stdout
+    human = cli_here(env, "status", conv.id).stdout
     assert "first token" not in human and re.search(r"now: +generating for .* tokens so far", human)
     settings = settings_mod.load(home=home.root, env={"OLLAMA_HOST": fake_ollama.url}, config=None)
     faces = Faces(settings)
     assert SO_FAR.fullmatch(faces.snapshot(conv)["activity"])  # the status resource too
     assert SO_FAR.fullmatch(faces.check(conv.id)["activity"])
-    cli(env, "cancel", conv.id)
+    cli_here(env, "cancel", conv.id)
     assert d.stop() == 0
 
 
@@ -80,5 +80,5 @@ def test_the_dashboard_header_ticks_while_the_reply_streams(
         assert tab.errors == []
     finally:
         tab.close()
-    cli(env, "cancel", conv.id)
+    cli_here(env, "cancel", conv.id)
     assert d.stop() == 0

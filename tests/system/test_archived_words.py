@@ -16,7 +16,7 @@ from contemplation.faces.dashboard.app import Dashboard
 from contemplation.models import Status
 from contemplation.store.layout import Home, read_state
 from contemplation.writer import atomic_write_json
-from tests.conftest import base_env, cli
+from tests.conftest import base_env, cli_here
 from tests.system.test_dashboard import BASE, TOKEN
 from tests.system.test_mcp_server import needs_conv, run_calls, settings_for, tool
 from tests.system.test_small_words import _imported
@@ -33,7 +33,7 @@ def test_status_of_an_imported_archive_names_no_blank_model_and_its_logs_own_tim
     home: Home,
 ) -> None:
     _imported(home, ANSWERED, last_by_model=True)
-    out = cli(base_env(home), "status", ANSWERED).stdout
+    out = cli_here(base_env(home), "status", ANSWERED).stdout
     lines = {ln.split(":", 1)[0]: ln.split(":", 1)[1].strip() for ln in out.splitlines()}
     assert lines["model"] == "unknown (imported)", out
     days, unit, _ = lines["activity"].split()  # show.ago rounds: "269 d ago"
@@ -46,12 +46,12 @@ def test_an_archive_whose_last_message_got_no_answer_says_so_not_pending(home: H
     _imported(home, ANSWERED, last_by_model=True)
     _imported(home, UNANSWERED, last_by_model=False)
     env = base_env(home)
-    out = cli(env, "status", UNANSWERED).stdout
+    out = cli_here(env, "status", UNANSWERED).stdout
     now = next(ln for ln in out.splitlines() if ln.startswith("now:"))
     assert now.split(":", 1)[1].strip() == (
         "archived: the last message got no answer; reopen to have it answered"
     ), out
-    table = cli(env, "list", "--all").stdout
+    table = cli_here(env, "list", "--all").stdout
     row = next(ln for ln in table.splitlines() if ln.startswith(UNANSWERED))
     assert "unanswered (archived)" in row and "pending" not in row, table
     assert "idle (archived)" in table, table
@@ -68,10 +68,10 @@ def test_an_archived_conversation_reads_archived_on_every_face_not_stalled(home:
     state.status = Status.AWAITING_AGENT  # as the daemon leaves it when it stops
     atomic_write_json(conv.state, state.model_dump(mode="json"), durable=False)
     env = base_env(home)
-    cli(env, "archive", conv.id)
+    cli_here(env, "archive", conv.id)
     assert home.conv(conv.id, completed=True).dir.is_dir()
     said: dict[str, str] = {}
-    out = cli(env, "status", conv.id).stdout
+    out = cli_here(env, "status", conv.id).stdout
     said["cli"] = next(ln for ln in out.splitlines() if ln.startswith("now:")).split(":", 1)[1]
 
     async def check(c: Client) -> Any:

@@ -28,7 +28,7 @@ from contemplation.store.attachments import FOLDER, LINE_RE, Attachment, human_s
 from contemplation.store.layout import Conv, Home
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation
-from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.fakes.openai_server import FakeOpenAI
 from tests.system.test_mcp_server import run_calls, settings_for, tool, tool_error
@@ -153,12 +153,12 @@ def test_send_attach_as_a_subprocess_reaches_openai_as_image_url_parts(
     home: Home, fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:
     env = base_env(home, CONTEMPLATION_OPENAI__BASE_URL=fake_openai.url)
-    conv_id = cli(env, "new", "a photo", "-b", "openai", "-m", "llava").stdout.strip()
+    conv_id = cli_here(env, "new", "a photo", "-b", "openai", "-m", "llava").stdout.strip()
     picture = tmp_path / "photo.png"
     picture.write_bytes(PNG)
     notes = tmp_path / "notes.md"
     notes.write_text("line one\nline two\n")
-    out = cli(
+    out = cli_here(
         env, "send", conv_id, "Describe it.", "--attach", str(picture), "--attach", str(notes)
     )
     assert out.stdout.startswith(f"queued for {conv_id} (inbox/")
@@ -194,7 +194,7 @@ def test_send_attach_refuses_a_binary_and_a_large_file_in_one_line_and_queues_no
     home: Home, tmp_path: Path
 ) -> None:
     env = base_env(home, CONTEMPLATION_ATTACHMENTS__MAX_FILE_BYTES="1000")
-    conv_id = cli(env, "new", "refusals", "-m", "llava").stdout.strip()
+    conv_id = cli_here(env, "new", "refusals", "-m", "llava").stdout.strip()
     blob = tmp_path / "core.bin"
     blob.write_bytes(bytes(range(256)) * 2)
     big = tmp_path / "big.png"
@@ -204,7 +204,7 @@ def test_send_attach_refuses_a_binary_and_a_large_file_in_one_line_and_queues_no
         (big, "the limit is 1000 (attachments.max_file_bytes)"),
         (tmp_path / "missing.png", "no such file"),
     ):
-        got = cli(env, "send", conv_id, "see", "--attach", str(path), check=False)
+        got = cli_here(env, "send", conv_id, "see", "--attach", str(path), check=False)
         assert got.returncode != 0
         assert says in got.stderr and len(got.stderr.strip().splitlines()) == 1, got.stderr
     conv = Home(home.root).conv(conv_id)
@@ -347,7 +347,7 @@ def test_archive_keeps_the_files_with_the_conversation(
     folder_message(conv, "q", {"message.txt": b"last one", "p.png": PNG})
     burst(make_settings, vision_ollama)
     env = base_env(home, vision_ollama)
-    cli(env, "archive", conv.id)
+    cli_here(env, "archive", conv.id)
     done = home.completed / conv.id
     assert not conv.dir.exists()
     (kept,) = (done / FOLDER).iterdir()
@@ -408,7 +408,7 @@ def test_new_attach_queues_the_first_message_as_one_folder(home: Home, tmp_path:
     env = base_env(home)
     picture = tmp_path / "first.png"
     picture.write_bytes(PNG)
-    conv_id = cli(env, "new", "first", "-m", "llava", "--attach", str(picture)).stdout.strip()
+    conv_id = cli_here(env, "new", "first", "-m", "llava", "--attach", str(picture)).stdout.strip()
     (queued,) = Home(home.root).conv(conv_id).inbox.iterdir()
     assert queued.is_dir() and sorted(os.listdir(queued)) == ["first.png", "message.txt"]
     assert (queued / "first.png").read_bytes() == PNG
@@ -530,10 +530,10 @@ def test_send_attach_wait_prints_the_exchange_it_starts(
     env = base_env(home, vision_ollama)
     daemon_factory(env, home).wait_ready()
     vision_ollama.enqueue(Step(text="A grey square."))
-    conv_id = cli(env, "new", "wait for it", "-m", "llava").stdout.strip()
+    conv_id = cli_here(env, "new", "wait for it", "-m", "llava").stdout.strip()
     picture = tmp_path / "sq.png"
     picture.write_bytes(PNG)
-    out = cli(env, "send", conv_id, "What?", "--attach", str(picture), "--wait", "--timeout", "30")
+    out = cli_here(env, "send", conv_id, "What?", "--attach", str(picture), "--wait", "--timeout", "30")
     assert out.stdout.startswith("=== CLAUDE -> OLLAMA [") and "\nWhat?\n" in out.stdout
     assert "[attachment: sq.png image/png" in out.stdout
     assert out.stdout.rstrip().endswith("A grey square.")

@@ -18,7 +18,7 @@ from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
 from contemplation.store.layout import Home, list_conversations, read_state
 from contemplation.writer import drop_message
-from tests.conftest import base_env, cli, run_burst
+from tests.conftest import base_env, cli_here, run_burst
 from tests.fakes.ollama_server import NOT_CHAT, FakeOllama
 from tests.system.test_history import make
 
@@ -67,16 +67,16 @@ def test_the_cli_lists_them_and_refuses_a_conversation_with_one(
 ) -> None:
     fake_ollama.models.update(NOT_CHAT)
     env = base_env(home, fake_ollama)
-    out = cli(env, "models").stdout
+    out = cli_here(env, "models").stdout
     assert "ollama: nomic-embed-text:latest cannot chat (embedding)" in out, out
     assert "ollama: judge:latest cannot chat (decision)" in out, out
-    refused = cli(env, "new", "Vectors", "--model", "nomic-embed-text", check=False)
+    refused = cli_here(env, "new", "Vectors", "--model", "nomic-embed-text", check=False)
     assert refused.returncode == 1, refused
     [line] = refused.stderr.strip().splitlines()  # one line, naming the capability
     assert "nomic-embed-text" in line and "embedding" in line, line
     assert list_conversations(home) == []  # nothing was created
-    conv = cli(env, "new", "Words", "--model", "gemma").stdout.strip()
-    moved = cli(env, "set-model", conv, "judge", check=False)
+    conv = cli_here(env, "new", "Words", "--model", "gemma").stdout.strip()
+    moved = cli_here(env, "set-model", conv, "judge", check=False)
     assert moved.returncode == 1 and "decision" in moved.stderr, moved
     assert len(moved.stderr.strip().splitlines()) == 1, moved.stderr
     assert json.loads((home.active / conv / "metadata.json").read_text())["model"] == "gemma"

@@ -10,7 +10,7 @@ import pytest
 
 from contemplation.store.layout import Home
 from tests import peers, realpeers
-from tests.conftest import base_env, cli
+from tests.conftest import base_env, cli_here
 from tests.fakes.ollama_server import FakeOllama
 
 
@@ -20,7 +20,7 @@ def closed_port_url() -> str:
 
 def test_models_lists_each_model_with_what_it_can_do(home: Home, fake_ollama: FakeOllama) -> None:
     env = base_env(home, fake_ollama)
-    data = json.loads(cli(env, "models", "--json").stdout)
+    data = json.loads(cli_here(env, "models", "--json").stdout)
     [ollama] = data["backends"]
     assert ollama["backend"] == "ollama" and ollama["ok"] is True
     by_name = {m["name"]: m for m in ollama["models"]}
@@ -30,7 +30,7 @@ def test_models_lists_each_model_with_what_it_can_do(home: Home, fake_ollama: Fa
     assert qwen["source"] == "server" and qwen["request_window"] == 8192  # num_ctx sent
     gemma = by_name["gemma:latest"]
     assert (gemma["tools"], gemma["thinking"]) == (False, False)
-    table = cli(env, "models").stdout.splitlines()
+    table = cli_here(env, "models").stdout.splitlines()
     assert table[0].split() == [
         "BACKEND",
         "MODEL",
@@ -53,25 +53,25 @@ def test_a_config_override_wins_and_says_so(home: Home, fake_ollama: FakeOllama)
     config = home.root.parent / "caps.toml"
     config.write_text('[capabilities."gemma"]\ntools = true\n')
     env = base_env(home, fake_ollama, CONTEMPLATION_CONFIG=str(config))
-    data = json.loads(cli(env, "models", "--json").stdout)
+    data = json.loads(cli_here(env, "models", "--json").stdout)
     gemma = next(m for m in data["backends"][0]["models"] if m["name"] == "gemma:latest")
     assert gemma["tools"] is True and gemma["source"] == "config"
 
 
 def test_an_unreachable_backend_is_one_line_not_a_traceback(home: Home) -> None:
     env = base_env(home, OLLAMA_HOST=closed_port_url())
-    r = cli(env, "models", check=False)
+    r = cli_here(env, "models", check=False)
     assert r.returncode == 0  # no conversation uses it (test_cli_wait: exit 1 once one does)
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("ollama: not reachable at http://127.0.0.1:")
     assert "ollama serve" in r.stderr  # what to do
-    data = json.loads(cli(env, "models", "--json", check=False).stdout)
+    data = json.loads(cli_here(env, "models", "--json", check=False).stdout)
     assert data["backends"][0]["ok"] is False and "not reachable" in data["backends"][0]["error"]
 
 
 def test_an_unknown_backend_name_is_one_line(home: Home) -> None:
-    r = cli(base_env(home), "models", "--backend", "nope", check=False)
+    r = cli_here(base_env(home), "models", "--backend", "nope", check=False)
     assert r.returncode == 1 and r.stderr.startswith("nope: unknown backend 'nope'")
 
 
@@ -79,14 +79,14 @@ def test_an_unknown_backend_name_is_one_line(home: Home) -> None:
 def test_a_real_llama_cpp_server_beside_an_unreachable_one(home: Home) -> None:
     llama = realpeers.shared_llama_server()
     env = base_env(home, OPENAI_BASE_URL=f"{llama.url}/v1", OLLAMA_HOST=closed_port_url())
-    r = cli(env, "models", "-b", "openai", "-b", "ollama", "--json", check=False)
+    r = cli_here(env, "models", "-b", "openai", "-b", "ollama", "--json", check=False)
     assert r.returncode == 1  # one of the two is down
     openai, ollama = json.loads(r.stdout)["backends"]
     assert openai["ok"] is True and ollama["ok"] is False
     [smollm] = openai["models"]
     assert smollm["name"] == "smollm2"
     assert isinstance(smollm["context_length"], int) and smollm["context_length"] > 0
-    human = cli(env, "models", "-b", "openai", "-b", "ollama", check=False)
+    human = cli_here(env, "models", "-b", "openai", "-b", "ollama", check=False)
     assert "smollm2" in human.stdout and human.stderr.startswith("ollama: ")
 
 
@@ -96,7 +96,7 @@ def test_the_embedded_backend_lists_its_model_file(home: Home) -> None:
     env = base_env(
         home, CONTEMPLATION_LOCAL__MODEL_PATH=str(gguf), CONTEMPLATION_LOCAL__N_CTX="4096"
     )
-    data = json.loads(cli(env, "models", "-b", "local", "--json").stdout)
+    data = json.loads(cli_here(env, "models", "-b", "local", "--json").stdout)
     [local] = data["backends"]
     assert [m["name"] for m in local["models"]] == [gguf.name]
     assert local["models"][0]["context_length"] == 4096

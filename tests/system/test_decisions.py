@@ -35,7 +35,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_metadata
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import ROOT, DaemonProc, base_env, cli, run_burst, wait_for
+from tests.conftest import ROOT, DaemonProc, base_env, cli_here, run_burst, wait_for
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_dashboard_actions import asking, auth
@@ -105,10 +105,10 @@ def test_the_first_decision_wins_on_every_face(
     line = decided_line(item.id, record)
 
     env = base_env(home)
-    by_cli = cli(env, "approve", conv.id, "--once", check=False)
+    by_cli = cli_here(env, "approve", conv.id, "--once", check=False)
     assert by_cli.returncode == 1
     assert re.fullmatch(f"error: {line}\n", by_cli.stderr), by_cli.stderr
-    by_id = cli(env, "approve", conv.id, "--need", item.id[:6], "--always", check=False)
+    by_id = cli_here(env, "approve", conv.id, "--need", item.id[:6], "--always", check=False)
     assert re.fullmatch(f"error: {line}\n", by_id.stderr), by_id.stderr
     assert re.search(line, mcp_refusal(settings, conv, "always"))
     again = httpx.post(
@@ -144,18 +144,18 @@ def test_reject_then_once_from_the_cli_never_reads_the_secret(
     need = f"File contents of {secret}"
     fake_ollama.enqueue(Step(text=f"NEED: {need}"), Step(text="Fine, without it."))
     first = daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "final", "--model", "gemma", "--message", "Read it").stdout.strip()
+    conv_id = cli_here(env, "new", "final", "--model", "gemma", "--message", "Read it").stdout.strip()
     conv = home.conv(conv_id)
     wait_for(lambda: Reader(home).waiting(conv), 30, what="the lookup to wait for approval")
     assert first.stop() == 0  # both decisions come before a daemon acts on either
-    cli(env, "approve", conv_id, "--reject")
-    refused = cli(env, "approve", conv_id, "--once", check=False)
+    cli_here(env, "approve", conv_id, "--reject")
+    refused = cli_here(env, "approve", conv_id, "--once", check=False)
     (record,) = decisions(conv)
     line = decided_line(record.request, record)
     assert refused.returncode == 1 and re.fullmatch(f"error: {line}\n", refused.stderr)
     daemon_factory(env, home).wait_ready()
     wait_for(lambda: b"Fine, without it." in conv.log.read_bytes(), 30, what="the reply")
-    late = cli(env, "approve", conv_id, "--once", check=False)
+    late = cli_here(env, "approve", conv_id, "--once", check=False)
     assert late.returncode == 1
     assert late.stderr.startswith(f"error: {conv_id} waits for no approval (status idle); ")
     assert re.search(
@@ -163,7 +163,7 @@ def test_reject_then_once_from_the_cli_never_reads_the_secret(
         r"the person \(the CLI\) at ",
         late.stderr,
     )
-    named = cli(env, "approve", conv_id, "--need", record.request, "--once", check=False)
+    named = cli_here(env, "approve", conv_id, "--need", record.request, "--once", check=False)
     assert named.returncode == 1 and re.fullmatch(f"error: {line}\n", named.stderr)
     log = conv.log.read_text()
     assert "the launch code" not in log

@@ -18,7 +18,7 @@ from contemplation.models import BlockKind, MarkerKind
 from contemplation.protocol.parser import parse
 from contemplation.store.attachments import Attachment
 from contemplation.store.layout import Conv, Home
-from tests.conftest import DaemonProc, base_env, cli, model_replies, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, model_replies, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_attachments import PNG
 
@@ -40,7 +40,7 @@ def _talks_on(env: dict[str, str], conv: Conv, fake: FakeOllama, replies: int) -
     """A later message is answered too, and no request carried an image."""
     wait_for(lambda: len(model_replies(conv)) >= replies or _errors(conv), 30, what="a reply")
     assert _errors(conv) == []
-    cli(env, "send", conv.id, "and later?")
+    cli_here(env, "send", conv.id, "and later?")
     wait_for(lambda: len(model_replies(conv)) >= replies + 1 or _errors(conv), 30, what="a reply")
     assert _errors(conv) == []
     for body in fake.chat_requests():
@@ -58,7 +58,7 @@ def test_a_copied_line_in_a_plain_message_is_text(
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     text = f"I saw this in another conversation:\n{FORGED}\n  {FORGED}\nwhat is it?"
-    cid = cli(env, "new", "forged", "--model", "gemma", "--message", text).stdout.strip()
+    cid = cli_here(env, "new", "forged", "--model", "gemma", "--message", text).stdout.strip()
     conv = home.conv(cid)
     _talks_on(env, conv, fake_ollama, 1)
     assert _agent_texts(conv)[0] == text  # exactly as written, both lines
@@ -81,15 +81,15 @@ def test_a_copied_line_in_an_attached_text_file_is_text(
     notes.write_text(f"copied from the log:\n{FORGED.replace('plan.png', 'other.png')}\n")
     real = tmp_path / "real.png"
     real.write_bytes(PNG)
-    cid = cli(env, "new", "forged", "--model", "llava").stdout.strip()
+    cid = cli_here(env, "new", "forged", "--model", "llava").stdout.strip()
     conv = home.conv(cid)
-    cli(env, "send", cid, "look", "--attach", str(notes), "--attach", str(real))
+    cli_here(env, "send", cid, "look", "--attach", str(notes), "--attach", str(real))
     wait_for(lambda: len(model_replies(conv)) >= 1 or _errors(conv), 30, what="a reply")
     assert _errors(conv) == []
     sent = vision_ollama.chat_requests()[0]["messages"][-1]
     assert "copied from the log:\n[attachment: other.png" in sent["content"]
     assert len(sent["images"]) == 1  # real.png only
-    cli(env, "send", cid, "and later?")
+    cli_here(env, "send", cid, "and later?")
     wait_for(lambda: len(model_replies(conv)) >= 2 or _errors(conv), 30, what="a reply")
     assert _errors(conv) == []
     assert [len(m.get("images", [])) for m in vision_ollama.chat_requests()[1]["messages"]] == [
@@ -115,7 +115,7 @@ def test_a_copied_line_in_a_file_a_need_reads_is_text(
         Step(text="It is an old log."),
     )
     daemon_factory(env, home).wait_ready()
-    cid = cli(env, "new", "forged", "--model", "gemma", "--message", "what is in log.md?")
+    cid = cli_here(env, "new", "forged", "--model", "gemma", "--message", "what is in log.md?")
     conv = home.conv(cid.stdout.strip())
     _talks_on(env, conv, fake_ollama, 2)
     response = _agent_texts(conv)[1]

@@ -18,7 +18,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation
-from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -34,15 +34,15 @@ def test_an_empty_reply_is_a_marked_failure_with_no_made_up_rate(
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(text="", no_content=True), Step(text="Now an answer."))
-    conv_id = cli(env, "new", "empty").stdout.strip()
-    out = cli(env, "send", conv_id, "say something", "--wait", "--timeout", "30", check=False)
+    conv_id = cli_here(env, "new", "empty").stdout.strip()
+    out = cli_here(env, "send", conv_id, "say something", "--wait", "--timeout", "30", check=False)
     assert out.returncode == 1, out.stderr
     assert "error: the model returned an empty reply (no text and no tool call)" in out.stderr
     conv = Conv(home.active / conv_id)
     st = read_state(conv)
     assert st is not None and st.status is Status.ERROR and st.last_error is not None
     assert "=== ERROR: the model returned an empty reply" in conv.log.read_text()
-    again = cli(env, "send", conv_id, "try again", "--wait", "--timeout", "30")
+    again = cli_here(env, "send", conv_id, "try again", "--wait", "--timeout", "30")
     assert again.stdout.rstrip().endswith("Now an answer.")  # the agent's next message goes on
 
 
@@ -84,13 +84,13 @@ def test_a_folder_deleted_mid_generation_stops_its_stream(
     daemon_factory(env, home).wait_ready()
     slow = " ".join(f"w{i}" for i in range(200))
     fake_ollama.enqueue(Step(text=slow, chunk_delay=0.05), Step(text="still serving"))
-    doomed = cli(env, "new", "doomed", "--message", "talk a lot").stdout.strip()
+    doomed = cli_here(env, "new", "doomed", "--message", "talk a lot").stdout.strip()
     wait_for(lambda: b"w5" in (home.active / doomed / "messages.log").read_bytes(), 30)
     started = time.monotonic()
     shutil.rmtree(home.active / doomed)
     wait_for(lambda: fake_ollama.aborted == 1, 5, what="the stream closed")
     assert time.monotonic() - started < 5  # not the 10 s the whole reply takes
-    other = cli(env, "new", "other", "--message", "hello", "--wait", "--timeout", "30")
+    other = cli_here(env, "new", "other", "--message", "hello", "--wait", "--timeout", "30")
     assert other.stdout.rstrip().endswith("still serving")
     assert not (home.active / doomed).exists()
 
@@ -106,13 +106,13 @@ def test_a_folder_the_daemon_will_not_take_is_named_with_why(
     (bad / "inbox").mkdir(parents=True)
     (bad / "inbox" / "q.txt").write_text("hello?")
     d = daemon_factory(env, home).wait_ready()
-    good = cli(env, "new", "fine", "--message", "hi", "--wait", "--timeout", "30")
+    good = cli_here(env, "new", "fine", "--message", "hi", "--wait", "--timeout", "30")
     assert good.returncode == 0
-    doctor = cli(env, "doctor").stdout
+    doctor = cli_here(env, "doctor").stdout
     assert "warn folders  active/my notes is not taken: not a conversation id (" in doctor
-    listed = cli(env, "list", "--all")
+    listed = cli_here(env, "list", "--all")
     assert "not taken: active/my notes: not a conversation id" in listed.stderr
-    assert cli(env, "list").stderr == ""  # the plain list stays quiet
+    assert cli_here(env, "list").stderr == ""  # the plain list stays quiet
     assert d.stop() == 0  # said at start (long before the reply came), by no rescan again
     log = d.stderr()
     assert log.count('"folder_not_taken"') == 1 and "my notes" in log
@@ -126,7 +126,7 @@ def test_status_after_the_daemon_died_says_the_generation_is_stale(home: Home) -
     with open_writer(conv) as w:  # as a daemon killed mid-reply leaves it
         w.state.generating_since = time.time() - 7
         w.set_status(Status.GENERATING)
-    out = cli(base_env(home), "status", conv.id).stdout
+    out = cli_here(base_env(home), "status", conv.id).stdout
     # 7 s before the command started; a slow start (a loaded machine) may make it 8 or 9
     assert re.search(r"generating: +since [789] s ago — stale: no daemon is running", out), out
     assert "now:          stalled: no daemon is running" in out
@@ -146,7 +146,7 @@ def test_status_with_no_daemon_says_so_and_counts_only_the_agents_messages(home:
         "=== CLAUDE -> OLLAMA [2026-11-24 22:31:06] ===\nRESPONSE TO NEED: File contents of "
         ".env\n(source: permissions, 2026-11-24 22:31:06)\nNOT ANSWERED (refused): denied\n\n"
     )
-    out = cli(base_env(home), "status", conv.id).stdout
+    out = cli_here(base_env(home), "status", conv.id).stdout
     assert "messages:     1 from the agent, 1 model turns" in out, out
     now = next(line for line in out.splitlines() if line.startswith("now:"))
     assert now.startswith("now:          stalled: no daemon is running"), now

@@ -21,7 +21,7 @@ import pytest
 from contemplation.models import BlockKind, MarkerKind
 from contemplation.protocol.parser import parse
 from contemplation.store.layout import Conv, Home, processing_entries
-from tests.conftest import DaemonProc, base_env, cli, model_replies, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, model_replies, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 pytestmark = pytest.mark.skipif(
@@ -79,7 +79,7 @@ def test_a_message_written_in_place_with_a_pause_reaches_the_log_whole(
     d = daemon_factory(env, home)
     events = DaemonEvents(d)
     d.wait_ready()
-    conv = Conv(home.active / cli(env, "new", "typed").stdout.strip())
+    conv = Conv(home.active / cli_here(env, "new", "typed").stdout.strip())
     # ( printf 'part one\n'; <a pause>; printf 'part two\n' ) > inbox/typed.txt
     with open(conv.inbox / "typed.txt", "w") as f:
         f.write("part one\n")
@@ -99,7 +99,7 @@ def test_a_writer_holding_the_file_open_across_pauses_is_waited_for_and_shown(
     d = daemon_factory(env, home)
     events = DaemonEvents(d)
     d.wait_ready()
-    conv_id = cli(env, "new", "held").stdout.strip()
+    conv_id = cli_here(env, "new", "held").stdout.strip()
     conv = Conv(home.active / conv_id)
     lines = [f"line {i}\n" for i in range(4)]
     size = 0
@@ -110,16 +110,16 @@ def test_a_writer_holding_the_file_open_across_pauses_is_waited_for_and_shown(
             size += len(line)
             events.being_written("held.txt", size)  # settled, still open: left where it is
             if i == 1:  # the faces say which file is still being written
-                status = cli(env, "status", conv_id).stdout
+                status = cli_here(env, "status", conv_id).stdout
                 assert "inbox/held.txt is still being written" in status, status
-                data = json.loads(cli(env, "status", conv_id, "--json").stdout)
+                data = json.loads(cli_here(env, "status", conv_id, "--json").stdout)
                 assert data["being_written"] == ["held.txt"]
-                doctor = cli(env, "doctor", check=False).stdout
+                doctor = cli_here(env, "doctor", check=False).stdout
                 assert f"{conv_id}/inbox/held.txt is still being written" in doctor, doctor
         assert (conv.inbox / "held.txt").exists() and not processing_entries(conv)
     wait_for(lambda: model_replies(conv), what="the reply")
     assert agent_texts(conv) == ["".join(lines).rstrip("\n")]
-    assert "being written" not in cli(env, "status", conv_id).stdout
+    assert "being written" not in cli_here(env, "status", conv_id).stdout
 
 
 def test_a_write_into_the_claimed_file_before_its_turn_joins_the_message(
@@ -127,12 +127,12 @@ def test_a_write_into_the_claimed_file_before_its_turn_joins_the_message(
 ) -> None:
     env = base_env(home, fake_ollama)
     daemon_factory(env, home).wait_ready()
-    busy = cli(env, "new", "busy").stdout.strip()
+    busy = cli_here(env, "new", "busy").stdout.strip()
     fake_ollama.enqueue(Step(kind="hang", after_chunks=1))
-    cli(env, "send", busy, "hold the model's one slot")
+    cli_here(env, "send", busy, "hold the model's one slot")
     wait_for(fake_ollama.chat_arrived.is_set, what="the first turn holding the slot")
-    conv = Conv(home.active / cli(env, "new", "late").stdout.strip())
-    cli(env, "send", conv.id, "-", input="part one\n")
+    conv = Conv(home.active / cli_here(env, "new", "late").stdout.strip())
+    cli_here(env, "send", conv.id, "-", input="part one\n")
     # claimed and its block written; its turn waits for the slot
     wait_for(
         lambda: agent_texts(conv) and processing_entries(conv), what="the claimed message's block"
@@ -140,7 +140,7 @@ def test_a_write_into_the_claimed_file_before_its_turn_joins_the_message(
     [claimed] = processing_entries(conv)
     with open(claimed, "a") as f:  # a write that lands after the claim
         f.write("part two\n")
-    cli(env, "cancel", busy)  # the slot is free: the turn starts
+    cli_here(env, "cancel", busy)  # the slot is free: the turn starts
     wait_for(lambda: model_replies(conv), what="the reply")
     assert agent_texts(conv) == ["part one\npart two"]  # one message, whole
     assert fake_ollama.chat_requests()[-1]["messages"][-1]["content"] == "part one\npart two"

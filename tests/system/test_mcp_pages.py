@@ -169,14 +169,14 @@ def test_the_budget_is_clamped(home: Home, budget: int) -> None:
 
 
 def test_list_json_pages_with_limit_and_cursor(home: Home) -> None:
-    from tests.conftest import base_env, cli
+    from tests.conftest import base_env, cli_here
 
     made = {_conv(home, f"t{i}").id for i in range(5)}
     env = base_env(home)
     seen: list[str] = []
     args = ["list", "--json", "--limit", "2"]
     for _ in range(5):
-        page = json.loads(cli(env, *args).stdout)
+        page = json.loads(cli_here(env, *args).stdout)
         assert page["total"] == 5 and len(page["conversations"]) <= 2
         seen += [r["id"] for r in page["conversations"]]
         if not page["more"]:
@@ -184,7 +184,7 @@ def test_list_json_pages_with_limit_and_cursor(home: Home) -> None:
             break
         args = ["list", "--json", "--limit", "2", "--cursor", page["cursor"]]
     assert sorted(seen) == sorted(made) and len(seen) == 5
-    human = cli(env, "list", "--limit", "2")
+    human = cli_here(env, "list", "--limit", "2")
     assert "more: contemplation list --limit 2 --cursor " in human.stderr
     assert len(human.stdout.strip().splitlines()) == 3  # the header and two rows
 
@@ -192,12 +192,12 @@ def test_list_json_pages_with_limit_and_cursor(home: Home) -> None:
 def test_list_json_is_the_shape_of_mcp_conversation_list(home: Home) -> None:
     """``list --json`` was an array (an object only with --limit) while MCP's
     conversation_list is an object: one shape, the items, the counts and a cursor."""
-    from tests.conftest import base_env, cli
+    from tests.conftest import base_env, cli_here
 
     made = {_conv(home, f"t{i}").id for i in range(3)}
     mcp = mcp_faces.Faces(settings_for(home)).list(limit=2)
-    whole = json.loads(cli(base_env(home), "list", "--json").stdout)
-    first = json.loads(cli(base_env(home), "list", "--json", "--limit", "2").stdout)
+    whole = json.loads(cli_here(base_env(home), "list", "--json").stdout)
+    first = json.loads(cli_here(base_env(home), "list", "--json", "--limit", "2").stdout)
     assert set(first) == set(mcp) == {"conversations", "count", "total", "more", "cursor"}
     assert set(whole) == {"conversations", "count", "total", "more"}  # no cursor: no more
     assert (whole["count"], whole["total"], whole["more"]) == (3, 3, False)

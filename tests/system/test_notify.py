@@ -17,7 +17,7 @@ from contemplation.settings import NotificationRule
 from contemplation.store.layout import Home
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 RECORDER = textwrap.dedent(
@@ -77,16 +77,16 @@ def test_a_real_daemon_runs_the_commands_for_each_event(
         Step(text=f"I need one thing.\nNEED: the numbers {INJECTION}"),
         Step(text="All clear.\n=== COMPLETE ==="),
     )
-    conv_id = cli(env, "new", "Notify me", "--message", "Start").stdout.strip()
+    conv_id = cli_here(env, "new", "Notify me", "--message", "Start").stdout.strip()
     wait_for(
         lambda: events(out).count("need") == 1 and "reply" in events(out),
         timeout=20,
         what="reply and need notifications",
     )
-    cli(env, "respond", conv_id, "42")
+    cli_here(env, "respond", conv_id, "42")
     wait_for(lambda: "complete" in events(out), timeout=20, what="complete notification")
     fake_ollama.enqueue(Step(kind="error", status=400, error="invalid options"))
-    cli(env, "send", conv_id, "one more")
+    cli_here(env, "send", conv_id, "one more")
     wait_for(lambda: "error" in events(out), timeout=20, what="error notification")
     rows = recorded(out)
     assert sorted(events(out)) == ["complete", "error", "need", "reply", "reply"]

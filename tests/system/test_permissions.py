@@ -33,7 +33,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_metadata, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_dashboard_browser import Tab
 from tests.system.test_dashboard_browser import browser as _browser
@@ -400,7 +400,7 @@ def daemon_env(
 
 
 def start(env: dict[str, str], topic: str, message: str) -> str:
-    return cli(env, "new", topic, "--model", "gemma", "--message", message).stdout.strip()
+    return cli_here(env, "new", topic, "--model", "gemma", "--message", message).stdout.strip()
 
 
 def state_is(conv: Conv, status: Status) -> Callable[[], bool]:
@@ -441,12 +441,12 @@ def test_ask_then_once_with_send_wait_and_the_cli(
     secret = notes / "private" / "plan.md"
     secret.write_text("ship on Friday")
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "ask", "--model", "gemma").stdout.strip()
+    conv_id = cli_here(env, "new", "ask", "--model", "gemma").stdout.strip()
     conv = home.conv(conv_id)
     fake_ollama.enqueue(
         Step(text=f"Let me look.\nNEED: File contents of {secret}"), Step(text="Friday it is.")
     )
-    waited = cli(env, "send", conv_id, "When do we ship?", "--wait", check=False)
+    waited = cli_here(env, "send", conv_id, "When do we ship?", "--wait", check=False)
     assert waited.returncode == 3, waited.stderr
     assert "the model waits for 1 lookup(s) to be approved:" in waited.stderr
     [item] = Reader(home).waiting(home.conv(conv_id))
@@ -458,13 +458,13 @@ def test_ask_then_once_with_send_wait_and_the_cli(
     st = read_state(conv)
     assert st is not None and st.status is Status.AWAITING_APPROVAL
     assert "ship on Friday" not in conv.log.read_text()  # nothing looked up before the decision
-    status = json.loads(cli(env, "status", conv_id, "--json").stdout)
+    status = json.loads(cli_here(env, "status", conv_id, "--json").stdout)
     assert status["status"] == "awaiting_approval"
     assert status["pending_approvals"][0]["arguments"] == {"path": str(secret)}
 
-    usage = cli(env, "approve", conv_id, check=False)
+    usage = cli_here(env, "approve", conv_id, check=False)
     assert usage.returncode == 2 and "say --once, --always or --reject" in usage.stderr
-    done = cli(env, "approve", conv_id, "--once")
+    done = cli_here(env, "approve", conv_id, "--once")
     assert done.stdout.strip() == (
         f'approved once: files.read {{"path": "{secret}"}} (for: File contents of {secret})'
     )
@@ -476,7 +476,7 @@ def test_ask_then_once_with_send_wait_and_the_cli(
     )
     assert "ship on Friday" in response.text
     wait_for(state_is(conv, Status.IDLE), 10, what="idle")
-    again = cli(env, "approve", conv_id, "--once", check=False)
+    again = cli_here(env, "approve", conv_id, "--once", check=False)
     assert again.returncode == 1
     assert again.stderr.startswith(
         f"error: {conv_id} waits for no approval (status idle); the last decision: lookup "
@@ -497,7 +497,7 @@ def test_reject_and_always_end_to_end(
     fake_ollama.enqueue(Step(text=f"NEED: {a}"), Step(text="Fine, without it."))
     rejected = home.conv(start(env, "reject", "read a"))
     wait_for(state_is(rejected, Status.AWAITING_APPROVAL), 30, what="awaiting approval")
-    out = cli(env, "approve", rejected.id, "--reject", "--json")
+    out = cli_here(env, "approve", rejected.id, "--reject", "--json")
     assert json.loads(out.stdout)["decision"] == "reject"
     wait_for(lambda: b"Fine, without it." in rejected.log.read_bytes(), 30, what="the reply")
     log = rejected.log.read_text()
@@ -508,15 +508,15 @@ def test_reject_and_always_end_to_end(
     fake_ollama.enqueue(Step(text=f"NEED: {a}"), Step(text="Read a."))
     conv = home.conv(start(env, "always", "read a"))
     wait_for(state_is(conv, Status.AWAITING_APPROVAL), 30, what="awaiting approval")
-    cli(env, "approve", conv.id, "--always")
+    cli_here(env, "approve", conv.id, "--always")
     wait_for(lambda: b"Read a." in conv.log.read_bytes(), 30, what="the first reply")
     fake_ollama.enqueue(Step(text=f"NEED: {a}\nNEED: {b}"), Step(text="Read both."))
-    cli(env, "send", conv.id, "both now")
+    cli_here(env, "send", conv.id, "both now")
     wait_for(state_is(conv, Status.AWAITING_APPROVAL), 30, what="b waiting for approval")
     st = read_state(conv)
     assert st is not None and [r.need for r in st.pending_approvals] == [b]
     assert conv.log.read_text().count("content of a") == 2  # a: answered without asking
-    cli(env, "approve", conv.id, "--once")
+    cli_here(env, "approve", conv.id, "--once")
     wait_for(lambda: b"Read both." in conv.log.read_bytes(), 30, what="the second reply")
     assert "content of b" in conv.log.read_text()
     meta = read_metadata(conv)
@@ -552,8 +552,8 @@ def test_an_approval_survives_daemon_restarts(
     assert "the plan survives" not in conv.log.read_text()
     assert len(fake_ollama.chat_requests()) == 1
     # decided while no daemon runs: honoured by the next one, exactly once
-    cli(env, "approve", conv.id, "--once")
-    repeat = cli(env, "approve", conv.id, "--once", check=False)  # refused: it is decided
+    cli_here(env, "approve", conv.id, "--once")
+    repeat = cli_here(env, "approve", conv.id, "--once", check=False)  # refused: it is decided
     assert repeat.returncode == 1 and "was decided already: approved once by the person (the CLI)" in repeat.stderr
     daemon_factory(env, home).wait_ready()
     wait_for(lambda: b"Got the plan." in conv.log.read_bytes(), 30, what="the reply")
@@ -572,7 +572,7 @@ def test_a_bad_permissions_table_stops_the_start(home: Home, tmp_path: Path) -> 
         "(allow, ask or deny)\n"
     )
     assert not home.daemon_info.exists()
-    doctor = cli(env, "doctor", check=False)
+    doctor = cli_here(env, "doctor", check=False)
     assert "is not an action (allow, ask or deny)" in doctor.stdout + doctor.stderr
 
 

@@ -27,7 +27,7 @@ from contemplation.store.layout import Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import archive, drop_message, new_conversation
 from contemplation.writer.attachments import drop_folder_message
-from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 NOTE = b"the vault key is under the mat\n"
@@ -89,23 +89,23 @@ def test_the_cli_and_the_daemon_under_umask_022_make_every_folder_0700_and_every
     attached.write_bytes(NOTE)
     d = daemon_factory(env, home).wait_ready()
     assert umask_of(d.proc.pid) == "0077"  # so what a library makes for it is private too
-    conv_id = cli(env, "new", "private", "--model", "gemma").stdout.strip()
+    conv_id = cli_here(env, "new", "private", "--model", "gemma").stdout.strip()
     conv = home.conv(conv_id)
     fake_ollama.enqueue(
         Step(text=f"NEED: File contents of {secret}"), Step(text="Got it."), Step(text="A dot.")
     )
-    cli(env, "send", conv_id, "Read the secret.")
+    cli_here(env, "send", conv_id, "Read the secret.")
     wait_for(lambda: (st := read_state(conv)) and st.status is Status.AWAITING_APPROVAL, 30)
-    cli(env, "approve", conv_id, "--once")
+    cli_here(env, "approve", conv_id, "--once")
     wait_for(lambda: b"Got it." in conv.log.read_bytes(), 30, what="the reply after approval")
     assert b"the launch code is 0000" in conv.log.read_bytes()  # the secret is in the log now
-    cli(env, "send", conv_id, "And this?", "--attach", str(attached))
+    cli_here(env, "send", conv_id, "And this?", "--attach", str(attached))
     wait_for(lambda: b"A dot." in conv.log.read_bytes(), 30, what="the reply to the note")
     assert any((conv.dir / "attachments").iterdir())
-    cli(env, "memory", "add", "launch", "the code is in notes/secret.md")
-    assert "private" in cli(env, "search", "launch", "--all").stdout
-    forked = cli(env, "fork", conv_id).stdout.strip()
-    cli(env, "archive", forked)
+    cli_here(env, "memory", "add", "launch", "the code is in notes/secret.md")
+    assert "private" in cli_here(env, "search", "launch", "--all").stdout
+    forked = cli_here(env, "fork", conv_id).stdout.strip()
+    cli_here(env, "archive", forked)
     assert (home.completed / forked).is_dir()
     assert d.stop() == 0
 
@@ -160,14 +160,14 @@ def test_an_open_home_is_closed_at_the_daemons_start_with_one_line_and_doctor_sa
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path
 ) -> None:
     env = base_env(home, fake_ollama)
-    cli(env, "new", "old home", "--model", "gemma")
+    cli_here(env, "new", "old home", "--model", "gemma")
     home.root.chmod(0o755)  # as an older version left it under umask 022
     cfg = tmp_path / "config.toml"
     cfg.write_text('[openai]\napi_key = "sk-not-for-others"\n')
     cfg.chmod(0o644)
     env["CONTEMPLATION_CONFIG"] = str(cfg)
 
-    doctor = cli(env, "doctor", "--json", check=False)
+    doctor = cli_here(env, "doctor", "--json", check=False)
     checks = {(c["check"], c["detail"]) for c in json.loads(doctor.stdout)["checks"]}
     assert (
         "home",
@@ -193,6 +193,6 @@ def test_an_open_home_is_closed_at_the_daemons_start_with_one_line_and_doctor_sa
     assert "home_made_private" not in again.stderr()
     cfg.chmod(0o600)
     details = " ".join(
-        c["detail"] for c in json.loads(cli(env, "doctor", "--json", check=False).stdout)["checks"]
+        c["detail"] for c in json.loads(cli_here(env, "doctor", "--json", check=False).stdout)["checks"]
     )
     assert "open to others" not in details and "chmod" not in details

@@ -15,7 +15,7 @@ from contemplation.models import BlockKind, MarkerKind, Status
 from contemplation.protocol.parser import parse
 from contemplation.store.layout import Conv, Home, read_state
 from tests import peers, realpeers
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, wait_for
 
 pytestmark = pytest.mark.real
 
@@ -48,10 +48,10 @@ def test_a_real_llama_cpp_reply_streams_into_the_log(
 ) -> None:
     env = base_env(home, OPENAI_BASE_URL=own_llama.url + "/v1")
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "colours", "--backend", "openai", "--model", "smollm2").stdout.strip()
+    conv_id = cli_here(env, "new", "colours", "--backend", "openai", "--model", "smollm2").stdout.strip()
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0, num_predict=24)
-    cli(env, "send", conv_id, "Name one colour.")
+    cli_here(env, "send", conv_id, "Name one colour.")
     wait_for(
         lambda: (st := read_state(conv)) is not None and st.turns == 1,
         timeout=120,
@@ -76,10 +76,10 @@ def test_llama_cpp_killed_mid_reply_is_retried_and_answers_after_a_restart(
 ) -> None:
     env = base_env(home, OPENAI_BASE_URL=own_llama.url, CONTEMPLATION_BREAKER_COOLDOWN="0.5")
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "long", "--backend", "openai", "--model", "smollm2").stdout.strip()
+    conv_id = cli_here(env, "new", "long", "--backend", "openai", "--model", "smollm2").stdout.strip()
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0, num_predict=400)
-    cli(env, "send", conv_id, "Count from one to two hundred in words, one number per line.")
+    cli_here(env, "send", conv_id, "Count from one to two hundred in words, one number per line.")
     wait_for(
         lambda: b"=== OPENAI -> CLAUDE" in conv.log.read_bytes(),
         timeout=120,
@@ -116,10 +116,10 @@ def test_the_embedded_model_answers_through_the_real_daemon(
     peers.smollm2_gguf()
     env = base_env(home)
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "embedded", "--backend", "local", "--model", "smollm2").stdout.strip()
+    conv_id = cli_here(env, "new", "embedded", "--backend", "local", "--model", "smollm2").stdout.strip()
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0, num_predict=24)
-    cli(env, "send", conv_id, "Say hello.")
+    cli_here(env, "send", conv_id, "Say hello.")
     wait_for(
         lambda: (st := read_state(conv)) is not None and st.turns == 1,
         timeout=180,

@@ -18,7 +18,7 @@ from contemplation.config.reload import drift
 from contemplation.faces import service
 from contemplation.models import Status
 from contemplation.store.layout import Conv, Home, read_state
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -57,7 +57,7 @@ def two(home: Home, tmp_path: Path) -> Iterator[Two]:
 def _retrying(home: Home, two: Two, topic: str) -> Conv:
     """A conversation waiting out a long backoff after the first server's 503."""
     two.a.enqueue(Step(kind="error", status=503, error="loading"))
-    conv_id = cli(two.env, "new", topic, "--message", "hello").stdout.strip()
+    conv_id = cli_here(two.env, "new", topic, "--message", "hello").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(
         lambda: (st := read_state(conv)) is not None and st.status is Status.RETRYING,
@@ -83,24 +83,24 @@ def test_reload_switches_the_backend_and_refuses_a_bad_file(
     a, b, config, env = two.a, two.b, two.config, two.env
     d = daemon_factory(env, home).wait_ready()
     a.enqueue(Step(text="from A"))
-    first = cli(env, "new", "r", "--message", "one", "--wait", "--timeout", "30")
+    first = cli_here(env, "new", "r", "--message", "one", "--wait", "--timeout", "30")
     conv_id = first.stderr.splitlines()[0]
     assert first.stdout.rstrip().endswith("from A")
 
     _config(config, b.url)  # changed on disk: doctor says the daemon runs other settings
-    doctor = cli(env, "doctor", check=False).stdout
+    doctor = cli_here(env, "doctor", check=False).stdout
     assert "runs other settings than" in doctor and "contemplation service reload" in doctor
-    said = cli(env, "service", "reload").stdout
+    said = cli_here(env, "service", "reload").stdout
     assert said.startswith("asked the daemon (pid ")
     wait_for(_reloaded(home, config, env), 10, what="the reload")
-    assert "runs other settings" not in cli(env, "doctor", check=False).stdout
+    assert "runs other settings" not in cli_here(env, "doctor", check=False).stdout
     b.enqueue(Step(text="from B"))
-    second = cli(env, "send", conv_id, "two", "--wait", "--timeout", "30")
+    second = cli_here(env, "send", conv_id, "two", "--wait", "--timeout", "30")
     assert second.stdout.rstrip().endswith("from B")
     assert len(a.chat_requests()) == 1 and len(b.chat_requests()) == 1
 
     config.write_text("[ollama\nhost = broken")  # not TOML: refused, B stays
-    refused = cli(env, "service", "reload", check=False)
+    refused = cli_here(env, "service", "reload", check=False)
     assert refused.returncode == 1 and "cannot parse" in refused.stderr
     d.proc.send_signal(signal.SIGHUP)  # the daemon refuses it too, and goes on
     b.enqueue(Step(text="still B"))
@@ -140,7 +140,7 @@ def test_a_turn_in_flight_finishes_through_a_reload(
     d = daemon_factory(env, home).wait_ready()
     words = " ".join(f"w{i}" for i in range(40))
     a.enqueue(Step(text=words, chunk_delay=0.05))
-    conv_id = cli(env, "new", "flight", "--message", "go").stdout.strip()
+    conv_id = cli_here(env, "new", "flight", "--message", "go").stdout.strip()
     conv = Conv(home.active / conv_id)
     wait_for(lambda: b"w3" in conv.log.read_bytes(), 30, what="the reply streaming")
     _config(config, b.url)

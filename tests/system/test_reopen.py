@@ -13,7 +13,7 @@ from mcp import Client
 
 from contemplation.faces.mcp import server as mcp_server
 from contemplation.store.layout import Home
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_mcp_server import settings_for, tool
 
@@ -29,33 +29,33 @@ def test_reopen_and_a_folder_moved_back_by_hand_stay_and_continue(
         Step(text="Continued twice."),
         Step(text="Finished again.\n=== COMPLETE ==="),
     )
-    conv_id = cli(env, "new", "finish", "--message", "finish it").stdout.strip()
+    conv_id = cli_here(env, "new", "finish", "--message", "finish it").stdout.strip()
     archived = home.completed / conv_id
     wait_for(archived.is_dir, 30, what="archived on COMPLETE")
-    refused = cli(env, "send", conv_id, "more", check=False)
+    refused = cli_here(env, "send", conv_id, "more", check=False)
     assert refused.returncode == 1 and f"contemplation reopen {conv_id}" in refused.stderr
 
-    assert cli(env, "reopen", conv_id).stdout.strip() == str(home.active / conv_id)
-    once = cli(env, "send", conv_id, "go on", "--wait", "--timeout", "30", check=False)
+    assert cli_here(env, "reopen", conv_id).stdout.strip() == str(home.active / conv_id)
+    once = cli_here(env, "send", conv_id, "go on", "--wait", "--timeout", "30", check=False)
     assert once.returncode == 0, once.stderr
     assert once.stdout.rstrip().endswith("Continued once.")
     assert (home.active / conv_id).is_dir() and not archived.exists()  # not archived again
 
     # archived by hand ... and moved back by hand: it stays too
-    cli(env, "archive", conv_id)
+    cli_here(env, "archive", conv_id)
     shutil.move(str(archived), str(home.active / conv_id))
-    twice = cli(env, "send", conv_id, "and on", "--wait", "--timeout", "30", check=False)
+    twice = cli_here(env, "send", conv_id, "and on", "--wait", "--timeout", "30", check=False)
     assert twice.returncode == 0 and twice.stdout.rstrip().endswith("Continued twice.")
     assert (home.active / conv_id).is_dir()
 
     # a new COMPLETE archives it again, once
-    cli(env, "send", conv_id, "now finish", "--wait", "--timeout", "30")
+    cli_here(env, "send", conv_id, "now finish", "--wait", "--timeout", "30")
     wait_for(archived.is_dir, 30, what="archived on the new COMPLETE")
-    again = cli(env, "reopen", conv_id + "x", check=False)
+    again = cli_here(env, "reopen", conv_id + "x", check=False)
     assert again.returncode == 1
-    active = cli(env, "reopen", conv_id)
+    active = cli_here(env, "reopen", conv_id)
     assert active.returncode == 0
-    assert "is active already" in cli(env, "reopen", conv_id, check=False).stderr
+    assert "is active already" in cli_here(env, "reopen", conv_id, check=False).stderr
 
 
 def test_conversation_reopen_over_mcp(home: Home) -> None:

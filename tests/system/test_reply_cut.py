@@ -23,7 +23,7 @@ from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from tests import peers, realpeers
-from tests.conftest import DaemonProc, base_env, cli
+from tests.conftest import DaemonProc, base_env, cli_here
 
 pytestmark = pytest.mark.real
 
@@ -59,13 +59,13 @@ def test_the_readme_loop_is_stopped_and_every_face_says_so(
     peers.smollm2_gguf()
     env = base_env(home, CONTEMPLATION_STOP_REPEATING="true")
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(
+    conv_id = cli_here(
         env, "new", "Folder queues", "--backend", "local", "--model", "smollm2"
     ).stdout.strip()
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0)
     began = time.monotonic()
-    r = cli(env, "send", "folder", LOOP_ASK, "--wait", "--timeout", "170", timeout=200, check=False)
+    r = cli_here(env, "send", "folder", LOOP_ASK, "--wait", "--timeout", "170", check=False)
     took = time.monotonic() - began
     print(f"\nsend --wait: exit {r.returncode} after {took:.1f} s; stderr: {r.stderr[-400:]}")
     assert r.returncode == 5, (r.returncode, r.stderr[-2000:])
@@ -81,10 +81,10 @@ def test_the_readme_loop_is_stopped_and_every_face_says_so(
     assert st is not None and st.status is Status.IDLE
     assert st.reply_cut is not None and st.reply_cut.reason == "repeating"
     # status and status --json
-    shown = json.loads(cli(env, "status", conv_id, "--json").stdout)
+    shown = json.loads(cli_here(env, "status", conv_id, "--json").stdout)
     assert shown["reply_cut"]["reason"] == "repeating"
     assert "repeating itself" in shown["activity"]
-    human = cli(env, "status", conv_id).stdout
+    human = cli_here(env, "status", conv_id).stdout
     assert "cut:" in human and "repeating itself" in human
     # MCP: the conversation's result and its hint
     checked = Faces(make_settings()).check(conv_id)
@@ -108,11 +108,11 @@ def test_a_length_stop_is_marked_and_continue_goes_on_where_it_stopped(
 ) -> None:
     env = base_env(home, OPENAI_BASE_URL=llama.url + "/v1")
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "colours", "--backend", "openai", "--model", "smollm2").stdout.strip()
+    conv_id = cli_here(env, "new", "colours", "--backend", "openai", "--model", "smollm2").stdout.strip()
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0, num_predict=12)
     ask = "List ten colours of the rainbow and of paint, one per line, with a sentence on each."
-    r = cli(env, "send", conv_id, ask, "--wait", "--timeout", "170", timeout=200, check=False)
+    r = cli_here(env, "send", conv_id, ask, "--wait", "--timeout", "170", check=False)
     assert r.returncode == 5, (r.returncode, r.stderr[-2000:])
     assert "cut: stopped at the token limit (12 tokens, num_predict 12)" in r.stderr
     [(first, markers)] = model_blocks(conv)
@@ -120,7 +120,7 @@ def test_a_length_stop_is_marked_and_continue_goes_on_where_it_stopped(
     assert any(
         k is MarkerKind.NOTE and t.startswith("stopped at the token limit") for k, t in markers
     )
-    shown = json.loads(cli(env, "status", conv_id, "--json").stdout)
+    shown = json.loads(cli_here(env, "status", conv_id, "--json").stdout)
     assert shown["reply_cut"]["reason"] == "length" and shown["reply_cut"]["tokens"] == 12
     checked = Faces(make_settings()).check(conv_id)
     assert checked["reply_cut"]["reason"] == "length"
@@ -128,7 +128,7 @@ def test_a_length_stop_is_marked_and_continue_goes_on_where_it_stopped(
     before = read_state(conv)
     assert before is not None
     set_options(conv, num_predict=24)
-    r = cli(env, "continue", conv_id, "--wait", "--timeout", "170", timeout=200, check=False)
+    r = cli_here(env, "continue", conv_id, "--wait", "--timeout", "170", check=False)
     print(f"\ncontinue --wait: exit {r.returncode}; stdout: {r.stdout[-600:]!r}")
     assert r.returncode in (0, 5), (r.returncode, r.stderr[-2000:])
     st = read_state(conv)

@@ -25,7 +25,7 @@ from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import claim, drop_message, ensure_home, new_conversation
 from tests import realpeers
-from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, run_burst, runtime_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.openai_server import Step as OpenAIStep
@@ -308,8 +308,8 @@ def test_send_schema_wait_json_returns_the_parsed_object(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path
 ) -> None:
     env = base_env(home, fake_ollama)
-    conv_id = cli(env, "new", "cities").stdout.strip()
-    refused = cli(env, "send", conv_id, "Largest city?", "--schema", '{"type": 1}', check=False)
+    conv_id = cli_here(env, "new", "cities").stdout.strip()
+    refused = cli_here(env, "send", conv_id, "Largest city?", "--schema", '{"type": 1}', check=False)
     assert refused.returncode != 0 and refused.stdout == ""
     assert refused.stderr.strip().endswith(
         "the schema is not a valid JSON Schema: 1 is not valid under any of the schemas listed in the 'anyOf' keyword (at /type)"
@@ -321,7 +321,7 @@ def test_send_schema_wait_json_returns_the_parsed_object(
     schema_file = tmp_path / "city.json"
     schema_file.write_text(json.dumps(CITY))
     fake_ollama.enqueue(Step(text='{"city": "Oslo", "population": 700000}'))
-    done = cli(
+    done = cli_here(
         env, "send", conv_id, "Largest city of Norway?", "--schema", str(schema_file),
         "--wait", "--json", "--timeout", "30",
     )  # fmt: skip
@@ -331,7 +331,7 @@ def test_send_schema_wait_json_returns_the_parsed_object(
     assert out["status"] == "idle" and out["exit_code"] == 0
     assert [b["kind"] for b in out["blocks"]] == ["model"]
     assert fake_ollama.chat_requests()[-1]["format"] == CITY
-    again = json.loads(cli(env, "wait", conv_id, "--json", "--timeout", "30").stdout)
+    again = json.loads(cli_here(env, "wait", conv_id, "--json", "--timeout", "30").stdout)
     assert again["parsed"] == out["parsed"]
 
 

@@ -31,7 +31,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import conv_lock, drop_message, ensure_home, new_conversation
-from tests.conftest import DaemonProc, base_env, cli, run_burst, runtime_for, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 LIMIT = 16384
@@ -248,9 +248,9 @@ def test_a_hostile_pattern_never_stalls_the_daemon(
     env = base_env(home, fake_ollama)
     d = daemon_factory(env, home, "--dashboard-port", "0").wait_ready()
     port = dashboard_port(home, d)
-    conv_id = cli(env, "new", "redos").stdout.strip()
+    conv_id = cli_here(env, "new", "redos").stdout.strip()
     conv = Conv(home.active / conv_id)
-    cli(env, "send", conv_id, "Say it.", "--schema", json.dumps(schema))
+    cli_here(env, "send", conv_id, "Say it.", "--schema", json.dumps(schema))
     slowest = 0.0
     deadline = time.monotonic() + 60
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=1.0) as client:
@@ -278,9 +278,9 @@ def test_a_recursive_schema_is_refused_at_send_and_in_the_inbox_it_is_never_aske
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc]
 ) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_RESCAN_INTERVAL="0.2")
-    conv_id = cli(env, "new", "recursive").stdout.strip()
+    conv_id = cli_here(env, "new", "recursive").stdout.strip()
     conv = Conv(home.active / conv_id)
-    refused = cli(env, "send", conv_id, "Hi", "--schema", json.dumps(RECURSIVE), check=False)
+    refused = cli_here(env, "send", conv_id, "Hi", "--schema", json.dumps(RECURSIVE), check=False)
     assert refused.returncode == 1 and refused.stdout == ""
     [line] = refused.stderr.strip().splitlines()
     assert "the schema's $ref at / refers back to itself (#) without going into" in line, line

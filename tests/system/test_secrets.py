@@ -38,7 +38,7 @@ from contemplation.needs.tools.base import Refused
 from contemplation.needs.tools.files import FileReader
 from contemplation.settings import TimeoutSettings
 from contemplation.store.layout import Home, list_conversations, read_state
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama
 from tests.fakes.ollama_server import Step as OllamaStep
 from tests.fakes.openai_server import FakeOpenAI, Step
@@ -202,7 +202,7 @@ def test_a_password_in_an_openai_url_is_shown_nowhere(
     )
     daemon = daemon_factory(env, home).wait_ready()
     ids = [
-        cli(env, "new", name, "--backend", name, "--model", "m", "--message", "hi").stdout.strip()
+        cli_here(env, "new", name, "--backend", name, "--model", "m", "--message", "hi").stdout.strip()
         for name in ("shut", "broken")
     ]
     convs = [home.conv(i) for i in ids]
@@ -248,12 +248,12 @@ def test_a_password_in_the_url_and_an_api_key_is_one_line_of_config_error(
         'api_key = "sk-also"\n',
     )
     why = "providers.both.url carries a password and api_key is set: use one"
-    out = cli(env, "models", "-b", "both", check=False)
+    out = cli_here(env, "models", "-b", "both", check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert why in out.stdout + out.stderr and PASSWORD not in out.stdout + out.stderr
     daemon_factory(env, home).wait_ready()
     conv = home.conv(
-        cli(
+        cli_here(
             env, "new", "both", "--backend", "both", "--model", "m", "--message", "hi"
         ).stdout.strip()
     )
@@ -264,7 +264,7 @@ def test_a_password_in_the_url_and_an_api_key_is_one_line_of_config_error(
     assert state.last_error.kind == "config" and why in state.last_error.message
     assert f"=== ERROR: cannot use backend 'both': {why} ===" in conv.log.read_text()
     assert failing_server.requests == []  # nothing was sent with two credentials
-    doctor = cli(env, "doctor", check=False)
+    doctor = cli_here(env, "doctor", check=False)
     assert why in doctor.stdout and PASSWORD not in doctor.stdout + doctor.stderr
 
 
@@ -457,10 +457,10 @@ def test_a_daemon_turn_never_sends_a_secret_to_the_model(
         OllamaStep(text="\n".join(f"NEED: File contents of {a}" for a in asks)),
         OllamaStep(text="I will do without them."),
     )
-    routed = cli(env, "routes", "test", "NEED: File contents of ~/.ssh/id_rsa", check=False)
+    routed = cli_here(env, "routes", "test", "NEED: File contents of ~/.ssh/id_rsa", check=False)
     assert "permission: deny" in routed.stdout and "name it" in routed.stdout
     daemon_factory(env, home).wait_ready()
-    cid = cli(env, "new", "secrets", "--model", "gemma", "--message", "go").stdout.strip()
+    cid = cli_here(env, "new", "secrets", "--model", "gemma", "--message", "go").stdout.strip()
     conv = home.conv(cid)
     wait_for(lambda: b"I will do without them." in conv.log.read_bytes(), 30, what="the reply")
     log = conv.log.read_text()
@@ -559,7 +559,7 @@ def test_a_daemon_turn_never_sends_the_tools_own_secrets_nor_attaches_them(
         OllamaStep(text="I will do without them."),
     )
     daemon_factory(env, home).wait_ready()
-    cid = cli(env, "new", "own", "--model", "gemma", "--message", "go").stdout.strip()
+    cid = cli_here(env, "new", "own", "--model", "gemma", "--message", "go").stdout.strip()
     conv = home.conv(cid)
     wait_for(lambda: b"I will do without them." in conv.log.read_bytes(), 30, what="the reply")
     log = conv.log.read_text()
@@ -569,7 +569,7 @@ def test_a_daemon_turn_never_sends_the_tools_own_secrets_nor_attaches_them(
     assert log.count("NOT ANSWERED (refused)") == 3, log
     assert log.count("never reads it for a model") == 3, log
     for path in (cfg_dir / "service.env", tmp_path / ".claude.json"):
-        sent_attach = cli(env, "send", cid, "look", "--attach", str(path), check=False)
+        sent_attach = cli_here(env, "send", cid, "look", "--attach", str(path), check=False)
         assert sent_attach.returncode != 0
         assert "never reads it for a model or attaches it" in sent_attach.stderr
     assert not list(conv.inbox.iterdir())

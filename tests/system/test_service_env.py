@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contemplation.store.layout import Home
-from tests.conftest import DaemonProc, base_env, cli
+from tests.conftest import DaemonProc, base_env, cli_here
 from tests.system.test_service import calls, fake_managers, verify  # noqa: F401 (a fixture)
 
 SECRET = "sk-test-0123456789abcdef"  # noqa: S105 - a made-up key, for the test
@@ -40,9 +40,9 @@ def test_systemd_install_carries_the_shell_and_keeps_secrets_out_of_the_unit(
     env = dict(env, **SHELL)
     env.pop("OLLAMA_HOST", None)
     unit = Path(env["XDG_CONFIG_HOME"]) / "systemd" / "user" / "contemplation.service"
-    dry = cli(env, "service", "install", "--manager", "systemd", "--print").stdout
+    dry = cli_here(env, "service", "install", "--manager", "systemd", "--print").stdout
     assert SECRET not in dry and "OPENAI_API_KEY=***" in dry
-    out = cli(env, "service", "install", "--manager", "systemd").stdout
+    out = cli_here(env, "service", "install", "--manager", "systemd").stdout
     text = unit.read_text()
     assert SECRET not in text and SECRET not in out
     assert "Environment=OPENAI_BASE_URL=http://127.0.0.1:9/v1" in text
@@ -59,12 +59,12 @@ def test_systemd_install_carries_the_shell_and_keeps_secrets_out_of_the_unit(
     calls(log)
 
     # the same shell: doctor has nothing to say about the service
-    doctor = cli(env, "doctor", check=False).stdout
+    doctor = cli_here(env, "doctor", check=False).stdout
     assert not any(ln.startswith("warn service") for ln in doctor.splitlines()), doctor
     # another key in the shell, one more variable, one gone: doctor names them, masked
     other = dict(env, OPENAI_API_KEY="sk-other", OLLAMA_HOST="http://127.0.0.1:8")
     other.pop("CONTEMPLATION_MAX_TURNS")
-    doctor = cli(other, "doctor", check=False).stdout
+    doctor = cli_here(other, "doctor", check=False).stdout
     line = next(ln for ln in doctor.splitlines() if ln.startswith("warn service"))
     assert "OPENAI_API_KEY" in line and "OLLAMA_HOST" in line and "CONTEMPLATION_MAX_TURNS" in line
     assert "sk-other" not in doctor and SECRET not in doctor
@@ -72,10 +72,10 @@ def test_systemd_install_carries_the_shell_and_keeps_secrets_out_of_the_unit(
 
     # no secret left in the shell: the file goes, and so does the unit's line
     plain = {k: v for k, v in env.items() if k != "OPENAI_API_KEY"}
-    cli(plain, "service", "install", "--manager", "systemd")
+    cli_here(plain, "service", "install", "--manager", "systemd")
     assert not secrets.exists() and "EnvironmentFile" not in unit.read_text()
-    cli(env, "service", "install", "--manager", "systemd")
-    cli(env, "service", "uninstall", "--manager", "systemd")
+    cli_here(env, "service", "install", "--manager", "systemd")
+    cli_here(env, "service", "uninstall", "--manager", "systemd")
     assert not unit.exists() and not secrets.exists()
 
 
@@ -86,7 +86,7 @@ def test_launchd_install_carries_the_shell_and_its_wrapper_reads_the_secrets(
     env, _ = fake_managers
     env = dict(env, **SHELL, OLLAMA_HOST="http://me:pw@10.0.0.5:11434")  # a password in a URL
     plist = Path(env["HOME"]) / "Library" / "LaunchAgents" / "com.contemplation.daemon.plist"
-    out = cli(env, "service", "install", "--manager", "launchd").stdout
+    out = cli_here(env, "service", "install", "--manager", "launchd").stdout
     raw = plist.read_bytes()
     assert SECRET.encode() not in raw and b"pw@" not in raw and SECRET not in out
     data = plistlib.loads(raw)
@@ -114,7 +114,7 @@ def test_no_ollama_host_is_written_when_the_shell_has_none(
     env, _ = fake_managers
     env.pop("OLLAMA_HOST", None)
     for manager in ("systemd", "launchd"):
-        dry = cli(env, "service", "install", "--manager", manager, "--print").stdout
+        dry = cli_here(env, "service", "install", "--manager", manager, "--print").stdout
         assert "OLLAMA_HOST" not in dry and "11434" not in dry
 
 
@@ -126,9 +126,9 @@ def test_reload_refuses_a_file_the_daemon_would_refuse_with_exit_1(
     env = base_env(home, CONTEMPLATION_CONFIG=str(config))
     d = daemon_factory(env, home).wait_ready()
     config.write_text('default_backend = "nosuch"\n')  # TOML, and loads: validate refuses it
-    doctor = cli(env, "doctor", check=False)
+    doctor = cli_here(env, "doctor", check=False)
     why = next(ln for ln in doctor.stdout.splitlines() if ln.startswith("FAIL config"))
-    refused = cli(env, "service", "reload", check=False)
+    refused = cli_here(env, "service", "reload", check=False)
     assert refused.returncode == 1, refused.stdout
     assert refused.stdout == ""
     [line] = refused.stderr.splitlines()

@@ -23,7 +23,7 @@ from contemplation.store.layout import Conv, Home, read_metadata, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation
 from contemplation.writer.files import atomic_write_json
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, wait_for
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_dashboard_actions import asking, auth
@@ -42,41 +42,41 @@ def test_always_is_listed_revoked_and_then_asked_again(
     fake_ollama.enqueue(Step(text=f"NEED: {a}"), Step(text="Read a."))
     conv = home.conv(start(env, "always", "read a"))
     wait_for(state_is(conv, Status.AWAITING_APPROVAL), 30, what="awaiting approval")
-    cli(env, "approve", conv.id, "--always")
+    cli_here(env, "approve", conv.id, "--always")
     wait_for(lambda: b"Read a." in conv.log.read_bytes(), 30, what="the first reply")
     meta = read_metadata(conv)
     assert meta is not None
     [made] = meta.approvals()
 
-    listed = cli(env, "approvals").stdout
+    listed = cli_here(env, "approvals").stdout
     assert re.fullmatch(
         rf"{made.request[:12]}  {conv.id}  ALWAYS  files\.read "
         rf'\{{"path": "{re.escape(str(notes / "a.md"))}"\}}  by the person \(the CLI\) at '
         rf"{STAMP}  \(standing; revocable\)\n",
         listed,
     ), listed
-    data = json.loads(cli(env, "approvals", "--json").stdout)
+    data = json.loads(cli_here(env, "approvals", "--json").stdout)
     [d] = data["decisions"]
     assert d["standing"] is True and d["face"] == "cli" and d["rule"] == "read_file"
     assert d["revoke"] == f"contemplation approvals revoke {made.request[:12]}"
-    status = cli(env, "status", conv.id).stdout
+    status = cli_here(env, "status", conv.id).stdout
     assert "decisions (contemplation approvals -c" in status and made.request[:12] in status
 
     # the same lookup again: let through without asking while the always stands
     fake_ollama.enqueue(Step(text=f"NEED: {a}"), Step(text="Again."))
-    cli(env, "send", conv.id, "again")
+    cli_here(env, "send", conv.id, "again")
     wait_for(lambda: b"Again." in conv.log.read_bytes(), 30, what="the second reply")
     assert conv.log.read_text().count("content of a") == 2
 
-    revoked = cli(env, "approvals", "revoke", made.request[:6]).stdout
+    revoked = cli_here(env, "approvals", "revoke", made.request[:6]).stdout
     assert revoked.startswith(f"revoked: {made.request[:12]}  {conv.id}  ALWAYS  files.read")
     assert re.search(rf"\(revoked by the person \(the CLI\) at {STAMP}\)\n$", revoked), revoked
     meta = read_metadata(conv)
     assert meta is not None
     [after] = meta.approvals()
     assert after.revoked_by == "cli" and after.revoked and not after.grants
-    assert json.loads(cli(env, "approvals", "--standing", "--json").stdout)["decisions"] == []
-    twice = cli(env, "approvals", "revoke", made.request, check=False)
+    assert json.loads(cli_here(env, "approvals", "--standing", "--json").stdout)["decisions"] == []
+    twice = cli_here(env, "approvals", "revoke", made.request, check=False)
     assert twice.returncode == 1
     assert re.fullmatch(
         rf"error: decision {made.request} was revoked already by the person \(the CLI\) at "
@@ -86,7 +86,7 @@ def test_always_is_listed_revoked_and_then_asked_again(
 
     # revoked: the next such lookup is asked again
     fake_ollama.enqueue(Step(text=f"NEED: {a}"), Step(text="Third."))
-    cli(env, "send", conv.id, "once more")
+    cli_here(env, "send", conv.id, "once more")
     wait_for(state_is(conv, Status.AWAITING_APPROVAL), 30, what="asked again after the revoke")
     st = read_state(conv)
     assert st is not None and [r.need for r in st.pending_approvals] == [a]
@@ -127,7 +127,7 @@ def test_many_decisions_come_a_bounded_page_at_a_time(home: Home) -> None:
     cursor: list[str] = []
     pages = 0
     while True:
-        out = json.loads(cli(env, "approvals", "--limit", "100", "--json", *cursor).stdout)
+        out = json.loads(cli_here(env, "approvals", "--limit", "100", "--json", *cursor).stdout)
         pages += 1
         assert len(out["decisions"]) <= 100 and out["total"] == 260
         seen += [(d["conversation"], d["id"]) for d in out["decisions"]]
@@ -138,16 +138,16 @@ def test_many_decisions_come_a_bounded_page_at_a_time(home: Home) -> None:
         assert pages < 10
     assert pages == 3 and len(seen) == len(set(seen)) == 260
     assert times == sorted(times, reverse=True)  # newest first across both conversations
-    text = cli(env, "approvals", "--limit", "3").stdout.splitlines()
+    text = cli_here(env, "approvals", "--limit", "3").stdout.splitlines()
     assert len(text) == 4 and text[-1].startswith("3 of 260 shown; the next page: ")
     assert "by the agent (conversation_approve)" in "\n".join(text[:3])
-    one = json.loads(cli(env, "approvals", "-c", convs[0].id, "--standing", "--json").stdout)
+    one = json.loads(cli_here(env, "approvals", "-c", convs[0].id, "--standing", "--json").stdout)
     assert one["total"] == 65 and {d["conversation"] for d in one["decisions"]} == {convs[0].id}
-    bad = cli(env, "approvals", "revoke", f"{2:064x}", "-c", convs[0].id, check=False)
+    bad = cli_here(env, "approvals", "revoke", f"{2:064x}", "-c", convs[0].id, check=False)
     assert bad.returncode == 1 and "only an 'always' stands" in bad.stderr
-    unknown = cli(env, "approvals", "revoke", "zzzzzz", check=False)
+    unknown = cli_here(env, "approvals", "revoke", "zzzzzz", check=False)
     assert unknown.returncode != 0 and "no decision 'zzzzzz'" in unknown.stderr
-    both = cli(env, "approvals", "revoke", f"{1:064x}", check=False)
+    both = cli_here(env, "approvals", "revoke", f"{1:064x}", check=False)
     assert both.returncode == 1 and "names several decisions" in both.stderr
 
 

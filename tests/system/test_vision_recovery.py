@@ -18,7 +18,7 @@ from contemplation.faces.mcp import server as mcp_server
 from contemplation.models import MarkerKind, Status
 from contemplation.store.layout import Home, read_metadata, read_state
 from contemplation.writer import DaemonLock
-from tests.conftest import base_env, cli
+from tests.conftest import base_env, cli, cli_here
 from tests.fakes.ollama_server import FakeOllama
 from tests.system.test_attachments import PNG, markers, vision_ollama
 
@@ -40,19 +40,19 @@ def test_a_failed_image_turn_is_withdrawn_and_the_conversation_goes_on(
     home: Home, fake_ollama: FakeOllama, tmp_path: Path
 ) -> None:
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cid = cli(env, "new", "plans", "-m", "llama3.2").stdout.strip()
+    cid = cli_here(env, "new", "plans", "-m", "llama3.2").stdout.strip()
     conv = home.conv(cid)
-    cli(env, "send", cid, "What does this plan show?", "--attach", str(picture(tmp_path)))
+    cli_here(env, "send", cid, "What does this plan show?", "--attach", str(picture(tmp_path)))
     cli(env, "run", "--once")
     assert fake_ollama.chat_requests() == []  # nothing sent to a model that cannot see
     [error] = [t for k, t in markers(conv) if k is MarkerKind.ERROR]
     assert f"withdraw it with `contemplation retract {cid}`" in error
     assert f"`contemplation set-model {cid} MODEL`" in error
-    status = cli(env, "status", cid).stdout
+    status = cli_here(env, "status", cid).stdout
     assert f"contemplation retract {cid}" in status and "set-model" in status
     assert "send a message to try again" not in status
 
-    done = cli(env, "retract", cid)
+    done = cli_here(env, "retract", cid)
     assert done.stdout.strip() == (
         f"withdrew the last turn of {cid} (block 1: What does this plan show?); "
         "the model will not see it"
@@ -60,11 +60,11 @@ def test_a_failed_image_turn_is_withdrawn_and_the_conversation_goes_on(
     assert markers(conv)[-1] == (MarkerKind.RETRACTED, "the agent withdrew this turn")
     st = read_state(conv)
     assert st is not None and st.status is Status.IDLE
-    again = cli(env, "retract", cid, check=False)  # nothing failed any more
+    again = cli_here(env, "retract", cid, check=False)  # nothing failed any more
     assert again.returncode == 1
     assert again.stderr.startswith(f"error: {cid} has no failed or cancelled turn to withdraw")
 
-    cli(env, "send", cid, "What is two and two?")
+    cli_here(env, "send", cid, "What is two and two?")
     cli(env, "run", "--once")
     [request] = sent(fake_ollama)
     assert [(m["role"], m["content"]) for m in request] == [("user", "What is two and two?")]
@@ -78,23 +78,23 @@ def test_set_model_and_a_history_without_images_for_a_model_that_cannot_see(
     """A picture answered by a vision model; the conversation moves to a model without
     vision: the old image is left out of its requests, and a NOTE says so once."""
     env = base_env(home, vision_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cid = cli(env, "new", "plans", "-m", "llava").stdout.strip()
+    cid = cli_here(env, "new", "plans", "-m", "llava").stdout.strip()
     conv = home.conv(cid)
-    cli(env, "send", cid, "What does this plan show?", "--attach", str(picture(tmp_path)))
+    cli_here(env, "send", cid, "What does this plan show?", "--attach", str(picture(tmp_path)))
     cli(env, "run", "--once")
     assert "images" in sent(vision_ollama)[0][0]
 
-    moved = cli(env, "set-model", cid, "llama3.2")
+    moved = cli_here(env, "set-model", cid, "llama3.2")
     assert moved.stdout.strip() == (
         f"{cid}: the next turn goes to llama3.2 on ollama (was llava on ollama)"
     )
     meta = read_metadata(conv)
     assert meta is not None and (meta.model, meta.backend) == ("llama3.2", "ollama")
-    bad = cli(env, "set-model", cid, "llama3.2", "--backend", "nowhere", check=False)
+    bad = cli_here(env, "set-model", cid, "llama3.2", "--backend", "nowhere", check=False)
     assert bad.returncode == 1 and "nowhere" in bad.stderr
 
     for n, question in enumerate(("Summarise it in words.", "And in one line?"), start=2):
-        cli(env, "send", cid, question)
+        cli_here(env, "send", cid, question)
         cli(env, "run", "--once")
         request = sent(vision_ollama)[-1]
         assert len(sent(vision_ollama)) == n and request[-1]["content"] == question
@@ -112,10 +112,10 @@ def test_mcp_respond_withdraws_the_failed_turn_and_changes_the_model(
     home: Home, vision_ollama: FakeOllama, tmp_path: Path
 ) -> None:
     env = base_env(home, vision_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cid = cli(env, "new", "plans", "-m", "llama3.2").stdout.strip()
+    cid = cli_here(env, "new", "plans", "-m", "llama3.2").stdout.strip()
     conv = home.conv(cid)
     image = picture(tmp_path)
-    cli(env, "send", cid, "What does this plan show?", "--attach", str(image))
+    cli_here(env, "send", cid, "What does this plan show?", "--attach", str(image))
     cli(env, "run", "--once")
     st = read_state(conv)
     assert st is not None and st.status is Status.ERROR
