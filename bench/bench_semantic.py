@@ -12,6 +12,10 @@ straight into the index's vectors table: the ranking work is the same as for rea
 
 Run: .venv/bin/python bench/bench_semantic.py [--convs 10000] [--queries 100] [--sample 300]
 Targets: query p50 <= 100 ms, p99 <= 300 ms at 10,000 conversations.
+
+Quality: .venv/bin/python bench/bench_semantic.py --quality: recall@1, recall@3 and MRR per
+mode on the labelled set (tests/system/semantic_set.py: 36 conversations, 100 queries, 36 of
+them hard paraphrases that share no word with their conversation).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.turnbench import percentile  # noqa: E402
+from contemplation.errors import InputRejected  # noqa: E402
 from contemplation.index import db as index_db  # noqa: E402
 from contemplation.index import embedder, fusion, semantic  # noqa: E402
 from contemplation.index import search as search_index  # noqa: E402
@@ -189,14 +194,81 @@ def timed(home: Home, mode: str, queries: int) -> tuple[list[float], int]:
     return took, hits
 
 
+# -- quality: the labelled set ------------------------------------------------------------
+
+
+def labelled_home(home: Home) -> dict[str, str]:
+    """The labelled set (tests/system/semantic_set.py) as real conversations, embedded;
+    conversation id -> label."""
+    from contemplation.store.templates import load_template
+    from contemplation.writer import new_conversation, open_writer
+    from tests.system.semantic_set import CONVERSATIONS
+
+    ids: dict[str, str] = {}
+    for label, (topic, question, answer) in CONVERSATIONS.items():
+        conv = new_conversation(
+            home, topic, template=load_template(home, "default"), model="m", backend="ollama"
+        )
+        with open_writer(conv) as w:
+            w.append_block("CLAUDE", "OLLAMA", question, msg_id="q")
+            r = w.reply("OLLAMA", "CLAUDE", "r")
+            r.content(answer)
+            r.finish()
+        ids[conv.id] = label
+    semantic.update(home, None)
+    return ids
+
+
+def scores(home: Home, ids: dict[str, str], mode: str, queries: list[tuple[str, str]]) -> str:
+    """recall@1, recall@3 and MRR (over the first 20 hits) of ``queries`` in ``mode``."""
+    r1 = r3 = 0
+    mrr = 0.0
+    for query, want in queries:
+        try:
+            hits = fusion.search(home, query, limit=20, mode=mode).hits
+        except InputRejected:  # a query the words' syntax refuses counts as a miss
+            hits = []
+        order = list(dict.fromkeys(ids[h.conv] for h in hits))
+        rank = order.index(want) + 1 if want in order else 0
+        r1 += rank == 1
+        r3 += 0 < rank <= 3
+        mrr += 1 / rank if rank else 0.0
+    n = len(queries)
+    return f"{r1 / n:.2f} | {r3 / n:.2f} | {mrr / n:.2f}"
+
+
+def quality() -> None:
+    from tests.system.semantic_set import ALL, HARD, MORE, QUERIES
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-semantic-quality-"))
+    try:
+        home = Home(tmp / "home")
+        ids = labelled_home(home)
+        sets = [("all", ALL), ("paraphrases", QUERIES + MORE), ("hard", HARD)]
+        print(f"model: {embedder.NAME}; {len(ids)} conversations")
+        print("| mode | queries | n | recall@1 | recall@3 | MRR |")
+        print("|---|---|---|---|---|---|")
+        for mode in ("words", "meaning", "both"):
+            for name, queries in sets:
+                print(f"| {mode} | {name} | {len(queries)} | {scores(home, ids, mode, queries)} |")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--convs", type=int, default=10_000)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--sample", type=int, default=300)
+    ap.add_argument(
+        "--quality", action="store_true", help="recall@1, recall@3, MRR on the labelled set"
+    )
     args = ap.parse_args()
     if not embedder.available():
         sys.exit(embedder.MISSING)
+    if args.quality:
+        quality()
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-semantic-"))
     try:
         home = Home(tmp / "home")
