@@ -188,11 +188,17 @@ def test_a_prune_that_answered_stays_done_after_a_power_cut(tmp_path: Path, case
 
 
 def _sample(cases: list[Case]) -> list[Case]:
-    """The long tier's subset (``--slow``): every 9th case of a scenario, its last, and every
-    cut right after a step answered (``exit``: where the sweep found most); the whole sweep
-    is bench/crash_sweep.py."""
+    """The long tier's subset (``--slow``): every 9th case of a scenario, its last, every
+    cut right after a step answered (``exit``: where the sweep found most), and the power cut
+    at the first hit of each point the scenario owns (the default tier kills it there); the
+    whole sweep is bench/crash_sweep.py."""
     return [
-        c for i, c in enumerate(cases) if i % 9 == 0 or i == len(cases) - 1 or c.point == "exit"
+        c
+        for i, c in enumerate(cases)
+        if i % 9 == 0
+        or i == len(cases) - 1
+        or c.point == "exit"
+        or (c.point in OWNED.get(c.scenario, ()) and c.nth == 1 and c.mode == "cut")
     ]
 
 
