@@ -315,7 +315,8 @@ class TurnStarted(BaseModel):
 # Why a turn's server recomputed more than the turn's new text (contemplation.protocol.ledger):
 # a conversation's first turn, a compaction that changed the prompt's start, its slot taken by
 # another conversation, a slot file whose restore did not hold, other tools offered, the prompt
-# cut (by the server or to fit), or its history changed otherwise (a retraction, an edit)
+# cut (by the server or to fit), its history changed otherwise (a retraction, an edit), or,
+# after a restart, its slot file made by another model or given up to another conversation
 MissCause = Literal[
     "new conversation", "compaction", "slot taken", "restore failed", "tools changed", "cut",
     "history changed",
