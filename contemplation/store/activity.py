@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contemplation.models import BUSY, State, Status
+from contemplation.protocol import escalation
 
 
 def queued_behind(conv_id: str, backend: str, model: str, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -53,7 +54,17 @@ def _idle(state: State | None) -> str:
     cut = state.reply_cut if state is not None else None
     if cut is not None:  # a reply that is not whole
         return f"idle: the last reply was stopped {CUT_WORDS[cut.reason]}"
+    rung = escalation.last_rung(state.ladder) if state is not None else None
+    if rung is not None:  # the escalation ladder: which rung answered
+        return f"idle: waiting for your next message; {rung}"
     return "idle: waiting for your next message"
+
+
+def _failed(state: State | None) -> str:
+    book = state.ladder if state is not None else None
+    if book is not None and book.steps and book.steps[-1].to == escalation.AGENT:
+        return f"the last turn failed: {escalation.last_rung(book)}"  # the ladder's top
+    return "the last turn failed"
 
 
 def describe(
@@ -111,6 +122,6 @@ def describe(
     return {
         Status.IDLE: _idle(state),
         Status.COMPLETE: "complete",
-        Status.ERROR: "the last turn failed",
+        Status.ERROR: _failed(state),
         Status.CANCELLED: "the last turn was cancelled",
     }.get(status, status.value)

@@ -140,6 +140,9 @@ def test_the_top_of_the_ladder_is_the_agent_and_the_turn_waits_saying_why(
     assert st is not None and st.status is Status.ERROR
     assert st.last_error is not None
     assert st.last_error.message == f"escalated to the agent: stopped repeating itself on {BIG}"
+    assert Faces(ladder_settings(make_settings, fake_ollama)).check(conv.id)["activity"] == (
+        f"the last turn failed: escalated from {BIG} to agent: stopped repeating itself"
+    )
     # the agent's next message is answered by the rung that last answered (sticky)
     fake_ollama.requests.clear()
     drop_message(conv, "Try again, briefly.")
@@ -352,6 +355,13 @@ def test_every_face_says_which_rung_answered_and_the_ledger_counts_what_it_saved
     # MCP
     checked = Faces(settings).check(conv.id)
     assert checked["rung"] == f"answered on {BIG} (a rung of the escalation ladder)"
+    # status (and the activity line MCP and the dashboard show)
+    said = (
+        f"idle: waiting for your next message; answered on {BIG} (a rung of the escalation ladder)"
+    )
+    assert checked["activity"] == said
+    assert json.loads(cli_here(env, "status", conv.id, "--json").stdout)["activity"] == said
+    assert f"now:          {said}" in cli_here(env, "status", conv.id).stdout
     # the ledger: one row per rung with its cause, what was answered locally, what it saved
     data = json.loads(cli_here(env, "ledger", conv.id, "--json").stdout)
     book = data["ladder"]
