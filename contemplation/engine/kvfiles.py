@@ -146,8 +146,9 @@ class KvFiles:
             tuple(self._free),
         )  # fmt: skip
         home, provider = self.home, self.provider
+        seq = kvmap.snapshot()
         try:
-            written = await on_thread(lambda: kvmap.store(home, provider, saved))
+            written = await on_thread(lambda: kvmap.store(home, provider, saved, seq))
         except OSError as exc:
             self._changed = True
             log.warning("kv_map_not_written", provider=provider, error=str(exc))

@@ -17,6 +17,7 @@ the map is read and each time it is written: their names are written over by the
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -36,6 +37,13 @@ EVICTED_KEPT = 1024  # conversations remembered per provider as having had their
 NAME = re.compile(r"^contemplation-kv-[0-9a-f]{24}\.bin$")
 MODE = 0o600
 _lock = threading.Lock()  # one read-modify-write of the file at a time (providers share it)
+_last: dict[tuple[Path, str], int] = {}  # (home, provider) -> the newest snapshot written
+_snapshots = itertools.count(1)  # numbers the snapshots of every pool of this process
+
+
+def snapshot() -> int:
+    """A new snapshot's number (greater than any before it in this process)."""
+    return next(_snapshots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +130,12 @@ def load(home: Path, provider: str) -> Saved:
     )
 
 
-def store(home: Path, provider: str, saved: Saved) -> Saved:
+def store(home: Path, provider: str, saved: Saved, seq: int = 0) -> Saved:
     """Write ``provider``'s part of the map (the others' as they are), durably. Returns what
     was written: ``saved`` less the entries of conversations gone meanwhile (their names
-    freed). Blocking: called off the event loop."""
+    freed). ``seq``: the snapshot's number; an older one than the last written is not
+    written (two writes on two threads may end in either order). Blocking: called off the
+    event loop."""
     entries = [e for e in saved.entries if not _conv_gone(home, e.conv)]
     gone = [e.name for e in saved.entries if _conv_gone(home, e.conv)]
     written = Saved(
@@ -143,6 +153,9 @@ def store(home: Path, provider: str, saved: Saved) -> Saved:
     }  # fmt: skip
     path = path_in(home)
     with _lock:
+        if seq and _last.get((home, provider), 0) > seq:
+            return written
+        _last[(home, provider)] = seq
         providers = _read(path)
         providers[provider] = part
         data = {"version": VERSION, "providers": providers}

@@ -257,3 +257,19 @@ def test_a_turns_slot_is_saved_once_the_server_is_idle_without_another_taking_it
     assert [a for a, _, _ in keeper.log] == ["save"]
     kept = aff.files.kept("a")
     assert kept is not None and kept.history == 300
+
+
+def test_an_older_snapshot_of_the_pool_never_overwrites_a_newer_one(tmp_path: Path) -> None:
+    home = _home(tmp_path, "conv-a", "conv-b")
+    one = kvmap.Saved("m", (kvmap.Entry("conv-a", "contemplation-kv-" + "a" * 24 + ".bin",
+                                        1, 1, 1, ()),))  # fmt: skip
+    two = kvmap.Saved("m", (*one.entries, kvmap.Entry("conv-b", "contemplation-kv-" + "b" * 24
+                                                      + ".bin", 1, 1, 1, ())))  # fmt: skip
+    older, newer = kvmap.snapshot(), kvmap.snapshot()
+    kvmap.store(home, "llama", two, newer)
+    kvmap.store(home, "llama", one, older)  # its thread ended last
+    assert len(kvmap.load(home, "llama").entries) == 2
+    files = KvFiles.durable(home, "llama")  # a new pool (a restarted provider) still writes
+    files.drop("conv-a")
+    _flush(files)
+    assert [e.conv for e in kvmap.load(home, "llama").entries] == ["conv-b"]
