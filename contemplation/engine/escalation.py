@@ -102,19 +102,19 @@ def where(lad: Ladder | None, blocks: tuple[Block, ...]) -> At | None:
 
 
 def target(settings: Settings, meta: Metadata, base: Target, at: At | None) -> Target:
-    """The turn's target on its rung: an alias rung brings its providers, model and options;
-    a model rung keeps the conversation's providers with its own options only (the alias's
-    are the small model's)."""
+    """The turn's target on its rung: an alias rung brings its providers, model and options
+    (over the conversation's own: a rung's sampling is why it is there); a model rung keeps
+    the conversation's providers with its own options only (the alias's are the small
+    model's)."""
     if at is None or at.name is None:
         return base
     i = at.ladder.index(at.name)
     rung = at.ladder.rungs[i] if i is not None else None
     if rung is None:
         return base
-    if rung.kind == "alias":
-        return providers.target(
-            settings, rung.model, rung.model, options=meta.options, think=meta.think
-        )
+    if rung.kind == "alias":  # its options over the conversation's: its sampling is the point
+        got = providers.target(settings, rung.model, rung.model, think=meta.think)
+        return replace(got, options={**meta.options, **got.options})
     return replace(base, model=rung.model, options=dict(meta.options))
 
 

@@ -397,3 +397,25 @@ def test_a_reply_over_its_time_budget_is_stopped_and_goes_up(
     assert escalated(failed) == [f"went over its time budget (0.5 s){escalation.ARROW}{BIG}"]
     assert answer.text.strip() == "Quickly: done." and answered_by(answer) == BIG
     assert status(conv) is Status.IDLE
+
+
+def test_an_alias_rung_brings_its_providers_and_its_options_over_the_conversations(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    conv = small_conv(home)  # the default template's options: temperature 0.7
+    drop_message(conv, "Loop, please.")
+    fake_ollama.enqueue(Step(text=LOOP, model=SMALL), Step(text="No loop.", model=BIG))
+    aliases = {
+        "small": {"model": SMALL, "providers": ["ollama"], "escalate": ["steady"]},
+        "steady": {
+            "model": BIG,
+            "providers": ["ollama"],
+            "options": {"temperature": 0.9, "repeat_penalty": 1.5},
+        },
+    }
+    run_burst(runtime_for(make_settings(fake_ollama, aliases=aliases, stop_repeating=True)))
+    assert models_asked(fake_ollama) == [SMALL, BIG]
+    small, steady = (r["options"] for r in fake_ollama.chat_requests())
+    assert small["temperature"] == 0.7
+    assert steady["temperature"] == 0.9 and steady["repeat_penalty"] == 1.5
+    assert answered_by(model_blocks(conv)[-1]) == "steady"
