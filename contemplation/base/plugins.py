@@ -77,8 +77,11 @@ class Registry(Generic[N]):
         kind: type[N],
         builtins: Callable[[], None],
         adopt: Callable[[N, str], N] = lambda k, origin: k,
+        *,
+        former: tuple[str, ...] = (),
     ) -> None:
         self.group, self.kind = group, kind
+        self.former = former  # groups of an earlier name, still read (deprecated)
         self._builtins, self._adopt = builtins, adopt
         self._kinds: dict[str, N] = {}
         self._origins: dict[str, str] = {}  # kind name -> the distribution that registered it
@@ -143,9 +146,10 @@ class Registry(Generic[N]):
     def _read_plugins(self) -> None:
         if "plugins" not in self._read:
             self._read.add("plugins")
-            failed, slow = load(self.group, self.kind, self.register)
-            self._failed.extend(failed)
-            self._slow.extend(slow)
+            for group in (self.group, *self.former):
+                failed, slow = load(group, self.kind, self.register)
+                self._failed.extend(failed)
+                self._slow.extend(slow)
 
 
 def load(

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from contemplation.engine.runtime import Runtime
 from contemplation.faces.cli.root import main
-from contemplation.faces.dashboard import panels
+from contemplation.faces.dashboard import cards
 from contemplation.faces.mcp.calls import Faces
 from contemplation.index import ledger as sums
 from contemplation.models import Ledger, Usage
@@ -101,7 +101,7 @@ def test_scripted_ollama_turns_are_in_the_ledger_as_the_server_said(
     assert by["total"]["sent"] == 410 and by["total"]["reused"] is None
     assert by["total"]["context_bytes"] == turns[1].context_bytes
     # the dashboard's panel: every conversation, per provider and per model
-    rows = dict(panels.kinds()["ledger"].rows(panels.Seen(home, {})))
+    rows = dict(cards.kinds()["ledger"].rows(cards.Seen(home, {})))
     assert rows["all"] == rows["ollama"] == rows["ollama/gemma"] == ledger.line(total)
 
 

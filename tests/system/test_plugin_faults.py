@@ -30,7 +30,7 @@ from contemplation.backends.guard import Guarded
 from contemplation.daemon import loopwatch
 from contemplation.engine.pipeline import Runtime
 from contemplation.errors import BackendError
-from contemplation.faces.dashboard import panels
+from contemplation.faces.dashboard import cards
 from contemplation.models import BackendSession, ChatMessage, ChatRequest, Status, StreamEvent
 from contemplation.needs.tools import registry
 from contemplation.prompt import context_kinds
@@ -294,7 +294,7 @@ def test_a_plugin_that_kills_its_process_at_import_or_loads_slowly_is_named_by_a
     assert len(rows) == 2, rows
 
 
-# --------------------------------------------------------------------------- panels
+# ---------------------------------------------------------------------------- cards
 
 
 def _get(served: Served, path: str) -> tuple[float, dict[str, Any]]:
@@ -309,17 +309,18 @@ def _get(served: Served, path: str) -> tuple[float, dict[str, Any]]:
     return time.monotonic() - t0, data
 
 
-def test_a_panel_that_sleeps_holds_no_other_read_and_is_cut_at_its_bound(
+def test_a_card_that_sleeps_holds_no_other_read_and_is_cut_at_its_bound(
     home: Home, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A panel runs on a thread of its own, held to PANEL_LIMIT: while one sleeps,
-    /api/conversations answers at once (before, it waited behind the panel, 117 s for a
-    panel that slept that long), /api/panels answers at the bound with that panel
-    unavailable, and a second look does not start it again while it still sleeps."""
-    monkeypatch.setattr(panels, "PANEL_LIMIT", 0.5)
+    """A dashboard card runs on a thread of its own, held to CARD_LIMIT: while one sleeps,
+    /api/conversations answers at once (before, it waited behind the card, 117 s for a card
+    that slept that long), /api/cards answers at the bound with that card unavailable, and a
+    second look does not start it again while it still sleeps; the former /api/panels says the
+    same under its former key."""
+    monkeypatch.setattr(cards, "CARD_LIMIT", 0.5)
     started, release = threading.Event(), threading.Event()
 
-    def sleepy(seen: panels.Seen) -> list[tuple[str, str]]:
+    def sleepy(seen: cards.Seen) -> list[tuple[str, str]]:
         started.set()
         release.wait(60)  # a panel that blocks (time.sleep, a slow disk) until released
         return [("woke", "up")]
@@ -327,29 +328,27 @@ def test_a_panel_that_sleeps_holds_no_other_read_and_is_cut_at_its_bound(
     new_conversation(
         home, "listed", template=load_template(home, "default"), model="m", backend="ollama"
     )
-    panels.KINDS.replace(panels.Panel("sleepy", "sleeps", sleepy))
+    cards.KINDS.replace(cards.Card("sleepy", "sleeps", sleepy))
     try:
         with serve(make_settings()) as served, ThreadPoolExecutor(1) as pool:
-            first = pool.submit(_get, served, "/api/panels")
+            first = pool.submit(_get, served, "/api/cards")
             assert started.wait(10)
             took, listed = _get(served, "/api/conversations")
             assert took < 1.0 and [c["topic"] for c in listed["conversations"]] == ["listed"]
             took, shown = first.result(timeout=10)
             assert took < 2.0, took
-            by_name = {p["name"]: p["rows"] for p in shown["panels"]}
+            by_name = {c["name"]: c["rows"] for c in shown["cards"]}
             assert by_name["sleepy"] == [["unavailable", "took longer than 0.5 s"]]
             assert dict(by_name["metrics"])["conversations"] == "1"
-            took, again = _get(served, "/api/panels")
+            took, again = _get(served, "/api/panels")  # the former name
             assert took < 1.0 and {p["name"]: p["rows"] for p in again["panels"]}["sleepy"] == [
                 ["unavailable", "still busy with an earlier look (over 0.5 s)"]
             ]
             release.set()
-            wait_for(
-                lambda: _get(served, "/api/panels")[1]["panels"][-1]["rows"] == [["woke", "up"]]
-            )
+            wait_for(lambda: _get(served, "/api/cards")[1]["cards"][-1]["rows"] == [["woke", "up"]])
     finally:
         release.set()
-        panels.KINDS.forget("sleepy")
+        cards.KINDS.forget("sleepy")
 
 
 # --------------------------------------------------------------------------- crash loop

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from contemplation import plugin
 from tests.unit import sources
 
@@ -56,7 +58,7 @@ def test_the_face_is_light() -> None:
     """A plugin author pays for the contract, not for the daemon's faces: importing
     ``contemplation.plugin`` in a fresh interpreter loads no web framework and well under 60
     of the package's modules (it loaded starlette and 53 with ``Panel`` in faces/dashboard;
-    20 with the contract in its leaf, faces/panel.py)."""
+    20 with the contract in its leaf, faces/card.py)."""
     probe = (
         "import contemplation.plugin, json, sys; print(json.dumps(["
         "sorted(m for m in sys.modules if m.split('.')[0] == 'contemplation'),"
@@ -79,10 +81,32 @@ def test_the_face_is_light() -> None:
 def test_the_face_names_the_real_entry_point_groups() -> None:
     """Its docstring named ``contemplation.prompt.context``, a group nothing reads."""
     from contemplation import backends
-    from contemplation.faces.dashboard import panels
+    from contemplation.faces.dashboard import cards
     from contemplation.needs.tools import registry
     from contemplation.prompt import context_kinds
 
-    real = {k.KINDS.group for k in (backends, panels, registry, context_kinds)}
+    real = {k.KINDS.group for k in (backends, cards, registry, context_kinds)}
     named = set(re.findall(r"``(contemplation\.[a-z.]+)``", plugin.__doc__ or ""))
     assert named == real
+
+
+def test_a_dashboard_cards_former_names_still_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dashboard card was called a panel (a name a panel of models has alone now): a
+    plugin written against ``Panel`` or the group ``contemplation.panels`` still loads."""
+    from contemplation.base import plugins
+    from contemplation.faces.dashboard import cards
+
+    assert issubclass(plugin.Panel, plugin.Card) and {"Card", "Panel"} <= set(plugin.__all__)
+    read: list[str] = []
+
+    def load(group: str, kind: type, register: object) -> tuple[list[str], list[str]]:
+        read.append(group)
+        return [], []
+
+    monkeypatch.setattr(plugins, "load", load)
+    registry = plugins.Registry(
+        cards.GROUP, plugin.Card, lambda: None, former=(cards.FORMER_GROUP,)
+    )
+    registry.kinds()
+    assert read == ["contemplation.cards", "contemplation.panels"]
+    assert cards.KINDS.former == ("contemplation.panels",)

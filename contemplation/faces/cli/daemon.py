@@ -160,13 +160,13 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     for conv_id, name in being_written_at(home):  # left in the inbox until closed
         detail = f"{conv_id}/inbox/{name} is still being written (open for writing)"
         add("inbox", True, f"{detail}: the daemon takes it once it is closed", warn=True)
-    from contemplation.faces.dashboard import panels
+    from contemplation.faces.dashboard import cards
     from contemplation.needs.tools import registry
     from contemplation.prompt import context_kinds
 
     failed = (
         *backends.failures(), *registry.failures(), *context_kinds.failures(),
-        *panels.failures(),
+        *cards.failures(),
     )  # fmt: skip
     for where, why in failed:  # it starts without them
         add("plugin", False, f"{where} was not loaded: {why}")

@@ -31,16 +31,17 @@ from contemplation.faces.cli.common import emit, json_option
 )
 @json_option(
     'Print {"backends": [{name, from}], "tools": [{name, from, argument, rules, description}], '
-    '"context": [{name, from, label, description}], "panels": [{name, from, title}], '
-    '"failed": [{plugin, error}], "slow": [{plugin, seconds}]}.'
+    '"context": [{name, from, label, description}], "cards": [{name, from, title}] (the '
+    'dashboard\'s; "panels": the same, its former name), "failed": [{plugin, error}], '
+    '"slow": [{plugin, seconds}]}.'
 )
 def plugins(probe: bool, as_json: bool) -> None:
-    """The backends, NEED tools and context kinds, built in and from plugins, and the plugins
-    that failed to load or were slow to."""
+    """The backends, NEED tools, context kinds and dashboard cards, built in and from plugins,
+    and the plugins that failed to load or were slow to."""
     from contemplation import backends
     from contemplation.base.plugins import BUILT_IN
     from contemplation.faces.cli import probe as probes
-    from contemplation.faces.dashboard import panels as dashboard_panels
+    from contemplation.faces.dashboard import cards as dashboard_cards
     from contemplation.needs.tools import registry
     from contemplation.prompt import context_kinds
 
@@ -65,16 +66,16 @@ def plugins(probe: bool, as_json: bool) -> None:
          "description": k.description}
         for k in context_kinds.kinds().values()
     ]  # fmt: skip
-    panel_from = dashboard_panels.origins()
-    panels = [
-        {"name": p.name, "from": panel_from[p.name], "title": p.title}
-        for p in dashboard_panels.kinds().values()
+    card_from = dashboard_cards.origins()
+    cards = [
+        {"name": c.name, "from": card_from[c.name], "title": c.title}
+        for c in dashboard_cards.kinds().values()
     ]
     failed = [
         {"plugin": where, "error": why}
         for where, why in (
             *backends.failures(), *registry.failures(), *context_kinds.failures(),
-            *dashboard_panels.failures(),
+            *dashboard_cards.failures(),
         )
     ]  # fmt: skip
     human = show.table([(f["name"], f["from"]) for f in families], ("BACKEND", "FROM"))
@@ -89,14 +90,14 @@ def plugins(probe: bool, as_json: bool) -> None:
         ("CONTEXT", "FROM", "SECTION", "WHAT"),
     )
     human += "\n\n" + show.table(
-        [(p["name"], p["from"], p["title"]) for p in panels], ("PANEL", "FROM", "TITLE")
+        [(c["name"], c["from"], c["title"]) for c in cards], ("CARD", "FROM", "TITLE")
     )
     slow = [
         {"plugin": where, "seconds": round(took, 2)}
         for where, took in (
             probes.slow(probed) if probed is not None else [
                 *backends.KINDS.slow(), *registry.KINDS.slow(), *context_kinds.KINDS.slow(),
-                *dashboard_panels.KINDS.slow(),
+                *dashboard_cards.KINDS.slow(),
             ]
         )
     ]  # fmt: skip
@@ -110,7 +111,8 @@ def plugins(probe: bool, as_json: bool) -> None:
             "backends": families,
             "tools": tools,
             "context": context,
-            "panels": panels,
+            "cards": cards,
+            "panels": cards,  # the former name (deprecated)
             "failed": failed,
             "slow": slow,
         },

@@ -32,7 +32,8 @@ GROUPS = (
     "contemplation.backends",
     "contemplation.tools",
     "contemplation.context",
-    "contemplation.panels",
+    "contemplation.cards",
+    "contemplation.panels",  # the cards' former group, still read
 )
 PROBE_TIMEOUT = 30.0  # seconds one plugin's child may take to load it
 PARALLEL = 4  # children at once

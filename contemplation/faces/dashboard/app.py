@@ -37,10 +37,10 @@ from contemplation.errors import (
     NotFound,
 )
 from contemplation.faces import actions, bearer, decisions
-from contemplation.faces.dashboard import export, panels
+from contemplation.faces.card import Seen
+from contemplation.faces.dashboard import cards, export
 from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
-from contemplation.faces.panel import Seen
 from contemplation.faces.reading import Reader
 from contemplation.index import fusion, listing
 from contemplation.index.search import Filters, as_typed
@@ -346,15 +346,17 @@ class Dashboard:
 
     async def metrics(self, request: Request) -> Response:
         live = self.broker.metrics.snapshot()
-        return await self._call(lambda: panels.metrics(self.home, live))
+        return await self._call(lambda: cards.metrics(self.home, live))
 
-    async def panel_rows(self, request: Request) -> Response:
-        """Every panel's title and rows (``dashboard/panels.py``), drawn by the page as text."""
+    async def card_rows(self, request: Request) -> Response:
+        """Every card's title and rows (``dashboard/cards.py``), drawn by the page as text;
+        ``/api/panels`` is the same under its former name (``{"panels": [...]}``)."""
         seen = Seen(self.home, self.broker.metrics.snapshot())
-        # on threads of their own, bounded, outside the lock the other reads take: a panel
+        # on threads of their own, bounded, outside the lock the other reads take: a card
         # that sleeps holds nothing else
-        shown = await panels.shown(seen)
-        return JSONResponse({"panels": shown}, headers={"cache-control": "no-store"})
+        shown = await cards.shown(seen)
+        key = "panels" if request.url.path.endswith("/panels") else "cards"
+        return JSONResponse({key: shown}, headers={"cache-control": "no-store"})
 
     async def events(self, request: Request) -> Response:
         conv = request.query_params.get("conv") or None
@@ -544,7 +546,8 @@ class Dashboard:
             Route("/health", self.health),
             Route("/api/status", self.status),
             Route("/api/metrics", self.metrics),
-            Route("/api/panels", self.panel_rows),
+            Route("/api/cards", self.card_rows),
+            Route("/api/panels", self.card_rows),  # the former name (deprecated)
             Route("/api/events", self.events),
             Route("/api/search", self.search),
             Route("/api/conversations", self.conversations),

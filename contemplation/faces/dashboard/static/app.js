@@ -145,17 +145,17 @@ const loadMore = oneAtATime(async () => {
   renderList();
 });
 
-// every panel (contemplation/dashboard/panels.py): a title and (label, text) rows, as text
-const loadPanels = oneAtATime(async () => {
-  const data = await getJSON("/api/panels");
-  const box = $("panels");
+// every card (contemplation/faces/dashboard/cards.py): a title and (label, text) rows, as text
+const loadCards = oneAtATime(async () => {
+  const data = await getJSON("/api/cards");
+  const box = $("cards");
   box.replaceChildren();
-  for (const p of data.panels) {
+  for (const c of data.cards) {
     const dl = el("dl");
-    dl.id = p.name;
-    for (const [k, v] of p.rows) dl.append(el("dt", null, k), el("dd", null, v));
-    const section = el("section", "panel");
-    section.append(el("h2", null, p.title), dl);
+    dl.id = c.name;
+    for (const [k, v] of c.rows) dl.append(el("dt", null, k), el("dd", null, v));
+    const section = el("section", "card");
+    section.append(el("h2", null, c.title), dl);
     box.append(section);
   }
 });
@@ -219,7 +219,7 @@ function listPage() {
   let timer = null;
   const refresh = () => {
     clearTimeout(timer);
-    timer = setTimeout(() => { loadList().catch(() => {}); loadPanels().catch(() => {}); }, 150);
+    timer = setTimeout(() => { loadList().catch(() => {}); loadCards().catch(() => {}); }, 150);
   };
   const es = new EventSource("/api/events?token=" + encodeURIComponent(token()));
   for (const ev of ["message", "reply", "generating", "error", "retrying", "cancelled", "archived",
@@ -227,7 +227,7 @@ function listPage() {
     es.addEventListener(ev, refresh);
   }
   loadList().catch((e) => flash(e.message, true));
-  loadPanels().catch(() => {});
+  loadCards().catch(() => {});
   setInterval(refresh, 10000);
 }
 
