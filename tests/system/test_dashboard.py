@@ -22,7 +22,7 @@ from contemplation.store.layout import Conv, Home, read_json
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import peers
-from tests.conftest import ARTIFACTS, DaemonProc, base_env, cli, wait_for
+from tests.conftest import ARTIFACTS, DaemonProc, base_env, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 PORT = 5556
@@ -306,11 +306,11 @@ def test_dashboard_in_real_chromium(
     port = dashboard_port(home, d)
     token = read_token(home)
     assert token
-    status = json.loads(cli(env, "status", "--json").stdout)
+    status = json.loads(cli_here(env, "status", "--json").stdout)
     assert status["dashboard"] == f"http://127.0.0.1:{port}/#token={token}"
     fake_ollama.enqueue(Step(text=XSS))
-    alpha = cli(env, "new", "Alpha migration", "--message", "Plan the migration").stdout.strip()
-    beta = cli(env, "new", "Beta caching", "--message", "Cache what?").stdout.strip()
+    alpha = cli_here(env, "new", "Alpha migration", "--message", "Plan the migration").stdout.strip()
+    beta = cli_here(env, "new", "Beta caching", "--message", "Cache what?").stdout.strip()
     wait_for(
         lambda: b"onerror" in (home.active / alpha / "messages.log").read_bytes(), what="reply"
     )

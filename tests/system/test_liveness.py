@@ -19,7 +19,7 @@ from contemplation.settings import Settings
 from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
-from tests.conftest import base_env, run_burst, runtime_for, wait_for
+from tests.conftest import base_env, cli_here, run_burst, runtime_for, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 
@@ -251,9 +251,8 @@ def test_a_reply_that_drips_cannot_hold_the_slot_for_long(
     st = read_state(drip)
     assert st is not None and st.generating_since is not None
     assert abs(st.generating_since - time.time()) < 5
-    from tests.conftest import cli
 
-    shown = cli(env, "status").stdout  # who holds the slot, and since when
+    shown = cli_here(env, "status").stdout  # who holds the slot, and since when
     assert f"generating: ['{drip.id} since" in shown, shown
     dropped = time.monotonic()
     drop_message(bystander, "me too")
@@ -430,7 +429,7 @@ def test_a_bad_configuration_stops_the_start_and_doctor_says_the_same(
     assert "Traceback" not in run.stderr
     if flags:
         return  # --dashboard-port belongs to run only
-    doctor = cli(e, "doctor", check=False, timeout=60)
+    doctor = cli_here(e, "doctor", check=False)
     assert doctor.returncode != 0 and "Traceback" not in doctor.stderr
     assert expect in doctor.stdout + doctor.stderr
 
@@ -681,7 +680,7 @@ def test_cancel_with_nothing_running_says_so_and_leaves_no_flag(
 
     conv = make(home)
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    out = cli(env, "cancel", conv.id, check=False)  # refused, as approve with nothing waiting
+    out = cli_here(env, "cancel", conv.id, check=False)  # refused, as approve with nothing waiting
     assert out.returncode == 1 and out.stderr.startswith("error: nothing to cancel")
     assert not (conv.dir / ".cancel").exists()
     drop_message(conv, "now answer me")
@@ -713,12 +712,12 @@ def test_tail_and_status_never_pass_terminal_controls_through(
     cli(env, "run", "--once")
     assert "\x1b]52;" in conv.log.read_text()  # the log keeps the bytes
     for out in (
-        cli(env, "tail", conv.id).stdout,
-        cli(env, "list").stdout,
-        cli(env, "status", conv.id).stdout,
+        cli_here(env, "tail", conv.id).stdout,
+        cli_here(env, "list").stdout,
+        cli_here(env, "status", conv.id).stdout,
     ):
         assert not any(ch in out for ch in "\x1b\x07\x9b\r\u202e"), repr(out)
-    assert "^[]52;c;" in cli(env, "tail", conv.id).stdout  # shown, not obeyed
+    assert "^[]52;c;" in cli_here(env, "tail", conv.id).stdout  # shown, not obeyed
     # tail -f: a sequence and a character split across two writes
     follow = subprocess.Popen(
         [sys.executable, "-m", "contemplation", "tail", "-f", conv.id],

@@ -13,7 +13,7 @@ from contemplation.backends import providers
 from contemplation.backends.ollama import parse_ollama_host
 from contemplation.errors import ConfigError
 from contemplation.store.layout import Home
-from tests.conftest import base_env, cli
+from tests.conftest import base_env, cli_here
 
 
 def own(s: S.Settings, name: str) -> Any:
@@ -108,13 +108,13 @@ def test_cli_bad_config_is_one_line_and_nonzero(tmp_path: Path, home: Home) -> N
     (here [ollama]) is its kind's to check, where it is used: start, reload, doctor, models."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text("rescan_interval = 'soon'\n")
-    proc = cli(base_env(home), "--config", str(cfg), "list", check=False)
+    proc = cli_here(base_env(home), "--config", str(cfg), "list", check=False)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "rescan_interval" in proc.stderr and str(cfg) in proc.stderr
 
     cfg.write_text("[ollama]\nnum_ctx = 'big'\n")
-    proc = cli(base_env(home), "--config", str(cfg), "doctor", check=False)
+    proc = cli_here(base_env(home), "--config", str(cfg), "doctor", check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
     first = proc.stdout.splitlines()[0]
     assert first.startswith("FAIL config") and "ollama.num_ctx" in first and str(cfg) in first
