@@ -24,7 +24,7 @@ from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests import peers
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, wait_for
 from tests.realpeers import LiteLLMProxy, LlamaServer
 
 
@@ -102,11 +102,11 @@ def test_llama_server_says_its_slots_and_its_window(tmp_path: Path) -> None:
         assert slots == Slots(3, "server /props")
         assert caps.request_window == 2048  # n_ctx per slot, not n_ctx_train (8192)
         env = base_env(Home(tmp_path / "home"), CONTEMPLATION_CONFIG=str(cfg))
-        out = cli(env, "models", "-b", "gpu").stdout
+        out = cli_here(env, "models", "-b", "gpu").stdout
         assert "gpu: 3 slot(s), server /props" in out
         row = next(line.split() for line in out.splitlines() if line.startswith("gpu "))
         assert row[5] == "2048" and row[6] == "3"
-        listed = json.loads(cli(env, "models", "-b", "gpu", "--json").stdout)["backends"][0]
+        listed = json.loads(cli_here(env, "models", "-b", "gpu", "--json").stdout)["backends"][0]
         assert (listed["slots"], listed["slots_from"]) == (3, "server /props")
     finally:
         server.stop()
