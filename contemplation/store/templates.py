@@ -66,7 +66,7 @@ def _fill_topic(value: Any, topic: str) -> Any:
 TEMPLATE_KEYS = frozenset({
     "model", "models", "backend", "options", "think", "archive_on_complete", "system_prompt",
     "system_prompt_file", "routes", "permissions", "description", "prompt_mode",
-    "context_requirements", "schema",
+    "context_requirements", "schema", "escalate", "sticky",
 })  # fmt: skip
 _TEMPLATE_FIELDS = {
     "model", "models", "backend", "options", "think", "archive_on_complete", "description",

@@ -419,3 +419,28 @@ def test_an_alias_rung_brings_its_providers_and_its_options_over_the_conversatio
     assert small["temperature"] == 0.7
     assert steady["temperature"] == 0.9 and steady["repeat_penalty"] == 1.5
     assert answered_by(model_blocks(conv)[-1]) == "steady"
+
+
+def test_a_template_carries_a_ladder_and_a_bad_one_names_the_file(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    ensure_home(home)
+    folder = home.root / "templates" / "laddered"
+    folder.mkdir(parents=True)
+    (folder / "template.toml").write_text(
+        f'model = "{SMALL}"\nbackend = "ollama"\nescalate = ["{BIG}", "agent"]\nsticky = false\n'
+    )
+    tpl = load_template(home, "laddered")
+    conv = new_conversation(home, "t", template=tpl, model=SMALL, backend="ollama")
+    drop_message(conv, "Loop, please.")
+    fake_ollama.enqueue(Step(text=LOOP, model=SMALL), Step(text="No loop.", model=BIG))
+    run_burst(runtime_for(make_settings(fake_ollama, stop_repeating=True)))
+    assert models_asked(fake_ollama) == [SMALL, BIG]
+    assert answered_by(model_blocks(conv)[-1]) == BIG
+    (folder / "template.toml").write_text('escalate = ["agent", "qwen3"]\n')
+    with pytest.raises(ConfigError) as err:
+        load_template(home, "laddered")
+    assert str(err.value) == (
+        f"invalid escalate in template {folder / 'template.toml'}: "
+        "rung 1 is agent: the agent can only be the last rung"
+    )
