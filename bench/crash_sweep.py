@@ -4,7 +4,11 @@ each of its durable calls (sync), then a restart and the oracle (tests/crashswee
 Writes the results file the README's table is made from.
 
     .venv/bin/python bench/crash_sweep.py [--scenario NAME ...] [--mode kill|cut|sync ...]
-        [--out bench/crash_results.json]
+        [--jobs N] [--out bench/crash_results.json]
+
+--jobs N runs N scenarios at a time, each in a process of its own (its own scripted server and
+results file), and merges their results into one: the cases are the same, only the wall time
+changes (the whole sweep is ~800 cases of a few seconds each).
 
 Prints each failing case with its one-line replay, then the counts and the wall time of a
 case (p50, p95). Exit 1 when anything was lost, duplicated or diverged.
@@ -18,8 +22,11 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,9 +41,12 @@ def main() -> None:
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
     ap.add_argument("--mode", action="append", choices=MODES)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--jobs", type=int, default=1, help="scenarios run at a time (processes)")
     args = ap.parse_args()
     names: list[str] = args.scenario or list(SCENARIOS)
     modes: tuple[str, ...] = tuple(args.mode or MODES)
+    if args.jobs > 1 and len(names) > 1:
+        sys.exit(in_parallel(names, modes, args.jobs, args.out))
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -70,6 +80,58 @@ def main() -> None:
         f"p95 {q[18]:.2f} s; written to {args.out}"
     )
     sys.exit(1 if result.lost or result.duplicated or result.diverged else 0)
+
+
+def in_parallel(names: list[str], modes: tuple[str, ...], jobs: int, out: Path) -> int:
+    """Each scenario in a process of its own, ``jobs`` at a time; their results merged into
+    ``out``. Returns the exit status (1 when any scenario lost, duplicated or diverged)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="crash-sweep-") as tmp:
+
+        def one(name: str) -> tuple[str, int, str]:
+            part = Path(tmp) / f"{name}.json"
+            cmd = [sys.executable, __file__, "--scenario", name, "--out", str(part)]
+            for mode in modes:
+                cmd += ["--mode", mode]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            return name, done.returncode, done.stdout + done.stderr
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            runs = list(pool.map(one, names))
+        parts = []
+        for name, rc, text in runs:
+            print(f"== {name} (exit {rc})\n{text.rstrip()}", flush=True)
+            path = Path(tmp) / f"{name}.json"
+            if not path.exists():
+                print(f"scenario {name} wrote no results", file=sys.stderr)
+                return 2
+            parts.append(json.loads(path.read_text()))
+    merged = merge(parts)
+    out.write_text(json.dumps(merged, indent=2) + "\n")
+    print(
+        f"scenarios {len(merged['scenarios'])}  crash points {len(merged['crash_points'])}  "
+        f"kills {merged['kills']}  power cuts {merged['power_cuts']}  cuts between fsyncs "
+        f"{merged['power_cuts_between_fsyncs']}  lost {merged['lost']}  duplicated "
+        f"{merged['duplicated']}  diverged {merged['diverged']}  (commit {merged['commit']}); "
+        f"{time.perf_counter() - start:.0f} s with {jobs} jobs; written to {out}"
+    )
+    return 1 if merged["lost"] or merged["duplicated"] or merged["diverged"] else 0
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results file from several: the scenarios and points united, the counts added."""
+    commits = {str(p["commit"]) for p in parts}
+    if len(commits) != 1:
+        raise SystemExit(f"results of different commits: {sorted(commits)}")
+    merged: dict[str, Any] = {
+        "scenarios": sorted({s for p in parts for s in p["scenarios"]}),
+        "crash_points": sorted({c for p in parts for c in p["crash_points"]}),
+    }
+    for key in ("kills", "power_cuts", "power_cuts_between_fsyncs", "lost", "duplicated",
+                "diverged"):
+        merged[key] = sum(int(p.get(key, 0)) for p in parts)
+    merged["commit"] = commits.pop()
+    return merged
 
 
 if __name__ == "__main__":
