@@ -215,14 +215,17 @@ def remember(
     if got is None:
         return
     values = of(settings)
-    verdicts = _read_verdicts()
-    verdicts.pop(got.key, None)
-    verdicts[got.key] = {
+    verdict = {
         "log_format": values.log_format,
         "log_level": values.log_level,
         "search_seconds": values.search_seconds,
         "aliases": sorted(values.aliases),
     }
+    verdicts = _read_verdicts()
+    if verdicts.get(got.key) == verdict:
+        return  # known already: a command that changes something writes nothing here
+    verdicts.pop(got.key, None)
+    verdicts[got.key] = verdict
     kept = dict(list(verdicts.items())[-KEPT:])
     from contemplation.writer.files import atomic_write_json  # on a miss only
 
