@@ -13,8 +13,8 @@ straight into the index's vectors table: the ranking work is the same as for rea
 Run: .venv/bin/python bench/bench_semantic.py [--convs 10000] [--queries 100] [--sample 300]
 Targets: query p50 <= 100 ms, p99 <= 300 ms at 10,000 conversations.
 
-Quality: .venv/bin/python bench/bench_semantic.py --quality: recall@1, recall@3 and MRR per
-mode on the labelled set (tests/system/semantic_set.py: 36 conversations, 100 queries, 36 of
+Quality: .venv/bin/python bench/bench_semantic.py --quality [--embed-url URL --embed-model M
+--embed-api ollama|openai]: recall@1, recall@3 and MRR per mode on the labelled set (tests/system/semantic_set.py: 36 conversations, 100 queries, 36 of
 them hard paraphrases that share no word with their conversation).
 """
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.turnbench import percentile  # noqa: E402
 from contemplation.errors import InputRejected  # noqa: E402
 from contemplation.index import db as index_db  # noqa: E402
-from contemplation.index import embedder, fusion, semantic  # noqa: E402
+from contemplation.index import embedder, fusion, semantic, served  # noqa: E402
 from contemplation.index import search as search_index  # noqa: E402
 from contemplation.store.layout import Home  # noqa: E402
 
@@ -237,15 +237,19 @@ def scores(home: Home, ids: dict[str, str], mode: str, queries: list[tuple[str, 
     return f"{r1 / n:.2f} | {r3 / n:.2f} | {mrr / n:.2f}"
 
 
-def quality() -> None:
+def quality(server: served.Server | None = None) -> None:
+    """The labelled set's figures, with the offline model or ``server``'s."""
     from tests.system.semantic_set import ALL, HARD, MORE, QUERIES
+
+    embedder.use(server)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-semantic-quality-"))
     try:
         home = Home(tmp / "home")
         ids = labelled_home(home)
         sets = [("all", ALL), ("paraphrases", QUERIES + MORE), ("hard", HARD)]
-        print(f"model: {embedder.NAME}; {len(ids)} conversations")
+        name = embedder.NAME if server is None else server.tag
+        print(f"model: {name}; {len(ids)} conversations")
         print("| mode | queries | n | recall@1 | recall@3 | MRR |")
         print("|---|---|---|---|---|---|")
         for mode in ("words", "meaning", "both"):
@@ -263,11 +267,15 @@ def main() -> None:
     ap.add_argument(
         "--quality", action="store_true", help="recall@1, recall@3, MRR on the labelled set"
     )
+    ap.add_argument("--embed-url", default="", help="--quality with this embedding server")
+    ap.add_argument("--embed-model", default="", help="its model")
+    ap.add_argument("--embed-api", choices=served.APIS, default="ollama", help="its API")
     args = ap.parse_args()
     if not embedder.available():
         sys.exit(embedder.MISSING)
     if args.quality:
-        quality()
+        url, model, api = args.embed_url, args.embed_model, args.embed_api
+        quality(served.Server(url, model, api) if url else None)
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-semantic-"))
     try:

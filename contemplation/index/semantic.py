@@ -7,6 +7,11 @@ change, and ``reindex`` (which empties the tables) makes them all again. :func:`
 what is missing, newest conversations first, within a time slice; the daemon's index keeper
 calls it off the event loop after each refresh (:mod:`contemplation.daemon.index_keeper`).
 
+Each vector records the model that made it (:func:`embedder.tag`, in its digest and in
+``vec_done``'s key; "" for the offline model, as before): after a change of model every
+conversation is pending, the keeper makes its vectors anew in its slices, and meanwhile a
+search reads only the current model's vectors and says how many conversations it lacks.
+
 A query is compared with every vector at once (brute-force cosine over a numpy matrix, kept
 per process while the table is unchanged); a conversation scores its best vector.
 """
@@ -46,7 +51,24 @@ class Near:
 
 
 def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    """The text's digest, with the model's tag before it (none for the offline model)."""
+    plain = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    model = embedder.tag()
+    return f"{model}|{plain}" if model else plain
+
+
+def _key_tail() -> str:
+    """What ends a conversation's ``vec_done`` key: its model ("" for the offline one)."""
+    model = embedder.tag()
+    return f"|{model}" if model else ""
+
+
+def _mine() -> tuple[str, tuple[str, ...]]:
+    """The SQL that keeps the vectors of the current model, and its arguments."""
+    model = embedder.tag()
+    if not model:
+        return "instr(digest, '|') = 0", ()
+    return "substr(digest, 1, ?) = ?", (str(len(model) + 1), f"{model}|")
 
 
 def texts_of(conn: sqlite3.Connection, conv_id: str, topic: str) -> dict[int, str]:
@@ -75,13 +97,13 @@ def texts_of(conn: sqlite3.Connection, conv_id: str, topic: str) -> dict[int, st
 
 _STALE = (
     "FROM convs c LEFT JOIN vec_done d ON d.conv = c.id "
-    "WHERE d.key IS NOT coalesce(c.log_key, '') || '|' || coalesce(c.topic, '')"
+    "WHERE d.key IS NOT coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') || ?"
 )
 
 
 def pending_count(conn: sqlite3.Connection) -> int:
     """How many conversations lack current vectors (a search by meaning may miss them)."""
-    return int(conn.execute(f"SELECT count(*) {_STALE}").fetchone()[0])
+    return int(conn.execute(f"SELECT count(*) {_STALE}", (_key_tail(),)).fetchone()[0])
 
 
 def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
@@ -89,8 +111,9 @@ def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     return [
         (str(r[0]), str(r[1] or ""), str(r[2]))
         for r in conn.execute(
-            "SELECT c.id, c.topic, coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') "
-            f"{_STALE} ORDER BY c.last_ts DESC"
+            "SELECT c.id, c.topic, coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') || ? "
+            f"{_STALE} ORDER BY c.last_ts DESC",
+            (_key_tail(), _key_tail()),
         ).fetchall()
     ]
 
@@ -195,17 +218,20 @@ def _matrix(conn: sqlite3.Connection) -> _Table:
     rowid and its count)."""
     stamp_row = conn.execute("SELECT coalesce(max(rowid), 0), count(*) FROM vectors").fetchone()
     stamp = (int(stamp_row[0]), int(stamp_row[1]))
+    where, args = _mine()
     path = str(conn.execute("PRAGMA database_list").fetchone()[2]) or f":memory:{id(conn)}"
+    path += "\0" + embedder.tag()
     with _cache_lock:
         got = _cache.get(path)
         if got is not None and got.stamp == stamp:
             return got
-    rows = conn.execute("SELECT conv, at, vec FROM vectors").fetchall()
+    rows = conn.execute(f"SELECT conv, at, vec FROM vectors WHERE {where}", args).fetchall()  # noqa: S608
     index: dict[str, int] = {}
     codes = np.array([index.setdefault(str(r[0]), len(index)) for r in rows], dtype=np.int64)
     ats = np.array([int(r[1]) for r in rows], dtype=np.int64)
     raw = b"".join(r[2] for r in rows)
-    mat = np.frombuffer(raw, dtype=np.float16).reshape(len(rows), embedder.DIM)
+    dim = len(rows[0][2]) // 2 if rows else embedder.DIM
+    mat = np.frombuffer(raw, dtype=np.float16).reshape(len(rows), dim)
     table = _Table(stamp, list(index), codes, ats, mat.astype(np.float32))
     with _cache_lock:
         _cache.clear()  # one home a process at a time is the rule: bounded to one matrix
@@ -271,8 +297,10 @@ def covered(conn: sqlite3.Connection, q: Query) -> set[str]:
 
 def conv_vector(conn: sqlite3.Connection, conv_id: str) -> Matrix | None:
     """A conversation's own vector, made now when it has none yet (None: no text at all)."""
+    where, args = _mine()
     row = conn.execute(
-        "SELECT vec FROM vectors WHERE conv = ? AND at = ?", (conv_id, CONV_AT)
+        f"SELECT vec FROM vectors WHERE conv = ? AND at = ? AND {where}",  # noqa: S608
+        (conv_id, CONV_AT, *args),
     ).fetchone()
     if row is not None:
         return np.frombuffer(row[0], dtype=np.float16).astype(np.float32)
