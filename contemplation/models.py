@@ -319,7 +319,7 @@ class TurnStarted(BaseModel):
 # after a restart, its slot file made by another model or given up to another conversation
 MissCause = Literal[
     "new conversation", "compaction", "slot taken", "restore failed", "tools changed", "cut",
-    "history changed",
+    "history changed", "model changed", "file evicted",
 ]  # fmt: skip
 
 

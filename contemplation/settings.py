@@ -345,6 +345,12 @@ class Settings(BaseSettings):
     rotate_bytes: int = Field(
         10 * 1024 * 1024, ge=1024, description="rotate messages.log once it passes this size"
     )
+    kv_files_bytes: int = Field(
+        8 << 30,
+        ge=0,
+        description="slot files (llama-server --slot-save-path) kept for conversations, in "
+        "bytes: no new file past it, the least recently used written over",
+    )
     dashboard_enabled: bool = True
     dashboard_port: int = Field(5556, ge=0, le=65535, description="0: any free port")
     dashboard_host: str = Field("127.0.0.1", description="bind address (loopback by default)")
