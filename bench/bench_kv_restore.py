@@ -1,5 +1,16 @@
-"""Restart-proof KV: three long conversations taking turns on one slot.
+"""Restart-proof KV: three long conversations taking turns on one slot; and (``--restart``) a
+long conversation resumed after the daemon and the server restarted.
 Run: .venv/bin/python bench/bench_kv_restore.py [--rounds 10] [--words 12]
+     .venv/bin/python bench/bench_kv_restore.py --restart [--tokens 4096]
+
+``--restart``: one conversation grown to about ``--tokens`` prompt tokens on a real
+llama-server (one slot of 8,192 tokens, ``--slot-save-path``), then one more turn with both
+warm (the slot holds it: the warm figure), then the daemon (a new runtime on the same home)
+and the server (stopped and started on the same ``--slot-save-path``) restarted and one more
+turn (its file restored first: the restored figure), then both restarted once more with the
+durable map removed (the cold figure: today's behaviour without it). Per turn: the share of
+its prompt the server reused (``cache_n`` over the prompt) and its time to first token,
+the restore's own call included (measured around the client's slot call).
 
 Against a real llama-server (xllamacpp's build, SmolLM2-135M, started here: one slot of
 8,192 tokens), through the daemon's own path (``process_pending`` with the openai backend).
@@ -22,13 +33,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_prefix_cache import prefilled  # noqa: E402
 from bench.turnbench import TurnHome  # noqa: E402
+from contemplation.engine import kvmap  # noqa: E402
 from contemplation.engine.pipeline import process_pending  # noqa: E402
+from contemplation.engine.runtime import Runtime  # noqa: E402
 from contemplation.store.layout import read_state  # noqa: E402
 from contemplation.writer import drop_message  # noqa: E402
 from tests import peers  # noqa: E402
@@ -91,6 +105,73 @@ def run(gguf: Path, keep: bool, args: argparse.Namespace) -> Result:
         server.stop()
 
 
+LONG = (
+    "Here is more of the design notes to keep in mind, word for word: " + " ".join(WORDS) + ". "
+) * 12  # ~1,000 tokens a message
+
+
+@dataclass
+class Turned:
+    share: float  # reused / prompt tokens
+    prompt: int
+    ttft_ms: float  # the restore's call (if any) plus the request's first token
+
+
+async def burst(th: TurnHome) -> None:
+    await process_pending(th.rt)
+    await th.rt.aclose()
+
+
+async def one_turn(th: TurnHome, conv: Any, text: str) -> Turned:
+    spent: list[float] = []
+    backend = th.rt.provider("openai").backend
+    keep = backend.keep_slot  # type: ignore[attr-defined]
+
+    async def timed(slot: int, action: str, filename: str) -> Any:
+        t0 = time.monotonic()
+        try:
+            return await keep(slot, action, filename)
+        finally:
+            if action == "restore":
+                spent.append((time.monotonic() - t0) * 1000)
+
+    backend.keep_slot = timed  # type: ignore[attr-defined]
+    drop_message(conv, text)
+    await process_pending(th.rt)
+    await th.rt.aclose()  # the slot saves in flight end (a daemon stopping)
+    st = read_state(conv)
+    assert st is not None and st.last_turn is not None, st
+    prompt = st.last_turn.prompt_eval_count or 0
+    cached = st.last_turn.cached_tokens or 0
+    first = st.last_turn.first_token_ms or 0.0
+    return Turned(cached / prompt if prompt else 0.0, prompt, sum(spent) + first)
+
+
+def restarted(gguf: Path, tokens: int) -> dict[str, Turned]:
+    server = LlamaServer(gguf, n_ctx=8192, n_parallel=1, slot_save=True).start()
+    th = TurnHome("openai", "smollm2", {"temperature": 0, "num_predict": 16},
+                  {"base_url": server.url})  # fmt: skip
+    got: dict[str, Turned] = {}
+    try:
+        conv, _ = th.conversation("Resumed next morning", "Hello: keep these notes. " + LONG)
+        asyncio.run(burst(th))
+        grown = asyncio.run(one_turn(th, conv, LONG))
+        while grown.prompt < tokens:
+            grown = asyncio.run(one_turn(th, conv, LONG))
+        got["warm"] = asyncio.run(one_turn(th, conv, "In one sentence: what matters most?"))
+        for phase in ("restored", "cold"):
+            server.stop()
+            if phase == "cold":  # the durable map gone: today's behaviour
+                (th.home.root / kvmap.FILE).unlink()
+            server.start()
+            th.rt = Runtime(settings=th.rt.settings, home=th.home)
+            got[phase] = asyncio.run(one_turn(th, conv, f"And once more ({phase}): why?"))
+        return got
+    finally:
+        asyncio.run(th.aclose())
+        server.stop()
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -100,8 +181,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--words", type=int, default=12, help="words of each message")
+    ap.add_argument("--restart", action="store_true", help="a long conversation resumed "
+                    "after a daemon and a server restart")  # fmt: skip
+    ap.add_argument("--tokens", type=int, default=4096, help="--restart: its prompt's size")
     args = ap.parse_args()
     gguf = peers.smollm2_gguf()
+    if args.restart:
+        turns = restarted(gguf, args.tokens)
+        for phase, t in turns.items():
+            print(f"{phase:9}: {t.prompt:,} prompt tokens, {t.share:.1%} reused, "
+                  f"time to first token {t.ttft_ms:,.0f} ms")  # fmt: skip
+        ratio = turns["restored"].ttft_ms / max(1.0, turns["warm"].ttft_ms)
+        print(f"restored / warm time to first token: {ratio:.2f}x")
+        return
     got = {keep: run(gguf, keep, args) for keep in (True, False)}
     for keep, r in got.items():
         late = r.shares[len(r.shares) // 2 :]
