@@ -316,6 +316,30 @@ def test_a_kill_after_the_marker_redoes_only_the_next_rung(
     assert models_asked(fake_ollama) == [SMALL, BIG]
 
 
+def test_a_kill_after_a_backend_errors_marker_asks_the_next_rung_once(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    """The same across the error path: the marker written after the agent's message (no reply
+    began), the daemon killed there; the next start asks the next rung once."""
+    env = base_env(home, fake_ollama)
+    write_config(home)
+    conv = small_conv(home)
+    drop_message(conv, "Hello?")
+    fake_ollama.enqueue(
+        Step(kind="error", status=400, error="invalid options", model=SMALL),
+        Step(text="Hello.", model=BIG),
+    )
+    assert run_once(env, "escalated:1") == -9
+    assert models_asked(fake_ollama) == [SMALL]
+    assert f"{escalation.ARROW}{BIG} ===" in conv.log.read_text()
+    assert run_once(env) == 0
+    assert models_asked(fake_ollama) == [SMALL, BIG]
+    [answer] = model_blocks(conv)
+    assert answer.text.strip() == "Hello." and answered_by(answer) == BIG
+    assert run_once(env) == 0
+    assert models_asked(fake_ollama) == [SMALL, BIG]
+
+
 # --------------------------------------------------------------------------- every face
 
 
