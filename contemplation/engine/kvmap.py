@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from contemplation.store.layout import Home
 from contemplation.writer.files import atomic_write_bytes
 
 log = structlog.get_logger("contemplation.kv")
@@ -73,7 +74,7 @@ def path_in(home: Path) -> Path:
 def _conv_gone(home: Path, key: str) -> bool:
     """``key`` (a conversation's id, or ``id#seat``) names no conversation in ``active/``."""
     conv_id = key.split("#", 1)[0]
-    return not conv_id or "/" in conv_id or not (home / "active" / conv_id).is_dir()
+    return not conv_id or "/" in conv_id or not (Home(home).active / conv_id).is_dir()
 
 
 def _read(path: Path) -> dict[str, Any]:
