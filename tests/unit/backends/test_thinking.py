@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contemplation.backends.thinking import ThinkSplitter
+from tests.unit.examples import examples
 
 
 def run(chunks: list[str]) -> tuple[str, str]:
@@ -52,7 +53,7 @@ def test_adjacent_pieces_of_one_kind_are_merged() -> None:
 _alphabet = st.sampled_from(["<think>", "</think>", "<", ">", "/", "t", "h", "i", "n", "k", " ", "\n", "x", "é"])  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     parts=st.lists(_alphabet, max_size=40),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
@@ -65,7 +66,7 @@ def test_any_split_gives_the_same_content_and_thinking(parts: list[str], cuts: l
     assert run(chunks) == run([text])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     thought=st.text(alphabet="abc <>/\n", max_size=30).filter(lambda t: "</think>" not in t),
     answer=st.text(alphabet="abc <>/\n", max_size=30).filter(lambda t: "<think>" not in t),

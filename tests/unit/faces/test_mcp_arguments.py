@@ -1,25 +1,23 @@
 """Tool arguments of ``contemplation mcp`` are checked: an unknown one is refused with the name
 to use, a paging input is ``cursor`` on every tool (``since`` still accepted on check, wait and
 respond), and a refused value is one line with no library URL in it. The real SDK client
-against the real server, in process and over stdio."""
+against the real server in process; over stdio, a process of its own, in
+tests/system/test_mcp_arguments_stdio.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
 from contemplation import settings as settings_mod
 from contemplation.faces.mcp import server as mcp_server
 from contemplation.store.layout import Conv, Home
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import ROOT, base_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -164,20 +162,3 @@ def test_refused_values_are_one_line_without_library_urls(home: Home) -> None:
         "argument 'limit': Input should be greater than or equal to 1"
     )
     assert decision.startswith("argument 'decision': Input should be 'once', 'always'")
-
-
-def test_over_stdio_the_names_are_checked_too(home: Home) -> None:
-    conv, _ = two_exchanges(home)
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "contemplation", "mcp"], env=base_env(home), cwd=ROOT
-    )
-
-    async def main() -> tuple[str, dict[str, Any]]:
-        async with Client(params) as c:
-            bad = await refused(c, "conversation_check", conversation_id=conv.id, bogus=1)
-            good = await ok(c, "conversation_check", conversation_id=conv.id, cursor=0)
-            return bad, good
-
-    bad, good = asyncio.run(main())
-    assert bad.startswith("unknown argument 'bogus': this tool takes conversation_id, cursor")
-    assert [b["text"] for b in good["blocks"]] == ["Step one.", "Step two."]

@@ -16,6 +16,7 @@ from contemplation.needs import permissions
 from contemplation.needs import rules as needrules
 from contemplation.needs.router import NeedRouter
 from contemplation.needs.tools import registry
+from tests.unit.examples import examples
 
 DEFAULTS = needrules.table()
 
@@ -246,7 +247,7 @@ def test_a_native_call_is_routed_like_the_need_it_stands_for() -> None:
     assert needrules.missing_params(rule, {}) == ["path"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=3000))
 def test_routing_never_raises_and_never_returns_a_long_need(text: str) -> None:
     found = DEFAULTS.route(text)

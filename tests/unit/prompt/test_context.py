@@ -16,7 +16,6 @@ from contemplation.needs.tools.base import ToolResult
 from contemplation.needs.tools.memory import MEMORY_FILE, STATE_FILE, JsonStore
 from contemplation.prompt.context import ContextAssembler, Section, render, saved_context
 from contemplation.store.layout import Conv, Home
-from tests import peers
 
 
 class SlowTool:
@@ -162,31 +161,6 @@ def test_no_requirements_means_no_context_and_no_files(world: dict[str, Any]) ->
     assert asyncio.run(main()) == ([], "")
     assert not conv.context.exists()
     assert saved_context(conv) == ""
-
-
-def test_assembly_with_a_running_mcp_server_is_fast(world: dict[str, Any], tmp_path: Path) -> None:
-    time_cmd = peers.python_peer("mcp-server-time")
-    settings = world["settings"].model_copy(
-        update={
-            "mcp_servers": {
-                "time": settings_mod.McpServerSettings.model_validate({"command": str(time_cmd)}),
-            },
-            "routes": [{"prefix": "Time in", "tool": "time:get_current_time", "param": "timezone"}],
-        }
-    )
-    reqs = [*REQUIREMENTS[:6], {"type": "need", "need": "Time in Europe/Berlin"}]
-
-    async def main() -> tuple[list[Section], float]:
-        async with NeedRouter(settings) as router:
-            await router.pool.call("time", "get_current_time", {"timezone": "UTC"})  # warm
-            ctx = ContextAssembler(router, durable=False)
-            started = time.monotonic()
-            sections, _ = await ctx.assemble(world["conv"], reqs)
-            return sections, time.monotonic() - started
-
-    sections, took = asyncio.run(main())
-    assert "Europe/Berlin" in sections[-1].text
-    assert took < 1.0
 
 
 def test_the_model_is_never_shown_a_hint_meant_for_the_user(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from contemplation.models import BlockKind, MarkerKind
 from contemplation.protocol import logformat
 from contemplation.protocol.parser import merge, parse
+from tests.unit.examples import examples
 
 LOG = b"""=== CLAUDE -> OLLAMA [2026-01-19 10:00:00] ===
 What's the best way to handle memory persistence in our Brain system?
@@ -120,7 +121,7 @@ def test_incremental_parse_from_the_last_block_equals_a_full_parse() -> None:
 line = st.text(alphabet=st.sampled_from(list("=ABC->[] :\tNEED:x\u00e9\u4e2d ")), max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.lists(line, max_size=8)), min_size=1, max_size=6))
 def test_round_trip_what_the_writer_writes_the_parser_reads_back(
     blocks: list[tuple[bool, list[str]]],
@@ -140,7 +141,7 @@ def test_round_trip_what_the_writer_writes_the_parser_reads_back(
     assert all(b.markers == () for b in r.blocks)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=4000))
 def test_arbitrary_bytes_never_raise_and_blocks_cover_the_input(data: bytes) -> None:
     r = parse(data)
@@ -151,7 +152,7 @@ def test_arbitrary_bytes_never_raise_and_blocks_cover_the_input(data: bytes) -> 
         assert r.blocks[-1].end == len(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=300), st.lists(st.integers(min_value=1, max_value=7), max_size=60))
 def test_stream_stuffer_matches_whole_text_stuffing(text: str, cuts: list[int]) -> None:
     text = text.replace("\r", "")
@@ -169,7 +170,7 @@ def test_stream_stuffer_matches_whole_text_stuffing(text: str, cuts: list[int]) 
         assert streamed == logformat.stuff(text)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.lists(
         st.sampled_from(["NEED:", "N", "E", "D", ":", " ", "\t", "\n", "x", "ü"]), max_size=40

@@ -22,6 +22,7 @@ from contemplation.protocol.parser import parse
 from contemplation.store.layout import Home
 from contemplation.store.templates import load_template
 from contemplation.writer import ReplyStream, new_conversation, open_writer
+from tests.unit.examples import examples
 
 OPS = st.lists(
     st.sampled_from(["message", "rule", "reply", "chunk", "long", "finish", "check", "respond"]),
@@ -60,7 +61,9 @@ class Agent:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(ops=OPS)
 def test_following_the_cursors_yields_every_other_block_exactly_once(

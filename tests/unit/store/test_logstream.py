@@ -16,6 +16,7 @@ from contemplation.models import Block, ParseResult
 from contemplation.protocol import logformat
 from contemplation.store import logstream
 from contemplation.store.logstream import parse_segment
+from tests.unit.examples import examples
 
 H = logformat.header
 
@@ -67,7 +68,7 @@ def test_streamed_blocks_are_the_whole_parse_for_any_chunk(tmp_path: Path, chunk
     same_as_whole(path, chunk=chunk)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     parts=st.lists(
         st.sampled_from(
