@@ -37,6 +37,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
@@ -262,6 +263,53 @@ class ToolSettings(Section):
         return [p for p in v.split(os.pathsep) if p] if isinstance(v, str) else v
 
 
+class SemanticSettings(Section):
+    """search by meaning with your own embedding server (Ollama, llama-server, any
+    OpenAI-compatible one) instead of the offline model, which embeds while it is unset"""
+
+    embed_url: str = Field(
+        "",
+        description="the embedding server, e.g. http://127.0.0.1:11434 (Ollama) or "
+        "http://127.0.0.1:8080 (llama-server --embeddings); empty: the offline model",
+    )
+    embed_model: str = Field(
+        "", description="the model it embeds with, e.g. nomic-embed-text (with embed_url)"
+    )
+    embed_api: Literal["ollama", "openai"] = Field(
+        "ollama", description="ollama: POST /api/embed; openai: POST /v1/embeddings"
+    )
+    embed_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description="seconds one request to it may take (a search's query: 10 at most; past "
+        "it the search says so and ranks by words)",
+    )
+
+    @field_validator("embed_url", mode="after")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return check_url(v.strip())
+
+    @field_validator("embed_model", mode="after")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _both(self) -> SemanticSettings:
+        if bool(self.embed_url) != bool(self.embed_model):
+            raise ValueError(
+                "embed_url and embed_model go together: the server and the model it embeds "
+                "with (both empty: the offline model)"
+            )
+        return self
+
+    def server(self) -> tuple[str, str, str, float]:
+        """What :func:`contemplation.index.embedder.configure` takes."""
+        return (self.embed_url, self.embed_model, self.embed_api, self.embed_timeout)
+
+
 class AttachmentSettings(Section):
     """What one message may carry (see :mod:`contemplation.store.attachments`); over a limit the
     message goes to ``failed/`` with the reason."""
@@ -367,6 +415,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     escalation: EscalationSettings = Field(default_factory=EscalationSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    semantic: SemanticSettings = Field(default_factory=SemanticSettings)
     ollama: dict[str, Any] = Field(
         default_factory=dict, description="[ollama]: the provider named ollama (kind ollama)"
     )

@@ -111,6 +111,8 @@ class Keeper:
 
 async def keep_index(rt: Runtime, stop: asyncio.Event) -> None:
     """Extra for :func:`contemplation.daemon.root.serve`."""
+    # [semantic]: the person's embedding server makes the vectors (the offline model if unset)
+    embedder.configure(*rt.settings.semantic.server())
     keeper = Keeper(rt)
     with rt.observing(keeper.observe):
         await keeper.run(stop)

@@ -53,9 +53,31 @@ def use(server: served.Server | None) -> None:
     _One.server = server
 
 
-def tag() -> str:
-    """The model that makes the vectors, as the index records it ("": the offline model)."""
-    return "" if _One.server is None else _One.server.tag
+def configure(url: str, model: str, api: str, timeout: float) -> None:
+    """Embed as the ``[semantic]`` settings say (``url`` "": the offline model); every face
+    calls this with its settings before it embeds (the daemon, the CLI, MCP, the dashboard).
+    A bad value is one line (:class:`InputRejected`)."""
+    if not url:
+        use(None)
+        return
+    if api not in served.APIS:
+        raise InputRejected(f"an embedding server's api is one of {served.APIS}: {api!r}")
+    server = served.Server(url, model, api, timeout)
+    if server != _One.server:
+        use(server)
+
+
+def current() -> served.Server | None:
+    """The server that embeds now (None: the offline model)."""
+    return _One.server
+
+
+def tag(server: served.Server | bool | None = True) -> str:
+    """The model that makes the vectors, as the index records it ("": the offline model):
+    of ``server`` when one is given (None: the offline model), else of the current one."""
+    if isinstance(server, bool):
+        server = _One.server
+    return "" if server is None else server.tag
 
 
 def available() -> bool:
@@ -93,26 +115,31 @@ def _executor() -> ThreadPoolExecutor:
         return _One.pool
 
 
-def _run(texts: list[str], query: bool) -> Vectors:
+def _run(texts: list[str], query: bool, server: served.Server | bool | None = True) -> Vectors:
+    """Vectors by ``server`` (None: the offline model; True: the current one)."""
     import numpy as np
 
     cut = [t[:MAX_CHARS] or " " for t in texts]
-    server = _One.server
+    if isinstance(server, bool):
+        server = _One.server
     if server is not None:
-        return np.asarray(server.embed(cut), dtype=np.float32).reshape(len(cut), -1)
+        bound = min(server.timeout, served.QUERY_TIMEOUT) if query else None
+        got = server.embed(cut, bound)
+        return np.asarray(got, dtype=np.float32).reshape(len(cut), -1)
     model = _load()
     out = model.query(cut) if query else model.passage(cut)
     return np.asarray(out, dtype=np.float32).reshape(len(cut), DIM)
 
 
-def passages(texts: list[str]) -> Vectors:
-    """Unit vectors of ``texts`` as documents, one row each."""
+def passages(texts: list[str], server: served.Server | bool | None = True) -> Vectors:
+    """Unit vectors of ``texts`` as documents, one row each, by ``server`` (None: the
+    offline model; True: the current one)."""
     require()
     if not texts:
         import numpy as np
 
         return np.zeros((0, DIM), dtype=np.float32)
-    return _executor().submit(_run, texts, False).result()
+    return _executor().submit(_run, texts, False, server).result()
 
 
 def query(text: str) -> Vectors:
@@ -120,13 +147,14 @@ def query(text: str) -> Vectors:
     return query_soon(text).result()
 
 
-def query_soon(text: str) -> Future[Vectors]:
+def query_soon(text: str, server: served.Server | bool | None = True) -> Future[Vectors]:
     """:func:`query` started on the model's thread (the words' search runs meanwhile: the
-    engine lets go of the interpreter)."""
+    engine lets go of the interpreter), by ``server`` (None: the offline model; True: the
+    current one): a search passes the one whose vectors it then reads."""
     require()
-    return _executor().submit(_first, text)
+    return _executor().submit(_first, text, server)
 
 
-def _first(text: str) -> Vectors:
-    row: Vectors = _run([text], True)[0]
+def _first(text: str, server: served.Server | bool | None) -> Vectors:
+    row: Vectors = _run([text], True, server)[0]
     return row

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
-from contemplation.index import db, embedder, relevance
+from contemplation.index import db, embedder, relevance, served
 from contemplation.index.listing import Query
 from contemplation.index.search import MAX_LIMIT, SEARCH_SECONDS, Filters, Found, Hit, find
 from contemplation.store.layout import Home
@@ -36,6 +36,7 @@ SNIPPET_CHARS = 200
 DEPTH = 200  # the deepest a ranking goes: pages come from it
 WEAK_LINE = "nothing close by meaning: the hits are the nearest, farther ones after"
 NO_MEANING = f"words only; to search by meaning too: {embedder.INSTALL}"
+DOWN_LINE = "ranked by words only until it answers ([semantic] embed_url)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,17 +126,26 @@ def search(
         hits, nxt = _paged(found.hits, offset, limit, MAX_LIMIT)
         return Page(hits, m, nxt, note, found)
 
-    soon = embedder.query_soon(query)  # on the model's thread while the words are searched
+    # one model for the query and the vectors it is compared with, whatever changes meanwhile
+    who = embedder.current()
+    model = embedder.tag(who)
+    soon = embedder.query_soon(query, who)  # on the model's thread while the words are searched
     found = Found([])
     if m == "both":
         deep = min(MAX_LIMIT, offset + 2 * limit + 20)  # the words' ranking a little past
         found = find(home, words or query, f, deep, seconds=seconds, cancel=cancel)
-    qvec = soon.result()
+    try:
+        qvec = soon.result()
+    except served.Unreachable as exc:  # the person's server is down: said, and words
+        if m == "meaning":
+            found = find(home, words or query, f, depth, seconds=seconds, cancel=cancel)
+        hits, nxt = _paged(found.hits, offset, limit, MAX_LIMIT)
+        return Page(hits, "words", nxt, f"{exc}; {DOWN_LINE}", found)
 
     def paged(conn: sqlite3.Connection) -> tuple[list[Hit], str, int, bool]:
         from contemplation.index import semantic
 
-        near, cal, weak = _near(conn, qvec, f)
+        near, cal, weak = _near(conn, qvec, f, model)
         ranked: list[Hit | semantic.Near] = (
             [*near] if m == "meaning" else _fuse(found.hits, near, cal, weak)
         )
@@ -146,7 +156,7 @@ def search(
         shown = [h for h in hits if h is not None]
         # weak: nothing by meaning is close and no word matches either
         weak = weak and not found.hits
-        return shown, nxt, semantic.pending_count(conn), weak
+        return shown, nxt, semantic.pending_count(conn, model), weak
 
     # the index was just brought up to date (by the words' search, or here for meaning alone)
     hits, nxt, unembedded, weak = db.read(home, paged, only=() if m == "both" else None)
@@ -188,7 +198,7 @@ def _scope(f: Filters) -> Query:
 
 
 def _near(
-    conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters
+    conn: sqlite3.Connection, qvec: semantic.Matrix, f: Filters, model: str
 ) -> tuple[list[semantic.Near], relevance.Calibration, bool]:
     """The conversations by meaning: those of the filters' scope (with ``since``: their best
     vector's block from then on), cut where they stop standing out (all of them, ``weak``,
@@ -197,7 +207,7 @@ def _near(
 
     every = f.archived and not (f.status or f.model)  # no set of ids to look up
     covered = None if every else semantic.covered(conn, _scope(f))
-    ranking = semantic.rank(conn, qvec, covered, depth=DEPTH)
+    ranking = semantic.rank(conn, qvec, covered, depth=DEPTH, model=model)
     near = ranking.near
     if f.since:
         near = [n for n in near if _time(conn, n) >= f.since]
@@ -260,15 +270,18 @@ def related(
 
     limit = min(max(int(limit), 1), MAX_LIMIT)
     offset = offset_of(cursor)
+    who = embedder.current()  # one model for the conversation's vector and the others'
 
     def run(conn: sqlite3.Connection) -> tuple[list[Hit], str]:
         if conn.execute("SELECT 1 FROM convs WHERE id = ?", (conv_id,)).fetchone() is None:
             raise InputRejected(f"no conversation {conv_id!r}")
-        vec = semantic.conv_vector(conn, conv_id)
+        vec = semantic.conv_vector(conn, conv_id, who)
         if vec is None:
             return [], ""
         covered = None if archived else semantic.covered(conn, Query(scope="active"))
-        ranking = semantic.rank(conn, vec, covered, exclude=conv_id, depth=DEPTH)
+        ranking = semantic.rank(
+            conn, vec, covered, exclude=conv_id, depth=DEPTH, model=embedder.tag(who)
+        )
         near = ranking.near
         more = len(near) > offset + limit and offset + limit < DEPTH
         hits = [_hit(conn, n, ranking.calibration) for n in near[offset : offset + limit]]

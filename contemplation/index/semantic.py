@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from contemplation.index import db, embedder, relevance
+from contemplation.errors import InputRejected
+from contemplation.index import db, embedder, relevance, served
 from contemplation.index.listing import Query
 from contemplation.store.layout import Home
 
@@ -57,15 +58,17 @@ def _digest(text: str) -> str:
     return f"{model}|{plain}" if model else plain
 
 
-def _key_tail() -> str:
-    """What ends a conversation's ``vec_done`` key: its model ("" for the offline one)."""
-    model = embedder.tag()
+def _key_tail(model: str | None = None) -> str:
+    """What ends a conversation's ``vec_done`` key: its model ("" for the offline one; None:
+    the current one)."""
+    model = embedder.tag() if model is None else model
     return f"|{model}" if model else ""
 
 
-def _mine() -> tuple[str, tuple[str, ...]]:
-    """The SQL that keeps the vectors of the current model, and its arguments."""
-    model = embedder.tag()
+def _mine(model: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """The SQL that keeps the vectors of ``model`` (None: the current one), and its
+    arguments."""
+    model = embedder.tag() if model is None else model
     if not model:
         return "instr(digest, '|') = 0", ()
     return "substr(digest, 1, ?) = ?", (str(len(model) + 1), f"{model}|")
@@ -101,9 +104,10 @@ _STALE = (
 )
 
 
-def pending_count(conn: sqlite3.Connection) -> int:
-    """How many conversations lack current vectors (a search by meaning may miss them)."""
-    return int(conn.execute(f"SELECT count(*) {_STALE}", (_key_tail(),)).fetchone()[0])
+def pending_count(conn: sqlite3.Connection, model: str | None = None) -> int:
+    """How many conversations lack current vectors of ``model`` (None: the current one): a
+    search by meaning may miss them."""
+    return int(conn.execute(f"SELECT count(*) {_STALE}", (_key_tail(model),)).fetchone()[0])
 
 
 def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
@@ -213,14 +217,15 @@ _cache_lock = threading.Lock()
 _cache: dict[str, _Table] = {}
 
 
-def _matrix(conn: sqlite3.Connection) -> _Table:
-    """Every vector as one matrix, read again only when the table changed (its largest
-    rowid and its count)."""
+def _matrix(conn: sqlite3.Connection, model: str | None = None) -> _Table:
+    """Every vector of ``model`` (None: the current one) as one matrix, read again only when
+    the table changed (its largest rowid and its count)."""
+    model = embedder.tag() if model is None else model
     stamp_row = conn.execute("SELECT coalesce(max(rowid), 0), count(*) FROM vectors").fetchone()
     stamp = (int(stamp_row[0]), int(stamp_row[1]))
-    where, args = _mine()
+    where, args = _mine(model)
     path = str(conn.execute("PRAGMA database_list").fetchone()[2]) or f":memory:{id(conn)}"
-    path += "\0" + embedder.tag()
+    path += "\0" + model
     with _cache_lock:
         got = _cache.get(path)
         if got is not None and got.stamp == stamp:
@@ -252,14 +257,23 @@ def rank(
     conn: sqlite3.Connection,
     vec: Matrix,
     allowed: set[str] | None = None,
+    *,
     exclude: str = "",
     depth: int = 200,
+    model: str | None = None,
 ) -> Ranking:
     """Conversations by their best vector's cosine with ``vec``, best first, ``depth`` at
-    most, among ``allowed`` (None: all); calibrated on every allowed conversation's best."""
-    t = _matrix(conn)
+    most, among ``allowed`` (None: all); calibrated on every allowed conversation's best.
+    Only the vectors ``model`` made are read (None: the current model's): pass the model
+    that made ``vec``, so a query is never compared with another model's vectors."""
+    t = _matrix(conn, model)
     if not t.names:
         return Ranking([], relevance.Calibration(0.0, 0.0, 0))
+    if t.mat.shape[1] != vec.shape[-1]:  # one model's vectors all have one length
+        raise InputRejected(
+            f"the query's vector has {vec.shape[-1]} numbers and the index's {t.mat.shape[1]}: "
+            "made by two models (contemplation reindex makes them anew)"
+        )
     scores = t.mat @ vec
     best = np.full(len(t.names), -np.inf, dtype=np.float32)
     np.maximum.at(best, t.codes, scores)
@@ -295,9 +309,12 @@ def covered(conn: sqlite3.Connection, q: Query) -> set[str]:
     return {str(r[0]) for r in conn.execute(sql, args)}
 
 
-def conv_vector(conn: sqlite3.Connection, conv_id: str) -> Matrix | None:
-    """A conversation's own vector, made now when it has none yet (None: no text at all)."""
-    where, args = _mine()
+def conv_vector(
+    conn: sqlite3.Connection, conv_id: str, server: served.Server | bool | None = True
+) -> Matrix | None:
+    """A conversation's own vector by ``server`` (True: the current model), made now when it
+    has none yet (None: no text at all)."""
+    where, args = _mine(embedder.tag(server))
     row = conn.execute(
         f"SELECT vec FROM vectors WHERE conv = ? AND at = ? AND {where}",  # noqa: S608
         (conv_id, CONV_AT, *args),
@@ -306,4 +323,4 @@ def conv_vector(conn: sqlite3.Connection, conv_id: str) -> Matrix | None:
         return np.frombuffer(row[0], dtype=np.float16).astype(np.float32)
     topic = conn.execute("SELECT topic FROM convs WHERE id = ?", (conv_id,)).fetchone()
     text = texts_of(conn, conv_id, str(topic[0] or "") if topic else "").get(CONV_AT)
-    return None if text is None else embedder.passages([text])[0]
+    return None if text is None else embedder.passages([text], server)[0]

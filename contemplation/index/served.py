@@ -25,7 +25,8 @@ from contemplation.errors import InputRejected
 Api = Literal["ollama", "openai"]
 APIS: tuple[Api, ...] = ("ollama", "openai")
 BATCH = 16
-TIMEOUT = 60.0
+TIMEOUT = 60.0  # a request's seconds unless the setting says (``[semantic] embed_timeout``)
+QUERY_TIMEOUT = 10.0  # a search's query waits at most this (then the search ranks by words)
 MAX_RESPONSE = 64 << 20
 
 
@@ -41,8 +42,11 @@ class Server:
     url: str  # e.g. http://127.0.0.1:11434 (Ollama) or http://127.0.0.1:8080 (llama-server)
     model: str
     api: Api = "ollama"
+    timeout: float = TIMEOUT
 
     def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise InputRejected(f"an embedding server's timeout is seconds above 0: {self.timeout}")
         if not self.url.startswith(("http://", "https://")):
             raise InputRejected(f"an embedding server is an http:// or https:// URL: {self.url!r}")
         if self.api not in APIS or not self.model.strip():
@@ -53,14 +57,15 @@ class Server:
         """What the index records as the model that made a vector."""
         return f"{self.api}:{self.model}@{self.url.rstrip('/')}"
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """Unit vectors of ``texts``, one each, in order."""
+    def embed(self, texts: list[str], timeout: float | None = None) -> list[list[float]]:
+        """Unit vectors of ``texts``, one each, in order; each request ``timeout`` seconds
+        at most (None: the server's)."""
         out: list[list[float]] = []
         for i in range(0, len(texts), BATCH):
-            out.extend(self._batch(texts[i : i + BATCH]))
+            out.extend(self._batch(texts[i : i + BATCH], timeout or self.timeout))
         return out
 
-    def _batch(self, texts: list[str]) -> list[list[float]]:
+    def _batch(self, texts: list[str], timeout: float) -> list[list[float]]:
         path = "/api/embed" if self.api == "ollama" else "/v1/embeddings"
         body = json.dumps({"model": self.model, "input": texts}).encode()
         req = urllib.request.Request(  # noqa: S310 - http(s) only (checked when made)
@@ -70,7 +75,7 @@ class Server:
             method="POST",
         )
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:  # noqa: S310
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
                 raw = resp.read(MAX_RESPONSE + 1)
         except urllib.error.HTTPError as exc:
             said = exc.read(2048).decode("utf-8", "replace").strip()

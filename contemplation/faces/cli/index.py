@@ -62,7 +62,7 @@ def search(  # noqa: PLR0917 - click passes every option positionally
     letters or more); best matches first, the newest conversation first on ties. A search
     runs at most search_seconds (10 s): then it says it was cut. With the semantic extra it
     ranks by meaning too (fused ranks)."""
-    from contemplation.index import fusion
+    from contemplation.index import embedder, fusion
     from contemplation.index.search import Filters, since_bound
 
     filters = Filters(
@@ -73,6 +73,7 @@ def search(  # noqa: PLR0917 - click passes every option positionally
         since=since_bound(since),
     )
     s = ctx_light(ctx)  # the home and search_seconds: no settings model (a read command)
+    embedder.configure(*s.embed)  # [semantic]: the person's embedding server, if any
     page = fusion.search(
         Home(s.home),
         query,
@@ -147,6 +148,9 @@ def reindex(ctx: click.Context, check: bool, no_meaning: bool, as_json: bool) ->
         count = db.rebuild(home, step)
     click.echo(f"indexed {count} conversation(s) into {db.db_path(home)}")
     if not no_meaning:
+        from contemplation.index import embedder
+
+        embedder.configure(*ctx_light(ctx).embed)  # [semantic]: the daemon's model too
         _embed_all(home)
 
 

@@ -1,5 +1,6 @@
 """What a read command needs of the settings (the home, the log's format and level, how long
-a search may run, the alias names), without building the settings model.
+a search may run, the alias names, the embedding server of ``[semantic]``), without building
+the settings model.
 
 Building :class:`contemplation.settings.Settings` (pydantic-settings) costs more than a read
 command's whole work, so a read command (``list``, ``status``, ``tail``, ``search``,
@@ -71,6 +72,8 @@ class Light:
     log_level: LogLevel
     search_seconds: float
     aliases: frozenset[str]  # the configured alias names (a model named so is an alias)
+    # [semantic]'s embedding server: url, model, api, timeout (url "": the offline model)
+    embed: tuple[str, str, str, float] = ("", "", "ollama", 30.0)
 
 
 def default_config_path() -> Path:
@@ -184,6 +187,7 @@ def load(
             log_level=cast("LogLevel", kept["log_level"]),
             search_seconds=float(kept["search_seconds"]),
             aliases=frozenset(str(a) for a in kept["aliases"]),
+            embed=_embed(kept["embed"]),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -197,6 +201,7 @@ def of(settings: Settings) -> Light:
         log_level=settings.log_level,
         search_seconds=settings.search_seconds,
         aliases=frozenset(settings.aliases),
+        embed=settings.semantic.server(),
     )
 
 
@@ -220,6 +225,7 @@ def remember(
         "log_level": values.log_level,
         "search_seconds": values.search_seconds,
         "aliases": sorted(values.aliases),
+        "embed": list(values.embed),
     }
     verdicts = _read_verdicts()
     if verdicts.get(got.key) == verdict:
@@ -235,6 +241,14 @@ def remember(
         atomic_write_json(path, kept, durable=False)
     except OSError:
         pass  # a read-only cache: the model is loaded each time, nothing else changes
+
+
+def _embed(kept: Any) -> tuple[str, str, str, float]:
+    """A verdict's embedding server, as the model gave it (anything else: load the model)."""
+    url, model, api, timeout = kept
+    if not all(isinstance(v, str) for v in (url, model, api)) or api not in {"ollama", "openai"}:
+        raise ValueError(kept)
+    return (url, model, api, float(timeout))
 
 
 def _read_verdicts() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import json
 import click
 
 from contemplation.base.terminal import safe
-from contemplation.faces.cli.common import ctx_home, json_option, lookup
+from contemplation.faces.cli.common import ctx_home, ctx_light, json_option, lookup
 
 
 @click.command()
@@ -34,9 +34,10 @@ def related(  # noqa: PLR0917 - click passes every option positionally
 ) -> None:
     """The conversations nearest in meaning to CONVERSATION (an id, a unique id prefix or a
     topic), nearest first."""
-    from contemplation.index import fusion
+    from contemplation.index import embedder, fusion
 
     conv = lookup(ctx, conversation)
+    embedder.configure(*ctx_light(ctx).embed)  # [semantic]: the person's embedding server
     page = fusion.related(ctx_home(ctx), conv.id, limit, cursor=cursor, archived=not active_only)
     for h in page.hits:
         if as_json:

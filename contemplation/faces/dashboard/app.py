@@ -42,7 +42,7 @@ from contemplation.faces.dashboard import cards, export
 from contemplation.faces.dashboard.live import Broker
 from contemplation.faces.dashboard.security import Guard, allowed_hosts
 from contemplation.faces.reading import Reader
-from contemplation.index import fusion, listing
+from contemplation.index import embedder, fusion, listing
 from contemplation.index.search import Filters, as_typed
 from contemplation.models import CANCELLABLE
 from contemplation.settings import Settings
@@ -240,6 +240,7 @@ class Dashboard:
             filters = Filters(archived=True)
             typed = as_typed(query)
             seconds = self.settings.search_seconds
+            embedder.configure(*self.settings.semantic.server())  # [semantic]: theirs
             watch = asyncio.ensure_future(self._cancel_when_gone(request, cancel))
             try:
                 mode = request.query_params.get("mode", "")  # words, meaning, both

@@ -582,10 +582,16 @@ def _conversation_search(faces: Faces, settings: Settings) -> Callable[..., Any]
         cursor: Annotated[str, Field(description="the next page: a result's 'next'")] = "",
     ) -> str:
         """Search every conversation by words and, with the semantic extra, by meaning too;
-        best first, each hit a block with a snippet («match»). "cut": stopped at
-        search_seconds; "next": the cursor of the next page."""
-        from contemplation.index import fusion
+        best first, each hit a block with a snippet («match»). A hit found by meaning has
+        "relevance" (close, near or far: read against this query's own scores); when none is
+        close, "nothing_close" says the hits are only the nearest. "not_embedded": how many
+        conversations meaning may miss yet; "note": e.g. the embedding server is down and the
+        ranking is by words. "cut": stopped at search_seconds; "next": the cursor of the next
+        page."""
+        from contemplation.index import embedder, fusion
         from contemplation.index.search import Filters, since_bound
+
+        embedder.configure(*settings.semantic.server())  # [semantic]: the person's server
 
         filters = Filters(
             archived=archived,
@@ -610,8 +616,10 @@ def _conversation_related(faces: Faces, settings: Settings) -> Callable[..., Any
         cursor: Annotated[str, Field(description="the next page: a result's 'next'")] = "",
     ) -> str:
         """The conversations nearest in meaning to this one, nearest first (needs the
-        semantic extra); "next" pages on."""
-        from contemplation.index import fusion
+        semantic extra), each with its "relevance" (close, near or far); "next" pages on."""
+        from contemplation.index import embedder, fusion
+
+        embedder.configure(*settings.semantic.server())  # [semantic]: the person's server
 
         conv = faces.reader.locate(conversation_id)
         return _json(fusion.related(faces.home, conv.id, limit, cursor=cursor or None).as_dict())

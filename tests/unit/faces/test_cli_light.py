@@ -45,7 +45,7 @@ def test_the_constants_are_the_settings_own() -> None:
 @pytest.mark.parametrize(
     "case",
     ["defaults", "flag", "variable", "file", "flag over all", "variable over file", "relative",
-     "tilde", "values"],
+     "tilde", "values", "embedding server"],
 )  # fmt: skip
 def test_same_home_and_values_as_the_model(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -77,11 +77,44 @@ def test_same_home_and_values_as_the_model(
         config = cfg
         env["CONTEMPLATION_LOG_FORMAT"] = "json"
         overrides["log_level"] = "debug"
+    elif case == "embedding server":  # the file's section, one key of it from a variable
+        cfg.write_text('[semantic]\nembed_url = " http://127.0.0.1:11434 "\nembed_model = "x"\n')
+        config = cfg
+        env["CONTEMPLATION_SEMANTIC__EMBED_MODEL"] = " nomic-embed-text "
+        env["CONTEMPLATION_SEMANTIC__EMBED_TIMEOUT"] = "5"
     model, cheap = _both(monkeypatch, tmp_path, env, config=config, home=home, overrides=overrides)
     assert cheap == model
     if case == "values":
         assert (cheap.log_format, cheap.log_level, cheap.search_seconds) == ("json", "debug", 3)
         assert cheap.aliases == {"coder"}
+    if case == "embedding server":
+        assert cheap.embed == ("http://127.0.0.1:11434", "nomic-embed-text", "ollama", 5.0)
+    else:
+        assert cheap.embed == ("", "", "ollama", 30.0)  # the offline model
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ('embed_url = "http://127.0.0.1:11434"', "embed_url and embed_model go together"),
+        ('embed_model = "nomic-embed-text"', "embed_url and embed_model go together"),
+        ('embed_url = "ftp://x"\nembed_model = "m"', "semantic.embed_url"),
+        ('embed_url = "http://h:1"\nembed_model = "m"\nembed_api = "cohere"', "'ollama' or"),
+        ('embed_url = "http://h:1"\nembed_model = "m"\nembed_timeout = 0', "embed_timeout"),
+        ('embed_url = "http://h:1"\nembed_modle = "m"', "embed_modle"),
+    ],
+)
+def test_a_bad_embedding_server_setting_is_one_line_naming_it(
+    table: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused by the model, so never recorded for the light path either."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f"[semantic]\n{table}\n")
+    with pytest.raises(ConfigError, match=says) as got:
+        S.load(config=cfg, env={})
+    assert str(cfg) in str(got.value) and "\n" not in str(got.value)
+    assert light.load(config=cfg, env={}) is None
 
 
 def test_a_relative_home_is_resolved_in_each_folder(
