@@ -25,7 +25,7 @@ from contemplation.store.layout import Conv, Home, read_metadata
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import procgroups
-from tests.conftest import ROOT, DaemonProc, cli, wait_for
+from tests.conftest import ROOT, DaemonProc, cli, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_permissions import daemon_env, state_is
 
@@ -81,8 +81,8 @@ def test_watch_agent_says_each_reply_and_approval_of_the_agents_conversations(
     (notes / "a.md").write_text("content of a")
     agent_env = env | {"CLAUDECODE": "1"}  # what Claude Code's Bash tool runs commands with
     watcher = watchers(env, "--agent")  # started before any daemon: it needs none
-    mine = cli(agent_env, "new", "agent's", "--model", "gemma").stdout.strip()
-    theirs = cli(env, "new", "person's", "--model", "gemma").stdout.strip()
+    mine = cli_here(agent_env, "new", "agent's", "--model", "gemma").stdout.strip()
+    theirs = cli_here(env, "new", "person's", "--model", "gemma").stdout.strip()
     meta = read_metadata(home.conv(mine))
     assert meta is not None and (meta.model_extra or {}).get("started_by") == "claude-code"
     other = read_metadata(home.conv(theirs))
@@ -90,16 +90,16 @@ def test_watch_agent_says_each_reply_and_approval_of_the_agents_conversations(
 
     daemon = daemon_factory(env, home).wait_ready()
     fake_ollama.enqueue(Step(text="Theirs."))
-    cli(env, "send", theirs, "hello")
+    cli_here(env, "send", theirs, "hello")
     wait_for(lambda: b"Theirs." in home.conv(theirs).log.read_bytes(), 30, what="their reply")
     fake_ollama.enqueue(Step(text="Mine."))
-    cli(agent_env, "send", mine, "hello")
+    cli_here(agent_env, "send", mine, "hello")
     line = watcher.next()
     assert line == f"contemplation: {mine} (agent's) replied: read it: contemplation wait {mine}"
 
     daemon.stop()  # no daemon: the watcher goes on
     fake_ollama.enqueue(Step(text=f"NEED: File contents of {notes / 'a.md'}"), Step(text="Ok."))
-    cli(agent_env, "send", mine, "read a")
+    cli_here(agent_env, "send", mine, "read a")
     daemon_factory(env, home).wait_ready()
     wait_for(state_is(home.conv(mine), Status.AWAITING_APPROVAL), 30, what="awaiting approval")
     asked = watcher.next()
@@ -119,7 +119,7 @@ def test_rewake_waits_for_the_agents_reply_and_exits_2(
     agent_env = env | {"CLAUDECODE": "1"}
     idle = cli(env, "watch", "--rewake", "--interval", "0.2", timeout=30)
     assert idle.returncode == 0 and idle.stdout == ""  # nothing awaited: nothing to wake for
-    mine = cli(agent_env, "new", "agent's", "--model", "gemma", "--message", "hi").stdout.strip()
+    mine = cli_here(agent_env, "new", "agent's", "--model", "gemma", "--message", "hi").stdout.strip()
     hook = procgroups.popen(
         [sys.executable, "-m", "contemplation", "watch", "--rewake", "--interval", "0.2"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,

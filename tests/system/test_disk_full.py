@@ -25,7 +25,7 @@ from contemplation import settings as settings_mod
 from contemplation.faces.mcp.calls import Faces
 from contemplation.index.db import DB_NAME
 from contemplation.store.layout import Conv, Home
-from tests.conftest import ROOT, base_env, cli, model_replies, wait_for
+from tests.conftest import ROOT, base_env, cli, cli_here, model_replies, wait_for
 from tests.dashboard_served import serve
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_dashboard_actions import asking
@@ -118,43 +118,43 @@ def test_a_full_disk_is_one_line_and_reads_come_from_the_folders(
 ) -> None:
     home = Home(disk / "home")
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cli(env, "new", "alpha")
-    cli(env, "send", "alpha", "zebra stripes")
+    cli_here(env, "new", "alpha")
+    cli_here(env, "send", "alpha", "zebra stripes")
     cli(env, "run", "--once")
-    assert "alpha" in cli(env, "list").stdout  # the index is made
-    cli(env, "new", "beta")  # made after the index last looked: only its folder knows it
+    assert "alpha" in cli_here(env, "list").stdout  # the index is made
+    cli_here(env, "new", "beta")  # made after the index last looked: only its folder knows it
     index = home.root / DB_NAME
     assert index.exists()
     by = convs(home)
     fill(disk)
 
-    listed = cli(env, "list")
+    listed = cli_here(env, "list")
     assert "_alpha" in listed.stdout and "_beta" in listed.stdout
     assert "Traceback" not in listed.stderr
-    st = cli(env, "status")
+    st = cli_here(env, "status")
     assert "active: 2" in st.stdout, st.stdout
     assert "disk_full: the disk is full" in st.stdout, st.stdout
-    one = cli(env, "status", "beta")
+    one = cli_here(env, "status", "beta")
     assert "beta" in one.stdout
-    found = cli(env, "search", "zebra")
+    found = cli_here(env, "search", "zebra")
     assert "_alpha" in found.stdout, found.stdout
     for read in (listed, st, one, found):  # the index's warning, in words: no log record
         no_log_records(read)
 
-    where = one_line_full(cli(env, "send", "alpha", "more", check=False))
+    where = one_line_full(cli_here(env, "send", "alpha", "more", check=False))
     assert where.startswith(str(home.root)), where
     assert list(by["alpha"].inbox.iterdir()) == []  # neither the message nor its temp file
-    one_line_full(cli(env, "new", "gamma", check=False))
-    one_line_full(cli(env, "respond", "beta", "an answer", check=False))
-    one_line_full(cli(env, "reindex", check=False))
+    one_line_full(cli_here(env, "new", "gamma", check=False))
+    one_line_full(cli_here(env, "respond", "beta", "an answer", check=False))
+    one_line_full(cli_here(env, "reindex", check=False))
     one_line_full(cli(env, "run", check=False, timeout=30))  # the daemon cannot start
-    doctor = cli(env, "doctor", check=False)
+    doctor = cli_here(env, "doctor", check=False)
     assert doctor.returncode != 0 and "the disk is full" in doctor.stdout, doctor.stdout
 
     assert index.exists()  # a write error never throws the index away
     assert sorted(convs(home)) == ["alpha", "beta"]
     no_temp_files(home)
-    assert "_beta" in cli(env, "list").stdout
+    assert "_beta" in cli_here(env, "list").stdout
 
 
 def test_a_full_disk_without_an_index_still_lists(disk: Path) -> None:
@@ -162,14 +162,14 @@ def test_a_full_disk_without_an_index_still_lists(disk: Path) -> None:
     and no loop throws away and remakes an empty one."""
     home = Home(disk / "home")
     env = base_env(home)
-    cli(env, "new", "alpha")
+    cli_here(env, "new", "alpha")
     (home.root / DB_NAME).unlink(missing_ok=True)
     fill(disk)
     for _ in range(2):
-        listed = cli(env, "list")
+        listed = cli_here(env, "list")
         assert "_alpha" in listed.stdout, listed.stderr
         assert "Traceback" not in listed.stderr
-        assert "active: 1" in cli(env, "status").stdout
+        assert "active: 1" in cli_here(env, "status").stdout
 
 
 def test_the_daemon_on_a_full_disk_keeps_the_message_and_answers_once_there_is_room(
@@ -179,7 +179,7 @@ def test_the_daemon_on_a_full_disk_keeps_the_message_and_answers_once_there_is_r
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     env["CONTEMPLATION_RESCAN_INTERVAL"] = "0.2"
     env["CONTEMPLATION_DASHBOARD_ENABLED"] = "false"
-    cli(env, "new", "alpha")
+    cli_here(env, "new", "alpha")
     conv = convs(home)["alpha"]
     staged = disk / "hello.msg"  # written while there is room, delivered by a rename
     staged.write_text("hello")
@@ -237,7 +237,7 @@ def test_a_reply_cut_by_a_full_disk_is_said_as_such_on_every_face(
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
     env["CONTEMPLATION_RESCAN_INTERVAL"] = "0.2"
     env["CONTEMPLATION_DASHBOARD_ENABLED"] = "false"
-    cli(env, "new", "alpha")
+    cli_here(env, "new", "alpha")
     conv = convs(home)["alpha"]
     piece = "a sentence of the long reply that the full disk will cut. " * 2
     fake_ollama.enqueue(Step(text=piece * 200, chunks=200, chunk_delay=0.05))
@@ -253,18 +253,18 @@ def test_a_reply_cut_by_a_full_disk_is_said_as_such_on_every_face(
     filler: Path | None = None
     try:
         wait_for(lambda: '"started"' in logs.read_text(), 20, what="the daemon's start")
-        cli(env, "send", "alpha", "hello")
-        wait_for(lambda: "tokens so far" in cli(env, "status", "alpha").stdout, 20, what="a reply")
+        cli_here(env, "send", "alpha", "hello")
+        wait_for(lambda: "tokens so far" in cli_here(env, "status", "alpha").stdout, 20, what="a reply")
         filler = fill(disk)
         wait_for(lambda: "write_failed" in logs.read_text(), 20, what="the failed write")
         for face in (
-            cli(env, "status", "alpha"),
-            cli(env, "wait", "alpha", "--timeout", "0.5", check=False),
+            cli_here(env, "status", "alpha"),
+            cli_here(env, "wait", "alpha", "--timeout", "0.5", check=False),
         ):
             assert "retrying: the disk is full" in face.stdout + face.stderr, face
             assert "generating" not in face.stdout + face.stderr, face
             no_log_records(face)
-        said = json.loads(cli(env, "status", "alpha", "--json").stdout)
+        said = json.loads(cli_here(env, "status", "alpha", "--json").stdout)
         assert said["activity"].startswith("retrying: the disk is full"), said
         assert said["status"] == "retrying", said
         mcp = Faces(settings_mod.load(home=home.root, env={}, config=None))

@@ -27,7 +27,7 @@ from contemplation.index import search as search_index
 from contemplation.settings import Settings
 from contemplation.store.layout import Home
 from contemplation.writer import archive
-from tests.conftest import ROOT, base_env, cli, wait_for
+from tests.conftest import ROOT, base_env, cli_here, wait_for
 
 EXCHANGE = """=== CLAUDE -> OLLAMA [{day} 10:00:00] ===
 {question}
@@ -51,7 +51,7 @@ def by_hand(home: Home, name: str, day: str, word: str = "plain", rounds: int = 
 
 
 def rows(home: Home, *args: str) -> list[dict[str, object]]:
-    data = json.loads(cli(base_env(home), "list", "--json", *args).stdout)
+    data = json.loads(cli_here(base_env(home), "list", "--json", *args).stdout)
     return list(data["conversations"])
 
 
@@ -61,14 +61,14 @@ def test_folders_made_by_hand_sort_by_when_their_logs_were_used(home: Home) -> N
     by_hand(home, "from-march", "2025-03-01", rounds=3)
     by_hand(home, "from-june", "2025-06-01")
     by_hand(home, "from-january", "2025-01-01", rounds=2)
-    made = cli(base_env(home), "new", "fresh topic").stdout.strip()
+    made = cli_here(base_env(home), "new", "fresh topic").stdout.strip()
     got = rows(home)
     assert [r["id"] for r in got] == [made, "from-june", "from-march", "from-january"]
     by_id = {r["id"]: r for r in got}
     assert by_id["from-march"]["last_activity"] == "2025-03-01 10:00:05"
     assert (by_id["from-march"]["turns"], by_id["from-march"]["messages"]) == (3, 3)
     assert by_id["from-january"]["blocks"] == 4 and by_id[made]["turns"] == 0
-    human = cli(base_env(home), "list").stdout
+    human = cli_here(base_env(home), "list").stdout
     assert "2025-06-01 10:00:05" in human and human.index("from-june") < human.index("from-march")
 
 
@@ -78,20 +78,20 @@ def test_list_pages_miss_nothing_and_repeat_nothing_while_conversations_change(
     for i in range(30):
         by_hand(home, f"conv-{i:02d}", f"2025-01-{i + 1:02d}")
     env = base_env(home)
-    first = json.loads(cli(env, "list", "--limit", "12", "--json").stdout)
+    first = json.loads(cli_here(env, "list", "--limit", "12", "--json").stdout)
     assert first["total"] == 30 and len(first["conversations"]) == 12 and first["cursor"]
     by_hand(home, "newcomer", "2025-12-31")  # newer than every row: on no later page
     archive(home, listing_conv(home, first["conversations"][0]["id"]))  # already shown
     second = json.loads(
-        cli(env, "list", "--limit", "12", "--cursor", first["cursor"], "--json").stdout
+        cli_here(env, "list", "--limit", "12", "--cursor", first["cursor"], "--json").stdout
     )
     third = json.loads(
-        cli(env, "list", "--limit", "12", "--cursor", second["cursor"], "--json").stdout
+        cli_here(env, "list", "--limit", "12", "--cursor", second["cursor"], "--json").stdout
     )
     assert third["more"] is False and "cursor" not in third  # the shape of MCP's list
     seen = [r["id"] for p in (first, second, third) for r in p["conversations"]]
     assert sorted(seen) == [f"conv-{i:02d}" for i in range(30)] and len(set(seen)) == 30
-    bad = cli(env, "list", "--limit", "5", "--cursor", "not-a-cursor", check=False)
+    bad = cli_here(env, "list", "--limit", "5", "--cursor", "not-a-cursor", check=False)
     assert bad.returncode != 0 and "not a cursor" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -105,7 +105,7 @@ def test_status_counts_conversations_and_disk_use_from_the_index(home: Home) -> 
     by_hand(home, "active-one", "2025-02-01", rounds=50)
     gone = by_hand(home, "archived-one", "2025-02-02", rounds=10)
     archive(home, listing_conv(home, gone.name))
-    data = json.loads(cli(base_env(home), "status", "--json").stdout)
+    data = json.loads(cli_here(base_env(home), "status", "--json").stdout)
     assert (data["active"], data["completed"]) == (1, 1)
     assert data["disk_active"].endswith("KB") and data["disk_completed"].endswith("KB")
     counts = listing.counts(home)
@@ -138,17 +138,17 @@ def test_prune_dry_run_then_real_never_touches_active_ones(home: Home) -> None:
         archive(home, listing_conv(home, d.name))
     by_hand(home, "old-but-active", "2024-01-01", word="wordz")
     env = base_env(home)
-    dry = json.loads(cli(env, "prune", "--older-than", "90d", "--dry-run", "--json").stdout)
+    dry = json.loads(cli_here(env, "prune", "--older-than", "90d", "--dry-run", "--json").stdout)
     assert [r["id"] for r in dry["removed"]] == ["old-a", "old-b"] and dry["dry_run"] is True
     assert dry["freed_bytes"] > 0 and (home.completed / "old-a").is_dir()
-    human = cli(env, "prune", "--older-than", "90d").stdout
+    human = cli_here(env, "prune", "--older-than", "90d").stdout
     assert "removed old-a" in human and "removed 2 archived conversation(s)" in human
     assert not (home.completed / "old-a").exists() and not (home.completed / "old-b").exists()
     assert (home.completed / "recent").is_dir() and (home.active / "old-but-active").is_dir()
     # their index rows went with them: nothing found, nothing listed
     assert search_index.search(home, "worda", search_index.Filters(archived=True)) == []
     assert {r["id"] for r in rows(home, "--all")} == {"recent", "old-but-active"}
-    bad = cli(env, "prune", "--older-than", "soon", check=False)
+    bad = cli_here(env, "prune", "--older-than", "soon", check=False)
     assert bad.returncode != 0 and "not an age" in bad.stderr
     with pytest.raises(InputRejected):
         retention.parse_age("0d")

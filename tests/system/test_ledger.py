@@ -25,7 +25,7 @@ from contemplation.store.layout import Conv, Home, read_state
 from contemplation.store.templates import load_template
 from contemplation.writer import archive, drop_message, new_conversation
 from tests import realpeers
-from tests.conftest import DaemonProc, base_env, cli, run_burst, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, run_burst, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 
 LOAD_MS, PREFILL_MS, EVAL_MS = 1.334875, 342.546, 4535.599  # the fake's done line, in ms
@@ -155,7 +155,7 @@ def test_a_real_llama_server_counts_what_the_ledger_says_within_one_percent(
     server = realpeers.shared_llama_server(n_ctx=4096)  # its counters read as differences
     env = base_env(home, OPENAI_BASE_URL=server.url + "/v1")
     daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "ledger", "--backend", "openai", "--model", "smollm2")
+    conv_id = cli_here(env, "new", "ledger", "--backend", "openai", "--model", "smollm2")
     conv = Conv(home.active / conv_id.stdout.strip())
     meta = json.loads(conv.metadata.read_text())
     meta["options"] = {"temperature": 0, "num_predict": 24}
@@ -163,7 +163,7 @@ def test_a_real_llama_server_counts_what_the_ledger_says_within_one_percent(
     before = (_metric(server.url, "prompt_tokens_total"),
               _metric(server.url, "tokens_predicted_total"))  # fmt: skip
     for k, text in enumerate(("Name one colour.", "And another?", "Which is warmer?"), 1):
-        cli(env, "send", conv.id, text)
+        cli_here(env, "send", conv.id, text)
         wait_for(
             lambda k=k: (st := read_state(conv)) is not None and st.turns == k,
             timeout=180,

@@ -19,7 +19,7 @@ from contemplation.store import layout
 from contemplation.store.layout import JSON_MAX_BYTES, Conv, Home
 from contemplation.store.logstream import MAX_BLOCK_BYTES
 from contemplation.writer import open_writer
-from tests.conftest import ROOT, base_env, cli, model_replies
+from tests.conftest import ROOT, base_env, cli_here, model_replies
 from tests.fakes.ollama_server import FakeOllama
 
 MB = 1 << 20
@@ -92,12 +92,12 @@ def test_indexing_a_200_mb_log_keeps_memory_flat(home: Home) -> None:
     assert growth_mb < GROWTH_BOUND_MB, f"reindex of {LOG_MB} MB grew by {growth_mb:.0f} MB"
     assert "index block cut" in said and f"bound is {MAX_BLOCK_BYTES} bytes" in said, said
     assert "index_skipped" not in said, said
-    rows = json.loads(cli(env, "list", "--json").stdout)["conversations"]
+    rows = json.loads(cli_here(env, "list", "--json").stdout)["conversations"]
     (row,) = rows
     assert row["blocks"] == blocks and row["bytes"] > LOG_MB * MB and not row["problem"], row
-    assert "conv_20260101-100000_big" in cli(env, "search", "okapi").stdout
+    assert "conv_20260101-100000_big" in cli_here(env, "search", "okapi").stdout
     # past the block's bound (by words: by meaning, the one conversation is the nearest)
-    assert "conv_" not in cli(env, "search", "--mode", "words", "quokka").stdout
+    assert "conv_" not in cli_here(env, "search", "--mode", "words", "quokka").stdout
 
 
 def test_forking_a_200_mb_conversation_keeps_memory_flat(home: Home) -> None:
@@ -129,7 +129,7 @@ def test_forking_a_200_mb_conversation_keeps_memory_flat(home: Home) -> None:
 def made(env: dict[str, str], home: Home, *topics: str) -> list[Conv]:
     out = []
     for topic in topics:
-        conv = home.conv(cli(env, "new", topic).stdout.strip())
+        conv = home.conv(cli_here(env, "new", topic).stdout.strip())
         with open_writer(conv) as w:
             w.append_block("CLAUDE", "OLLAMA", f"tell me about {topic}", msg_id="m1")
         out.append(conv)
@@ -158,7 +158,7 @@ def test_a_state_or_metadata_past_the_bound_is_refused_and_the_others_list(
     env = base_env(home, CONTEMPLATION_DASHBOARD_ENABLED="false")
     big, fine = made(env, home, "alpha", "beta")
     oversize(big.dir / name)
-    listed = cli(env, "list", "--json")
+    listed = cli_here(env, "list", "--json")
     assert "Traceback" not in listed.stderr, listed.stderr
     rows = {r["id"]: r for r in json.loads(listed.stdout)["conversations"]}
     assert set(rows) == {big.id, fine.id}
@@ -167,10 +167,10 @@ def test_a_state_or_metadata_past_the_bound_is_refused_and_the_others_list(
     problem = rows[big.id]["problem"]
     assert f"{name} is {JSON_MAX_BYTES + 1} bytes" in problem, problem
     assert str(JSON_MAX_BYTES) in problem and "not read" in problem, problem
-    shown = cli(env, "status", big.id).stdout
+    shown = cli_here(env, "status", big.id).stdout
     (line,) = [ln for ln in shown.splitlines() if ln.startswith("problem:")]
     assert name in line, shown
-    assert fine.id in cli(env, "list").stdout
+    assert fine.id in cli_here(env, "list").stdout
 
 
 def test_a_file_longer_than_one_read_is_read_whole(
@@ -234,4 +234,4 @@ def test_status_of_a_200_mb_active_conversation_keeps_memory_flat(home: Home) ->
     peak, _ = peak_rss_kib(env, "status", big.id)
     growth_mb = (peak - one) / 1024
     assert growth_mb < GROWTH_BOUND_MB, f"status of {LOG_MB} MB grew by {growth_mb:.0f} MB"
-    assert big.id in cli(env, "status", big.id).stdout
+    assert big.id in cli_here(env, "status", big.id).stdout

@@ -20,7 +20,7 @@ from contemplation.index import search as search_index
 from contemplation.store.layout import Conv, Home
 from contemplation.store.templates import load_template
 from contemplation.writer import archive, new_conversation, open_writer
-from tests.conftest import base_env, cli
+from tests.conftest import base_env, cli_here
 from tests.system.test_mcp_server import settings_for, tool
 
 LOG = """=== CLAUDE -> OLLAMA [2025-03-0{d} 10:00:00] ===
@@ -72,9 +72,9 @@ def test_ranked_hits_with_block_and_snippet_on_cli_and_mcp(home: Home) -> None:
     assert search_index.search(home, "zeppelin") == []
     assert len(search_index.search(home, "zeppelin", search_index.Filters(thinking=True))) == 3
     env = base_env(home)
-    lines = cli(env, "search", "rottnest", "--json").stdout.strip().splitlines()
+    lines = cli_here(env, "search", "rottnest", "--json").stdout.strip().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["snippet"].count("«") == 1
-    human = cli(env, "search", '"Kangaroo Island"').stdout
+    human = cli_here(env, "search", '"Kangaroo Island"').stdout
     assert "#2 OLLAMA" in human and "«Kangaroo Island»" in human
 
     async def over_mcp() -> dict[str, object]:
@@ -138,15 +138,15 @@ def test_reindex_and_check_say_and_mend_what_the_index_lacks(home: Home) -> None
     _by_hand(home, "one", "the albatross question", "an answer")
     assert len(search_index.search(home, "albatross")) == 1
     _by_hand(home, "two", "another albatross", "more")
-    check = cli(env, "reindex", "--check", "--json", check=False)
+    check = cli_here(env, "reindex", "--check", "--json", check=False)
     assert check.returncode == 1 and json.loads(check.stdout) == {
         "missing": ["two"],
         "gone": [],
         "changed": [],
     }
-    done = cli(env, "reindex")
+    done = cli_here(env, "reindex")
     assert done.stdout.strip() == f"indexed 2 conversation(s) into {index_db.db_path(home)}"
-    again = cli(env, "reindex", "--check")
+    again = cli_here(env, "reindex", "--check")
     assert again.returncode == 0 and again.stdout.splitlines()[0] == "missing: 0"
     assert len(search_index.search(home, "albatross")) == 2
 

@@ -29,7 +29,7 @@ from contemplation.index import search as search_index
 from contemplation.store.layout import Home
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import base_env, cli, wait_for
+from tests.conftest import base_env, cli_here, wait_for
 from tests.dashboard_served import Served, serve
 from tests.system.test_mcp_server import tool
 
@@ -119,7 +119,7 @@ def test_a_search_past_its_bound_is_cut_and_says_so(big: Home) -> None:
     assert "search_seconds" in found.cut
     # the CLI: the line on stderr, exit 0
     env = base_env(big, CONTEMPLATION_SEARCH_SECONDS="0.01")
-    out = cli(env, "search", "common")
+    out = cli_here(env, "search", "common")
     assert "search cut after 0.01 s" in out.stderr and out.stdout == ""
     # MCP: the result says it
     s = settings_mod.load(home=big.root, env={}, config=None, overrides={"search_seconds": 0.01})
@@ -198,7 +198,7 @@ def test_short_prefixes_and_long_queries_are_refused_in_one_line(big: Home) -> N
     with pytest.raises(InputRejected, match=r"1099 bytes; a search takes at most 1024"):
         search_index.find(big, "word " * 220)
     env = base_env(big)
-    out = cli(env, "search", "a*", check=False)
+    out = cli_here(env, "search", "a*", check=False)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "3 letters" in out.stderr
     # the dashboard's box: a word too short to be a prefix is searched as itself
     assert search_index.as_typed("an alpa") == "an alpa*"

@@ -32,7 +32,7 @@ from contemplation.store.layout import Home
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import peers
-from tests.conftest import ROOT, base_env, cli, wait_for
+from tests.conftest import ROOT, base_env, cli_here, wait_for
 from tests.system.semantic_set import CONVERSATIONS, QUERIES
 from tests.system.test_mcp_server import settings_for, tool
 
@@ -107,37 +107,37 @@ def test_cli_search_modes_cursor_and_related(home: Home, labelled: dict[str, str
     env = base_env(home)
     with index_db.opened(home) as conn:
         conn.execute("DELETE FROM vectors")
-    made = cli(env, "reindex")
+    made = cli_here(env, "reindex")
     assert f"embedded {len(CONVERSATIONS)} text(s)" in made.stderr, made.stderr
     by_label = {v: k for k, v in labelled.items()}
     query = "dog tugs on the lead during walks"
-    assert cli(env, "search", "--mode", "words", query, check=False).stdout == ""
-    first = cli(env, "search", "--mode", "meaning", "--limit", "1", "--json", query)
+    assert cli_here(env, "search", "--mode", "words", query, check=False).stdout == ""
+    first = cli_here(env, "search", "--mode", "meaning", "--limit", "1", "--json", query)
     [hit] = [json.loads(line) for line in first.stdout.splitlines()]
     assert hit["conversation_id"] == by_label["dog-training"], hit
     vague = "help with a problem"  # near many: pages
-    one = cli(env, "search", "--mode", "meaning", "--limit", "1", "--json", vague)
+    one = cli_here(env, "search", "--mode", "meaning", "--limit", "1", "--json", vague)
     assert "more: --cursor 1" in one.stderr
-    two = cli(env, "search", "--mode", "meaning", "--limit", "1", "--cursor", "1", "--json", vague)
+    two = cli_here(env, "search", "--mode", "meaning", "--limit", "1", "--cursor", "1", "--json", vague)
     [a], [b] = (
         (json.loads(line) for line in one.stdout.splitlines()),
         (json.loads(line) for line in two.stdout.splitlines()),
     )
     assert a["conversation_id"] != b["conversation_id"]
-    both = cli(env, "search", query).stdout  # the default with the extra: both
+    both = cli_here(env, "search", query).stdout  # the default with the extra: both
     assert by_label["dog-training"] in both.splitlines()[0]
-    rel = cli(env, "related", by_label["backup-strategy"], "--limit", "3", "--json")
+    rel = cli_here(env, "related", by_label["backup-strategy"], "--limit", "3", "--json")
     near = [json.loads(line)["conversation_id"] for line in rel.stdout.splitlines()]
     assert len(near) == 3 and by_label["backup-strategy"] not in near
     assert "more: --cursor 3" in rel.stderr
-    bad = cli(env, "search", "--cursor", "x", query, check=False)
+    bad = cli_here(env, "search", "--cursor", "x", query, check=False)
     assert bad.returncode != 0 and "not a cursor" in bad.stderr
     later = new_conversation(
         home, "Later", template=load_template(home, "default"), model="m", backend="ollama"
     )
     with open_writer(later) as w:  # made with no daemon running: not embedded yet, and said
         w.append_block("CLAUDE", "OLLAMA", "A question nobody embedded", msg_id="q")
-    said = cli(env, "search", "--mode", "meaning", query).stderr
+    said = cli_here(env, "search", "--mode", "meaning", query).stderr
     assert "1 conversation(s) not embedded yet" in said, said
 
 

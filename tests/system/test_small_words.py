@@ -24,7 +24,7 @@ from contemplation.faces.reading import locate
 from contemplation.store.layout import Conv, Home
 from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
-from tests.conftest import ROOT, DaemonProc, base_env, cli, wait_for
+from tests.conftest import ROOT, DaemonProc, base_env, cli_here, wait_for
 from tests.system.test_mcp_server import run_calls, settings_for
 
 
@@ -128,9 +128,9 @@ def test_send_says_an_earlier_reply_is_being_written_only_with_wait_and_only_whe
     after the daemon that wrote it had crashed."""
     conv = crashed_mid_reply(home)
     env = base_env(home)
-    plain = cli(env, "send", conv.id, "hello")
+    plain = cli_here(env, "send", conv.id, "hello")
     assert "earlier reply" not in plain.stderr, plain.stderr
-    waited = cli(env, "send", conv.id, "again", "--wait", "--timeout", "0.5", check=False)
+    waited = cli_here(env, "send", conv.id, "again", "--wait", "--timeout", "0.5", check=False)
     assert waited.returncode == 4, waited.stderr  # no daemon: it times out
     assert "still being written" not in waited.stderr, waited.stderr
 
@@ -171,11 +171,11 @@ def test_an_imported_archive_the_model_answered_last_is_not_pending(home: Home) 
     _imported(home, "conv_20260301-083000_wal-checkpoints", last_by_model=True)
     _imported(home, "conv_20260302-083000_unanswered", last_by_model=False)
     env = base_env(home)
-    listed = json.loads(cli(env, "list", "--all", "--json").stdout)["conversations"]
+    listed = json.loads(cli_here(env, "list", "--all", "--json").stdout)["conversations"]
     rows = {r["id"]: r for r in listed}
     assert rows["conv_20260301-083000_wal-checkpoints"]["status"] == "idle"
     assert rows["conv_20260302-083000_unanswered"]["status"] == "pending"
-    table = cli(env, "list", "--all").stdout
+    table = cli_here(env, "list", "--all").stdout
     assert "idle (archived)" in table, table
 
 
@@ -194,14 +194,14 @@ def test_doctor_hints_name_the_providers_own_keys_and_no_reload_that_would_be_re
     good = f'[providers.lab]\nkind = "openai"\nurl = "http://127.0.0.1:{_free_port()}/v1"\n'
     config.write_text(good)
     env = base_env(home, CONTEMPLATION_CONFIG=str(config))
-    out = cli(env, "doctor", check=False).stdout
+    out = cli_here(env, "doctor", check=False).stdout
     lab = next(line for line in out.splitlines() if line.split()[1:2] == ["lab"])
     hint = out.split(lab, 1)[1].splitlines()[1]
     assert "hint:" in hint and "OPENAI_BASE_URL" not in hint and "openai.base_url" not in hint
     assert "providers.lab.url" in hint, hint
     daemon_factory(env, home).wait_ready()
     config.write_text('default_backend = "nope"\n' + good)  # loads, but does not validate
-    out = cli(env, "doctor", check=False).stdout
+    out = cli_here(env, "doctor", check=False).stdout
     assert "runs other settings than" in out, out
     assert "service reload" not in out and "kill -HUP" not in out, out
     assert "would be refused" in out, out
@@ -214,15 +214,15 @@ def test_search_without_all_says_how_many_archived_blocks_match_and_how_to_see_t
     for name in ("conv_20260301-083000_wal-one", "conv_20260302-083000_wal-two"):
         _imported(home, name, last_by_model=True)  # archived: one block says WAL
     env = base_env(home)
-    out = cli(env, "search", "wal")
+    out = cli_here(env, "search", "wal")
     assert out.stdout == ""
     assert "no block of an active conversation matches 'wal'" in out.stderr, out.stderr
     assert "2 archived block(s) match: search --all to see them" in out.stderr, out.stderr
-    assert json.loads(cli(env, "search", "wal", "--all", "--json").stdout.splitlines()[0])
-    none = cli(env, "search", "quokka", "--mode", "words").stderr
+    assert json.loads(cli_here(env, "search", "wal", "--all", "--json").stdout.splitlines()[0])
+    none = cli_here(env, "search", "quokka", "--mode", "words").stderr
     assert none.strip() == "no block matches 'quokka'", none
     # by meaning too (the default with the semantic extra): it says what it could not search
-    both = cli(env, "search", "quokka").stderr
+    both = cli_here(env, "search", "quokka").stderr
     assert "2 conversation(s) not embedded yet" in both, both
 
 
