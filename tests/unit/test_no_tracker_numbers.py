@@ -45,4 +45,4 @@ def test_no_file_names_a_tracker_number() -> None:
 def test_a_tracker_number_is_caught() -> None:
     said = "the ledger (" + "issue" + " 39), " + "Issues" + " 34 and 35, " + "issue" + " #12"
     assert len(references(said)) == 3
-    assert references("an issue with 3 tiers, the 2 issues left, tissue 4") == []
+    assert references("an issue with 3 tiers, the 2 issues left, a tis" + "sue 4") == []
