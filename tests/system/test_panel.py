@@ -24,7 +24,7 @@ from contemplation.models import Status
 from contemplation.settings import load
 from contemplation.store.layout import Home, read_state
 from tests import peers, realpeers
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli, cli_here, wait_for
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_mcp_tasks import Wire, completed, text_of, wires  # noqa: F401 (fixture)
 
@@ -46,7 +46,7 @@ def said(messages: list[dict[str, Any]]) -> str:
 
 
 def panel_new(env: dict[str, str], *args: str) -> str:
-    done = cli(env, "new", "Index", "--model", "gemma", "--model", "llama3.2", *args, "--json")
+    done = cli_here(env, "new", "Index", "--model", "gemma", "--model", "llama3.2", *args, "--json")
     return str(json.loads(done.stdout)["id"])
 
 
@@ -61,7 +61,7 @@ def test_each_model_answers_each_message_once_in_its_own_line(
         Step(model="llama3.2", text="Llama: it keeps emails unique."),
     )
     daemon_factory(env, home).wait_ready()
-    done = cli(
+    done = cli_here(
         env, "new", "Index", "--model", "gemma", "--model", "llama3.2",
         "--message", "Which index for users?", "--wait", "--timeout", "60",
     )  # fmt: skip
@@ -71,7 +71,7 @@ def test_each_model_answers_each_message_once_in_its_own_line(
     conv = Reader(home).locate(done.stderr.strip().splitlines()[-1])
     meta = json.loads(conv.metadata.read_text())
     assert [s["label"] for s in meta["panel"]] == ["GEMMA", "LLAMA3_2"]
-    again = cli(env, "send", conv.id, "And why?", "--wait", "--timeout", "60")
+    again = cli_here(env, "send", conv.id, "And why?", "--wait", "--timeout", "60")
     assert "Gemma: lookups by email." in again.stdout
     assert "Llama: it keeps emails unique." in again.stdout
     log = conv.log.read_text()
@@ -87,9 +87,9 @@ def test_each_model_answers_each_message_once_in_its_own_line(
     assert gemma[1][-1]["content"] == "And why?" == llama[1][-1]["content"]
     state = read_state(conv)
     assert state is not None and state.status is Status.IDLE
-    turns = json.loads(cli(env, "ledger", conv.id, "--json").stdout)["turns"]
+    turns = json.loads(cli_here(env, "ledger", conv.id, "--json").stdout)["turns"]
     assert sorted(t["model"].split(":")[0] for t in turns) == sorted(["gemma", "llama3.2"] * 2)
-    shown = cli(env, "status", conv.id).stdout
+    shown = cli_here(env, "status", conv.id).stdout
     assert "panel: GEMMA (ollama/gemma), LLAMA3_2 (ollama/llama3.2)" in shown, shown
     dash = Dashboard(load(home=home.root, env={}, config=None), token="t" * 43)
     with TestClient(dash.asgi(), base_url="http://127.0.0.1:5556", headers=BEARER) as client:
@@ -114,9 +114,9 @@ def test_a_debate_shows_the_others_last_answers_and_the_synthesis_weighs_the_rou
     )
     daemon_factory(env, home).wait_ready()
     cid = panel_new(env, "--debate", "--synthesize", "qwen3")
-    first = cli(env, "send", cid, "How many?", "--wait", "--timeout", "60")
+    first = cli_here(env, "send", cid, "How many?", "--wait", "--timeout", "60")
     assert "Both say one; Llama is surer." in first.stdout
-    cli(env, "send", cid, "Sure?", "--wait", "--timeout", "60")
+    cli_here(env, "send", cid, "Sure?", "--wait", "--timeout", "60")
     log = Reader(home).locate(cid).log.read_text()
     assert [h for h, _ in heads(log) if h != "CLAUDE"] == [
         "GEMMA", "LLAMA3_2", "SYNTHESIS_QWEN3", "GEMMA", "LLAMA3_2", "SYNTHESIS_QWEN3",
@@ -165,7 +165,7 @@ def test_a_daemon_killed_mid_round_answers_the_missing_models_only(
     )
     daemon = daemon_factory(env, home).wait_ready()
     cid = panel_new(env)
-    cli(env, "send", cid, "Go.")
+    cli_here(env, "send", cid, "Go.")
     conv = Reader(home).locate(cid)
     # llama is asked while gemma streams (Ollama runs both models at once); killed once its
     # own turn writes the line it held into the log, after gemma's reply
@@ -173,7 +173,7 @@ def test_a_daemon_killed_mid_round_answers_the_missing_models_only(
     daemon.stop(signal.SIGKILL)
     fake_ollama.enqueue(Step(model="llama3.2", text="Llama answers."))
     daemon_factory(env, home).wait_ready()
-    done = cli(env, "wait", cid, "--timeout", "60")
+    done = cli_here(env, "wait", cid, "--timeout", "60")
     assert "Llama answers." in done.stdout, done.stdout
     log = conv.log.read_text()
     assert log.count("Gemma answers.") == 1 and log.count("Llama answers.") == 1
@@ -189,9 +189,9 @@ def test_cancel_stops_the_round(
     fake_ollama.enqueue(Step(model="gemma", kind="hang", after_chunks=1, text="Gemma starts"))
     daemon_factory(env, home).wait_ready()
     cid = panel_new(env)
-    cli(env, "send", cid, "Go.")
+    cli_here(env, "send", cid, "Go.")
     wait_for(lambda: len(asked(fake_ollama, "gemma")) == 1, 30, what="gemma asked")
-    cli(env, "cancel", cid)
+    cli_here(env, "cancel", cid)
     conv = Reader(home).locate(cid)
     wait_for(
         lambda: (s := read_state(conv)) is not None and s.status is Status.CANCELLED, 30,
@@ -207,9 +207,9 @@ def test_cancel_stops_the_round(
 def test_malformed_panels_are_refused_before_anything_is_made(home: Home) -> None:
     env = base_env(home)
     many = [a for i in range(9) for a in ("--model", f"m{i}")]
-    done = cli(env, "new", "Too many", *many, check=False)
+    done = cli_here(env, "new", "Too many", *many, check=False)
     assert done.returncode != 0 and "at most 8" in done.stderr, done.stderr
-    lone = cli(env, "new", "Lone", "--model", "gemma", "--debate", check=False)
+    lone = cli_here(env, "new", "Lone", "--model", "gemma", "--debate", check=False)
     assert lone.returncode != 0 and "need a panel" in lone.stderr, lone.stderr
     assert not home.active.exists() or not any(home.active.iterdir())
 
@@ -234,9 +234,9 @@ def test_a_panel_of_two_aliases_on_the_real_llama_server(
         )
         env = base_env(home, CONTEMPLATION_CONFIG=str(cfg))
         daemon_factory(env, home).wait_ready()
-        done = cli(
+        done = cli_here(
             env, "new", "Colours", "--model", "terse", "--model", "wordy",
-            "--message", "Name one primary colour.", "--wait", "--timeout", "240", timeout=300,
+            "--message", "Name one primary colour.", "--wait", "--timeout", "240",
         )  # fmt: skip
         print(done.stdout)
         assert done.returncode in (0, 5), done.stderr  # 5: a reply stopped at its token cap
@@ -245,7 +245,7 @@ def test_a_panel_of_two_aliases_on_the_real_llama_server(
         assert [h for h, _ in heads(log)] == ["CLAUDE", "TERSE", "WORDY"], log
         blocks = [b for b in log.split("\n\n=== ")[1:] if b.strip()]
         assert all(len(b.split("===\n", 1)[-1].strip()) > 0 for b in blocks), log
-        turns = json.loads(cli(env, "ledger", cid, "--json").stdout)["turns"]
+        turns = json.loads(cli_here(env, "ledger", cid, "--json").stdout)["turns"]
         assert len(turns) == 2 and all(t["sent"] > 0 for t in turns), turns
     finally:
         server.stop()
@@ -290,11 +290,11 @@ def test_a_fork_follows_one_seats_line(
     )
     daemon_factory(env, home).wait_ready()
     cid = panel_new(env)
-    cli(env, "send", cid, "Tabs or spaces?", "--wait", "--timeout", "60")
-    wrong = cli(env, "fork", cid, "--seat", "mistral", check=False)
+    cli_here(env, "send", cid, "Tabs or spaces?", "--wait", "--timeout", "60")
+    wrong = cli_here(env, "fork", cid, "--seat", "mistral", check=False)
     assert wrong.returncode != 0 and "its seats: GEMMA (gemma), LLAMA3_2 (llama3.2)" in wrong.stderr
-    forked = json.loads(cli(env, "fork", cid, "--seat", "GEMMA", "--json").stdout)["id"]
-    done = cli(env, "send", forked, "Sure?", "--wait", "--timeout", "60")
+    forked = json.loads(cli_here(env, "fork", cid, "--seat", "GEMMA", "--json").stdout)["id"]
+    done = cli_here(env, "send", forked, "Sure?", "--wait", "--timeout", "60")
     assert "Gemma: still tabs." in done.stdout
     gemma = asked(fake_ollama, "gemma")
     assert len(gemma) == 2 and len(asked(fake_ollama, "llama3.2")) == 1
@@ -312,10 +312,10 @@ def test_a_template_holds_a_panel_and_a_bad_one_says_which_key(
     (duo / "template.toml").write_text('models = ["gemma", "llama3.2"]\n')
     fake_ollama.enqueue(Step(model="gemma", text="G."), Step(model="llama3.2", text="L."))
     daemon_factory(env, home).wait_ready()
-    done = cli(env, "new", "Duo", "--template", "duo", "--message", "Hi?", "--wait")
+    done = cli_here(env, "new", "Duo", "--template", "duo", "--message", "Hi?", "--wait")
     assert "G." in done.stdout and "L." in done.stdout
     (duo / "template.toml").write_text('models = ["gemma", 3]\n')
-    bad = cli(env, "new", "Bad", "--template", "duo", check=False)
+    bad = cli_here(env, "new", "Bad", "--template", "duo", check=False)
     assert bad.returncode != 0 and "invalid models in template" in bad.stderr, bad.stderr
 
 
@@ -329,7 +329,7 @@ def test_a_daemon_killed_during_the_first_seats_reply_redoes_that_seat(
     fake_ollama.enqueue(Step(model="gemma", kind="hang", after_chunks=2, text="Gemma starts to"))
     daemon = daemon_factory(env, home).wait_ready()
     cid = panel_new(env)
-    cli(env, "send", cid, "Go.")
+    cli_here(env, "send", cid, "Go.")
     conv = Reader(home).locate(cid)
     wait_for(lambda: "GEMMA -> CLAUDE" in conv.log.read_text(), 30, what="gemma streaming")
     daemon.stop(signal.SIGKILL)
@@ -337,7 +337,7 @@ def test_a_daemon_killed_during_the_first_seats_reply_redoes_that_seat(
         Step(model="gemma", text="Gemma answers."), Step(model="llama3.2", text="Llama answers.")
     )
     daemon_factory(env, home).wait_ready()
-    done = cli(env, "wait", cid, "--timeout", "60")
+    done = cli_here(env, "wait", cid, "--timeout", "60")
     assert "Gemma answers." in done.stdout and "Llama answers." in done.stdout, done.stdout
     log = conv.log.read_text()
     assert "INTERRUPTED" in log, log

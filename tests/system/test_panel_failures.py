@@ -18,7 +18,7 @@ import pytest
 from contemplation.faces.reading import Reader
 from contemplation.models import Status
 from contemplation.store.layout import Home, read_metadata, read_state
-from tests.conftest import DaemonProc, base_env, cli
+from tests.conftest import DaemonProc, base_env, cli_here
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_mcp_tasks import Wire, completed, text_of, wires  # noqa: F401 (fixture)
 
@@ -51,7 +51,7 @@ def start(home: Home, fake: FakeOllama, factory: Callable[..., DaemonProc]) -> d
 
 def new_panel(env: dict[str, str], *models: str) -> str:
     seats = [a for m in models or ("gemma", "missing-model") for a in ("--model", m)]
-    done = cli(env, "new", "T", *seats, "--json")
+    done = cli_here(env, "new", "T", *seats, "--json")
     return str(json.loads(done.stdout)["id"])
 
 
@@ -64,7 +64,7 @@ def test_a_seat_that_fails_for_good_ends_the_round_and_the_next_message_is_taken
     env = start(home, fake_ollama, daemon_factory)
     cid = new_panel(env)
     conv = Reader(home).locate(cid)
-    first = cli(env, "send", cid, "First?", "--wait", "--timeout", "30", check=False)
+    first = cli_here(env, "send", cid, "First?", "--wait", "--timeout", "30", check=False)
     assert first.returncode == 1, (first.returncode, first.stdout, first.stderr)
     assert "Gemma: one." in first.stdout  # the other seat's answer is delivered
     assert "not found" in first.stderr, first.stderr  # the seat's error
@@ -75,7 +75,7 @@ def test_a_seat_that_fails_for_good_ends_the_round_and_the_next_message_is_taken
     log = conv.log.read_text()
     assert [h for h, _ in HEADER.findall(log)] == ["CLAUDE", "GEMMA", "MISSING_MODEL"], log
     assert "set-model" in log and "--seat MISSING_MODEL" in log  # a remedy that works
-    second = cli(env, "send", cid, "Second?", "--wait", "--timeout", "30", check=False)
+    second = cli_here(env, "send", cid, "Second?", "--wait", "--timeout", "30", check=False)
     assert second.returncode == 1, (second.returncode, second.stdout, second.stderr)
     assert "Gemma: two." in second.stdout  # the next message was taken and answered
     assert quiet_for_rescans(fake_ollama, conv.log.read_text) == (2, 2)  # once per message
@@ -99,30 +99,30 @@ def test_set_model_moves_one_seat_and_retract_withdraws_its_failed_turn(
     env = start(home, fake_ollama, daemon_factory)
     cid = new_panel(env, *order)
     conv = Reader(home).locate(cid)
-    cli(env, "send", cid, "First?", "--wait", "--timeout", "30", check=False)
-    listed = json.loads(cli(env, "list", "--json").stdout)["conversations"]
+    cli_here(env, "send", cid, "First?", "--wait", "--timeout", "30", check=False)
+    listed = json.loads(cli_here(env, "list", "--json").stdout)["conversations"]
     [row] = [r for r in listed if r["id"] == cid]
     assert {s["label"] for s in row["panel"]} == {"GEMMA", "MISSING_MODEL"}, row
-    table = cli(env, "list").stdout  # the panel's seats, not its first model
+    table = cli_here(env, "list").stdout  # the panel's seats, not its first model
     seats = {
         "gemma": "GEMMA (ollama/gemma)",
         "missing-model": "MISSING_MODEL (ollama/missing-model)",
     }
     assert "panel: " + ", ".join(seats[m] for m in order) in table, table
-    shown = cli(env, "status", cid).stdout
+    shown = cli_here(env, "status", cid).stdout
     assert "panel: " + ", ".join(seats[m] for m in order) in shown, shown
     assert "--seat MISSING_MODEL" in shown, shown  # the advice names the seat
-    wrong = cli(env, "set-model", cid, "llama3.2", check=False)
+    wrong = cli_here(env, "set-model", cid, "llama3.2", check=False)
     assert wrong.returncode != 0 and "--seat" in wrong.stderr, wrong.stderr  # not a silent no-op
-    moved = cli(env, "set-model", cid, "llama3.2", "--seat", "MISSING_MODEL", "--json")
+    moved = cli_here(env, "set-model", cid, "llama3.2", "--seat", "MISSING_MODEL", "--json")
     assert json.loads(moved.stdout)["was"]["model"] == "missing-model"
     meta = read_metadata(conv)
     assert meta is not None
     now = {(s.label, s.model) for s in meta.panel}  # the label stays: the seat's line goes on
     assert now == {("GEMMA", "gemma"), ("MISSING_MODEL", "llama3.2")}, now
-    withdrawn = cli(env, "retract", cid, "--json")
+    withdrawn = cli_here(env, "retract", cid, "--json")
     assert json.loads(withdrawn.stdout)["retracted"] is True
-    second = cli(env, "send", cid, "Second?", "--wait", "--timeout", "30", check=False)
+    second = cli_here(env, "send", cid, "Second?", "--wait", "--timeout", "30", check=False)
     assert second.returncode == 0, (second.returncode, second.stdout, second.stderr)
     assert "Gemma: two." in second.stdout and "Llama: two." in second.stdout
     llama = [r["messages"] for r in fake_ollama.chat_requests() if r["model"] == "llama3.2"]

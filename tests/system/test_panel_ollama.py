@@ -16,7 +16,7 @@ import pytest
 
 from contemplation.faces.reading import Reader
 from contemplation.store.layout import Home
-from tests.conftest import DaemonProc, base_env, cli
+from tests.conftest import DaemonProc, base_env, cli_here
 from tests.fakes.ollama_server import FakeOllama, Step
 
 HEADER = re.compile(r"^=== ([A-Z0-9_]+) -> ([A-Z0-9_]+) \[", re.MULTILINE)
@@ -44,7 +44,7 @@ def test_a_rounds_seats_on_different_ollama_models_go_out_together(
     )
     daemon_factory(env, home).wait_ready()
     seats = [a for m in MODELS for a in ("--model", m)]
-    done = cli(env, "new", "Vote", *seats, "--message", "Count?", "--wait", "--timeout", "60")
+    done = cli_here(env, "new", "Vote", *seats, "--message", "Count?", "--wait", "--timeout", "60")
     assert all(f"{m}: {words}" in done.stdout for m in MODELS), done.stdout
     assert fake_ollama.max_active == together, fake_ollama.max_active
     log = Reader(home).locate(done.stderr.strip().splitlines()[-1]).log.read_text()

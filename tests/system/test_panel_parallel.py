@@ -27,7 +27,7 @@ from contemplation.faces.reading import Reader
 from contemplation.models import Status
 from contemplation.store.layout import Home, read_state
 from tests import peers, realpeers
-from tests.conftest import DaemonProc, base_env, cli, wait_for
+from tests.conftest import DaemonProc, base_env, cli_here, wait_for
 
 pytestmark = pytest.mark.real
 
@@ -112,9 +112,9 @@ def start(
 
 
 def new_panel(env: dict[str, str], *args: str, timeout: int = 300) -> Any:
-    return cli(
+    return cli_here(
         env, "new", "Colours", "--model", "one", "--model", "two", "--message", QUESTION,
-        *args, timeout=timeout, check=False,
+        *args, check=False,
     )  # fmt: skip
 
 
@@ -146,7 +146,7 @@ def test_two_seats_on_a_two_slot_server_run_at_once_and_write_in_turn(
     cid = conv_id(done)
     log = Reader(home).locate(cid).log.read_text()
     whole_once(log)
-    turns = json.loads(cli(env, "ledger", cid, "--json").stdout)["turns"]
+    turns = json.loads(cli_here(env, "ledger", cid, "--json").stdout)["turns"]
     assert len(turns) == 2 and all(t["output"] == 160 for t in turns), turns
     daemon.stop()
     said = daemon.stderr()
@@ -186,7 +186,7 @@ def test_a_cancel_mid_round_discards_the_held_stream(
     cid = conv_id(done)
     conv = Reader(home).locate(cid)
     wait_for(lambda: busy(two_slots) == 2, 120, interval=0.05, what="both seats generating")
-    cli(env, "cancel", cid)
+    cli_here(env, "cancel", cid)
     wait_for(
         lambda: (s := read_state(conv)) is not None and s.status is Status.CANCELLED, 60,
         what="the round cancelled",
@@ -214,7 +214,7 @@ def test_a_daemon_killed_while_a_seat_is_held_answers_each_seat_once(
     wait_for(lambda: busy(two_slots) == 0, 60, interval=0.1, what="the server idle")
     assert "TWO" not in heads(conv.log.read_text())
     daemon_factory(env, home).wait_ready(60)
-    cli(env, "wait", cid, "--timeout", "240", timeout=300, check=False)
+    cli_here(env, "wait", cid, "--timeout", "240", check=False)
     log = conv.log.read_text()
     got = [h for h in heads(log) if h != "CLAUDE"]
     assert got.count("TWO") == 1, log  # the held seat: asked again, written once
