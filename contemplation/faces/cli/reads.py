@@ -58,6 +58,10 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_jso
     if as_json:
         _tail_json(Reader(home), conv, lines, follow)
         return
+    if follow:  # loaded before the log is read: the folder may move while it loads
+        from contemplation.faces.cli import wait as following
+
+        conv = following.current(home, conv)
     live = read_log_bytes(conv)
     text = log_text(conv)  # rotated segments (oldest first) and the live log
     if lines:
@@ -66,8 +70,6 @@ def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_jso
     sys.stdout.flush()
     if not follow:
         return
-    from contemplation.faces.cli import wait as following
-
     follower = following.Follower(home, conv, offset=len(live))
     while follow:
         time.sleep(following.POLL)

@@ -55,7 +55,7 @@ class Follower:
 
     def __init__(self, home: Home, conv: Conv, offset: int | None = None) -> None:
         self.home = home
-        self.conv = conv
+        self.conv = conv = current(home, conv)  # archived or reopened since it was looked up
         st = stat_or_none(conv.log)
         self.ino = st.st_ino if st else 0
         self.offset = (st.st_size if st else 0) if offset is None else offset
