@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cli import build
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.bench_cli import build  # noqa: E402
+
 TARGET_MS = 150
 
 
