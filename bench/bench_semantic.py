@@ -200,21 +200,9 @@ def timed(home: Home, mode: str, queries: int) -> tuple[list[float], int]:
 def labelled_home(home: Home) -> dict[str, str]:
     """The labelled set (tests/system/semantic_set.py) as real conversations, embedded;
     conversation id -> label."""
-    from contemplation.store.templates import load_template
-    from contemplation.writer import new_conversation, open_writer
-    from tests.system.semantic_set import CONVERSATIONS
+    from tests.system.semantic_set import written
 
-    ids: dict[str, str] = {}
-    for label, (topic, question, answer) in CONVERSATIONS.items():
-        conv = new_conversation(
-            home, topic, template=load_template(home, "default"), model="m", backend="ollama"
-        )
-        with open_writer(conv) as w:
-            w.append_block("CLAUDE", "OLLAMA", question, msg_id="q")
-            r = w.reply("OLLAMA", "CLAUDE", "r")
-            r.content(answer)
-            r.finish()
-        ids[conv.id] = label
+    ids = {cid: label for label, cid in written(home).items()}
     semantic.update(home, None)
     return ids
 

@@ -4,6 +4,12 @@ than its log's, each with the conversation it should find."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contemplation.store.layout import Home
+
 CONVERSATIONS: dict[str, tuple[str, str, str]] = {
     "atomic-writes": (
         "Reply file handling",
@@ -335,3 +341,24 @@ HARD: list[tuple[str, str]] = [
 ]
 
 ALL: list[tuple[str, str]] = QUERIES + MORE + HARD
+
+
+def written(home: Home, labels: Iterable[str] | None = None) -> dict[str, str]:
+    """The labelled set's conversations (``labels``, all by default) written as real
+    conversations, one exchange each, not embedded; label -> conversation id."""
+    from contemplation.store.templates import load_template
+    from contemplation.writer import new_conversation, open_writer
+
+    ids: dict[str, str] = {}
+    for label in CONVERSATIONS if labels is None else labels:
+        topic, question, answer = CONVERSATIONS[label]
+        conv = new_conversation(
+            home, topic, template=load_template(home, "default"), model="m", backend="ollama"
+        )
+        with open_writer(conv) as w:
+            w.append_block("CLAUDE", "OLLAMA", question, msg_id="q")
+            r = w.reply("OLLAMA", "CLAUDE", "r")
+            r.content(answer)
+            r.finish()
+        ids[label] = conv.id
+    return ids

@@ -33,7 +33,7 @@ from contemplation.store.templates import load_template
 from contemplation.writer import new_conversation, open_writer
 from tests import peers
 from tests.conftest import ROOT, base_env, cli_here, wait_for
-from tests.system.semantic_set import CONVERSATIONS, QUERIES
+from tests.system.semantic_set import CONVERSATIONS, QUERIES, written
 from tests.system.test_mcp_server import settings_for, tool
 
 WITHOUT_IT = {"test_a_plain_install_searches_by_words_and_says_how_to_get_meaning"}
@@ -56,18 +56,7 @@ def _semantic() -> ModuleType:
 
 def _made(home: Home) -> dict[str, str]:
     """The labelled set as real conversations; conversation id -> its label."""
-    ids: dict[str, str] = {}
-    for label, (topic, question, answer) in CONVERSATIONS.items():
-        conv = new_conversation(
-            home, topic, template=load_template(home, "default"), model="m", backend="ollama"
-        )
-        with open_writer(conv) as w:
-            w.append_block("CLAUDE", "OLLAMA", question, msg_id="q")
-            r = w.reply("OLLAMA", "CLAUDE", "r")
-            r.content(answer)
-            r.finish()
-        ids[conv.id] = label
-    return ids
+    return {cid: label for label, cid in written(home).items()}
 
 
 @pytest.fixture

@@ -15,11 +15,9 @@ import pytest
 
 from contemplation.index import embedder, fusion
 from contemplation.store.layout import Home
-from contemplation.store.templates import load_template
-from contemplation.writer import new_conversation, open_writer
 from tests import peers
 from tests.conftest import base_env, cli_here
-from tests.system.semantic_set import CONVERSATIONS
+from tests.system.semantic_set import CONVERSATIONS, written
 
 # what no conversation of the set is about (money and taxes left out of it)
 UNRELATED = ("tax-deadline", "budget-app")
@@ -35,19 +33,7 @@ def _made(home: Home, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     """The labelled set as real conversations, embedded; label -> conversation id."""
     from contemplation.index import semantic
 
-    ids: dict[str, str] = {}
-    for label, (topic, question, answer) in CONVERSATIONS.items():
-        if label in leave_out:
-            continue
-        conv = new_conversation(
-            home, topic, template=load_template(home, "default"), model="m", backend="ollama"
-        )
-        with open_writer(conv) as w:
-            w.append_block("CLAUDE", "OLLAMA", question, msg_id="q")
-            r = w.reply("OLLAMA", "CLAUDE", "r")
-            r.content(answer)
-            r.finish()
-        ids[label] = conv.id
+    ids = written(home, (label for label in CONVERSATIONS if label not in leave_out))
     assert semantic.update(home, None).left == 0
     return ids
 

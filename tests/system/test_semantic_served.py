@@ -28,11 +28,9 @@ from contemplation.index import db as index_db
 from contemplation.index import embedder, fusion, served
 from contemplation.settings import Settings
 from contemplation.store.layout import Home
-from contemplation.store.templates import load_template
-from contemplation.writer import new_conversation, open_writer
 from tests import peers
 from tests.conftest import base_env, cli_here, wait_for
-from tests.system.semantic_set import CONVERSATIONS
+from tests.system.semantic_set import CONVERSATIONS, written
 from tests.system.test_mcp_server import tool
 from tests.system.test_semantic_cut import _made
 
@@ -196,19 +194,7 @@ def test_ollama_api_embed_in_batches_and_its_refusal_in_one_line(home: Home, oll
 
 def _written(home: Home, labels: tuple[str, ...]) -> dict[str, str]:
     """Conversations of the labelled set, written and not embedded; label -> id."""
-    ids: dict[str, str] = {}
-    for label in labels:
-        topic, question, answer = CONVERSATIONS[label]
-        conv = new_conversation(
-            home, topic, template=load_template(home, "default"), model="m", backend="ollama"
-        )
-        with open_writer(conv) as w:
-            w.append_block("CLAUDE", "OLLAMA", question, msg_id="q")
-            r = w.reply("OLLAMA", "CLAUDE", "r")
-            r.content(answer)
-            r.finish()
-        ids[label] = conv.id
-    return ids
+    return written(home, labels)
 
 
 def _done(home: Home) -> int:
