@@ -98,8 +98,12 @@ class RetentionSettings(Section):
 class NotificationRule(Section):
     """``[[notifications]]``: run ``command`` (an argv list, never a shell line) on events."""
 
-    on: list[Literal["reply", "need", "complete", "error"]] = Field(min_length=1)
-    command: list[str] = Field(min_length=1)
+    on: list[Literal["reply", "need", "complete", "error"]] = Field(
+        min_length=1, description="the events that run the command"
+    )
+    command: list[str] = Field(
+        min_length=1, description="the command, an argv list (never a shell line)"
+    )
     timeout: float = Field(30.0, gt=0, description="seconds before the command is killed")
 
 
@@ -153,9 +157,16 @@ class AliasSettings(Section):
     name, the providers that serve it (a turn takes a free slot on any), options and think."""
 
     model: str = Field(min_length=1, description="the server's own model name")
-    providers: list[str] = Field(min_length=1, max_length=64)
-    options: dict[str, Any] = Field(default_factory=dict)
-    think: bool | str | None = None
+    providers: list[str] = Field(
+        min_length=1, max_length=64,
+        description="the providers that serve it; a turn takes a free slot on any",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the model's options (temperature, num_ctx, ...)"
+    )
+    think: bool | str | None = Field(
+        None, description="ask the model to think (true, false, or a level)"
+    )
     escalate: list[str] = Field(
         default_factory=list,
         description="the escalation ladder: the rungs after this model (a model, an alias, "
@@ -195,22 +206,40 @@ class EscalationSettings(Section):
 class CapabilityOverride(Section):
     """What a model can do, when neither the server nor the family table gets it right."""
 
-    thinking: bool | None = None
-    tools: bool | None = None
-    vision: bool | None = None
-    context_length: int | None = Field(None, ge=1)
+    thinking: bool | None = Field(
+        None, description="the model can think before it answers"
+    )
+    tools: bool | None = Field(
+        None, description="the model can call tools"
+    )
+    vision: bool | None = Field(
+        None, description="the model reads images"
+    )
+    context_length: int | None = Field(
+        None, ge=1, description="the model's window, in tokens"
+    )
 
 
 class McpServerSettings(Section):
     """One ``[mcp_servers.<name>]``: the Claude Desktop ``mcpServers`` shape (or ``url``)."""
 
     command: str = Field("", description="executable of a stdio server (absolute or on PATH)")
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
+    args: list[str] = Field(
+        default_factory=list, description="the stdio server's arguments"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="variables set for the stdio server"
+    )
+    cwd: str | None = Field(
+        None, description="the stdio server's working folder"
+    )
     url: str = Field("", description="a streamable HTTP server instead of a command")
-    headers: dict[str, str] = Field(default_factory=dict)
-    type: Literal["stdio", "http", "streamable-http"] | None = None
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="HTTP headers sent to a url server"
+    )
+    type: Literal["stdio", "http", "streamable-http"] | None = Field(
+        None, description="stdio or http (default: from command or url)"
+    )
     timeout: float = Field(30.0, gt=0, description="seconds per tool call")
     start_timeout: float = Field(30.0, gt=0, description="seconds to start and initialise")
     roots: list[Path] = Field(
@@ -252,7 +281,10 @@ class ToolSettings(Section):
     )
     deny: list[str] = Field(default_factory=list, description="more names never read (globs)")
     search_tool: str = Field("", description="`server:tool` for `Search results for`")
-    search_arguments: dict[str, Any] = Field(default_factory=lambda: {"query": "{query}"})
+    search_arguments: dict[str, Any] = Field(
+        default_factory=lambda: {"query": "{query}"},
+        description="the arguments of search_tool, with {query} filled in",
+    )
     context_deadline: float = Field(4.0, gt=0, le=30, description="seconds to gather context")
     context_fresh_seconds: float = Field(300.0, ge=0, description="reuse gathered context")
     limits: ToolLimits = Field(default_factory=ToolLimits)
@@ -339,18 +371,39 @@ class Settings(BaseSettings):
         case_sensitive=True,  # keys in the file and flags as written; see _EnvSource for names
     )
 
-    home: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir(APP)))
-    config_file: Path | None = None
-    default_backend: str = "ollama"
-    default_model: str = "llama3.2"
-    default_template: str = "default"
-    rescan_interval: float = Field(5.0, gt=0)
+    home: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_data_dir(APP)),
+        description="the folder of every conversation (active/, completed/), the stores and "
+        "the index",
+    )
+    config_file: Path | None = Field(
+        None, description="the TOML file read (set it with --config or CONTEMPLATION_CONFIG)"
+    )
+    default_backend: str = Field(
+        "ollama", description="the backend (provider) of a conversation that names none"
+    )
+    default_model: str = Field(
+        "llama3.2",
+        description="the model of a conversation that names none (and its template neither)",
+    )
+    default_template: str = Field(
+        "default", description="the template of `new` without --template"
+    )
+    rescan_interval: float = Field(
+        5.0, gt=0, description="seconds between the periodic full scans, besides filesystem events"
+    )
     settle_seconds: float = Field(1.0, ge=0, description="quiet time before a naive write counts")
     search_seconds: float = Field(
         10.0, gt=0, le=3600, description="the longest a full-text search runs before it is cut"
     )
-    max_message_bytes: int = Field(2 * 1024 * 1024, ge=1)
-    max_reply_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_message_bytes: int = Field(
+        2 * 1024 * 1024, ge=1,
+        description="the largest message file taken from inbox/ (larger: failed/)",
+    )
+    max_reply_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024,
+        description="the most text one reply may write; past it the stream is closed",
+    )
     attachments: AttachmentSettings = Field(default_factory=AttachmentSettings)
     max_schema_bytes: int = Field(
         16 * 1024, ge=64, description="largest JSON Schema a message or template may ask for"
@@ -360,13 +413,22 @@ class Settings(BaseSettings):
         description="when the agent's conversation_approve may decide a lookup marked ask: "
         "never; without_forms (only when its MCP client shows the person no forms); always",
     )
-    archive_on_complete: bool = True
+    archive_on_complete: bool = Field(
+        True, description="move a conversation to completed/ once the model ends it"
+    )
     stop_grace: float = Field(
         10.0, ge=0, description="seconds in-flight turns get to finish after SIGTERM"
     )
-    durability: Literal["fsync", "none"] = "fsync"
-    log_format: Literal["auto", "console", "json"] = "auto"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    durability: Literal["fsync", "none"] = Field(
+        "fsync",
+        description="fsync: every write made durable before it is acknowledged; none: tests only",
+    )
+    log_format: Literal["auto", "console", "json"] = Field(
+        "auto", description="the diagnostic log's format on stderr (auto: console on a terminal)"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="the diagnostic log's level"
+    )
     native_tools: bool = Field(
         True, description="offer the routes as native tools to models that can call tools"
     )
@@ -399,7 +461,9 @@ class Settings(BaseSettings):
         description="slot files (llama-server --slot-save-path) kept for conversations, in "
         "bytes: no new file past it, the least recently used written over",
     )
-    dashboard_enabled: bool = True
+    dashboard_enabled: bool = Field(
+        True, description="serve the dashboard from the daemon (run --no-dashboard: off)"
+    )
     dashboard_port: int = Field(5556, ge=0, le=65535, description="0: any free port")
     dashboard_host: str = Field("127.0.0.1", description="bind address (loopback by default)")
     dashboard_allow_remote: bool = Field(

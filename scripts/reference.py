@@ -82,41 +82,14 @@ def _anchor(title: str) -> str:
 # -- settings ---------------------------------------------------------------------------------
 
 
-#: the meaning of a setting whose field has neither a description nor a comment; a key here
-#: that names no setting, or a setting with no meaning at all, fails the test
+#: the meaning of a table whose class says none; every setting's own meaning is its field's
+#: description (or comment) in the settings model. A key here that names no setting, or a
+#: setting with no meaning at all, fails the test
 MEANINGS: dict[str, str] = {
-    "home": "the folder of every conversation (active/, completed/), the stores and the index",
-    "config_file": "the TOML file read (set it with --config or CONTEMPLATION_CONFIG)",
-    "default_backend": "the backend (provider) of a conversation that names none",
-    "default_model": "the model of a conversation that names none (and its template neither)",
-    "default_template": "the template of `new` without --template",
-    "rescan_interval": "seconds between the periodic full scans, besides filesystem events",
-    "max_message_bytes": "the largest message file taken from inbox/ (larger: failed/)",
-    "max_reply_bytes": "the most text one reply may write; past it the stream is closed",
-    "archive_on_complete": "move a conversation to completed/ once the model ends it",
-    "durability": "fsync: every write made durable before it is acknowledged; none: tests only",
-    "log_format": "the diagnostic log's format on stderr (auto: console on a terminal)",
-    "log_level": "the diagnostic log's level",
-    "dashboard_enabled": "serve the dashboard from the daemon (run --no-dashboard: off)",
-    "notifications[].on": "the events that run the command",
-    "notifications[].command": "the command, an argv list (never a shell line)",
     "[retry]": "the backoff of a turn whose backend failed for a transient cause",
     "[retention]": "how long archived conversations are kept",
-    "mcp_servers.<name>.args": "the stdio server's arguments",
-    "mcp_servers.<name>.env": "variables set for the stdio server",
-    "mcp_servers.<name>.cwd": "the stdio server's working folder",
-    "mcp_servers.<name>.headers": "HTTP headers sent to a url server",
-    "mcp_servers.<name>.type": "stdio or http (default: from command or url)",
     "[tools]": "the NEED tools: the roots files are read from, the notes vault, limits",
-    "tools.search_arguments": "the arguments of search_tool, with {query} filled in",
     "[tools.limits]": "how many needs and tool calls, how fast, how long",
-    "capabilities.<name>.thinking": "the model can think before it answers",
-    "capabilities.<name>.tools": "the model can call tools",
-    "capabilities.<name>.vision": "the model reads images",
-    "capabilities.<name>.context_length": "the model's window, in tokens",
-    "aliases.<name>.providers": "the providers that serve it; a turn takes a free slot on any",
-    "aliases.<name>.options": "the model's options (temperature, num_ctx, ...)",
-    "aliases.<name>.think": "ask the model to think (true, false, or a level)",
 }
 
 
