@@ -99,7 +99,10 @@ def test_compaction_in_a_small_slot_extends_the_cache_instead_of_replacing_it(
     # the ledger names each miss: the first turn's, and each compaction's turn
     st = read_state(conv)
     assert st is not None
-    misses = [t.miss for t in st.ledger.turns]
+    misses = [t.miss for t in st.ledger.turns if t.turns]  # the turns' rows
     assert misses[0] == "new conversation", misses
     assert misses.count("compaction") == len(summaries), misses
     assert set(misses[1:]) <= {None, "compaction"}, misses
+    # and each summary call is a row of its own, counted as no turn
+    calls = [t for t in st.ledger.turns if not t.turns]
+    assert len(calls) == len(summaries) and {t.miss for t in calls} == {"compaction"}, calls
