@@ -581,13 +581,9 @@ def _conversation_search(faces: Faces, settings: Settings) -> Callable[..., Any]
         ] = "",
         cursor: Annotated[str, Field(description="the next page: a result's 'next'")] = "",
     ) -> str:
-        """Search every conversation by words and, with the semantic extra, by meaning too;
-        best first, each hit a block with a snippet («match»). A hit found by meaning has
-        "relevance" (close, near or far: read against this query's own scores); when none is
-        close, "nothing_close" says the hits are only the nearest. "not_embedded": how many
-        conversations meaning may miss yet; "note": e.g. the embedding server is down and the
-        ranking is by words. "cut": stopped at search_seconds; "next": the cursor of the next
-        page."""
+        """Search every conversation by words and by meaning; best first, each hit a block
+        with a «snippet» and its relevance (close/near/far). nothing_close: only the nearest;
+        note: ranked by words only; next: a cursor."""
         from contemplation.index import embedder, fusion
         from contemplation.index.search import Filters, since_bound
 
