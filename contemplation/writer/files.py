@@ -118,6 +118,20 @@ def atomic_write_json(path: Path, data: Any, *, durable: bool = True) -> None:
     )
 
 
+def cache_write(path: Path, data: bytes) -> None:
+    """A cache file, not a record of the home: written whole by a rename, owner-only, never
+    fsynced and outside the crash model (a process killed here leaves at most its temp file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

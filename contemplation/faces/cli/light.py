@@ -233,18 +233,14 @@ def remember(
     verdicts.pop(got.key, None)
     verdicts[got.key] = verdict
     kept = dict(list(verdicts.items())[-KEPT:])
-    # a cache, not a record of the home: written whole by a rename, never fsynced, and outside
-    # the writer's crash model (a command killed here leaves at most its own temp file)
+    from contemplation.writer.files import cache_write  # on a miss only
+
     path = verdicts_path()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(kept, f, indent=2)
-        os.replace(tmp, path)
+        cache_write(path, json.dumps(kept, indent=2).encode())
     except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only cache: the model is loaded each time
+        pass  # a read-only cache: the model is loaded each time, nothing else changes
 
 
 def _embed(kept: Any) -> tuple[str, str, str, float]:
