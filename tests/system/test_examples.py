@@ -6,25 +6,17 @@ drifted: a doctor output the code no longer printed, a unit-loop figure of month
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from tests import peers
-from tests.conftest import ROOT
+from tests.scripts import script
 
 
 def _script() -> ModuleType:
-    where = ROOT / "scripts" / "examples.py"
-    spec = importlib.util.spec_from_file_location("examples", where)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["examples"] = module
-    spec.loader.exec_module(module)
-    return module
+    return script("examples")
 
 
 def test_masks_hide_what_changes_between_runs_and_nothing_else() -> None:

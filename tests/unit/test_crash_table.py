@@ -5,23 +5,17 @@ hand once did)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.scripts import script
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _script() -> ModuleType:
-    where = ROOT / "scripts" / "crash_table.py"
-    spec = importlib.util.spec_from_file_location("crash_table", where)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["crash_table"] = module
-    spec.loader.exec_module(module)
-    return module
+    return script("crash_table")
 
 
 def test_the_readme_shows_the_table_the_results_file_makes() -> None:

@@ -7,11 +7,10 @@ The measure is scripts/architecture.py's, the one docs/internals/architecture.md
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests.scripts import script
 from tests.unit import sources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,13 +18,7 @@ PKG = ROOT / "contemplation"
 
 
 def _architecture() -> ModuleType:
-    where = ROOT / "scripts" / "architecture.py"
-    spec = importlib.util.spec_from_file_location("architecture", where)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("architecture", module)
-    spec.loader.exec_module(module)
-    return module
+    return script("architecture")
 
 
 arch = _architecture()

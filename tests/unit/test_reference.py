@@ -5,23 +5,17 @@ and named modules that had moved; a page that disagrees with the code fails here
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.scripts import script
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _script() -> ModuleType:
-    where = ROOT / "scripts" / "reference.py"
-    spec = importlib.util.spec_from_file_location("reference", where)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reference"] = module
-    spec.loader.exec_module(module)
-    return module
+    return script("reference")
 
 
 def test_each_reference_page_is_what_the_code_makes_now() -> None:
