@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("errors", "models")),
+    (0, ("errors", "values", "models")),
     (1, ("base",)),
     (2, ("protocol",)),
     (3, ("settings",)),

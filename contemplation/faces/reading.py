@@ -38,13 +38,12 @@ from contemplation.store.cursors import (
 from contemplation.store.layout import (
     Conv,
     Home,
-    find_conversation,
     list_conversations,
+    locate,
     queued_messages,
     read_metadata,
     read_regular,
     read_state,
-    valid_id,
 )
 from contemplation.store.logview import LogView
 from contemplation.store.waiting import MIN_PREFIX, WaitItem, look
@@ -57,23 +56,6 @@ __all__ = [  # the cursor space's names, which the faces read here
 
 VIEWS_KEPT = 256
 STANDING_TRIES = 8  # reads of a conversation that changes under each one before it is busy
-
-
-def locate(home: Home, name: str) -> Conv:
-    """The one conversation lookup of every face: an exact id (active first, then completed),
-    else a unique id prefix or topic among active and completed conversations.
-
-    An archived conversation is found like any other (reading it is fine); the actions that
-    would change it refuse with "archived (in completed/)" (:func:`actions.require_active`)."""
-    try:
-        if valid_id(name):
-            for completed in (False, True):
-                conv = home.conv(name, completed=completed)
-                if conv.dir.is_dir():
-                    return conv
-        return find_conversation(home, name)
-    except OSError as exc:
-        raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
 
 
 OWN_SEGMENTS_BACK = 8  # rotated segments searched for the agent's last own message

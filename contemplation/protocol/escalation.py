@@ -18,16 +18,12 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from contemplation.models import (
-    LADDER_STEPS_KEPT,
-    Block,
-    BlockKind,
-    LadderBook,
-    LadderStep,
-    MarkerKind,
-)
+from contemplation.values import Block, BlockKind, MarkerKind
+
+if TYPE_CHECKING:  # the book's models (pydantic) load where a book is written, not to read one
+    from contemplation.models import LadderBook, LadderStep
 
 AGENT = "agent"
 PANEL = "panel:"
@@ -238,6 +234,8 @@ def causes_on(rules: Mapping[str, bool]) -> frozenset[str]:
 def book(kept: LadderBook | None, step: LadderStep, *, saved_tokens: int = 0) -> LadderBook:
     """``kept`` with one more reply on the ladder: answered where it ran (and the frontier
     tokens it saved, an estimate), or sent up for ``step.cause``."""
+    from contemplation.models import LADDER_STEPS_KEPT, LadderBook
+
     out = kept.model_copy(deep=True) if kept is not None else LadderBook()
     if step.to is None:
         key = step.rung or step.model

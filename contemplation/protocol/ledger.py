@@ -8,18 +8,11 @@ Pure: the writer keeps the ledger in state.json, the index sums it over conversa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from contemplation.models import (
-    LEDGER_KEYS_KEPT,
-    LEDGER_TURNS_KEPT,
-    Ledger,
-    LedgerSums,
-    LedgerTurn,
-    MissCause,
-    Usage,
-)
+if TYPE_CHECKING:  # the models (pydantic) load where a ledger is made, not to print sums
+    from contemplation.models import Ledger, LedgerSums, LedgerTurn, MissCause, Usage
 
 FIELDS = (
     "sent", "reused", "recomputed", "output",
@@ -48,6 +41,8 @@ def entry(
 ) -> LedgerTurn:
     """One turn's line of the ledger; or (``turns`` 0) a request the turn made besides its
     reply, a compaction's summary call (``miss`` "compaction"): a row of its own, no turn."""
+    from contemplation.models import LedgerTurn, Usage
+
     u = usage or Usage()
     return LedgerTurn(
         turns=turns,
@@ -123,6 +118,8 @@ def _plus(a: Any, b: Any) -> Any:
 
 def added(total: LedgerSums, more: LedgerSums) -> LedgerSums:
     """``total`` with ``more`` added (None + None stays None)."""
+    from contemplation.models import LedgerSums
+
     out = {k: _plus(getattr(total, k), getattr(more, k)) for k in FIELDS}
     return LedgerSums(
         turns=total.turns + more.turns,
@@ -134,6 +131,8 @@ def added(total: LedgerSums, more: LedgerSums) -> LedgerSums:
 def record(ledger: Ledger, line: LedgerTurn) -> None:
     """Add a turn: listed (the last LEDGER_TURNS_KEPT), and summed under its provider/model
     (past LEDGER_KEYS_KEPT pairs, under "other")."""
+    from contemplation.models import LEDGER_KEYS_KEPT, LEDGER_TURNS_KEPT, LedgerSums
+
     ledger.turns = [*ledger.turns, line][-LEDGER_TURNS_KEPT:]
     key = f"{line.provider}/{line.model}"
     if key not in ledger.by and len(ledger.by) >= LEDGER_KEYS_KEPT:
@@ -147,6 +146,8 @@ def total(ledger: Ledger) -> LedgerSums:
 
 
 def summed(parts: Iterable[LedgerSums]) -> LedgerSums:
+    from contemplation.models import LedgerSums
+
     out = LedgerSums()
     for p in parts:
         out = added(out, p)
@@ -160,13 +161,19 @@ def _n(v: int | float | None, unit: str = "") -> str:
 def line(s: LedgerSums) -> str:
     """One line: ``3 turns: 1,200 prompt tokens (900 reused, 300 recomputed) + 80 out; ...``
     (a turn's line ends with the cause of its miss, when it had one)."""
-    cause = getattr(s, "miss", None)
+    return sums_line(s.model_dump())
+
+
+def sums_line(s: Mapping[str, Any]) -> str:
+    """:func:`line` of sums as a mapping (the index's, without the models): ``turns``,
+    :data:`FIELDS`, ``context_bytes`` and, for a turn, ``miss``."""
+    cause = s.get("miss")
     return (
-        f"{s.turns} turns: {_n(s.sent)} prompt tokens ({_n(s.reused)} reused, "
-        f"{_n(s.recomputed)} recomputed) + {_n(s.output)} out; "
-        f"{_n(s.queued_ms, ' ms')} queued, {_n(s.load_ms, ' ms')} loading, "
-        f"{_n(s.prefill_ms, ' ms')} prefill, {_n(s.generate_ms, ' ms')} generating; "
-        f"{_n(s.context_bytes, ' B')} context read for the model"
+        f"{s['turns']} turns: {_n(s['sent'])} prompt tokens ({_n(s['reused'])} reused, "
+        f"{_n(s['recomputed'])} recomputed) + {_n(s['output'])} out; "
+        f"{_n(s['queued_ms'], ' ms')} queued, {_n(s['load_ms'], ' ms')} loading, "
+        f"{_n(s['prefill_ms'], ' ms')} prefill, {_n(s['generate_ms'], ' ms')} generating; "
+        f"{_n(s['context_bytes'], ' B')} context read for the model"
     ) + (f"; cache missed: {cause}" if cause else "")
 
 

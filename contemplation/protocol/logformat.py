@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from contemplation.models import MarkerKind
+from contemplation.values import MarkerKind
 
 HEADER_RE = re.compile(
     rb"^=== ([A-Z][A-Z0-9_]*) -> ([A-Z][A-Z0-9_]*) \[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] ===\r?$"

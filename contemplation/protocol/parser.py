@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from contemplation.models import Block, BlockKind, ImageRef, MarkerKind, ParseResult
 from contemplation.protocol.logformat import (
     ATTACHMENT_LINE_RE,
     ATTACHMENT_OPEN,
@@ -25,6 +24,7 @@ from contemplation.protocol.logformat import (
     canonical_need,
     uninert,
 )
+from contemplation.values import Block, BlockKind, ImageRef, MarkerKind, ParseResult
 
 MAX_NEED_CHARS = 1000
 _STUFFED = " " + FRAME  # a body line shaped like a frame, as the writer stuffs it

@@ -29,12 +29,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import ErrorKind, InputRejected
-from contemplation.models import Block, BlockKind, ChatMessage, ChatRequest, MarkerKind, Status
 from contemplation.protocol import replycheck, schema_rules
 from contemplation.protocol.logformat import one_line
+from contemplation.values import Block, BlockKind, ChatMessage, MarkerKind, Status
+
+if TYPE_CHECKING:  # the models (pydantic) load with a backend, not to read a log
+    from contemplation.models import ChatRequest
 
 SCHEMA_PREFIX = "SCHEMA: "
 RETRY_PREFIX = "the reply does not match the schema"  # the INTERRUPTED marker of a miss

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from contemplation.errors import InputRejected
-from contemplation.models import Block, MarkerKind
 from contemplation.protocol import escalation, structured
 from contemplation.protocol.logformat import MARKER_RE
 from contemplation.protocol.parser import parse
@@ -24,6 +23,7 @@ from contemplation.store import logstream
 from contemplation.store.layout import Conv, open_regular
 from contemplation.store.logstream import parse_segment
 from contemplation.store.logview import log_segments, segment_inodes
+from contemplation.values import Block, MarkerKind
 
 _HIDDEN_MARKERS = {MarkerKind.THINKING, MarkerKind.END_THINKING}
 

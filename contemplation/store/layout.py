@@ -188,6 +188,23 @@ def find_conversation(home: Home, name: str, *, include_completed: bool = True) 
 SHOWN_MATCHES = 5  # the matches an ambiguous name lists
 
 
+def locate(home: Home, name: str) -> Conv:
+    """The one conversation lookup of every face: an exact id (active first, then completed),
+    else a unique id prefix or topic among active and completed conversations.
+
+    An archived conversation is found like any other (reading it is fine); the actions that
+    would change it refuse with "archived (in completed/)" (``actions.require_active``)."""
+    try:
+        if valid_id(name):
+            for completed in (False, True):
+                conv = home.conv(name, completed=completed)
+                if conv.dir.is_dir():
+                    return conv
+        return find_conversation(home, name)
+    except OSError as exc:
+        raise NotFound(f"cannot read conversation {name!r}: {exc}") from exc
+
+
 def _is_topic(conv: Conv, name: str, slug: str | None) -> bool:
     """``name`` is the conversation's topic (its slug, when ``slug`` is given, or its
     metadata's topic, case aside)."""

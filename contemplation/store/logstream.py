@@ -16,9 +16,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from contemplation.models import Block, MarkerKind, ParseResult
 from contemplation.protocol.logformat import FRAME, FRAME_OPEN, HEADER_RE
 from contemplation.protocol.parser import parse
+from contemplation.values import Block, MarkerKind, ParseResult
 
 CHUNK = 1 << 20  # bytes read at once
 MAX_BLOCK_BYTES = 16 << 20  # a block longer than this is read by its first so many bytes

@@ -11,12 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contemplation.base.aio import on_thread
 from contemplation.errors import InputRejected
-from contemplation.models import Block, ParseResult
 from contemplation.protocol.parser import merge, parse
 from contemplation.store import logstream
 from contemplation.store.layout import Conv, open_regular_stat, read_regular, read_to_end
+from contemplation.values import Block, ParseResult
 
 _SEGMENT_RE = re.compile(r"messages\.(\d+)\.log")
 LONG_PARSE = 256 * 1024  # bytes of log parsed at once (~2 ms) above which it is done off the loop
@@ -180,6 +179,8 @@ class LogView:
         (``fd`` stays open meanwhile). The caller holds the lock: nothing else writes."""
         st = known or self._stat(fd)  # taken once, for the check and the refresh
         if self.long_refresh(st, names, fd):
+            from contemplation.base.aio import on_thread  # asyncio: a reader never loads it
+
             return await on_thread(lambda: self.refresh(st, names, fd))
         return self.refresh(st, names, fd)
 

@@ -11,6 +11,8 @@ People who append by hand take the same lock:
 ``flock <conv>/.lock -c 'cat msg >> <conv>/messages.log'``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from contemplation.writer.files import (
     DaemonLock,
     atomic_write_bytes,
@@ -41,8 +43,27 @@ from contemplation.writer.folders import (
     write_context_file,
     write_metadata,
 )
-from contemplation.writer.reply import LiveReply, ReplyStream, Streamed
-from contemplation.writer.session import ConvWriter, open_writer, rebuild_state
+
+if TYPE_CHECKING:  # loaded when first asked for (below): a reader that only asks
+    # daemon_alive or faces_lock loads neither the turn's writers nor the models (pydantic)
+    from contemplation.writer.reply import LiveReply, ReplyStream, Streamed
+    from contemplation.writer.session import ConvWriter, open_writer, rebuild_state
+
+_LATER = {
+    "LiveReply": "reply", "ReplyStream": "reply", "Streamed": "reply",
+    "ConvWriter": "session", "open_writer": "session", "rebuild_state": "session",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LATER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{_LATER[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConvWriter",

@@ -13,12 +13,11 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.base.privacy import DIR_MODE, FILE_MODE
 from contemplation.base.testing import crashpoint
 from contemplation.errors import InputRejected, NotFound
-from contemplation.models import LogIdentity, Metadata, State
 from contemplation.store.layout import (
     REST_RECORD,
     Conv,
@@ -47,6 +46,9 @@ from contemplation.writer.files import (
     write_all,
 )
 from contemplation.writer.templates import seed_templates
+
+if TYPE_CHECKING:  # the models (pydantic) load when a folder is made, not with the writer
+    from contemplation.models import Metadata
 
 # --------------------------------------------------------------------------- creation
 
@@ -110,6 +112,8 @@ def new_conversation(
     staging = home.active / f".new-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         staging.mkdir(DIR_MODE)
+        from contemplation.models import Metadata
+
         ensure_conversation_files(Conv(staging), Metadata.model_validate(fields), durable=durable)
         if first is not None:
             first(Conv(staging))
@@ -153,6 +157,8 @@ def ensure_conversation_files(conv: Conv, meta: Metadata, *, durable: bool = Tru
         atomic_write_json(conv.metadata, meta.model_dump(mode="json"), durable=durable)
     _make_log(conv)
     if read_state(conv) is None and not conv.state.exists():
+        from contemplation.models import LogIdentity, State
+
         st = State(updated=now_iso())
         info = os.stat(conv.log)
         st.log = LogIdentity(ino=info.st_ino, size=0)

@@ -30,6 +30,9 @@ NEVER = (
     "contemplation.backends", "httpx", "aiohttp", "mcp", "starlette",
 )  # fmt: skip
 NOT_FOR_LIST = ("pydantic", "contemplation.models", "structlog", "asyncio")
+# the models (pydantic: importing it costs more than a read command's whole work): read
+# commands read the log, the index and the folders' JSON without them
+NO_MODELS = ("pydantic", "contemplation.models")
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
@@ -67,17 +70,18 @@ def test_list_loads_no_settings_model_no_pydantic_no_logging(
 
 
 @pytest.mark.parametrize(
-    "args",
-    [("status",), ("status", "{conv}"), ("tail", "{conv}"), ("search", "light", "--mode", "words"),
-     ("approvals",)],
+    ("args", "never"),
+    [(("status",), NEVER + NO_MODELS), (("status", "{conv}"), NEVER),
+     (("tail", "{conv}"), NEVER + NO_MODELS),
+     (("search", "light", "--mode", "words"), NEVER + NO_MODELS), (("approvals",), NEVER)],
     ids=["status", "status CONV", "tail", "search words", "approvals"],
 )  # fmt: skip
 def test_the_read_commands_load_no_settings_model_nor_actions(
-    conv_env: tuple[dict[str, str], str], args: tuple[str, ...]
+    conv_env: tuple[dict[str, str], str], args: tuple[str, ...], never: tuple[str, ...]
 ) -> None:
     env, conv = conv_env
     _, modules = _loaded(env, *(a.format(conv=conv) for a in args))  # exit 0 (check=True)
-    assert _heavy(modules, NEVER) == []
+    assert _heavy(modules, never) == []
 
 
 def test_without_a_verdict_the_model_is_loaded_and_then_not(home: Home) -> None:

@@ -167,9 +167,9 @@ def ctx_home(ctx: click.Context) -> Home:
 
 
 def lookup(ctx: click.Context, name: str) -> Conv:
-    """The conversation every command means by ``name`` (see :func:`reading.locate`): an
+    """The conversation every command means by ``name`` (see :func:`layout.locate`): an
     archived one is found too; the actions that would change it say it is archived."""
-    from contemplation.faces.reading import locate
+    from contemplation.store.layout import locate
 
     return locate(ctx_home(ctx), name)
 

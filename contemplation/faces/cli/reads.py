@@ -50,12 +50,14 @@ if TYPE_CHECKING:
 @click.pass_context
 def tail(ctx: click.Context, conversation: str, follow: bool, lines: int, as_json: bool) -> None:
     """Print a conversation's messages.log."""
-    from contemplation.faces.reading import Reader, log_text
+    from contemplation.store.cursors import log_text
     from contemplation.store.logview import read_log_bytes
 
     home = ctx_home(ctx)
     conv = lookup(ctx, conversation)
     if as_json:
+        from contemplation.faces.reading import Reader
+
         _tail_json(Reader(home), conv, lines, follow)
         return
     if follow:  # loaded before the log is read: the folder may move while it loads
@@ -261,10 +263,9 @@ def _daemon_status(home: Home) -> dict[str, Any]:
     }
     total = ledger_sums.summed(home, limit=1)["total"]  # every conversation, from the index
     if total["turns"]:
-        from contemplation.models import LedgerSums
         from contemplation.protocol import ledger
 
-        data["ledger"] = ledger.line(LedgerSums.model_validate(total))
+        data["ledger"] = ledger.sums_line(total)
     now = time.time()
     generating = [
         f"{r['id']} since {time.strftime('%H:%M:%S', time.localtime(since))} ({now - since:.0f} s)"
