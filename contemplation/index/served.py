@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from contemplation.errors import InputRejected
+from contemplation.index import pending
 
 Api = Literal["ollama", "openai"]
 APIS: tuple[Api, ...] = ("ollama", "openai")
@@ -55,7 +56,7 @@ class Server:
     @property
     def tag(self) -> str:
         """What the index records as the model that made a vector."""
-        return f"{self.api}:{self.model}@{self.url.rstrip('/')}"
+        return pending.model_tag(self.url, self.model, self.api)
 
     def embed(self, texts: list[str], timeout: float | None = None) -> list[list[float]]:
         """Unit vectors of ``texts``, one each, in order; each request ``timeout`` seconds

@@ -162,7 +162,7 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
     """A conversation's status; without one, the daemon's."""
     home = ctx_home(ctx)
     if conversation is None:
-        data = _daemon_status(home)
+        data = _daemon_status(home, ctx_light(ctx).embed)
         _emit_lines(data, as_json)
         return
     _conversation_status(ctx, home, lookup(ctx, conversation), as_json)
@@ -246,9 +246,9 @@ def _state_details(state: State) -> dict[str, Any]:
     }
 
 
-def _daemon_status(home: Home) -> dict[str, Any]:
+def _daemon_status(home: Home, embed: tuple[str, str, str, float]) -> dict[str, Any]:
     from contemplation.index import ledger as ledger_sums
-    from contemplation.index import listing
+    from contemplation.index import listing, pending
     from contemplation.store import room
     from contemplation.writer.files import daemon_alive
 
@@ -261,6 +261,8 @@ def _daemon_status(home: Home) -> dict[str, Any]:
         "disk_active": show.size(counts["active_bytes"]),
         "disk_completed": show.size(counts["completed_bytes"]),
     }
+    if (unembedded := pending.waiting(home, *embed[:3])) is not None:  # the semantic extra
+        data["not_embedded"] = unembedded  # for the current model: search by meaning misses them
     total = ledger_sums.summed(home, limit=1)["total"]  # every conversation, from the index
     if total["turns"]:
         from contemplation.protocol import ledger
