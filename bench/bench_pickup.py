@@ -4,6 +4,14 @@ net/http), durability = fsync. Pickup = a message renamed into ``inbox/`` → it
 reaching the server (the server stamps it when the request's body has been read).
 
 Run: .venv/bin/python bench/bench_pickup.py [--rounds 60]
+     .venv/bin/python bench/bench_pickup.py --ab base=/tmp/base new=. none=.:none [--rounds 60]
+
+``--ab`` compares daemons side by side in one run: each ``LABEL=TREE[:DURABILITY]`` is a
+daemon run from that source tree (a worktree of another commit, or ``.``) with that
+durability (fsync unless said), each with its own home and server, all started together;
+the drops go round-robin (one to each, the order rotated every round), so a load that comes
+and goes falls on all of them alike. Prints each one's pickup p50 / p99, the ratio of each
+p50 to the first ``none`` daemon's, and the machine's load average before and after.
 
 Prints, for folders made by ``contemplation new``'s code and for folders made by hand:
   one at a time     p50 / p99 over ``rounds`` drops (after one untimed warm-up turn, whose
@@ -89,18 +97,23 @@ def folders(home: Home, n: int, *, by_hand: bool) -> list[Conv]:
     ]
 
 
-def start_daemon(home: Home, server: Server, tmp: Path) -> subprocess.Popen[bytes]:
+def start_daemon(
+    home: Home, server: Server, tmp: Path, *, tree: Path = ROOT, durability: str = "fsync"
+) -> subprocess.Popen[bytes]:
+    """The daemon as its own process, its code from ``tree`` (``-m`` puts the working folder
+    first on the path, ahead of the editable install)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "OLLAMA_"))}
     env.update(
         CONTEMPLATION_HOME=str(home.root),
         XDG_CONFIG_HOME=str(tmp / "xdg"),
         OLLAMA_HOST=server.url,
         CONTEMPLATION_DEFAULT_MODEL="llama3.2",
+        CONTEMPLATION_DURABILITY=durability,
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "contemplation", "run", "--no-dashboard"],
         env=env,
-        cwd=ROOT,
+        cwd=tree,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -172,10 +185,76 @@ def run(by_hand: bool, rounds: int) -> None:
     )
 
 
+class Variant:
+    """One daemon of an ``--ab`` run: its code, durability, home, server and figures."""
+
+    def __init__(self, spec: str, rounds: int) -> None:
+        self.label, _, rest = spec.partition("=")
+        tree, _, durability = rest.partition(":")
+        self.tree = Path(tree or ".").resolve()
+        self.durability = durability or "fsync"
+        if not self.label or not (self.tree / "contemplation").is_dir():
+            raise SystemExit(f"--ab {spec!r}: LABEL=TREE[:DURABILITY], TREE a source tree")
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"contemplation-pickup-{self.label}-"))
+        self.home = Home(self.tmp / "home")
+        self.convs = folders(self.home, 1 + rounds, by_hand=False)
+        self.server = Server()
+        self.daemon = start_daemon(
+            self.home, self.server, self.tmp, tree=self.tree, durability=self.durability
+        )
+        self.times: list[float] = []
+
+    def pickup(self, i: int) -> float:
+        """Drop conversation ``i``'s message; ms until its request reached the server."""
+        drop_message(self.convs[i], "ping")
+        t0 = time.time()
+        took = (self.server.wait_chats(1 + i)[-1] - t0) * 1000
+        settle(self.server, 1 + i)
+        return took
+
+    def stop(self) -> None:
+        self.daemon.send_signal(signal.SIGTERM)
+        self.daemon.wait(30)
+        self.server.stop()
+
+
+def ab(specs: list[str], rounds: int) -> None:
+    load0 = os.getloadavg()
+    variants = [Variant(s, rounds) for s in specs]
+    try:
+        time.sleep(0.5)  # the start-up scans
+        for v in variants:
+            v.pickup(0)  # untimed: the first turn also looks up the model
+        for i in range(1, 1 + rounds):
+            k = i % len(variants)
+            for v in variants[k:] + variants[:k]:
+                v.times.append(v.pickup(i))
+    finally:
+        for v in variants:
+            v.stop()
+    load1 = os.getloadavg()
+    none = next((v for v in variants if v.durability == "none"), None)
+    print(
+        f"pickup, one at a time, interleaved (n={rounds} each; {os.cpu_count()} cores, "
+        f"load average {load0[0]:.2f} before, {load1[0]:.2f} after)"
+    )
+    for v in variants:
+        p50, p99 = percentile(v.times, 0.5), percentile(v.times, 0.99)
+        ratio = f"   {p50 / percentile(none.times, 0.5):4.2f}x none's p50" if none else ""
+        print(
+            f"  {v.label:10} {v.durability:5} {v.tree!s:28} p50 {p50:7.2f} ms   "
+            f"p99 {p99:7.2f} ms{ratio}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--ab", nargs="+", metavar="LABEL=TREE[:DURABILITY]")
     args = ap.parse_args()
+    if args.ab:
+        ab(args.ab, args.rounds)
+        return
     for by_hand in (False, True):
         run(by_hand, args.rounds)
 

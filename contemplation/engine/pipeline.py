@@ -187,6 +187,7 @@ async def _next_message(
     Settled: its mtime that long ago by the wall clock, or seen unchanged that long by the
     monotonic one (a wall clock stepped back since it was written puts its mtime ahead)."""
     conv = w.conv
+    await _claims_durable(w, rt)
     for claimed in w.claimed_files():
         return _take(w, rt, claimed)
     wake: float | None = None
@@ -251,17 +252,32 @@ def _needs(w: ConvWriter, rt: Runtime, due: Seated) -> NeedsDue | None:
 
 
 async def _claim(w: ConvWriter, path: Path) -> Path | None:
-    """:func:`~contemplation.writer.claim`; with durability on, off the loop (it fsyncs
-    ``processing/``: milliseconds on a busy disk, more on a slow one)."""
+    """:func:`~contemplation.writer.claim`. With durability on, a file is linked into
+    ``processing/`` here and its claim made durable by the turn's first state write, while
+    its request goes out (:meth:`ConvWriter.claim`); a folder message is claimed whole off
+    the loop (it fsyncs ``processing/``: milliseconds on a busy disk, more on a slow one)."""
     if not w.durable:
         return claim(w.conv, path, durable=False)
+    linked = w.claim(path)
+    if linked is not None:
+        return linked
     return await asyncio.to_thread(claim, w.conv, path, durable=True)
 
 
+async def _claims_durable(w: ConvWriter, rt: Runtime) -> None:
+    """The claims linked and not yet durable, made so now (off the loop) before the inbox
+    is looked at again (a claimed file's inbox name is there until then)."""
+    if w.claiming:
+        await rt.committer.run(w.claim_steps())
+
+
 def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
-    """Append a claimed message as an agent block, exactly once, then drop the claim."""
+    """Append a claimed message as an agent block, exactly once, then drop the claim. Its
+    block is held for the turn's first state write, which makes its claim durable too;
+    every other way out (rare) makes the claim durable first, here."""
     w.took(claimed)
     if being_written(claimed):  # opened for writing between the look and the claim
+        w.claims_durable()
         back = unclaim(w.conv, claimed)
         log.info("unclaimed", conv=w.conv.id, file=back.name, why="open for writing")
         return AGAIN
@@ -270,6 +286,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     # is the rest of, and the bytes of it taken before. Any other file is a whole message.
     rest = None if folder else rest_of(claimed)
     if rest is not None and rest.offset and _nothing_past(claimed, rest.offset):
+        w.claims_durable()
         remove_empty_rest(claimed)  # its writer added nothing: it holds only bytes taken
         return AGAIN
     try:  # a file, or a folder with files (kept in attachments/ before the block names them)
@@ -277,6 +294,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
             claimed, rt.settings.max_message_bytes, rt.settings.attachments
         )
     except FileNotFoundError:
+        w.claims_durable()
         return AGAIN
     text, note = msg.text, msg.note
     bad_schema = structured.refused(text, rt.settings.max_schema_bytes) if text else None
@@ -285,6 +303,7 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
     if text is not None and msg.files:
         store_attachments(w.conv, attachments.block_id(claimed.name), msg.files, durable=w.durable)
     if text is None:
+        w.claims_durable()
         dest = reject_input(w.conv, claimed, note)
         w.append_marker(MarkerKind.NOTE, logformat.not_taken(claimed.name, note, dest.name))
         rt.notify(w.conv.id, ConvEvent.REJECTED, reason=note)

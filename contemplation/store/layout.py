@@ -551,8 +551,30 @@ def processing_entries(conv: Conv) -> list[Path]:
 
 def queued_messages(conv: Conv) -> list[Path]:
     """The messages queued for ``conv`` and not yet answered: those waiting in ``inbox/``
-    (oldest first) and those claimed into ``processing/`` (the one reader of that count)."""
-    return [e.path for e in inbox_entries(conv)] + processing_entries(conv)
+    (oldest first) and those claimed into ``processing/`` (the one reader of that count).
+    A file being claimed has both names for a moment (linked into ``processing/``, its
+    inbox name removed once that is durable): it is counted once, as claimed."""
+    claimed = processing_entries(conv)
+    taken: set[tuple[int, int]] = set()
+    for p in claimed:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if st.st_nlink > 1:
+            taken.add((st.st_dev, st.st_ino))
+    waiting = [e.path for e in inbox_entries(conv)]
+    if taken:
+        waiting = [p for p in waiting if not _same_file(p, taken)]
+    return waiting + claimed
+
+
+def _same_file(path: Path, files: set[tuple[int, int]]) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in files
 
 
 def list_folder(conv: Conv) -> list[str]:

@@ -38,6 +38,7 @@ from contemplation.store.layout import (
 )
 from contemplation.store.openfiles import being_written
 from contemplation.store.templates import Template
+from contemplation.writer.durable import Durable, Steps, run_now
 from contemplation.writer.files import (
     atomic_write_bytes,
     atomic_write_json,
@@ -49,6 +50,7 @@ from contemplation.writer.templates import seed_templates
 
 if TYPE_CHECKING:  # the models (pydantic) load when a folder is made, not with the writer
     from contemplation.models import Metadata
+
 
 # --------------------------------------------------------------------------- creation
 
@@ -229,7 +231,8 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
 
 
 def claim(conv: Conv, inbox_file: Path, *, durable: bool = True) -> Path | None:
-    """Take an inbox file into ``processing/``; None if someone else won (a withdraw).
+    """Take an inbox file into ``processing/``; None if someone else won (a withdraw). The
+    caller holds the conversation's lock (one claimer at a time).
 
     A file is linked into ``processing/``, that folder fsynced, and only then unlinked from
     ``inbox/``: at every moment it has a durable name, whatever another process makes durable
@@ -237,9 +240,10 @@ def claim(conv: Conv, inbox_file: Path, *, durable: bool = True) -> Path | None:
     yet durable lost the message at a power cut: a file system need not keep a rename's two
     folders together). A crash between leaves both names, one file: recovery removes the
     inbox name (:func:`drop_claimed_twins`). A folder message cannot be linked: it is renamed,
-    then ``processing/`` fsynced."""
-    name = _claim_name(inbox_file.name)
-    claimed = conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{name}"
+    then ``processing/`` fsynced. The daemon does the link alone first (:func:`claim_link`)
+    and the rest with the message's first state write (:func:`finish_claims`), so that the
+    fsync is not between the message and its request."""
+    claimed = _claimed_path(conv, inbox_file)
     try:
         linked = _link_or_rename(inbox_file, claimed)
     except FileNotFoundError:
@@ -248,17 +252,56 @@ def claim(conv: Conv, inbox_file: Path, *, durable: bool = True) -> Path | None:
         # a folder from before processing/ came with it
         conv.processing.mkdir(DIR_MODE, exist_ok=True)
         return claim(conv, inbox_file, durable=durable)
+    if linked:
+        run_now(finish_claims(conv, [(inbox_file, claimed)], durable=durable))
+        return claimed
     if durable:
         fsync_dir(conv.processing)
-    if linked:
-        crashpoint("claim_linked")
-        try:
-            os.unlink(inbox_file)
-        except FileNotFoundError:  # withdrawn between the link and now: the withdraw wins
-            os.unlink(claimed)
-            return None
     crashpoint("claim")
     return claimed
+
+
+def claim_link(conv: Conv, inbox_file: Path) -> Path | None:
+    """The first half of a claim (see :func:`claim`), for a writer that finishes it with
+    its next durable write (:func:`finish_claims`): a second name for the file in
+    ``processing/``, nothing fsynced, its inbox name kept. Once linked the claim has won:
+    a withdraw that renames the inbox name away after it finds the file in ``processing/``
+    and leaves it there. None: not linked (someone else took it, a folder, a file system
+    without hard links, no ``processing/`` yet): :func:`claim` it, which says which."""
+    if os.path.isdir(inbox_file) and not os.path.islink(inbox_file):
+        return None
+    claimed = _claimed_path(conv, inbox_file)
+    try:
+        os.link(inbox_file, claimed, follow_symlinks=False)
+    except OSError:
+        return None
+    return claimed
+
+
+def finish_claims(
+    conv: Conv, linked: list[tuple[Path, Path]], *, durable: bool = True
+) -> Steps[None]:
+    """The second half of the claims ``linked`` ((inbox name, processing/ name) pairs, see
+    :func:`claim_link`), as steps: ``processing/`` made durable with their new names, then
+    their inbox names removed (made durable by the commit that counts their blocks, which
+    fsyncs ``inbox/`` before their ``processing/`` names go). An inbox name gone already
+    was renamed away by a withdraw that found the claim first: the claim stands (and a file
+    of that name that is not the claimed one is another message, left alone)."""
+    if durable:
+        yield Durable(folders=(conv.processing,))
+    for inbox_file, claimed in linked:
+        crashpoint("claim_linked")
+        with contextlib.suppress(FileNotFoundError):
+            st, mine = os.lstat(inbox_file), os.lstat(claimed)
+            if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                os.unlink(inbox_file)
+        crashpoint("claim")
+
+
+def _claimed_path(conv: Conv, inbox_file: Path) -> Path:
+    """The name a claim gives ``inbox_file`` in ``processing/`` (in the order of claims)."""
+    name = _claim_name(inbox_file.name)
+    return conv.processing / f"{time.time_ns():020d}-{secrets.token_hex(3)}-{name}"
 
 
 def _link_or_rename(src: Path, dst: Path) -> bool:
@@ -276,9 +319,10 @@ def _link_or_rename(src: Path, dst: Path) -> bool:
     return False
 
 
-def drop_claimed_twins(conv: Conv) -> list[str]:
+def drop_claimed_twins(conv: Conv, *, durable: bool = True) -> list[str]:
     """The inbox names of files that are also in ``processing/`` (a claim a crash cut between
-    its link and its unlink): removed, so the message is taken once. Returns their names."""
+    its link and its unlink): removed, so the message is taken once, once ``processing/`` is
+    durable (a kill may have come before the claim's fsync). Returns their names."""
     claimed: dict[tuple[int, int], list[str]] = {}
     for e in _entries(conv.processing):
         with contextlib.suppress(FileNotFoundError):
@@ -287,15 +331,19 @@ def drop_claimed_twins(conv: Conv) -> list[str]:
                 claimed.setdefault((st.st_dev, st.st_ino), []).append(e.name)
     if not claimed:
         return []
-    out: list[str] = []
+    twins: list[os.DirEntry[str]] = []
     for e in _entries(conv.inbox):
         with contextlib.suppress(FileNotFoundError):
             st = e.stat(follow_symlinks=False)
             names = claimed.get((st.st_dev, st.st_ino), [])
             if any(n.endswith("-" + _claim_name(e.name)) for n in names):  # that very claim
-                os.unlink(e.path)
-                out.append(e.name)
-    return out
+                twins.append(e)
+    if twins and durable:
+        fsync_dir(conv.processing)
+    for e in twins:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(e.path)
+    return [e.name for e in twins]
 
 
 def _claim_name(name: str) -> str:
@@ -313,11 +361,26 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
         return []
 
 
+def _claim_of(conv: Conv, st: os.stat_result, name: str) -> bool:
+    """Inbox file ``name`` (``st``: its stat) has a second name in ``processing/`` that a
+    claim gave it (see :func:`claim_link`): the same file, named after it."""
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    end = "-" + _claim_name(name)
+    for e in _entries(conv.processing):
+        with contextlib.suppress(FileNotFoundError):
+            got = e.stat(follow_symlinks=False)
+            if (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino) and e.name.endswith(end):
+                return True
+    return False
+
+
 def withdraw(conv: Conv, name: str, *, durable: bool = True) -> bool:
     """Take message ``name`` back out of ``inbox/`` before a daemon claims it: renamed to a
-    dot-name (which no daemon claims) in one step, so either this or the daemon's
-    :func:`claim` wins, never both; then removed. False when it is no longer there (claimed,
-    or withdrawn already)."""
+    dot-name (which no daemon claims) in one step, then removed. Either this or the daemon's
+    claim wins, never both: a claim that has linked the file into ``processing/`` has won
+    (it goes on to its request before its inbox name is removed, see :func:`claim_link`).
+    False when it is no longer there (claimed, or withdrawn already)."""
     if ignored_name(name) or "/" in name or name in {".", ".."}:
         return False
     gone = conv.inbox / f".{name}.{secrets.token_hex(3)}.withdrawn"
@@ -325,14 +388,24 @@ def withdraw(conv: Conv, name: str, *, durable: bool = True) -> bool:
         os.rename(conv.inbox / name, gone)
     except (FileNotFoundError, NotADirectoryError):
         return False
-    crashpoint("withdraw")
+    st = os.lstat(gone)
+    claimed = st.st_nlink > 1 and _claim_of(conv, st, name)
+    if claimed and durable:  # linked into processing/ first: the claim won
+        fsync_dir(conv.processing)  # its name there durable before this one goes
+    if not claimed:
+        crashpoint("withdraw")
     if gone.is_dir() and not gone.is_symlink():
         shutil.rmtree(gone, ignore_errors=True)
     else:
         gone.unlink(missing_ok=True)
+    # a claim's link that had found the name before the rename may land after the look
+    # above, never once the file has no name left (link() refuses a file of no links)
+    claimed = claimed or _claim_of(conv, st, name)
     if durable:
+        if claimed:
+            fsync_dir(conv.processing)
         fsync_dir(conv.inbox)
-    return True
+    return not claimed
 
 
 def unclaim(conv: Conv, claimed: Path) -> Path:

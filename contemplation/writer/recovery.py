@@ -47,9 +47,8 @@ def recover(
     reply when it was no restart (a failed write: "writing messages.log failed: …")."""
     done: list[str] = []
     done.extend(adopt_finished_reply(w))
-    done.extend(
-        f"removed {n!r} from inbox/: it was claimed already" for n in drop_claimed_twins(w.conv)
-    )
+    twins = drop_claimed_twins(w.conv, durable=w.durable)
+    done.extend(f"removed {n!r} from inbox/: it was claimed already" for n in twins)
     remove_tmp_files(w.conv, w.folder_names())
     if w.state.rotation is not None:
         done.append(w.complete_rotation())

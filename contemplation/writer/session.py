@@ -54,7 +54,12 @@ from contemplation.writer.files import (
     now_iso,
     write_all,
 )
-from contemplation.writer.folders import adopt_folder, release_claimed
+from contemplation.writer.folders import (
+    adopt_folder,
+    claim_link,
+    finish_claims,
+    release_claimed,
+)
 from contemplation.writer.reply import LiveReply, OnEvent, ReplyStream
 
 DONE_IDS_KEPT = 64  # only a crash between commit and unlink needs them (see recover)
@@ -96,6 +101,8 @@ class ConvWriter:
     warnings: list[str] = field(default_factory=list)
     unsaved: bool = False  # a commit held in memory, written by the next save or flush()
     held: list[Path] = field(default_factory=list)  # claimed files whose block awaits its fsync
+    # claims linked and not yet durable, (inbox name, processing/ name): see claim()
+    claiming: list[tuple[Path, Path]] = field(default_factory=list)
     taken: dict[Path, Taken] = field(default_factory=dict)  # held files' blocks, as read
     saved_intent: Intent | None = None  # the intent the last durable state write carried
     fd: int | None = None  # messages.log, read-write in append mode, open for this session
@@ -120,6 +127,33 @@ class ConvWriter:
         if self.listing is None:
             self.listing = list_folder(self.conv)
         return self.listing
+
+    def claim(self, inbox_file: Path) -> Path | None:
+        """Take an inbox file into ``processing/`` by a link alone, on this thread and with no
+        fsync: the claim is made durable (``processing/`` fsynced, then the inbox name
+        removed) by the next state write, which the message's request does not wait for
+        (the reply's first one, see :class:`~.reply.Feed`), before that write counts its
+        block (see :meth:`save_steps`). Until then the file has both names, and a crash
+        leaves both: recovery keeps the claim (``drop_claimed_twins``). None: not linked
+        (see :func:`~.folders.claim_link`): take it with :func:`~.folders.claim`."""
+        claimed = claim_link(self.conv, inbox_file) if self.durable else None
+        if claimed is not None:
+            self.claiming.append((inbox_file, claimed))
+        return claimed
+
+    def claim_steps(self) -> Steps[None]:
+        """The claims linked since the last state write, made durable (see :meth:`claim`);
+        kept until they are, so a write that failed makes them again."""
+        if not self.claiming:
+            return
+        linked = list(self.claiming)
+        yield from finish_claims(self.conv, linked, durable=self.durable)
+        del self.claiming[: len(linked)]
+
+    def claims_durable(self) -> None:
+        """:meth:`claim_steps` here and now: a claimed file that will not be appended (refused,
+        put back, removed) goes only once its claim is durable."""
+        run_now(self.claim_steps())
 
     def took(self, path: Path) -> None:
         """``path`` left the queue (appended, refused, or gone)."""
@@ -164,6 +198,8 @@ class ConvWriter:
         ``also``: files that must be durable before this state is (a reply's block);
         ``written``: called once the state's temp file is written, before any fsync (see
         :func:`.files.atomic_write_steps`)."""
+        # the claims first: nothing counts a claimed block before its claim is durable
+        yield from self.claim_steps()
         sync_state = self.durable and durable
         log = self.fd if self.fd is not None else self.conv.log
         before = (*also, log) if self.held and self.durable else also
@@ -255,7 +291,7 @@ class ConvWriter:
 
     def flush(self) -> None:
         """Write a commit held in memory (see :meth:`append_block`)."""
-        if self.unsaved or self.held:
+        if self.unsaved or self.held or self.claiming:
             self.save(durable=False)
 
     # -- state transitions: nothing outside the writer assigns the state's fields -------

@@ -24,6 +24,7 @@ from contemplation.writer import (
     ReplyStream,
     atomic_write_json,
     claim,
+    conv_lock,
     daemon_alive,
     drop_message,
     new_conversation,
@@ -60,6 +61,10 @@ def test_atomic_json_is_never_seen_half_written(tmp_path: Path) -> None:
 
 
 def test_claim_is_won_by_exactly_one_of_many(home: Home) -> None:
+    """Claims are made under the conversation's lock (the daemon's writer holds it), and a
+    claim's inbox name is gone before the lock is let go: a claim that has linked the file
+    into processing/ has won (a withdraw then leaves it), so the lock, not the inbox name,
+    is what one claimer holds against another."""
     conv = conv_in(home)
     path = drop_message(conv, "x")
     wins: list[Path] = []
@@ -67,7 +72,8 @@ def test_claim_is_won_by_exactly_one_of_many(home: Home) -> None:
 
     def racer() -> None:
         barrier.wait()
-        got = claim(conv, path)
+        with conv_lock(conv):
+            got = claim(conv, path)
         if got is not None:
             wins.append(got)
 
