@@ -189,6 +189,18 @@ class EscalationSettings(Section):
     needs: bool = Field(True, description="the need-round limit was hit")
     error: bool = Field(True, description="a backend error after its retries and fail-over")
     time: bool = Field(True, description="a reply went over time_budget")
+    seat: bool = Field(
+        True,
+        description="a seat of a panel rung failed (any of the causes above, on that seat): "
+        "the turn goes to the next rung without asking the seats after it; off: the failure "
+        "ends the turn as any failure does",
+    )
+    disagree: bool = Field(
+        True,
+        description="a panel rung's seats disagree: no strict majority gives the same answer "
+        "(compared without case, spacing and punctuation; JSON by its value); off: every "
+        "seat's answer stands, a NOTE says they disagree",
+    )
     time_budget: float = Field(
         0.0,
         ge=0,

@@ -32,7 +32,7 @@ from contemplation.models import (
 )
 from contemplation.protocol import escalation
 from contemplation.protocol.conversation import goes_on
-from contemplation.protocol.escalation import AGENT, Ladder, Rung
+from contemplation.protocol.escalation import AGENT, Ladder, Rung, Seat
 from contemplation.protocol.panel import Seated
 from contemplation.settings import Settings
 from contemplation.store.templates import Template
@@ -40,6 +40,8 @@ from contemplation.writer import ConvWriter
 
 log = structlog.get_logger("contemplation.escalation")
 
+#: a cut reply's cause (on a panel rung, the detail of a failed seat)
+_CUT_CAUSE = {"repeating": "loop", "length": "length", "time": "time"}
 #: the GO ON the ladder writes itself after a first cut at the token limit
 GO_ON_ONCE = "asked by the escalation ladder once (the reply was cut at the token limit)"
 
@@ -54,9 +56,21 @@ class At:
     name: str | None = None
     cause: str = ""
     continued: bool = False
+    seat: Seat | None = None  # on a panel rung: the seat due
+    answers: tuple[str, ...] = ()  # on a panel rung: the seats' answers before it this turn
 
     def next(self) -> Rung | None:
         return self.ladder.after(self.name)
+
+    @property
+    def rung(self) -> Rung | None:
+        i = self.ladder.index(self.name) if self.name is not None else None
+        return self.ladder.rungs[i] if i is not None else None
+
+    @property
+    def last_seat(self) -> bool:
+        """The panel's last seat: its reply carries the panel's verdict."""
+        return self.seat is not None and self.seat.k == self.seat.n
 
 
 def ladder(settings: Settings, meta: Metadata, tpl: Template | None) -> Ladder | None:
@@ -98,7 +112,20 @@ def where(lad: Ladder | None, blocks: tuple[Block, ...]) -> At | None:
     continued = any(
         b.kind is BlockKind.MODEL and goes_on(b) for b in blocks[since:]
     )  # a GO ON on this rung: its next cut goes up
-    return At(lad, name, cause, continued)
+    at = At(lad, name, cause, continued)
+    rung = at.rung
+    if rung is None or rung.kind != "panel":
+        return at
+    done = escalation.seats_answered(blocks, rung.name, since)  # seat number → its reply
+    # the first seat not answered (every one answered, a reply being redone: the last)
+    k = min(next(k for k in range(1, rung.seats + 2) if k not in done), rung.seats)
+    answers = tuple(blocks[i].text for j, i in sorted(done.items()) if j != k)
+    return replace(at, seat=Seat(rung.name, k, rung.seats, rung.models[k - 1]), answers=answers)
+
+
+def seats(blocks: tuple[Block, ...], rung: str) -> list[int]:
+    """The blocks of the seats of panel ``rung`` that answered the turn due."""
+    return list(escalation.seats_answered(blocks, rung, escalation.turn_start(blocks)).values())
 
 
 def target(settings: Settings, meta: Metadata, base: Target, at: At | None) -> Target:
@@ -106,16 +133,17 @@ def target(settings: Settings, meta: Metadata, base: Target, at: At | None) -> T
     (over the conversation's own: a rung's sampling is why it is there); a model rung keeps
     the conversation's providers with its own options only (the alias's are the small
     model's)."""
-    if at is None or at.name is None:
+    rung = at.rung if at is not None else None
+    if at is None or rung is None:
         return base
-    i = at.ladder.index(at.name)
-    rung = at.ladder.rungs[i] if i is not None else None
-    if rung is None:
-        return base
-    if rung.kind == "alias":  # its options over the conversation's: its sampling is the point
-        got = providers.target(settings, rung.model, rung.model, think=meta.think)
+    kind, model = rung.kind, rung.model
+    if at.seat is not None:  # a panel rung's seat: a model, or an alias as an alias rung is
+        model = at.seat.model
+        kind = "alias" if model in settings.aliases else "model"
+    if kind == "alias":  # its options over the conversation's: its sampling is the point
+        got = providers.target(settings, model, model, think=meta.think)
         return replace(got, options={**meta.options, **got.options})
-    return replace(base, model=rung.model, options=dict(meta.options))
+    return replace(base, model=model, options=dict(meta.options))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +169,11 @@ def after_reply(
     retry. None: it ends as it always did."""
     if at is None:
         return None
+    if at.seat is not None:  # a seat of a panel rung failed: the rule seat (no GO ON first)
+        why = (_CUT_CAUSE.get(cut.reason) if cut is not None else None) or (
+            "schema" if schema_missed else None
+        )
+        return escalate(settings, at, why) if why else None
     if cut is not None and cut.reason == "repeating":
         return escalate(settings, at, "loop")
     if cut is not None and cut.reason == "time":
@@ -156,12 +189,14 @@ def after_reply(
 
 def escalate(settings: Settings, at: At | None, cause: str, detail: str = "") -> Escalation | None:
     """The ``ESCALATED`` marker for a reply that failed for ``cause`` (None: no ladder, the
-    rule is off, or no rung is left). Panel rungs are passed over for now."""
+    rule is off, or no rung is left). On a panel rung any failure of a seat is the cause
+    ``seat`` (its own cause in the detail)."""
+    if at is not None and at.seat is not None and cause not in escalation.PANEL_CAUSES:
+        own = escalation.CAUSES.get(cause, cause) + (f", {detail}" if detail else "")
+        cause, detail = "seat", f"seat {at.seat.k} of {at.seat.n}, {at.seat.model}: {own}"
     if at is None or not settings.escalation.rules().get(cause, False):
         return None
     nxt = at.next()
-    while nxt is not None and nxt.kind == "panel":
-        nxt = at.ladder.after(nxt.name)
     if nxt is None:
         return None
     text = escalation.marker_text(cause, nxt.name, detail)
@@ -181,6 +216,8 @@ def record(
     not spend (``saved``, an estimate), or sent up. The ladder's own GO ON is no step."""
     if at is None or (up is not None and not up.to):
         return
+    if up is None and at.seat is not None and not at.last_seat:
+        return  # a panel's turn is answered by its last seat (or sent up by any)
     step = LadderStep(
         turn=state.turns + 1,
         rung=at.name or "",
@@ -195,7 +232,27 @@ def answered(at: At | None) -> tuple[MarkerKind, str] | None:
     """The NOTE on a reply a rung above the conversation's own model wrote."""
     if at is None or at.name is None:
         return None
-    return MarkerKind.NOTE, escalation.answered_note(at.name, at.cause, at.ladder.owner)
+    return MarkerKind.NOTE, escalation.answered_note(at.name, at.cause, at.ladder.owner, at.seat)
+
+
+def verdict(
+    settings: Settings, at: At | None, text: str, markers: list[tuple[MarkerKind, str]]
+) -> Escalation | None:
+    """The panel's verdict, on its last seat's whole reply ``text``: the seats agree (a NOTE
+    added to ``markers`` says so), or they disagree and the rule ``disagree`` sends the turn
+    up (returned; with the rule off a NOTE says they disagree). None: no step up."""
+    if at is None or not at.last_seat:
+        return None
+    got = escalation.vote([*at.answers, text])
+    if got.agree:
+        markers.append((MarkerKind.NOTE, f"{escalation.AGREED}{got.words} ({escalation.RULE})"))
+        return None
+    up = escalate(settings, at, "disagree", got.words)
+    if up is None:
+        markers.append(
+            (MarkerKind.NOTE, f"the panel's seats disagree: {got.words} ({escalation.RULE})")
+        )
+    return up
 
 
 def escalate_rounds(rt: Runtime, w: ConvWriter, due: Seated) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from contemplation.models import Block, BlockKind, MarkerKind, Metadata, State
+from contemplation.protocol.escalation import panel_hidden, seats_pending
 
 _STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
 _UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED, MarkerKind.ESCALATED}
@@ -78,7 +79,7 @@ def retracted(blocks: tuple[Block, ...]) -> set[int]:
             while j > start and blocks[j].kind is BlockKind.MODEL and goes_on(blocks[j]):
                 out.add(j)
                 j -= 1
-    return out
+    return out | panel_hidden(blocks)  # a panel rung's seats: each answers afresh
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,16 +207,7 @@ def next_action(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Next
     if mark in _HOLDS:
         return Next("idle", reason=_HELD[mark])
     if last.kind is BlockKind.MODEL:
-        if mark is MarkerKind.INTERRUPTED:
-            return Next("turn", reason="the last reply was cut off", rounds=need_rounds(blocks))
-        if goes_on(last):  # `contemplation continue`: the reply goes on in a block of its own
-            return Next("turn", reason="the agent asked the model to go on")
-        if last.complete:
-            return Next("complete")
-        if last.needs:
-            _, missing = unanswered(blocks, held)
-            return Next("needs", needs=missing, rounds=need_rounds(blocks))
-        return Next("idle", reason="answered")
+        return _after_reply(blocks, last, mark, held)
     if last.truncated:
         return Next("idle", reason="the last block is still being written")
     if last.response_to is not None:
@@ -223,6 +215,24 @@ def next_action(blocks: tuple[Block, ...], held: Collection[str] = NONE) -> Next
         if model_block is not None and missing:
             return Next("needs", needs=missing, rounds=need_rounds(blocks))
     return Next("turn", rounds=need_rounds(blocks))
+
+
+def _after_reply(
+    blocks: tuple[Block, ...], last: Block, mark: MarkerKind | None, held: Collection[str]
+) -> Next:
+    """What is due after a model's reply (the log's last block)."""
+    if mark is MarkerKind.INTERRUPTED:
+        return Next("turn", reason="the last reply was cut off", rounds=need_rounds(blocks))
+    if goes_on(last):  # `contemplation continue`: the reply goes on in a block of its own
+        return Next("turn", reason="the agent asked the model to go on")
+    if last.complete:
+        return Next("complete")
+    if last.needs:
+        _, missing = unanswered(blocks, held)
+        return Next("needs", needs=missing, rounds=need_rounds(blocks))
+    if seats_pending(blocks):  # the escalation ladder's panel rung: its next seat
+        return Next("turn", reason="the next seat of the panel rung")
+    return Next("idle", reason="answered")
 
 
 def _escalated(blocks: tuple[Block, ...], last: Block) -> Next:

@@ -15,7 +15,9 @@ marker redoes that rung, never the one before it nor the one after it.
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -43,7 +45,11 @@ CAUSES: dict[str, str] = {
     "needs": "hit the need-round limit",
     "error": "the backend failed after its retries",
     "time": "went over its time budget",
+    "seat": "a seat of the panel failed",
+    "disagree": "the panel's seats disagreed",
 }
+#: causes of a panel rung's own: any failure of one of its seats is ``seat``
+PANEL_CAUSES = frozenset({"seat", "disagree"})
 _WORDS = {words: cause for cause, words in CAUSES.items()}
 _MARK_RE = re.compile(
     r"^(?P<why>.*?)(?: \((?P<detail>.*)\))?" + re.escape(ARROW) + r"(?P<to>\S.*)$"
@@ -61,6 +67,11 @@ class Rung:
     @property
     def model(self) -> str:
         return self.models[0] if self.models else ""
+
+    @property
+    def seats(self) -> int:
+        """The seats of a panel rung (0: not a panel)."""
+        return len(self.models) if self.kind == "panel" else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +128,9 @@ def parse(
             raise LadderError(f"rung {n} is agent: the agent can only be the last rung")
         if name == own or (rung.kind == "alias" and rung.model == own):
             raise LadderError(f"rung {n} ({name!r}) is the ladder's own {own!r}: a cycle")
-        if name in seen:
+        if rung.name in seen:
             raise LadderError(f"rung {n} ({name!r}) is named twice: a cycle")
-        seen.add(name)
+        seen.add(rung.name)
         rungs.append(rung)
     return Ladder(tuple(rungs), sticky=sticky, owner=own)
 
@@ -128,12 +139,7 @@ def _rung(n: int, name: str, aliases: Collection[str] | None) -> Rung:
     if name == AGENT:
         return Rung(name, "agent")
     if name.startswith(PANEL):
-        seats = [s.strip() for s in name[len(PANEL) :].split(",")]
-        if len(seats) < 2 or not all(seats):
-            raise LadderError(f"rung {n} ({name!r}): a panel is panel:MODEL,MODEL (two at least)")
-        if len(seats) > MAX_SEATS:
-            raise LadderError(f"rung {n} ({name!r}): at most {MAX_SEATS} seats")
-        return Rung(name, "panel", tuple(seats))
+        return _panel(n, name, aliases)
     if name.startswith(ALIAS):
         alias = name[len(ALIAS) :].strip()
         if aliases is not None and alias not in aliases:
@@ -142,6 +148,31 @@ def _rung(n: int, name: str, aliases: Collection[str] | None) -> Rung:
     if aliases is not None and name in aliases:
         return Rung(name, "alias", (name,))
     return Rung(name, "model", (name,))
+
+
+def _panel(n: int, name: str, aliases: Collection[str] | None) -> Rung:
+    """A panel rung: each seat a model or an alias (``alias:`` names one that must exist), no
+    panel and no agent; its name written without spaces (the log's markers name it so)."""
+    seats = [s.strip() for s in name[len(PANEL) :].split(",")]
+    if len(seats) < 2 or not all(seats):
+        raise LadderError(f"rung {n} ({name!r}): a panel is panel:MODEL,MODEL (two at least)")
+    if len(seats) > MAX_SEATS:
+        raise LadderError(f"rung {n} ({name!r}): at most {MAX_SEATS} seats")
+    models: list[str] = []
+    for k, written in enumerate(seats, 1):
+        seat = written
+        if seat.startswith(PANEL):
+            raise LadderError(f"rung {n} ({name!r}): seat {k} is a panel; panels do not nest")
+        if seat == AGENT:
+            raise LadderError(f"rung {n} ({name!r}): seat {k} is the agent; a seat is a model")
+        if any(c.isspace() for c in seat):
+            raise LadderError(f"rung {n} ({name!r}): seat {k} ({seat!r}) is not a model name")
+        if seat.startswith(ALIAS):
+            seat = seat[len(ALIAS) :].strip()
+            if aliases is not None and seat not in aliases:
+                raise LadderError(f"rung {n} ({name!r}): seat {k} names no alias {seat!r}")
+        models.append(seat)
+    return Rung(PANEL + ",".join(seats), "panel", tuple(models))
 
 
 # --------------------------------------------------------------------------- the log
@@ -217,11 +248,118 @@ def rung_of(block: Block) -> str | None:
 ANSWERED_BY = "answered on the escalation ladder's rung "
 
 
-def answered_note(rung: str, cause: str, ladder_owner: str) -> str:
-    """The NOTE on a reply a rung above the conversation's own model wrote."""
+def answered_note(rung: str, cause: str, ladder_owner: str, seat: Seat | None = None) -> str:
+    """The NOTE on a reply a rung above the conversation's own model wrote (on a panel rung's
+    seat: which seat, ``seat 1 of 2, qwen3:8b``)."""
     of = f" of {ladder_owner}" if ladder_owner else ""
     why = f"escalated: {CAUSES.get(cause, cause)}" if cause else "kept from an earlier turn"
-    return f"{ANSWERED_BY}{rung}{of} ({why})"
+    sat = f"seat {seat.k} of {seat.n}, {seat.model}; " if seat is not None else ""
+    return f"{ANSWERED_BY}{rung}{of} ({sat}{why})"
+
+
+# --------------------------------------------------------------------------- a panel rung
+#
+# A panel rung's seats answer the turn one after another, each a reply of its own under the
+# conversation's header, its NOTE naming the rung and the seat. The log alone says how far the
+# panel got: the seats of the rung that answered since the agent's message. The turn is due
+# until every seat has answered; the last seat's reply carries the verdict (a NOTE that they
+# agree, or the ESCALATED marker of a disagreement).
+
+_SEAT_RE = re.compile(r"\(seat (\d+) of (\d+), (\S+); ")
+AGREED = "the panel's seats agree: "
+RULE = "compared without case, spacing and punctuation; JSON by its value"
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """One seat of a panel rung: the rung, its place (``k`` of ``n``, from 1) and its model."""
+
+    rung: str
+    k: int
+    n: int
+    model: str = ""
+
+
+def seat_of(block: Block) -> Seat | None:
+    """The panel rung's seat whose reply ``block`` is, from its NOTE (None: not a seat's)."""
+    for kind, text in block.markers:
+        if kind is MarkerKind.NOTE and text.startswith(ANSWERED_BY):
+            rest = text[len(ANSWERED_BY) :]
+            rung = rest.split(" ", 1)[0]
+            m = _SEAT_RE.search(rest)
+            if m is not None and rung.startswith(PANEL):
+                return Seat(rung, int(m.group(1)), int(m.group(2)), m.group(3))
+    return None
+
+
+def seats_answered(blocks: Sequence[Block], rung: str, start: int = 0) -> dict[int, int]:
+    """The seats of ``rung`` that answered from block ``start`` on: seat number → its block."""
+    out: dict[int, int] = {}
+    for i in range(start, len(blocks)):
+        s = seat_of(blocks[i])
+        if s is not None and s.rung == rung:
+            out[s.k] = i
+    return out
+
+
+def seats_pending(blocks: Sequence[Block]) -> bool:
+    """The log ends with a seat's reply of a panel rung whose other seats have not all
+    answered this turn: the next seat's turn is due."""
+    if not blocks or blocks[-1].kind is not BlockKind.MODEL:
+        return False
+    s = seat_of(blocks[-1])
+    if s is None:
+        return False
+    return len(seats_answered(blocks, s.rung, turn_start(blocks))) < s.n
+
+
+def panel_hidden(blocks: Sequence[Block]) -> set[int]:
+    """The seats' replies a prompt leaves out: all of a panel's turn still going (the next
+    seat answers afresh, never seeing the others), or that went up the ladder (the next
+    rung answers afresh); of a panel's turn that ended, all but its first reply (the history
+    carries one answer a turn, which the others agreed with)."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    start = 0
+    for i, b in enumerate(blocks):
+        if b.kind is BlockKind.AGENT and b.response_to is None:
+            start = i
+        s = seat_of(b)
+        if s is not None:
+            groups.setdefault((start, s.rung), []).append(i)
+    out: set[int] = set()
+    for idx in groups.values():
+        n = max((s.n for i in idx if (s := seat_of(blocks[i])) is not None), default=0)
+        seated = {s.k for i in idx if (s := seat_of(blocks[i])) is not None}
+        up = any(k is MarkerKind.ESCALATED for i in idx for k, _ in blocks[i].markers)
+        out.update(idx if up or len(seated) < n else idx[1:])
+    return out
+
+
+def normalised(text: str) -> str:
+    """An answer as the vote compares it: JSON by its value, else its words (case folded,
+    spacing and punctuation dropped)."""
+    t = text.strip()
+    try:
+        return "json:" + json.dumps(json.loads(t), sort_keys=True, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return " ".join(re.findall(r"\w+", t.casefold()))
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    agree: bool
+    words: str
+
+
+def vote(answers: Sequence[str]) -> Vote:
+    """The panel agrees when a strict majority of its seats gave the same answer (both of
+    two, two of three …) as :func:`normalised` compares them."""
+    n = len(answers)
+    counts = Counter(normalised(a) for a in answers)
+    top = counts.most_common(1)[0][1] if counts else 0
+    if n and top * 2 > n:
+        return Vote(True, f"{top} of {n} seats gave the same answer")
+    return Vote(False, f"{len(counts)} different answers from {n} seats, no majority")
 
 
 def causes_on(rules: Mapping[str, bool]) -> frozenset[str]:

@@ -270,6 +270,9 @@ def test_the_need_round_limit_goes_up(
         (["qwen3", "qwen3"], "rung 2 ('qwen3') is named twice: a cycle"),
         (["alias:nope"], "rung 1 ('alias:nope'): no alias named 'nope'"),
         (["panel:qwen3"], "a panel is panel:MODEL,MODEL (two at least)"),
+        (["panel:"], "a panel is panel:MODEL,MODEL (two at least)"),  # no seat at all
+        (["panel:qwen3,alias:nope"], "rung 1 ('panel:qwen3,alias:nope'): seat 2 names no alias"),
+        (["panel:panel:a,b,c"], "seat 1 is a panel; panels do not nest"),
         ([f"m{i}" for i in range(9)], "9 rungs; at most 8"),
     ],
 )

@@ -53,6 +53,8 @@ async def finish(at: Attempt, got: Streamed, request: ChatRequest, planned: budg
     up = escalation.after_reply(  # a ladder: the failure goes up a rung, said in one marker
         rt.settings, on.rung, ended, verdict is not None and verdict.error is not None
     )
+    if up is None and error is None:  # a panel rung's last seat: do the seats agree?
+        up = escalation.verdict(rt.settings, on.rung, said, markers)
     if up is not None:
         markers = [m for m in markers if m[0] is not MarkerKind.ERROR] + [up.marker]
         status, error = up.status, up.error

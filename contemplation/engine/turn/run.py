@@ -110,8 +110,14 @@ async def _rung(turn: Turn) -> escalation.At | None:
     lad = escalation.ladder(rt.settings, w.meta, tpl)
     if lad is None:
         return None
-    parsed = await turn.seen.view(turn.conv, w.meta.agent_label).refreshed(fd=w.fd)
-    return escalation.where(lad, parsed.blocks)
+    view = turn.seen.view(turn.conv, w.meta.agent_label)
+    parsed = await view.refreshed(fd=w.fd)
+    at = escalation.where(lad, parsed.blocks)
+    if at is not None and at.seat is not None and view.bare_count:  # rotated between seats
+        seats = escalation.seats(parsed.blocks, at.seat.rung)
+        blocks = await asyncio.to_thread(view.with_texts, parsed.blocks, seats)
+        at = escalation.where(lad, blocks)  # the vote needs the seats' answers, not bare
+    return at
 
 
 def _grown(turn: Turn) -> bool:

@@ -99,3 +99,86 @@ def test_the_failed_reply_and_the_one_it_went_on_with_leave_the_history() -> Non
     kinds = [b.kind for b in blocks(log)]
     assert kinds == [BlockKind.AGENT, BlockKind.MODEL, BlockKind.MODEL]
     assert blocks(log)[-1].markers[-1][0] is MarkerKind.ESCALATED
+
+
+# --------------------------------------------------------------------------- a panel rung
+
+
+@pytest.mark.parametrize(
+    ("rung", "why"),
+    [
+        ("panel:", "a panel is panel:MODEL,MODEL (two at least)"),  # an empty seat list
+        ("panel:a,", "a panel is panel:MODEL,MODEL (two at least)"),
+        ("panel:a,alias:nope", "seat 2 names no alias 'nope'"),
+        ("panel:panel:a,b,c", "seat 1 is a panel; panels do not nest"),
+        ("panel:a,agent", "seat 2 is the agent; a seat is a model"),
+        ("panel:" + ",".join(f"m{i}" for i in range(9)), "at most 8 seats"),
+    ],
+)
+def test_a_bad_panel_rung_is_refused_in_one_line(rung: str, why: str) -> None:
+    with pytest.raises(escalation.LadderError) as err:
+        escalation.parse([rung], aliases={"coder"}, own="small")
+    assert why in str(err.value) and f"rung 1 ({rung!r})" in str(err.value)
+
+
+def test_a_panel_rungs_seats_are_models_or_aliases_and_its_name_has_no_spaces() -> None:
+    lad = escalation.parse(["panel:qwen3:8b, alias:coder ,coder", "agent"], aliases={"coder"})
+    rung = lad.rungs[0]
+    assert (rung.name, rung.kind, rung.models, rung.seats) == (
+        "panel:qwen3:8b,alias:coder,coder",
+        "panel",
+        ("qwen3:8b", "coder", "coder"),
+        3,
+    )
+    # a template's ladder is parsed without the aliases: an alias seat is checked at its turn
+    assert escalation.parse(["panel:a,alias:nope"], aliases=None).rungs[0].models == ("a", "nope")
+    with pytest.raises(escalation.LadderError, match="named twice"):
+        escalation.parse(["panel:a,b", "panel:a, b"], aliases=None)
+
+
+@pytest.mark.parametrize(
+    ("answers", "agree", "words"),
+    [
+        (["Paris.", "paris"], True, "2 of 2 seats gave the same answer"),
+        (["Paris.", "Lyon."], False, "2 different answers from 2 seats, no majority"),
+        (['{"a": 1, "b": 2}', '{ "b": 2, "a": 1 }'], True, "2 of 2"),
+        (["4", "4.0"], False, "2 different answers"),  # JSON values 4 and 4.0 differ as text
+        (["yes", "Yes!", "no"], True, "2 of 3 seats"),
+        (["a", "b", "c"], False, "3 different answers from 3 seats"),
+        (["a", "a", "b", "b"], False, "2 different answers from 4 seats"),  # a tie: no majority
+    ],
+)
+def test_the_vote_wants_a_strict_majority_of_the_same_normalised_answer(
+    answers: list[str], agree: bool, words: str
+) -> None:
+    got = escalation.vote(answers)
+    assert got.agree is agree and got.words.startswith(words)
+
+
+def seat_note(k: int, n: int, model: str) -> str:
+    seat = escalation.Seat("panel:a,b", k, n, model)
+    return "NOTE: " + escalation.answered_note("panel:a,b", "loop", "small", seat)
+
+
+def test_a_panel_rungs_turn_is_due_until_every_seat_answered() -> None:
+    up = f"ESCALATED: {escalation.marker_text('loop', 'panel:a,b')}"
+    log = agent("Capital of France?") + model("loop loop", up)
+    assert next_action(blocks(log)).action == "turn"
+    one = log + model("Paris.", seat_note(1, 2, "a"))
+    assert escalation.seat_of(blocks(one)[-1]) == escalation.Seat("panel:a,b", 1, 2, "a")
+    assert escalation.rung_of(blocks(one)[-1]) == "panel:a,b"
+    nxt = next_action(blocks(one))
+    assert (nxt.action, nxt.reason) == ("turn", "the next seat of the panel rung")
+    two = one + model("paris", seat_note(2, 2, "b"))
+    assert next_action(blocks(two)).action == "idle"
+    # the history: the second seat never sees the first's answer; later turns see one answer
+    from contemplation.prompt.prompts import history_blocks
+
+    assert [m.content for _, m in history_blocks(blocks(one))] == ["Capital of France?"]
+    later = two + agent("And Italy?")
+    said = [m.content for _, m in history_blocks(blocks(later))]
+    assert said == ["Capital of France?", "Paris.", "And Italy?"]
+    # a panel that went up the ladder: none of its seats' answers
+    no = f"ESCALATED: {escalation.marker_text('disagree', 'agent', 'two answers')}"
+    gone = one + model("Lyon.", seat_note(2, 2, "b"), no) + agent("Well?")
+    assert [m.content for _, m in history_blocks(blocks(gone))] == ["Capital of France?", "Well?"]
