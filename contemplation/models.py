@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contemplation.values import (
     ACTIONS,
+    APPROVALS_KEY,
     BUSY,
     CANCELLABLE,
     DECIDERS,
@@ -36,12 +37,14 @@ from contemplation.values import (
     Rule,
     Status,
     decider,
+    grants,
 )
 
 __all__ = [  # the values' names, re-exported (see the module's docstring)
-    "ACTIONS", "BUSY", "CANCELLABLE", "DECIDERS", "FUNCTION_RE", "SETTLED", "Action", "Block",
-    "BlockKind", "ChatMessage", "ConvEvent", "CutReason", "Decider", "Decision", "ImageRef",
-    "MarkerKind", "MissCause", "ParseResult", "Route", "Rule", "Status", "decider",
+    "ACTIONS", "APPROVALS_KEY", "BUSY", "CANCELLABLE", "DECIDERS", "FUNCTION_RE", "SETTLED",
+    "Action", "Block", "BlockKind", "ChatMessage", "ConvEvent", "CutReason", "Decider",
+    "Decision", "ImageRef", "MarkerKind", "MissCause", "ParseResult", "Route", "Rule", "Status",
+    "decider", "grants",
 ]  # fmt: skip
 
 STATE_VERSION = 1
@@ -92,10 +95,7 @@ class ApprovalDecision(BaseModel):
     @property
     def grants(self) -> bool:
         """An ``always`` not revoked: it lets the same lookup through from now on."""
-        return self.decision == "always" and not self.revoked
-
-
-APPROVALS_KEY = "approvals"  # metadata.json: the agent's ApprovalDecisions
+        return grants(self.decision, self.revoked)
 
 
 def read_approvals(raw: Any) -> list[ApprovalDecision]:

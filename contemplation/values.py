@@ -13,7 +13,7 @@ import re
 from base64 import b64encode
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 
 class Status(enum.StrEnum):
@@ -85,6 +85,8 @@ class MarkerKind(enum.StrEnum):
 
 
 Decision = Literal["once", "always", "reject"]
+DECISIONS: frozenset[str] = frozenset(get_args(Decision))
+APPROVALS_KEY = "approvals"  # metadata.json: the agent's ApprovalDecisions
 # The face a decision came through: "mcp" is the agent's conversation_approve, "form" the
 # person's answer to the form their MCP client showed them, "cli" and "dashboard" the person's;
 # "agent-cli" the CLI run by an agent from its shell tool (contemplation.base.acting)
@@ -103,6 +105,11 @@ def decider(face: str, agent: str = "") -> str:
     if face == "agent-cli" and agent:
         return f"the agent (the CLI under {agent})"
     return DECIDERS.get(face, face or "unknown")
+
+
+def grants(decision: str, revoked: str) -> bool:
+    """An ``always`` not revoked: it lets the same lookup through from now on."""
+    return decision == "always" and not revoked
 
 
 CutReason = Literal["repeating", "length", "bytes", "time"]

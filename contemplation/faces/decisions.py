@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from contemplation.base.terminal import safe
 from contemplation.errors import ContemplationError, InputRejected, NotFound
-from contemplation.models import APPROVALS_KEY, ApprovalDecision, Decider, decider, read_approvals
 from contemplation.protocol import logformat
-from contemplation.store import waiting
-from contemplation.store.layout import Conv, Home, list_conversations, read_json, read_metadata
-from contemplation.writer.files import atomic_write_json, faces_lock
+from contemplation.store import plain
+from contemplation.store.layout import Conv, Home, list_conversations, read_json
+from contemplation.values import APPROVALS_KEY, Decider, decider, grants
 
 if TYPE_CHECKING:  # the settings model is built only by the commands that change
     from contemplation.settings import Settings
@@ -38,32 +37,39 @@ SHOWN_ID = 12  # characters of a lookup id shown (any unique prefix of 4 or more
 @dataclass(frozen=True, slots=True)
 class Listed:
     conv: str
-    decision: ApprovalDecision
+    decision: dict[str, Any]  # an ApprovalDecision as the model dumps it (store.plain)
 
     @property
     def key(self) -> str:
         """Where it sorts (newest first) and what a cursor holds."""
-        return f"{self.decision.time}|{self.conv}|{self.decision.request}"
+        return f"{self.decision['time']}|{self.conv}|{self.decision['request']}"
+
+    @property
+    def grants(self) -> bool:
+        return grants(self.decision["decision"], self.decision["revoked"])
 
     def as_dict(self) -> dict[str, Any]:
         d = self.decision
         out: dict[str, Any] = {
-            "id": d.request,
+            "id": d["request"],
             "conversation": self.conv,
-            "decision": d.decision,
-            "standing": d.grants,
-            "tool": d.tool,
-            "arguments": d.arguments,
-            "rule": d.rule,
-            "need": d.need,
-            "by": d.by,
-            "face": d.face,
-            "time": d.time,
+            "decision": d["decision"],
+            "standing": self.grants,
+            "tool": d["tool"],
+            "arguments": d["arguments"],
+            "rule": d["rule"],
+            "need": d["need"],
+            "by": decider(d["face"], d["agent"]),
+            "face": d["face"],
+            "time": d["time"],
         }
-        if d.revoked:
-            out |= {"revoked": d.revoked, "revoked_by": decider(d.revoked_by, d.revoked_agent)}
-        elif d.grants:
-            out["revoke"] = f"contemplation approvals revoke {d.request[:SHOWN_ID]}"
+        if d["revoked"]:
+            out |= {
+                "revoked": d["revoked"],
+                "revoked_by": decider(d["revoked_by"], d["revoked_agent"]),
+            }
+        elif self.grants:
+            out["revoke"] = f"contemplation approvals revoke {d['request'][:SHOWN_ID]}"
         return out
 
 
@@ -77,9 +83,9 @@ def every(home: Home, only: Conv | None = None) -> list[Listed]:
     """Every decision kept, newest first (each conversation keeps a bounded number)."""
     out: list[Listed] = []
     for conv in _convs(home, only):
-        meta = read_metadata(conv)
+        meta = plain.metadata(conv)
         if meta is not None:
-            out.extend(Listed(conv.id, d) for d in meta.approvals())
+            out.extend(Listed(conv.id, d) for d in plain.approvals(meta))
     out.sort(key=lambda x: x.key, reverse=True)
     return out
 
@@ -97,7 +103,7 @@ def page(
     ``standing``: only the ``always`` ones still in force."""
     if not 1 <= limit <= MAX_LIMIT:
         raise InputRejected(f"limit must be 1 to {MAX_LIMIT}, not {limit}")
-    found = [x for x in every(home, only) if x.decision.grants or not standing]
+    found = [x for x in every(home, only) if x.grants or not standing]
     older = [x for x in found if cursor is None or x.key < cursor]
     shown = older[:limit]
     more = len(older) > limit
@@ -124,25 +130,27 @@ def line(d: dict[str, Any]) -> str:
 
 
 def _named(found: list[Listed], ref: str) -> Listed:
+    from contemplation.store import waiting
+
     ref = ref.strip()
-    hits = [x for x in found if x.decision.request == ref]
+    hits = [x for x in found if x.decision["request"] == ref]
     if not hits and len(ref) >= waiting.MIN_PREFIX:
-        hits = [x for x in found if x.decision.request.startswith(ref)]
+        hits = [x for x in found if x.decision["request"].startswith(ref)]
     if not hits:
         raise NotFound(f"no decision {ref!r}; `contemplation approvals` lists them")
-    grants = [x for x in hits if x.decision.decision == "always"]
-    if len({(x.conv, x.decision.request) for x in grants or hits}) > 1:
-        where = "; ".join(f"{x.decision.request} in {x.conv}" for x in grants or hits)
+    always = [x for x in hits if x.decision["decision"] == "always"]
+    if len({(x.conv, x.decision["request"]) for x in always or hits}) > 1:
+        where = "; ".join(f"{x.decision['request']} in {x.conv}" for x in always or hits)
         raise InputRejected(safe(f"{ref!r} names several decisions; use the full id — {where}"))
-    if not grants:
+    if not always:
         d = hits[0].decision
         raise InputRejected(
             safe(
-                f"decision {d.request} ({d.need}) is {waiting.VERBS[d.decision]}: only an "
-                "'always' stands, and only it can be revoked"
+                f"decision {d['request']} ({d['need']}) is {waiting.VERBS[d['decision']]}: "
+                "only an 'always' stands, and only it can be revoked"
             )
         )
-    return grants[0]
+    return always[0]
 
 
 def revoke(
@@ -157,6 +165,9 @@ def revoke(
     active conversation or ``only``): recorded as revoked by ``face`` now (``agent``: which
     agent ran the CLI). Revoking one
     already revoked is refused naming who did it and when. Returns the decision as listed."""
+    from contemplation.models import read_approvals
+    from contemplation.writer.files import atomic_write_json, faces_lock
+
     home = Home(settings.home)
     chosen = _named(every(home, only), ref)
     conv = home.conv(chosen.conv)
@@ -165,7 +176,7 @@ def revoke(
         if raw is None:
             raise ContemplationError(f"{conv.id} has no readable metadata.json")
         given = read_approvals(raw.get(APPROVALS_KEY))
-        rid = chosen.decision.request
+        rid = chosen.decision["request"]
         target = next((d for d in given if d.request == rid and d.decision == "always"), None)
         if target is None:
             raise NotFound(f"decision {rid} is no longer kept in {conv.id}")
@@ -179,7 +190,7 @@ def revoke(
         target.revoked_agent = agent
         raw[APPROVALS_KEY] = [d.model_dump(mode="json") for d in given]
         atomic_write_json(conv.metadata, raw, durable=settings.durability == "fsync")
-    return Listed(conv.id, target).as_dict()
+    return Listed(conv.id, target.model_dump()).as_dict()
 
 
 STATUS_SHOWN = 10  # decisions ``status CONV`` shows (the newest); ``approvals -c`` has the rest

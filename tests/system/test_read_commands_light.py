@@ -73,7 +73,8 @@ def test_list_loads_no_settings_model_no_pydantic_no_logging(
     ("args", "never"),
     [(("status",), NEVER + NO_MODELS), (("status", "{conv}"), NEVER),
      (("tail", "{conv}"), NEVER + NO_MODELS),
-     (("search", "light", "--mode", "words"), NEVER + NO_MODELS), (("approvals",), NEVER)],
+     (("search", "light", "--mode", "words"), NEVER + NO_MODELS),
+     (("approvals",), NEVER + NO_MODELS)],
     ids=["status", "status CONV", "tail", "search words", "approvals"],
 )  # fmt: skip
 def test_the_read_commands_load_no_settings_model_nor_actions(
