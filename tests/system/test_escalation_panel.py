@@ -289,3 +289,23 @@ def test_the_vote_reads_back_a_seats_answer_the_logs_rotation_moved_away(
     assert status(conv) is Status.IDLE
     everything = "".join(p.read_text() for p in conv.dir.glob("messages*.log"))
     assert f"{escalation.AGREED}2 of 2" in everything and "disagreed" not in everything
+
+
+def test_a_seat_is_asked_for_its_answer_without_need_lines_or_tools(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """A seat's answer is compared with the others': it is offered no NEED lines and no tools
+    (a reply of NEED lines would be no answer to compare), as a reply held to a schema."""
+    conv = small_conv(home)
+    drop_message(conv, "The capital of France?")
+    fake_ollama.enqueue(
+        Step(text=LOOP, model=SMALL), Step(text="Paris.", model=BIG), Step(text="Paris", model=G3)
+    )
+    run_burst(runtime_for(ladder_settings(make_settings, fake_ollama, [PANEL, "agent"])))
+    small, *seats = fake_ollama.chat_requests()
+    assert "NEED:" in small["messages"][0]["content"]  # the small model is offered them
+    assert len(seats) == 2
+    for seat in seats:
+        assert seat["messages"][0]["role"] == "system"
+        assert "NEED:" not in seat["messages"][0]["content"]
+        assert not seat.get("tools")

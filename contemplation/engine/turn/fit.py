@@ -151,11 +151,11 @@ def fitted(prepared: Prepared, history: History, ratio: float) -> budget.Plan:
         prompt_mode=tpl.prompt_mode if tpl else "add",
         needs=history.needs,
         context=prepared.context,
-        asking=spec is None,
+        asking=spec is None and prepared.asking,
     )
     request = replace(  # session: what the server already holds of the history (OpenCode)
         request,
-        tools=() if spec else prepared.tools,
+        tools=() if spec or not prepared.asking else prepared.tools,
         think=prepared.think,
         session=history.session,
     )

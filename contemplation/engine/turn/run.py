@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from dataclasses import replace
 
 import structlog
 
@@ -63,7 +64,7 @@ async def run_turn(turn: Turn) -> Outcome:
     served = meta.model_copy(
         update={"model": target.model, "options": target.options, "think": target.think}
     )
-    prepared = await prepare(turn, served, [lineup[p] for p in usable])
+    prepared = _on_rung(await prepare(turn, served, [lineup[p] for p in usable]), rung)
     if w.state.turns == 0 and prepared.context:  # the context the daemon read, once
         w.context_read(len(prepared.context.encode()))
     # the request is built while the slots may still be busy
@@ -118,6 +119,14 @@ async def _rung(turn: Turn) -> escalation.At | None:
         blocks = await asyncio.to_thread(view.with_texts, parsed.blocks, seats)
         at = escalation.where(lad, blocks)  # the vote needs the seats' answers, not bare
     return at
+
+
+def _on_rung(prepared: Prepared, rung: escalation.At | None) -> Prepared:
+    """A panel rung's seat is asked for its answer, which is compared with the others': it is
+    offered no NEED lines and no tools (as a reply held to a schema)."""
+    if rung is not None and rung.seat is not None:
+        return replace(prepared, asking=False)
+    return prepared
 
 
 def _grown(turn: Turn) -> bool:

@@ -72,6 +72,7 @@ class Prepared:
     vision: bool = True  # the model can see images (unknown: let the server say)
     constrains: bool = False  # every provider can hold a reply to a JSON Schema
     tokenizer: Provider | None = None  # a provider whose server counts tokens (llama-server)
+    asking: bool = True  # offered NEED lines and tools (not a panel rung's seat: its answer)
 
 
 @dataclass(frozen=True, slots=True)
