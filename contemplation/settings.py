@@ -192,8 +192,8 @@ class EscalationSettings(Section):
     seat: bool = Field(
         True,
         description="a seat of a panel rung failed (any of the causes above, on that seat): "
-        "the turn goes to the next rung without asking the seats after it; off: the failure "
-        "ends the turn as any failure does",
+        "the turn goes to the next rung without asking the seats after it; off: as without a "
+        "ladder (an error ends the turn, a reply stopped early is that seat's answer)",
     )
     disagree: bool = Field(
         True,

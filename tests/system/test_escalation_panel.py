@@ -309,3 +309,23 @@ def test_a_seat_is_asked_for_its_answer_without_need_lines_or_tools(
         assert seat["messages"][0]["role"] == "system"
         assert "NEED:" not in seat["messages"][0]["content"]
         assert not seat.get("tools")
+
+
+def test_with_seat_off_a_seats_loop_stands_as_its_answer_and_the_vote_goes_on(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    conv = small_conv(home)
+    drop_message(conv, "The capital of France?")
+    fake_ollama.enqueue(
+        Step(text=LOOP, model=SMALL), Step(text=LOOP, model=BIG), Step(text="Paris", model=G3)
+    )
+    settings = ladder_settings(
+        make_settings, fake_ollama, [PANEL, "agent"], escalation={"seat": False}
+    )
+    run_burst(runtime_for(settings))
+    assert models_asked(fake_ollama) == [SMALL, BIG, G3]
+    _, first, second = model_blocks(conv)
+    assert escalated(first) == [] and escalation.seat_of(first) == Seat(PANEL, 1, 2, BIG)
+    assert escalated(second) == [
+        f"the panel's seats disagreed (2 different answers from 2 seats, no majority){ARROW}agent"
+    ]
