@@ -121,6 +121,8 @@ def block_dict(b: Block, offset: int, *, thinking: bool = False) -> dict[str, An
         d["parsed"] = value  # the reply matched the schema its message asked for
     if (rung := escalation.rung_of(b)) is not None:
         d["rung"] = rung  # a rung of the escalation ladder wrote it
+    if (seat := escalation.seat_of(b)) is not None:  # a seat of a panel rung
+        d["seat"] = {"number": seat.k, "of": seat.n, "model": seat.model}
     ups = [s for k, t in b.markers if k is MarkerKind.ESCALATED and (s := escalation.read(t))]
     if ups:  # the reply failed and the turn went up the ladder
         d["escalated"] = {"cause": ups[-1].cause, "to": ups[-1].to}

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from contemplation.faces.reading import Reader
 from contemplation.models import MarkerKind, Status
 from contemplation.protocol import escalation
 from contemplation.protocol.escalation import Seat
@@ -63,6 +64,13 @@ def test_a_panel_rung_asks_each_seat_once_and_seats_that_agree_answer_the_turn(
     assert escalation.seat_of(first) == Seat(PANEL, 1, 2, BIG)
     assert escalation.seat_of(second) == Seat(PANEL, 2, 2, G3)
     assert escalation.rung_of(second) == PANEL
+    # every face's blocks (MCP, wait --json, the dashboard, tail --json): the rung and the seat
+    faced = [b for b in Reader(home).since(conv, 0).blocks if b["kind"] == "model"]
+    assert [(b.get("rung"), b.get("seat")) for b in faced] == [
+        (None, None),
+        (PANEL, {"number": 1, "of": 2, "model": BIG}),
+        (PANEL, {"number": 2, "of": 2, "model": G3}),
+    ]
     assert (
         MarkerKind.NOTE,
         f"{escalation.AGREED}2 of 2 seats gave the same answer ({escalation.RULE})",
