@@ -19,7 +19,6 @@ a batch waits for that too. Single writes (a turn on an otherwise idle daemon) n
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
@@ -28,9 +27,12 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from contemplation.base.testing import COMMIT_LAG
+
+if TYPE_CHECKING:  # asyncio loads with an event loop: a read command that imports the
+    import asyncio  # writer for its locks (daemon_alive, faces_lock) never does
 
 T = TypeVar("T")
 
@@ -177,6 +179,8 @@ class GroupCommitter:
     async def run(self, steps: Steps[T]) -> T:
         """Drive ``steps`` to their end on a committer thread. It always runs to its end
         before anything else touches the conversation's files: a cancel waits for it."""
+        import asyncio
+
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         with self._cv:
             if self._closed:

@@ -2,9 +2,10 @@
 tail, search by words, approvals) load only what they use. Each runs in a fresh interpreter
 (what a process loads is the thing under test) and the modules it loaded are named: none of
 the settings model (its verdict on these inputs is known: contemplation.faces.cli.light), the
-actions, the backends or an HTTP client; ``list`` loads neither pydantic nor the models, nor
-structlog and asyncio, while the index is up to date (a folder that changed since is read again
-with the log's parser and the models). A deterministic check, not a timed one: bench/bench_read_commands.py
+actions, the backends or an HTTP client; ``list``, ``status``, ``tail``, ``search`` by words
+and ``approvals`` load neither pydantic nor the models, nor structlog and asyncio (``list``
+while the index is up to date: a folder that changed since is read again with the models;
+``status CONV`` still reads state.json through them). A deterministic check, not a timed one: bench/bench_read_commands.py
 measures the time."""
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ NEVER = (
     "pydantic_settings", "contemplation.settings", "contemplation.faces.actions",
     "contemplation.backends", "httpx", "aiohttp", "mcp", "starlette",
 )  # fmt: skip
-NOT_FOR_LIST = ("pydantic", "contemplation.models", "structlog", "asyncio")
-# the models (pydantic: importing it costs more than a read command's whole work): read
-# commands read the log, the index and the folders' JSON without them
-NO_MODELS = ("pydantic", "contemplation.models")
+# the models (pydantic: importing it costs more than a read command's whole work), logging
+# and asyncio: the read commands read the log, the index and the folders' JSON without them
+# (status CONV still reads state.json through the models)
+LIGHT = ("pydantic", "contemplation.models", "structlog", "asyncio")
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
@@ -66,15 +67,14 @@ def test_list_loads_no_settings_model_no_pydantic_no_logging(
     env, conv = conv_env
     out, modules = _loaded(env, "list")
     assert conv in out
-    assert _heavy(modules, NEVER + NOT_FOR_LIST) == []
+    assert _heavy(modules, NEVER + LIGHT) == []
 
 
 @pytest.mark.parametrize(
     ("args", "never"),
-    [(("status",), NEVER + NO_MODELS), (("status", "{conv}"), NEVER),
-     (("tail", "{conv}"), NEVER + NO_MODELS),
-     (("search", "light", "--mode", "words"), NEVER + NO_MODELS),
-     (("approvals",), NEVER + NO_MODELS)],
+    [(("status",), NEVER + LIGHT), (("status", "{conv}"), NEVER),
+     (("tail", "{conv}"), NEVER + LIGHT), (("search", "light", "--mode", "words"), NEVER + LIGHT),
+     (("approvals",), NEVER + LIGHT)],
     ids=["status", "status CONV", "tail", "search words", "approvals"],
 )  # fmt: skip
 def test_the_read_commands_load_no_settings_model_nor_actions(
@@ -93,4 +93,4 @@ def test_without_a_verdict_the_model_is_loaded_and_then_not(home: Home) -> None:
     _, first = _loaded(env, "list")
     _, second = _loaded(env, "list")
     assert "contemplation.settings" in first
-    assert _heavy(second, NEVER + NOT_FOR_LIST) == []
+    assert _heavy(second, NEVER + LIGHT) == []
