@@ -13,9 +13,18 @@ straight into the index's vectors table: the ranking work is the same as for rea
 Run: .venv/bin/python bench/bench_semantic.py [--convs 10000] [--queries 100] [--sample 300]
 Targets: query p50 <= 100 ms, p99 <= 300 ms at 10,000 conversations.
 
-Quality: .venv/bin/python bench/bench_semantic.py --quality [--embed-url URL --embed-model M
---embed-api ollama|openai]: recall@1, recall@3 and MRR per mode on the labelled set (tests/system/semantic_set.py: 36 conversations, 100 queries, 36 of
-them hard paraphrases that share no word with their conversation).
+Ranking step alone: .venv/bin/python bench/bench_semantic.py --rank-ab [--convs 10000]: CPU
+time of ``semantic.rank`` over the same planted vectors with each vector's crowd taken from its
+score and without (crowds of 0: the ranking before), interleaved; and the crowds' cost when
+the matrix is read (once a process, and again after the vectors changed).
+
+Quality: .venv/bin/python bench/bench_semantic.py --quality [--crowd N] [--embed-url URL
+--embed-model M --embed-api ollama|openai]: recall@1, recall@3 and MRR per mode on the
+labelled set (tests/system/semantic_set.py: 36 conversations, 100 queries, 36 of them hard
+paraphrases that share no word with their conversation), each set also in its two halves by
+the query's place in the set (even: the half the ranking's constants were tuned on; odd:
+held out). ``--crowd N`` adds N conversations made from the templates above (a problem and
+its fix, many alike), embedded for real: the labelled ones must still be found among them.
 """
 
 from __future__ import annotations
@@ -197,6 +206,9 @@ def timed(home: Home, mode: str, queries: int) -> tuple[list[float], int]:
 # -- quality: the labelled set ------------------------------------------------------------
 
 
+ALL_CONVS = search_index.Filters(archived=True)  # the crowd's are mostly archived
+
+
 def labelled_home(home: Home) -> dict[str, str]:
     """The labelled set (tests/system/semantic_set.py) as real conversations, embedded;
     conversation id -> label."""
@@ -213,10 +225,10 @@ def scores(home: Home, ids: dict[str, str], mode: str, queries: list[tuple[str, 
     mrr = 0.0
     for query, want in queries:
         try:
-            hits = fusion.search(home, query, limit=20, mode=mode).hits
+            hits = fusion.search(home, query, ALL_CONVS, limit=20, mode=mode).hits
         except InputRejected:  # a query the words' syntax refuses counts as a miss
             hits = []
-        order = list(dict.fromkeys(ids[h.conv] for h in hits))
+        order = list(dict.fromkeys(ids.get(h.conv, h.conv) for h in hits))
         rank = order.index(want) + 1 if want in order else 0
         r1 += rank == 1
         r3 += 0 < rank <= 3
@@ -225,8 +237,18 @@ def scores(home: Home, ids: dict[str, str], mode: str, queries: list[tuple[str, 
     return f"{r1 / n:.2f} | {r3 / n:.2f} | {mrr / n:.2f}"
 
 
-def quality(server: served.Server | None = None) -> None:
-    """The labelled set's figures, with the offline model or ``server``'s."""
+def halves(
+    queries: list[tuple[str, str]], every: list[tuple[str, str]]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``queries`` split by their place in ``every`` (the whole set): even, odd."""
+    place = {q: i for i, q in enumerate(every)}
+    even = [q for q in queries if place[q] % 2 == 0]
+    return even, [q for q in queries if place[q] % 2]
+
+
+def quality(server: served.Server | None = None, crowd: int = 0) -> None:
+    """The labelled set's figures, with the offline model or ``server``'s, among ``crowd``
+    conversations more made from the templates."""
     from tests.system.semantic_set import ALL, HARD, MORE, QUERIES
 
     embedder.use(server)
@@ -234,10 +256,15 @@ def quality(server: served.Server | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-semantic-quality-"))
     try:
         home = Home(tmp / "home")
+        if crowd:
+            build(home.root, crowd)
         ids = labelled_home(home)
-        sets = [("all", ALL), ("paraphrases", QUERIES + MORE), ("hard", HARD)]
+        sets: list[tuple[str, list[tuple[str, str]]]] = []
+        for label, queries in (("all", ALL), ("paraphrases", QUERIES + MORE), ("hard", HARD)):
+            even, odd = halves(queries, ALL)
+            sets += [(label, queries), (f"{label} even (tuned)", even), (f"{label} odd", odd)]
         name = embedder.NAME if server is None else server.tag
-        print(f"model: {name}; {len(ids)} conversations")
+        print(f"model: {name}; {len(ids)} labelled conversations, {crowd} more from templates")
         print("| mode | queries | n | recall@1 | recall@3 | MRR |")
         print("|---|---|---|---|---|---|")
         for mode in ("words", "meaning", "both"):
@@ -245,6 +272,43 @@ def quality(server: served.Server | None = None) -> None:
                 print(f"| {mode} | {name} | {len(queries)} | {scores(home, ids, mode, queries)} |")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def rank_ab(convs: int, sample: int, rounds: int = 200) -> None:
+    """The ranking step with and without crowds (CPU ms, interleaved), and the crowds' cost."""
+    rng = random.Random(11)
+    texts = ["\n".join(text_of(rng)) for _ in range(convs)]
+    base, _ = sample_vectors(texts, sample)
+    mix = np.random.default_rng(5)
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE vectors (conv TEXT, at INTEGER, digest TEXT, vec BLOB)")
+    for i in range(convs):
+        a, b = mix.integers(0, len(base), 2)
+        v = base[a] + 0.3 * base[b] + mix.normal(0, 0.02, base.shape[1])
+        blob = (v / np.linalg.norm(v)).astype(np.float16).tobytes()
+        conn.execute("INSERT INTO vectors VALUES (?, -1, 'x', ?)", (f"c{i}", blob))
+    queries = [embedder.query(q) for q in QUERIES]
+    t0 = time.process_time()
+    table = semantic._matrix(conn)  # the crowds computed here
+    read_ms = (time.process_time() - t0) * 1000
+    t0 = time.process_time()
+    semantic.crowds(table.mat, table.codes)
+    crowd_ms = (time.process_time() - t0) * 1000
+    flat = semantic._Table(table.stamp, table.names, table.codes, table.ats, table.mat,
+                           np.zeros_like(table.crowd))  # fmt: skip
+    took: dict[str, list[float]] = {"without crowds": [], "with crowds": []}
+    key = next(iter(semantic._cache))
+    for i in range(rounds):
+        for name, t in (("without crowds", flat), ("with crowds", table)):
+            semantic._cache[key] = t
+            t0 = time.process_time()
+            semantic.rank(conn, queries[i % len(queries)], depth=200)
+            took[name].append((time.process_time() - t0) * 1000)
+    print(f"{convs} vectors; matrix read with crowds {read_ms:.0f} ms CPU, of which crowds "
+          f"{crowd_ms:.0f} ms")  # fmt: skip
+    for name, ms in took.items():
+        print(f"rank {name}: p50 {percentile(ms, 0.5):.2f} ms, p99 {percentile(ms, 0.99):.2f} "
+              f"ms CPU ({rounds} queries)")  # fmt: skip
 
 
 def main() -> None:
@@ -255,15 +319,20 @@ def main() -> None:
     ap.add_argument(
         "--quality", action="store_true", help="recall@1, recall@3, MRR on the labelled set"
     )
+    ap.add_argument("--rank-ab", action="store_true", help="the ranking step, crowds or not")
+    ap.add_argument("--crowd", type=int, default=0, help="--quality among N templated more")
     ap.add_argument("--embed-url", default="", help="--quality with this embedding server")
     ap.add_argument("--embed-model", default="", help="its model")
     ap.add_argument("--embed-api", choices=served.APIS, default="ollama", help="its API")
     args = ap.parse_args()
     if not embedder.available():
         sys.exit(embedder.MISSING)
+    if args.rank_ab:
+        rank_ab(args.convs, args.sample)
+        return
     if args.quality:
         url, model, api = args.embed_url, args.embed_model, args.embed_api
-        quality(served.Server(url, model, api) if url else None)
+        quality(served.Server(url, model, api) if url else None, args.crowd)
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-semantic-"))
     try:

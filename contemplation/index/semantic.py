@@ -14,6 +14,15 @@ search reads only the current model's vectors and says how many conversations it
 
 A query is compared with every vector at once (brute-force cosine over a numpy matrix, kept
 per process while the table is unchanged); a conversation scores its best vector.
+
+A vector's score is its cosine less a share of its crowd's (:func:`crowds`): the mean cosine of
+its nearest vectors of other conversations. A small model's vectors crowd together: a text
+much like many others (one of many conversations alike, or a "hub" the model puts near
+everything) came first for queries about something else. Taking :data:`CROWD_WEIGHT` of its
+crowd from it lifted the labelled set's recall@3 from 0.93 to 0.95, its hard third's from 0.83
+to 0.89 (the constants tuned on half of the queries, the other half held out: 0.89 to 0.94),
+and among 400 conversations alike the whole set's from 0.76 to 0.90; the crowds cost ~0.1 s of
+CPU when 10,000 vectors are read, nothing a query (docs/internals/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -38,6 +47,10 @@ FIRST_BLOCKS = 3  # the first messages that make a conversation's vector
 LONG_Z = 600  # a block this long compressed (about 1,500 characters) gets a vector ...
 MAX_LONG = 8  # ... at most this many a conversation
 UPDATE_SECONDS = 5.0  # the keeper's slice: it comes back for the rest
+CROWD_K = 10  # a vector's crowd: its nearest vectors of other conversations, this many ...
+CROWD_SAME = 0.98  # ... none a copy of it (a fork's first messages are its parent's) ...
+CROWD_REFS = 256  # ... among this many at most, evenly spread (linear: ~90 ms CPU at 10,000)
+CROWD_WEIGHT = 0.25  # its score is its cosine less this share of its crowd's mean cosine
 
 Matrix = npt.NDArray[np.float32]
 
@@ -204,6 +217,7 @@ class _Table:
     codes: npt.NDArray[np.int64]
     ats: npt.NDArray[np.int64]
     mat: Matrix
+    crowd: Matrix  # each row's crowd (:func:`crowds`), times CROWD_WEIGHT
 
 
 _cache_lock = threading.Lock()
@@ -230,11 +244,34 @@ def _matrix(conn: sqlite3.Connection, model: str | None = None) -> _Table:
     raw = b"".join(r[2] for r in rows)
     dim = len(rows[0][2]) // 2 if rows else embedder.DIM
     mat = np.frombuffer(raw, dtype=np.float16).reshape(len(rows), dim)
-    table = _Table(stamp, list(index), codes, ats, mat.astype(np.float32))
+    full = mat.astype(np.float32)
+    table = _Table(stamp, list(index), codes, ats, full, CROWD_WEIGHT * crowds(full, codes))
     with _cache_lock:
         _cache.clear()  # one home a process at a time is the rule: bounded to one matrix
         _cache[path] = table
     return table
+
+
+def crowds(mat: Matrix, codes: npt.NDArray[np.int64], chunk: int = 1024) -> Matrix:
+    """Each row's crowd: the mean cosine of its :data:`CROWD_K` nearest rows of other
+    conversations (``codes``) that are not copies of it, among :data:`CROWD_REFS` rows at most
+    (evenly spread); 0 with none. Computed ``chunk`` rows at a time (memory bounded)."""
+    n = len(mat)
+    out = np.zeros(n, dtype=np.float32)
+    refs = np.unique(np.linspace(0, n - 1, min(n, CROWD_REFS)).astype(np.int64)) if n else codes
+    k = min(CROWD_K, len(refs))
+    if k == 0:
+        return out
+    ref_mat, ref_codes = mat[refs].T, codes[refs][None, :]
+    for start in range(0, n, chunk):
+        sims = mat[start : start + chunk] @ ref_mat
+        mine = codes[start : start + chunk, None] == ref_codes
+        sims[mine | (sims > CROWD_SAME)] = -np.inf
+        near = np.partition(sims, -k, axis=1)[:, -k:]
+        counted = np.isfinite(near).sum(axis=1)
+        sums = np.where(np.isfinite(near), near, 0.0).sum(axis=1)
+        out[start : start + chunk] = np.where(counted > 0, sums / np.maximum(counted, 1), 0.0)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +304,7 @@ def rank(
             f"the query's vector has {vec.shape[-1]} numbers and the index's {t.mat.shape[1]}: "
             "made by two models (contemplation reindex makes them anew)"
         )
-    scores = t.mat @ vec
+    scores = t.mat @ vec - t.crowd
     best = np.full(len(t.names), -np.inf, dtype=np.float32)
     np.maximum.at(best, t.codes, scores)
     keep = np.ones(len(t.names), dtype=bool)
