@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,6 +65,9 @@ class Server:
         return out
 
     def _batch(self, texts: list[str], timeout: float) -> list[list[float]]:
+        import urllib.error  # (with http.client and email: a search by words never loads them)
+        import urllib.request
+
         path = "/api/embed" if self.api == "ollama" else "/v1/embeddings"
         body = json.dumps({"model": self.model, "input": texts}).encode()
         req = urllib.request.Request(  # noqa: S310 - http(s) only (checked when made)

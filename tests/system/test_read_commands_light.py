@@ -30,10 +30,10 @@ NEVER = (
     "pydantic_settings", "contemplation.settings", "contemplation.faces.actions",
     "contemplation.backends", "httpx", "aiohttp", "mcp", "starlette",
 )  # fmt: skip
-# the models (pydantic: importing it costs more than a read command's whole work), logging
-# and asyncio: the read commands read the log, the index and the folders' JSON without them
+# the models (pydantic: importing it costs more than a read command's whole work), logging,
+# asyncio and urllib's HTTP client: the read commands read the log, the index and the folders' JSON without them
 # (status CONV still reads state.json through the models)
-LIGHT = ("pydantic", "contemplation.models", "structlog", "asyncio")
+LIGHT = ("pydantic", "contemplation.models", "structlog", "asyncio", "http.client")
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
