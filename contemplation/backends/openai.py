@@ -458,6 +458,12 @@ class OpenAISettings(Section):
     default_concurrency: int = Field(
         1, ge=1, le=64, description="slots of a server that does not say how many it has"
     )
+    slot_save_path: str = Field(
+        "",
+        description="llama-server's --slot-save-path, an absolute folder, when the server runs "
+        "on this machine: a conversation archived, pruned or deleted has its slot files "
+        "removed from it (only files the daemon's map names for it); empty: written over",
+    )
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
 
     _urls = field_validator("url", "base_url", mode="after")(check_url)

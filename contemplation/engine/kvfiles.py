@@ -31,6 +31,7 @@ import structlog
 from contemplation.base.aio import on_thread
 from contemplation.engine import kvmap
 from contemplation.models import ChatMessage
+from contemplation.writer.slotfiles import drop_slot_files
 
 log = structlog.get_logger("contemplation.kv")
 FILES = 64  # names in the pool
@@ -59,12 +60,19 @@ class KvFiles:
     provider: str = ""  # whose part of the map
     _evicted: OrderedDict[str, None] = field(default_factory=OrderedDict)  # files given up
     _changed: bool = False  # the map on disk is behind
+    folder: Path | None = None  # the server's --slot-save-path, where files are removed
 
     @classmethod
-    def durable(cls, home: Path, provider: str, *, budget: int = BYTES) -> KvFiles:
-        """The pool of ``provider``, read from the home's durable map (:mod:`kvmap`)."""
+    def durable(
+        cls, home: Path, provider: str, *, budget: int = BYTES, folder: Path | None = None
+    ) -> KvFiles:
+        """The pool of ``provider``, read from the home's durable map (:mod:`kvmap`). The
+        files of conversations gone since the map was written (archived, pruned, deleted
+        while no daemon ran) are removed from ``folder`` (the server's, when known)."""
         got = kvmap.load(home, provider)
-        pool = cls(budget=budget, model=got.model, home=home, provider=provider)
+        if folder is not None and got.gone:
+            drop_slot_files(folder, got.gone)
+        pool = cls(budget=budget, model=got.model, home=home, provider=provider, folder=folder)
         for e in got.entries:
             pool._kept[e.conv] = Kept(e.name, e.tokens, e.history, e.size, e.said)
         pool._free = list(dict.fromkeys(got.free))[: pool.files]
@@ -120,6 +128,15 @@ class KvFiles:
             self._free.append(kept.name)
             self._changed = True
 
+    def forget(self, conv_id: str) -> list[str]:
+        """A conversation gone (archived, pruned, deleted): the names of its files (its own,
+        and its panel seats', ``<id>#<seat>``), given up. Returns those names."""
+        gone = [c for c in self._kept if c == conv_id or c.startswith(f"{conv_id}#")]
+        names = [self._kept[c].name for c in gone]
+        for c in gone:
+            self.drop(c)
+        return names
+
     def made_by(self, model: str) -> bool:
         """Whether the files were made by ``model`` (the server's model now). Files of
         another model are all given up (their names written over), and the model is
@@ -156,9 +173,25 @@ class KvFiles:
         for e in saved.entries:  # conversations gone meanwhile: their names freed
             if e not in written.entries and e.conv in self._kept:
                 self.drop(e.conv)
+        await self.remove(written.gone)
+
+    async def remove(self, names: Iterable[str]) -> list[str]:
+        """Files given up by conversations that are gone, removed from the server's folder
+        (off the event loop; none without a folder). Returns the names removed."""
+        folder, names = self.folder, list(names)
+        if folder is None or not names:
+            return []
+        removed = await on_thread(lambda: drop_slot_files(folder, names))
+        if removed:
+            log.info("kv_files_removed", provider=self.provider, files=len(removed))
+        return removed
 
     def size(self) -> int:
         return sum(k.size for k in self._kept.values())
+
+    def conversations(self) -> list[str]:
+        """The keys (a conversation's id, or ``<id>#<seat>``) that have a file."""
+        return list(self._kept)
 
     def __contains__(self, conv_id: object) -> bool:
         return conv_id in self._kept

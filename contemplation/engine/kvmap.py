@@ -12,7 +12,9 @@ holds the home.
 A file's name is random (``contemplation-kv-<24 hex>.bin``): it says nothing of the
 conversation, and a name in the map was made by this daemon, never read from a request.
 Entries of conversations no longer in ``active/`` (archived, deleted, pruned) are dropped when
-the map is read and each time it is written: their names are written over by the next save.
+the map is read and each time it is written: their names are written over by the next save,
+and where the provider names the server's folder (``slot_save_path``) their files are
+removed from it (``Saved.gone``, see ``KvFiles``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Saved:
     entries: tuple[Entry, ...] = ()  # least recently used first
     evicted: tuple[str, ...] = ()  # conversations whose file was given up, oldest first
     free: tuple[str, ...] = ()  # names given up, to be written over
+    gone: tuple[str, ...] = ()  # of those, the names of conversations gone from active/
 
 
 def path_in(home: Path) -> Path:
@@ -116,18 +119,24 @@ def load(home: Path, provider: str) -> Saved:
         return Saved()
     entries: list[Entry] = []
     free = [n for n in raw.get("free") or [] if isinstance(n, str) and NAME.match(n)]
+    gone: list[str] = []
     for item in raw.get("entries") or []:
         got = _entry(item)
         if got is None:
             continue
         if _conv_gone(home, got.conv):
             free.append(got.name)
+            gone.append(got.name)
         else:
             entries.append(got)
     evicted = [c for c in raw.get("evicted") or [] if isinstance(c, str)][-EVICTED_KEPT:]
     model = raw.get("model")
     return Saved(
-        model if isinstance(model, str) else "", tuple(entries), tuple(evicted), tuple(free)
+        model if isinstance(model, str) else "",
+        tuple(entries),
+        tuple(evicted),
+        tuple(free),
+        tuple(gone),
     )
 
 
@@ -140,7 +149,11 @@ def store(home: Path, provider: str, saved: Saved, seq: int = 0) -> Saved:
     entries = [e for e in saved.entries if not _conv_gone(home, e.conv)]
     gone = [e.name for e in saved.entries if _conv_gone(home, e.conv)]
     written = Saved(
-        saved.model, tuple(entries), saved.evicted[-EVICTED_KEPT:], (*saved.free, *gone)
+        saved.model,
+        tuple(entries),
+        saved.evicted[-EVICTED_KEPT:],
+        (*saved.free, *gone),
+        tuple(gone),
     )
     part = {
         "model": written.model,

@@ -375,7 +375,8 @@ def _archived_sessions(rt: Runtime, conv: Conv) -> list[BackendSession]:
 
 async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
     """Let every backend drop what it keeps for a conversation that is gone (OpenCode sessions),
-    the sessions its archived state.json names included. A failure is logged, never raised."""
+    the sessions its archived state.json names included, and every provider its slot files.
+    A failure is logged, never raised."""
     seen.forget(conv.id)
     rt.retries.forget(conv.id)
     sessions = _archived_sessions(rt, conv)
@@ -389,6 +390,11 @@ async def _forget(conv: Conv, rt: Runtime, seen: Tracked) -> None:
                 await backend.forget(conv.id)
         except (ContemplationError, OSError) as exc:
             log.warning("forget_failed", conv=conv.id, backend=name, error=str(exc))
+    for name in sorted(rt.made()):  # its slot files (see Provider.forget_files)
+        try:
+            await rt.provider(name).forget_files(conv.id)
+        except (ContemplationError, OSError) as exc:
+            log.warning("forget_failed", conv=conv.id, provider=name, error=str(exc))
 
 
 TURNS_PER_SESSION = 100  # turns decided again under one lock before it is let go

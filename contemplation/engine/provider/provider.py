@@ -11,13 +11,18 @@ when it went away; a reload replaces the provider whole (:meth:`successor`).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import structlog
 
 from contemplation import backends as backend_registry
+from contemplation.backends import providers
 from contemplation.backends.base import Backend, Capabilities, KnowsLimits, Slots
+from contemplation.backends.openai import normalize_base_url
 from contemplation.engine import kvfiles
 from contemplation.engine.affinity import CopiesSlots, NamesSlots, Pinned, SlotAffinity
 from contemplation.engine.breaker import Guard
@@ -28,6 +33,17 @@ from contemplation.models import ChatMessage, Metadata, Usage
 from contemplation.settings import Settings
 
 log = structlog.get_logger("contemplation.runtime")
+
+
+def _loopback(host: str) -> bool:
+    """A host name or address that is this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
 
 CAPS_RETRY = 30.0  # seconds before a failed capability or slots lookup is tried again
 NO_NAMED_HISTORY = (
@@ -207,10 +223,37 @@ class Provider:
         kvfiles.said(self.name, key, restored)
         return restored
 
+    async def forget_files(self, conv_id: str) -> list[str]:
+        """A conversation gone (archived, pruned, deleted): its slot files leave the durable
+        map, and are removed from the server's folder where the provider names it
+        (:meth:`slot_folder`). Slot saves in flight end first (one for it would name it
+        again). Returns the names removed from the folder."""
+        files = self.affinity.files
+        if not any(c == conv_id or c.startswith(f"{conv_id}#") for c in files.conversations()):
+            return []
+        await self.affinity.settled()
+        names = files.forget(conv_id)
+        await files.flush()
+        return await files.remove(names)
+
+    def slot_folder(self) -> Path | None:
+        """The server's ``--slot-save-path`` as this provider's ``slot_save_path`` names it:
+        an absolute folder, of a server on this machine (its URL's host a loopback one);
+        else None (its files are only written over)."""
+        t = providers.table(self.settings, self.name)
+        raw = t.raw.get("slot_save_path") if t.kind == "openai" else None
+        if not isinstance(raw, str) or not raw or not Path(raw).is_absolute():
+            return None
+        url = normalize_base_url(str(t.raw.get("url") or t.raw.get("base_url") or ""))
+        return Path(raw) if _loopback(urlsplit(url).hostname or "") else None
+
     def _kv_files(self) -> None:
         """The affinity's slot files kept in the home's durable map (warm across restarts)."""
         self.affinity.files = kvfiles.KvFiles.durable(
-            self.settings.home, self.name, budget=self.settings.kv_files_bytes
+            self.settings.home,
+            self.name,
+            budget=self.settings.kv_files_bytes,
+            folder=self.slot_folder(),
         )
 
     async def aclose(self) -> None:
