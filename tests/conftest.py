@@ -100,6 +100,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if config.getoption("--slow") or _STARTED not in config.stash:
         return
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller judges the run
+        return
     said = over_budget(time.monotonic() - config.stash[_STARTED], config.getoption("--budget"))
     if said is None:
         return
