@@ -76,12 +76,14 @@ log = _Log()
 
 T = TypeVar("T")
 
+# 8: the ladder table (each conversation's escalation book: turns answered per rung, escalated,
+#    to the agent, tokens not spent);
 # 7: the vectors of meaning (index/semantic.py; derived like the rest);
 # 5: the ledger table (each conversation's tokens and times per provider/model);
 # 4: each block marked as the agent's own (a message or its own answer; a tool's answer is
 #    not: "messages N from the agent"); 3: one summary row per conversation (turns, messages
 #    and activity from the log's own blocks); 2: the owned table; 1: the first
-SCHEMA = 7
+SCHEMA = 8
 DB_NAME = ".index.sqlite3"
 BUSY_MS = 5000  # another process writing: wait this long for it, then read what is there
 FULL_SWEEP_S = 60  # archived folders are looked at one by one at least this often
@@ -120,6 +122,13 @@ def _ddl() -> tuple[str, ...]:
         f"model TEXT, turns INTEGER, {figures}, "
         "context_bytes INTEGER)",
         "CREATE INDEX ledger_conv ON ledger (conv)",
+        # state.json's escalation book: a row per rung with the turns it answered, and one row
+        # (rung NULL) with the turns escalated, those that reached the agent and the tokens not
+        # spent; summed over every conversation in SQL (index/ledger.py's ladder)
+        "CREATE TABLE ladder (conv TEXT NOT NULL, archived INTEGER NOT NULL, rung TEXT, "
+        "answered INTEGER NOT NULL, escalated INTEGER NOT NULL, to_agent INTEGER NOT NULL, "
+        "saved INTEGER NOT NULL)",
+        "CREATE INDEX ladder_conv ON ladder (conv)",
         "CREATE VIRTUAL TABLE text USING fts5(body, thinking, content = 'block_text', "
         "content_rowid = 'id', tokenize = 'unicode61')",
         # the blocks past the reader's bound (logstream.MAX_BLOCK_BYTES), indexed by their first
@@ -134,7 +143,9 @@ def _ddl() -> tuple[str, ...]:
     )
 
 
-_TABLES = ("convs", "owned", "blocks", "text", "meta", "ledger", "cut", "vectors", "vec_done")
+_TABLES = (
+    "convs", "owned", "blocks", "text", "meta", "ledger", "ladder", "cut", "vectors", "vec_done",
+)  # fmt: skip
 _VIEWS = ("block_text",)
 
 
@@ -476,6 +487,9 @@ def refresh(conn: sqlite3.Connection, home: Home, only: Iterable[str] | None = N
         for gone in set(known) - set(seen):
             _forget(conn, gone)
             conn.execute("DELETE FROM convs WHERE id = ?", (gone,))
+            # a folder removed by hand: its sums go with it (else the ledger counts it forever)
+            conn.execute("DELETE FROM ledger WHERE conv = ?", (gone,))
+            conn.execute("DELETE FROM ladder WHERE conv = ?", (gone,))
         for conv_id, (keys, path, archived) in seen.items():
             was = known.get(conv_id)
             if was == keys:
@@ -628,6 +642,7 @@ def forget(home: Home, ids: Iterable[str]) -> None:
                 _forget(conn, conv_id)
                 conn.execute("DELETE FROM convs WHERE id = ?", (conv_id,))
                 conn.execute("DELETE FROM ledger WHERE conv = ?", (conv_id,))
+                conn.execute("DELETE FROM ladder WHERE conv = ?", (conv_id,))
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -849,6 +864,7 @@ def _put_row(
     turn = state.get("last_turn")
     usage: dict[str, Any] = turn if isinstance(turn, dict) else {}
     _put_ledger(conn, conv.id, archived, state.get("ledger"))
+    _put_ladder(conn, conv.id, archived, state.get("ladder"))
     conn.execute(
         "INSERT OR REPLACE INTO convs VALUES "
         "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -902,6 +918,36 @@ def _put_ledger(conn: sqlite3.Connection, conv_id: str, archived: bool, raw: Any
     conn.executemany(
         f"INSERT INTO ledger VALUES ({', '.join('?' * (len(LEDGER_COLUMNS) + 6))})", rows
     )
+
+
+LADDER_RUNGS_KEPT = 100  # rows a conversation's book gives the index; past it, under "other"
+
+
+def _put_ladder(conn: sqlite3.Connection, conv_id: str, archived: bool, raw: Any) -> None:
+    """The conversation's escalation book (state.json's ``ladder``) as rows: one per rung
+    that answered (the first LADDER_RUNGS_KEPT; the rest summed under "other") and one with
+    its other figures; none for a conversation without a ladder or a book that is not one."""
+    from pydantic import ValidationError
+
+    from contemplation.models import LadderBook
+
+    conn.execute("DELETE FROM ladder WHERE conv = ?", (conv_id,))
+    if not isinstance(raw, dict):
+        return
+    try:
+        book = LadderBook.model_validate(raw)
+    except ValidationError:
+        return  # a hand edit cannot stop the index
+    answered: dict[str, int] = {}
+    for rung, n in book.answered.items():
+        key = rung if rung in answered or len(answered) < LADDER_RUNGS_KEPT else "other"
+        answered[key] = answered.get(key, 0) + max(0, n)
+    rows: list[tuple[str, int, str | None, int, int, int, int]] = [
+        (conv_id, int(archived), rung, n, 0, 0, 0) for rung, n in answered.items()
+    ]
+    rows.append((conv_id, int(archived), None, 0, max(0, book.escalated),
+                 max(0, book.to_agent), max(0, book.saved_tokens_estimate)))  # fmt: skip
+    conn.executemany("INSERT INTO ladder VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def _z(text: str) -> bytes | None:

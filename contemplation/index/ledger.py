@@ -4,7 +4,9 @@ Each conversation's state.json ledger is in the index's ``ledger`` table (a row 
 provider/model), so a sum over 10,000 archived conversations is one SQL query over those
 rows, never a walk through their folders. Grouped by conversation, model or provider, a page
 at a time (keyset cursor on the group's key); the totals are over every matching row.
-A figure no turn reported stays None (SQL's sum of NULLs).
+A figure no turn reported stays None (SQL's sum of NULLs). The escalation ladder's books are
+in the ``ladder`` table (a row per rung that answered, one with the rest) and summed the same
+way: the turns each rung answered, those escalated and those that reached the agent.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def summed(
     limit: int = LIMIT,
     cursor: str | None = None,
     conv: str | None = None,
+    rungs: int = 0,
 ) -> dict[str, Any]:
     """One page of groups after ``cursor`` and the totals over every group. ``scope``:
-    active, archived or all; ``conv``: that conversation's rows only."""
+    active, archived or all; ``conv``: that conversation's rows only; ``rungs``: with the
+    escalation ladder's sums too (:func:`ladder`, that many rungs), from the same read."""
     key = _KEY[by]
     limit = max(1, min(int(limit), MAX_LIMIT))
 
@@ -86,6 +90,50 @@ def summed(
         }
         if len(rows) > limit:
             out["cursor"] = paging.encode_cursor(0.0, str(rows[limit - 1][0]))
+        if rungs:
+            out["ladder"] = _ladder(c, scope, rungs)
         return out
 
     return db.read(home, run, only=[conv] if conv is not None else None)
+
+
+RUNGS_SHOWN = 20  # rungs the ladder's sums list, unless asked for fewer or more
+
+
+def ladder(home: Home, *, scope: str = "all", limit: int = RUNGS_SHOWN) -> dict[str, Any]:
+    """The escalation ladder's books summed over every conversation: the conversations with a
+    ladder, the turns answered locally (each rung's, the most answered first, ``limit`` of
+    them; ``found`` rungs in all, ``more`` when some were left out), the turns escalated,
+    those that reached the agent, and the frontier tokens not spent (an estimate)."""
+    return db.read(home, lambda c: _ladder(c, scope, limit))
+
+
+def _ladder(c: sqlite3.Connection, scope: str, limit: int) -> dict[str, Any]:
+    limit = max(1, min(int(limit), MAX_LIMIT))
+    where, args = "", []
+    if scope in ("active", "archived"):
+        where, args = " AND archived = ?", [int(scope == "archived")]
+    # the SQL is made of this module's constants; every value is a parameter
+    sql = (
+        "SELECT count(DISTINCT conv), sum(answered), sum(escalated), sum(to_agent), "  # noqa: S608
+        f"sum(saved), count(DISTINCT rung) FROM ladder WHERE 1{where}"
+    )
+    convs, answered, escalated, to_agent, saved, found = c.execute(sql, args).fetchone()
+    per = (
+        "SELECT rung, sum(answered) AS n, count(DISTINCT conv) FROM ladder "  # noqa: S608
+        f"WHERE rung IS NOT NULL{where} GROUP BY rung ORDER BY n DESC, rung LIMIT {limit}"
+    )
+    rungs = [
+        {"rung": str(r), "answered": int(n or 0), "conversations": int(k)}
+        for r, n, k in c.execute(per, args).fetchall()
+    ]
+    return {
+        "conversations": int(convs or 0),
+        "answered": int(answered or 0),
+        "escalated": int(escalated or 0),
+        "to_agent": int(to_agent or 0),
+        "saved_tokens_estimate": int(saved or 0),
+        "rungs": rungs,
+        "found": int(found or 0),
+        "more": int(found or 0) > len(rungs),
+    }

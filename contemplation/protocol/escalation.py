@@ -20,7 +20,7 @@ import re
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from contemplation.values import Block, BlockKind, MarkerKind
 
@@ -400,6 +400,51 @@ def book_lines(kept: LadderBook) -> list[str]:
             lines.append(f"  turn {s.turn}  {on}: answered")
         else:
             lines.append(f"  turn {s.turn}  {on} → {s.to}: {CAUSES.get(s.cause or '', s.cause)}")
+    return lines
+
+
+NOT_SPENT = "frontier tokens not spent (an estimate from the prompts' size)"
+
+
+def _many(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+def sums_head(got: Mapping[str, Any], rungs: str = "") -> str:
+    """The ladder's books summed over conversations (index.ledger.ladder's), in a phrase:
+    ``answered locally 3{rungs}, escalated 4, to the agent 1; ~N frontier tokens not ...``."""
+    return (
+        f"answered locally {got['answered']:,}{rungs}, escalated {got['escalated']:,}, to the "
+        f"agent {got['to_agent']:,}; ~{got['saved_tokens_estimate']:,} {NOT_SPENT}"
+    )
+
+
+def sums_line(got: Mapping[str, Any]) -> str:
+    """Those sums in one line, the rungs listed in it (the dashboard's ledger card):
+    ``4 conversations: answered locally 3 (qwen3 2, gemma 1), escalated 4, ...``."""
+    each = [f"{r['rung'] or '(own model)'} {r['answered']:,}" for r in got["rungs"]]
+    if got["more"]:
+        each.append(f"{got['found'] - len(got['rungs']):,} more")
+    listed = f" ({', '.join(each)})" if each else ""
+    return f"{_many(got['conversations'], 'conversation')}: {sums_head(got, listed)}"
+
+
+def sums_lines(got: Mapping[str, Any], *, more: str = "") -> list[str]:
+    """Those sums as a person reads them (``contemplation ledger``): a line, then one a rung
+    (the most answered first) and, when rungs were left out, how many and ``more``: the
+    command that lists them; none for a home where no conversation has a ladder."""
+    if not got["conversations"]:
+        return []
+    rungs = got["rungs"]
+    lines = [f"ladder ({_many(got['conversations'], 'conversation')}): {sums_head(got)}"]
+    lines += [
+        f"  {r['rung'] or '(own model)'}  answered {r['answered']:,} "
+        f"({_many(r['conversations'], 'conversation')})"
+        for r in rungs
+    ]
+    if got["more"]:
+        left = got["found"] - len(rungs)
+        lines.append(f"  {_many(left, 'more rung')}" + (f": {more}" if more else ""))
     return lines
 
 

@@ -3,7 +3,9 @@
 With a conversation: its turns (the last ones state.json lists, a page at a time) and its
 sums per provider/model. Without: the sums over every conversation, archived included, read
 from the index (one SQL query, never the folders), grouped by conversation, model or
-provider, a page at a time.
+provider, a page at a time; and the escalation ladder's books summed: the turns each rung
+answered (the most answered first, --limit of them), escalated, and that reached the agent,
+and the frontier tokens not spent.
 """
 
 from __future__ import annotations
@@ -66,9 +68,14 @@ def _one(
     default="conversation",
     help="Sum over conversations grouped this way.",
 )
-@click.option("--limit", type=click.IntRange(min=1, max=500), default=None, help="A page.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=500),
+    default=None,
+    help="A page; without a conversation, also the ladder's rungs listed.",
+)
 @click.option("--cursor", help="The next page: the cursor a page ended with.")
-@json_option("Print the ledger as JSON: total, groups (or turns), more, cursor.")
+@json_option("Print the ledger as JSON: total, groups (or turns), more, cursor, ladder.")
 @click.pass_context
 def ledger(  # noqa: PLR0917 - click passes every option positionally
     ctx: click.Context,
@@ -85,8 +92,15 @@ def ledger(  # noqa: PLR0917 - click passes every option positionally
     from contemplation.index import ledger as sums
 
     grouped = cast("sums.By", by)
-    got = sums.summed(ctx_home(ctx), by=grouped, limit=limit or sums.LIMIT, cursor=cursor)
+    shown = limit or sums.RUNGS_SHOWN  # the ladder's rungs listed, the most answered first
+    got = sums.summed(
+        ctx_home(ctx), by=grouped, limit=limit or sums.LIMIT, cursor=cursor, rungs=shown
+    )
     lines = [f"all  {_row('', got['total']).strip()}"]
+    top = sums.MAX_LIMIT
+    lines += escalation.sums_lines(
+        got["ladder"], more=f"contemplation ledger --limit {top} lists up to {top}"
+    )
     lines += [_row(g["key"], g) for g in got["groups"]]
     if got["more"]:
         lines.append(f"more: contemplation ledger --by {by} --cursor {got['cursor']}")

@@ -31,7 +31,7 @@ from contemplation.faces.card import Card, Row, Seen
 from contemplation.index import ledger as ledger_sums
 from contemplation.index import listing
 from contemplation.models import LedgerSums
-from contemplation.protocol import ledger
+from contemplation.protocol import escalation, ledger
 from contemplation.store.layout import Home
 
 MAX_ROWS = 50  # rows one card shows
@@ -161,9 +161,12 @@ LEDGER_GROUPS = 10  # providers, then models, the ledger card lists
 
 
 def _ledger_rows(seen: Seen) -> list[Row]:
-    """Where the tokens and the time went, over every conversation (the index's sums)."""
-    got = ledger_sums.summed(seen.home, by="provider", limit=LEDGER_GROUPS)
+    """Where the tokens and the time went, over every conversation (the index's sums), and
+    the escalation ladder's books summed (a row, when a conversation has a ladder)."""
+    got = ledger_sums.summed(seen.home, by="provider", limit=LEDGER_GROUPS, rungs=LEDGER_GROUPS)
     rows: list[Row] = [("all", ledger.line(LedgerSums.model_validate(got["total"])))]
+    if got["ladder"]["conversations"]:  # the escalation ladder's books, summed
+        rows.append(("ladder", escalation.sums_line(got["ladder"])))
     rows += [(g["key"], ledger.line(LedgerSums.model_validate(g))) for g in got["groups"]]
     models = ledger_sums.summed(seen.home, by="model", limit=LEDGER_GROUPS)
     rows += [(g["key"], ledger.line(LedgerSums.model_validate(g))) for g in models["groups"]]
