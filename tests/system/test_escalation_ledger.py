@@ -91,6 +91,8 @@ def test_the_ledger_over_every_conversation_counts_each_rung_the_agent_and_what_
         {"rung": BIG, "answered": 1, "conversations": 1},
     ]
     assert (got["found"], got["more"]) == (3, False)
+    kept = sums.ladder(home, scope="archived")  # the archived one's book moved with it
+    assert (kept["conversations"], kept["rungs"]) == (1, [got["rungs"][2]])
 
     said = run_cli(home, "ledger")
     assert (
