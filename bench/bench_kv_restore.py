@@ -2,6 +2,7 @@
 long conversation resumed after the daemon and the server restarted.
 Run: .venv/bin/python bench/bench_kv_restore.py [--rounds 10] [--words 12]
      .venv/bin/python bench/bench_kv_restore.py --restart [--tokens 4096]
+     .venv/bin/python bench/bench_kv_restore.py --restart --conversations 20 [--tokens 512]
 
 ``--restart``: one conversation grown to about ``--tokens`` prompt tokens on a real
 llama-server (one slot of 8,192 tokens, ``--slot-save-path``), then one more turn with both
@@ -11,6 +12,12 @@ turn (its file restored first: the restored figure), then both restarted once mo
 durable map removed (the cold figure: today's behaviour without it). Per turn: the share of
 its prompt the server reused (``cache_n`` over the prompt) and its time to first token,
 the restore's own call included (measured around the client's slot call).
+
+``--restart --conversations N``: N conversations, each grown to about ``--tokens`` and given
+its warm turn in turn (the slot holds it then; the others' files are saved as the slot goes
+on), then the daemon and the server restarted once and each given one more turn (restored
+from its file): the warm and restored turns' reuse and time to first token, side by side
+(no cold pass: the one-conversation run has it, and N cold prefills are minutes each here).
 
 Against a real llama-server (xllamacpp's build, SmolLM2-135M, started here: one slot of
 8,192 tokens), through the daemon's own path (``process_pending`` with the openai backend).
@@ -172,6 +179,43 @@ def restarted(gguf: Path, tokens: int) -> dict[str, Turned]:
         server.stop()
 
 
+def notes(tokens: int) -> str:
+    """About ``tokens`` tokens of notes (``LONG`` is ~1,000: ~85 a sentence)."""
+    return ("Here is more of the design notes: " + " ".join(WORDS) + ". ") * max(1, tokens // 85)
+
+
+def restarted_many(gguf: Path, n: int, tokens: int) -> dict[str, list[Turned]]:
+    """``n`` conversations, each grown to about ``tokens`` and given a warm turn, then the
+    daemon and the server restarted and each given one more turn (see the module)."""
+    server = LlamaServer(gguf, n_ctx=8192, n_parallel=1, slot_save=True).start()
+    th = TurnHome("openai", "smollm2", {"temperature": 0, "num_predict": 16},
+                  {"base_url": server.url})  # fmt: skip
+    chunk = notes(min(tokens, 1000))
+    got: dict[str, list[Turned]] = {"warm": [], "restored": []}
+    convs: list[Any] = []
+    try:
+        for i in range(n):
+            conv, _ = th.conversation(f"Resumed {i}", f"Hello {i}: keep these notes. {chunk}")
+            asyncio.run(burst(th))
+            st = read_state(conv)
+            while st is not None and (st.last_turn is None or (
+                st.last_turn.prompt_eval_count or 0) < tokens):  # fmt: skip
+                asyncio.run(one_turn(th, conv, chunk))
+                st = read_state(conv)
+            got["warm"].append(asyncio.run(one_turn(th, conv, "In one sentence: what matters?")))
+            convs.append(conv)
+            print(f"  {i + 1}/{n} warm: {got['warm'][-1]}", flush=True)
+        server.stop()
+        server.start()
+        th.rt = Runtime(settings=th.rt.settings, home=th.home)
+        for i, conv in enumerate(convs):
+            got["restored"].append(asyncio.run(one_turn(th, conv, f"And once more ({i}): why?")))
+        return got
+    finally:
+        asyncio.run(th.aclose())
+        server.stop()
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -184,8 +228,22 @@ def main() -> None:
     ap.add_argument("--restart", action="store_true", help="a long conversation resumed "
                     "after a daemon and a server restart")  # fmt: skip
     ap.add_argument("--tokens", type=int, default=4096, help="--restart: its prompt's size")
+    ap.add_argument("--conversations", type=int, default=1, help="--restart: how many")
     args = ap.parse_args()
     gguf = peers.smollm2_gguf()
+    if args.restart and args.conversations > 1:
+        many = restarted_many(gguf, args.conversations, args.tokens)
+        for phase, ts in many.items():
+            shares, ttft = [t.share for t in ts], [t.ttft_ms for t in ts]
+            print(f"{phase:9}: {len(ts)} turns, prompt p50 {pct([t.prompt for t in ts], 0.5):,} "
+                  f"tokens, reused mean {statistics.mean(shares):.1%} min {min(shares):.1%}, "
+                  f"time to first token p50 {pct(ttft, 0.5):,.0f} ms "
+                  f"p90 {pct(ttft, 0.9):,.0f} ms")  # fmt: skip
+        each = [r.ttft_ms / max(1.0, w.ttft_ms) for w, r in zip(
+            many["warm"], many["restored"], strict=True)]  # fmt: skip
+        print(f"restored / warm time to first token, per conversation: p50 {pct(each, 0.5):.2f}x"
+              f", max {max(each):.2f}x")  # fmt: skip
+        return
     if args.restart:
         turns = restarted(gguf, args.tokens)
         for phase, t in turns.items():
