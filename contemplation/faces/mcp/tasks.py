@@ -328,7 +328,8 @@ class Tasks:
 
     def cancel(self, task_id: str) -> None:
         """Stop the task's turn wherever it is: a message still queued is withdrawn from
-        ``inbox/`` (whoever renames it first wins: this, or the daemon's claim); a turn
+        ``inbox/`` unless the daemon's claim has linked it into ``processing/`` first (then
+        the claim wins and the turn is cancelled as below); a turn
         claimed and waiting for a slot, loading or streaming is cancelled by the daemon
         (:func:`actions.cancel`), and the task ends ``cancelled``. A task whose turn is over
         (answered, or a later message's turn has begun) or that waits for the person is not
