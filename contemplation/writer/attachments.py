@@ -22,7 +22,7 @@ from contemplation.base.testing import armed, crashpoint
 from contemplation.errors import InputRejected
 from contemplation.store.attachments import FOLDER, MESSAGE_NAMES, Attachment
 from contemplation.store.layout import Conv, ignored_name
-from contemplation.writer.files import fsync_dir, write_all
+from contemplation.writer.files import fsync_dir, staging_name, write_all
 
 
 def attachments_dir(conv: Conv) -> Path:
@@ -92,7 +92,7 @@ def drop_folder_message(
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
         raise InputRejected(f"not a usable inbox name: {final!r}")
-    staging = conv.inbox / f".{final}.tmp"
+    staging = conv.inbox / staging_name(final)
     staging.mkdir(DIR_MODE)
     try:
         leaves = [(MESSAGE_NAMES[0], text.encode("utf-8")), *((a.name, a.data) for a in files)]

@@ -118,6 +118,13 @@ def atomic_write_json(path: Path, data: Any, *, durable: bool = True) -> None:
     )
 
 
+def staging_name(final: str) -> str:
+    """The dot-name a message is written under in ``inbox/`` before its rename into
+    ``final``: it names its writer's process, so that what a killed sender (or a power cut
+    before its rename) left is known for stale (``folders.remove_stale_deliveries``)."""
+    return f".{final}.tmp.{os.getpid()}.{secrets.token_hex(3)}"
+
+
 def cache_write(path: Path, data: bytes) -> None:
     """A cache file, not a record of the home: written whole by a rename, owner-only, never
     fsynced and outside the crash model (a process killed here leaves at most its temp file)."""

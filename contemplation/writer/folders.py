@@ -44,6 +44,7 @@ from contemplation.writer.files import (
     atomic_write_json,
     fsync_dir,
     now_iso,
+    staging_name,
     write_all,
 )
 from contemplation.writer.templates import seed_templates
@@ -213,7 +214,7 @@ def drop_message(conv: Conv, text: str, *, name: str | None = None) -> Path:
     final = name or f"{time.time_ns()}-{secrets.token_hex(4)}.msg"
     if ignored_name(final) or "/" in final or final in {".", ".."}:
         raise InputRejected(f"not a usable inbox file name: {final!r}")
-    tmp = conv.inbox / f".{final}.tmp"
+    tmp = conv.inbox / staging_name(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
@@ -594,18 +595,55 @@ def remove_tmp_files(
     A temp file is only stale when its writer is gone (or it is very old): another process
     (the CLI, the MCP server) may be writing one right now.
     """
-    now = time.time()
-    for name in list_folder(conv) if names is None else names:
-        if not (name.startswith(".") and ".tmp." in name[1:]):  # .<name>.tmp.<pid>.<rand>
-            continue
-        p = conv.dir / name
-        try:
-            pid = int(p.name.rsplit(".", 2)[-2])
-        except (ValueError, IndexError):
-            pid = 0
+    for name in _stale(conv.dir, list_folder(conv) if names is None else names, older_than):
         with contextlib.suppress(OSError):
-            if (pid and not pid_alive(pid)) or now - p.stat().st_mtime > older_than:
-                p.unlink()
+            (conv.dir / name).unlink()
+
+
+def remove_stale_deliveries(conv: Conv, *, older_than: float = 3600.0) -> list[str]:
+    """Remove what senders began in ``inbox/`` and never renamed into place (a dot-file or
+    dot-folder named by :func:`~contemplation.writer.files.staging_name`, or an older
+    ``.<name>.tmp`` one) once their writer is gone (or it is very old). Nothing is lost:
+    a sender is told its message is delivered only after the rename. Returns the names
+    removed."""
+    try:
+        names = os.listdir(conv.inbox)
+    except FileNotFoundError:
+        return []
+    gone: list[str] = []
+    for name in _stale(conv.inbox, names, older_than, bare=True):
+        path = conv.inbox / name
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            gone.append(name)
+    return gone
+
+
+def _stale(folder: Path, names: list[str], older_than: float, *, bare: bool = False) -> list[str]:
+    """The temp names in ``names`` (``.<name>.tmp.<pid>.<rand>``; ``bare``: ``.<name>.tmp``
+    too) whose writing process is gone, or that were last written ``older_than`` s ago."""
+    now = time.time()
+    out: list[str] = []
+    for name in names:
+        if not name.startswith("."):
+            continue
+        if ".tmp." in name[1:]:  # .<name>.tmp.<pid>.<rand>
+            try:
+                pid = int(name.rsplit(".", 2)[-2])
+            except (ValueError, IndexError):
+                pid = 0
+        elif bare and name.endswith(".tmp") and len(name) > len(".tmp") + 1:
+            pid = 0
+        else:
+            continue
+        with contextlib.suppress(OSError):
+            old = now - (folder / name).lstat().st_mtime > older_than
+            if (pid and not pid_alive(pid)) or old:
+                out.append(name)
+    return out
 
 
 def pid_alive(pid: int) -> bool:

@@ -31,7 +31,12 @@ from contemplation.settings import AttachmentSettings
 from contemplation.store.attachments import read_claimed
 from contemplation.store.layout import read_json, read_regular
 from contemplation.writer.files import write_all
-from contemplation.writer.folders import drop_claimed_twins, pid_alive, remove_tmp_files
+from contemplation.writer.folders import (
+    drop_claimed_twins,
+    pid_alive,
+    remove_stale_deliveries,
+    remove_tmp_files,
+)
 from contemplation.writer.session import ConvWriter, remove_claimed
 
 
@@ -50,6 +55,7 @@ def recover(
     twins = drop_claimed_twins(w.conv, durable=w.durable)
     done.extend(f"removed {n!r} from inbox/: it was claimed already" for n in twins)
     remove_tmp_files(w.conv, w.folder_names())
+    remove_stale_deliveries(w.conv)  # logged nowhere: no sender was told these were delivered
     if w.state.rotation is not None:
         done.append(w.complete_rotation())
     intent = w.state.intent
