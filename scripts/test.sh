@@ -20,10 +20,9 @@ echo "== pytest"
 # The slowest 30 tests are printed; the default tier (without --slow) fails when the command as
 # a whole passes its budget (tests/conftest.py, --budget: what set-up and lint left of it), so
 # a test that makes it slow is seen the day it lands.
-# Tests run in one worker per core (pytest-xdist, at most 4: each may start real servers), handed
-# out as workers free up (worksteal); `-n 0` among the arguments runs them in this one process.
-workers=$(nproc)
-workers=$(( workers > 4 ? 4 : workers ))
+# One process: `-n 2 --dist worksteal` (pytest-xdist) runs the suite in workers, but a clean run
+# in workers on this 2-core machine has not yet been measured on a quiet machine, and three
+# service tests fail there (a worker's tmp path makes systemd's socket paths too long), so it
+# is not the default (docs/internals/testing.md).
 left=$(( BUDGET_MINUTES * 60 - SECONDS ))
-python -m pytest -p no:cacheprovider -n "$workers" --dist worksteal --durations=30 \
-  --budget=$(( left > 60 ? left : 60 )) "$@"
+python -m pytest -p no:cacheprovider --durations=30 --budget=$(( left > 60 ? left : 60 )) "$@"

@@ -164,9 +164,11 @@ def test_a_turn_waiting_for_the_slot_is_cancelled_by_its_task_and_by_the_cli(
     waiting, queued = start("Queued", "Say hello.")
     _, by_cli = start("By the CLI", "Say goodbye.")
 
-    def claimed(conv: Conv) -> bool:  # taken out of inbox/ and into the log: waits for the slot
+    def claimed(conv: Conv) -> bool:  # taken into processing/ and the log: waits for the slot
+        # (its inbox name goes with the reply's first state write, which makes the claim
+        # durable: docs/concepts/crash-safety.md, "The claim, off the request's path")
         return (
-            not any(conv.inbox.iterdir()) and conv.log.is_file() and "Say" in conv.log.read_text()
+            any(conv.processing.iterdir()) and conv.log.is_file() and "Say" in conv.log.read_text()
         )
 
     wait_for(lambda: claimed(queued) and claimed(by_cli), 30, what="both messages claimed")
