@@ -8,14 +8,24 @@ crowd's arithmetic on plain vectors."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 import pytest
 
-from contemplation.index import embedder, fusion, semantic
+from contemplation.index import embedder, fusion
 from contemplation.store.layout import Home
 from tests import peers
 from tests.system.semantic_set import HARD
 from tests.system.test_semantic_cut import _made
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from contemplation.index import semantic
+else:  # the semantic extra: without it this module is collected and skipped, as the whole
+    # suite must be (tests/system/test_suite_tiers.py); CI has it, and the fixture below fails
+    np = pytest.importorskip("numpy")
+    semantic = pytest.importorskip("contemplation.index.semantic")
 
 
 def _unit(rows: list[list[float]]) -> semantic.Matrix:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from contemplation.index import embedder, semantic
+from contemplation.index import embedder
 from contemplation.store.layout import Home
 from tests import peers
 from tests.conftest import base_env, cli_here
@@ -43,6 +43,8 @@ def test_status_counts_the_conversations_waiting_for_the_current_models_vectors(
     env = base_env(home)
     assert "not_embedded: 3" in cli_here(env, "status").stdout
     assert _waiting(env) == 3
+
+    from contemplation.index import semantic  # the extra (numpy): checked above
 
     semantic.update(home, None)  # what the daemon's keeper does in its slices
     assert _waiting(env) == 0
