@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +97,13 @@ def in_parallel(names: list[str], modes: tuple[str, ...], jobs: int, out: Path) 
             return name, done.returncode, done.stdout + done.stderr
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            runs = list(pool.map(one, names))
+            # each scenario's cases said as it ends (a long sweep's failures are read at once)
+            for ended in as_completed([pool.submit(one, name) for name in names]):
+                name, rc, text = ended.result()
+                took = time.perf_counter() - start
+                print(f"== {name} (exit {rc}, at {took:.0f} s)\n{text.rstrip()}", flush=True)
         parts = []
-        for name, rc, text in runs:
-            print(f"== {name} (exit {rc})\n{text.rstrip()}", flush=True)
+        for name in names:
             path = Path(tmp) / f"{name}.json"
             if not path.exists():
                 print(f"scenario {name} wrote no results", file=sys.stderr)
