@@ -13,6 +13,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,19 +43,20 @@ def render_unit(tmp_path: Path, home: Path) -> Path:
     return unit
 
 
-def verify(tmp_path: Path, unit: Path) -> subprocess.CompletedProcess[str]:
+def verify(unit: Path) -> subprocess.CompletedProcess[str]:
     exe = peers.executable("systemd-analyze")
-    runtime = tmp_path / "xdg-runtime"
-    runtime.mkdir(mode=0o700, exist_ok=True)
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime))
-    return subprocess.run(
-        [str(exe), "--user", "verify", "--man=no", str(unit)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    # A short runtime folder of its own: systemd refuses socket paths past 108 bytes, and a
+    # pytest-xdist worker's tmp_path is long enough to pass that ("File name too long").
+    with tempfile.TemporaryDirectory(prefix="xr", dir="/tmp") as runtime:
+        env = dict(os.environ, XDG_RUNTIME_DIR=runtime)
+        return subprocess.run(
+            [str(exe), "--user", "verify", "--man=no", str(unit)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
 
 
 @pytest.mark.parametrize("home_name", ["home", "my home 100%$x"])
@@ -62,7 +64,7 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, home_name: s
     home = tmp_path / home_name
     home.mkdir()
     unit = render_unit(tmp_path, home)
-    proc = verify(tmp_path, unit)
+    proc = verify(unit)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     text = unit.read_text()
     lines = dict(
@@ -78,7 +80,7 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, home_name: s
         assert '"' in exec_start and "%%" in exec_start and "$$" in exec_start
     # the check can fail: a misspelt value is reported on stderr (with exit code 0)
     unit.write_text(text.replace("Type=notify", "Type=notifyy"))
-    bad = verify(tmp_path, unit)
+    bad = verify(unit)
     assert bad.stderr != ""
 
 

@@ -52,7 +52,7 @@ def test_systemd_install_carries_the_shell_and_keeps_secrets_out_of_the_unit(
     assert f"EnvironmentFile={secrets}" in text
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
     assert f"OPENAI_API_KEY='{SECRET}'" in secrets.read_text()
-    checked = verify(home.root.parent, unit)  # systemd's own reading of the unit, file named
+    checked = verify(unit)  # systemd's own reading of the unit, file named
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr
     assert "carried: OPENAI_API_KEY=*** (secret, in " in out
     assert "carried: OPENAI_BASE_URL=http://127.0.0.1:9/v1" in out
