@@ -46,6 +46,7 @@ class Check:
     ok: bool
     detail: str
     hints: tuple[str, ...] = field(default=())
+    warn: bool = False  # ok, but worth acting on: doctor's "warn" (the hints say how)
 
 
 @runtime_checkable

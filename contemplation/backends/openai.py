@@ -14,9 +14,13 @@ Ollama's ``/v1`` and hosted APIs; the wire format itself (the body, the events, 
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import stat
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,6 +54,7 @@ from contemplation.settings import (
     CapabilityOverride,
     Concurrency,
     Section,
+    Settings,
     TimeoutSettings,
     check_url,
 )
@@ -69,6 +74,49 @@ def normalize_base_url(value: str | None) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
+def _loopback(host: str) -> bool:
+    """A host name or address that is this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def local_slot_folder(url: str, slot_save_path: str) -> Path | None:
+    """The server's ``--slot-save-path`` as a provider's ``slot_save_path`` names it, where
+    the daemon may remove files from it: an absolute folder, of a server on this machine
+    (its URL's host a loopback one); else None (its files are only written over)."""
+    if not slot_save_path or not Path(slot_save_path).is_absolute():
+        return None
+    host = urlsplit(normalize_base_url(url)).hostname or ""
+    return Path(slot_save_path) if _loopback(host) else None
+
+
+def slot_folder(settings: Settings, name: str) -> Path | None:
+    """:func:`local_slot_folder` of provider ``name`` (None for a provider of another kind)."""
+    t = providers.table(settings, name)
+    raw = t.raw.get("slot_save_path") if t.kind == backend_kinds.OPENAI else None
+    url = str(t.raw.get("url") or t.raw.get("base_url") or "")
+    return local_slot_folder(url, raw) if isinstance(raw, str) else None
+
+
+def slot_folders(settings: Settings) -> dict[str, Path]:
+    """Every provider's :func:`slot_folder` that there is, by provider name."""
+    names = [*settings.providers, backend_kinds.OPENAI]
+    return {n: f for n in dict.fromkeys(names) if (f := slot_folder(settings, n)) is not None}
+
+
+def _fresh_file(folder: Path, name: str, since: float) -> bool:
+    """``folder/name`` is a regular file (not a link) written at ``since`` or later."""
+    try:
+        st = os.stat(folder / name, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1  # coarse file clocks
+
+
 class OpenAIBackend:
     name = "openai"
     label = "OPENAI"
@@ -86,9 +134,11 @@ class OpenAIBackend:
         overrides: Mapping[str, CapabilityOverride] | None = None,
         name: str = "openai",
         where: str = "openai.url",
+        slot_save_path: str = "",
     ) -> None:
         self.name = name
         self.where = where  # the key its URL came from, for the hints that name it
+        self.slot_save_path = slot_save_path  # the server's --slot-save-path, as configured
         # a password in the URL is sent as Basic auth, never kept in it (every error text and
         # check line names base_url); with an api key as well, which one is meant is unclear
         self.base_url, auth = credentials(normalize_base_url(base_url))
@@ -386,8 +436,10 @@ class OpenAIBackend:
 
     async def _slot_files_check(self) -> Check | None:
         """llama-server: whether it keeps slot files (``--slot-save-path``), which keep a
-        conversation's prompt cached across a daemon or server restart; asked by saving an
-        idle slot (as the daemon does before its first slot copy). None: not llama-server,
+        conversation's prompt cached across a daemon or server restart, asked by saving an
+        idle slot (as the daemon does before its first slot copy); and whether this
+        provider's ``slot_save_path`` names that folder, so that the files of conversations
+        that are gone are removed: that save is looked for there. None: not llama-server,
         or no slot idle to ask with."""
         try:
             if not isinstance((await self.props() or {}).get("total_slots"), int):
@@ -400,16 +452,59 @@ class OpenAIBackend:
             ]  # fmt: skip
             if not idle:
                 return None
-            if await self.copies_slots(idle[0]):
-                return Check("slot files", True, "kept (--slot-save-path): conversations stay "
-                             "warm across restarts")  # fmt: skip
+            asked = time.time()
+            kept = await self.copies_slots(idle[0])
         except BackendError:
             return None
+        return self._slot_files_line(kept, f"contemplation-slot-{idle[0]}.bin", asked)
+
+    def _slot_files_line(self, kept: bool, probe: str, asked: float) -> Check:
+        """doctor's ``slot files`` line, from whether the server saved slot file ``probe``
+        (at ``asked``) and this provider's ``slot_save_path``."""
+        key = f"{self.where.rpartition('.')[0]}.slot_save_path"
+        raw = self.slot_save_path
+        if not kept:
+            said = f" ({key} is set, but the server was not started with it)" if raw else ""
+            return Check(
+                "slot files", True, f"off for {self.name}: a conversation resumed after a "
+                f"restart prefills its whole prompt again{said}",
+                (f'start llama-server with --slot-save-path DIR (a folder only you can read) '
+                 f'and set {key} = "DIR"',),
+                warn=True,
+            )  # fmt: skip
+        warm = f"kept by {self.name} (--slot-save-path): conversations stay warm across restarts"
+        if not raw:
+            return Check(
+                "slot files", True, f"{warm}; the files of conversations that are gone are "
+                "only written over, never removed",
+                (f'set {key} = "<the folder given to --slot-save-path>" to have them removed',),
+                warn=True,
+            )  # fmt: skip
+        if not Path(raw).is_absolute():
+            return Check(
+                "slot files", True, f"{warm}; {key} = {raw!r} is not an absolute folder: "
+                "nothing is removed from it",
+                (f"set {key} to the absolute folder given to --slot-save-path",), warn=True,
+            )  # fmt: skip
+        folder = local_slot_folder(self.base_url, raw)
+        if folder is None:
+            return Check(
+                "slot files", True, f"{warm}; the server is not on this machine, so {key} "
+                "is not used: its files are only written over",
+                (f"remove {key} (files are removed only from a server on this machine)",),
+                warn=True,
+            )  # fmt: skip
+        if not _fresh_file(folder, probe, asked):
+            return Check(
+                "slot files", True, f"{warm}, but not in {folder}: the server's save of an "
+                f"idle slot ({probe}) is not there, so nothing is removed from it",
+                (f"set {key} to the folder given to llama-server's --slot-save-path",),
+                warn=True,
+            )  # fmt: skip
         return Check(
-            "slot files", True, "off: a conversation resumed after a restart prefills its "
-            "whole prompt again",
-            ("start llama-server with --slot-save-path DIR (a folder only you can read) to "
-             "keep conversations warm across restarts; kv_files_bytes caps what is kept",),
+            "slot files", True, f"kept by {self.name} in {folder} (--slot-save-path): "
+            "conversations stay warm across restarts; the files of conversations that are "
+            "gone are removed from it",
         )  # fmt: skip
 
     def _url_key(self) -> str:
@@ -482,6 +577,7 @@ def _make(m: BackendInputs) -> OpenAIBackend:
         stream_usage=s.stream_usage,
         overrides=m.settings.capabilities,
         name=m.name,
+        slot_save_path=s.slot_save_path,
     )
 
 

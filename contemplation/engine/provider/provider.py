@@ -11,18 +11,15 @@ when it went away; a reload replaces the provider whole (:meth:`successor`).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import structlog
 
 from contemplation import backends as backend_registry
-from contemplation.backends import providers
 from contemplation.backends.base import Backend, Capabilities, KnowsLimits, Slots
-from contemplation.backends.openai import normalize_base_url
+from contemplation.backends.openai import slot_folder as folder_of
 from contemplation.engine import kvfiles
 from contemplation.engine.affinity import CopiesSlots, NamesSlots, Pinned, SlotAffinity
 from contemplation.engine.breaker import Guard
@@ -33,16 +30,6 @@ from contemplation.models import ChatMessage, Metadata, Usage
 from contemplation.settings import Settings
 
 log = structlog.get_logger("contemplation.runtime")
-
-
-def _loopback(host: str) -> bool:
-    """A host name or address that is this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 CAPS_RETRY = 30.0  # seconds before a failed capability or slots lookup is tried again
@@ -237,15 +224,10 @@ class Provider:
         return await files.remove(names)
 
     def slot_folder(self) -> Path | None:
-        """The server's ``--slot-save-path`` as this provider's ``slot_save_path`` names it:
-        an absolute folder, of a server on this machine (its URL's host a loopback one);
-        else None (its files are only written over)."""
-        t = providers.table(self.settings, self.name)
-        raw = t.raw.get("slot_save_path") if t.kind == "openai" else None
-        if not isinstance(raw, str) or not raw or not Path(raw).is_absolute():
-            return None
-        url = normalize_base_url(str(t.raw.get("url") or t.raw.get("base_url") or ""))
-        return Path(raw) if _loopback(urlsplit(url).hostname or "") else None
+        """The server's ``--slot-save-path`` as this provider's ``slot_save_path`` names it
+        (:func:`~contemplation.backends.openai.slot_folder`): an absolute folder, of a
+        server on this machine; else None (its files are only written over)."""
+        return folder_of(self.settings, self.name)
 
     def _kv_files(self) -> None:
         """The affinity's slot files kept in the home's durable map (warm across restarts)."""

@@ -188,7 +188,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         for c in await backends.check_all(s, extra=sorted(used)):
             detail = c.detail + "".join(f"\n    hint: {h}" for h in c.hints)
             if c.ok or c.name in used or c.name not in servers:
-                add(c.name, c.ok, detail)  # (a model or other check: its failure stands)
+                add(c.name, c.ok, detail, warn=c.warn)  # (a model or other check: stands)
             else:  # a backend nothing uses now is unreachable: worth saying, not a failure
                 add(c.name, True, f"{detail}\n    (no active conversation uses it)", warn=True)
 
