@@ -47,11 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_prefix_cache import prefilled  # noqa: E402
 from bench.turnbench import TurnHome  # noqa: E402
-from contemplation.engine import kvmap  # noqa: E402
 from contemplation.engine.pipeline import process_pending  # noqa: E402
 from contemplation.engine.runtime import Runtime  # noqa: E402
 from contemplation.store.layout import read_state  # noqa: E402
-from contemplation.writer import drop_message  # noqa: E402
+from contemplation.writer import drop_message, kvmap  # noqa: E402
 from tests import peers  # noqa: E402
 from tests.realpeers import LlamaServer  # noqa: E402
 

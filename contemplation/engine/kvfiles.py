@@ -29,8 +29,8 @@ from pathlib import Path
 import structlog
 
 from contemplation.base.aio import on_thread
-from contemplation.engine import kvmap
 from contemplation.models import ChatMessage
+from contemplation.writer import kvmap
 from contemplation.writer.slotfiles import drop_slot_files
 
 log = structlog.get_logger("contemplation.kv")

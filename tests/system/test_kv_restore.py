@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from contemplation.backends.base import Check
-from contemplation.engine import kvmap
 from contemplation.engine.runtime import Runtime
 from contemplation.settings import Settings
 from contemplation.store.layout import Home, read_state
-from contemplation.writer import drop_message
+from contemplation.writer import drop_message, kvmap
 from tests import peers, realpeers
 from tests.conftest import run_burst
 from tests.realpeers import LlamaServer

@@ -383,6 +383,9 @@ def archive_(ctx: click.Context, conversation: str) -> None:
         click.echo(f"note: {conv.id} is already archived (in completed/)", err=True)
     else:
         conv = actions.archive_conversation(ctx_home(ctx), conv)
+        from contemplation.faces.cli import slotfiles
+
+        slotfiles.drop_gone(ctx)  # with no daemon running (a running one does it)
     click.echo(str(conv.dir))
 
 

@@ -192,6 +192,10 @@ def prune(ctx: click.Context, older_than: str, dry_run: bool, as_json: bool) -> 
     from contemplation.index import retention
 
     done = retention.prune(ctx_home(ctx), retention.parse_age(older_than), dry_run=dry_run)
+    if not dry_run:
+        from contemplation.faces.cli import slotfiles
+
+        slotfiles.drop_gone(ctx)  # their slot files, with no daemon running
     verb = "would remove" if dry_run else "removed"
     lines = [
         f"{verb} {r['id']}  (last activity {r['last_activity']}, {show.size(r['bytes'])})"

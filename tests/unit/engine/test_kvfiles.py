@@ -12,11 +12,11 @@ import json
 import stat
 from pathlib import Path
 
-from contemplation.engine import kvmap
 from contemplation.engine.affinity import CopiesSlots, KeepsSlots, SlotAffinity
 from contemplation.engine.kvfiles import FILES, KvFiles
 from contemplation.models import Usage
 from contemplation.protocol import ledger
+from contemplation.writer import kvmap
 
 
 class Keeper:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from contemplation.engine import kvmap
 from contemplation.engine.pipeline import process
 from contemplation.engine.provider import Provider
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.tracking import Tracked
 from contemplation.settings import Settings
 from contemplation.store.layout import Home
+from contemplation.writer import kvmap
 from contemplation.writer.slotfiles import drop_slot_files
 
 

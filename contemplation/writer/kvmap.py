@@ -1,13 +1,15 @@
 """The durable map of slot files: which file of a server holds which conversation's prompt.
 
 llama-server started with ``--slot-save-path`` keeps a slot's KV cache in a file that outlives
-the server and the daemon (:mod:`kvfiles` is the daemon's pool of them). This map is what
-outlives the daemon: per provider, the model the files were made by and, least recently used
-first, each conversation's file (its name, the tokens it holds, the prompt tokens and the
-messages' hashes of the turn it was saved after, its size), and the conversations whose file
-was given up (``evicted``: their next turn's miss is named so). Written whole through the
-writer (a temp file, fsync, rename; owner-only), off the event loop, by the one daemon that
-holds the home.
+the server and the daemon (:mod:`contemplation.engine.kvfiles` is the daemon's pool of
+them). This map is what outlives the daemon: per provider, the model the files were made by
+and, least recently used first, each conversation's file (its name, the tokens it holds,
+the prompt tokens and the messages' hashes of the turn it was saved after, its size), and
+the conversations whose file was given up (``evicted``: their next turn's miss is named
+so). Written whole through the writer (a temp file, fsync, rename; owner-only), off the
+event loop, by the one daemon that holds the home; a command that makes conversations go
+while no daemon runs (``archive``, ``prune``) only reads it, to remove their files
+(:func:`.slotfiles.drop_gone`).
 
 A file's name is random (``contemplation-kv-<24 hex>.bin``): it says nothing of the
 conversation, and a name in the map was made by this daemon, never read from a request.
