@@ -20,9 +20,10 @@ cut and the model redid left out (:func:`.task_turn.without_redone`), cut to the
 budget with a cursor, ``parsed`` for a structured reply, ``waiting`` with the call that
 settles each need or lookup); a failed turn completes with ``isError``; ``cancelled`` after
 ``tasks/cancel`` once the turn has stopped (waiting for its slot, loading or streaming), or at
-once when its message was still queued (it is withdrawn from ``inbox/`` before a daemon claims
-it, and never reaches the model). Each task is its own question: its result is its message's
-turn only (:mod:`.task_turn`), never a later message's reply.
+once when its message was still queued (it is withdrawn from ``inbox/`` before a daemon's
+claim links it into ``processing/``, and never reaches the model). Each task is its own
+question: its result is its message's turn only (:mod:`.task_turn`), never a later
+message's reply.
 ``ttlMs`` is the retention of archived conversations (``[retention] archived_days``; null:
 kept until the conversation is deleted).
 """
@@ -328,8 +329,9 @@ class Tasks:
 
     def cancel(self, task_id: str) -> None:
         """Stop the task's turn wherever it is: a message still queued is withdrawn from
-        ``inbox/`` unless the daemon's claim has linked it into ``processing/`` first (then
-        the claim wins and the turn is cancelled as below); a turn
+        ``inbox/`` (:func:`~contemplation.writer.folders.withdraw`) unless the daemon's
+        claim has already linked it into ``processing/`` (the claim's first half, before
+        its request; the claim has won then, and the withdraw makes it durable); a turn
         claimed and waiting for a slot, loading or streaming is cancelled by the daemon
         (:func:`actions.cancel`), and the task ends ``cancelled``. A task whose turn is over
         (answered, or a later message's turn has begun) or that waits for the person is not
