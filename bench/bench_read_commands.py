@@ -11,6 +11,7 @@ system of the child, less sensitive to a loaded machine than wall time), and the
 loaded (deterministic: counted once with ``-X importtime``).
 
 Run: .venv/bin/python bench/bench_read_commands.py [--active 300] [--runs 15] [--tree /work/ab]
+[--only "status CONV" --only list] (those commands alone: a loaded machine's minutes go further)
 Target: each <= 150 ms (wall p50) at 300 active conversations.
 """
 
@@ -82,6 +83,7 @@ def main() -> None:
     ap.add_argument("--active", type=int, default=300)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--tree", type=Path, default=None, help="A: another checkout with its .venv")
+    ap.add_argument("--only", action="append", default=[], help="This command alone (its label)")
     a = ap.parse_args()
     trees = {"B": ROOT} if a.tree is None else {"A": a.tree.resolve(), "B": ROOT}
     tmp = Path(tempfile.mkdtemp(prefix="contemplation-reads-"))
@@ -95,7 +97,9 @@ def main() -> None:
     }
     exe = {name: str(tree / ".venv" / "bin" / "contemplation") for name, tree in trees.items()}
     conv = sorted(p.name for p in (home / "active").iterdir())[0]
-    rows = commands(conv)
+    rows = [r for r in commands(conv) if not a.only or r[0] in a.only]
+    if not rows:
+        ap.error(f"--only: no such command; one of {[r[0] for r in commands(conv)]}")
     for name in trees:  # warm: the index made, the settings' verdict recorded
         for _, args in rows:
             once(exe[name], args, env)

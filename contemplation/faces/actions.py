@@ -461,9 +461,11 @@ def approve(
             (r for r in (view.state.pending_approvals if view.state else []) if r.id == chosen.id),
             None,
         )
-        first = waiting.deciding_for(chosen.id, request, given)
+        asked = request.model_dump() if request is not None else None
+        first = waiting.deciding_for(chosen.id, asked, [d.model_dump() for d in given])
         if first is not None:
-            raise AlreadyDecided(waiting.decided_line(chosen.id, chosen.need, first))
+            said = ApprovalDecision.model_validate(first)
+            raise AlreadyDecided(waiting.decided_line(chosen.id, chosen.need, said))
         made = ApprovalDecision(
             request=chosen.id,
             decision=decision,  # checked against DECISIONS above

@@ -13,16 +13,16 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected, NotFound
 from contemplation.index import listing
-from contemplation.models import BUSY, Block, BlockKind, Metadata, State, Status
 from contemplation.protocol import panel
 from contemplation.protocol.conversation import need_id
 from contemplation.protocol.parser import find_responses
-from contemplation.store import activity, room
+from contemplation.store import activity, plain, room
 from contemplation.store.cursors import (
     AGENT_SOURCE,
     Segment,
@@ -41,13 +41,15 @@ from contemplation.store.layout import (
     list_conversations,
     locate,
     queued_messages,
-    read_metadata,
     read_regular,
-    read_state,
 )
 from contemplation.store.logview import LogView
 from contemplation.store.waiting import MIN_PREFIX, WaitItem, look
+from contemplation.values import BUSY, Block, BlockKind, Status
 from contemplation.writer import daemon_alive
+
+if TYPE_CHECKING:  # loaded by the faces that act, when they ask for them (Standing.meta)
+    from contemplation.models import Metadata, State
 
 __all__ = [  # the cursor space's names, which the faces read here
     "AGENT_SOURCE", "Reader", "Segment", "Since", "Standing", "block_dict", "blocks_since",
@@ -61,18 +63,36 @@ STANDING_TRIES = 8  # reads of a conversation that changes under each one before
 OWN_SEGMENTS_BACK = 8  # rotated segments searched for the agent's last own message
 
 
-@dataclass(frozen=True, slots=True)
+Doc = dict[str, Any]  # a document as its model dumps it (contemplation.store.plain)
+
+
+@dataclass(frozen=True)
 class Standing:
     """One conversation as one moment shows it, for every face that follows one (CLI
-    ``--wait`` and ``wait``, MCP check, wait and progress, the dashboard): its documents, what
-    waits for the agent, and whether the daemon is done, all from the same reading."""
+    ``--wait`` and ``wait``, MCP check, wait and progress, the dashboard, ``status CONV``): its
+    documents, what waits for the agent, and whether the daemon is done, all from the same
+    reading. The documents are read as their models dump them (``meta_doc``, ``state_doc``:
+    :mod:`contemplation.store.plain`, no pydantic); ``meta`` and ``state`` are the models,
+    made from them when a face first asks."""
 
-    meta: Metadata | None
-    state: State | None
+    meta_doc: Doc | None
+    state_doc: Doc | None
     items: list[WaitItem]
     deciding: tuple[str, ...]  # lookups decided by the agent, not answered by the daemon yet
     queued: int  # messages in inbox/ and processing/
     settled: bool
+
+    @cached_property
+    def meta(self) -> Metadata | None:
+        from contemplation.models import Metadata
+
+        return None if self.meta_doc is None else Metadata.model_validate(self.meta_doc)
+
+    @cached_property
+    def state(self) -> State | None:
+        from contemplation.models import State
+
+        return None if self.state_doc is None else State.model_validate(self.state_doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,22 +129,23 @@ def _heads(paths: Iterable[Path]) -> Iterator[str]:
             continue
 
 
-def _committed(view: LogView, state: State | None, *, daemon: bool) -> tuple[Block, ...]:
+def _committed(view: LogView, state: Doc | None, *, daemon: bool) -> tuple[Block, ...]:
     """The blocks of the log as ``state`` accounts for them. While a ``daemon`` runs, a block
     that begins past the state's committed size (one it has just written and not yet
     committed, or a hand append it has not taken in yet) belongs to a later moment than the
     state's and is left out; with none running, nothing takes such bytes in, and the log is
     read as it is."""
     blocks = view.refresh().blocks
-    if not daemon or state is None or (state.log.ino and state.log.ino != view.ino):
+    log = state["log"] if state is not None else None
+    if not daemon or log is None or (log["ino"] and log["ino"] != view.ino):
         return blocks  # no state, or one of another file (a rotation, a replaced log)
-    later = sum(1 for b in view.live.blocks if b.offset >= state.log.size)
+    later = sum(1 for b in view.live.blocks if b.offset >= log["size"])
     return blocks[: len(blocks) - later]
 
 
 def _settled(
-    meta: Metadata | None,
-    state: State | None,
+    meta: Doc | None,
+    state: Doc | None,
     live: int,
     blocks: tuple[Block, ...],
     *,
@@ -133,18 +154,27 @@ def _settled(
 ) -> bool:
     """The daemon is done for now: nothing queued, nothing being written, no decision of the
     agent left to act on, and no model turn due."""
-    if queued or meta is None or (state is not None and state.intent is not None):
+    if queued or meta is None or (state is not None and state["intent"] is not None):
         return False
-    if state is not None and live != state.log.size:
+    if state is not None and live != state["log"]["size"]:
         # bytes past the last commit: a reply whose commit also commits the message it
         # answers (written with no intent, see ReplyStream.merge_into_commit), or an
         # append the daemon has not adopted yet; either way not done
         return False
     if not blocks:
         return True  # started empty: there is nothing to wait for
-    if state is None or state.status in BUSY or deciding:
+    if state is None or state["status"] in BUSY or deciding:
         return False
     return panel.next_for(meta, blocks)[1].action != "turn"  # (every seat of a panel)
+
+
+def _writing_at(state: Doc | None) -> int | None:
+    """Where a write in flight begins (its intent's offset), else the end of the last commit;
+    None without a state."""
+    if state is None:
+        return None
+    intent = state["intent"]
+    return int(intent["offset"] if intent is not None else state["log"]["size"])
 
 
 # --------------------------------------------------------------------------- the reader
@@ -202,14 +232,14 @@ class Reader:
         in play (no reply or message came after them): those on their way (``inbox/``,
         ``processing/``) and those in the log after it, each with who gave it and when (what a
         responder that came second is told)."""
-        meta = read_metadata(conv)
+        meta = plain.metadata(conv)
         out: list[Answered] = []
         for head in _heads(queued_messages(conv)):
             out += [Answered(need, *_source(head), queued=True) for need in find_responses(head)]
         if meta is None:
             return out
         given: list[Answered] = []
-        for b in reversed(self.view(conv, meta.agent_label).refresh().blocks):
+        for b in reversed(self.view(conv, meta["agent_label"]).refresh().blocks):
             if b.kind is BlockKind.MODEL:  # the latest reply: its needs, if it asked any
                 found = out + given[::-1]
                 return [replace(a, id=need_id(b, a.need)) for a in found if a.need in b.needs]
@@ -228,12 +258,12 @@ class Reader:
             for head in reversed(list(_heads(queued_messages(conv)))):
                 if found := find_responses(head):
                     return Answered(found[-1], *_source(head), queued=True)
-        meta = read_metadata(conv)
+        meta = plain.metadata(conv)
         if meta is None:
             return None
         ref = ref.strip() if ref else None
         given: list[Answered] = []  # answers after the block looked at, nearest first
-        for b in reversed(self.view(conv, meta.agent_label).refresh().blocks[-LOOK_BACK:]):
+        for b in reversed(self.view(conv, meta["agent_label"]).refresh().blocks[-LOOK_BACK:]):
             if ref is None and b.kind is BlockKind.AGENT and b.response_to is None:
                 return None  # a message came since: what follows it is a new exchange
             if b.kind is BlockKind.MODEL and ref is not None:
@@ -257,25 +287,25 @@ class Reader:
         after the log: a reading it changed under is done again, and one that never holds
         still is *busy* (nothing listed, not settled), never a mix of two moments."""
         if conv.is_completed:
-            return Standing(read_metadata(conv), read_state(conv), [], (), 0, settled=True)
+            return Standing(plain.metadata(conv), plain.state(conv), [], (), 0, settled=True)
         for _ in range(STANDING_TRIES):
             got = self._standing(conv, decided=decided)
             if got is not None:
                 return got
-        return Standing(read_metadata(conv), read_state(conv), [], (), 0, settled=False)
+        return Standing(plain.metadata(conv), plain.state(conv), [], (), 0, settled=False)
 
     def _standing(self, conv: Conv, *, decided: bool) -> Standing | None:
         if not conv.dir.is_dir():  # archived meanwhile
             return Standing(None, None, [], (), 0, settled=False)
         paths = queued_messages(conv)
         queued = self.queued_answers(paths)
-        meta = read_metadata(conv)
-        state = read_state(conv)
+        meta = plain.metadata(conv)
+        state = plain.state(conv)
         live = _live_size(conv)
         daemon = daemon_alive(self.home)
-        view = self.view(conv, meta.agent_label) if meta is not None else None
+        view = self.view(conv, meta["agent_label"]) if meta is not None else None
         blocks = _committed(view, state, daemon=daemon) if view is not None else ()
-        if read_state(conv) != state:
+        if plain.state(conv) != state:
             return None  # the daemon wrote meanwhile: the log may be of another moment
         seen = look(conv, blocks, meta, state, queued, decided=decided)
         return Standing(
@@ -299,18 +329,18 @@ class Reader:
         and ahead of it, what waits, and the characters streamed so far (``written``: when
         the caller has just read them; else read here while a turn generates). An archived
         conversation is archived, whatever its last state (:func:`activity.archived`)."""
-        meta, state = view.meta, view.state
+        meta, state = view.meta_doc, view.state_doc
         if conv.is_completed:
             try:
                 return activity.archived(str(self.summary(conv)["status"]))
             except NotFound:  # moved on meanwhile: its state's word
-                return activity.archived(state.status.value if state else Status.PENDING.value)
-        model = meta.model if meta else ""
+                return activity.archived(str(state["status"] if state else Status.PENDING))
+        model = meta["model"] if meta else ""
         behind = 0
         if view.queued and meta is not None:
             rows = self.summaries(include_completed=False)
-            behind = activity.queued_behind(conv.id, meta.backend, model, rows)
-        if written is None and state is not None and state.status is Status.GENERATING:
+            behind = activity.queued_behind(conv.id, meta["backend"], model, rows)
+        if written is None and state is not None and state["status"] == Status.GENERATING:
             written = self.streamed(conv)
         asks = sum(1 for i in view.items if i.kind == "approval")
         return activity.describe(
@@ -327,7 +357,7 @@ class Reader:
     def disk_full(self, view: Standing) -> str:
         """ "the disk is full (…)" while a busy conversation's disk has no room:
         its state.json cannot be written then, so its status is behind (see store/room.py)."""
-        busy = view.queued or (view.state is not None and view.state.status in BUSY)
+        busy = view.queued or (view.state_doc is not None and view.state_doc["status"] in BUSY)
         return room.full(self.home.root) if busy else ""
 
     def waiting(self, conv: Conv, *, decided: bool = False) -> list[WaitItem]:
@@ -336,17 +366,14 @@ class Reader:
         return self.standing(conv, decided=decided).items
 
     def since(self, conv: Conv, cursor: int, *, thinking: bool = False) -> Since:
-        meta = read_metadata(conv)
-        state = read_state(conv)
+        meta = plain.metadata(conv)
         # a write in flight: from its intent's offset, else from the last commit (a reply
         # whose commit also commits the message it answers is written with no intent)
-        writing_at: int | None = None
-        if state is not None:
-            writing_at = state.intent.offset if state.intent is not None else state.log.size
+        writing_at = _writing_at(plain.state(conv))
         return blocks_since(
             conv,
             cursor,
-            agent_label=meta.agent_label if meta else "CLAUDE",
+            agent_label=meta["agent_label"] if meta else "CLAUDE",
             writing_at=writing_at,
             thinking=thinking,
         )
@@ -354,8 +381,8 @@ class Reader:
     def last_own(self, conv: Conv) -> int:
         """Cursor of the agent's own latest block (a message or its own answer; never a
         rule's answer), searched back over a few rotated segments; 0 when there is none."""
-        meta = read_metadata(conv)
-        label = meta.agent_label if meta else "CLAUDE"
+        meta = plain.metadata(conv)
+        label = meta["agent_label"] if meta else "CLAUDE"
         segs = segments(conv)
         if not segs:
             return 0
@@ -385,8 +412,8 @@ class Reader:
         if seg is None:
             return None
         local = cursor - seg.start
-        meta = read_metadata(conv)
-        label = meta.agent_label if meta else "CLAUDE"
+        meta = plain.metadata(conv)
+        label = meta["agent_label"] if meta else "CLAUDE"
         blocks: Iterable[Block]
         if seg is segs[-1]:
             view = self.view(conv, label)
@@ -407,10 +434,9 @@ class Reader:
         if not segs:
             return 0
         live = segs[-1]
-        state = read_state(conv)
-        if state is None:
+        at = _writing_at(plain.state(conv))
+        if at is None:
             return live.end
-        at = state.intent.offset if state.intent is not None else state.log.size
         return live.start + min(live.size, max(0, at))
 
     def locate(self, name: str) -> Conv:

@@ -19,10 +19,13 @@ import hashlib
 import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from contemplation.models import Block, BlockKind, MarkerKind, Metadata, State
 from contemplation.protocol.escalation import panel_hidden, seats_pending
+from contemplation.values import Block, BlockKind, MarkerKind
+
+if TYPE_CHECKING:  # the models load where the documents are, not to read a log
+    from contemplation.models import Metadata, State
 
 _STOPPERS = {MarkerKind.ERROR, MarkerKind.CANCELLED}
 _UNFINISHED = {MarkerKind.INTERRUPTED, MarkerKind.ERROR, MarkerKind.CANCELLED, MarkerKind.ESCALATED}

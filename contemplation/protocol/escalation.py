@@ -452,8 +452,13 @@ def last_rung(kept: LadderBook | None) -> str | None:
     """The words of the rung that last answered or where the turn went: for a status line."""
     if kept is None or not kept.steps:
         return None
-    s = kept.steps[-1]
-    on = s.rung or s.model
-    if s.to is None:
-        return f"answered on {on}" + (" (a rung of the escalation ladder)" if s.rung else "")
-    return f"escalated from {on} to {s.to}: {CAUSES.get(s.cause or '', s.cause)}"
+    return step_words(kept.steps[-1].model_dump())
+
+
+def step_words(s: Mapping[str, Any]) -> str:
+    """:func:`last_rung` of a step as the model dumps it (``rung``, ``model``, ``to``,
+    ``cause``): what a read command says from state.json's dump."""
+    on = s["rung"] or s["model"]
+    if s["to"] is None:
+        return f"answered on {on}" + (" (a rung of the escalation ladder)" if s["rung"] else "")
+    return f"escalated from {on} to {s['to']}: {CAUSES.get(s['cause'] or '', s['cause'])}"

@@ -120,12 +120,7 @@ def added(total: LedgerSums, more: LedgerSums) -> LedgerSums:
     """``total`` with ``more`` added (None + None stays None)."""
     from contemplation.models import LedgerSums
 
-    out = {k: _plus(getattr(total, k), getattr(more, k)) for k in FIELDS}
-    return LedgerSums(
-        turns=total.turns + more.turns,
-        context_bytes=total.context_bytes + more.context_bytes,
-        **out,
-    )
+    return LedgerSums(**plus(total.model_dump(), more.model_dump()))
 
 
 def record(ledger: Ledger, line: LedgerTurn) -> None:
@@ -143,6 +138,25 @@ def record(ledger: Ledger, line: LedgerTurn) -> None:
 def total(ledger: Ledger) -> LedgerSums:
     """Every turn of the conversation summed."""
     return summed(ledger.by.values())
+
+
+def total_of(ledger: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`total` of state.json's ``ledger`` as the model dumps it, as the model dumps the
+    sums: what a read command says without the models."""
+    out: dict[str, Any] = {"turns": 0, **dict.fromkeys(FIELDS), "context_bytes": 0}
+    for p in ledger["by"].values():
+        out = plus(out, p)
+    return out
+
+
+def plus(total: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`added` of dumps: ``turns``, :data:`FIELDS` and ``context_bytes``, in the
+    model's order."""
+    return {
+        "turns": total["turns"] + more["turns"],
+        **{k: _plus(total[k], more[k]) for k in FIELDS},
+        "context_bytes": total["context_bytes"] + more["context_bytes"],
+    }
 
 
 def summed(parts: Iterable[LedgerSums]) -> LedgerSums:

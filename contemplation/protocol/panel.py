@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from contemplation.models import Block, BlockKind, MarkerKind, Metadata
 from contemplation.protocol.conversation import NONE, Next, next_action, whole
+from contemplation.values import Block, BlockKind, MarkerKind
+
+if TYPE_CHECKING:  # a read command reads the metadata's dump (contemplation.store.plain)
+    from contemplation.models import Metadata
+
+    Meta = Metadata | Mapping[str, Any]  # the model, or its dump
 
 PANEL = "PANEL"  # the recipient of the agent's messages to every member
 MAX_MEMBERS = 8  # models in one panel
@@ -201,25 +207,42 @@ def due(
     return None, Next("idle", reason=reason)
 
 
-def _labels(meta: Metadata) -> tuple[list[str], str]:
-    return [s.label for s in meta.panel], meta.synthesize.label if meta.synthesize else ""
+def _seating(meta: Meta) -> tuple[list[str], str, bool]:
+    """The panel's labels, its synthesizer's label ("": none) and whether it debates, from the
+    model or its dump (where an empty panel, no synthesizer and no debate are left out)."""
+    if isinstance(meta, Mapping):
+        synth = meta.get("synthesize")
+        labels = [s["label"] for s in meta.get("panel") or ()]
+        return labels, synth["label"] if synth else "", bool(meta.get("debate"))
+    labels = [s.label for s in meta.panel]
+    return labels, meta.synthesize.label if meta.synthesize else "", meta.debate
 
 
-def view(meta: Metadata, blocks: tuple[Block, ...], label: str) -> tuple[Block, ...]:
+def _labels(meta: Meta) -> tuple[list[str], str]:
+    return _seating(meta)[:2]
+
+
+def view(meta: Meta, blocks: tuple[Block, ...], label: str) -> tuple[Block, ...]:
     """What seat ``label`` of ``meta``'s panel sees of ``blocks``."""
-    labels, synth = _labels(meta)
-    return thread(blocks, label, labels, debate=meta.debate, synthesis=label == synth)
+    labels, synth, debate = _seating(meta)
+    return thread(blocks, label, labels, debate=debate, synthesis=label == synth)
 
 
 def next_for(
-    meta: Metadata | None, blocks: tuple[Block, ...], held: Collection[str] = NONE
+    meta: Meta | None, blocks: tuple[Block, ...], held: Collection[str] = NONE
 ) -> tuple[str | None, Next]:
     """What is due in a conversation: its panel's :func:`due` (and for which seat), or for a
-    conversation with no panel :func:`~contemplation.protocol.conversation.next_action`."""
-    if meta is None or not meta.panel:
+    conversation with no panel :func:`~contemplation.protocol.conversation.next_action`.
+    ``meta``: the model or its dump."""
+    labels, synth, debate = _seating(meta) if meta is not None else ([], "", False)
+    if not labels:
         return None, next_action(blocks, held)
-    labels, synth = _labels(meta)
-    return due(blocks, labels, held, debate=meta.debate, synthesizer=synth)
+    return due(blocks, labels, held, debate=debate, synthesizer=synth)
+
+
+def seen(meta: Meta, blocks: tuple[Block, ...], seat: str | None) -> tuple[Block, ...]:
+    """What ``seat`` (as :func:`next_for` names it; None: no panel's) sees of ``blocks``."""
+    return blocks if seat is None else view(meta, blocks, seat)
 
 
 def stopped_seats(meta: Metadata, blocks: tuple[Block, ...]) -> list[str]:
@@ -256,4 +279,4 @@ def seated(meta: Metadata, blocks: tuple[Block, ...], held: Collection[str] = NO
     seat, nxt = next_for(meta, blocks, held)
     if seat is None:
         return Seated(meta, blocks, blocks, nxt)
-    return Seated(meta.as_seat(seat), view(meta, blocks, seat), blocks, nxt, seat)
+    return Seated(meta.as_seat(seat), seen(meta, blocks, seat), blocks, nxt, seat)

@@ -1,6 +1,7 @@
 """What a conversation is doing right now, in one line of plain words: the same line on every
 face (``status``, ``send --wait`` when time runs out, MCP progress and ``check``, the
-dashboard). Pure: it is handed what the faces have already read.
+dashboard). Pure: it is handed what the faces have already read, state.json as the model dumps
+it (:func:`contemplation.store.plain.state`: a read command reads it without the models).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contemplation.models import BUSY, State, Status
 from contemplation.protocol import escalation
+from contemplation.values import BUSY, Status
 
 
 def queued_behind(conv_id: str, backend: str, model: str, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -50,25 +51,25 @@ CUT_WORDS = {
 }
 
 
-def _idle(state: State | None) -> str:
-    cut = state.reply_cut if state is not None else None
+def _idle(state: Mapping[str, Any] | None) -> str:
+    cut = state["reply_cut"] if state is not None else None
     if cut is not None:  # a reply that is not whole
-        return f"idle: the last reply was stopped {CUT_WORDS[cut.reason]}"
-    rung = escalation.last_rung(state.ladder) if state is not None else None
-    if rung is not None:  # the escalation ladder: which rung answered
-        return f"idle: waiting for your next message; {rung}"
+        return f"idle: the last reply was stopped {CUT_WORDS[cut['reason']]}"
+    book = state.get("ladder") if state is not None else None
+    if book is not None and book["steps"]:  # the escalation ladder: which rung answered
+        return f"idle: waiting for your next message; {escalation.step_words(book['steps'][-1])}"
     return "idle: waiting for your next message"
 
 
-def _failed(state: State | None) -> str:
-    book = state.ladder if state is not None else None
-    if book is not None and book.steps and book.steps[-1].to == escalation.AGENT:
-        return f"the last turn failed: {escalation.last_rung(book)}"  # the ladder's top
+def _failed(state: Mapping[str, Any] | None) -> str:
+    book = state.get("ladder") if state is not None else None
+    if book is not None and book["steps"] and book["steps"][-1]["to"] == escalation.AGENT:
+        return f"the last turn failed: {escalation.step_words(book['steps'][-1])}"  # the top
     return "the last turn failed"
 
 
 def describe(
-    state: State | None,
+    state: Mapping[str, Any] | None,
     *,
     model: str,
     daemon: bool,
@@ -86,7 +87,7 @@ def describe(
     ``disk_full``: :func:`contemplation.store.room.full` (the turn cannot be written, whatever
     the state the daemon could not write says)."""
     now = time.time() if now is None else now
-    status = state.status if state is not None else Status.PENDING
+    status = Status(state["status"]) if state is not None else Status.PENDING
     needs, lookups = waiting
     if lookups:
         what = f"waiting for your approval of {lookups} lookup(s)"
@@ -101,7 +102,7 @@ def describe(
             return "stalled: no daemon is running (what you decided waits until one starts)"
         return "carrying on with what you decided"
     if status is Status.GENERATING and state is not None:
-        since = state.generating_since
+        since = state["generating_since"]
         took = f" for {max(0.0, now - since):.0f} s" if since else ""
         if not written:
             return f"generating{took}: waiting for {model}'s first token (loading the model?)"
@@ -112,9 +113,9 @@ def describe(
     if status is Status.ROUTING:
         return "looking up what the model asked for (NEED lines)"
     if status is Status.RETRYING and state is not None:
-        err = state.last_error.message if state.last_error else "a transient error"
-        wait = max(0.0, (state.next_retry_at or now) - now)
-        return f"retry {state.retry_count} in {wait:.0f} s after: {err}"
+        err = state["last_error"]["message"] if state["last_error"] else "a transient error"
+        wait = max(0.0, (state["next_retry_at"] or now) - now)
+        return f"retry {state['retry_count']} in {wait:.0f} s after: {err}"
     if queued or status is Status.PENDING:
         if behind:
             return f"queued behind {behind} turn(s) on {model}"

@@ -11,7 +11,9 @@ Each item has a stable id: the hash of its NEED line's reply and text (the id th
 an approval request), so an id never shifts when another item is answered, and a later reply
 asking the same thing gets a new one. The log is the truth for what is unanswered; state.json
 says which of those are lookups waiting for approval; answers already queued in ``inbox/`` or
-``processing/`` and decisions already in metadata.json are on their way and not listed.
+``processing/`` and decisions already in metadata.json are on their way and not listed. The
+documents are read as their models dump them (:mod:`contemplation.store.plain`), so a read
+command lists what waits without loading the models.
 
 A lookup the agent has decided about is never listed again, under either kind, whatever the
 state says meanwhile: until the daemon has written its answer it is *deciding* (a face that
@@ -21,22 +23,22 @@ waits is not done), and a second decision about it is refused (:func:`decided_li
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from contemplation.base.terminal import safe
 from contemplation.errors import InputRejected
-from contemplation.models import (
-    ApprovalDecision,
-    ApprovalRequest,
-    Metadata,
-    State,
-    Status,
-)
+from contemplation.protocol import panel
 from contemplation.protocol.conversation import need_id, unanswered
-from contemplation.protocol.panel import seated
+from contemplation.store import plain
 from contemplation.store.layout import Conv
+from contemplation.values import Status, grants
+
+if TYPE_CHECKING:
+    from contemplation.models import ApprovalDecision
+
+Doc = Mapping[str, Any]  # a document as its model dumps it (contemplation.store.plain)
 
 Kind = Literal["need", "approval"]
 Face = Literal["cli", "mcp", "agent"]  # "agent": the CLI run from an agent's shell
@@ -101,26 +103,27 @@ class Look:
 def look(
     conv: Conv,
     blocks: Sequence[Any],
-    meta: Metadata | None,
-    state: State | None,
+    meta: Doc | None,
+    state: Doc | None,
     queued: set[str],
     *,
     decided: bool = False,
 ) -> Look:
-    """What waits, from the parsed log's ``blocks``, the conversation's documents and the
-    needs whose answers are ``queued`` (see :meth:`~contemplation.faces.reading.Reader.standing`).
-    ``decided``: also list the lookups decided in metadata.json that the daemon has not
-    acted on yet (so that a second decision can name the first)."""
+    """What waits, from the parsed log's ``blocks``, the conversation's documents as their
+    models dump them (:func:`plain.metadata`, :func:`plain.state`) and the needs whose answers
+    are ``queued`` (see :meth:`~contemplation.faces.reading.Reader.standing`). ``decided``:
+    also list the lookups decided in metadata.json that the daemon has not acted on yet (so
+    that a second decision can name the first)."""
     if conv.is_completed or meta is None:
         return Look()
-    due = seated(meta, tuple(blocks))  # in a panel: the seat whose needs wait
-    nxt = due.nxt
+    log = tuple(blocks)
+    seat, nxt = panel.next_for(meta, log)  # in a panel: the seat whose needs wait
     if nxt.action != "needs":
         return Look()
-    block, _ = unanswered(due.blocks)
-    asked = {r.id: r for r in state.pending_approvals} if state is not None else {}
-    given = meta.approvals()
-    handed_over = state is None or state.status not in _AT_WORK
+    block, _ = unanswered(panel.seen(meta, log, seat))
+    asked = {r["id"]: r for r in state["pending_approvals"]} if state is not None else {}
+    given = plain.approvals(meta)
+    handed_over = state is None or state["status"] not in _AT_WORK
     out: list[WaitItem] = []
     deciding: list[str] = []
     for need in nxt.needs:
@@ -139,25 +142,31 @@ def look(
     return Look(out, tuple(deciding))
 
 
-def _lookup(request: ApprovalRequest) -> WaitItem:
+def _lookup(request: Doc) -> WaitItem:
     return WaitItem(
-        request.id, "approval", request.need, request.tool, request.arguments, request.why
+        request["id"],
+        "approval",
+        request["need"],
+        request["tool"],
+        request["arguments"],
+        request["why"],
     )
 
 
-def deciding_for(
-    rid: str, request: ApprovalRequest | None, given: Sequence[ApprovalDecision]
-) -> ApprovalDecision | None:
-    """The decision that settles lookup ``rid``: its own (the first: decisions are final),
-    else an ``always`` one for the same tool and arguments; None when it is undecided."""
-    own = next((d for d in given if d.request == rid), None)
+def deciding_for(rid: str, request: Doc | None, given: Sequence[Doc]) -> Doc | None:
+    """The decision that settles lookup ``rid`` (its request and the decisions, as their
+    models dump them): its own (the first: decisions are final), else an ``always`` one for the
+    same tool and arguments; None when it is undecided."""
+    own = next((d for d in given if d["request"] == rid), None)
     if own is not None or request is None:
         return own
     return next(
         (
             d
             for d in given
-            if d.grants and d.tool == request.tool and d.arguments == request.arguments
+            if grants(d["decision"], d["revoked"])
+            and d["tool"] == request["tool"]
+            and d["arguments"] == request["arguments"]
         ),
         None,
     )

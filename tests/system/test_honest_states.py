@@ -54,9 +54,9 @@ def test_no_rate_from_a_zero_duration() -> None:
     from contemplation.models import State
 
     tiny = State(status=Status.IDLE, last_turn=Usage(eval_count=1, eval_duration_ms=0.001))
-    assert "tok/s" not in show.conversation(summary, tiny, None)
+    assert "tok/s" not in show.conversation(summary, tiny.model_dump(), None)
     real = State(status=Status.IDLE, last_turn=Usage(eval_count=40, eval_duration_ms=1000.0))
-    assert "40 tokens, 40.0 tok/s" in show.conversation(summary, real, None)
+    assert "40 tokens, 40.0 tok/s" in show.conversation(summary, real.model_dump(), None)
 
 
 def test_a_message_that_is_not_utf8_is_kept_with_a_note(

@@ -30,7 +30,6 @@ from contemplation.store.layout import Conv, Home, refused_folders
 
 if TYPE_CHECKING:
     from contemplation.faces.reading import Reader
-    from contemplation.models import State
 
 
 @click.command()
@@ -170,19 +169,17 @@ def status(ctx: click.Context, conversation: str | None, as_json: bool) -> None:
 
 def _conversation_status(ctx: click.Context, home: Home, conv: Conv, as_json: bool) -> None:
     from contemplation.faces import decisions
-    from contemplation.faces.cli import wait as following
     from contemplation.faces.reading import Reader
-    from contemplation.models import BUSY, Status
-    from contemplation.store import openfiles, room, waiting
-    from contemplation.store.layout import read_state
+    from contemplation.store import openfiles, plain, room, waiting
+    from contemplation.values import BUSY, Status
     from contemplation.writer import daemon_alive
 
     reader = Reader(home)
     data = reader.summary(conv)
-    state = read_state(conv)
-    full = room.full(home.root) if state is not None and state.status in BUSY else ""
+    state = plain.state(conv)  # as the model dumps it: no pydantic for a status
+    full = room.full(home.root) if state is not None and state["status"] in BUSY else ""
     if state is not None and full:  # state.json cannot be written now: the turn is not
-        state = state.model_copy(update={"status": Status.RETRYING, "generating_since": None})
+        state = {**state, "status": Status.RETRYING, "generating_since": None}
         data.update(status=Status.RETRYING.value, disk_full=full)  # generating
     if state:
         data.update(_state_details(state))
@@ -199,13 +196,18 @@ def _conversation_status(ctx: click.Context, home: Home, conv: Conv, as_json: bo
         if target.alias is not None:
             where = list(target.providers)
             data["alias"] = {"name": target.alias, "model": target.model, "providers": where}
-    if view.meta is not None and view.meta.panel:  # each seat: its label, backend and model
-        data["panel"] = [s.model_dump(mode="json") for s in view.meta.seats()]
-    st = following.stat_or_none(conv.log)
-    human = show.conversation(data, state, st.st_mtime if st else None)
+    meta = view.meta_doc
+    if meta is not None and meta.get("panel"):  # each seat: its label, backend and model
+        synth = meta.get("synthesize")  # (Metadata.seats: the synthesizing one last)
+        data["panel"] = [*meta["panel"], *([synth] if synth else [])]
+    try:
+        mtime: float | None = conv.log.stat().st_mtime
+    except FileNotFoundError:
+        mtime = None
+    human = show.conversation(data, state, mtime)
     told = [f"now:          {data['activity']}", *waiting.lines(conv.id, items, words)]
-    if state is not None and state.reply_cut is not None:  # the last reply is not whole
-        told.append(f"cut:          {state.reply_cut.message}")
+    if state is not None and state["reply_cut"] is not None:  # the last reply is not whole
+        told.append(f"cut:          {state['reply_cut']['message']}")
     data["being_written"] = [] if conv.is_completed else openfiles.being_written_in(conv)
     told += [  # left in the inbox until its writer closes it (docs/reference/format.md)
         f"writing:      inbox/{name} is still being written (open for writing); taken once closed"
@@ -229,20 +231,23 @@ def _word(value: Any) -> str:
     return str(value)
 
 
-def _state_details(state: State) -> dict[str, Any]:
-    from contemplation.models import Status
+def _state_details(state: dict[str, Any]) -> dict[str, Any]:
+    """What ``status CONV --json`` says of state.json, from the model's dump
+    (:func:`contemplation.store.plain.state`)."""
     from contemplation.protocol import ledger
+    from contemplation.values import Status
 
+    generating = state["status"] == Status.GENERATING
     return {
-        "last_turn": state.last_turn.model_dump() if state.last_turn else None,
-        "reply_cut": state.reply_cut.model_dump() if state.reply_cut else None,
-        "ledger": ledger.total(state.ledger).model_dump(),
-        "generating_since": state.generating_since if state.status is Status.GENERATING else None,
-        "retry_count": state.retry_count,
-        "next_retry_at": state.next_retry_at,
-        "pending_approvals": [r.model_dump(mode="json") for r in state.pending_approvals],
-        "parse_errors": state.parse_errors,
-        "warnings": state.warnings,
+        "last_turn": state["last_turn"],
+        "reply_cut": state["reply_cut"],
+        "ledger": ledger.total_of(state["ledger"]),
+        "generating_since": state["generating_since"] if generating else None,
+        "retry_count": state["retry_count"],
+        "next_retry_at": state["next_retry_at"],
+        "pending_approvals": state["pending_approvals"],
+        "parse_errors": state["parse_errors"],
+        "warnings": state["warnings"],
     }
 
 

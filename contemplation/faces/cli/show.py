@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from contemplation.base.terminal import safe
 
-if TYPE_CHECKING:  # the models load with the status of one conversation, not with list
+if TYPE_CHECKING:  # the models load where a face waits for a reply, not to read a status
     from contemplation.models import State
 
 ADVICE = {  # by Status value (a StrEnum member finds its entry)
@@ -96,10 +96,13 @@ def fork_origin(forked_from: Any) -> str:
     return f"{forked_from['id']}#{forked_from.get('block', 0)}"
 
 
-def conversation(summary: dict[str, Any], state: State | None, log_mtime: float | None) -> str:
-    """``contemplation status CONV``: one labelled line per fact, the error as a sentence."""
-    from contemplation.models import Status
+def conversation(
+    summary: dict[str, Any], state: Mapping[str, Any] | None, log_mtime: float | None
+) -> str:
+    """``contemplation status CONV``: one labelled line per fact, the error as a sentence.
+    ``state``: state.json as the model dumps it (:func:`contemplation.store.plain.state`)."""
     from contemplation.protocol import ledger
+    from contemplation.values import Status
 
     lines = [
         (
@@ -120,35 +123,36 @@ def conversation(summary: dict[str, Any], state: State | None, log_mtime: float 
     if summary.get("problem"):  # a file of its folder cannot be read (see index_rows)
         lines.append(("problem", str(summary["problem"])))
     if state is not None:
-        if state.status is Status.GENERATING and state.generating_since is not None:
+        status = Status(state["status"])
+        if status is Status.GENERATING and state["generating_since"] is not None:
             stale = summary.get("daemon_running") is False
             lines.append(
                 (
                     "generating",
-                    f"since {ago(state.generating_since)}"
+                    f"since {ago(state['generating_since'])}"
                     + (" — stale: no daemon is running; redone when one starts" if stale else ""),
                 )
             )
-        turn = state.last_turn
-        if turn is not None and turn.eval_count:
+        turn = state["last_turn"]
+        if turn is not None and turn["eval_count"]:
             rate = ""
-            if turn.eval_count > 1 and (turn.eval_duration_ms or 0) >= MIN_RATED_MS:
-                rate = f", {turn.eval_count / ((turn.eval_duration_ms or 1) / 1000):.1f} tok/s"
-            prompt = f"{turn.prompt_eval_count} prompt + " if turn.prompt_eval_count else ""
-            lines.append(("last turn", f"{prompt}{turn.eval_count} tokens{rate}"))
-        if state.ledger.by:  # where every turn's tokens and time went (contemplation ledger)
-            lines.append(("ledger", ledger.line(ledger.total(state.ledger))))
-        if state.status is Status.RETRYING and state.next_retry_at:
-            lines.append(("next try", f"in {max(0.0, state.next_retry_at - time.time()):.0f} s"))
-        if state.last_error is not None and state.status in (Status.ERROR, Status.RETRYING):
-            advice = ADVICE.get(state.status, "").format(id=summary["id"])
+            evals, took = turn["eval_count"], turn["eval_duration_ms"]
+            if evals > 1 and (took or 0) >= MIN_RATED_MS:
+                rate = f", {evals / ((took or 1) / 1000):.1f} tok/s"
+            prompt = f"{turn['prompt_eval_count']} prompt + " if turn["prompt_eval_count"] else ""
+            lines.append(("last turn", f"{prompt}{evals} tokens{rate}"))
+        if state["ledger"]["by"]:  # where every turn's tokens and time went (contemplation ledger)
+            lines.append(("ledger", ledger.sums_line(ledger.total_of(state["ledger"]))))
+        if status is Status.RETRYING and state["next_retry_at"]:
+            lines.append(("next try", f"in {max(0.0, state['next_retry_at'] - time.time()):.0f} s"))
+        error = state["last_error"]
+        if error is not None and status in (Status.ERROR, Status.RETRYING):
+            advice = ADVICE.get(status, "").format(id=summary["id"])
             if summary.get("panel"):  # a panel's model is its seats': one is moved at a time
                 advice = advice.replace(" MODEL`", " MODEL --seat LABEL`")
-            if "contemplation retract" in state.last_error.message:
+            if "contemplation retract" in error["message"]:
                 advice = ""  # the error says how to go on already
-            lines.append(
-                ("error", f"{state.last_error.message}" + (f" — {advice}" if advice else ""))
-            )
+            lines.append(("error", f"{error['message']}" + (f" — {advice}" if advice else "")))
     width = max(len(k) for k, _ in lines)
     return safe("\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines))
 
