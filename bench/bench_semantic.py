@@ -18,6 +18,12 @@ time of ``semantic.rank`` over the same planted vectors with each vector's crowd
 score and without (crowds of 0: the ranking before), interleaved; and the crowds' cost when
 the matrix is read (once a process, and again after the vectors changed).
 
+Whole CLI calls: .venv/bin/python bench/bench_semantic.py --cli 20 [--convs 10000]: each
+search a new ``contemplation search --all --mode meaning`` process (as a person's shell or an
+agent runs it) over the planted home, with the crowds kept in the index and with none kept
+(computed when the process reads the vectors, as an index an older version made),
+interleaved; CPU ms (user + system, the child's own) and wall ms per call, p50 and p99.
+
 Quality: .venv/bin/python bench/bench_semantic.py --quality [--crowd N] [--embed-url URL
 --embed-model M --embed-api ollama|openai]: recall@1, recall@3 and MRR per mode on the
 labelled set (tests/system/semantic_set.py: 36 conversations, 100 queries, 36 of them hard
@@ -30,11 +36,14 @@ its fix, many alike), embedded for real: the labelled ones must still be found a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import os
 import random
 import resource
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -203,6 +212,40 @@ def timed(home: Home, mode: str, queries: int) -> tuple[list[float], int]:
     return took, hits
 
 
+def cli_calls(home: Home, calls: int) -> None:
+    """``calls`` CLI searches in new processes with the crowds kept and as many with none
+    kept, interleaved: CPU and wall ms each (the child's rusage)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "XDG_"))}
+    env.update(CONTEMPLATION_HOME=str(home.root), XDG_CONFIG_HOME=str(home.root / "xdg"))
+    exe = str(Path(sys.executable).with_name("contemplation"))
+    cpu: dict[str, list[float]] = {"crowds kept": [], "none kept": []}
+    wall: dict[str, list[float]] = {"crowds kept": [], "none kept": []}
+    for i in range(calls):
+        for name in ("crowds kept", "none kept"):
+            with index_db.opened(home) as conn:
+                if name == "crowds kept":
+                    semantic.keep_crowds(conn)
+                else:
+                    conn.execute("DELETE FROM vec_crowds")
+            query = QUERIES[i % len(QUERIES)]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            subprocess.run(
+                [exe, "search", "--all", "--mode", "meaning", "--limit", "20", query],
+                env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            wall[name].append((time.perf_counter() - t0) * 1000)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu[name].append(used * 1000)
+    load = os.getloadavg()
+    print(f"{calls} CLI searches each way, interleaved; load average {load[0]:.1f}")
+    for name, c in cpu.items():
+        w = wall[name]
+        print(f"{name:12s} CPU p50 {percentile(c, 0.5):6.0f} ms  p99 {percentile(c, 0.99):6.0f} "
+              f"ms   wall p50 {percentile(w, 0.5):6.0f} ms  p99 {percentile(w, 0.99):6.0f} ms")  # fmt: skip
+
+
 # -- quality: the labelled set ------------------------------------------------------------
 
 
@@ -294,8 +337,7 @@ def rank_ab(convs: int, sample: int, rounds: int = 200) -> None:
     t0 = time.process_time()
     semantic.crowds(table.mat, table.codes)
     crowd_ms = (time.process_time() - t0) * 1000
-    flat = semantic._Table(table.stamp, table.names, table.codes, table.ats, table.mat,
-                           np.zeros_like(table.crowd))  # fmt: skip
+    flat = dataclasses.replace(table, crowd=np.zeros_like(table.crowd))
     took: dict[str, list[float]] = {"without crowds": [], "with crowds": []}
     key = next(iter(semantic._cache))
     for i in range(rounds):
@@ -320,6 +362,7 @@ def main() -> None:
         "--quality", action="store_true", help="recall@1, recall@3, MRR on the labelled set"
     )
     ap.add_argument("--rank-ab", action="store_true", help="the ranking step, crowds or not")
+    ap.add_argument("--cli", type=int, default=0, help="N whole CLI searches, crowds kept or not")
     ap.add_argument("--crowd", type=int, default=0, help="--quality among N templated more")
     ap.add_argument("--embed-url", default="", help="--quality with this embedding server")
     ap.add_argument("--embed-model", default="", help="its model")
@@ -356,6 +399,9 @@ def main() -> None:
         fusion.search(home, "warm up", search_index.Filters(archived=True), 20, mode="meaning")
         cold = (time.perf_counter() - t0) * 1000
         print(f"first query of a process (model load, matrix read): {cold:.0f} ms")
+        if args.cli:
+            cli_calls(home, args.cli)
+            return
         for mode in ("meaning", "both", "words"):
             took, hits = timed(home, mode, args.queries)
             p50, p99 = percentile(took, 0.5), percentile(took, 0.99)

@@ -23,6 +23,14 @@ crowd from it lifted the labelled set's recall@3 from 0.93 to 0.95, its hard thi
 to 0.89 (the constants tuned on half of the queries, the other half held out: 0.89 to 0.94),
 and among 400 conversations alike the whole set's from 0.76 to 0.90; the crowds cost ~0.1 s of
 CPU when 10,000 vectors are read, nothing a query (docs/internals/benchmarks.md).
+
+The crowds are kept in the index (:func:`keep_crowds`, on the indexer's path: after each slice
+of :func:`embed_pending`), so a search in a new process (each CLI call) reads them instead of
+computing them. Kept crowds are used only while the vectors they come from are unchanged:
+triggers on the ``vectors`` table count every write to it (by any version) in ``vec_gen``, and
+kept crowds name the count they were computed at; a vectors table made anew has no triggers,
+and its kept crowds are never read. An index without them (made by an older version) is
+ranked as before, its crowds computed when its vectors are read.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ CROWD_K = 10  # a vector's crowd: its nearest vectors of other conversations, th
 CROWD_SAME = 0.98  # ... none a copy of it (a fork's first messages are its parent's) ...
 CROWD_REFS = 256  # ... among this many at most, evenly spread (linear: ~90 ms CPU at 10,000)
 CROWD_WEIGHT = 0.25  # its score is its cosine less this share of its crowd's mean cosine
+# what kept crowds were computed by (rows in rowid order): another rule computes them anew
+CROWD_RULE = f"k{CROWD_K} same{CROWD_SAME} refs{CROWD_REFS} rowid"
+_TRIGGERS = ("vectors_gen_insert", "vectors_gen_delete", "vectors_gen_update")
 
 Matrix = npt.NDArray[np.float32]
 
@@ -189,6 +200,7 @@ def embed_pending(
         done += 1
         if progress is not None:
             progress(done, len(pending))
+    keep_crowds(conn)
     return Progress(embedded, len(pending) - done)
 
 
@@ -212,24 +224,63 @@ class _Table:
     """Every vector as one matrix: each row's conversation (an index into ``names``) and
     block offset."""
 
-    stamp: tuple[int, int]
+    stamp: tuple[int, int, int | None]
     names: list[str]
     codes: npt.NDArray[np.int64]
     ats: npt.NDArray[np.int64]
     mat: Matrix
     crowd: Matrix  # each row's crowd (:func:`crowds`), times CROWD_WEIGHT
+    raw: Matrix  # each row's crowd
+    gen: int | None  # the vectors' write count they were read at (None: not known)
+    kept: bool  # the crowds were read from the index, not computed
 
 
 _cache_lock = threading.Lock()
 _cache: dict[str, _Table] = {}
 
 
+def _gen(conn: sqlite3.Connection) -> int | None:
+    """How many writes the vectors table has had since it was made (None: not counted, as in
+    an index an older version made)."""
+    try:
+        row = conn.execute("SELECT gen FROM vec_gen").fetchone()
+    except sqlite3.OperationalError:  # no such table
+        return None
+    return None if row is None else int(row[0])
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    gen: int
+    n: int
+    blob: bytes
+
+
+def _kept(conn: sqlite3.Connection, model: str) -> _Kept | None:
+    """The crowds kept for ``model``'s vectors, if computed by this rule and while the
+    vectors' writes were counted (None: none to trust)."""
+    marks = ", ".join("?" * len(_TRIGGERS))
+    try:
+        row = conn.execute(
+            "SELECT gen, n, crowd, (SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "  # noqa: S608 - ? marks only
+            f"AND name IN ({marks})) FROM vec_crowds WHERE model = ? AND rule = ?",
+            (*_TRIGGERS, model, CROWD_RULE),
+        ).fetchone()
+    except sqlite3.OperationalError:  # no such table
+        return None
+    if row is None or int(row[3]) != len(_TRIGGERS):
+        return None
+    return _Kept(int(row[0]), int(row[1]), bytes(row[2]))
+
+
 def _matrix(conn: sqlite3.Connection, model: str | None = None) -> _Table:
     """Every vector of ``model`` (None: the current one) as one matrix, read again only when
-    the table changed (its largest rowid and its count)."""
+    the table changed (its largest rowid, its count and its write count), with each row's
+    crowd: kept in the index when current, else computed."""
     model = embedder.tag() if model is None else model
     stamp_row = conn.execute("SELECT coalesce(max(rowid), 0), count(*) FROM vectors").fetchone()
-    stamp = (int(stamp_row[0]), int(stamp_row[1]))
+    gen = _gen(conn)
+    stamp = (int(stamp_row[0]), int(stamp_row[1]), gen)
     where, args = _mine(model)
     path = str(conn.execute("PRAGMA database_list").fetchone()[2]) or f":memory:{id(conn)}"
     path += "\0" + model
@@ -237,7 +288,13 @@ def _matrix(conn: sqlite3.Connection, model: str | None = None) -> _Table:
         got = _cache.get(path)
         if got is not None and got.stamp == stamp:
             return got
-    rows = conn.execute(f"SELECT conv, at, vec FROM vectors WHERE {where}", args).fetchall()  # noqa: S608
+    kept = _kept(conn, model) if gen is not None else None
+    rows = conn.execute(
+        f"SELECT conv, at, vec FROM vectors WHERE {where} ORDER BY rowid",  # noqa: S608
+        args,
+    ).fetchall()
+    if _gen(conn) != gen:  # written meanwhile: read as it was, kept for none
+        gen = kept = None
     index: dict[str, int] = {}
     codes = np.array([index.setdefault(str(r[0]), len(index)) for r in rows], dtype=np.int64)
     ats = np.array([int(r[1]) for r in rows], dtype=np.int64)
@@ -245,11 +302,84 @@ def _matrix(conn: sqlite3.Connection, model: str | None = None) -> _Table:
     dim = len(rows[0][2]) // 2 if rows else embedder.DIM
     mat = np.frombuffer(raw, dtype=np.float16).reshape(len(rows), dim)
     full = mat.astype(np.float32)
-    table = _Table(stamp, list(index), codes, ats, full, CROWD_WEIGHT * crowds(full, codes))
+    use = kept is not None and kept.gen == gen and kept.n == len(rows) == len(kept.blob) // 4
+    near = np.frombuffer(kept.blob, dtype=np.float32) if use and kept else crowds(full, codes)
+    table = _Table(stamp, list(index), codes, ats, full, CROWD_WEIGHT * near, near, gen, use)
     with _cache_lock:
         _cache.clear()  # one home a process at a time is the rule: bounded to one matrix
         _cache[path] = table
     return table
+
+
+def _count_writes(conn: sqlite3.Connection) -> None:
+    """The tables and triggers that count the vectors' writes and keep their crowds, made
+    where missing; where the triggers were missing (an index an older version made, or its
+    vectors table made anew), any crowds kept are dropped: nothing says what they were
+    computed from."""
+    have = {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE name IN ('vec_gen', 'vec_crowds') OR "
+            "(type = 'trigger' AND tbl_name = 'vectors')"
+        )
+    }
+    if have >= {"vec_gen", "vec_crowds", *_TRIGGERS}:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS vec_gen (one INTEGER PRIMARY KEY CHECK (one = 1), "
+            "gen INTEGER NOT NULL)"
+        )
+        conn.execute("INSERT OR IGNORE INTO vec_gen (one, gen) VALUES (1, 0)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS vec_crowds (model TEXT PRIMARY KEY, gen INTEGER NOT "
+            "NULL, rule TEXT NOT NULL, n INTEGER NOT NULL, crowd BLOB NOT NULL)"
+        )
+        conn.execute("DELETE FROM vec_crowds")
+        for name, what in zip(_TRIGGERS, ("INSERT", "DELETE", "UPDATE"), strict=True):
+            conn.execute(
+                f"CREATE TRIGGER IF NOT EXISTS {name} AFTER {what} ON vectors "  # noqa: S608 - constants
+                "BEGIN UPDATE vec_gen SET gen = gen + 1; END"
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def keep_crowds(conn: sqlite3.Connection, model: str | None = None) -> bool:
+    """The crowds of ``model``'s vectors (None: the current model's) kept in the index, when
+    they are not already for the vectors as they are; whether they were written. Never over
+    vectors written meanwhile (by another process): those are left to the next call."""
+    model = embedder.tag() if model is None else model
+    _count_writes(conn)
+    gen = _gen(conn)
+    where, args = _mine(model)
+    n = int(conn.execute(f"SELECT count(*) FROM vectors WHERE {where}", args).fetchone()[0])  # noqa: S608
+    kept = _kept(conn, model)
+    if not n or (kept is not None and (kept.gen, kept.n) == (gen, n)):
+        return False
+    t = _matrix(conn, model)
+    if t.gen is None or t.gen != gen or t.kept:
+        return False
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if _gen(conn) != t.gen:
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute("DELETE FROM vec_crowds WHERE gen != ? OR model = ?", (t.gen, model))
+        conn.execute(
+            "INSERT INTO vec_crowds (model, gen, rule, n, crowd) VALUES (?, ?, ?, ?, ?)",
+            (model, t.gen, CROWD_RULE, len(t.codes), t.raw.astype(np.float32).tobytes()),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return True
 
 
 def crowds(mat: Matrix, codes: npt.NDArray[np.int64], chunk: int = 1024) -> Matrix:
