@@ -200,7 +200,10 @@ def embed_pending(
         done += 1
         if progress is not None:
             progress(done, len(pending))
-    keep_crowds(conn)
+    try:
+        keep_crowds(conn)
+    except sqlite3.OperationalError as exc:  # locked past the busy wait: the next slice keeps them
+        db.log.warning("crowds_not_kept", error=str(exc))
     return Progress(embedded, len(pending) - done)
 
 

