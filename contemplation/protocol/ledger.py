@@ -169,7 +169,9 @@ def summed(parts: Iterable[LedgerSums]) -> LedgerSums:
 
 
 def _n(v: int | float | None, unit: str = "") -> str:
-    return "?" if v is None else f"{round(v):,}{unit}"
+    # at a tenth first, as the index keeps its sums (index/ledger.py): else a sum of 0.51 ms
+    # said "1 ms" from state.json and "0 ms" from the index (0.5, rounded half to even)
+    return "?" if v is None else f"{round(round(v, 1)):,}{unit}"
 
 
 def line(s: LedgerSums) -> str:

@@ -80,3 +80,13 @@ def test_opencode_reports_its_input_and_cache_read_as_its_fixture_shows() -> Non
     line = ledger.entry(usage, turn=1, provider="opencode", model="m")
     # OpenCode's input leaves the cache read out (its total is input + output + cache)
     assert (line.sent, line.reused, line.recomputed, line.output) == (127, 117, 10, 3)
+
+
+def test_the_line_says_the_same_of_a_sum_and_of_the_index_s_tenth() -> None:
+    """The index keeps sums at a tenth (index/ledger.py); the line of state.json's sums must
+    say what the line of the index's says: 0.51 ms was "1 ms" from one and "0 ms" from the
+    other (0.5 rounds half to even), and `status` disagreed with `status CONV`."""
+    for ms in (0.51, 0.45, 1.55, 2.5, 1234.56, 0.04):
+        exact = {"turns": 1, **dict.fromkeys(ledger.FIELDS), "context_bytes": 0, "queued_ms": ms}
+        tenth = {**exact, "queued_ms": round(ms, 1)}
+        assert ledger.sums_line(exact) == ledger.sums_line(tenth), ms
