@@ -137,7 +137,7 @@ def test_two_seats_on_a_two_slot_server_run_at_once_and_write_in_turn(
     two_slots: realpeers.LlamaServer,
     daemon_factory: Callable[..., DaemonProc],
 ) -> None:
-    env, daemon = start(home, tmp_path, two_slots, daemon_factory, tokens=160)
+    env, daemon = start(home, tmp_path, two_slots, daemon_factory, tokens=64)
     t0 = time.perf_counter()
     with Watch(two_slots) as watch:
         done = new_panel(env, "--wait", "--timeout", "240")
@@ -147,7 +147,7 @@ def test_two_seats_on_a_two_slot_server_run_at_once_and_write_in_turn(
     log = Reader(home).locate(cid).log.read_text()
     whole_once(log)
     turns = json.loads(cli_here(env, "ledger", cid, "--json").stdout)["turns"]
-    assert len(turns) == 2 and all(t["output"] == 160 for t in turns), turns
+    assert len(turns) == 2 and all(t["output"] == 64 for t in turns), turns
     daemon.stop()
     said = daemon.stderr()
     print(f"round {took:.2f} s; most slots busy at once: {watch.most}")
@@ -205,7 +205,7 @@ def test_a_daemon_killed_while_a_seat_is_held_answers_each_seat_once(
     two_slots: realpeers.LlamaServer,
     daemon_factory: Callable[..., DaemonProc],
 ) -> None:
-    env, daemon = start(home, tmp_path, two_slots, daemon_factory, tokens=400)
+    env, daemon = start(home, tmp_path, two_slots, daemon_factory, tokens=200)
     done = new_panel(env, timeout=60)
     cid = conv_id(done)
     conv = Reader(home).locate(cid)

@@ -20,9 +20,9 @@ from contemplation.models import BlockKind, Status
 from contemplation.protocol.logformat import header
 from contemplation.protocol.parser import parse
 from contemplation.settings import load
-from contemplation.store.layout import Conv, Home, read_state
+from contemplation.store.layout import Conv, Home, read_metadata, read_state
 from contemplation.store.templates import load_template
-from contemplation.writer import drop_message, new_conversation
+from contemplation.writer import drop_message, new_conversation, write_metadata
 from tests import peers
 from tests.conftest import DaemonProc, base_env, cli, cli_here, wait_for
 from tests.realpeers import LiteLLMProxy, LlamaServer
@@ -122,6 +122,9 @@ def test_a_long_dialogue_is_fitted_to_the_servers_window_per_slot(tmp_path: Path
         conv = new_conversation(
             home, "long", template=load_template(home, "default"), model="smollm2", backend="gpu"
         )
+        meta = read_metadata(conv)
+        assert meta is not None  # a short reply: the fitting of the history is what is tested
+        write_metadata(conv, meta.model_copy(update={"options": {"num_predict": 32}}))
         turn = "The queue keeps every message as a file; " * 40  # ~400 tokens a block
         with conv.log.open("a") as f:
             for i in range(12):  # ~5,000 tokens of history: more than 2,048
