@@ -5,7 +5,7 @@ interpreter (``.venv/bin/contemplation``), against a home of ``--active`` conver
 hand (bench_cli.py's), the index and the settings' verdict warm (one run of each first).
 
 With ``--tree OTHER`` (a checkout of another commit with its own ``.venv``) each command runs
-in both, interleaved (A: OTHER, B: this checkout, A, B, ...), so the load of a busy machine
+in both, each in its own copy of the home (the two commits' indexes may differ), interleaved (A: OTHER, B: this checkout, A, B, ...), so the load of a busy machine
 falls on both alike. Printed per command and tree: wall p50 / p95 / min (ms), CPU p50 (user +
 system of the child, less sensitive to a loaded machine than wall time), and the modules
 loaded (deterministic: counted once with ``-X importtime``).
@@ -89,21 +89,25 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="contemplation-reads-"))
     home = tmp / "home"
     build(home, a.active, 0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "OLLAMA_"))}
-    env |= {
-        "CONTEMPLATION_HOME": str(home),
-        "XDG_CONFIG_HOME": str(tmp / "xdg-config"),
-        "XDG_CACHE_HOME": str(tmp / "xdg-cache"),
-    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "OLLAMA_"))}
+    envs: dict[str, dict[str, str]] = {}
+    for name in trees:  # a copy of the home each: two commits' indexes (their schemas) differ,
+        own = tmp / name  # and one home shared would be indexed again at every turn
+        shutil.copytree(home, own / "home", symlinks=True)
+        envs[name] = base | {
+            "CONTEMPLATION_HOME": str(own / "home"),
+            "XDG_CONFIG_HOME": str(own / "xdg-config"),
+            "XDG_CACHE_HOME": str(own / "xdg-cache"),
+        }
     exe = {name: str(tree / ".venv" / "bin" / "contemplation") for name, tree in trees.items()}
     conv = sorted(p.name for p in (home / "active").iterdir())[0]
     rows = [r for r in commands(conv) if not a.only or r[0] in a.only]
     if not rows:
         ap.error(f"--only: no such command; one of {[r[0] for r in commands(conv)]}")
-    for name in trees:  # warm: the index made, the settings' verdict recorded
-        for _, args in rows:
-            once(exe[name], args, env)
-    counted = {(n, c): modules(t, args, env) for n, t in trees.items() for c, args in rows}
+    for name in trees:  # warm: the index made (by list), the settings' verdict recorded
+        for _, args in commands(conv):  # (every command, whatever --only names)
+            once(exe[name], args, envs[name])
+    counted = {(n, c): modules(t, args, envs[n]) for n, t in trees.items() for c, args in rows}
     print(f"home: {a.active} active conversations; {a.runs} runs each, interleaved; ms")
     for name, tree in trees.items():
         print(f"  {name}: {tree}")
@@ -113,7 +117,7 @@ def main() -> None:
         cpu: dict[str, list[float]] = {n: [] for n in trees}
         for _ in range(a.runs):
             for name in trees:
-                took, spent = once(exe[name], args, env)
+                took, spent = once(exe[name], args, envs[name])
                 wall[name].append(took)
                 cpu[name].append(spent)
         for name in trees:
