@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from bench.turnbench import percentile  # noqa: E402
 from contemplation.errors import InputRejected  # noqa: E402
 from contemplation.index import db as index_db  # noqa: E402
-from contemplation.index import embedder, fusion, semantic, served  # noqa: E402
+from contemplation.index import embedder, fusion, pending, semantic, served  # noqa: E402
 from contemplation.index import search as search_index  # noqa: E402
 from contemplation.store.layout import Home  # noqa: E402
 
@@ -176,7 +176,9 @@ def sample_vectors(texts: list[str], size: int) -> tuple[np.ndarray, float]:
 
 
 def plant(home: Home, base: np.ndarray, seed: int = 5) -> int:
-    """A vector for every conversation in the index: two sample vectors mixed, plus noise."""
+    """Vectors for every conversation in the index, as the product makes them: its own
+    (two sample vectors mixed, plus noise) and its opening question's (the first of the two
+    with another, plus noise)."""
     rng = np.random.default_rng(seed)
     with index_db.opened(home) as conn:
         rows = conn.execute(
@@ -184,15 +186,17 @@ def plant(home: Home, base: np.ndarray, seed: int = 5) -> int:
         ).fetchall()
         conn.execute("BEGIN IMMEDIATE")
         for conv_id, key in rows:
-            a, b = rng.integers(0, len(base), 2)
-            v = base[a] + 0.3 * base[b] + rng.normal(0, 0.02, base.shape[1])
-            v = (v / np.linalg.norm(v)).astype(np.float16)
+            a, b, c = rng.integers(0, len(base), 3)
+            for at, (x, y) in ((semantic.CONV_AT, (a, b)), (semantic.QUESTION_AT, (a, c))):
+                v = base[x] + 0.3 * base[y] + rng.normal(0, 0.02, base.shape[1])
+                v = (v / np.linalg.norm(v)).astype(np.float16)
+                conn.execute(
+                    "INSERT OR REPLACE INTO vectors (conv, at, digest, vec) VALUES (?, ?, 'x', ?)",
+                    (conv_id, at, v.tobytes()),
+                )
             conn.execute(
-                "INSERT OR REPLACE INTO vectors (conv, at, digest, vec) VALUES (?, -1, 'x', ?)",
-                (conv_id, v.tobytes()),
-            )
-            conn.execute(
-                "INSERT OR REPLACE INTO vec_done (conv, key) VALUES (?, ?)", (conv_id, key)
+                "INSERT OR REPLACE INTO vec_done (conv, key) VALUES (?, ?)",
+                (conv_id, key + pending.key_tail("")),
             )
         conn.execute("COMMIT")
         return len(rows)

@@ -6,7 +6,10 @@ when it helps the held-out half and lowers nothing else.
 The variants score a conversation by its vectors as the index has them (made by the real
 path: ``semantic.update``), with each vector's crowd as the search takes it, and may add the
 conversation's opening question embedded as a *query* (e5's symmetric use: query against
-query) with its own crowd among the other questions, at a weight.
+query) with its own crowd among the other questions, at a weight. The search ranks by the
+first of these at ``semantic.QUESTION_WEIGHT`` (0.25), with the questions' vectors the index
+keeps (``at`` ``semantic.QUESTION_AT``); here they are embedded anew from the set's questions,
+as before it was built.
 
 Run: .venv/bin/python bench/bench_semantic_variants.py
 """
@@ -62,7 +65,7 @@ def main() -> None:
 
     variants: list[tuple[str, Callable[[int], Scores]]] = [
         ("cosine alone", lambda i: best(t.mat @ queries[i])),
-        (f"cosine less {semantic.CROWD_WEIGHT} crowd (now)", now),
+        (f"cosine less {semantic.CROWD_WEIGHT} crowd", now),
     ]
 
     def with_question(w: float) -> Callable[[int], Scores]:
@@ -73,7 +76,9 @@ def main() -> None:
         return score
 
     for w in (0.25, 0.5, 1.0):
-        variants.append((f"now + {w} x question-as-query (less its crowd)", with_question(w)))
+        built = " (the product's)" if w == semantic.QUESTION_WEIGHT else ""
+        name = f"that + {w} x question-as-query (less its crowd){built}"
+        variants.append((name, with_question(w)))
     print(f"model: {embedder.NAME}; {len(labels)} conversations, {len(ALL)} queries")
     print("| variant | set | r@1 / r@3 / MRR | even (choose) | odd (held out) |")
     print("|---|---|---|---|---|")

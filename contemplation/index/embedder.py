@@ -110,15 +110,20 @@ def _executor() -> ThreadPoolExecutor:
         return _One.pool
 
 
-def _run(texts: list[str], query: bool, server: served.Server | bool | None = True) -> Vectors:
-    """Vectors by ``server`` (None: the offline model; True: the current one)."""
+def _run(
+    texts: list[str], query: bool, server: served.Server | bool | None = True, quick: bool = False
+) -> Vectors:
+    """Vectors by ``server`` (None: the offline model; True: the current one), as queries
+    (e5's "query: " form) or passages; ``quick``: a search waits for it (a server's request
+    bounded by :data:`served.QUERY_TIMEOUT`). A server is sent the text alone either way: its
+    API has no query and passage forms."""
     import numpy as np
 
     cut = [t[:MAX_CHARS] or " " for t in texts]
     if isinstance(server, bool):
         server = _One.server
     if server is not None:
-        bound = min(server.timeout, served.QUERY_TIMEOUT) if query else None
+        bound = min(server.timeout, served.QUERY_TIMEOUT) if quick else None
         got = server.embed(cut, bound)
         return np.asarray(got, dtype=np.float32).reshape(len(cut), -1)
     model = _load()
@@ -137,6 +142,18 @@ def passages(texts: list[str], server: served.Server | bool | None = True) -> Ve
     return _executor().submit(_run, texts, False, server).result()
 
 
+def queries(texts: list[str], server: served.Server | bool | None = True) -> Vectors:
+    """Unit vectors of ``texts`` as queries (e5's symmetric use: a conversation's question
+    compared with a search's query), one row each, by ``server`` (None: the offline model;
+    True: the current one); not bounded as a search's query is (the keeper makes them)."""
+    require()
+    if not texts:
+        import numpy as np
+
+        return np.zeros((0, DIM), dtype=np.float32)
+    return _executor().submit(_run, texts, True, server).result()
+
+
 def query(text: str) -> Vectors:
     """The unit vector of ``text`` as a search query (one row)."""
     return query_soon(text).result()
@@ -151,5 +168,5 @@ def query_soon(text: str, server: served.Server | bool | None = True) -> Future[
 
 
 def _first(text: str, server: served.Server | bool | None) -> Vectors:
-    row: Vectors = _run([text], True, server)[0]
+    row: Vectors = _run([text], True, server, quick=True)[0]
     return row

@@ -279,8 +279,14 @@ def related(
         if vec is None:
             return [], ""
         covered = None if archived else semantic.covered(conn, Query(scope="active"))
-        ranking = semantic.rank(
-            conn, vec, covered, exclude=conv_id, depth=DEPTH, model=embedder.tag(who)
+        ranking = semantic.rank(  # no query: the questions' term is left out
+            conn,
+            vec,
+            covered,
+            exclude=conv_id,
+            depth=DEPTH,
+            model=embedder.tag(who),
+            question=False,
         )
         near = ranking.near
         more = len(near) > offset + limit and offset + limit < DEPTH

