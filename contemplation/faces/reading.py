@@ -165,7 +165,12 @@ def _settled(
         return True  # started empty: there is nothing to wait for
     if state is None or state["status"] in BUSY or deciding:
         return False
-    return panel.next_for(meta, blocks)[1].action != "turn"  # (every seat of a panel)
+    due = panel.next_for(meta, blocks)[1].action  # (every seat of a panel)
+    if due == "needs":  # done only once the daemon has handed them to the agent: a panel's
+        # seat's needs are routed after the other seats' replies are written, with the state
+        # idle in between (send --wait returned there, before the seat's answer)
+        return state["status"] not in (Status.IDLE, Status.PENDING)
+    return due != "turn"
 
 
 def _writing_at(state: Doc | None) -> int | None:
