@@ -353,6 +353,7 @@ class OpenAIBackend:
         resp = await self._http.request(
             "POST", self.root(f"slots/{slot}"), params={"action": action},
             json={"filename": filename}, within=self.timeouts.connect * 3,
+            resend=True,  # harmless twice (the same slot to the same file): see Http._send
         )  # fmt: skip
         try:
             said = resp.json() if resp.status == 200 else None
@@ -366,7 +367,7 @@ class OpenAIBackend:
         resp = await self._http.request(
             "POST", self.root(f"slots/{slot}"), params={"action": action},
             json={"filename": f"contemplation-slot-{file_of}.bin"},
-            within=self.timeouts.connect * 3,
+            within=self.timeouts.connect * 3, resend=True,
         )  # fmt: skip
         return resp.status == 200
 

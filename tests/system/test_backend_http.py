@@ -345,3 +345,46 @@ def test_a_cut_is_said_in_words_and_its_exception_only_logged(server: str) -> No
     [entry] = [e for e in logs if e["event"] == "stream_cut"]
     assert entry["log_level"] == "warning" and "Error" in entry["error"]
     assert entry["what"] == "the fake"
+
+
+class _SavesSlotsAndCloses(_ClosesAfterEachReply):
+    """llama.cpp's server with ``--slot-save-path``: a streamed reply closes its connection
+    after the last chunk; ``POST /slots/0?action=save`` answers what it saved."""
+
+    saves = 0
+
+    def do_POST(self) -> None:
+        if not self.path.startswith("/slots/0?action=save"):
+            super().do_POST()
+            return
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).saves += 1
+        self._json(200, {"id_slot": 0, "filename": "f.bin", "n_saved": 42, "n_written": 4096})
+
+
+def test_a_slot_saved_right_after_a_reply_whose_connection_was_closed_is_saved() -> None:
+    """The daemon saves a conversation's slot right after its turn: the save went out on the
+    connection the reply's stream had left, which the server had closed, and failed with
+    "Can not write request body" (a real llama-server, 20 conversations: a save lost is a
+    cold turn after the next restart). A save is harmless twice: it is sent again."""
+    from contemplation.backends.base import PhaseTimeouts
+    from contemplation.backends.openai import OpenAIBackend
+
+    async def go(url: str) -> list[tuple[int, int] | None]:
+        backend = OpenAIBackend(f"{url}/v1", timeouts=PhaseTimeouts(2, 5, 5, 30))
+        saved = []
+        try:
+            for _ in range(20):
+                stream = await backend._http.stream(
+                    "/v1/chat/completions", {}, first_byte=5, silent="it"
+                )
+                [c async for c in stream.chunks("it")]
+                stream.close()
+                saved.append(await backend.keep_slot(0, "save", "f.bin"))
+        finally:
+            await backend.aclose()
+        return saved
+
+    with serving(_SavesSlotsAndCloses) as url:
+        assert run(go(url)) == [(42, 4096)] * 20
+    assert _SavesSlotsAndCloses.saves == 20  # each save reached it once
