@@ -204,7 +204,10 @@ def test_the_daemon_on_a_full_disk_keeps_the_message_and_answers_once_there_is_r
         time.sleep(2.0)  # a window of ten rescans to count the daemon's lines in
         assert proc.poll() is None, logs.read_text()
         said = logs.read_text()
-        assert _failures(said) == 1, said  # said once, retried with backoff: not a spin
+        # said once, retried with backoff: not a spin (the turn's write says write_failed, and
+        # the next step, finding the claim still to make durable, conversation_failed: one
+        # line each at most, whichever comes first)
+        assert said.count("write_failed") <= 1 and said.count("conversation_failed") <= 1, said
         assert "Traceback" not in said, said
         queued = [*conv.inbox.iterdir(), *conv.processing.iterdir()]
         assert queued or b"hello" in conv.log.read_bytes(), queued  # the message is kept

@@ -105,6 +105,8 @@ def test_the_cli_and_the_daemon_under_umask_022_make_every_folder_0700_and_every
     cli_here(env, "memory", "add", "launch", "the code is in notes/secret.md")
     assert "private" in cli_here(env, "search", "launch", "--all").stdout
     forked = cli_here(env, "fork", conv_id).stdout.strip()
+    # the daemon adopts the new folder first (archive says "busy" meanwhile: seen once)
+    cli_here(env, "wait", forked, "--timeout", "30", check=False)
     cli_here(env, "archive", forked)
     assert (home.completed / forked).is_dir()
     assert d.stop() == 0
