@@ -44,7 +44,9 @@ def preload() -> None:
     import aiohttp  # noqa: F401
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """A host name or address that is this machine (``localhost`` and its subdomains, a
+    loopback address, bracketed or not)."""
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -57,7 +59,7 @@ def proxy_for(url: str) -> str | None:
     """The proxy the environment names for ``url``, or None (loopback never goes through one)."""
     parsed = urllib.parse.urlsplit(url)
     host = parsed.hostname or ""
-    if not host or _is_loopback(host) or urllib.request.proxy_bypass(host):
+    if not host or is_loopback(host) or urllib.request.proxy_bypass(host):
         return None
     return urllib.request.getproxies().get(parsed.scheme)
 

@@ -14,7 +14,6 @@ Ollama's ``/v1`` and hosted APIs; the wire format itself (the body, the events, 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 import time
@@ -45,7 +44,7 @@ from contemplation.backends.chat_completions import (
     sse_payloads,
     stream_error,
 )
-from contemplation.backends.http import Http
+from contemplation.backends.http import Http, is_loopback
 from contemplation.base import backend_kinds
 from contemplation.base.redact import credentials
 from contemplation.errors import BackendError, ConfigError, ContextOverflow, ErrorKind
@@ -74,16 +73,6 @@ def normalize_base_url(value: str | None) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def _loopback(host: str) -> bool:
-    """A host name or address that is this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def local_slot_folder(url: str, slot_save_path: str) -> Path | None:
     """The server's ``--slot-save-path`` as a provider's ``slot_save_path`` names it, where
     the daemon may remove files from it: an absolute folder, of a server on this machine
@@ -91,7 +80,7 @@ def local_slot_folder(url: str, slot_save_path: str) -> Path | None:
     if not slot_save_path or not Path(slot_save_path).is_absolute():
         return None
     host = urlsplit(normalize_base_url(url)).hostname or ""
-    return Path(slot_save_path) if _loopback(host) else None
+    return Path(slot_save_path) if is_loopback(host) else None
 
 
 def slot_folder(settings: Settings, name: str) -> Path | None:

@@ -265,7 +265,6 @@ class _Table:
     ats: npt.NDArray[np.int64]
     mat: Matrix
     crowd: Matrix  # each row's crowd (:func:`crowds`), times CROWD_WEIGHT
-    raw: Matrix  # each row's crowd
     gen: int | None  # the vectors' write count they were read at (None: not known)
     kept: bool  # the crowds were read from the index, not computed
     every: Matrix  # every row's crowd, questions too, in the table's rowid order (kept so)
@@ -363,7 +362,7 @@ def _matrix(conn: sqlite3.Connection, model: str | None = None) -> _Table:
     near, q_near = every[~asked], every[asked]
     mine = q_codes >= 0  # a question of a conversation with no other vector: none to add to
     table = _Table(
-        stamp, list(index), codes, ats[~asked], mat, CROWD_WEIGHT * near, near, gen, use,
+        stamp, list(index), codes, ats[~asked], mat, CROWD_WEIGHT * near, gen, use,
         every, q_codes[mine], q_mat[mine], CROWD_WEIGHT * q_near[mine],
     )  # fmt: skip
     with _cache_lock:
