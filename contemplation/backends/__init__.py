@@ -82,9 +82,8 @@ class BackendKind:
     settings_model: type[BaseModel] | None = None
 
 
-def _builtins() -> None:
-    for name in BUILT_IN:
-        KINDS.register(importlib.import_module(f"{__name__}.{name}").KIND)
+def _builtins() -> list[BackendKind]:
+    return [importlib.import_module(f"{__name__}.{name}").KIND for name in BUILT_IN]
 
 
 def _adopt(kind: BackendKind, origin: str) -> BackendKind:

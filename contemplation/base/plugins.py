@@ -66,7 +66,7 @@ N = TypeVar("N", bound=Named)
 
 
 class Registry(Generic[N]):
-    """The kinds of one sort by name: the built-ins (``builtins`` registers them) then the
+    """The kinds of one sort by name: the built-ins (those ``builtins`` returns) then the
     plugins of entry point ``group``, both through :meth:`register`, each read on first use
     (a name a built-in has never reads the entry points). ``adopt`` checks or adapts a kind
     before it is kept (given its origin)."""
@@ -75,7 +75,7 @@ class Registry(Generic[N]):
         self,
         group: str,
         kind: type[N],
-        builtins: Callable[[], None],
+        builtins: Callable[[], Iterable[N] | None],
         adopt: Callable[[N, str], N] = lambda k, origin: k,
         *,
         former: tuple[str, ...] = (),
@@ -141,7 +141,8 @@ class Registry(Generic[N]):
     def _read_builtins(self) -> None:
         if "builtins" not in self._read:
             self._read.add("builtins")
-            self._builtins()
+            for kind in self._builtins() or ():  # registered here, in the order given
+                self.register(kind)
 
     def _read_plugins(self) -> None:
         if "plugins" not in self._read:

@@ -267,10 +267,9 @@ class NeedRouter:
             return self.table
         cached = self._templates.get(template)
         if cached is None:
-            table = self.table.with_first(self._template_rules(template))
-            self._template_permissions[template] = self._compile_template_permissions(
-                template, table
-            )
+            tpl = load_template(self.home, template)  # read once for its rules and permissions
+            table = self.table.with_first(self._template_rules(tpl))
+            self._template_permissions[template] = self._compile_template_permissions(tpl, table)
             cached = self._templates[template] = table
         return cached
 
@@ -280,9 +279,8 @@ class NeedRouter:
         return [*registry.kinds(), *(r.name for r in table.rules)]
 
     def _compile_template_permissions(
-        self, name: str, table: needrules.RuleTable
+        self, tpl: Template, table: needrules.RuleTable
     ) -> tuple[permissions.Permission, ...]:
-        tpl = load_template(self.home, name)
         raw = tpl.extra.get("permissions")
         if raw is None:
             return ()
@@ -351,8 +349,7 @@ class NeedRouter:
                 raise Refused(f"refused by configuration: the permissions deny it ({shown})")
         return reader.locate(path)
 
-    def _template_rules(self, name: str) -> tuple[needrules.Rule, ...]:
-        tpl = load_template(self.home, name)
+    def _template_rules(self, tpl: Template) -> tuple[needrules.Rule, ...]:
         raws = tpl.extra.get("routes")
         if not raws:
             return ()
@@ -532,15 +529,16 @@ class NeedRouter:
 
     # -- native tool calls ------------------------------------------------------------
 
-    def _usable(self, rule: needrules.Rule) -> bool:
-        return registry.ready(self.tools.get(rule.tool))
+    def _usable(self, rules: Sequence[needrules.Rule]) -> tuple[bool, ...]:
+        """Whether each rule's tool is set up in this configuration, in one look."""
+        return registry.each_ready([self.tools.get(r.tool) for r in rules])
 
     def offered(self, template: str | None = None) -> list[needrules.Rule]:
         """The rules a model is told about (the system prompt's NEED forms), in matching
         order: those whose tool is set up in this configuration (worked out again only when
         a tool's readiness changed)."""
         rules = self.rules(template).rules
-        ready = tuple(self._usable(r) for r in rules)
+        ready = self._usable(rules)
         known = self._offered.get(template or None)
         if known is None or known[0] != ready:
             told = [self._told(r) for r, ok in zip(rules, ready, strict=True) if ok]
@@ -569,7 +567,7 @@ class NeedRouter:
         """The rules offered as native tools (Ollama/OpenAI ``tools`` format; worked out
         again only when a tool's readiness changed)."""
         functions = list(self.rules(template).functions().values())
-        ready = tuple(self._usable(r) for r in functions)
+        ready = self._usable(functions)
         known = self._specs.get(template or None)
         if known is None or known[0] != ready:
             specs = [needrules.tool_spec(r) for r, ok in zip(functions, ready, strict=True) if ok]

@@ -108,8 +108,8 @@ def _need(req: Mapping[str, Any]) -> list[Job] | str:
     return [(need, "need", {"need": need})] if need else "has no 'need'"
 
 
-def _builtins() -> None:
-    for kind in (
+def _builtins() -> tuple[ContextKind, ...]:
+    return (
         ContextKind("code_structure", "background", _code_structure, "folder layout + names"),
         ContextKind("files", "background", _files, "file contents"),
         ContextKind("notes", "notes", _search("notes"), "notes vault search"),
@@ -117,5 +117,4 @@ def _builtins() -> None:
         ContextKind("state", "state", _state, "recorded current state"),
         ContextKind("constraints", "constraints", _constraints, "given verbatim"),
         ContextKind("need", "background", _need, "anything a routing rule answers"),
-    ):
-        register(kind)
+    )

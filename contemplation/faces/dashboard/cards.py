@@ -175,6 +175,8 @@ def _ledger_rows(seen: Seen) -> list[Row]:
     return rows
 
 
-def _builtins() -> None:
-    register(Card("metrics", "metrics", _metrics_rows))
-    register(Card("ledger", "ledger: tokens and time", _ledger_rows))
+def _builtins() -> tuple[Card, ...]:
+    return (
+        Card("metrics", "metrics", _metrics_rows),
+        Card("ledger", "ledger: tokens and time", _ledger_rows),
+    )

@@ -19,7 +19,7 @@ or its ``call`` raises, ``BaseException`` included, is the need's failure naming
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +124,11 @@ def ready(tool: object) -> bool:
     return bool(getattr(tool, "ready", True))
 
 
+def each_ready(tools: Sequence[object]) -> tuple[bool, ...]:
+    """:func:`ready` of each of ``tools`` (None: no tool made, which is ready too)."""
+    return tuple(ready(t) for t in tools)
+
+
 def _files_read(m: ToolInputs) -> Tool:
     from contemplation.needs.tools.files import FileReader, config_files
 
@@ -178,7 +183,7 @@ def _web(m: ToolInputs) -> Tool:
     return ConfiguredSearch(m.pool, t.search_tool, t.search_arguments)
 
 
-def _builtins() -> None:
+def _builtins() -> tuple[ToolKind, ...]:
     memory = Rule(
         "brain_memory",
         "memory.search",
@@ -219,7 +224,7 @@ def _builtins() -> None:
         param="thing",
         description="The recorded current state of a thing (a service, a project, a task).",
     )
-    for kind in (
+    return (
         ToolKind(
             "memory.search",
             "search the durable memory store",
@@ -259,8 +264,7 @@ def _builtins() -> None:
             rules=(state,),
         ),
         ToolKind("agent", "no tool: the agent answers", default_arg=None),
-    ):
-        register(kind)
+    )
 
 
 def default_rules() -> tuple[Rule, ...]:
