@@ -14,12 +14,12 @@ import structlog
 from contemplation.backends.base import Backend
 from contemplation.base.aio import on_thread
 from contemplation.engine import tokenized
-from contemplation.engine.turn.prepare import offered
+from contemplation.engine.runtime import Runtime
 from contemplation.engine.turn.state import Attempt, On, Prepared, Turn
-from contemplation.errors import ContextOverflow
+from contemplation.errors import ContemplationError, ContextOverflow
 from contemplation.models import BackendSession, Block, ChatRequest, Metadata
 from contemplation.prompt import budget, tokencount
-from contemplation.prompt.prompts import NeedForm, build_request
+from contemplation.prompt.prompts import NeedForm, build_request, need_forms
 from contemplation.prompt.reach import reach
 from contemplation.prompt.summarise import summarise
 from contemplation.protocol import panel, structured
@@ -47,6 +47,15 @@ class History:
     spec: structured.Spec | None = None
     session: BackendSession | None = None
     kept: int | None = None
+
+
+def offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
+    """The NEED forms the system prompt offers: those a rule answers with a tool that is set
+    up (None when the rules cannot be built: the built-in forms)."""
+    try:
+        return need_forms(rt.need_router().offered(meta.template))
+    except ContemplationError:
+        return None
 
 
 def backend(on: On) -> Backend:

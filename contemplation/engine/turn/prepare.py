@@ -10,12 +10,10 @@ import structlog
 from contemplation.backends.capabilities import cannot_chat, resolve_think
 from contemplation.engine import tokenized
 from contemplation.engine.provider import Provider
-from contemplation.engine.runtime import Runtime
 from contemplation.engine.turn.state import Prepared, Turn
 from contemplation.errors import BackendError, ContemplationError
 from contemplation.models import Metadata
 from contemplation.prompt.context import saved_context
-from contemplation.prompt.prompts import NeedForm, need_forms
 from contemplation.prompt.toolspecs import canonical_tools
 
 log = structlog.get_logger("contemplation.turn")
@@ -74,12 +72,3 @@ async def _context(turn: Turn, meta: Metadata) -> str:
         log.warning("context_failed", conv=turn.conv.id, error=str(exc))
         return ""
     return text
-
-
-def offered(rt: Runtime, meta: Metadata) -> tuple[NeedForm, ...] | None:
-    """The NEED forms the system prompt offers: those a rule answers with a tool that is set
-    up (None when the rules cannot be built: the built-in forms)."""
-    try:
-        return need_forms(rt.need_router().offered(meta.template))
-    except ContemplationError:
-        return None

@@ -4,7 +4,7 @@ written with its slot (:class:`Attempt`). The phases take these, never their pie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contemplation.backends.providers import Target
@@ -39,17 +39,18 @@ class Turn:
     seen: Tracked
     w: ConvWriter
     ahead: Ahead | None = None  # a panel's seats asked ahead in this session (prefetch.py)
+    # whose caches the turn uses (its server slot, its prompt counts): the conversation's,
+    # or in a panel the seat's it speaks as (the writer's metadata, set for the whole turn)
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        meta = self.w.meta
+        key = f"{self.conv.id}#{meta.model_label}" if meta.panel else self.conv.id
+        object.__setattr__(self, "key", key)  # frozen: worked out once, for the whole turn
 
     @property
     def settings(self) -> Settings:
         return self.rt.settings
-
-    @property
-    def key(self) -> str:
-        """Whose caches the turn uses (its server slot, its prompt counts): the
-        conversation's, or in a panel the seat's it speaks as."""
-        meta = self.w.meta
-        return f"{self.conv.id}#{meta.model_label}" if meta.panel else self.conv.id
 
     def check_cancel(self) -> None:
         """Raise :class:`Cancelled` when the agent asked to cancel the turn."""
