@@ -540,7 +540,10 @@ def test_stdout_is_protocol_only_startup_is_fast_and_stdin_close_exits(home: Hom
         assert "conversation_wait" in said and "io.modelcontextprotocol/tasks" in said
         assert len(said) < 1000
         assert len(json.loads(second)["result"]["tools"]) == len(TOOLS)
-        assert exit_after < 3
+        # it exits once its server is loaded (settings, the SDK): 2.2 s after the close when
+        # quiet, up to 4.7 s on a loaded two-core machine; a server that does not exit on
+        # EOF is held by wait(timeout=10) above
+        assert exit_after < 8, exit_after
         assert b"Traceback" not in stderr
     best = min(timings)
     ARTIFACTS.mkdir(exist_ok=True)
