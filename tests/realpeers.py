@@ -97,9 +97,23 @@ class _Proc:
             raise
 
 
+def share_of_the_cores(servers: int = 1) -> int:
+    """The CPU threads each of ``servers`` llama-servers started here at once may use: 0
+    (llama.cpp's choice, every core) for one in one process; else its share of the cores,
+    under pytest-xdist its share of its worker's. llama.cpp's
+    threads spin while they wait for each other, so two servers with every core each, one per
+    worker, generating at once, starved each other: 200 tokens each took 4.4 s alone and did
+    not finish in 300 s side by side on two cores; with a core each, 6.6 s alone and 7.1 s side by
+    side (``bench/bench_threads.py``)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)  # set by xdist in workers
+    sharing = servers * max(1, workers)
+    return max(1, (os.cpu_count() or 1) // sharing) if sharing > 1 else 0
+
+
 class LlamaServer(_Proc):
     """Upstream llama-server (xllamacpp's build, ``tests/llama_server.py``) serving SmolLM2 as
-    ``alias``, with ``n_parallel`` slots of ``n_ctx`` tokens."""
+    ``alias``, with ``n_parallel`` slots of ``n_ctx`` tokens, on ``threads`` CPU threads
+    (None: :func:`share_of_the_cores`)."""
 
     def __init__(
         self,
@@ -108,14 +122,14 @@ class LlamaServer(_Proc):
         n_ctx: int = 8192,
         n_parallel: int = 1,
         alias: str = "smollm2",
-        threads: int = 0,
+        threads: int | None = None,
         slot_save: bool = False,
         kv_unified: bool = False,
     ) -> None:
         self.gguf = gguf
         self.kv_unified = kv_unified  # llama-server's way with -np left to it (see llama_server.py)
         self.slot_save = slot_save  # /slots save and restore (--slot-save-path): slot copies
-        self.threads = threads
+        self.threads = share_of_the_cores() if threads is None else threads
         self.n_ctx = n_ctx
         self.n_parallel = n_parallel
         self.alias = alias

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,15 +24,15 @@ from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation, write_metadata
 from tests import peers
 from tests.conftest import DaemonProc, base_env, cli, cli_here, wait_for
-from tests.realpeers import LiteLLMProxy, LlamaServer
+from tests.realpeers import LiteLLMProxy, LlamaServer, share_of_the_cores
 
 
 def _server(n_ctx: int = 2048, n_parallel: int = 2, share: int = 1) -> LlamaServer:
     """``share``: servers running at once (each gets its part of the cores: llama.cpp's
     threads spin while they wait)."""
     peers.xllamacpp_available()
-    threads = max(1, (os.cpu_count() or 2) // share) if share > 1 else 0
     gguf = peers.smollm2_gguf()
+    threads = share_of_the_cores(share)
     return LlamaServer(gguf, n_ctx=n_ctx, n_parallel=n_parallel, threads=threads).start()
 
 
