@@ -413,7 +413,9 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
             wait=False,
         ) as w:
             own = w.meta  # the conversation's; a panel's seat speaks through it in turn
-            held_ahead = Ahead()  # a panel's seats asked ahead: closed with the session
+            # a panel's seats asked ahead: closed with the session (a conversation of one
+            # model has no seats to ask ahead, and no table of them)
+            held_ahead = Ahead() if own.panel else None
             try:
                 for _ in range(TURNS_PER_SESSION):
                     fresh = conv.id not in seen.recovered  # this run's first look: recovery
@@ -434,7 +436,8 @@ async def _session(conv: Conv, rt: Runtime, seen: Tracked) -> Outcome:
                 else:
                     return AGAIN
             finally:
-                await held_ahead.close()  # what was asked ahead and not taken: nothing kept
+                if held_ahead is not None:  # what was asked ahead and not taken: nothing kept
+                    await held_ahead.close()
                 w.flush()  # what the step or the turn committed in memory, before the lock goes
                 seen.remember_size(conv)
                 rt.retries.note(conv.id, w.state.next_retry_at)  # a retry set: how far off

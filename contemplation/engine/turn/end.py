@@ -50,22 +50,24 @@ async def finish(at: Attempt, got: Streamed, request: ChatRequest, planned: budg
         error = (ErrorKind.PROTOCOL, "the model returned an empty reply (no text and no tool call)")
         markers.append((MarkerKind.ERROR, error[1]))
         status = Status.ERROR
-    up = escalation.after_reply(  # a ladder: the failure goes up a rung, said in one marker
-        rt.settings, on.rung, ended, verdict is not None and verdict.error is not None
-    )
-    if up is None and error is None:  # a panel rung's last seat: do the seats agree?
-        up = escalation.verdict(rt.settings, on.rung, said, markers)
-    if up is not None:
-        markers = [m for m in markers if m[0] is not MarkerKind.ERROR] + [up.marker]
-        status, error = up.status, up.error
-    if (answered := escalation.answered(on.rung)) is not None:
-        markers.insert(0, answered)
-    if up is not None or not any(m[0] in _NOT_WHOLE for m in markers):  # the ladder's book
-        prompt = (usage.prompt_eval_count if usage else None) or budget.estimate_request(
-            request, planned.ratio
+    up: escalation.Escalation | None = None
+    if on.rung is not None:  # a ladder: the failure goes up a rung, said in one marker
+        up = escalation.after_reply(
+            rt.settings, on.rung, ended, verdict is not None and verdict.error is not None
         )
-        spent = prompt + ((usage.eval_count or 0) if usage else 0)
-        escalation.record(at.w.state, on.rung, on.model, up, saved=spent)
+        if up is None and error is None:  # a panel rung's last seat: do the seats agree?
+            up = escalation.verdict(rt.settings, on.rung, said, markers)
+        if up is not None:
+            markers = [m for m in markers if m[0] is not MarkerKind.ERROR] + [up.marker]
+            status, error = up.status, up.error
+        if (answered := escalation.answered(on.rung)) is not None:
+            markers.insert(0, answered)
+        if up is not None or not any(m[0] in _NOT_WHOLE for m in markers):  # the ladder's book
+            prompt = (usage.prompt_eval_count if usage else None) or budget.estimate_request(
+                request, planned.ratio
+            )
+            spent = prompt + ((usage.eval_count or 0) if usage else 0)
+            escalation.record(at.w.state, on.rung, on.model, up, saved=spent)
     # the fsyncs of the commit run off the loop: the next conversation's request goes out;
     # the backend session is committed with the reply: the next start goes on in it
     try:

@@ -47,11 +47,11 @@ async def run_turn(turn: Turn) -> Outcome:
     rt, w = turn.rt, turn.w
     meta = w.meta
     rung = await _rung(turn)
-    target, lineup = rt.route(  # its providers, each asked by the turn from here on
-        meta,
-        w.state.backend_session,
-        steer=lambda base: escalation.target(rt.settings, meta, base, rung),
+    # its providers, each asked by the turn from here on (moved by a rung of its ladder)
+    steer = (
+        None if rung is None else functools.partial(escalation.target, rt.settings, meta, at=rung)
     )
+    target, lineup = rt.route(meta, w.state.backend_session, steer=steer)
     if (stop := unusable(turn, lineup)) is not None:
         return stop
     guards = {p: lineup[p].guard(target.model) for p in target.providers}
