@@ -304,8 +304,11 @@ def _take(w: ConvWriter, rt: Runtime, claimed: Path) -> TurnDue | Again:
         store_attachments(w.conv, attachments.block_id(claimed.name), msg.files, durable=w.durable)
     if text is None:
         w.claims_durable()
-        dest = reject_input(w.conv, claimed, note)
-        w.append_marker(MarkerKind.NOTE, logformat.not_taken(claimed.name, note, dest.name))
+        # said (and committed) before the file leaves processing/: a reader that finds the
+        # message no longer queued finds why (`wait` read it settled between the two, exit 0).
+        # A crash between them refuses it again after the restart: said twice, never lost.
+        w.append_marker(MarkerKind.NOTE, logformat.not_taken(claimed.name, note, claimed.name))
+        reject_input(w.conv, claimed, note)
         rt.notify(w.conv.id, ConvEvent.REJECTED, reason=note)
         return AGAIN
     if note:

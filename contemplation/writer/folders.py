@@ -541,7 +541,8 @@ def _free_name(folder: Path, name: str) -> Path:
 
 
 def reject_input(conv: Conv, path: Path, reason: str) -> Path:
-    """Move an unusable input to ``failed/`` with a reason file (input is never deleted)."""
+    """Move an unusable input to ``failed/`` under its own name, with a reason file (input
+    is never deleted)."""
     conv.failed.mkdir(DIR_MODE, exist_ok=True)
     dest = conv.failed / path.name
     os.replace(path, dest)
