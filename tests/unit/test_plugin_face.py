@@ -105,7 +105,7 @@ def test_a_dashboard_cards_former_names_still_work(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(plugins, "load", load)
     registry = plugins.Registry(
-        cards.GROUP, plugin.Card, lambda: None, former=(cards.FORMER_GROUP,)
+        cards.GROUP, plugin.Card, lambda: (), former=(cards.FORMER_GROUP,)
     )
     registry.kinds()
     assert read == ["contemplation.cards", "contemplation.panels"]
