@@ -123,6 +123,12 @@ def pytest_configure(config: pytest.Config) -> None:
     (base / "run").mkdir()
     env = pytest.MonkeyPatch()
     hermetic.isolate(env, base / "run")
+    # llama.cpp (xllamacpp's build: OpenMP) makes its threads wait for each other in barriers
+    # that spin by default. Beside the other worker's processes the embedded model's threads
+    # starved each other: tests/system/test_backend_local.py took 46 s in two workers, 15 s
+    # with the waits passive. Read when the library loads: set here, before any test loads it,
+    # and inherited by every llama-server the tests start.
+    env.setenv("OMP_WAIT_POLICY", "passive")
     config.stash[_RUN] = (base, env)
     procgroups.stop_on_sigterm()
 
