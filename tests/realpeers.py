@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +57,17 @@ def _poll(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) ->
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url}: not ready after {timeout:g} s:\n{_tail(log)}")
         time.sleep(0.1)
+
+
+# Each peer's folder (its log, its slot files, OpenCode's home) lies in one folder of this
+# process's, removed when it exits: one folder each in /tmp was ~5 GB after a few runs (a
+# llama-server's saved slots alone ~300 MB).
+_SCRATCH = Path(tempfile.mkdtemp(prefix="contemplation-peers-"))
+atexit.register(shutil.rmtree, _SCRATCH, True)  # registered first: run after the stops
+
+
+def _scratch(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH))
 
 
 def _tail(log: Path, n: int = 4000) -> str:
@@ -136,7 +148,7 @@ class LlamaServer(_Proc):
         self.n_parallel = n_parallel
         self.alias = alias
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="llama-server-"))
+        self.dir = _scratch("llama-server-")
         self.log = self.dir / "server.log"
 
     @property
@@ -180,7 +192,7 @@ class OpenCodeServer(_Proc):
         self, llama_url: str, *, model_id: str = "smollm2", context: int = 8192, output: int = 512
     ) -> None:
         self.binary = peers.node_bin("opencode")
-        self.root = Path(tempfile.mkdtemp(prefix="opencode-"))
+        self.root = _scratch("opencode-")
         self.home = self.root / "home"
         self.work = self.root / "project"
         self.home.mkdir()
@@ -252,7 +264,7 @@ class LiteLLMProxy(_Proc):
     def __init__(self, servers: list[str], *, model: str = "smollm2") -> None:
         self.binary = peers.python_peer("litellm")
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="litellm-"))
+        self.dir = _scratch("litellm-")
         self.log = self.dir / "proxy.log"
         self.config = self.dir / "litellm.yaml"
         entries = [
