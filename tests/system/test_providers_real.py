@@ -113,8 +113,9 @@ def test_llama_server_says_its_slots_and_its_window(tmp_path: Path) -> None:
 
 def test_a_long_dialogue_is_fitted_to_the_servers_window_per_slot(tmp_path: Path) -> None:
     """Measured before: the window was taken as n_ctx_train (8,192) while the server gave
-    2,048 per slot, and a long dialogue failed with "the prompt does not fit"."""
-    server = _server(n_ctx=2048, n_parallel=2)
+    2,048 per slot, and a long dialogue failed with "the prompt does not fit". (Here 1,024 a
+    slot and half the history: the same overflow, half the prompt to read on one core.)"""
+    server = _server(n_ctx=1024, n_parallel=2)
     try:
         home = Home(tmp_path / "home")
         cfg = _config(tmp_path, 'default_backend = "gpu"\n' + _provider("gpu", server.url))
@@ -126,7 +127,7 @@ def test_a_long_dialogue_is_fitted_to_the_servers_window_per_slot(tmp_path: Path
         write_metadata(conv, meta.model_copy(update={"options": {"num_predict": 32}}))
         turn = "The queue keeps every message as a file; " * 40  # ~400 tokens a block
         with conv.log.open("a") as f:
-            for i in range(12):  # ~5,000 tokens of history: more than 2,048
+            for i in range(6):  # ~2,500 tokens of history: more than 1,024
                 f.write(header("CLAUDE", "GPU", "2026-11-20 10:00:00") + f"{i}: {turn}\n\n")
                 f.write(header("GPU", "CLAUDE", "2026-11-20 10:00:01") + f"{i}: noted.\n\n")
         drop_message(conv, "Say hello.")
