@@ -15,15 +15,28 @@ PY=${PYTHON:-python3}
 
 log() { printf '\n== %s\n' "$*"; }
 
+# The peers are independent of each other and of .venv: installed side by side, Debian's
+# packages too (Chromium's download and unpacking, on a new machine, beside pip's and npm's).
+# Each job's output goes to its own log, shown when it fails; any failure fails the set-up.
+jobs_dir=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$jobs_dir"' EXIT  # a failed set-up leaves no install running
+peer_job() {  # peer_job NAME COMMAND...: run in the background, its log kept for a failure
+  local name=$1; shift
+  ( "$@" ) >"$jobs_dir/$name.log" 2>&1 &
+  echo "$! $name" >>"$jobs_dir/pids"
+}
 if [ "$MODE" = all ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v chromium >/dev/null || need+=(chromium)
   command -v systemd-analyze >/dev/null || need+=(systemd)
   command -v flock >/dev/null || need+=(util-linux)
   if [ ${#need[@]} -gt 0 ]; then
-    log "apt: ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    log "apt, in the background: ${need[*]}"
+    apt_install() {
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+    }
+    peer_job apt apt_install "${need[@]}"
   fi
 fi
 
@@ -37,16 +50,6 @@ log "python venv (.venv) and uv"
 UV=$ROOT/.venv/bin/uv
 export UV_COMPILE_BYTECODE=1
 
-# The peers are independent of each other and of .venv: installed side by side. Each job's
-# output goes to its own log, shown when it fails; any failure fails the set-up.
-mkdir -p .peers
-jobs_dir=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$jobs_dir"' EXIT  # a failed set-up leaves no install running
-peer_job() {  # peer_job NAME COMMAND...: run in the background, its log kept for a failure
-  local name=$1; shift
-  ( "$@" ) >"$jobs_dir/$name.log" 2>&1 &
-  echo "$! $name" >>"$jobs_dir/pids"
-}
 peer_venv() {  # peer_venv NAME PACKAGE: a peer from PyPI in a venv of its own, .peers/NAME
   local name=$1 pkg=$2
   [ -x ".peers/$name/bin/$name" ] && return 0
@@ -60,6 +63,7 @@ npm_peers() {
   cp scripts/peers-package-lock.json .peers/package-lock.json
   (cd .peers && npm install --no-audit --no-fund --loglevel=error)
 }
+mkdir -p .peers
 if [ "$MODE" = all ]; then
   log "peers, side by side with the venv: MCP servers from PyPI, LiteLLM proxy, npm peers (.peers/)"
   peer_job mcp-server-time peer_venv mcp-server-time mcp-server-time==2026.10.19
