@@ -17,7 +17,7 @@ bash scripts/setup.sh
 unset PYTHONDONTWRITEBYTECODE
 # ruff and the three mypy runs side by side (one mypy keeps one core: one after another they
 # left a core idle for ~40 s of a clean clone); each one's output is shown, a failure fails the run.
-echo "== ruff, mypy --strict (package, benchmarks, example plugin), collection, side by side"
+echo "== ruff, mypy --strict (package, benchmarks, example plugin), side by side"
 lint_dir=$(mktemp -d)
 lint() {  # lint NAME COMMAND...
   local name=$1; shift
@@ -28,21 +28,10 @@ lint ruff ruff check contemplation tests bench scripts examples
 lint mypy mypy
 lint mypy-bench mypy --strict --explicit-package-bases --cache-dir .mypy_cache/bench bench  # the benchmarks: scripts, not the package
 lint mypy-example mypy --strict --cache-dir .mypy_cache/example examples/contemplation-echo/contemplation_echo  # as its users would check theirs
-# and beside mypy, on the core it leaves idle: one collection, which writes the test modules as
-# pytest rewrites them (__pycache__), so the two workers load them instead of each rewriting
-# them all (a clean clone's workers took 23 s to collect); a test module that cannot be
-# imported fails the run here.
-lint collection python -m pytest -p no:cacheprovider -q --collect-only
 lint_failed=0
 while read -r pid name; do
-  ok=1
-  wait "$pid" || { ok=0; lint_failed=1; }
-  echo "-- $name"
-  if [ "$name" = collection ] && [ "$ok" = 1 ]; then  # its count, not its 2,000 test ids
-    tail -n 1 "$lint_dir/$name.log"
-  else
-    cat "$lint_dir/$name.log"
-  fi
+  wait "$pid" || lint_failed=1
+  echo "-- $name"; cat "$lint_dir/$name.log"
 done <"$lint_dir/pids"
 rm -rf "$lint_dir"
 [ "$lint_failed" = 0 ] || { echo "lint failed" >&2; exit 1; }
