@@ -101,6 +101,9 @@ def user_env(home: Path, **extra: str) -> dict[str, str]:
     return env | {"HOME": str(home)} | extra
 
 
+WHY: dict[str, str] = {}  # "run: test id" -> what a failing test said
+
+
 def outcomes(tmp_path: Path, envs: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """Run SUBSET in a pytest of its own under each of ``envs`` (at once: most of a run is
     waiting on processes); each test's outcome by its id, for each run."""
@@ -130,10 +133,11 @@ def outcomes(tmp_path: Path, envs: dict[str, dict[str, str]]) -> dict[str, dict[
             assert report.exists(), f"{name}: no report ({proc.returncode}):\n{out[-3000:]}"
             got[name] = {}
             for case in ET.parse(report).iter("testcase"):  # noqa: S314 - our pytest wrote it
-                kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
-                got[name][f"{case.get('classname')}::{case.get('name')}"] = (
-                    kinds[0] if kinds else "passed"
-                )
+                kinds = [c for c in case if c.tag in ("failure", "error", "skipped")]
+                key = f"{case.get('classname')}::{case.get('name')}"
+                got[name][key] = kinds[0].tag if kinds else "passed"
+                if kinds and kinds[0].tag != "skipped":  # what it said, for the assertion
+                    WHY[f"{name}: {key}"] = (kinds[0].text or kinds[0].get("message", ""))[-3000:]
     finally:
         for proc in runs.values():
             procgroups.kill(proc)
@@ -163,8 +167,8 @@ def test_a_rich_or_broken_user_config_changes_no_outcome(tmp_path: Path) -> None
     clean, with_rich, with_broken = got["none"], got["rich"], got["broken"]
 
     assert list(clean.values()).count("passed") >= 40, clean
-    assert {k: v for k, v in with_rich.items() if v != clean.get(k)} == {}
-    assert {k: v for k, v in with_broken.items() if v != clean.get(k)} == {}
+    assert {k: v for k, v in with_rich.items() if v != clean.get(k)} == {}, WHY
+    assert {k: v for k, v in with_broken.items() if v != clean.get(k)} == {}, WHY
     assert with_rich.keys() == with_broken.keys() == clean.keys()
     # and nothing was written into the person's home
     assert {h: files_under(h) for h in (rich, broken, none)} == before
