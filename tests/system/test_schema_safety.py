@@ -293,7 +293,9 @@ def test_a_recursive_schema_is_refused_at_send_and_in_the_inbox_it_is_never_aske
         15,
         what="the refusal's NOTE",
     )
-    assert any(conv.failed.glob("*by-hand.txt"))
+    # the NOTE is committed before the file leaves processing/ (a crash between says it
+    # twice, never loses it): the move follows it
+    wait_for(lambda: any(conv.failed.glob("*by-hand.txt")), 15, what="the file in failed/")
     # a recursive schema appended to the log by hand: the turn is free-form, answered once
     fake_ollama.default_step = Step(text="Hello.")
     with conv_lock(conv), conv.log.open("a") as f:  # a hand append takes the lock (docs)
