@@ -32,13 +32,14 @@ from contemplation.faces.reading import Reader
 from contemplation.models import DECIDERS, ApprovalDecision, Status
 from contemplation.protocol.parser import parse
 from contemplation.settings import Settings
-from contemplation.store.layout import Conv, Home, read_metadata, read_state
+from contemplation.store.layout import Conv, Home, read_metadata
 from contemplation.store.templates import load_template
 from contemplation.writer import drop_message, new_conversation
 from tests.conftest import ROOT, DaemonProc, base_env, cli_here, run_burst, wait_for
 from tests.dashboard_served import Served, serve
 from tests.fakes.ollama_server import FakeOllama, Step
 from tests.system.test_dashboard_actions import asking, auth
+from tests.system.test_permissions import state_is
 
 RACERS = 20
 VERBS = {"once": "approved once", "always": "approved always", "reject": "rejected"}
@@ -132,11 +133,6 @@ def _daemon_env(home: Home, fake: FakeOllama, tmp_path: Path) -> tuple[dict[str,
     return base_env(home, fake, CONTEMPLATION_CONFIG=str(cfg)), notes
 
 
-def _status(conv: Conv) -> Status | None:
-    st = read_state(conv)
-    return None if st is None else st.status
-
-
 def test_reject_then_once_from_the_cli_never_reads_the_secret(
     home: Home, fake_ollama: FakeOllama, daemon_factory: Callable[..., DaemonProc], tmp_path: Path
 ) -> None:
@@ -161,7 +157,7 @@ def test_reject_then_once_from_the_cli_never_reads_the_secret(
     daemon_factory(env, home).wait_ready()
     wait_for(lambda: b"Fine, without it." in conv.log.read_bytes(), 30, what="the reply")
     # the reply's bytes reach the log before its turn's state write says idle
-    wait_for(lambda: _status(conv) == Status.IDLE, 30, what="the turn's end")
+    wait_for(state_is(conv, Status.IDLE), 30, what="the turn's end")
     late = cli_here(env, "approve", conv_id, "--once", check=False)
     assert late.returncode == 1
     assert late.stderr.startswith(f"error: {conv_id} waits for no approval (status idle); ")
