@@ -18,7 +18,7 @@ from contemplation.models import (
     Rule,
 )
 from contemplation.needs.tools import registry
-from contemplation.protocol.conversation import goes_on, last_marker, retracted, whole
+from contemplation.protocol.conversation import last_marker, shown, whole
 from contemplation.protocol.logformat import (
     NEED_PREFIX,
     RESPONSE_PREFIX,
@@ -241,16 +241,12 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
     (``RETRACTED``) is left out whole."""
     out: list[tuple[int, ChatMessage]] = []
     calls_by_need: dict[str, tuple[str, str]] = {}
-    gone = retracted(blocks)
-    for i, b in enumerate(blocks):
-        if i in gone:
-            continue
-        if b.kind is BlockKind.MODEL and cancelled(b):
+    for s in shown(blocks):
+        i, b = s.index, s.block
+        if b.kind is BlockKind.MODEL and s.cancelled:
             words = split_tool_calls(b.text.strip("\n"))[0]  # calls never made: left out
             note = f"{words}\n\n{CANCELLED_NOTE}" if words.strip() else CANCELLED_NOTE
             out.append((i, ChatMessage("assistant", note)))
-            continue
-        if not whole(b):
             continue
         text = b.text.strip("\n")
         if b.kind is BlockKind.AGENT:
@@ -260,11 +256,11 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
             else:  # the images its writer's [attachment: …] lines name go with it
                 out.append((i, ChatMessage("user", text, images=b.images)))
-            if cancelled(b):  # cancelled before the model wrote a word
+            if s.cancelled:  # cancelled before the model wrote a word
                 out.append((i, ChatMessage("assistant", CANCELLED_NOTE)))
             continue
         content, calls = split_tool_calls(text)
-        if not calls and content and _goes_on(blocks, i, out):  # `continue`: one reply
+        if not calls and content and s.carried and _goes_on(i, out):  # `continue`: one reply
             out[-1] = (i, ChatMessage("assistant", out[-1][1].content + content))
             continue
         calls_by_need = {need: (cid, name) for cid, name, _, need in calls}
@@ -279,10 +275,11 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
     return out
 
 
-def _goes_on(blocks: tuple[Block, ...], i: int, out: list[tuple[int, ChatMessage]]) -> bool:
-    """Block ``i`` (a model's) carries on the reply before it, which the agent asked the model
-    to go on with (``GO ON``): the two are one assistant message, as the model wrote them."""
-    if i == 0 or not out or not goes_on(blocks[i - 1]):
+def _goes_on(i: int, out: list[tuple[int, ChatMessage]]) -> bool:
+    """Block ``i`` (a model's, :attr:`Shown.carried`) carries on the reply just before it in
+    ``out``, which the agent asked the model to go on with (``GO ON``): the two are one
+    assistant message, as the model wrote them."""
+    if not out:
         return False
     last = out[-1][1]
     return out[-1][0] == i - 1 and last.role == "assistant" and not last.tool_calls

@@ -86,6 +86,34 @@ def retracted(blocks: tuple[Block, ...]) -> set[int]:
 
 
 @dataclass(frozen=True, slots=True)
+class Shown:
+    """A block as the model's history holds it (:func:`shown`)."""
+
+    index: int  # in the blocks given
+    block: Block
+    cancelled: bool  # the turn after it was cancelled by the agent (its CANCELLED marker)
+    carried: bool  # a model block that goes on from the reply before it (``continue``)
+
+
+def shown(blocks: tuple[Block, ...]) -> list[Shown]:
+    """The blocks the model's history is made of, in order, each read once: a withdrawn turn
+    is left out whole, and a model block cut off or failed is left out unless the agent
+    cancelled its turn (its words stay, with a note; see
+    :func:`contemplation.prompt.prompts.history_blocks`)."""
+    gone = retracted(blocks)
+    out: list[Shown] = []
+    for i, b in enumerate(blocks):
+        if i in gone:
+            continue
+        cut = last_marker(b) is MarkerKind.CANCELLED
+        model = b.kind is BlockKind.MODEL
+        if model and not cut and not whole(b):
+            continue
+        out.append(Shown(i, b, cut, model and i > 0 and goes_on(blocks[i - 1])))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class Next:
     action: Literal["idle", "turn", "needs", "complete", "stopped"]
     needs: tuple[str, ...] = ()  # unanswered needs (action == "needs")

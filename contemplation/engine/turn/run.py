@@ -134,7 +134,7 @@ def _grown(turn: Turn) -> bool:
     begun (it waited for a slot): the block is written again, whole, as the same message.
     True: the request must be built again. A write after this point is queued as a
     follow-up when the file is released (see :meth:`ConvWriter.retake`)."""
-    again, w, settings = False, turn.w, turn.settings
+    again, w, settings = False, turn.w, turn.rt.settings
     for path in w.changed_held():
         try:
             msg = attachments.read_claimed(path, settings.max_message_bytes, settings.attachments)

@@ -17,7 +17,6 @@ from contemplation.engine.scheduler import Held
 from contemplation.engine.tracking import Tracked
 from contemplation.errors import BackendError
 from contemplation.models import Metadata
-from contemplation.settings import Settings
 from contemplation.store.layout import Conv
 from contemplation.writer import ConvWriter, LiveReply
 
@@ -47,10 +46,6 @@ class Turn:
         meta = self.w.meta
         key = f"{self.conv.id}#{meta.model_label}" if meta.panel else self.conv.id
         object.__setattr__(self, "key", key)  # frozen: worked out once, for the whole turn
-
-    @property
-    def settings(self) -> Settings:
-        return self.rt.settings
 
     def check_cancel(self) -> None:
         """Raise :class:`Cancelled` when the agent asked to cancel the turn."""
@@ -89,10 +84,10 @@ class On:
     queued_ms: float | None = None  # waited for the provider's slot (the ledger's)
     slot: int | None = None  # the server slot the turn names (llama-server id_slot)
     rung: At | None = None  # where the turn stands on its conversation's escalation ladder
+    model: str = field(init=False)  # the server's name for the model (the target's)
 
-    @property
-    def model(self) -> str:
-        return self.target.model
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", self.target.model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,15 +100,11 @@ class Attempt:
     on: On
     held: Held
     reply: LiveReply
+    # the turn's, at hand (fields, not properties: read at every streamed event)
+    conv: Conv = field(init=False)
+    rt: Runtime = field(init=False)
+    w: ConvWriter = field(init=False)
 
-    @property
-    def conv(self) -> Conv:
-        return self.turn.conv
-
-    @property
-    def rt(self) -> Runtime:
-        return self.turn.rt
-
-    @property
-    def w(self) -> ConvWriter:
-        return self.turn.w
+    def __post_init__(self) -> None:
+        for name in ("conv", "rt", "w"):
+            object.__setattr__(self, name, getattr(self.turn, name))
