@@ -14,9 +14,11 @@ rules as tests.
     14 plugin
 
 Imports under ``if TYPE_CHECKING:`` are not counted (they never run). A function-level import
-is counted (it runs). The message path is traced with ``sys.setprofile`` while one message
-dropped into a new conversation is answered by an in-process backend (``process_pending``):
-every call from one contemplation module into another is a crossing.
+is counted (it runs). The message path is traced with ``sys.setprofile`` while a message is
+answered by an in-process backend: every call from one contemplation module into another is
+a crossing, and so is each resumption of a coroutine that waited (it re-enters every frame
+of its chain). The figure quoted is a warm message, as the daemon handles it (see
+:func:`trace_path`); the first message of a ``run --once`` is printed after it.
 """
 
 from __future__ import annotations
@@ -137,65 +139,100 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def trace_path(root: Path, *, verbose: bool = False) -> tuple[int, int]:
-    """(distinct module-to-module edges, calls across modules) while one message is answered."""
+def trace_path(root: Path, *, verbose: bool = False) -> dict[str, tuple[int, int]]:
+    """(distinct module-to-module edges, calls across modules) of two messages, by name:
+
+    ``warm``: a message in a conversation the daemon has answered before, handled as the
+    daemon handles it: the runtime built as it builds it (the NEED router made at start) and
+    one memory of the conversations (``Tracked``) kept between messages, each message
+    dispatched through ``process_safely``. The steady state, and the figure quoted.
+
+    ``first``: the first message of a new conversation, as ``run --once`` answers it (the
+    same runtime; ``process_pending``, a new memory each run): the conversation's first
+    look (its recovery scan) and its template's first reading are in it.
+
+    Both runtimes are made by ``build_runtime``, as ``serve`` and ``run --once`` make theirs.
+    """
     code = r"""
 import asyncio, sys, tempfile
 from collections import defaultdict
 from pathlib import Path
 sys.path.insert(0, ".")
 from bench.bench_foundation import InstantBackend
-from contemplation import backends
 from contemplation.store.layout import Home
-from contemplation.engine.pipeline import Runtime, process_pending
+from contemplation.engine.pipeline import Runtime, process_pending, process_safely
+from contemplation.engine.tracking import Tracked
 from contemplation.settings import load
 from contemplation.writer import drop_message, new_conversation
+from contemplation.store.templates import load_template
 try:
-    from contemplation.store.templates import load_template
-except ImportError:
-    from contemplation.store.layout import load_template
-tmp = Path(tempfile.mkdtemp())
-home = Home(tmp / "home")
-s = load(overrides={"home": str(home.root), "settle_seconds": 0, "durability": "none"})
-rt = Runtime(settings=s, home=home)
-if hasattr(rt, "provider"):  # a provider as one object
-    rt.provider("ollama").use(InstantBackend())
-else:  # (a tree from before: the runtime's tables)
-    rt.backends["ollama"] = InstantBackend()
-tpl = load_template(home, "default")
-conv = new_conversation(home, "trace", template=tpl, model="m", backend="ollama")
-asyncio.run(process_pending(rt))  # warm: imports, first sight
-drop_message(conv, "hello")
-edges = defaultdict(int)
+    from contemplation.daemon.root import build_runtime
+except ImportError:  # (a tree from before)
+    build_runtime = None
 pkg = str(Path("contemplation").resolve())
 def mod(f):
     if not f.startswith(pkg):
         return None
     return f[len(pkg) + 1:-3].replace("/", ".").removesuffix(".__init__")
-def prof(frame, event, arg):
-    if event != "call":
-        return
-    callee = mod(frame.f_code.co_filename)
-    caller = frame.f_back and mod(frame.f_back.f_code.co_filename)
-    if callee and caller and callee != caller:
-        edges[(caller, callee)] += 1
-sys.setprofile(prof)
+def traced(run):
+    edges = defaultdict(int)
+    def prof(frame, event, arg):
+        if event != "call":
+            return
+        callee = mod(frame.f_code.co_filename)
+        caller = frame.f_back and mod(frame.f_back.f_code.co_filename)
+        if callee and caller and callee != caller:
+            edges[(caller, callee)] += 1
+    sys.setprofile(prof)
+    try:
+        asyncio.run(run())
+    finally:
+        sys.setprofile(None)
+    return edges
+def runtime(name):
+    home = Home(Path(tempfile.mkdtemp()) / "home")
+    s = load(overrides={"home": str(home.root), "settle_seconds": 0, "durability": "none"})
+    rt = build_runtime(s) if build_runtime else Runtime(settings=s, home=home)
+    rt.provider("ollama").use(InstantBackend())
+    tpl = load_template(home, "default")
+    conv = new_conversation(home, name, template=tpl, model="m", backend="ollama")
+    return rt, conv
+def replies(conv):
+    return conv.log.read_text().count("OLLAMA -> CLAUDE")
+# first: run --once in a new conversation, after a run that found nothing to do (first in
+# this process: nothing is cached yet but the imports)
+rt, conv = runtime("first")
 asyncio.run(process_pending(rt))
-sys.setprofile(None)
-assert "hello" in conv.log.read_text() and "ok" in conv.log.read_text()
-print(len(edges), sum(edges.values()))
-for (a, b), n in sorted(edges.items()):
-    print(f"{a} -> {b} {n}", file=sys.stderr)
+drop_message(conv, "hello")
+first = traced(lambda: process_pending(rt))
+assert replies(conv) == 1 and "hello" in conv.log.read_text()
+# warm: the daemon's memory; a conversation's first message answered, the
+# second traced
+rt, conv = runtime("warm")
+seen = Tracked()
+drop_message(conv, "first")
+asyncio.run(process_safely(conv, rt, seen))
+assert replies(conv) == 1
+drop_message(conv, "hello")
+warm = traced(lambda: process_safely(conv, rt, seen))
+assert replies(conv) == 2 and "hello" in conv.log.read_text()
+for name, edges in (("warm", warm), ("first", first)):
+    print(name, len(edges), sum(edges.values()))
+    for (a, b), n in sorted(edges.items()):
+        print(f"{name}: {a} -> {b} {n}", file=sys.stderr)
 """
     got = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False
     )
     if got.returncode != 0:
         raise SystemExit(f"the trace failed in {root}:\n{got.stderr[-2000:]}")
-    a, b = got.stdout.split()
     if verbose:
         print(got.stderr, end="")
-    return int(a), int(b)
+    out: dict[str, tuple[int, int]] = {}
+    for line in got.stdout.splitlines():
+        name, a, b = line.split()
+        out[name] = (int(a), int(b))
+    return out
 
 
 def main() -> None:
@@ -225,8 +262,11 @@ def main() -> None:
         print("  " + " <-> ".join(comp))
     print("largest: " + ", ".join(f"{m} {n}" for n, m in sizes[:5]))
     if not args.no_trace:
-        edges, calls = trace_path(root, verbose=args.edges)
-        print(f"one message: {edges} module-to-module edges, {calls} calls across modules")
+        traced = trace_path(root, verbose=args.edges)
+        edges, calls = traced["warm"]
+        print(f"a warm message: {edges} module-to-module edges, {calls} calls across modules")
+        edges, calls = traced["first"]
+        print(f"the first message of a run --once: {edges} edges, {calls} calls across modules")
 
 
 if __name__ == "__main__":

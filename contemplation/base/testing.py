@@ -76,6 +76,9 @@ FORK_POINTS = (
 )
 
 _enabled = os.environ.get("CONTEMPLATION_TESTING") == "1"
+#: False outside the tests. A hook on a path run for every block or streamed event reads it
+#: first (``if ENABLED: crashpoint(...)``), so a daemon in use makes no call there.
+ENABLED = _enabled
 _target, _, _nth = os.environ.get("CONTEMPLATION_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1") if _enabled and _target else 0
 

@@ -117,24 +117,17 @@ def _tidy(
         seen.cut_by.pop(conv.id, None)
         sweep_rests(conv)  # follow-ups' records a crash left without their files
         seen.recovered.add(conv.id)
-    foreign = w.check_identity()
-    st = w.log_stat
-    if foreign > 0:
-        mtime_ns = (st or os.stat(conv.log)).st_mtime_ns
-        window = 2 * rt.settings.settle_seconds
-        if not _settled(mtime_ns, now, window):
-            return Wait(mtime_ns / 1e9 + window), None
-        w.adopt_foreign()
-        log.info("adopted_append", conv=conv.id, bytes=foreign)
-        st = None
-    # between blocks; tail -F follows the rename
-    if w.maybe_rotate(rt.settings.rotate_bytes, st.st_size if st else None):
+    kept = w.keep_log(now, 2 * rt.settings.settle_seconds, rt.settings.rotate_bytes)
+    if kept.settling_until is not None:
+        return Wait(kept.settling_until), None
+    if kept.adopted:
+        log.info("adopted_append", conv=conv.id, bytes=kept.adopted)
+    if kept.rotated:  # between blocks; tail -F follows the rename
         log.info("rotated", conv=conv.id)
-        st = None
     for warning in w.warnings:
         log.warning("log_warning", conv=conv.id, warning=warning)
     w.warnings.clear()
-    return None, st
+    return None, kept.stat
 
 
 def _decide(conv: Conv, rt: Runtime, w: ConvWriter, due: Seated, *, now: float) -> Decision | None:

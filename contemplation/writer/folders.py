@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contemplation.base.privacy import DIR_MODE, FILE_MODE
-from contemplation.base.testing import crashpoint
+from contemplation.base.testing import ENABLED, crashpoint
 from contemplation.errors import InputRejected, NotFound
 from contemplation.store.layout import (
     REST_RECORD,
@@ -258,7 +258,8 @@ def claim(conv: Conv, inbox_file: Path, *, durable: bool = True) -> Path | None:
         return claimed
     if durable:
         fsync_dir(conv.processing)
-    crashpoint("claim")
+    if ENABLED:
+        crashpoint("claim")
     return claimed
 
 
@@ -291,12 +292,14 @@ def finish_claims(
     if durable:
         yield Durable(folders=(conv.processing,))
     for inbox_file, claimed in linked:
-        crashpoint("claim_linked")
+        if ENABLED:
+            crashpoint("claim_linked")
         with contextlib.suppress(FileNotFoundError):
             st, mine = os.lstat(inbox_file), os.lstat(claimed)
             if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
                 os.unlink(inbox_file)
-        crashpoint("claim")
+        if ENABLED:
+            crashpoint("claim")
 
 
 def _claimed_path(conv: Conv, inbox_file: Path) -> Path:

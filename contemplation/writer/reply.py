@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from contemplation.base.aio import settled
-from contemplation.base.testing import crashpoint
+from contemplation.base.testing import ENABLED, crashpoint
 from contemplation.errors import BackendError, ErrorKind
 from contemplation.models import (
     BackendSession,
@@ -200,7 +200,8 @@ class ReplyStream:
         self._reserved = None
         self.started = True
         self._write(prefix + logformat.header(self.sender, self.recipient))
-        crashpoint("reply_header")
+        if ENABLED:
+            crashpoint("reply_header")
 
     def _write(self, text: str) -> None:
         if not text:
@@ -245,7 +246,8 @@ class ReplyStream:
         self.end_thinking()
         self.content_parts.append(text)
         self._write(self._stuffer.feed(text))
-        crashpoint("reply_stream")
+        if ENABLED:
+            crashpoint("reply_stream")
 
     def note(self, text: str) -> None:
         """A NOTE line about how this reply is being made (e.g. a fallback backend)."""

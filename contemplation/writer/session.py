@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contemplation.base.privacy import FILE_MODE
-from contemplation.base.testing import armed, crashpoint
+from contemplation.base.testing import ENABLED, armed, crashpoint
 from contemplation.errors import ErrorKind, InputRejected, LockBusy, NotFound
 from contemplation.models import (
     ApprovalRequest,
@@ -87,6 +87,16 @@ class Taken:
     offset: int
     length: int
     seen: Seen | None
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """What :meth:`ConvWriter.keep_log` found and did."""
+
+    settling_until: float | None = None  # bytes appended by hand still settling: look then
+    adopted: int = 0  # bytes appended by hand, now the log's
+    rotated: bool = False
+    stat: os.stat_result | None = None  # the log's, when nothing changed it since the look
 
 
 @dataclass
@@ -489,6 +499,23 @@ class ConvWriter:
             self.state.log.ino = st.st_ino
         return st.st_size - ident.size
 
+    def keep_log(self, now: float, settle: float, rotate_bytes: int) -> Kept:
+        """The log kept whole between blocks, in one look: its identity checked
+        (:meth:`check_identity`), bytes appended by hand adopted once they have been still
+        for ``settle`` seconds by the wall clock ``now`` (:meth:`adopt_foreign`), then a log
+        of ``rotate_bytes`` or more rotated (:meth:`maybe_rotate`)."""
+        foreign = self.check_identity()
+        st = self.log_stat
+        adopted = 0
+        if foreign > 0:
+            mtime = (st or os.stat(self.conv.log)).st_mtime_ns / 1e9
+            if now - mtime < settle:
+                return Kept(settling_until=mtime + settle)
+            adopted = self.adopt_foreign()
+            st = None
+        rotated = self.maybe_rotate(rotate_bytes, st.st_size if st else None)
+        return Kept(adopted=adopted, rotated=rotated, stat=None if rotated else st)
+
     def adopt_foreign(self) -> int:
         """Account for bytes someone appended by hand (they stay in the log as written)."""
         size = self.log_size()
@@ -566,9 +593,10 @@ class ConvWriter:
                 sha256=hashlib.sha256(data).hexdigest(),
             )
             self.save()
-        crashpoint("intent")
+        if ENABLED:
+            crashpoint("intent")
         try:
-            if armed("append"):
+            if ENABLED and armed("append"):
                 self._append_raw(data[: len(data) // 2], sync=False)
                 crashpoint("append")
                 self._append_raw(data[len(data) // 2 :], sync=claimed is None)
@@ -581,7 +609,8 @@ class ConvWriter:
                 with contextlib.suppress(OSError):
                     self.save()
             raise
-        crashpoint("appended")
+        if ENABLED:
+            crashpoint("appended")
         if claimed is not None:
             self.held.append(claimed)
             self.taken[claimed] = Taken(offset, len(data), seen)
@@ -611,7 +640,8 @@ class ConvWriter:
             self.save(durable=False)
         else:
             self.unsaved = True
-        crashpoint("commit")
+        if ENABLED:
+            crashpoint("commit")
 
     def append_marker(self, kind: MarkerKind, text: str = "") -> None:
         run_now(self.marker_steps(kind, text))
