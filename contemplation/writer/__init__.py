@@ -23,35 +23,45 @@ from contemplation.writer.files import (
     fsync_dir,
     now_iso,
 )
-from contemplation.writer.folders import (
-    archive,
-    claim,
-    clear_cancel,
-    delete_archived,
-    drop_message,
-    ensure_conversation_files,
-    ensure_home,
-    finish_deletions,
-    idempotent_create,
-    new_conversation,
-    probe_writable,
-    reject_input,
-    remove_tmp_files,
-    request_cancel,
-    unarchive,
-    unclaim,
-    write_context_file,
-    write_metadata,
-)
 
 if TYPE_CHECKING:  # loaded when first asked for (below): a reader that only asks
-    # daemon_alive or faces_lock loads neither the turn's writers nor the models (pydantic)
+    # daemon_alive or faces_lock loads neither the turn's writers, nor the folders' (their
+    # templates and ladders), nor the models (pydantic)
+    from contemplation.writer.folders import (
+        archive,
+        claim,
+        clear_cancel,
+        delete_archived,
+        drop_message,
+        ensure_conversation_files,
+        ensure_home,
+        finish_deletions,
+        idempotent_create,
+        new_conversation,
+        probe_writable,
+        reject_input,
+        remove_tmp_files,
+        request_cancel,
+        unarchive,
+        unclaim,
+        write_context_file,
+        write_metadata,
+    )
     from contemplation.writer.reply import LiveReply, ReplyStream, Streamed
     from contemplation.writer.session import ConvWriter, open_writer, rebuild_state
 
-_LATER = {
-    "LiveReply": "reply", "ReplyStream": "reply", "Streamed": "reply",
-    "ConvWriter": "session", "open_writer": "session", "rebuild_state": "session",
+_LATER = {  # name -> the module that holds it
+    **dict.fromkeys(
+        (
+            "archive", "claim", "clear_cancel", "delete_archived", "drop_message",
+            "ensure_conversation_files", "ensure_home", "finish_deletions", "idempotent_create",
+            "new_conversation", "probe_writable", "reject_input", "remove_tmp_files",
+            "request_cancel", "unarchive", "unclaim", "write_context_file", "write_metadata",
+        ),
+        "folders",
+    ),
+    **dict.fromkeys(("LiveReply", "ReplyStream", "Streamed"), "reply"),
+    **dict.fromkeys(("ConvWriter", "open_writer", "rebuild_state"), "session"),
 }  # fmt: skip
 
 

@@ -34,6 +34,9 @@ NEVER = (
 # the models (pydantic: importing it costs more than a read command's whole work), logging,
 # asyncio and urllib's HTTP client: the read commands read the log, the index and the folders' JSON without them
 LIGHT = ("pydantic", "contemplation.models", "structlog", "asyncio", "http.client")
+# what makes and moves conversations (the writer's folders, with the templates and ladders
+# they read): a reader that asks whether the daemon runs loads none of it
+MAKING = ("contemplation.writer.folders", "contemplation.store.templates")
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
@@ -67,14 +70,15 @@ def test_list_loads_no_settings_model_no_pydantic_no_logging(
     env, conv = conv_env
     out, modules = _loaded(env, "list")
     assert conv in out
-    assert _heavy(modules, NEVER + LIGHT) == []
+    assert _heavy(modules, NEVER + LIGHT + MAKING) == []
 
 
 @pytest.mark.parametrize(
     ("args", "never"),
-    [(("status",), NEVER + LIGHT), (("status", "{conv}"), NEVER + LIGHT),
-     (("tail", "{conv}"), NEVER + LIGHT), (("search", "light", "--mode", "words"), NEVER + LIGHT),
-     (("approvals",), NEVER + LIGHT)],
+    [(("status",), NEVER + LIGHT + MAKING), (("status", "{conv}"), NEVER + LIGHT + MAKING),
+     (("tail", "{conv}"), NEVER + LIGHT + MAKING),
+     (("search", "light", "--mode", "words"), NEVER + LIGHT + MAKING),
+     (("approvals",), NEVER + LIGHT + MAKING)],
     ids=["status", "status CONV", "tail", "search words", "approvals"],
 )  # fmt: skip
 def test_the_read_commands_load_no_settings_model_nor_actions(
