@@ -89,7 +89,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="contemplation-reads-"))
     home = tmp / "home"
     build(home, a.active, 0)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEMPLATION_", "OLLAMA_"))}
+    # as a person's shell runs them: the bytecode written once and read after (a shell that
+    # set PYTHONDONTWRITEBYTECODE would have every run compile the package again)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CONTEMPLATION_", "OLLAMA_")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
     envs: dict[str, dict[str, str]] = {}
     for name in trees:  # a copy of the home each: two commits' indexes (their schemas) differ,
         own = tmp / name  # and one home shared would be indexed again at every turn
