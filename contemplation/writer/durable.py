@@ -20,7 +20,7 @@ a batch waits for that too. Single writes (a turn on an otherwise idle daemon) n
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import os
 import threading
 import time
@@ -83,7 +83,12 @@ def run_now(steps: Steps[T]) -> T:
 # --------------------------------------------------------------------------- syncfs
 
 
-def _load_syncfs() -> Callable[[int], int] | None:
+@functools.cache
+def _syncfs_fn() -> Callable[[int], int] | None:
+    """libc's syncfs, loaded on first use: ctypes costs a command ~5 ms, and one that only
+    reads (``status``: is the daemon alive?) never syncs. None: not Linux."""
+    import ctypes
+
     try:
         fn = ctypes.CDLL(None, use_errno=True).syncfs
     except (AttributeError, OSError):  # not Linux: every point is fsynced
@@ -93,13 +98,18 @@ def _load_syncfs() -> Callable[[int], int] | None:
     return cast(Callable[[int], int], fn)
 
 
-_SYNCFS = _load_syncfs()
+def has_syncfs() -> bool:
+    """True where a file system can be synced whole (Linux): a burst's rounds are."""
+    return _syncfs_fn() is not None
 
 
 def syncfs(fd: int) -> None:
     """Write back and commit everything dirty on the file system ``fd`` is on (Linux)."""
-    assert _SYNCFS is not None
-    if _SYNCFS(fd) != 0:
+    import ctypes
+
+    fn = _syncfs_fn()
+    assert fn is not None
+    if fn(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"syncfs: {os.strerror(err)}")
 
@@ -253,7 +263,7 @@ class GroupCommitter:
             if not waiting:
                 return
             points = [job.point for job in waiting if job.point is not None]
-            if len(waiting) >= self.group_min and _SYNCFS is not None:
+            if len(waiting) >= self.group_min and has_syncfs():
                 self.grouped += 1
                 try:
                     _syncfs_points(points)

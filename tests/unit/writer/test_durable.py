@@ -16,7 +16,7 @@ from contemplation.writer import claim, drop_message, new_conversation, open_wri
 from contemplation.writer import durable as durable_mod
 from contemplation.writer.durable import Durable, GroupCommitter, Steps, run_now
 
-needs_syncfs = pytest.mark.skipif(durable_mod._SYNCFS is None, reason="syncfs is Linux only")
+needs_syncfs = pytest.mark.skipif(not durable_mod.has_syncfs(), reason="syncfs is Linux only")
 
 
 def _convs(home: Home, n: int) -> list[Conv]:
