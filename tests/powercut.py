@@ -169,7 +169,7 @@ def install(journal: Path, root: Path) -> None:
             )  # fmt: skip
             return rc
 
-        durable._syncfs_fn = lambda: syncfs
+        durable._syncfs_fn = lambda: syncfs  # type: ignore[assignment]
 
 
 def main() -> None:
