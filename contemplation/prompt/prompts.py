@@ -18,7 +18,7 @@ from contemplation.models import (
     Rule,
 )
 from contemplation.needs.tools import registry
-from contemplation.protocol.conversation import last_marker, shown, whole
+from contemplation.protocol.conversation import history_marks, last_marker, whole
 from contemplation.protocol.logformat import (
     NEED_PREFIX,
     RESPONSE_PREFIX,
@@ -241,9 +241,12 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
     (``RETRACTED``) is left out whole."""
     out: list[tuple[int, ChatMessage]] = []
     calls_by_need: dict[str, tuple[str, str]] = {}
-    for s in shown(blocks):
-        i, b = s.index, s.block
-        if b.kind is BlockKind.MODEL and s.cancelled:
+    marks = history_marks(blocks)
+    for i, b in enumerate(blocks):
+        if i in marks.left_out:
+            continue
+        cut = i in marks.cancelled
+        if b.kind is BlockKind.MODEL and cut:
             words = split_tool_calls(b.text.strip("\n"))[0]  # calls never made: left out
             note = f"{words}\n\n{CANCELLED_NOTE}" if words.strip() else CANCELLED_NOTE
             out.append((i, ChatMessage("assistant", note)))
@@ -256,11 +259,11 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
                 out.append((i, ChatMessage("tool", text, tool_call_id=call[0], tool_name=call[1])))
             else:  # the images its writer's [attachment: …] lines name go with it
                 out.append((i, ChatMessage("user", text, images=b.images)))
-            if s.cancelled:  # cancelled before the model wrote a word
+            if cut:  # cancelled before the model wrote a word
                 out.append((i, ChatMessage("assistant", CANCELLED_NOTE)))
             continue
         content, calls = split_tool_calls(text)
-        if not calls and content and s.carried and _goes_on(i, out):  # `continue`: one reply
+        if not calls and content and i in marks.carried and _goes_on(i, out):  # `continue`
             out[-1] = (i, ChatMessage("assistant", out[-1][1].content + content))
             continue
         calls_by_need = {need: (cid, name) for cid, name, _, need in calls}
@@ -276,7 +279,7 @@ def history_blocks(blocks: tuple[Block, ...]) -> list[tuple[int, ChatMessage]]:
 
 
 def _goes_on(i: int, out: list[tuple[int, ChatMessage]]) -> bool:
-    """Block ``i`` (a model's, :attr:`Shown.carried`) carries on the reply just before it in
+    """Block ``i`` (a model's, :attr:`Marks.carried`) carries on the reply just before it in
     ``out``, which the agent asked the model to go on with (``GO ON``): the two are one
     assistant message, as the model wrote them."""
     if not out:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Collection, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -86,31 +87,31 @@ def retracted(blocks: tuple[Block, ...]) -> set[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class Shown:
-    """A block as the model's history holds it (:func:`shown`)."""
+class Marks:
+    """Where a conversation's blocks stand in the model's history (:func:`history_marks`),
+    by index: only the few that are not plain history are named."""
 
-    index: int  # in the blocks given
-    block: Block
-    cancelled: bool  # the turn after it was cancelled by the agent (its CANCELLED marker)
-    carried: bool  # a model block that goes on from the reply before it (``continue``)
+    left_out: AbstractSet[int]  # withdrawn, or a model block cut off or failed (not cancelled)
+    cancelled: AbstractSet[int]  # the turn after it was cancelled by the agent (CANCELLED)
+    carried: AbstractSet[int]  # a model block that goes on from the reply before it
 
 
-def shown(blocks: tuple[Block, ...]) -> list[Shown]:
-    """The blocks the model's history is made of, in order, each read once: a withdrawn turn
-    is left out whole, and a model block cut off or failed is left out unless the agent
-    cancelled its turn (its words stay, with a note; see
-    :func:`contemplation.prompt.prompts.history_blocks`)."""
-    gone = retracted(blocks)
-    out: list[Shown] = []
+def history_marks(blocks: tuple[Block, ...]) -> Marks:
+    """The blocks' places in the history, read in one pass (see
+    :func:`contemplation.prompt.prompts.history_blocks`): a withdrawn turn is left out whole,
+    and a model block cut off or failed is left out unless the agent cancelled its turn (its
+    words stay, with a note)."""
+    left_out = set(retracted(blocks))
+    cancelled: set[int] = set()
+    carried: set[int] = set()
     for i, b in enumerate(blocks):
-        if i in gone:
-            continue
-        cut = last_marker(b) is MarkerKind.CANCELLED
-        model = b.kind is BlockKind.MODEL
-        if model and not cut and not whole(b):
-            continue
-        out.append(Shown(i, b, cut, model and i > 0 and goes_on(blocks[i - 1])))
-    return out
+        if b.markers and last_marker(b) is MarkerKind.CANCELLED:
+            cancelled.add(i)
+        elif b.kind is BlockKind.MODEL and not whole(b):
+            left_out.add(i)
+        if i and b.kind is BlockKind.MODEL and goes_on(blocks[i - 1]):
+            carried.add(i)
+    return Marks(left_out, cancelled, carried)
 
 
 @dataclass(frozen=True, slots=True)
