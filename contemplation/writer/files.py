@@ -18,13 +18,16 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contemplation.base.privacy import DIR_MODE, FILE_MODE
 from contemplation.base.testing import crashpoint
 from contemplation.errors import AlreadyRunning
 from contemplation.store.layout import Conv, Home, read_json
-from contemplation.writer.durable import Durable, Steps, fsync_path, run_now
+
+if TYPE_CHECKING:  # the durable points load with the first write: a face that only asks
+    # daemon_alive (status) never makes one
+    from contemplation.writer.durable import Steps
 
 
 def now_iso() -> str:
@@ -32,6 +35,8 @@ def now_iso() -> str:
 
 
 def fsync_dir(path: Path) -> None:
+    from contemplation.writer.durable import fsync_path
+
     fsync_path(path, os.O_DIRECTORY)
 
 
@@ -64,6 +69,8 @@ def atomic_write_steps(
     record of what ``written`` writes (a reply's last bytes, see :mod:`.recovery`), and the
     next point, with no file of its own, is where the caller makes those writes durable
     before the rename."""
+    from contemplation.writer.durable import Durable
+
     tmp = path.with_name(f".{path.name}.tmp.{_pid}.{_TMP_PREFIX}{next(_tmp_counter)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -109,6 +116,8 @@ _POINTS = {"state.json": "state_tmp", "metadata.json": "metadata_tmp", "memory.j
 def atomic_write_bytes(
     path: Path, data: bytes, *, durable: bool = True, mode: int = FILE_MODE
 ) -> None:
+    from contemplation.writer.durable import run_now
+
     run_now(atomic_write_steps(path, data, durable=durable, mode=mode))
 
 

@@ -35,9 +35,12 @@ NEVER = (
 # asyncio and urllib's HTTP client: the read commands read the log, the index and the folders' JSON without them
 LIGHT = ("pydantic", "contemplation.models", "structlog", "asyncio", "http.client")
 # what makes and moves conversations (the writer's folders, with the templates and ladders
-# they read) and what syncs (ctypes, for syncfs): a reader that asks whether the daemon runs
-# loads none of it
-MAKING = ("contemplation.writer.folders", "contemplation.store.templates", "ctypes")
+# they read) and what makes writes durable (its points, ctypes for syncfs): a reader that
+# asks whether the daemon runs loads none of it
+MAKING = (
+    "contemplation.writer.folders", "contemplation.store.templates",
+    "contemplation.writer.durable", "ctypes",
+)  # fmt: skip
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
