@@ -41,6 +41,7 @@ MAKING = (
     "contemplation.writer.folders", "contemplation.store.templates",
     "contemplation.writer.durable", "ctypes",
 )  # fmt: skip
+READS = NEVER + LIGHT + MAKING  # what no read command loads
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, list[str]]:
@@ -74,23 +75,21 @@ def test_list_loads_no_settings_model_no_pydantic_no_logging(
     env, conv = conv_env
     out, modules = _loaded(env, "list")
     assert conv in out
-    assert _heavy(modules, NEVER + LIGHT + MAKING) == []
+    assert _heavy(modules, READS) == []
 
 
 @pytest.mark.parametrize(
-    ("args", "never"),
-    [(("status",), NEVER + LIGHT + MAKING), (("status", "{conv}"), NEVER + LIGHT + MAKING),
-     (("tail", "{conv}"), NEVER + LIGHT + MAKING),
-     (("search", "light", "--mode", "words"), NEVER + LIGHT + MAKING),
-     (("approvals",), NEVER + LIGHT + MAKING)],
+    "args",
+    [("status",), ("status", "{conv}"), ("tail", "{conv}"), ("search", "light", "--mode", "words"),
+     ("approvals",)],
     ids=["status", "status CONV", "tail", "search words", "approvals"],
 )  # fmt: skip
 def test_the_read_commands_load_no_settings_model_nor_actions(
-    conv_env: tuple[dict[str, str], str], args: tuple[str, ...], never: tuple[str, ...]
+    conv_env: tuple[dict[str, str], str], args: tuple[str, ...]
 ) -> None:
     env, conv = conv_env
     _, modules = _loaded(env, *(a.format(conv=conv) for a in args))  # exit 0 (check=True)
-    assert _heavy(modules, never) == []
+    assert _heavy(modules, READS) == []
 
 
 def test_without_a_verdict_the_model_is_loaded_and_then_not(home: Home) -> None:
