@@ -279,6 +279,10 @@ def test_an_archived_conversation_is_poked_once_and_no_longer_watched(
     gone = make_conv(home, watcher, pokes, "gone")
     stays = make_conv(home, watcher, pokes, "stays")
     assert watcher.watch_count == 5
+    # a poke no other event makes (the message's path): once it is here, every poke of making
+    # the two has come (a late one would meet the barrier below in the cancel flag's place)
+    settled = drop_message(stays, "settle", name="settle.txt")
+    pokes.wait_for((stays.id, settled, False))
     pokes.take()
 
     moved = archive(home, gone)
