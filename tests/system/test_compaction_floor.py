@@ -1,12 +1,13 @@
-"""Compaction at the floor of the server's cache. A real llama-server, one
-slot of 1,024 tokens, a dialogue of 9 turns of about 150 new tokens each (a long question and
-a reply of 24 tokens: generated tokens are the test's time, so the window fills on few of
-them; 18 turns of ~50 took twice as long): every summary call extends the prompt the slot
-holds (the conversation's last request, the instruction appended), so it reuses most of its
-prompt; the turn after it reuses at least the system prompt; and the whole dialogue recomputes at most 1.6 times the new text a turn. Before, compaction started at
-the window's edge, the summary form that extends the cache did not fit, and the transcript
-that replaced it threw the slot's cache away (cache_n 5, system prompt included). Token
-counts are the server's own (``timings.cache_n``/``prompt_n``): load does not move them."""
+"""Compaction at the floor of the server's cache. A real llama-server, one slot of 1,024 tokens, a
+dialogue of 9 turns of about 150 new tokens each (a long question and a reply of 24 tokens:
+generated tokens are the test's time, so the window fills on few of them; 18 turns of ~50 took
+twice as long): every summary call extends the prompt the slot holds (the conversation's last
+request, the instruction appended), so it reuses most of its prompt; the turn after it reuses at
+least the system prompt; and the whole dialogue recomputes at most 1.6 times the new text a
+turn. Before, compaction started at the window's edge, the summary form that extends the cache
+did not fit, and the transcript that replaced it threw the slot's cache away (cache_n 5, system
+prompt included). Token counts are the server's own (``timings.cache_n``/``prompt_n``): load
+does not move them."""
 
 from __future__ import annotations
 
