@@ -359,12 +359,21 @@ def mcp_call(
     extension on): ``method`` is a tool's name (a ``tools/call``) or a method (``tasks/get``).
     Exit 0 and the result's JSON on stdout when it answered, else 1 (the process died
     first: nothing was acknowledged)."""
-    if "/" not in method:
-        params, method = {"name": method, "arguments": params}, "tools/call"
-    lines = [
-        {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": META}},
-        {"jsonrpc": "2.0", "id": 2, "method": method, "params": {**params, "_meta": META}},
+    return mcp_calls(cmd, env, [(method, params)])[0]
+
+
+def mcp_calls(
+    cmd: list[str], env: dict[str, str], calls: list[tuple[str, dict[str, object]]]
+) -> list[subprocess.CompletedProcess[bytes]]:
+    """:func:`mcp_call` for each of ``calls``, all sent to one MCP server process (a start of
+    one costs ~2.3 s of CPU, most of it the SDK's import): their answers, in order."""
+    lines: list[dict[str, object]] = [
+        {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": META}}
     ]
+    for n, (name, args) in enumerate(calls, start=2):
+        method, params = (name, args) if "/" in name else ("tools/call", {"name": name, "arguments": args})
+        lines.append({"jsonrpc": "2.0", "id": n, "method": method, "params": {**params, "_meta": META}})
+    answers: dict[object, dict[str, object]] = {}
     with subprocess.Popen(
         cmd,
         env=env,
@@ -378,21 +387,26 @@ def mcp_call(
             for x in lines:
                 proc.stdin.write((json.dumps(x) + "\n").encode())
             proc.stdin.flush()
-            answer: dict[str, object] | None = None
             for line in proc.stdout:  # ends when the process dies (a crash point)
                 got = json.loads(line)
-                if got.get("id") == 2:
-                    answer = got
+                if got.get("id", 1) != 1:
+                    answers[got["id"]] = got
+                if len(answers) == len(calls):
                     break
             proc.stdin.close()
             proc.wait(timeout=60)
         finally:
             proc.kill()
         err = proc.stderr.read() if proc.stderr is not None else b""
-    result = answer.get("result") if answer is not None else None
-    if isinstance(result, dict) and not result.get("isError"):
-        return subprocess.CompletedProcess(cmd, 0, json.dumps(result).encode(), err)
-    return subprocess.CompletedProcess(cmd, 1, json.dumps(answer).encode(), err)
+    done = []
+    for n in range(2, len(calls) + 2):
+        answer = answers.get(n)
+        result = answer.get("result") if answer is not None else None
+        if isinstance(result, dict) and not result.get("isError"):
+            done.append(subprocess.CompletedProcess(cmd, 0, json.dumps(result).encode(), err))
+        else:
+            done.append(subprocess.CompletedProcess(cmd, 1, json.dumps(answer).encode(), err))
+    return done
 
 
 def record(scenario: Scenario, work: Path, fake: FakeOllama) -> list[list[str]]:
@@ -578,8 +592,10 @@ class Acts:
                         f"memory {key!r} listed {n} times: {listed[-300:]}",
                     )
         mcp = [sys.executable, "-m", "contemplation", "mcp"]
-        for task in self.tasks:  # each task answered completes, asked from any MCP process
-            got = mcp_call(mcp, env, "tasks/get", {"taskId": task})
+        # each task answered completes, asked from any MCP process (one for them all)
+        calls: list[tuple[str, dict[str, object]]] = [("tasks/get", {"taskId": t}) for t in self.tasks]
+        asked = mcp_calls(mcp, env, calls) if calls else []
+        for task, got in zip(self.tasks, asked, strict=True):
             status = json.loads(got.stdout).get("status") if got.returncode == 0 else None
             if status != "completed":
                 bad("diverged", f"task {task} is {status}: {got.stdout.decode()[-300:]}")
