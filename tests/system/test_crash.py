@@ -139,13 +139,15 @@ KINDS = ("new", "hand")  # a folder made by ``new_conversation``, or by hand (on
 
 def _kills() -> list[ParameterSet]:
     """(point, nth, made): the default tier kills each point a turn reaches at its first hit
-    in both kinds of folder (and asserts it was killed); its later hits, and the points no
-    turn reaches, are the long tier's (``--slow``)."""
+    (and asserts it was killed), in one kind of folder or the other in turn, so each kind
+    meets every other point; the other kind, the later hits, and the points no turn reaches
+    are the long tier's (``--slow``). Both kinds at every point took 70 s of the default
+    tier, half of it for kills whose folders the turn had already made the same."""
     out = []
-    for point in POINTS:
+    for i, point in enumerate(POINTS):
         for nth in (1, 2, 5):
             for made in KINDS:
-                slow = nth != 1 or point in NOT_IN_A_TURN
+                slow = nth != 1 or point in NOT_IN_A_TURN or made != KINDS[i % 2]
                 marks = (pytest.mark.slow,) if slow else ()
                 out.append(pytest.param(point, nth, made, marks=marks, id=f"{made}-{nth}-{point}"))
     return out
@@ -175,12 +177,15 @@ def test_kill_at_every_named_step(
         assert json.loads(home.conv(conv_id).metadata.read_text())["id"] == conv_id
 
 
-def test_the_default_tier_kills_every_point_of_a_turn_in_both_kinds_of_folder() -> None:
+def test_the_default_tier_kills_every_point_of_a_turn_in_one_kind_of_folder_or_the_other() -> None:
     """The sample that runs without --slow cannot shrink silently: every named point a turn
-    reaches is killed there at its first hit, in a folder of each kind, and every step of
-    the path with one state write in one kind or the other."""
+    reaches is killed there at its first hit, in a folder of one kind (each kind at about
+    half of them), and every step of the path with one state write in one kind or the
+    other; --slow kills each in both."""
     killed = {(point, made) for point, nth, made in default_tier(KILLS) if nth == 1}
-    assert killed == {(p, m) for p in POINTS if p not in NOT_IN_A_TURN for m in KINDS}
+    assert sorted(point for point, _ in killed) == sorted(p for p in POINTS if p not in NOT_IN_A_TURN)
+    new, hand = ([p for p, made in killed if made == kind] for kind in KINDS)
+    assert abs(len(new) - len(hand)) <= 1, killed
     one = default_tier(ONE_WRITE_KILLS)
     assert sorted(point for point, _, _ in one) == sorted(ONE_WRITE_POINTS)
     assert {made for _, _, made in one} == set(KINDS)
