@@ -8,6 +8,7 @@ search says how many), the vectors are made anew, and a search never mixes two m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import socket
@@ -222,8 +223,12 @@ def _keep_until(settings: Settings, until: Callable[[], bool], what: str) -> Non
         try:
             await asyncio.to_thread(wait_for, until, 240, 0.1, what)
         finally:
+            # stopped as the daemon stops its extras: the stop set, then cancelled (the keeper
+            # looks at the stop only once its idle wait ends, up to IDLE_S, 30 s, from now)
             stop.set()
-            await asyncio.wait_for(task, 60)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 60)
             await rt.aclose()
 
     asyncio.run(scenario())
