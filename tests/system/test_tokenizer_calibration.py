@@ -31,7 +31,9 @@ from tests.fakes.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.real
 
-WINDOW = 2048  # llama-server's tokens per slot
+# llama-server's tokens per slot: a small window, because reading the prompts that fill it is
+# what this test spends its time on (a single thread reads 30-70 tokens a second here)
+WINDOW = 1024
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +59,14 @@ def test_a_restarted_daemon_counts_with_the_servers_tokenizer_and_sends_a_reques
         home, "numbers", template=load_template(home, "default"), model="smollm2", backend="openai"
     )
     meta = json.loads(conv.metadata.read_text())
-    meta["options"] = {"temperature": 0, "num_predict": 16}
+    # a short reply: what is answered does not matter, only the prompts' count
+    meta["options"] = {"temperature": 0, "num_predict": 8}
     conv.metadata.write_text(json.dumps(meta))
+    # by the server's count (~210 tokens of system prompt, a token a digit) two tables of 200
+    # digits stay below where a turn compacts (~860 of the 1,024), and the 400 more of the
+    # third message take the history well past it, and past the window
     for i in range(2):  # each turn fits the window, even by the server's count
-        drop_message(conv, f"Table {i}, read it back: {digits(650)}")
+        drop_message(conv, f"Table {i}, read it back: {digits(200)}")
         run_burst(Runtime(settings=settings, home=home))
         st = read_state(conv)
         assert st is not None and st.status is Status.IDLE and st.turns == i + 1, st
@@ -68,7 +74,7 @@ def test_a_restarted_daemon_counts_with_the_servers_tokenizer_and_sends_a_reques
     # of a token a character) the history and this message fit; by the server's count not
     rt = Runtime(settings=settings, home=home)
     assert not rt.calibration.measured("smollm2")
-    drop_message(conv, f"And this one: {digits(500)}")
+    drop_message(conv, f"And this one: {digits(400)}")
     run_burst(rt)
     st = read_state(conv)
     assert st is not None and st.status is Status.IDLE and st.turns == 3, st
