@@ -58,10 +58,12 @@ async def session(env: dict[str, str], on_elicit: Any) -> AsyncIterator[ClientSe
         yield s
 
 
-async def start(s: ClientSession, secret: Path) -> str:
-    """conversation_start with a message that makes the model ask for ``secret``."""
+async def start(s: ClientSession, secret: Path, topic: str = "Ask") -> str:
+    """conversation_start with a message that makes the model ask for ``secret``. Identical
+    starts within two minutes are one conversation (actions.SAME_ARGS_WINDOW): a second
+    conversation in one test needs a ``topic`` of its own."""
     started = await s.call_tool(
-        "conversation_start", {"topic": "Ask", "initial_prompt": f"Read {secret}", "model": "gemma"}
+        "conversation_start", {"topic": topic, "initial_prompt": f"Read {secret}", "model": "gemma"}
     )
     return str(json.loads(getattr(started.content[0], "text", ""))["conversation_id"])
 
@@ -130,7 +132,9 @@ def test_a_client_without_elicitation_keeps_conversation_approve(
     assert item["kind"] == "approval" and "conversation_approve" in json.dumps(item)
 
 
-async def agent_approves(env: dict[str, str], secret: Path, *, forms: bool) -> tuple[str, str]:
+async def agent_approves(
+    env: dict[str, str], secret: Path, *, forms: bool, topic: str = "Ask"
+) -> tuple[str, str]:
     """The agent starts a conversation whose lookup asks, and (the lookup waiting) calls
     conversation_approve itself; returns the conversation's id and what the call said."""
 
@@ -138,12 +142,14 @@ async def agent_approves(env: dict[str, str], secret: Path, *, forms: bool) -> t
         raise AssertionError("no form is put to the person here: nobody waits")
 
     async with session(env, never if forms else None) as s:
-        cid = await start(s, secret)
+        cid = await start(s, secret, topic)
         for _ in range(400):  # the lookup comes to wait for approval: a bounded poll
             checked = await s.call_tool("conversation_check", {"conversation_id": cid})
             if "approval" in getattr(checked.content[0], "text", ""):
                 break
             await asyncio.sleep(0.05)
+        else:  # the approval below must be of a lookup that waits, not of nothing
+            raise AssertionError(f"no lookup came to wait for approval: {checked.content}")
         done = await s.call_tool("conversation_approve", {"conversation_id": cid, "decision": "always"})
         return cid, ("ERROR " if done.is_error else "") + getattr(done.content[0], "text", "")
 
@@ -193,8 +199,11 @@ def test_without_forms_the_agent_decides_unless_the_person_says_never(
     meta = read_json(Reader(home).locate(cid).metadata) or {}
     assert [(d["decision"], d["face"]) for d in meta["approvals"]] == [("always", "mcp")]
     env["CONTEMPLATION_AGENT_APPROVES"] = "never"
-    _, refused = asyncio.run(agent_approves(env, secret, forms=False))
+    # a conversation of its own whose lookup waits (the first one's start repeated would be
+    # the first conversation again, its lookup long decided)
+    again, refused = asyncio.run(agent_approves(env, secret, forms=False, topic="Ask again"))
     assert refused.startswith("ERROR ") and 'agent_approves = "never"' in refused, refused
+    assert (read_json(Reader(home).locate(again).metadata) or {}).get("approvals", []) == []
 
 
 async def wait_unanswered(
