@@ -776,6 +776,15 @@ def open_writer(
             has_inbox = conv.inbox.is_dir()
             if default_meta is None or not (has_inbox or conv.log.exists()):
                 raise NotFound(f"{conv.id} has no readable metadata.json")
+            if os.path.lexists(conv.metadata):
+                # a file that does not read (an editor saving it in place, a broken edit) is
+                # the person's, with their model, options and decisions: never replaced by
+                # the defaults; the daemon tries again (its save wakes it)
+                raise InputRejected(
+                    f"{conv.id}: metadata.json does not read as a conversation's metadata "
+                    "(being saved, or a broken edit); it is left as it is, and the "
+                    "conversation waits until it reads"
+                )
             meta = default_meta() if callable(default_meta) else default_meta
             adopt_folder(conv, has_inbox=has_inbox)
             adopted = True

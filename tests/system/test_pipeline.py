@@ -508,6 +508,32 @@ def test_a_folder_with_only_a_log_becomes_a_conversation(
     ]
 
 
+def test_metadata_that_does_not_read_is_left_as_it_is_and_the_turn_waits_for_it(
+    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+) -> None:
+    """A metadata.json caught half-saved (an editor writing it in place) or broken by an edit
+    is the person's file: before, a folder with an inbox or a log was then taken for one made
+    by hand, and its first save replaced the file with the defaults (model, options and the
+    person's approvals gone). Now the message waits, the file untouched, until it reads."""
+    rt = runtime(make_settings, fake_ollama)
+    conv = make_conv(home, options={"temperature": 0.123})  # the person's own option
+    whole = conv.metadata.read_bytes()
+    for broken in (whole[: len(whole) // 2], b"", b'{"topic": 42}'):
+        conv.metadata.write_bytes(broken)
+        drop_message(conv, "wait for my metadata", name="m.txt")
+        run_burst(rt)
+        assert conv.metadata.read_bytes() == broken
+        assert [p.name for p in conv.inbox.iterdir()] == ["m.txt"]
+        assert fake_ollama.chat_requests() == []
+        (conv.inbox / "m.txt").unlink()
+    conv.metadata.write_bytes(whole)  # the save completes: the next look answers
+    drop_message(conv, "wait for my metadata", name="m.txt")
+    run_burst(rt)
+    assert blocks(conv)[-1] == (BlockKind.MODEL, "Echo: wait for my metadata")
+    assert [r["options"]["temperature"] for r in fake_ollama.chat_requests()] == [0.123]
+    assert json.loads(conv.metadata.read_text())["options"]["temperature"] == 0.123
+
+
 def test_a_log_replaced_by_an_editor_is_reread_without_duplicates(
     home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
 ) -> None:
