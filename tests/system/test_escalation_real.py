@@ -1,7 +1,8 @@
 """The escalation ladder with a real model: SmolLM2 on the embedded backend loops at
 temperature 0 (the loop watch stops it), and the ladder's next rung, a second alias of the
 same embedded server with a sampling that does not loop, answers in its place. The real
-daemon, the CLI as a user runs it, the log and the ledger's book."""
+daemon, the CLI's commands (in this process: what they print and exit with is what is shown
+here, not the process; each in a new interpreter cost ~0.65 s), the log and the ledger's book."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from contemplation.protocol import escalation
 from contemplation.protocol.parser import parse
 from contemplation.store.layout import Conv, Home, read_state
 from tests import peers
-from tests.conftest import DaemonProc, base_env, cli
+from tests.conftest import DaemonProc, base_env, cli_here
 from tests.system.test_reply_cut import LOOP_ASK, set_options
 
 pytestmark = pytest.mark.real
@@ -47,14 +48,15 @@ def test_smollm2_loops_and_the_next_rung_of_the_same_server_answers(
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(CONFIG)
     env = base_env(home, CONTEMPLATION_STOP_REPEATING="true")
-    daemon_factory(env, home).wait_ready()
-    conv_id = cli(env, "new", "Folder queues", "--model", "small").stdout.strip()
+    conv_id = cli_here(env, "new", "Folder queues", "--model", "small").stdout.strip()
     conv = Conv(home.active / conv_id)
     set_options(conv, temperature=0)  # the conversation's own: the rung's sampling goes over it
+    # and only then the daemon: set_options rewrites metadata.json in place, and a daemon that
+    # reads it half written leaves the turn for its next look (it took the folder for one
+    # made by hand and wrote the defaults over it, seen once `new` ran in this process)
+    daemon_factory(env, home).wait_ready()
     began = time.monotonic()
-    r = cli(
-        env, "send", conv_id, LOOP_ASK, "--wait", "--timeout", "1300", timeout=1400, check=False
-    )
+    r = cli_here(env, "send", conv_id, LOOP_ASK, "--wait", "--timeout", "1300", check=False)
     took = time.monotonic() - began
     print(f"\nsend --wait: exit {r.returncode} after {took:.1f} s\nstderr: {r.stderr[-600:]}")
     print(f"stdout (last 1200): {r.stdout[-1200:]}")
@@ -76,7 +78,7 @@ def test_smollm2_loops_and_the_next_rung_of_the_same_server_answers(
     assert st.ladder.answered == {"steady": 1} and st.ladder.escalated == 1
     if r.returncode == 0:
         assert "rung: answered on steady (a rung of the escalation ladder)" in r.stderr
-    ledger = json.loads(cli(env, "ledger", conv_id, "--json").stdout)
+    ledger = json.loads(cli_here(env, "ledger", conv_id, "--json").stdout)
     print("ladder:", json.dumps(ledger["ladder"]))
     print("turns:", json.dumps(ledger["turns"]))
     print(f"looped: {len(looped.text)} characters; answer: {len(answer.text)} characters")
