@@ -616,38 +616,38 @@ def test_real_opencode_two_turns_share_a_session_and_forget_deletes_it(
 
 @pytest.mark.real
 def test_real_opencode_killed_mid_turn_is_transient_and_a_restart_answers(
-    llama: realpeers.LlamaServer,
+    opencode: realpeers.OpenCodeServer,
 ) -> None:
-    server = realpeers.OpenCodeServer(llama.url).start()
-    try:
+    """The module's server is the one killed and restarted (on its port, in its home): a
+    server of its own cost another OpenCode start (~10 s). The tests after this one get the
+    restarted server, which is what this shows answers; each makes sessions of its own."""
+    server = opencode
 
-        async def killed() -> BackendError:
-            b = backend(server.url, timeouts=REAL_TIMEOUTS)
-            task = asyncio.create_task(turn(b, req("Tell me about cats.", conv="k")))
-            async with httpx.AsyncClient(base_url=server.url, timeout=5) as c:
-                deadline = time.monotonic() + 60
-                while True:  # until OpenCode is working on our turn
-                    assert time.monotonic() < deadline, "the turn never started"
-                    assert not task.done(), "the turn ended before the kill"
-                    sid = b.session_id("k")
-                    if sid and sid in (await c.get("/session/status")).json():
-                        break
-                    await asyncio.sleep(0.05)
-            server.kill()
-            try:
-                with pytest.raises(BackendError) as info:
-                    await task
-            finally:
-                await b.aclose()
-            return info.value
+    async def killed() -> BackendError:
+        b = backend(server.url, timeouts=REAL_TIMEOUTS)
+        task = asyncio.create_task(turn(b, req("Tell me about cats.", conv="k")))
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as c:
+            deadline = time.monotonic() + 60
+            while True:  # until OpenCode is working on our turn
+                assert time.monotonic() < deadline, "the turn never started"
+                assert not task.done(), "the turn ended before the kill"
+                sid = b.session_id("k")
+                if sid and sid in (await c.get("/session/status")).json():
+                    break
+                await asyncio.sleep(0.05)
+        server.kill()
+        try:
+            with pytest.raises(BackendError) as info:
+                await task
+        finally:
+            await b.aclose()
+        return info.value
 
-        err = asyncio.run(killed())
-        assert err.transient, err
-        server.start()
-        (events,), _ = run_turns(server.url, req("Say hello.", conv="k"), timeouts=REAL_TIMEOUTS)
-        assert content(events).strip() and events[-1].kind == "done"
-    finally:
-        server.stop()
+    err = asyncio.run(killed())
+    assert err.transient, err
+    server.start()  # the fixture stops it at the module's end, as before the kill
+    (events,), _ = run_turns(server.url, req("Say hello.", conv="k"), timeouts=REAL_TIMEOUTS)
+    assert content(events).strip() and events[-1].kind == "done"
 
 
 @pytest.mark.real
