@@ -139,10 +139,10 @@ KINDS = ("new", "hand")  # a folder made by ``new_conversation``, or by hand (on
 
 def _kills() -> list[ParameterSet]:
     """(point, nth, made): the default tier kills each point a turn reaches at its first hit
-    (and asserts it was killed), in one kind of folder or the other in turn, so each kind
-    meets every other point; the other kind, the later hits, and the points no turn reaches
-    are the long tier's (``--slow``). Both kinds at every point took 70 s of the default
-    tier, half of it for kills whose folders the turn had already made the same."""
+    (and asserts it was killed), in one kind of folder, the kinds alternating from one point
+    to the next (7 and 7); the other kind, the later hits, and the points no turn reaches
+    are the long tier's (``--slow``). Both kinds at every point were 28 cases, 70 s of the
+    default tier."""
     out = []
     for i, point in enumerate(POINTS):
         for nth in (1, 2, 5):
