@@ -42,6 +42,7 @@ from contemplation.store.layout import (
     list_folder,
     open_regular_stat,
     processing_entries,
+    read_json_why,
     read_metadata,
     read_state,
 )
@@ -780,9 +781,10 @@ def open_writer(
                 # a file that does not read (an editor saving it in place, a broken edit) is
                 # the person's, with their model, options and decisions: never replaced by
                 # the defaults; the daemon tries again (its save wakes it)
+                why = read_json_why(conv.metadata)[1] or "not the fields of one"
                 raise InputRejected(
                     f"{conv.id}: metadata.json does not read as a conversation's metadata "
-                    "(being saved, or a broken edit); it is left as it is, and the "
+                    f"({why}: being saved, or a broken edit); it is left as it is, and the "
                     "conversation waits until it reads"
                 )
             meta = default_meta() if callable(default_meta) else default_meta

@@ -509,7 +509,10 @@ def test_a_folder_with_only_a_log_becomes_a_conversation(
 
 
 def test_metadata_that_does_not_read_is_left_as_it_is_and_the_turn_waits_for_it(
-    home: Home, fake_ollama: FakeOllama, make_settings: Callable[..., Settings]
+    home: Home,
+    fake_ollama: FakeOllama,
+    make_settings: Callable[..., Settings],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A metadata.json caught half-saved (an editor writing it in place) or broken by an edit
     is the person's file: before, a folder with an inbox or a log was then taken for one made
@@ -525,6 +528,8 @@ def test_metadata_that_does_not_read_is_left_as_it_is_and_the_turn_waits_for_it(
         assert conv.metadata.read_bytes() == broken
         assert [p.name for p in conv.inbox.iterdir()] == ["m.txt"]
         assert fake_ollama.chat_requests() == []
+        said = capsys.readouterr().out  # the daemon's log line says what is wrong with it
+        assert "metadata.json does not read as a conversation's metadata (" in said, said
         (conv.inbox / "m.txt").unlink()
     conv.metadata.write_bytes(whole)  # the save completes: the next look answers
     drop_message(conv, "wait for my metadata", name="m.txt")
