@@ -564,7 +564,9 @@ def test_each_task_is_its_own_question_with_parallel_calls_on_one_conversation(
     """Claude Code makes parallel calls. A conversation is started and two
     more questions are sent on it at once (both requests written before either answer is
     read), all before the model answered anything: each task completes with the reply to its
-    own message, never a later message's."""
+    own message, never another message's. Calls made at once have no order: the two
+    questions may be queued either way round, so the reply each task must carry is read from
+    the turn whose last message was its own question."""
     env = base_env(home, fake_ollama, CONTEMPLATION_DASHBOARD_ENABLED="false")
     wire = wires(env)
     first = wire.call("conversation_start", topic="Three", initial_prompt="Question one?")
@@ -589,8 +591,16 @@ def test_each_task_is_its_own_question_with_parallel_calls_on_one_conversation(
     daemon_factory(env, home).wait_ready()
     done = [wire.until(t, completed) for t in tasks]
     said = [[b["text"] for b in text_of(t["result"])["blocks"]] for t in done]
-    print(f"the three tasks' blocks: {said}")
-    assert said == [["Answer one."], ["Answer two."], ["Answer three."]], said
+    chats = [r for r in fake_ollama.requests if r["_path"] == "/api/chat"]
+    asked = [r["messages"][-1]["content"] for r in chats]
+    replies = ["Answer one.", "Answer two.", "Answer three."]  # the fake's, in turn order
+    print(f"the three tasks' blocks: {said}; the turns asked, in order: {asked}")
+    assert len(chats) == 3, asked
+    questions = ["Question one?", "Question two?", "Question three?"]
+    turn_of = [next(i for i, a in enumerate(asked) if q in a) for q in questions]
+    assert sorted(turn_of) == [0, 1, 2], asked  # each question was a turn of its own
+    assert turn_of[0] == 0, asked  # the start's question came before the two sent on it
+    assert said == [[replies[i]] for i in turn_of], (said, asked)
 
 
 def test_cancel_of_a_task_whose_turn_is_over_is_an_error_that_says_so(
