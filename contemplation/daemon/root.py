@@ -28,6 +28,7 @@ from contemplation.daemon.loopwatch import LoopWatch
 from contemplation.daemon.watcher import Watcher, make_watcher
 from contemplation.engine.pipeline import process_pending
 from contemplation.engine.runtime import Runtime
+from contemplation.engine.tracking import Tracked
 from contemplation.errors import ContemplationError
 from contemplation.settings import Settings
 from contemplation.store.layout import Home, list_conversations
@@ -60,18 +61,31 @@ def build_runtime(settings: Settings) -> Runtime:
     return Runtime(settings=settings, home=home, router=router)
 
 
+SAID_FAILED = 10  # conversations named in run --once's last line; the rest are counted
+
+
 async def run_once(settings: Settings) -> int:
-    """``run --once``: process whatever is pending and exit."""
+    """``run --once``: process whatever is pending and exit: 0, or 1 when a conversation's
+    last step failed (its message is kept for the next run; a line names it, beside the
+    log's ``conversation_failed``), so a script or a timer sees it."""
     rt = build_runtime(settings)
     lock = DaemonLock(rt.home)
     lock.acquire()
+    seen = Tracked()
     try:
         # files written in place settle for settle_seconds, hand appends for twice that
-        await process_pending(rt, settle_wait=2 * settings.settle_seconds + 0.05)
+        await process_pending(rt, settle_wait=2 * settings.settle_seconds + 0.05, seen=seen)
     finally:
         await rt.aclose()
         lock.release()
-    return 0
+    if not seen.failing:
+        return 0
+    failed = sorted(seen.failing.items())
+    named = "; ".join(f"{conv}: {what}" for conv, (_, what) in failed[:SAID_FAILED])
+    more = f"; and {len(failed) - SAID_FAILED} more" if len(failed) > SAID_FAILED else ""
+    n = len(failed)
+    _say(f"run --once: {n} conversation{'s' if n != 1 else ''} not done ({named}{more})")
+    return 1
 
 
 async def serve(

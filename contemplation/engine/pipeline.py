@@ -490,8 +490,9 @@ async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None
         raise
     except (ContemplationError, OSError) as exc:
         return _failed(conv, rt, seen, exc)
-    except Exception:
+    except Exception as exc:
         log.exception("conversation_crashed", conv=conv.id)
+        seen.failed(conv.id, f"{type(exc).__name__}: {exc}")  # said above, with its trace
         return rt.clock() + rt.settings.rescan_interval
     if seen.failing.pop(conv.id, None) is not None:
         log.info("conversation_resumed", conv=conv.id)
@@ -513,15 +514,21 @@ def _failed(conv: Conv, rt: Runtime, seen: Tracked, exc: Exception) -> float:
 
 
 async def process_pending(
-    rt: Runtime, *, parallel: int = 256, settle_wait: float = 0.0
+    rt: Runtime,
+    *,
+    parallel: int = 256,
+    settle_wait: float = 0.0,
+    seen: Tracked | None = None,
 ) -> dict[str, float | None]:
     """The burst: handle whatever is waiting in every active conversation, then return.
 
     ``settle_wait``: a conversation that wants another look within that many seconds (a
     file written in place still settling, a hand append) is waited for and done again, at
     most SETTLE_ROUNDS times, so ``run --once`` right after ``echo … > inbox/q.txt`` answers
-    it instead of leaving it for later. Retries further off are left to the next run."""
-    seen = Tracked()
+    it instead of leaving it for later. Retries further off are left to the next run.
+    ``seen``: the burst's memory, given by a caller that reads it after (``failing``: the
+    conversations whose last step failed)."""
+    seen = Tracked() if seen is None else seen
     results: dict[str, float | None] = {}
 
     async def worker(queue: collections.deque[Conv]) -> None:

@@ -241,6 +241,34 @@ def test_run_once_processes_pending_and_exits(home: Home, fake_ollama: FakeOllam
     assert replies(only_conv(home)) == ["Echo: hello"]
 
 
+def test_run_once_exits_1_naming_a_conversation_it_could_not_do_and_keeps_its_message(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    """``run --once`` from a timer or a script: a conversation whose step failed (here a
+    metadata.json broken by an edit) is the exit code 1 and a last line naming it and why;
+    the others are answered, its message waits in inbox/, and once the file is mended the
+    next run answers it and exits 0."""
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    fine = home.conv(cli_here(env, "new", "fine", "--message", "hello").stdout.strip())
+    broken = home.conv(cli_here(env, "new", "broken", "--message", "wait for me").stdout.strip())
+    whole = broken.metadata.read_bytes()
+    broken.metadata.write_bytes(b'{"topic": 42}')
+    run = cli(env, "run", "--once", check=False, timeout=30)
+    last = run.stderr.strip().splitlines()[-1]
+    print(f"exit {run.returncode}; last line: {last}")
+    assert run.returncode == 1, run.stderr
+    assert last.startswith("run --once: 1 conversation not done (" + broken.id + ": "), last
+    assert "metadata.json does not read" in last and "Traceback" not in run.stderr
+    assert replies(fine) == ["Echo: hello"]
+    assert broken.metadata.read_bytes() == b'{"topic": 42}'
+    assert [p.read_text() for p in broken.inbox.iterdir()] == ["wait for me"]
+    broken.metadata.write_bytes(whole)
+    again = cli(env, "run", "--once", check=False, timeout=30)
+    assert again.returncode == 0, again.stderr
+    assert "not done" not in again.stderr
+    assert replies(broken) == ["Echo: wait for me"]
+
+
 def test_an_inbox_name_that_is_not_utf8_is_answered_once(
     home: Home, fake_ollama: FakeOllama
 ) -> None:

@@ -366,7 +366,12 @@ def test_odd_files_are_refused_without_following_or_blocking(
     (by_hand / "inbox" / "q.txt").write_text("kept\n")
     os.mkfifo(by_hand / "messages.log")
     env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
-    cli(env, "run", "--once", timeout=30)
+    run = cli(env, "run", "--once", timeout=30, check=False)
+    # the folder whose log is a FIFO is not done: the exit code and the last line say so
+    assert run.returncode == 1, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("run --once: 1 conversation not done (by-hand-fifo: "), last
+    assert "not a regular file" in last, last
     assert "TOP SECRET" not in conv.log.read_text()
     assert "TOP SECRET" not in str(fake_ollama.chat_requests())
     failed = sorted(p.name for p in conv.failed.iterdir() if not p.name.endswith(".json"))

@@ -28,7 +28,11 @@ from contemplation.writer import daemon_alive, ensure_home, probe_writable
 
 
 @click.command()
-@click.option("--once", is_flag=True, help="Process whatever is pending, then exit.")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Process whatever is pending, then exit (1 when a conversation could not be done).",
+)
 @click.option(
     "--dashboard-port",
     type=int,
