@@ -51,7 +51,8 @@ class Keeper:
         self.stale.set()  # bring it up to date at start (the recovery scan's view)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stale.wait(), timeout=IDLE_S)
+                async with asyncio.timeout(IDLE_S):
+                    await _first_of(self.stale, stop)
             if stop.is_set():
                 return
             await self.quiet()
@@ -107,6 +108,16 @@ class Keeper:
             await asyncio.to_thread(retention.prune, self.rt.home, days * DAY_S)
         except Exception as exc:
             log.warning("prune_failed", error=str(exc))
+
+
+async def _first_of(a: asyncio.Event, b: asyncio.Event) -> None:
+    """Until either event is set: the stop wakes the idle wait."""
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 async def keep_index(rt: Runtime, stop: asyncio.Event) -> None:

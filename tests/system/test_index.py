@@ -14,10 +14,11 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from contemplation.daemon.index_keeper import Keeper
+from contemplation.daemon.index_keeper import IDLE_S, Keeper
 from contemplation.daemon.root import build_runtime
 from contemplation.engine.runtime import Runtime
 from contemplation.errors import InputRejected
@@ -126,8 +127,7 @@ async def keeping(rt: Runtime) -> AsyncIterator[Keeper]:
         try:
             yield keeper
         finally:
-            stop.set()
-            keeper.stale.set()
+            stop.set()  # wakes its idle wait (IDLE_S, 30 s): it returns at once
             await asyncio.wait_for(task, 10)
             await rt.aclose()
 
@@ -210,6 +210,44 @@ def test_the_daemon_keeps_the_index_current_from_its_events(home: Home) -> None:
     asyncio.run(scenario())
     row = _indexed(home, "arrived")
     assert row is not None and row["last_activity"] == "2025-04-04 10:00:05"
+
+
+def _awaiting(task: asyncio.Task[None]) -> list[str]:
+    """The coroutines a task waits in, outermost first."""
+    names: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None and hasattr(coro, "cr_code"):
+        names.append(coro.cr_code.co_name)
+        coro = coro.cr_await
+    return names
+
+
+def test_the_keeper_returns_when_told_to_stop_in_its_idle_wait(home: Home) -> None:
+    """The daemon's stop wakes the keeper's idle wait: it returns at once, not when the
+    wait (IDLE_S, 30 s) runs out."""
+    rt = build_runtime(Settings(home=home.root))
+
+    async def scenario() -> float:
+        keeper = Keeper(rt)
+        stop = asyncio.Event()
+        task = asyncio.create_task(keeper.run(stop))
+        try:
+            for _ in range(1000):  # bounded: past the first refresh, into the idle wait
+                if keeper.refreshes >= 1 and "_first_of" in _awaiting(task):
+                    break
+                await asyncio.sleep(0.01)
+            assert "_first_of" in _awaiting(task), _awaiting(task)
+            t0 = time.monotonic()
+            stop.set()
+            await asyncio.wait_for(task, IDLE_S / 3)
+            return time.monotonic() - t0
+        finally:
+            task.cancel()
+            await rt.aclose()
+
+    took = asyncio.run(scenario())
+    print(f"the keeper returned {took * 1000:.1f} ms after the stop")
+    assert took < 2.0, took
 
 
 # --------------------------------------------------------------------------- the database

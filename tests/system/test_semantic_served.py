@@ -223,8 +223,8 @@ def _keep_until(settings: Settings, until: Callable[[], bool], what: str) -> Non
         try:
             await asyncio.to_thread(wait_for, until, 240, 0.1, what)
         finally:
-            # stopped as the daemon stops its extras: the stop set, then cancelled (the keeper
-            # looks at the stop only once its idle wait ends, up to IDLE_S, 30 s, from now)
+            # stopped as the daemon stops its extras: the stop set, then cancelled (a refresh
+            # on its thread is not waited for)
             stop.set()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
