@@ -26,7 +26,7 @@ from contemplation.daemon.dispatcher import Dispatcher
 from contemplation.daemon.limits import raise_fd_limit
 from contemplation.daemon.loopwatch import LoopWatch
 from contemplation.daemon.watcher import Watcher, make_watcher
-from contemplation.engine.pipeline import process_pending
+from contemplation.engine.pipeline import left_undone, process_pending
 from contemplation.engine.runtime import Runtime
 from contemplation.engine.tracking import Tracked
 from contemplation.errors import ContemplationError
@@ -65,25 +65,25 @@ SAID_FAILED = 10  # conversations named in run --once's last line; the rest are 
 
 
 async def run_once(settings: Settings) -> int:
-    """``run --once``: process whatever is pending and exit: 0, or 1 when a conversation's
-    last step failed (its message is kept for the next run; a line names it, beside the
-    log's ``conversation_failed``), so a script or a timer sees it."""
+    """``run --once``: process whatever is pending and exit: 0, or 1 when a conversation
+    could not be done (a step that failed, a turn left to retry: its message is kept for the
+    next run; a line names each, beside the log's lines), so a script or a timer sees it."""
     rt = build_runtime(settings)
     lock = DaemonLock(rt.home)
     lock.acquire()
     seen = Tracked()
     try:
         # files written in place settle for settle_seconds, hand appends for twice that
-        await process_pending(rt, settle_wait=2 * settings.settle_seconds + 0.05, seen=seen)
+        wakes = await process_pending(rt, settle_wait=2 * settings.settle_seconds + 0.05, seen=seen)
+        undone = sorted(left_undone(rt, wakes, seen).items())
     finally:
         await rt.aclose()
         lock.release()
-    if not seen.failing:
+    if not undone:
         return 0
-    failed = sorted(seen.failing.items())
-    named = "; ".join(f"{conv}: {what}" for conv, (_, what) in failed[:SAID_FAILED])
-    more = f"; and {len(failed) - SAID_FAILED} more" if len(failed) > SAID_FAILED else ""
-    n = len(failed)
+    named = "; ".join(f"{conv}: {what}" for conv, what in undone[:SAID_FAILED])
+    more = f"; and {len(undone) - SAID_FAILED} more" if len(undone) > SAID_FAILED else ""
+    n = len(undone)
     _say(f"run --once: {n} conversation{'s' if n != 1 else ''} not done ({named}{more})")
     return 1
 

@@ -556,4 +556,22 @@ async def process_pending(
     return results
 
 
-__all__ = ["Runtime", "process", "process_pending", "process_safely"]
+def left_undone(rt: Runtime, results: dict[str, float | None], seen: Tracked) -> dict[str, str]:
+    """What a burst could not do, by conversation: a step that failed (``seen.failing``: a
+    broken metadata.json, a full disk) or a turn left waiting to retry (a server that could
+    not be reached). Only the conversations that wanted another look are read again."""
+    undone = {conv_id: what for conv_id, (_, what) in seen.failing.items()}
+    for conv_id, at in results.items():
+        if at is None or conv_id in undone:
+            continue
+        try:
+            state = read_state(rt.home.conv(conv_id))
+        except (ContemplationError, OSError):
+            continue
+        if state is not None and state.status is Status.RETRYING:
+            why = state.last_error.message if state.last_error is not None else "the turn failed"
+            undone[conv_id] = f"retrying: {why}"
+    return undone
+
+
+__all__ = ["Runtime", "left_undone", "process", "process_pending", "process_safely"]

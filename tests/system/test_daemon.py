@@ -269,6 +269,29 @@ def test_run_once_exits_1_naming_a_conversation_it_could_not_do_and_keeps_its_me
     assert replies(broken) == ["Echo: wait for me"]
 
 
+def test_run_once_exits_1_when_the_server_cannot_be_reached_and_0_once_it_answers(
+    home: Home, fake_ollama: FakeOllama
+) -> None:
+    """A turn left to retry (nothing listens at the server's address) is not done: exit 1 and
+    the last line says the conversation retries and why; with the server back at its address
+    (a setting changed: retried at once) the next run answers it and exits 0."""
+    from tests.realpeers import free_port
+
+    env = base_env(home, fake_ollama, CONTEMPLATION_SETTLE_SECONDS="0")
+    conv = home.conv(cli_here(env, "new", "down", "--message", "hello").stdout.strip())
+    nowhere = {**env, "OLLAMA_HOST": f"http://127.0.0.1:{free_port()}"}
+    run = cli(nowhere, "run", "--once", check=False, timeout=30)
+    last = run.stderr.strip().splitlines()[-1]
+    print(f"exit {run.returncode}; last line: {last}")
+    assert run.returncode == 1, run.stderr
+    assert last.startswith(f"run --once: 1 conversation not done ({conv.id}: retrying: "), last
+    assert "cannot reach" in last, last
+    assert fake_ollama.chat_requests() == [] and replies(conv) == []
+    again = cli(env, "run", "--once", check=False, timeout=30)
+    assert again.returncode == 0, again.stderr
+    assert replies(conv) == ["Echo: hello"]
+
+
 def test_an_inbox_name_that_is_not_utf8_is_answered_once(
     home: Home, fake_ollama: FakeOllama
 ) -> None:

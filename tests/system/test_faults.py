@@ -155,8 +155,11 @@ def test_disk_full_during_append_keeps_the_message_and_resumes(
         timeout=60,
         preexec_fn=_limit_file_size(20_000),
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "File too large" in proc.stderr  # a clear error, and the daemon survived
+    # a clear error, the daemon survived, and its exit says the conversation was not done
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "File too large" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"run --once: 1 conversation not done ({conv.id}: OSError: errno 27)", last
     assert conv.log.read_bytes() == b""  # the torn append was rolled back
     assert [p.name.endswith("big.msg") for p in conv.processing.iterdir()] == [True]
     st = read_state(conv)
@@ -191,7 +194,8 @@ def test_disk_full_during_a_state_write_leaves_the_old_state(
         timeout=60,
         preexec_fn=_limit_file_size(300),
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"({conv.id}: OSError: errno 27)")
     assert conv.state.read_bytes() == before  # never a torn state.json
     assert not list(conv.dir.glob(".state.json.tmp.*"))
     subprocess.run(
