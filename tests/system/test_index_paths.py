@@ -235,7 +235,13 @@ def test_one_deeply_nested_state_costs_only_its_own_row(home: Home, env: dict[st
     shown = cli_here(env, "status", convs["alpha"].id).stdout
     assert "problem:" in shown and "state.json" in shown, shown
 
-    cli(env, "run", "--once")  # rebuilds the state it cannot read (it crashed the turn before)
+    # rebuilds the state it cannot read (it crashed the turn before); the metadata.json it
+    # cannot read is the person's: left as it is, and the run says that conversation waits
+    run = cli(env, "run", "--once", check=False)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert last.startswith(f"run --once: 1 conversation not done ({convs['beta'].id}: "), last
+    assert "metadata.json does not read" in last and "nested too deeply" in last, last
     assert read_json(convs["alpha"].state) is not None
     rows = {r["id"]: r for r in json.loads(cli_here(env, "list", "--json").stdout)["conversations"]}
     assert rows[convs["alpha"].id]["status"] != "unreadable", rows[convs["alpha"].id]

@@ -163,7 +163,10 @@ def test_after_a_restart_a_backoff_is_kept_unless_the_backend_changed(
     d = daemon_factory(two.env, home).wait_ready()
     conv = _retrying(home, two, "restart")
     assert d.stop() == 0
-    cli(two.env, "run", "--once")  # the same settings: the backoff stands
+    run = cli(two.env, "run", "--once", check=False)  # the same settings: the backoff stands
+    assert run.returncode == 1, run.stderr  # and run --once says the turn is left to retry
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"run --once: 1 conversation not done ({conv.id}: retrying: "), last
     assert len(two.a.chat_requests()) == 1 and b"back up" not in conv.log.read_bytes()
     _config(two.config, two.b.url)  # edited while stopped
     two.b.enqueue(Step(text="back up"))
