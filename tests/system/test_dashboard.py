@@ -310,10 +310,10 @@ def test_dashboard_in_real_chromium(
     assert status["dashboard"] == f"http://127.0.0.1:{port}/#token={token}"
     fake_ollama.enqueue(Step(text=XSS))
     alpha = cli_here(env, "new", "Alpha migration", "--message", "Plan the migration").stdout.strip()
-    beta = cli_here(env, "new", "Beta caching", "--message", "Cache what?").stdout.strip()
     wait_for(
         lambda: b"onerror" in (home.active / alpha / "messages.log").read_bytes(), what="reply"
-    )
+    )  # before beta's message: the fake's one scripted reply is alpha's, whatever the order
+    beta = cli_here(env, "new", "Beta caching", "--message", "Cache what?").stdout.strip()
     base = f"http://127.0.0.1:{port}"
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:

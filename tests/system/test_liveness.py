@@ -6,6 +6,7 @@ checks the behaviour that must hold instead.
 
 from __future__ import annotations
 
+import select
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -752,8 +753,14 @@ def test_tail_and_status_never_pass_terminal_controls_through(
             f.flush()
             time.sleep(0.3)
             f.write("\u00e9".encode()[-1:] + b"\n")
+        deadline = time.monotonic() + 30  # bounded: until tail -f has printed the last line
+        while "caf\u00e9\n".encode() not in first and time.monotonic() < deadline:
+            if select.select([follow.stdout], [], [], 0.1)[0]:
+                chunk = follow.stdout.read1(65536)
+                if not chunk:
+                    break
+                first += chunk
     finally:
-        time.sleep(0.5)
         follow.terminate()
         out, _ = follow.communicate(10)
     text = (first + out).decode()
