@@ -333,15 +333,16 @@ def test_a_card_that_sleeps_holds_no_other_read_and_is_cut_at_its_bound(
         with serve(make_settings()) as served, ThreadPoolExecutor(1) as pool:
             first = pool.submit(_get, served, "/api/cards")
             assert started.wait(10)
+            # bounds far under the card's 60 s block, with room for a loaded machine
             took, listed = _get(served, "/api/conversations")
-            assert took < 1.0 and [c["topic"] for c in listed["conversations"]] == ["listed"]
+            assert took < 3.0 and [c["topic"] for c in listed["conversations"]] == ["listed"]
             took, shown = first.result(timeout=10)
-            assert took < 2.0, took
+            assert took < 5.0, took  # cut at 0.5 s, not the 60 s it would sleep
             by_name = {c["name"]: c["rows"] for c in shown["cards"]}
             assert by_name["sleepy"] == [["unavailable", "took longer than 0.5 s"]]
             assert dict(by_name["metrics"])["conversations"] == "1"
             took, again = _get(served, "/api/panels")  # the former name
-            assert took < 1.0 and {p["name"]: p["rows"] for p in again["panels"]}["sleepy"] == [
+            assert took < 3.0 and {p["name"]: p["rows"] for p in again["panels"]}["sleepy"] == [
                 ["unavailable", "still busy with an earlier look (over 0.5 s)"]
             ]
             release.set()
