@@ -492,7 +492,7 @@ async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None
         return _failed(conv, rt, seen, exc)
     except Exception as exc:
         log.exception("conversation_crashed", conv=conv.id)
-        seen.failed(conv.id, f"{type(exc).__name__}: {exc}")  # said above, with its trace
+        seen.failed(conv.id, _said(conv, exc))  # said above, with its trace
         return rt.clock() + rt.settings.rescan_interval
     if seen.failing.pop(conv.id, None) is not None:
         log.info("conversation_resumed", conv=conv.id)
@@ -501,8 +501,7 @@ async def process_safely(conv: Conv, rt: Runtime, seen: Tracked) -> float | None
 
 def _failed(conv: Conv, rt: Runtime, seen: Tracked, exc: Exception) -> float:
     """When to try a failed conversation again; its error in one line the first time."""
-    what = f"errno {exc.errno}" if isinstance(exc, OSError) and exc.errno else str(exc)
-    n, new = seen.failed(conv.id, f"{type(exc).__name__}: {what}")  # not the temp file's name
+    n, new = seen.failed(conv.id, _said(conv, exc))
     base = rt.settings.rescan_interval
     delay = min(max(FAILED_CAP_S, base), base * 2.0 ** min(n - 1, 16))
     error = f"{type(exc).__name__}: {exc}"
@@ -511,6 +510,16 @@ def _failed(conv: Conv, rt: Runtime, seen: Tracked, exc: Exception) -> float:
     else:
         log.debug("conversation_failed", conv=conv.id, error=error, retry_in=round(delay, 2))
     return rt.clock() + delay
+
+
+def _said(conv: Conv, exc: Exception) -> str:
+    """A failure as a person reads it: an OS error by its name and number (not the temp
+    file's name), our own errors by their text, without the conversation's id again."""
+    if isinstance(exc, OSError) and exc.errno:
+        return f"{os.strerror(exc.errno)} (errno {exc.errno})"
+    if isinstance(exc, ContemplationError):
+        return str(exc).removeprefix(f"{conv.id}: ")
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def process_pending(

@@ -259,6 +259,7 @@ def test_run_once_exits_1_naming_a_conversation_it_could_not_do_and_keeps_its_me
     assert run.returncode == 1, run.stderr
     assert last.startswith("run --once: 1 conversation not done (" + broken.id + ": "), last
     assert "metadata.json does not read" in last and "Traceback" not in run.stderr
+    assert last.count(broken.id) == 1 and "InputRejected" not in last, last  # said for people
     assert replies(fine) == ["Echo: hello"]
     assert broken.metadata.read_bytes() == b'{"topic": 42}'
     assert [p.read_text() for p in broken.inbox.iterdir()] == ["wait for me"]
