@@ -402,10 +402,9 @@ def mcp_calls(
     for n in range(2, len(calls) + 2):
         answer = answers.get(n)
         result = answer.get("result") if answer is not None else None
-        if isinstance(result, dict) and not result.get("isError"):
-            done.append(subprocess.CompletedProcess(cmd, 0, json.dumps(result).encode(), err))
-        else:
-            done.append(subprocess.CompletedProcess(cmd, 1, json.dumps(answer).encode(), err))
+        ok = isinstance(result, dict) and not result.get("isError")
+        said = json.dumps(result if ok else answer).encode()
+        done.append(subprocess.CompletedProcess(cmd, 0 if ok else 1, said, err))
     return done
 
 

@@ -81,9 +81,9 @@ async def run_once(settings: Settings) -> int:
         lock.release()
     if not undone:
         return 0
-    named = "; ".join(f"{conv}: {what}" for conv, what in undone[:SAID_FAILED])
-    more = f"; and {len(undone) - SAID_FAILED} more" if len(undone) > SAID_FAILED else ""
     n = len(undone)
+    named = "; ".join(f"{conv}: {what}" for conv, what in undone[:SAID_FAILED])
+    more = f"; and {n - SAID_FAILED} more" if n > SAID_FAILED else ""
     _say(f"run --once: {n} conversation{'s' if n != 1 else ''} not done ({named}{more})")
     return 1
 
