@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 from contemplation import backends
 from contemplation.base import acting
@@ -552,11 +552,13 @@ def archive_conversation(home: Home, conv: Conv) -> Conv:
     still queued (in completed/ it would never be answered)."""
     if conv.is_completed:
         return conv
+    return _between_steps(conv, lambda: _archive_now(home, conv), "cancel it or try again shortly")
+
+
+def _archive_now(home: Home, conv: Conv) -> Conv:
     with conv_lock(conv, blocking=False) as got:
         if not got:
-            raise LockBusy(
-                f"{conv.id} is busy (a reply is being written); cancel it or try again shortly"
-            )
+            raise LockBusy(f"{conv.id} is busy")
         queued = len(queued_messages(conv))
         if queued:
             raise InputRejected(
@@ -619,7 +621,22 @@ def log_awaits_turn(conv: Conv) -> bool:
     return panel.next_for(read_metadata(conv), blocks)[1].action == "turn"
 
 
-RETRACT_LOCK_TRIES = 100  # the lock is asked this many times, 20 ms apart (a daemon's step)
+_T = TypeVar("_T")
+LOCK_TRIES = 100  # a held lock is asked this many times, 20 ms apart (a daemon's step)
+
+
+def _between_steps(conv: Conv, act: Callable[[], _T], then: str = "try again shortly") -> _T:
+    """``act``, done again while it finds the conversation's lock held (:class:`LockBusy`):
+    a daemon's step holds it briefly (adopting a folder, a state write), a turn for a whole
+    reply, which is then said, with ``then``."""
+    for _ in range(LOCK_TRIES):
+        try:
+            return act()
+        except LockBusy:
+            time.sleep(0.02)
+    raise LockBusy(f"{conv.id} is busy (a reply is being written); {then}")
+
+
 RETRACTED_WORDS = "the agent withdrew this turn"
 
 
@@ -631,13 +648,12 @@ def retract(settings: Settings, conv: Conv) -> dict[str, Any]:
     message's number, from 1) and ``message`` (its first line). The lock is asked without
     blocking, a few times (a daemon's step holds it briefly; a turn, for a whole reply)."""
     require_active(conv)
-    for _ in range(RETRACT_LOCK_TRIES):
-        try:
-            with open_writer(conv, durable=settings.durability == "fsync", wait=False) as w:
-                return _withdraw(conv, w)
-        except LockBusy:
-            time.sleep(0.02)
-    raise LockBusy(f"{conv.id} is busy (a reply is being written); try again shortly")
+
+    def act() -> dict[str, Any]:
+        with open_writer(conv, durable=settings.durability == "fsync", wait=False) as w:
+            return _withdraw(conv, w)
+
+    return _between_steps(conv, act)
 
 
 def _withdraw(conv: Conv, w: ConvWriter) -> dict[str, Any]:
@@ -685,13 +701,12 @@ def go_on(settings: Settings, conv: Conv, face: Decider = "cli") -> dict[str, An
     mid-sentence). Its words come in a model block of their own; no message is written in
     the person's name. Returns ``block`` (the reply's number, from 1)."""
     require_active(conv)
-    for _ in range(RETRACT_LOCK_TRIES):
-        try:
-            with open_writer(conv, durable=settings.durability == "fsync", wait=False) as w:
-                return _go_on(conv, w, face)
-        except LockBusy:
-            time.sleep(0.02)
-    raise LockBusy(f"{conv.id} is busy (a reply is being written); try again shortly")
+
+    def act() -> dict[str, Any]:
+        with open_writer(conv, durable=settings.durability == "fsync", wait=False) as w:
+            return _go_on(conv, w, face)
+
+    return _between_steps(conv, act)
 
 
 def _go_on(conv: Conv, w: ConvWriter, face: Decider) -> dict[str, Any]:
