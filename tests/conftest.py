@@ -154,6 +154,23 @@ def _hermetic(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     procgroups.stop_on_sigterm()  # the daemon run in-process left SIGTERM at its default
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_found() -> Iterator[None]:
+    """A command run in this process (click's CliRunner) sets up the logs for its own
+    streams: structlog's, and the standard library's root handlers. Put back after each
+    test, so a later test's log lines reach its own capture, not an earlier test's."""
+    import logging
+
+    import structlog
+
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--slow"):
         return
